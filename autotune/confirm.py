@@ -1,0 +1,94 @@
+"""Re-measure the best configurations and the baseline on fresh seeds, side by side.
+
+A single time to target is a noisy sample (DESIGN.md: one configuration ranged 0.8-4.5 s over
+five seeds), so the winner is named by its median over fresh seeds, measured interleaved with
+the baseline so that both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from autotune import memory
+from autotune.tasks import Task
+from autotune.trial import Limits, TrialConfig, run
+
+BASELINE = "baseline"
+
+
+def fresh_seeds(study_seed: int, runs: int) -> list[int]:
+    """Seeds no study trial uses (those are study_seed * 100_000 + trial number)."""
+    return [study_seed * 100_000 + 50_000 + i for i in range(runs)]
+
+
+def measure(
+    task: Task,
+    candidates: Mapping[str, Mapping[str, Any]],
+    *,
+    seeds: Sequence[int],
+    limits: Limits,
+    device: torch.device,
+    on_run: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every candidate once per seed, interleaved; one record per run.
+
+    A run that runs out of memory counts as not reaching the target.
+    """
+    records = []
+    for seed in seeds:
+        for label, config in candidates.items():
+            record: dict[str, Any] = {"label": label, "seed": seed}
+            try:
+                result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
+            except Exception as exc:
+                if not memory.is_oom(exc):
+                    raise
+                record.update(reached=False, time_to_target=None, best_metric=None, reason=memory.oom_reason(exc))
+            else:
+                record.update(
+                    reached=result.reached, time_to_target=result.time_to_target, best_metric=result.best_metric,
+                    train_seconds=result.train_seconds,
+                )
+            memory.free_memory()
+            records.append(record)
+            if on_run is not None:
+                on_run()
+    return records
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per label: median time to target (a run that missed counts as infinitely slow), spread, runs."""
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        by_label.setdefault(record["label"], []).append(record)
+    summary = {}
+    for label, runs in by_label.items():
+        times = [r["time_to_target"] if r["reached"] else math.inf for r in runs]
+        reached = [t for t in times if math.isfinite(t)]
+        median = statistics.median(times)
+        summary[label] = {
+            "median": median if math.isfinite(median) else None,
+            "min": min(reached) if reached else None,
+            "max": max(reached) if reached else None,
+            "runs": len(runs),
+            "reached": len(reached),
+        }
+    return summary
+
+
+def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The candidate (not the baseline) with the smallest median; None if none reached it."""
+    timed = {k: v["median"] for k, v in summary.items() if k != BASELINE and v["median"] is not None}
+    return min(timed, key=timed.__getitem__) if timed else None
+
+
+def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:
+    """Baseline median over the candidate's median: how many times faster the candidate is."""
+    base = summary.get(BASELINE, {}).get("median")
+    mine = summary.get(label, {}).get("median")
+    return base / mine if base and mine else None

@@ -1,0 +1,108 @@
+"""The study's summary, as a dict (for --json) and as text, made from stored results only."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from autotune import confirm, results
+from autotune.space import KNOBS, complete
+
+TABLE_ROWS = 5
+
+
+def summarize(
+    name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline."""
+    summary: dict[str, Any] = {"study": name, "target": dict(target), "counts": results.counts(records),
+                               "best": None, "baseline": None, "speedup": None, "confirmation": None}
+    best = results.best_feasible(records)
+    if not best.empty:
+        row = best.iloc[0]
+        summary["best"] = {
+            "trial": int(row["number"]), "params": _params(row), "time_to_target": float(row["time_to_target"]),
+            "metric": float(row["best_metric"]), "runs": 1, "min": None, "max": None, "source": "single run",
+        }
+    if confirmation:
+        stats = confirm.summarize(confirmation["runs"])
+        summary["confirmation"] = {"seeds": confirmation["seeds"], "after_trials": confirmation["after_trials"],
+                                   "configs": stats}
+        base = stats.get(confirm.BASELINE)
+        if base:
+            summary["baseline"] = {"params": complete(confirmation["configs"][confirm.BASELINE]),
+                                   "time_to_target": base["median"], **_spread(base)}
+        label = confirm.winner(stats)
+        if label is not None:
+            metrics = [r["best_metric"] for r in confirmation["runs"] if r["label"] == label and r["best_metric"] is not None]
+            summary["best"] = {
+                "trial": int(label.split()[-1]), "params": complete(confirmation["configs"][label]),
+                "time_to_target": stats[label]["median"], "metric": statistics.median(metrics),
+                **_spread(stats[label]), "source": "confirmed",
+            }
+            summary["speedup"] = confirm.speedup(stats, label)
+    return summary
+
+
+def _params(row: pd.Series) -> dict[str, Any]:
+    params = {k: _plain(row[k]) for k in KNOBS}
+    return complete(params)
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and NaN to plain Python values for JSON."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _spread(stats: Mapping[str, Any]) -> dict[str, Any]:
+    return {"runs": stats["runs"], "reached": stats["reached"], "min": stats["min"], "max": stats["max"]}
+
+
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f} s"
+
+
+def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
+    """The text report: counts, the best single runs, the confirmation and the winner."""
+    c, target = summary["counts"], summary["target"]
+    lines = [
+        f"Study {summary['study']}: {c['total']} trials: {c['complete']} complete ({c['feasible']} reached the target), "
+        f"{c['pruned']} pruned ({c['oom']} out of memory), {c['failed']} failed, {c['interrupted']} interrupted",
+        f"Target: {target['metric']} >= {target['value']}",
+    ]
+    top = results.best_feasible(records, count=TABLE_ROWS)
+    if top.empty:
+        lines.append("No trial reached the target yet.")
+        return "\n".join(lines)
+    table = top[["number", "time_to_target", "best_metric", "epochs", "samples_per_second", *KNOBS]].rename(
+        columns={"number": "trial", "time_to_target": "seconds", "best_metric": target["metric"],
+                 "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch"})
+    lines += ["", "Fastest trials (one run each):",
+              table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
+    confirmation = summary["confirmation"]
+    if confirmation:
+        lines += ["", f"Re-measured side by side on {len(confirmation['seeds'])} fresh seeds (median, range of runs that reached the target):"]
+        for label, stats in confirmation["configs"].items():
+            spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
+            lines.append(f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, reached in {stats['reached']}/{stats['runs']} runs")
+    best = summary["best"]
+    lines += ["", f"Winner: trial {best['trial']} ({best['source']})"]
+    lines += [f"  {k}: {_plain(v)}" for k, v in best["params"].items()]
+    base = summary["baseline"]
+    if best["source"] == "confirmed" and base:
+        how = f"median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s"
+        if summary["speedup"]:
+            base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"
+            lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
+                         f"the baseline takes {base['time_to_target']:.2f} s ({base_how}): {summary['speedup']:.2f}x faster.")
+        else:
+            lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
+                         f"the baseline reached it in only {base['reached']} of {base['runs']} runs.")
+    else:
+        lines.append(f"Reached {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s in one run (not confirmed on fresh seeds).")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Trial records as a pandas table, and which of them is best.
+
+Reads finished trials (Optuna's FrozenTrial, duck-typed) and nothing else, so every report can
+be made from the storage alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from autotune.space import KNOBS, complete
+
+COLUMNS = (
+    "number", "state", "feasible", "time_to_target", "best_metric", "train_seconds", "epochs",
+    "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "interrupted", "reason",
+)
+
+
+def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
+    """One row per trial: its outcome, its measurements and every knob."""
+    rows = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        constraints = trial.constraints if hasattr(trial, "constraints") else {}
+        peak = attrs.get("peak_memory_bytes")
+        config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}
+        rows.append({
+            "number": trial.number,
+            "state": trial.state.name,
+            "feasible": trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0,
+            "time_to_target": attrs.get("time_to_target"),
+            "best_metric": attrs.get("best_metric"),
+            "train_seconds": attrs.get("train_seconds"),
+            "epochs": attrs.get("epochs"),
+            "optimizer_steps": attrs.get("optimizer_steps"),
+            "samples_per_second": attrs.get("samples_per_second"),
+            "peak_memory_mb": None if peak is None else peak / 2**20,
+            "oom": bool(attrs.get("oom", False)),
+            "interrupted": bool(attrs.get("interrupted", False)),
+            "reason": attrs.get("reason"),
+            **config,
+        })
+    return pd.DataFrame(rows, columns=[*COLUMNS, *KNOBS])
+
+
+def best_feasible(records: pd.DataFrame, *, count: int = 1) -> pd.DataFrame:
+    """The fastest trials that reached the target, fastest first."""
+    feasible = records[records["feasible"]]
+    return feasible.sort_values(["time_to_target", "number"]).head(count)
+
+
+def counts(records: pd.DataFrame) -> dict[str, int]:
+    """Trials by outcome. `failed` excludes interrupted trials, which are retried."""
+    state = records["state"]
+    return {
+        "total": int(len(records)),
+        "complete": int((state == "COMPLETE").sum()),
+        "feasible": int(records["feasible"].sum()),
+        "pruned": int((state == "PRUNED").sum()),
+        "oom": int(records["oom"].sum()),
+        "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),
+        "interrupted": int(records["interrupted"].sum()),
+        "running": int((state == "RUNNING").sum()),
+    }

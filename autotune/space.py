@@ -1,0 +1,185 @@
+"""The eight knobs, the values each accepts, and a study's search space over them.
+
+A space gives every knob a domain: a numeric range or a list of choices (a fixed value is a
+list of one). `suggest` turns a space into one configuration through an Optuna trial, which it
+only duck-types, so this module does not import Optuna.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol, Union
+
+SCHEDULERS = ("constant", "step", "cosine", "onecycle")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """What one knob accepts: its type, its smallest value, or its fixed set of names."""
+
+    name: str
+    type: type
+    minimum: float | None = None
+    names: tuple[str, ...] | None = None
+    doc: str = ""
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+    def check(self, value: Any) -> str | None:
+        """Return None if `value` is acceptable, else a phrase saying what is accepted."""
+        if self.type is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and value > (self.minimum or 0.0)
+            return None if ok else f"{self.name} takes a number greater than {self.minimum or 0}"
+        if self.type is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
+            return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
+        if self.type is bool:
+            return None if isinstance(value, bool) else f"{self.name} takes true or false"
+        if value in self.names:
+            return None
+        return f"{self.name} takes one of {', '.join(self.names)}"
+
+
+KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob("lr", float, 0.0, doc="peak learning rate of one optimizer step (per effective batch)"),
+        Knob("scheduler", str, names=SCHEDULERS, doc="LR schedule, stepped once per optimizer step"),
+        Knob("batch_size", int, 1, doc="micro-batch: samples per forward/backward; drives memory"),
+        Knob("accumulation_steps", int, 1, doc="micro-batches per optimizer step"),
+        Knob("num_workers", int, 0, doc="DataLoader worker processes; 0 loads in the main process"),
+        Knob("prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"),
+        Knob("pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"),
+        Knob("precision", str, names=PRECISIONS, doc="fp32, fp16 (autocast + GradScaler), bf16"),
+    )
+}
+
+# What a hand-written training script typically uses; the study's speedup is measured against it.
+DEFAULT_BASELINE: dict[str, Any] = {
+    "lr": 0.01,
+    "scheduler": "constant",
+    "batch_size": 32,
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "prefetch_factor": None,
+    "pin_memory": False,
+    "precision": "fp32",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Numbers from `low` to `high` inclusive, sampled on a log scale when `log`."""
+
+    low: float
+    high: float
+    log: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """A fixed list of values; a list of one is a fixed knob."""
+
+    values: tuple[Any, ...]
+
+
+Domain = Union[Range, Choices]
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """A domain for every knob, in the order of KNOBS."""
+
+    domains: tuple[tuple[str, Domain], ...]
+
+    def __getitem__(self, name: str) -> Domain:
+        return dict(self.domains)[name]
+
+    def replace(self, name: str, domain: Domain) -> Space:
+        return Space(tuple((k, domain if k == name else d) for k, d in self.domains))
+
+    def fixed(self) -> dict[str, Any]:
+        """The knobs that take one value, with that value."""
+        return {
+            k: d.values[0] for k, d in self.domains if isinstance(d, Choices) and len(d.values) == 1
+        }
+
+
+class Suggester(Protocol):
+    """The part of `optuna.trial.Trial` that `suggest` uses."""
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float: ...
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int: ...
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
+def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
+    """One configuration: every knob, sampled where the space leaves a choice."""
+    config: dict[str, Any] = {}
+    for name, domain in space.domains:
+        if name == "prefetch_factor" and config["num_workers"] == 0:
+            # Conditional parameter: it does not exist without worker processes.
+            config[name] = None
+        elif isinstance(domain, Choices):
+            values = domain.values
+            config[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+        elif KNOBS[name].type is int:
+            config[name] = trial.suggest_int(name, int(domain.low), int(domain.high), log=domain.log)
+        else:
+            config[name] = trial.suggest_float(name, domain.low, domain.high, log=domain.log)
+    return config
+
+
+def complete(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A full configuration from stored params: conditional knobs filled in as `suggest` would."""
+    full = {name: config.get(name) for name in KNOBS}
+    if full["num_workers"] == 0:
+        full["prefetch_factor"] = None
+    return full
+
+
+def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
+    """Precisions the device cannot run, each with the reason."""
+    unsupported = {} if cuda else {"fp16": "needs CUDA"}
+    if not bf16:
+        unsupported["bf16"] = "is not supported by this device"
+    return unsupported
+
+
+def restrict_to_device(
+    space: Space, *, cuda: bool, bf16: bool
+) -> tuple[Space, list[str], dict[str, str]]:
+    """Remove what the device cannot run.
+
+    Returns the restricted space, one notice per change, and, for a knob whose every value was
+    removed, the reason (the caller turns those into errors naming the study file).
+    """
+    unsupported = unsupported_precisions(cuda=cuda, bf16=bf16)
+    notices: list[str] = []
+    impossible: dict[str, str] = {}
+
+    precision = space["precision"]
+    kept = tuple(p for p in precision.values if p not in unsupported)
+    for p in precision.values:
+        if p in unsupported:
+            notices.append(f"precision {p} removed from the search space: {p} {unsupported[p]}")
+    if not kept:
+        impossible["precision"] = "no precision in the space can run on this device"
+    elif kept != precision.values:
+        space = space.replace("precision", Choices(kept))
+
+    if not cuda and True in space["pin_memory"].values:
+        if space["pin_memory"].values == (True,):
+            impossible["pin_memory"] = "pin_memory: true needs CUDA"
+        else:
+            notices.append("pin_memory fixed to false: page-locked memory only helps CUDA copies")
+            space = space.replace("pin_memory", Choices((False,)))
+    return space, notices, impossible

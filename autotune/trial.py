@@ -1,0 +1,327 @@
+"""Run one configuration: build the loader, model and optimizer, train, evaluate, time.
+
+A trial is a function of its configuration. It never sees Optuna; exceptions (an OOM among
+them) propagate to the caller, which classifies them.
+
+Time to target (DESIGN.md): the clock starts before the DataLoader is built, runs through every
+training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
+the target. CUDA work is synchronized before the clock is read for a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import os
+import platform
+import random
+import resource
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from autotune.tasks import Task
+
+EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
+WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
+MIN_WARMUP_STEPS = 3
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+Progress = Callable[[int, int, "float | None"], None]  # (optimizer steps, total steps, last metric)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """The eight knobs of one training run."""
+
+    lr: float
+    scheduler: str
+    batch_size: int
+    accumulation_steps: int
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    precision: str
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    target: float  # metric value that ends the trial as feasible
+    max_epochs: float  # also the length of the LR schedule
+    max_seconds: float  # training clock
+    eval_every: float  # epochs between evaluations
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+    reached: bool
+    time_to_target: float | None  # training-clock seconds; None when the target was not reached
+    best_metric: float
+    train_seconds: float  # training clock when the trial stopped
+    epochs: float
+    optimizer_steps: int
+    samples_per_second: float | None  # after warm-up; None when too few steps ran
+    peak_memory_bytes: int  # CUDA: allocator peak; CPU: process peak RSS
+    device_name: str
+    torch_version: str
+    stop_reason: str  # "target", "max_epochs" or "max_seconds"
+    curve: tuple[tuple[float, float, float], ...]  # (train seconds, epochs, metric) per evaluation
+
+
+class Clock:
+    """Training time that can be paused; synchronizes CUDA before every measured read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else (lambda: None)
+        self.elapsed = 0.0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._sync()
+        self._started = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        self.elapsed += time.perf_counter() - self._started
+        self._started = None
+        return self.elapsed
+
+    def read(self, *, sync: bool = True) -> float:
+        """Elapsed time; `sync=False` for limit checks, where a stall per step would cost more."""
+        if self._started is None:
+            return self.elapsed
+        if sync:
+            self._sync()
+        return self.elapsed + time.perf_counter() - self._started
+
+
+def run(
+    task: Task,
+    config: TrialConfig,
+    *,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    progress: Progress | None = None,
+) -> TrialResult:
+    """Train `task` with `config` until the target, the epoch limit or the time limit."""
+    seed_everything(seed)
+    torch.set_num_threads(threads_for(config.num_workers))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    n_train = len(task.train)
+    if config.batch_size * config.accumulation_steps > n_train:
+        raise ValueError(
+            f"an effective batch of {config.batch_size * config.accumulation_steps} is larger than "
+            f"the {n_train} training samples"
+        )
+
+    clock = Clock(device)
+    clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
+    loader = make_loader(task.train, config, seed=seed, device=device)
+    model = task.model().to(device)
+    optimizer = task.optimizer(model.parameters(), config.lr)
+    total_steps = max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps))
+    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=total_steps, lr=config.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+    autocast = functools.partial(
+        torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=config.precision != "fp32"
+    )
+    step = functools.partial(
+        train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
+        device=device, non_blocking=config.pin_memory,
+    )
+
+    steps = samples = 0
+    warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * total_steps))
+    warm: tuple[float, int] | None = None
+    eval_interval = limits.eval_every * n_train
+    next_eval = eval_interval
+    curve: list[tuple[float, float, float]] = []
+    metric: float | None = None
+    stop_reason = "max_epochs"
+    batches = endless(loader)
+    model.train()
+    try:
+        with warnings.catch_warnings():
+            # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            while steps < total_steps:
+                group = list(itertools.islice(batches, config.accumulation_steps))
+                step(group)
+                scheduler.step()
+                steps += 1
+                samples += sum(len(targets) for _, targets in group)
+                if steps == warm_steps:
+                    warm = (clock.read(), samples)
+                out_of_time = clock.read(sync=False) >= limits.max_seconds
+                if samples >= next_eval or steps == total_steps or out_of_time:
+                    clock.stop()
+                    metric = evaluate(model, task, device=device, autocast=autocast)
+                    curve.append((clock.elapsed, samples / n_train, metric))
+                    if metric >= limits.target:
+                        stop_reason = "target"
+                        break
+                    if out_of_time:
+                        stop_reason = "max_seconds"
+                        break
+                    next_eval = (math.floor(samples / eval_interval) + 1) * eval_interval
+                    clock.start()
+                if progress is not None:
+                    progress(steps, total_steps, metric)
+    finally:
+        batches.close()  # shuts down DataLoader workers even when training raised
+    if clock._started is not None:
+        clock.stop()
+
+    reached = stop_reason == "target"
+    throughput = None
+    if warm is not None and clock.elapsed > warm[0]:
+        throughput = (samples - warm[1]) / (clock.elapsed - warm[0])
+    return TrialResult(
+        reached=reached,
+        time_to_target=clock.elapsed if reached else None,
+        best_metric=max(m for _, _, m in curve),
+        train_seconds=clock.elapsed,
+        epochs=samples / n_train,
+        optimizer_steps=steps,
+        samples_per_second=throughput,
+        peak_memory_bytes=peak_memory(device),
+        device_name=device_name(device),
+        torch_version=torch.__version__,
+        stop_reason=stop_reason,
+        curve=tuple(curve),
+    )
+
+
+def train_step(
+    model: torch.nn.Module,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    autocast: Callable[[], Any],
+    device: torch.device,
+    non_blocking: bool,
+) -> None:
+    """One optimizer step over the micro-batches of one effective batch.
+
+    Each micro-batch's loss is divided by their number, so with a mean-reduced loss the gradient
+    equals that of one batch holding all of them.
+    """
+    for inputs, targets in micro_batches:
+        inputs = inputs.to(device, non_blocking=non_blocking)
+        targets = targets.to(device, non_blocking=non_blocking)
+        with autocast():
+            loss = loss_fn(model(inputs), targets) / len(micro_batches)
+        scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autocast: Callable[[], Any]) -> float:
+    """The task's metric over the whole validation set."""
+    model.eval()
+    outputs, targets = [], []
+    for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
+        with autocast():
+            outputs.append(model(inputs.to(device)).float())
+        targets.append(target.to(device))
+    model.train()
+    return float(task.metric(torch.cat(outputs), torch.cat(targets)))
+
+
+def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
+    workers = config.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        drop_last=True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
+        num_workers=workers,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        persistent_workers=workers > 0,  # otherwise every epoch pays worker start-up again
+        pin_memory=config.pin_memory and device.type == "cuda",
+        worker_init_fn=_worker_init if workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def endless(loader: DataLoader) -> Iterator[Any]:
+    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary."""
+    for _ in itertools.count():
+        yield from loader
+
+
+def make_scheduler(
+    name: str, optimizer: torch.optim.Optimizer, *, total_steps: int, lr: float
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The LR schedule over the trial's whole step budget, stepped once per optimizer step."""
+    sched = torch.optim.lr_scheduler
+    if name == "constant":
+        return sched.LambdaLR(optimizer, lambda _: 1.0)
+    if name == "step":
+        return sched.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)
+    if name == "cosine":
+        return sched.CosineAnnealingLR(optimizer, T_max=total_steps)
+    if name == "onecycle":
+        return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
+    raise ValueError(f"scheduler must be one of constant, step, cosine, onecycle, but got {name=}.")
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_for(num_workers: int) -> int:
+    """Torch threads for the training process: the cores the loader workers leave free.
+
+    Oversubscribed cores slowed small-batch training here by more than 10x (DESIGN.md).
+    """
+    return max(1, cpu_count() - num_workers)
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)  # each loader worker is one process on one core
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return f"cpu ({line.split(':', 1)[1].strip()})"
+    except OSError:
+        pass
+    return f"cpu ({platform.processor() or platform.machine()})"
