@@ -130,7 +130,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     study = open_study(spec, seed_offset=existing)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
     for number in recover_interrupted(study):
-        tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again")
+        tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
     limits = Limits(target=spec.target.value, max_epochs=spec.budget.max_epochs,
                     max_seconds=spec.budget.max_seconds, eval_every=spec.budget.eval_every)
     started = time.monotonic()
@@ -181,7 +181,7 @@ def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: in
         trial.set_user_attr("reason", reason)
         trial.set_user_attr("oom", oom)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED if oom else optuna.trial.TrialState.FAIL)
-        tqdm.write(f"trial {trial.number}: {'pruned' if oom else 'failed'}: {reason}")
+        tqdm.write(f"trial {trial.number}: {'pruned' if oom else 'failed'}: {reason}", file=sys.stderr)
         return
     record = dataclasses.asdict(result)
     record["curve"] = [list(point) for point in result.curve]

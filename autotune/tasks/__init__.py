@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class Task:
 
 def load_task(name: str, *, study_path: Path | str = "study") -> Task:
     """Import and build the task a study file names; errors name the file and the `task` key."""
+    _importable_from(Path.cwd(), Path(study_path).resolve().parent)
     reference = BUILT_IN.get(name, name)
     module_name, _, attr = reference.partition(":")
     accepted = f"a built-in task ({', '.join(BUILT_IN)}) or package.module:callable"
@@ -70,3 +72,13 @@ def load_task(name: str, *, study_path: Path | str = "study") -> Task:
     if not isinstance(task, Task):
         raise SpecError(study_path, "task", name, f"returned {type(task).__name__}; a task callable returns autotune.Task")
     return task
+
+
+def _importable_from(*folders: Path) -> None:
+    """Let `package.module:callable` name a module beside the study file or in the working folder.
+
+    The `autotune` console script does not put either on sys.path by itself.
+    """
+    for folder in folders:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))

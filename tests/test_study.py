@@ -1,0 +1,206 @@
+"""End to end: `autotune run | report | export` on small real studies, resume, OOM, kill, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.space import KNOBS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_study(tmp_path: Path, *, task: str = "tests.tasks:blobs", trials: int = 4, batch_sizes=(16, 32, 64),
+                seed: int = 0, confirm: dict | None = None) -> Path:
+    study = {
+        "task": task,
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {
+            "lr": {"low": 0.01, "high": 0.3, "log": True},
+            "scheduler": ["constant", "cosine"],
+            "batch_size": list(batch_sizes),
+            "accumulation_steps": [1, 2],
+            "num_workers": 0,
+            "precision": "fp32",
+        },
+        "budget": {"trials": trials, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.5},
+        "confirm": confirm if confirm is not None else {"top": 2, "runs": 2},
+        "seed": seed,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def load(path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="study", storage=f"sqlite:///{path.with_suffix('.db')}")
+
+
+def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+
+
+def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
+
+
+def test_run_then_more_trials_keeps_every_earlier_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=3)
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0 and "Winner: trial" in out and "x faster" in out
+    first = {t.number: (t.params, t.value, t.state) for t in finished(load(path))}
+    assert len(first) == 3
+
+    code, _, _ = run_cli("run", str(path), "--trials", "5", capsys=capsys)
+    assert code == 0
+    after = {t.number: (t.params, t.value, t.state) for t in finished(load(path))}
+    assert len(after) == 5
+    assert {n: after[n] for n in first} == first
+
+
+def test_running_a_finished_study_again_trains_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=2, confirm={"top": 1, "runs": 1})
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    before = load(path)
+    stored = before.user_attrs["confirmation"]
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    again = load(path)
+    assert code == 0 and "Winner" in out
+    assert len(again.get_trials()) == len(before.get_trials()) == 2
+    assert again.user_attrs["confirmation"] == stored  # not re-measured
+
+
+def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=3)
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
+    assert code == 0
+    summary = json.loads(out)
+    best = summary["best"]
+    assert set(best["params"]) == set(KNOBS)
+    assert best["time_to_target"] > 0 and best["metric"] >= 0.9 and best["source"] == "confirmed"
+    assert best["runs"] == 2 and summary["baseline"]["runs"] == 2 and summary["speedup"] > 0
+    assert {"complete", "pruned", "failed", "oom"} <= set(summary["counts"])
+    assert summary["counts"]["complete"] == 3
+
+    code, out, _ = run_cli("export", str(path), "--format", "json", capsys=capsys)
+    assert code == 0 and json.loads(out) == best["params"]
+    target = tmp_path / "best.yaml"
+    assert run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)[0] == 0
+    assert yaml.safe_load(target.read_text()) == best["params"]
+
+
+@pytest.mark.parametrize("task", ["tests.tasks:cuda_oom", "tests.tasks:cpu_oom"])
+def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], task: str
+) -> None:
+    path = write_study(tmp_path, task=task, trials=8, batch_sizes=(32, 64, 128, 256), confirm={"top": 1, "runs": 1})
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0
+    trials = finished(load(path))
+    assert len(trials) == 8
+    oom = [t for t in trials if t.user_attrs.get("oom")]
+    assert oom, "the sampler never tried a batch of 128 or more; pick another seed"
+    for t in oom:
+        assert t.state == optuna.trial.TrialState.PRUNED
+        assert t.params["batch_size"] >= 128 and "out of memory" in t.user_attrs["reason"]
+    assert all(t.params["batch_size"] < 128 for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert "pruned" in err
+    summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
+    assert summary["counts"]["oom"] == len(oom) and summary["best"]["params"]["batch_size"] < 128
+
+
+def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, task="tests.tasks:broken_model", trials=2)
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0 and "No trial reached the target" in out
+    trials = load(path).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
+    assert "this model cannot be built" in trials[0].user_attrs["reason"]
+    assert run_cli("export", str(path), "--format", "json", capsys=capsys)[0] == 2
+
+
+def count_states(db: Path, *states: str) -> int:
+    if not db.exists():
+        return 0
+    marks = ", ".join("?" * len(states))
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            return conn.execute(f"select count(*) from trials where state in ({marks})", states).fetchone()[0]
+    except sqlite3.Error:  # tables not created yet
+        return 0
+
+
+def start_run(path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_trials(db: Path, count: int, process: subprocess.Popen, *, running: bool = False, timeout: float = 120) -> None:
+    """Until `count` trials have finished (and, with `running`, the next one is under way)."""
+    deadline = time.monotonic() + timeout
+    while count_states(db, "COMPLETE", "PRUNED") < count or (running and not count_states(db, "RUNNING")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the study made no progress"
+        time.sleep(0.05)
+
+
+def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path) -> None:
+    path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
+    db = path.with_suffix(".db")
+    process = start_run(path)
+    wait_for_trials(db, 2, process, running=True)
+    process.kill()
+    process.wait()
+    before = {t.number: (t.params, t.value) for t in finished(load(path))}
+    running = [t.number for t in load(path).get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(before) >= 2 and len(running) == 1
+
+    rerun = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    study = load(path)
+    after = {t.number: (t.params, t.value) for t in finished(study)}
+    assert len(after) == 6
+    assert {n: after[n] for n in before} == before
+    for number in running:  # the trial the kill interrupted: marked, and its configuration run again
+        assert study.trials[number].state == optuna.trial.TrialState.FAIL
+        assert study.trials[number].user_attrs["interrupted"]
+        assert any(t.user_attrs.get("retry_of") == number for t in study.trials)
+        assert f"trial {number} was interrupted" in rerun.stderr
+
+
+def test_ctrl_c_marks_the_trial_and_says_how_to_resume(tmp_path: Path) -> None:
+    path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
+    process = start_run(path)
+    wait_for_trials(path.with_suffix(".db"), 1, process)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert f"Resume with: autotune run {path}" in err and "Traceback" not in err
+    study = load(path)
+    assert not [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+
+    rerun = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(finished(load(path))) == 6

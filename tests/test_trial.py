@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.trial import Limits, TrialConfig, make_loader, make_scheduler, run, train_step
+from tests.tasks import blobs
+
+CPU = torch.device("cpu")
+BASE = TrialConfig(lr=0.05, scheduler="constant", batch_size=32, accumulation_steps=1, num_workers=0,
+                   prefetch_factor=None, pin_memory=False, precision="fp32")
+EASY = Limits(target=0.9, max_epochs=20, max_seconds=60, eval_every=0.25)
+NEVER = Limits(target=2.0, max_epochs=2, max_seconds=60, eval_every=0.5)  # accuracy never reaches 2
+
+
+def step_with(model: nn.Module, micro_batches: list, *, scaler_on: bool = False, dtype=torch.float32) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train_step(
+        model, micro_batches, loss_fn=nn.functional.cross_entropy, optimizer=optimizer,
+        scaler=torch.amp.GradScaler("cpu", enabled=scaler_on),
+        autocast=functools.partial(torch.autocast, "cpu", dtype=dtype, enabled=dtype != torch.float32),
+        device=CPU, non_blocking=False,
+    )
+
+
+@pytest.mark.parametrize("batch, steps", [(8, 4), (16, 2), (4, 8)])
+def test_accumulation_matches_one_large_batch(batch: int, steps: int) -> None:
+    torch.manual_seed(0)
+    inputs, targets = torch.randn(batch * steps, 8), torch.randint(0, 4, (batch * steps,))
+    small = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    large = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    large.load_state_dict(small.state_dict())
+    before = [p.detach().clone() for p in small.parameters()]
+
+    step_with(small, list(zip(inputs.split(batch), targets.split(batch))))
+    step_with(large, [(inputs, targets)])
+
+    for p_small, p_large, p_before in zip(small.parameters(), large.parameters(), before):
+        assert not torch.equal(p_small, p_before)  # the step did something
+        torch.testing.assert_close(p_small, p_large, rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_with_grad_scaler_takes_a_scaled_step() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    before = model.weight.detach().clone()
+    step_with(model, [(torch.randn(16, 8), torch.randint(0, 4, (16,)))], scaler_on=True, dtype=torch.float16)
+    assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, before)
+
+
+def test_reaches_the_target_and_records_every_figure() -> None:
+    result = run(blobs(), BASE, limits=EASY, device=CPU, seed=1)
+    assert result.reached and result.stop_reason == "target"
+    assert result.time_to_target == result.train_seconds > 0
+    assert result.best_metric >= 0.9 and result.curve[-1][2] == result.best_metric
+    assert result.optimizer_steps > 0 and result.epochs > 0
+    assert result.samples_per_second is None or result.samples_per_second > 0
+    assert result.peak_memory_bytes > 0 and result.device_name.startswith("cpu")
+    assert result.torch_version == torch.__version__
+
+
+def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
+    result = run(blobs(), BASE, limits=NEVER, device=CPU, seed=1)
+    assert not result.reached and result.time_to_target is None
+    assert result.stop_reason == "max_epochs"
+    assert result.epochs == pytest.approx(2 * (1024 // 32) * 32 / 1024)
+    assert result.best_metric == max(m for _, _, m in result.curve) > 0.5
+    assert [round(e, 6) for _, e, _ in result.curve] == [0.5, 1.0, 1.5, 2.0]  # every eval_every epochs
+
+
+def test_time_limit_stops_the_trial() -> None:
+    limits = dataclasses.replace(NEVER, max_epochs=10_000, max_seconds=0.2)
+    result = run(blobs(), BASE, limits=limits, device=CPU, seed=1)
+    assert result.stop_reason == "max_seconds" and 0.2 <= result.train_seconds < 5
+
+
+def test_evaluation_runs_on_a_paused_clock() -> None:
+    task = blobs()
+    pause = 0.2
+
+    def slow_metric(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+        time.sleep(pause)
+        return task.metric(outputs, targets)
+
+    slow = dataclasses.replace(task, metric=slow_metric)
+    started = time.perf_counter()
+    result = run(slow, BASE, limits=dataclasses.replace(NEVER, eval_every=0.25), device=CPU, seed=1)
+    wall = time.perf_counter() - started
+    assert len(result.curve) == 8
+    assert wall - result.train_seconds >= pause * len(result.curve)
+
+
+def test_scheduler_steps_once_per_optimizer_step() -> None:
+    """A cosine schedule ends at zero exactly when the trial's last optimizer step is taken."""
+    optimizers: list[torch.optim.Optimizer] = []
+
+    def optimizer(params, lr: float) -> torch.optim.Optimizer:
+        optimizers.append(torch.optim.SGD(params, lr=lr))
+        return optimizers[-1]
+
+    task = dataclasses.replace(blobs(), optimizer=optimizer)
+    config = dataclasses.replace(BASE, scheduler="cosine", batch_size=16, accumulation_steps=4)
+    result = run(task, config, limits=NEVER, device=CPU, seed=1)
+    assert result.optimizer_steps == 2 * (1024 // 16) // 4
+    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", ["constant", "step", "cosine", "onecycle"])
+def test_every_schedule_survives_its_whole_budget(name: str) -> None:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = make_scheduler(name, optimizer, total_steps=20, lr=0.1)
+    for _ in range(20):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] <= 0.1 + 1e-12
+
+
+def test_same_seed_same_curve_and_different_seed_differs() -> None:
+    first = run(blobs(), BASE, limits=NEVER, device=CPU, seed=3)
+    again = run(blobs(), BASE, limits=NEVER, device=CPU, seed=3)
+    other = run(blobs(), BASE, limits=NEVER, device=CPU, seed=4)
+    assert [m for *_, m in first.curve] == [m for *_, m in again.curve]
+    assert [m for *_, m in first.curve] != [m for *_, m in other.curve]
+
+
+def test_loader_follows_the_knobs() -> None:
+    data = blobs().train
+    plain = make_loader(data, BASE, seed=0, device=CPU)
+    assert plain.num_workers == 0 and plain.prefetch_factor is None and not plain.pin_memory
+    workers = make_loader(data, dataclasses.replace(BASE, num_workers=2, prefetch_factor=4, pin_memory=True), seed=0, device=CPU)
+    assert workers.num_workers == 2 and workers.prefetch_factor == 4 and workers.persistent_workers
+    assert not workers.pin_memory  # pinning is only for CUDA copies
+
+
+def test_worker_processes_train_to_the_target() -> None:
+    config = dataclasses.replace(BASE, num_workers=1, prefetch_factor=2)
+    assert run(blobs(), config, limits=EASY, device=CPU, seed=1).reached
+
+
+def test_bf16_autocast_trains_on_cpu() -> None:
+    config = dataclasses.replace(BASE, precision="bf16")
+    assert run(blobs(), config, limits=EASY, device=CPU, seed=1).reached
+
+
+def test_an_effective_batch_larger_than_the_data_is_refused() -> None:
+    config = dataclasses.replace(BASE, batch_size=512, accumulation_steps=4)
+    with pytest.raises(ValueError, match="larger than the 1024 training samples"):
+        run(blobs(), config, limits=EASY, device=CPU, seed=1)
