@@ -7,9 +7,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:  # the heavy imports wait until a command needs them
+    import optuna
+    import pandas as pd
+
+    from autotune.spec import StudySpec
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
@@ -86,12 +93,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune import spec as spec_, study as study_
+    from autotune import report, spec as spec_, study as study_
 
     spec = spec_.load(args.study, storage=args.storage)
     study = study_.open_study(spec, create=False)
-    summary = _summary(spec, study)
-    print(json.dumps(summary, indent=2) if args.json else _report_text(spec, study))
+    records, summary = _summary(spec, study)
+    print(json.dumps(summary, indent=2) if args.json else report.render(summary, records))
     return 0
 
 
@@ -99,7 +106,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune import export, spec as spec_, study as study_
 
     spec = spec_.load(args.study, storage=args.storage)
-    summary = _summary(spec, study_.open_study(spec, create=False))
+    _, summary = _summary(spec, study_.open_study(spec, create=False))
     if summary["best"] is None:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
@@ -113,19 +120,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(spec, study) -> dict:
+def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, dict]:
+    """Every trial as a table, and the summary made from it and the stored confirmation."""
     from autotune import report, results
 
     records = results.trial_records(study.get_trials(deepcopy=False))
     target = {"metric": spec.target.metric, "value": spec.target.value}
-    return report.summarize(spec.name, records, target=target, confirmation=study.user_attrs.get("confirmation"))
+    return records, report.summarize(spec.name, records, target=target, confirmation=study.user_attrs.get("confirmation"))
 
 
-def _report_text(spec, study) -> str:
-    from autotune import report, results
+def _report_text(spec: StudySpec, study: optuna.Study) -> str:
+    from autotune import report
 
-    records = results.trial_records(study.get_trials(deepcopy=False))
-    return report.render(_summary(spec, study), records)
+    records, summary = _summary(spec, study)
+    return report.render(summary, records)
 
 
 if __name__ == "__main__":

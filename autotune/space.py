@@ -33,8 +33,8 @@ class Knob:
     def check(self, value: Any) -> str | None:
         """Return None if `value` is acceptable, else a phrase saying what is accepted."""
         if self.type is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            ok = ok and math.isfinite(value) and value > (self.minimum or 0.0)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
+            ok = ok and value > (self.minimum or 0.0)
             return None if ok else f"{self.name} takes a number greater than {self.minimum or 0}"
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
@@ -44,6 +44,14 @@ class Knob:
         if value in self.names:
             return None
         return f"{self.name} takes one of {', '.join(self.names)}"
+
+
+def finite(value: float) -> bool:
+    """True for a number that fits a float and is not inf or NaN."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 KNOBS: dict[str, Knob] = {

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import SpecError
-from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Domain, Range, Space
+from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Domain, Range, Space, finite
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -61,6 +61,7 @@ class StudySpec:
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm")
+OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25}
 CONFIRM_DEFAULTS = {"top": 3, "runs": 3}
 
@@ -140,14 +141,17 @@ def _number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive
             value = float(value)
         except ValueError:
             pass
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     ok = ok and (value >= minimum if inclusive else value > minimum)
-    relation = "at least" if inclusive else "greater than"
-    _require(path, key, value, ok, f"a number {relation} {minimum:g}")
+    relation = "a number" if minimum == -math.inf else f"a number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    _require(path, key, value, ok, relation)
     return float(value)
 
 
 def _mapping(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    """A section of the file; an empty one (`budget:` with nothing under it) means all defaults."""
+    if value is None and key in OPTIONAL_SECTIONS:
+        return {}
     _require(path, key, value, isinstance(value, Mapping), f"a mapping with keys among {', '.join(allowed)}")
     _reject_unknown(path, key + ".", value, allowed)
     return value
@@ -230,7 +234,7 @@ def _domain(path: Path, key: str, name: str, raw: Any) -> Domain:
 
 def _space(path: Path, raw: Any) -> Space:
     """The preset (by name from search_spaces/ or by path), then the study's per-knob overrides."""
-    raw = _mapping(path, "space", raw if raw is not None else {}, ("preset", *KNOBS))
+    raw = _mapping(path, "space", raw, ("preset", *KNOBS))
     preset = raw.get("preset", "default")
     _require(path, "space.preset", preset, isinstance(preset, str) and preset != "", "a preset name or path")
     preset_path = _preset_path(path, preset)
@@ -263,7 +267,7 @@ def _preset_path(path: Path, preset: str) -> Path:
 
 
 def _baseline(path: Path, raw: Any) -> tuple[tuple[str, Any], ...]:
-    raw = _mapping(path, "baseline", raw if raw is not None else {}, tuple(KNOBS))
+    raw = _mapping(path, "baseline", raw, tuple(KNOBS))
     config = dict(DEFAULT_BASELINE)
     for name, value in raw.items():
         config[name] = None if (name == "prefetch_factor" and value is None) else _knob_value(path, f"baseline.{name}", name, value)

@@ -19,7 +19,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import confirm, memory, space as space_
+from autotune import confirm, memory, results, space as space_
 from autotune.errors import SpecError, StorageError
 from autotune.spec import StudySpec
 from autotune.tasks import Task, load_task
@@ -68,17 +68,21 @@ def prepare(spec: StudySpec) -> Prepared:
         raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
     baseline["pin_memory"] = baseline["pin_memory"] and cuda
     task = load_task(spec.task, study_path=spec.path)
+    if spec.target.metric != task.metric_name:
+        raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
     return Prepared(task=task, device=device, space=space, baseline=baseline, notices=notices)
 
 
 def open_study(spec: StudySpec, *, seed_offset: int = 0, create: bool = True) -> optuna.Study:
     """The study in its storage, created on first use; its sampler reseeded past earlier runs."""
-    sampler = optuna.samplers.TPESampler(
-        seed=spec.seed + seed_offset,
-        n_startup_trials=max(3, min(10, spec.budget.trials // 3)),  # random trials before TPE models
-        multivariate=True,  # knobs interact (lr with batch size and schedule)
-        group=True,  # prefetch_factor exists only with workers
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group` is experimental
+        sampler = optuna.samplers.TPESampler(
+            seed=spec.seed + seed_offset,
+            n_startup_trials=max(3, min(10, spec.budget.trials // 3)),  # random trials before TPE models
+            multivariate=True,  # knobs interact (lr with batch size and schedule)
+            group=True,  # prefetch_factor exists only with workers
+        )
     if not create and spec.storage.startswith("sqlite:///"):
         # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
         path = spec.storage.removeprefix("sqlite:///")
@@ -101,18 +105,18 @@ def finished_count(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not t.user_attrs.get(INTERRUPTED))
 
 
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Mark trials left RUNNING by a killed process as failed, and queue their configuration again.
+def recover_interrupted(study: optuna.Study, *, reason: str) -> list[int]:
+    """Mark RUNNING trials as failed (interrupted) and queue their configuration again.
 
     The default storage is one SQLite file used by one process, so a RUNNING trial at start-up
-    belongs to a process that no longer runs.
+    belongs to a process that no longer runs, and one after Ctrl-C is this process's own.
     """
     recovered = []
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(frozen.params, user_attrs={"retry_of": frozen.number}, skip_if_exists=False)
         storage = study._storage  # Optuna has no public call to finish another process's trial
         storage.set_trial_user_attr(frozen._trial_id, INTERRUPTED, True)
-        storage.set_trial_user_attr(frozen._trial_id, "reason", "interrupted: the process stopped during this trial")
+        storage.set_trial_user_attr(frozen._trial_id, "reason", f"interrupted: {reason}")
         storage.set_trial_state_values(frozen._trial_id, optuna.trial.TrialState.FAIL)
         recovered.append(frozen.number)
     return recovered
@@ -121,7 +125,6 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None) -> optuna.Study:
     """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     budget = trials if trials is not None else spec.budget.trials
     timeout = timeout if timeout is not None else spec.budget.timeout
     # Reseed the sampler past the trials already stored, or a resumed study would propose its
@@ -129,7 +132,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     existing = len(open_study(spec).get_trials(deepcopy=False))
     study = open_study(spec, seed_offset=existing)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
-    for number in recover_interrupted(study):
+    for number in recover_interrupted(study, reason="the process stopped during this trial"):
         tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
     limits = Limits(target=spec.target.value, max_epochs=spec.budget.max_epochs,
                     max_seconds=spec.budget.max_seconds, eval_every=spec.budget.eval_every)
@@ -137,11 +140,16 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     done = finished_count(study)
     with tqdm(total=budget, initial=min(done, budget), desc="study", unit="trial", dynamic_ncols=True) as bar:
         _show_best(bar, study)
-        while done < budget and (timeout is None or time.monotonic() - started < timeout):
-            run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric)
-            done = finished_count(study)
-            bar.n = min(done, budget)
-            _show_best(bar, study)
+        try:
+            while done < budget and (timeout is None or time.monotonic() - started < timeout):
+                run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric)
+                done = finished_count(study)
+                bar.n = min(done, budget)
+                _show_best(bar, study)
+        except KeyboardInterrupt:
+            # Wherever Ctrl-C landed (training, ask, tell), leave no trial RUNNING.
+            recover_interrupted(study, reason="stopped by the user (Ctrl-C)")
+            raise
     return study
 
 
@@ -164,13 +172,6 @@ def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: in
     try:
         result = run(prepared.task, TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
                      seed=trial_seed, progress=progress)
-    except KeyboardInterrupt:
-        bar.close()
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        trial.set_user_attr(INTERRUPTED, True)
-        trial.set_user_attr("reason", "interrupted: stopped by the user (Ctrl-C)")
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        raise
     except Exception as exc:
         failure = (memory.oom_reason(exc), True) if memory.is_oom(exc) else (_error_reason(exc), False)
         # Leaving the except block drops the traceback, and with it the trial's tensors.
@@ -213,11 +214,10 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
 
     Reused without training when the stored confirmation covers the same finished trials.
     """
-    from autotune import results  # results reads trials; imported here to keep the flow visible
-
     if spec.confirm.top == 0 or spec.confirm.runs == 0:
         return None
-    records = results.trial_records(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    records = results.trial_records(trials)
     top = results.best_feasible(records, count=spec.confirm.top)
     if top.empty:
         return None
@@ -226,7 +226,8 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     numbers = [int(n) for n in top["number"]]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers:
         return stored
-    candidates = {f"trial {n}": space_.complete(study.trials[n].user_attrs["config"]) for n in numbers}
+    configs = {t.number: t.user_attrs["config"] for t in trials if t.number in numbers}
+    candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = Limits(target=spec.target.value, max_epochs=spec.budget.max_epochs,

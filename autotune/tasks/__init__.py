@@ -7,6 +7,7 @@ by a built-in name (`digits`, `mnist1d`) or as `package.module:callable`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import sys
 from collections.abc import Callable, Iterable
@@ -58,7 +59,9 @@ def load_task(name: str, *, study_path: Path | str = "study") -> Task:
     module_name, _, attr = reference.partition(":")
     accepted = f"a built-in task ({', '.join(BUILT_IN)}) or package.module:callable"
     if not attr or not module_name:
-        raise SpecError(study_path, "task", name, f"unknown task; expected {accepted}")
+        close = difflib.get_close_matches(name, BUILT_IN, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise SpecError(study_path, "task", name, f"unknown task; {hint}expected {accepted}")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # the user's module may fail in any way; show its last line

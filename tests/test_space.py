@@ -1,0 +1,254 @@
+"""autotune.space: knob checks, suggestions through a duck-typed trial, fitting a space to a device."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from autotune.space import KNOBS, Choices, Domain, Range, Space, complete, restrict_to_device, suggest
+
+
+def make_space(**overrides: Domain) -> Space:
+    """Every knob fixed to one value, except the overrides."""
+    fixed: dict[str, Domain] = {
+        "lr": Choices((0.01,)),
+        "scheduler": Choices(("constant",)),
+        "batch_size": Choices((32,)),
+        "accumulation_steps": Choices((1,)),
+        "num_workers": Choices((0,)),
+        "prefetch_factor": Choices((2,)),
+        "pin_memory": Choices((False,)),
+        "precision": Choices(("fp32",)),
+    }
+    fixed.update(overrides)
+    return Space(tuple((name, fixed[name]) for name in KNOBS))
+
+
+class FakeTrial:
+    """Records every suggestion asked of it; answers from `answers`, else the first choice or low."""
+
+    def __init__(self, **answers: Any) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
+        self.calls.append(("float", name, (low, high), {"log": log}))
+        return self.answers.get(name, low)
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        self.calls.append(("int", name, (low, high), {"log": log}))
+        return self.answers.get(name, low)
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.calls.append(("categorical", name, tuple(choices), {}))
+        return self.answers.get(name, choices[0])
+
+    @property
+    def names(self) -> list[str]:
+        return [call[1] for call in self.calls]
+
+
+# ---------------------------------------------------------------------------------------------
+# suggest
+
+
+def test_fully_fixed_space_asks_nothing() -> None:
+    """Single-choice domains are never suggested; their value is used as is."""
+    trial = FakeTrial()
+    config = suggest(make_space(), trial)
+    assert trial.calls == []
+    assert config == {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1,
+                      "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+
+
+def test_prefetch_factor_not_suggested_without_workers() -> None:
+    """num_workers 0: prefetch_factor does not exist, so it is None and never asked for."""
+    trial = FakeTrial(num_workers=0)
+    space = make_space(num_workers=Choices((0, 2)), prefetch_factor=Choices((2, 4, 8)))
+    config = suggest(space, trial)
+    assert config["num_workers"] == 0
+    assert config["prefetch_factor"] is None
+    assert "prefetch_factor" not in trial.names
+    assert trial.calls == [("categorical", "num_workers", (0, 2), {})]
+
+
+def test_prefetch_factor_suggested_with_workers() -> None:
+    """num_workers > 0: prefetch_factor is sampled from its domain."""
+    trial = FakeTrial(num_workers=2, prefetch_factor=4)
+    config = suggest(make_space(num_workers=Choices((0, 2)), prefetch_factor=Choices((2, 4, 8))), trial)
+    assert config["num_workers"] == 2 and config["prefetch_factor"] == 4
+    assert ("categorical", "prefetch_factor", (2, 4, 8), {}) in trial.calls
+
+
+def test_prefetch_factor_fixed_value_used_with_fixed_workers() -> None:
+    """Workers fixed above 0 and prefetch_factor fixed: the fixed value, no suggestion."""
+    trial = FakeTrial()
+    config = suggest(make_space(num_workers=Choices((1,)), prefetch_factor=Choices((8,))), trial)
+    assert config["prefetch_factor"] == 8 and trial.calls == []
+
+
+def test_prefetch_factor_depends_on_a_ranged_num_workers() -> None:
+    """The condition uses the sampled worker count, whichever way it was sampled."""
+    space = make_space(num_workers=Range(0, 4), prefetch_factor=Range(2, 8))
+    zero, two = FakeTrial(num_workers=0), FakeTrial(num_workers=2, prefetch_factor=3)
+    assert suggest(space, zero)["prefetch_factor"] is None
+    assert zero.names == ["num_workers"]
+    assert suggest(space, two)["prefetch_factor"] == 3
+    assert two.calls[-1] == ("int", "prefetch_factor", (2, 8), {"log": False})
+
+
+def test_ranges_call_suggest_int_or_float_with_log_passed_through() -> None:
+    """Int knobs use suggest_int, float knobs suggest_float, each with its log flag, in knob order."""
+    space = make_space(lr=Range(1e-3, 0.5, log=True), batch_size=Range(16, 256, log=True),
+                       accumulation_steps=Range(1, 4), scheduler=Choices(("step", "cosine")))
+    trial = FakeTrial()
+    config = suggest(space, trial)
+    assert trial.calls == [
+        ("float", "lr", (1e-3, 0.5), {"log": True}),
+        ("categorical", "scheduler", ("step", "cosine"), {}),
+        ("int", "batch_size", (16, 256), {"log": True}),
+        ("int", "accumulation_steps", (1, 4), {"log": False}),
+    ]
+    assert (config["lr"], config["scheduler"], config["batch_size"]) == (1e-3, "step", 16)
+
+
+def test_int_range_bounds_are_passed_as_ints() -> None:
+    """suggest_int gets int bounds even if the range was stored with floats."""
+    trial = FakeTrial()
+    suggest(make_space(batch_size=Range(16.0, 64.0)), trial)
+    (_, _, (low, high), _), = trial.calls
+    assert (low, high) == (16, 64) and type(low) is int and type(high) is int
+
+
+# ---------------------------------------------------------------------------------------------
+# restrict_to_device
+
+
+ALL_PRECISIONS = Choices(("fp32", "fp16", "bf16"))
+BOTH_PIN = Choices((False, True))
+
+
+def test_cpu_removes_fp16_and_fixes_pin_memory_with_notices() -> None:
+    """Without CUDA: fp16 goes, pin_memory is fixed to false, one notice each."""
+    space, notices, impossible = restrict_to_device(
+        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=False, bf16=True)
+    assert space["precision"] == Choices(("fp32", "bf16"))
+    assert space["pin_memory"] == Choices((False,))
+    assert impossible == {}
+    assert len(notices) == 2
+    assert any("fp16" in n and "CUDA" in n for n in notices)
+    assert any("pin_memory" in n and "false" in n for n in notices)
+
+
+def test_cpu_only_fp16_is_impossible() -> None:
+    """A space whose only precision cannot run reports it instead of emptying the knob."""
+    space, _, impossible = restrict_to_device(make_space(precision=Choices(("fp16",))), cuda=False, bf16=True)
+    assert set(impossible) == {"precision"}
+    assert space["precision"] == Choices(("fp16",))  # left for the caller to turn into an error
+
+
+def test_cpu_pin_memory_fixed_true_is_impossible() -> None:
+    """pin_memory: true alone cannot be honoured without CUDA."""
+    _, notices, impossible = restrict_to_device(make_space(pin_memory=Choices((True,))), cuda=False, bf16=True)
+    assert set(impossible) == {"pin_memory"}
+    assert not any("pin_memory" in n for n in notices)
+
+
+def test_cuda_without_bf16_removes_bf16() -> None:
+    """On a GPU without bf16, bf16 goes with a notice; fp16 and pin_memory stay."""
+    space, notices, impossible = restrict_to_device(
+        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=True, bf16=False)
+    assert space["precision"] == Choices(("fp32", "fp16"))
+    assert space["pin_memory"] == BOTH_PIN
+    assert impossible == {}
+    assert len(notices) == 1 and "bf16" in notices[0]
+
+
+def test_cuda_with_bf16_keeps_everything_silently() -> None:
+    """A device that runs everything changes nothing and says nothing."""
+    original = make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN)
+    space, notices, impossible = restrict_to_device(original, cuda=True, bf16=True)
+    assert (space, notices, impossible) == (original, [], {})
+
+
+def test_cpu_with_only_runnable_choices_is_unchanged() -> None:
+    """Nothing to remove on CPU: no notice."""
+    original = make_space(precision=Choices(("fp32", "bf16")))
+    assert restrict_to_device(original, cuda=False, bf16=True) == (original, [], {})
+
+
+# ---------------------------------------------------------------------------------------------
+# complete
+
+
+def test_complete_fills_prefetch_none_without_workers() -> None:
+    """Stored params lack prefetch_factor when num_workers was 0; complete puts None back."""
+    stored = {"lr": 0.1, "scheduler": "cosine", "batch_size": 64, "accumulation_steps": 2,
+              "num_workers": 0, "pin_memory": False, "precision": "fp32"}
+    full = complete(stored)
+    assert list(full) == list(KNOBS)
+    assert full["prefetch_factor"] is None
+    assert {k: v for k, v in full.items() if k != "prefetch_factor"} == stored
+
+
+def test_complete_drops_a_stale_prefetch_without_workers_and_keeps_it_with_workers() -> None:
+    """prefetch_factor is meaningless without workers, kept as given with them."""
+    assert complete({"num_workers": 0, "prefetch_factor": 4})["prefetch_factor"] is None
+    assert complete({"num_workers": 2, "prefetch_factor": 4})["prefetch_factor"] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Knob.check: (knob, value, accepted?)
+
+
+CHECKS: list[tuple[str, Any, bool]] = [
+    ("lr", 0.001, True),
+    ("lr", 1, True),  # an int is a number
+    ("lr", 0.0, False),
+    ("lr", -0.1, False),
+    ("lr", True, False),  # bool is not a number
+    ("lr", math.inf, False),
+    ("lr", math.nan, False),
+    ("lr", "0.1", False),  # text is converted by spec, not accepted by the knob
+    ("batch_size", 1, True),
+    ("batch_size", 0, False),
+    ("batch_size", True, False),  # bool is not an int
+    ("batch_size", 32.0, False),
+    ("accumulation_steps", 4, True),
+    ("accumulation_steps", 0, False),
+    ("num_workers", 0, True),
+    ("num_workers", -1, False),
+    ("num_workers", False, False),
+    ("prefetch_factor", 1, True),
+    ("prefetch_factor", 0, False),
+    ("prefetch_factor", None, False),
+    ("pin_memory", True, True),
+    ("pin_memory", False, True),
+    ("pin_memory", 1, False),
+    ("pin_memory", "true", False),
+    ("scheduler", "onecycle", True),
+    ("scheduler", "linear", False),
+    ("scheduler", "Cosine", False),
+    ("precision", "bf16", True),
+    ("precision", "fp8", False),
+    ("precision", None, False),
+]
+
+
+@pytest.mark.parametrize(("knob", "value", "accepted"), CHECKS,
+                         ids=[f"{k}={v!r}" for k, v, _ in CHECKS])
+def test_knob_check(knob: str, value: Any, accepted: bool) -> None:
+    """None for an acceptable value; otherwise a phrase naming the knob and what it takes."""
+    problem = KNOBS[knob].check(value)
+    if accepted:
+        assert problem is None
+    else:
+        assert isinstance(problem, str) and problem.startswith(f"{knob} takes ")
+
+
+def test_categorical_check_lists_the_accepted_names() -> None:
+    """The rejection of a name says which names exist."""
+    assert KNOBS["scheduler"].check("linear") == "scheduler takes one of constant, step, cosine, onecycle"
+    assert KNOBS["precision"].check("fp8") == "precision takes one of fp32, fp16, bf16"

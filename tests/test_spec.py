@@ -1,0 +1,268 @@
+"""autotune.spec.load: a valid study file becomes frozen dataclasses; a bad one raises SpecError."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Range
+from autotune.spec import Budget, Confirm, StudySpec, Target, load
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
+NO_VALUE = object()  # a case whose message has no "got <value>" worth checking
+
+
+def write(folder: Path, text: str, name: str = "study.yaml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# A valid study file
+
+
+VALID = HEAD + """\
+space:
+  preset: default
+  lr: {low: "1e-3", high: 0.3, log: true}
+  num_workers: [0, 1]
+  precision: fp32
+  batch_size: [32, 64]
+budget: {trials: 5}
+"""
+
+
+def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
+    """Unset keys get the documented defaults; the storage is a SQLite file beside the study file."""
+    spec = load(write(tmp_path, VALID))
+
+    assert isinstance(spec, StudySpec)
+    assert spec.name == "study"  # the file's stem
+    assert spec.task == "digits"
+    assert spec.target == Target(metric="accuracy", value=0.97)
+    assert spec.budget == Budget(trials=5, timeout=None, max_epochs=10.0, max_seconds=60.0, eval_every=0.25)
+    assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
+    assert spec.seed == 0
+    assert spec.device == "auto"
+    assert spec.confirm == Confirm(top=3, runs=3)
+    assert dict(spec.baseline) == DEFAULT_BASELINE
+
+
+def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
+    """A range, a list and a scalar override the preset; untouched knobs keep the preset's domain."""
+    space = load(write(tmp_path, VALID)).space
+
+    assert [name for name, _ in space.domains] == list(KNOBS)
+    assert space["lr"] == Range(low=0.001, high=0.3, log=True)  # "1e-3" (text in YAML) read as a float
+    assert space["num_workers"] == Choices((0, 1))
+    assert space["precision"] == Choices(("fp32",))  # a scalar fixes the knob
+    assert space["batch_size"] == Choices((32, 64))
+    # From search_spaces/default.yaml:
+    assert space["scheduler"] == Choices(("constant", "step", "cosine", "onecycle"))
+    assert space["accumulation_steps"] == Choices((1, 2, 4))
+    assert space["prefetch_factor"] == Choices((2, 4, 8))
+    assert space["pin_memory"] == Choices((False, True))
+    assert space.fixed() == {"precision": "fp32"}
+
+
+def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:
+    """YAML reads 1e-3 as a string; float-valued keys accept it anyway."""
+    text = HEAD + 'space: {lr: ["1e-3", 0.01]}\nbudget: {timeout: "1e3", max_epochs: "2.5", eval_every: "5e-1"}\n'
+    spec = load(write(tmp_path, text))
+
+    assert spec.space["lr"] == Choices((0.001, 0.01))
+    assert spec.budget.timeout == 1000.0
+    assert spec.budget.max_epochs == 2.5
+    assert spec.budget.eval_every == 0.5
+
+
+def test_explicit_values_override_defaults(tmp_path: Path) -> None:
+    """Every top-level key given in the file is used as given."""
+    text = HEAD + """\
+name: mine
+storage: sqlite:///elsewhere.db
+seed: 7
+device: cuda:1
+budget: {trials: 3, timeout: 30, max_epochs: 2, max_seconds: 5, eval_every: 0.5}
+baseline: {num_workers: 2, batch_size: 64}
+confirm: {top: 0, runs: 5}
+"""
+    spec = load(write(tmp_path, text))
+
+    assert (spec.name, spec.storage, spec.seed, spec.device) == ("mine", "sqlite:///elsewhere.db", 7, "cuda:1")
+    assert spec.budget == Budget(trials=3, timeout=30.0, max_epochs=2.0, max_seconds=5.0, eval_every=0.5)
+    assert spec.confirm == Confirm(top=0, runs=5)
+    baseline = dict(spec.baseline)
+    assert baseline["num_workers"] == 2 and baseline["batch_size"] == 64
+    assert baseline["prefetch_factor"] == 2  # PyTorch's default once workers are used
+
+
+def test_storage_argument_overrides_the_file(tmp_path: Path) -> None:
+    """`load(..., storage=...)` (the --storage option) wins over the file's storage."""
+    path = write(tmp_path, HEAD + "storage: sqlite:///a.db\n")
+    assert load(path, storage="sqlite:///b.db").storage == "sqlite:///b.db"
+
+
+def test_default_storage_is_beside_the_file_whatever_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative study path still gives an absolute storage path next to the study file."""
+    (tmp_path / "studies").mkdir()
+    write(tmp_path / "studies", HEAD, "exp.yaml")
+    monkeypatch.chdir(tmp_path)
+
+    spec = load("studies/exp.yaml")
+
+    assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'studies' / 'exp.db'}"
+    assert spec.name == "exp"
+
+
+def test_preset_by_path_relative_to_the_study_file(tmp_path: Path) -> None:
+    """`preset: my.yaml` is read from beside the study file."""
+    preset = (REPO / "search_spaces" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
+    write(tmp_path, preset, "my.yaml")
+    spec = load(write(tmp_path, HEAD + "space: {preset: my.yaml}\n"))
+    assert spec.space["batch_size"] == Choices((8,))
+
+
+def test_spec_is_frozen(tmp_path: Path) -> None:
+    """The spec and the parts inside it cannot be changed after loading."""
+    spec = load(write(tmp_path, VALID))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.budget.trials = 100  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.target.value = 0.5  # type: ignore[misc]
+    assert isinstance(spec.baseline, tuple) and isinstance(spec.space.domains, tuple)
+
+
+def test_shipped_digits_study_loads() -> None:
+    """The example study file in studies/ is valid."""
+    spec = load(REPO / "studies" / "digits.yaml")
+    assert spec.task == "digits"
+    assert spec.target.value == 0.97
+    assert spec.space["num_workers"] == Choices((0, 1, 2))
+    assert spec.budget.trials == 20 and spec.budget.max_epochs == 8.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad study files: (id, file text or None for a missing file, offending key, value, fragment)
+
+
+BAD: list[tuple[str, str | None, str, Any, str]] = [
+    ("malformed yaml", HEAD + "space: {lr: [0.1, 0.2}\n", "(yaml)", NO_VALUE, "not valid YAML"),
+    ("tab indentation", HEAD + "space:\n\tlr: 0.1\n", "(yaml)", "line 4, column 1", "not valid YAML"),
+    ("top level is a list", "- task: digits\n", "(top level)", [{"task": "digits"}], "mapping"),
+    ("empty file", "", "(top level)", None, "mapping"),
+    ("missing task", "target: {metric: accuracy, value: 0.97}\n", "task", None, "task is required"),
+    ("missing target", "task: digits\n", "target", None, "target is required"),
+    ("task not a string", "task: 5\ntarget: {metric: accuracy, value: 0.97}\n", "task", 5, "package.module:callable"),
+    ("unknown top-level key", HEAD + "budjet: {trials: 3}\n", "budjet", "budjet", "did you mean 'budget'?"),
+    ("target not a mapping", "task: digits\ntarget: 0.97\n", "target", 0.97, "metric, value"),
+    ("target value not a number", "task: digits\ntarget: {metric: accuracy, value: high}\n",
+     "target.value", "high", "a number"),
+    ("unknown key in target", "task: digits\ntarget: {metric: accuracy, valeu: 0.9}\n",
+     "target.valeu", "valeu", "did you mean 'value'?"),
+    ("unknown key in budget", HEAD + "budget: {max_epoch: 3}\n", "budget.max_epoch", "max_epoch",
+     "did you mean 'max_epochs'?"),
+    ("budget not a mapping", HEAD + "budget: 10\n", "budget", 10, "a mapping"),
+    ("trials is text", HEAD + "budget: {trials: ten}\n", "budget.trials", "ten", "a whole number of at least 1"),
+    ("trials is zero", HEAD + "budget: {trials: 0}\n", "budget.trials", 0, "a whole number of at least 1"),
+    ("trials is a bool", HEAD + "budget: {trials: true}\n", "budget.trials", True, "a whole number"),
+    ("trials is a float", HEAD + "budget: {trials: 10.0}\n", "budget.trials", 10.0, "a whole number"),
+    ("max_epochs is zero", HEAD + "budget: {max_epochs: 0}\n", "budget.max_epochs", 0, "greater than 0"),
+    ("max_epochs is huge", HEAD + "budget: {max_epochs: " + "9" * 400 + "}\n", "budget.max_epochs",
+     NO_VALUE, "a number"),
+    ("max_seconds is infinite", HEAD + "budget: {max_seconds: .inf}\n", "budget.max_seconds",
+     float("inf"), "greater than 0"),
+    ("eval_every is negative", HEAD + "budget: {eval_every: -1}\n", "budget.eval_every", -1, "greater than 0"),
+    ("timeout is negative", HEAD + "budget: {timeout: -5}\n", "budget.timeout", -5, "greater than 0"),
+    ("timeout is text", HEAD + "budget: {timeout: soon}\n", "budget.timeout", "soon", "a number"),
+    ("seed is negative", HEAD + "seed: -1\n", "seed", -1, "at least 0"),
+    ("seed is a float", HEAD + "seed: 1.5\n", "seed", 1.5, "a whole number"),
+    ("empty name", HEAD + "name: ''\n", "name", "", "non-empty string"),
+    ("unknown knob", HEAD + "space: {batchsize: [32]}\n", "space.batchsize", "batchsize",
+     "did you mean 'batch_size'?"),
+    ("space not a mapping", HEAD + "space: [lr]\n", "space", ["lr"], "a mapping"),
+    ("inverted range", HEAD + "space: {lr: {low: 0.5, high: 0.1}}\n", "space.lr", {"low": 0.5, "high": 0.1},
+     "low < high"),
+    ("equal low and high", HEAD + "space: {lr: {low: 0.1, high: 0.1}}\n", "space.lr",
+     {"low": 0.1, "high": 0.1}, "low < high"),
+    ("log range from zero", HEAD + "space: {num_workers: {low: 0, high: 4, log: true}}\n",
+     "space.num_workers.low", 0, "log-scale range needs low > 0"),
+    ("lr range from zero", HEAD + "space: {lr: {low: 0, high: 0.1}}\n", "space.lr.low", 0, "greater than 0"),
+    ("log is not a bool", HEAD + "space: {lr: {low: 0.01, high: 0.1, log: 1}}\n", "space.lr.log", 1,
+     "true or false"),
+    ("unknown key in range", HEAD + "space: {batch_size: {low: 8, high: 64, step: 8}}\n",
+     "space.batch_size.step", "step", "low, high, log"),
+    ("range missing high", HEAD + "space: {lr: {low: 0.01}}\n", "space.lr.high", None, "both low and high"),
+    ("int range with float bound", HEAD + "space: {batch_size: {low: 16.0, high: 64}}\n",
+     "space.batch_size.low", 16.0, "whole number"),
+    ("range on a categorical knob", HEAD + "space: {scheduler: {low: 1, high: 2}}\n", "space.scheduler",
+     {"low": 1, "high": 2}, "not a range"),
+    ("empty choices", HEAD + "space: {batch_size: []}\n", "space.batch_size", [], "at least one value"),
+    ("repeated choices", HEAD + "space: {batch_size: [32, 64, 32]}\n", "space.batch_size", [32, 64, 32],
+     "must not repeat"),
+    ("unknown scheduler", HEAD + "space: {scheduler: [cosine, linear]}\n", "space.scheduler[1]", "linear",
+     "constant, step, cosine, onecycle"),
+    ("unknown precision", HEAD + "space: {precision: fp8}\n", "space.precision", "fp8", "fp32, fp16, bf16"),
+    ("batch_size zero", HEAD + "space: {batch_size: 0}\n", "space.batch_size", 0, "at least 1"),
+    ("num_workers negative", HEAD + "space: {num_workers: [0, -1]}\n", "space.num_workers[1]", -1, "at least 0"),
+    ("pin_memory not a bool", HEAD + "space: {pin_memory: [0, 1]}\n", "space.pin_memory[0]", 0, "true or false"),
+    ("lr is huge", HEAD + "space: {lr: " + "9" * 400 + "}\n", "space.lr", NO_VALUE, "a number"),
+    ("unknown preset", HEAD + "space: {preset: huge}\n", "space.preset", "huge", "built-in presets: default"),
+    ("missing preset file", HEAD + "space: {preset: nowhere.yaml}\n", "space.preset", "nowhere.yaml",
+     "no such preset"),
+    ("bad device", HEAD + "device: gpu\n", "device", "gpu", "auto, cpu, cuda or cuda:N"),
+    ("bad device index", HEAD + "device: 'cuda:x'\n", "device", "cuda:x", "cuda:N"),
+    ("storage without scheme", HEAD + "storage: study.db\n", "storage", "study.db", "sqlite:///"),
+    ("storage unknown scheme", HEAD + "storage: redis://localhost/0\n", "storage", "redis://localhost/0",
+     "database URL"),
+    ("storage not a string", HEAD + "storage: 5\n", "storage", 5, "database URL"),
+    ("unknown key in baseline", HEAD + "baseline: {batchsize: 64}\n", "baseline.batchsize", "batchsize",
+     "did you mean 'batch_size'?"),
+    ("bad baseline lr", HEAD + "baseline: {lr: -0.1}\n", "baseline.lr", -0.1, "greater than 0"),
+    ("bad baseline precision", HEAD + "baseline: {precision: half}\n", "baseline.precision", "half",
+     "fp32, fp16, bf16"),
+    ("baseline is a list", HEAD + "baseline: [lr]\n", "baseline", ["lr"], "a mapping"),
+    ("confirm runs negative", HEAD + "confirm: {runs: -1}\n", "confirm.runs", -1, "at least 0"),
+    ("unknown key in confirm", HEAD + "confirm: {seeds: 3}\n", "confirm.seeds", "seeds", "top, runs"),
+    ("missing study file", None, "(file)", NO_VALUE, "no such file"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "value", "fragment"), [case[1:] for case in BAD],
+                         ids=[case[0] for case in BAD])
+def test_bad_study_file_raises_spec_error(tmp_path: Path, text: str | None, key: str, value: Any,
+                                          fragment: str) -> None:
+    """The message names the file, the key, the value it got and what would be accepted."""
+    path = tmp_path / "study.yaml"
+    if text is not None:
+        path.write_text(text)
+
+    with pytest.raises(SpecError) as info:
+        load(path)
+
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}: got "), message
+    if value is not NO_VALUE:
+        assert f"{key}: got {value!r};" in message, message
+    assert fragment in message, message
+    assert "\n" not in message, message  # the CLI prints it as one line
+    assert (info.value.path, info.value.key) == (path, key)
+
+
+def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:
+    """A preset that leaves a knob out is reported against the preset file, naming the knob."""
+    preset = write(tmp_path, "lr: 0.1\n", "partial.yaml")
+    with pytest.raises(SpecError) as info:
+        load(write(tmp_path, HEAD + "space: {preset: partial.yaml}\n"))
+    assert str(info.value).startswith(f"{preset.resolve()}: scheduler: ")
+    assert "every knob" in str(info.value)
