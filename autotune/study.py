@@ -122,6 +122,12 @@ def recover_interrupted(study: optuna.Study, *, reason: str) -> list[int]:
     return recovered
 
 
+def limits_for(spec: StudySpec) -> Limits:
+    """What every training run of the study stops at: the target or the per-trial budget."""
+    b = spec.budget
+    return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every)
+
+
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None) -> optuna.Study:
     """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -134,8 +140,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
     for number in recover_interrupted(study, reason="the process stopped during this trial"):
         tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
-    limits = Limits(target=spec.target.value, max_epochs=spec.budget.max_epochs,
-                    max_seconds=spec.budget.max_seconds, eval_every=spec.budget.eval_every)
+    limits = limits_for(spec)
     started = time.monotonic()
     done = finished_count(study)
     with tqdm(total=budget, initial=min(done, budget), desc="study", unit="trial", dynamic_ncols=True) as bar:
@@ -230,8 +235,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
-    limits = Limits(target=spec.target.value, max_epochs=spec.budget.max_epochs,
-                    max_seconds=spec.budget.max_seconds, eval_every=spec.budget.eval_every)
+    limits = limits_for(spec)
     with tqdm(total=len(seeds) * len(candidates), desc="confirming on fresh seeds", unit="run", leave=False) as bar:
         runs = confirm.measure(prepared.task, candidates, seeds=seeds, limits=limits, device=prepared.device,
                                on_run=lambda: bar.update(1))

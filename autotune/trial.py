@@ -14,11 +14,7 @@ import dataclasses
 import functools
 import itertools
 import math
-import os
-import platform
 import random
-import resource
-import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from autotune.measure import Clock, device_name, peak_memory, threads_for
 from autotune.tasks import Task
 
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
@@ -80,33 +77,6 @@ class TrialResult:
     torch_version: str
     stop_reason: str  # "target", "max_epochs" or "max_seconds"
     curve: tuple[tuple[float, float, float], ...]  # (train seconds, epochs, metric) per evaluation
-
-
-class Clock:
-    """Training time that can be paused; synchronizes CUDA before every measured read."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else (lambda: None)
-        self.elapsed = 0.0
-        self._started: float | None = None
-
-    def start(self) -> None:
-        self._sync()
-        self._started = time.perf_counter()
-
-    def stop(self) -> float:
-        self._sync()
-        self.elapsed += time.perf_counter() - self._started
-        self._started = None
-        return self.elapsed
-
-    def read(self, *, sync: bool = True) -> float:
-        """Elapsed time; `sync=False` for limit checks, where a stall per step would cost more."""
-        if self._started is None:
-            return self.elapsed
-        if sync:
-            self._sync()
-        return self.elapsed + time.perf_counter() - self._started
 
 
 def run(
@@ -185,7 +155,7 @@ def run(
                     progress(steps, total_steps, metric)
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
-    if clock._started is not None:
+    if clock.running:
         clock.stop()
 
     reached = stop_reason == "target"
@@ -286,18 +256,6 @@ def make_scheduler(
     raise ValueError(f"scheduler must be one of constant, step, cosine, onecycle, but got {name=}.")
 
 
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def threads_for(num_workers: int) -> int:
-    """Torch threads for the training process: the cores the loader workers leave free.
-
-    Oversubscribed cores slowed small-batch training here by more than 10x (DESIGN.md).
-    """
-    return max(1, cpu_count() - num_workers)
-
-
 def _worker_init(_: int) -> None:
     torch.set_num_threads(1)  # each loader worker is one process on one core
 
@@ -306,22 +264,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return f"cpu ({line.split(':', 1)[1].strip()})"
-    except OSError:
-        pass
-    return f"cpu ({platform.processor() or platform.machine()})"

@@ -1,0 +1,73 @@
+"""Measuring a trial honestly: a pausable clock, peak memory, the device, CPU threads."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import resource
+import time
+
+import torch
+
+
+class Clock:
+    """Training time that can be paused; synchronizes CUDA before every measured read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else (lambda: None)
+        self.elapsed = 0.0
+        self._started: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._started is not None
+
+    def start(self) -> None:
+        self._sync()
+        self._started = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        self.elapsed += time.perf_counter() - self._started
+        self._started = None
+        return self.elapsed
+
+    def read(self, *, sync: bool = True) -> float:
+        """Elapsed time; `sync=False` for limit checks, where a stall per step would cost more."""
+        if self._started is None:
+            return self.elapsed
+        if sync:
+            self._sync()
+        return self.elapsed + time.perf_counter() - self._started
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_for(num_workers: int) -> int:
+    """Torch threads for the training process: the cores the loader workers leave free.
+
+    Oversubscribed cores slowed small-batch training here by more than 10x (DESIGN.md).
+    """
+    return max(1, cpu_count() - num_workers)
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return f"cpu ({line.split(':', 1)[1].strip()})"
+    except OSError:
+        pass
+    return f"cpu ({platform.processor() or platform.machine()})"
