@@ -82,9 +82,12 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The candidate (not the baseline) with the smallest median; None if none reached it."""
-    timed = {k: v["median"] for k, v in summary.items() if k != BASELINE and v["median"] is not None}
-    return min(timed, key=timed.__getitem__) if timed else None
+    """The candidate (not the baseline) with the smallest median; None if none reached it.
+
+    Ties (a median can be the same run's time) go to the one that missed the target less often.
+    """
+    timed = {k: v for k, v in summary.items() if k != BASELINE and v["median"] is not None}
+    return min(timed, key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"])) if timed else None
 
 
 def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune import confirm
+from autotune.trial import Limits
+from tests.tasks import cuda_oom
+
+
+def record(label: str, time: float | None) -> dict:
+    return {"label": label, "reached": time is not None, "time_to_target": time, "best_metric": 0.9}
+
+
+def test_median_counts_a_missed_target_as_slowest() -> None:
+    stats = confirm.summarize([record("a", 1.0), record("a", None), record("a", 3.0)])
+    assert stats["a"] == {"median": 3.0, "min": 1.0, "max": 3.0, "runs": 3, "reached": 2}
+    assert confirm.summarize([record("b", None), record("b", None), record("b", 2.0)])["b"]["median"] is None
+
+
+def test_winner_is_the_lowest_median_and_speedup_is_against_the_baseline() -> None:
+    runs = [record("baseline", t) for t in (4.0, 5.0, 6.0)]
+    runs += [record("trial 1", t) for t in (0.5, 9.0, 9.0)]  # one lucky run
+    runs += [record("trial 2", t) for t in (2.0, 2.5, 3.0)]
+    stats = confirm.summarize(runs)
+    assert confirm.winner(stats) == "trial 2"
+    assert confirm.speedup(stats, "trial 2") == pytest.approx(5.0 / 2.5)
+
+
+def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> None:
+    runs = [record("trial 1", t) for t in (1.0, 2.0, None)] + [record("trial 2", t) for t in (2.0, 2.0, 2.5)]
+    stats = confirm.summarize(runs)
+    assert stats["trial 1"]["median"] == stats["trial 2"]["median"] == 2.0
+    assert confirm.winner(stats) == "trial 2"
+
+
+def test_no_winner_when_no_candidate_reaches_the_target() -> None:
+    stats = confirm.summarize([record("baseline", 1.0), record("trial 3", None)])
+    assert confirm.winner(stats) is None and confirm.speedup(stats, "trial 3") is None
+
+
+def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
+    base = {"lr": 0.05, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
+            "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+    candidates = {"baseline": base, "trial 7": {**base, "batch_size": 256}}
+    limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
+    records = confirm.measure(cuda_oom(), candidates, seeds=[11, 12], limits=limits, device=torch.device("cpu"))
+    assert [(r["label"], r["seed"]) for r in records] == [("baseline", 11), ("trial 7", 11), ("baseline", 12), ("trial 7", 12)]
+    assert all(r["reached"] for r in records if r["label"] == "baseline")
+    assert all(not r["reached"] and "out of memory" in r["reason"] for r in records if r["label"] == "trial 7")
+
+
+def test_fresh_seeds_differ_from_every_trial_seed() -> None:
+    seeds = confirm.fresh_seeds(3, 5)
+    assert len(set(seeds)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in seeds)
