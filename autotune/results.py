@@ -48,7 +48,7 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
 
 def best_feasible(records: pd.DataFrame, *, count: int = 1) -> pd.DataFrame:
     """The fastest trials that reached the target, fastest first."""
-    feasible = records[records["feasible"]]
+    feasible = records[records["feasible"].astype(bool)]  # an empty table's columns are untyped
     return feasible.sort_values(["time_to_target", "number"]).head(count)
 
 

@@ -155,6 +155,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
             # Wherever Ctrl-C landed (training, ask, tell), leave no trial RUNNING.
             recover_interrupted(study, reason="stopped by the user (Ctrl-C)")
             raise
+    if done < budget:
+        print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
+              f"run the same command again to go on", file=sys.stderr)
     return study
 
 

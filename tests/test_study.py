@@ -88,6 +88,14 @@ def test_running_a_finished_study_again_trains_nothing(tmp_path: Path, capsys: p
     assert again.user_attrs["confirmation"] == stored  # not re-measured
 
 
+def test_timeout_stops_starting_trials_and_says_how_to_go_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, trials=500, confirm={"top": 0, "runs": 0})
+    code, out, err = run_cli("run", str(path), "--timeout", "0.5", capsys=capsys)
+    done = len(finished(load(path)))
+    assert code == 0 and done < 500 and "Study study:" in out
+    assert f"with {done} of 500 trials finished; run the same command again" in err
+
+
 def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=3)
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
