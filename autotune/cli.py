@@ -48,20 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run (or resume) the study a study file describes")
     run.add_argument("study", help="study file (.yaml)")
-    run.add_argument("--trials", type=_positive_int, help="finished trials to reach in total, counting earlier runs")
-    run.add_argument("--timeout", type=_positive_float, help="seconds after which no new trial starts")
-    run.add_argument("--storage", help="database URL (default: the study file's, or a SQLite file beside it)")
+    run.add_argument("--trials", type=_positive_int, metavar="N", help="finished trials to reach in total, counting earlier runs")
+    run.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds after which no new trial starts")
+    run.add_argument("--storage", metavar="URL", help="database URL (default: the study file's, or a SQLite file beside it)")
 
     report = commands.add_parser("report", help="summarize a study from its storage, without training")
     report.add_argument("study", help="study file (.yaml)")
     report.add_argument("--json", action="store_true", help="print the summary as JSON")
-    report.add_argument("--storage", help="database URL")
+    report.add_argument("--storage", metavar="URL", help="database URL")
 
     export = commands.add_parser("export", help="write the winning configuration")
     export.add_argument("study", help="study file (.yaml)")
     export.add_argument("--format", required=True, choices=("yaml", "json"))
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
-    export.add_argument("--storage", help="database URL")
+    export.add_argument("--storage", metavar="URL", help="database URL")
     return parser
 
 
