@@ -18,8 +18,6 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
 
     from autotune.spec import StudySpec
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
-
 
 def _positive_int(text: str) -> int:
     try:
@@ -51,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=_positive_int, metavar="N", help="finished trials to reach in total, counting earlier runs")
     run.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds after which no new trial starts")
     run.add_argument("--storage", metavar="URL", help="database URL (default: the study file's, or a SQLite file beside it)")
+    run.add_argument("--workers", type=_positive_int, default=1, metavar="K",
+                     help="worker processes on this machine (needs a journal:/// or database-server storage)")
+    run.add_argument("--isolation", choices=("auto", "process", "none"),
+                     help="run each trial in a child process (killed when it hangs past budget.trial_timeout), "
+                          "or in this one; auto: process on CUDA, none on CPU")
+    run.add_argument("--as-worker", type=int, metavar="I", help=argparse.SUPPRESS)  # set by --workers
+    run.add_argument("--allow-changes", action="store_true",
+                     help="go on with a study whose task, target, space, limits or device changed since it began")
 
     report = commands.add_parser("report", help="summarize a study from its storage, without training")
     report.add_argument("study", help="study file (.yaml)")
@@ -75,38 +81,65 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune import spec as spec_, study as study_
+    from autotune import signals, spec as spec_, storage, study as study_, workers
 
-    spec = spec_.load(args.study, storage=args.storage)
+    spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation)
     prepared = study_.prepare(spec)  # every user error surfaces before the storage is touched
-    study_.print_notices(prepared.notices)
+    if args.as_worker is not None:
+        return _run_as_worker(args, spec, prepared)
+    workers.check_storage(spec, args.workers)
     try:
-        study = study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout)
-        study_.confirm_best(spec, prepared, study)
-    except KeyboardInterrupt:
-        again = " ".join(["autotune run", args.study, *(f"--storage {args.storage}".split() if args.storage else [])])
-        print(f"\nautotune: interrupted; every finished trial is saved in {spec.storage}.\n"
+        with signals.handled(), storage.sole_runner(spec):
+            changes = study_.check_unchanged(spec, prepared, allow_changes=args.allow_changes)
+            study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
+            if args.workers > 1:
+                study_.begin(spec, prepared)
+                workers.run_workers(spec, study_file=args.study, workers=args.workers,
+                                    budget=args.trials or spec.budget.trials, timeout=args.timeout,
+                                    options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else [])])
+            else:
+                study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout)
+            study = storage.open_study(spec, create=False)
+            study_.confirm_best(spec, prepared, study)
+    except KeyboardInterrupt as interrupt:
+        again = " ".join(["autotune run", args.study, *(f"--storage {args.storage}".split() if args.storage else []),
+                          *(f"--workers {args.workers}".split() if args.workers > 1 else [])])
+        print(f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
               f"Resume with: {again}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return signals.exit_code(interrupt)
     print(_report_text(spec, study))
     return 0
 
 
+def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
+    """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
+    from autotune import signals, study as study_
+
+    if spec.storage.startswith("sqlite"):
+        raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
+    try:
+        with signals.handled():
+            study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout, worker=args.as_worker)
+    except KeyboardInterrupt as interrupt:
+        return signals.exit_code(interrupt)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune import report, spec as spec_, study as study_
+    from autotune import report, spec as spec_, storage
 
     spec = spec_.load(args.study, storage=args.storage)
-    study = study_.open_study(spec, create=False)
+    study = storage.open_study(spec, create=False)
     records, summary = _summary(spec, study)
     print(json.dumps(summary, indent=2) if args.json else report.render(summary, records))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autotune import export, spec as spec_, study as study_
+    from autotune import export, spec as spec_, storage
 
     spec = spec_.load(args.study, storage=args.storage)
-    _, summary = _summary(spec, study_.open_study(spec, create=False))
+    _, summary = _summary(spec, storage.open_study(spec, create=False))
     if summary["best"] is None:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)

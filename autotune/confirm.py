@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from autotune import memory
-from autotune.tasks import Task
-from autotune.trial import Limits, TrialConfig, run
+from autotune.isolation import RunTrial, TrialFailure
+from autotune.trial import Limits, TrialConfig
 
 BASELINE = "baseline"
 
@@ -27,7 +26,7 @@ def fresh_seeds(study_seed: int, runs: int) -> list[int]:
 
 
 def measure(
-    task: Task,
+    run_trial: RunTrial,
     candidates: Mapping[str, Mapping[str, Any]],
     *,
     seeds: Sequence[int],
@@ -37,24 +36,21 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Run every candidate once per seed, interleaved; one record per run.
 
-    A run that runs out of memory counts as not reaching the target.
+    A run that fails (runs out of memory, hangs, crashes) counts as not reaching the target.
     """
     records = []
     for seed in seeds:
         for label, config in candidates.items():
             record: dict[str, Any] = {"label": label, "seed": seed}
             try:
-                result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
-            except Exception as exc:
-                if not memory.is_oom(exc):
-                    raise
-                record.update(reached=False, time_to_target=None, best_metric=None, reason=memory.oom_reason(exc))
+                result = run_trial(TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
+            except TrialFailure as failure:
+                record.update(reached=False, time_to_target=None, best_metric=None, reason=failure.reason)
             else:
                 record.update(
                     reached=result.reached, time_to_target=result.time_to_target, best_metric=result.best_metric,
                     train_seconds=result.train_seconds,
                 )
-            memory.free_memory()
             records.append(record)
             if on_run is not None:
                 on_run()

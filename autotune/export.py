@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from autotune.report import speedup_phrase
+
 FORMATS = ("yaml", "json")
 
 
@@ -22,5 +24,5 @@ def render(summary: Mapping[str, Any], fmt: str) -> str:
         f"# {target['metric']} >= {target['value']} in {best['time_to_target']:.3f} s"
     )
     if summary["speedup"]:
-        provenance += f", {summary['speedup']:.2f}x faster than the baseline"
+        provenance += f", {speedup_phrase(summary['speedup'])} than the baseline"
     return provenance + "\n" + yaml.safe_dump(dict(best["params"]), sort_keys=False)

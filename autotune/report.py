@@ -99,10 +99,15 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
         if summary["speedup"]:
             base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"
             lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
-                         f"the baseline takes {base['time_to_target']:.2f} s ({base_how}): {summary['speedup']:.2f}x faster.")
+                         f"the baseline takes {base['time_to_target']:.2f} s ({base_how}): {speedup_phrase(summary['speedup'])}.")
         else:
             lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
                          f"the baseline reached it in only {base['reached']} of {base['runs']} runs.")
     else:
         lines.append(f"Reached {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s in one run (not confirmed on fresh seeds).")
     return "\n".join(lines)
+
+
+def speedup_phrase(ratio: float) -> str:
+    """`1.72x faster`, or `1.15x slower` when the baseline won: never `0.87x faster`."""
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"

@@ -13,16 +13,27 @@ import pandas as pd
 
 from autotune.space import KNOBS, complete
 
+INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
+
 COLUMNS = (
     "number", "state", "feasible", "time_to_target", "best_metric", "train_seconds", "epochs",
     "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "interrupted", "reason",
 )
 
 
+def is_interrupted(trial: Any) -> bool:
+    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
+    a database server's heartbeat check. autotune records a reason for every failure of its own.
+    """
+    return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or "reason" not in trial.user_attrs)
+
+
 def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
     """One row per trial: its outcome, its measurements and every knob."""
     rows = []
     for trial in trials:
+        if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
+            continue
         attrs = trial.user_attrs
         constraints = trial.constraints if hasattr(trial, "constraints") else {}
         peak = attrs.get("peak_memory_bytes")
@@ -39,8 +50,8 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "samples_per_second": attrs.get("samples_per_second"),
             "peak_memory_mb": None if peak is None else peak / 2**20,
             "oom": bool(attrs.get("oom", False)),
-            "interrupted": bool(attrs.get("interrupted", False)),
-            "reason": attrs.get("reason"),
+            "interrupted": is_interrupted(trial),
+            "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
             **config,
         })
     return pd.DataFrame(rows, columns=[*COLUMNS, *KNOBS])

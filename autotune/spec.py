@@ -21,7 +21,9 @@ from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Domain, Range, Spac
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")
+# sqlite: one process (the default); journal: Optuna's journal file, for several local workers;
+# postgresql/mysql: a database server, for workers on several machines.
+STORAGE_SCHEMES = ("sqlite", "journal", "postgresql", "mysql")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Budget:
     max_epochs: float  # per trial; also the length of the LR schedule
     max_seconds: float  # per trial, on the training clock
     eval_every: float  # epochs between evaluations: often enough that the clock stops near the crossing
+    trial_timeout: float  # wall seconds after which a trial in a child process is killed as hung
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +61,19 @@ class StudySpec:
     device: str
     baseline: tuple[tuple[str, Any], ...]
     confirm: Confirm
+    isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
 
 
-TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm")
+TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
+            "isolation")
+ISOLATION_MODES = ("auto", "process", "none")
 OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
-BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25}
+BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
+                   "trial_timeout": None}
 CONFIRM_DEFAULTS = {"top": 3, "runs": 3}
 
 
-def load(path: str | Path, *, storage: str | None = None) -> StudySpec:
+def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None) -> StudySpec:
     """Read and validate a study file; `storage` (from the command line) overrides the file's."""
     path = Path(path)
     raw = _read_yaml(path)
@@ -87,12 +94,16 @@ def load(path: str | Path, *, storage: str | None = None) -> StudySpec:
     device = raw.get("device", "auto")
     _require(path, "device", device, isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
              "auto, cpu, cuda or cuda:N")
+    isolation = isolation if isolation is not None else raw.get("isolation", "auto")
+    _require(path, "isolation", isolation, isolation in ISOLATION_MODES,
+             "auto (a child process per trial on CUDA, none on CPU), process or none")
     storage = storage if storage is not None else raw.get("storage")
     if storage is None:
         storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
     scheme = storage.split("://", 1)[0].split("+", 1)[0] if isinstance(storage, str) else None
     _require(path, "storage", storage, scheme in STORAGE_SCHEMES and "://" in storage,
-             "a database URL such as sqlite:///study.db or postgresql://user@host/db")
+             "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
+             "or postgresql://user@host/db (several machines)")
 
     return StudySpec(
         path=path,
@@ -106,6 +117,7 @@ def load(path: str | Path, *, storage: str | None = None) -> StudySpec:
         device=device,
         baseline=_baseline(path, raw.get("baseline", {})),
         confirm=_confirm(path, raw.get("confirm", {})),
+        isolation=isolation,
     )
 
 
@@ -177,12 +189,16 @@ def _budget(path: Path, raw: Any) -> Budget:
     trials = raw["trials"]
     _require(path, "budget.trials", trials, _is_int(trials) and trials >= 1, "a whole number of at least 1")
     timeout = raw["timeout"]
+    max_seconds = _number(path, "budget.max_seconds", raw["max_seconds"])
+    trial_timeout = raw["trial_timeout"]
     return Budget(
         trials=trials,
         timeout=None if timeout is None else _number(path, "budget.timeout", timeout),
         max_epochs=_number(path, "budget.max_epochs", raw["max_epochs"]),
-        max_seconds=_number(path, "budget.max_seconds", raw["max_seconds"]),
+        max_seconds=max_seconds,
         eval_every=_number(path, "budget.eval_every", raw["eval_every"]),
+        # Training stops at max_seconds; start-up and evaluations come on top, so leave room.
+        trial_timeout=2 * max_seconds + 60 if trial_timeout is None else _number(path, "budget.trial_timeout", trial_timeout),
     )
 
 

@@ -12,21 +12,18 @@ import sys
 import time
 import traceback
 import warnings
-from pathlib import Path
 from typing import Any
 
 import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import confirm, memory, results, space as space_
-from autotune.errors import SpecError, StorageError
+from autotune import confirm, definition as definition_, isolation, results, signals, space as space_, storage
+from autotune.errors import AutotuneError, SpecError
 from autotune.spec import StudySpec
 from autotune.tasks import Task, load_task
-from autotune.trial import Limits, TrialConfig, run
+from autotune.trial import Limits, TrialConfig
 
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C or a kill; it is retried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +35,9 @@ class Prepared:
     space: space_.Space
     baseline: dict[str, Any]
     notices: list[str]
+    definition: dict[str, Any]  # what the stored trials are measured under (definition.py)
+    isolation: str  # process or none, as resolved for the device
+    run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
 
 
 def resolve_device(spec: StudySpec) -> torch.device:
@@ -70,56 +70,48 @@ def prepare(spec: StudySpec) -> Prepared:
     task = load_task(spec.task, study_path=spec.path)
     if spec.target.metric != task.metric_name:
         raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
-    return Prepared(task=task, device=device, space=space, baseline=baseline, notices=notices)
+    mode = isolation.resolve(spec.isolation, device)
+    run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
+                 if mode == "process" else isolation.in_process(task))
+    return Prepared(task=task, device=device, space=space, baseline=baseline, notices=notices,
+                    definition=definition_.describe(spec, space=space, device=device.type),
+                    isolation=mode, run_trial=run_trial)
 
 
-def open_study(spec: StudySpec, *, seed_offset: int = 0, create: bool = True) -> optuna.Study:
-    """The study in its storage, created on first use; its sampler reseeded past earlier runs."""
+def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:
+    """The changes to the study's definition since it began; an error unless `allow_changes`.
+
+    Reads the storage without writing to it, so a refused run leaves it exactly as it was.
+    """
+    study = storage.read_study(spec)
+    stored = study.user_attrs.get("definition") if study is not None else None
+    changed = definition_.changes(stored, prepared.definition) if stored is not None else []
+    unmixable = definition_.unmixable(stored, prepared.definition) if changed else []
+    if unmixable:
+        raise AutotuneError(
+            f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
+            f"began in {spec.storage} ({'; '.join(c for c in changed if c.split(':')[0].removeprefix('space.') in unmixable)}); "
+            f"one Optuna study cannot mix trials over different choices: give the study a new name: to start afresh")
+    if changed and not allow_changes:
+        count = len(study.get_trials(deepcopy=False))
+        raise AutotuneError(
+            f"{spec.path}: the study file changed since study {spec.name!r} began in {spec.storage}: "
+            f"{'; '.join(changed)}. The {count} trial(s) stored were measured under the old settings; "
+            f"run with --allow-changes to add trials under the new ones, or give the study a new name:")
+    return changed
+
+
+def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:
+    """TPE, reseeded past the trials already stored: a resumed study must not replay its first
+    random configurations."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group` is experimental
-        sampler = optuna.samplers.TPESampler(
+        return optuna.samplers.TPESampler(
             seed=spec.seed + seed_offset,
             n_startup_trials=max(3, min(10, spec.budget.trials // 3)),  # random trials before TPE models
             multivariate=True,  # knobs interact (lr with batch size and schedule)
             group=True,  # prefetch_factor exists only with workers
         )
-    if not create and spec.storage.startswith("sqlite:///"):
-        # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
-        path = spec.storage.removeprefix("sqlite:///")
-        if not Path(path).is_file():
-            raise StorageError(f"{spec.path}: storage: no database at {path}; run `autotune run {spec.path}` first")
-    try:
-        if create:
-            return optuna.create_study(
-                study_name=spec.name, storage=spec.storage, sampler=sampler, direction="minimize", load_if_exists=True
-            )
-        return optuna.load_study(study_name=spec.name, storage=spec.storage, sampler=sampler)
-    except KeyError:
-        raise StorageError(f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first") from None
-    except Exception as exc:  # SQLAlchemy and driver errors: an unreachable or unusable storage
-        raise StorageError(f"{spec.path}: storage: cannot open {spec.storage!r} ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
-
-
-def finished_count(study: optuna.Study) -> int:
-    """Trials that count against the budget: every finished one except those interrupted."""
-    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not t.user_attrs.get(INTERRUPTED))
-
-
-def recover_interrupted(study: optuna.Study, *, reason: str) -> list[int]:
-    """Mark RUNNING trials as failed (interrupted) and queue their configuration again.
-
-    The default storage is one SQLite file used by one process, so a RUNNING trial at start-up
-    belongs to a process that no longer runs, and one after Ctrl-C is this process's own.
-    """
-    recovered = []
-    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.enqueue_trial(frozen.params, user_attrs={"retry_of": frozen.number}, skip_if_exists=False)
-        storage = study._storage  # Optuna has no public call to finish another process's trial
-        storage.set_trial_user_attr(frozen._trial_id, INTERRUPTED, True)
-        storage.set_trial_user_attr(frozen._trial_id, "reason", f"interrupted: {reason}")
-        storage.set_trial_state_values(frozen._trial_id, optuna.trial.TrialState.FAIL)
-        recovered.append(frozen.number)
-    return recovered
 
 
 def limits_for(spec: StudySpec) -> Limits:
@@ -128,46 +120,94 @@ def limits_for(spec: StudySpec) -> Limits:
     return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every)
 
 
-def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None) -> optuna.Study:
-    """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs."""
+def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
+    """Open (or create) the study, store its definition, and recover what a killed run left.
+
+    Called by the one process that holds a local file's lock, before any worker starts: a
+    RUNNING trial there belongs to a process that no longer runs. On a database server other
+    machines' trials may be running; Optuna's heartbeat finds the dead ones instead.
+    """
+    study = storage.open_study(spec, create=True)
+    study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
+    record_definition(study, prepared.definition)
+    if storage.local_path(spec.storage) is not None:
+        for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
+            tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
+        storage.queue_retries(study)
+    return study
+
+
+def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,
+              worker: int | None = None) -> optuna.Study:
+    """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs
+    and other workers'. `worker` is this process's index among `--workers`; None when it runs alone.
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     budget = trials if trials is not None else spec.budget.trials
     timeout = timeout if timeout is not None else spec.budget.timeout
-    # Reseed the sampler past the trials already stored, or a resumed study would propose its
-    # first random configurations all over again.
-    existing = len(open_study(spec).get_trials(deepcopy=False))
-    study = open_study(spec, seed_offset=existing)
-    study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
-    for number in recover_interrupted(study, reason="the process stopped during this trial"):
-        tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
+    study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
+    existing = len(study.get_trials(deepcopy=False))
+    study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
     limits = limits_for(spec)
     started = time.monotonic()
-    done = finished_count(study)
-    with tqdm(total=budget, initial=min(done, budget), desc="study", unit="trial", dynamic_ncols=True) as bar:
+    mine: list[int] = []  # the trials this process asked for
+    with tqdm(total=budget, initial=min(storage.finished_count(study), budget), desc="study", unit="trial",
+              dynamic_ncols=True) as bar:
         _show_best(bar, study)
         try:
-            while done < budget and (timeout is None or time.monotonic() - started < timeout):
-                run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric)
-                done = finished_count(study)
-                bar.n = min(done, budget)
+            while timeout is None or time.monotonic() - started < timeout:
+                signals.check()
+                storage.fail_dead_workers(study)
+                if storage.slots_taken(study) >= budget:
+                    break
+                run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric,
+                        budget=budget, asked=mine)
+                bar.n = min(storage.finished_count(study), budget)
                 _show_best(bar, study)
-        except KeyboardInterrupt:
-            # Wherever Ctrl-C landed (training, ask, tell), leave no trial RUNNING.
-            recover_interrupted(study, reason="stopped by the user (Ctrl-C)")
+        except KeyboardInterrupt as interrupt:
+            # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
+            stopped = storage.mark_running_interrupted(study, reason=f"stopped by {signals.name(interrupt)}",
+                                                       only=mine)
+            storage.queue_retries(study, only=stopped)
             raise
-    if done < budget:
+    done = storage.finished_count(study)
+    if done < budget and timeout is not None and time.monotonic() - started >= timeout:
         print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
               f"run the same command again to go on", file=sys.stderr)
     return study
 
 
-def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: int, metric_name: str) -> None:
+def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
+    """Store the definition when the study begins, and each allowed change with where it began."""
+    stored = study.user_attrs.get("definition")
+    if stored == definition:
+        return
+    if stored is not None:
+        history = [*study.user_attrs.get("definition_changes", []),
+                   {"from_trial": len(study.get_trials(deepcopy=False)), "changes": definition_.changes(stored, definition)}]
+        study.set_user_attr("definition_changes", history)
+    study.set_user_attr("definition", definition)
+
+
+def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: int, metric_name: str,
+            budget: int, asked: list[int]) -> None:
     """Ask for a configuration, train it, tell the outcome. OOM -> PRUNED, other errors -> FAIL."""
     trial = study.ask()
+    asked.append(trial.number)
+    with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
+        _train_and_tell(study, trial, prepared, limits=limits, seed=seed, metric_name=metric_name, budget=budget)
+
+
+def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared, *, limits: Limits, seed: int,
+                    metric_name: str, budget: int) -> None:
+    trial.set_user_attr("worker", storage.worker_id())
     config = space_.suggest(prepared.space, trial)
     trial_seed = seed * 100_000 + trial.number
     trial.set_user_attr("config", config)
     trial.set_user_attr("seed", trial_seed)
+    if storage.slots_before(study, trial.number) >= budget:
+        storage.mark_surplus(study, trial)
+        return
     bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
 
     def progress(steps: int, total: int, metric: float | None) -> None:
@@ -176,21 +216,20 @@ def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: in
         if metric is not None:
             bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
 
-    failure: tuple[str, bool] | None = None
+    failure: isolation.TrialFailure | None = None
     try:
-        result = run(prepared.task, TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
-                     seed=trial_seed, progress=progress)
-    except Exception as exc:
-        failure = (memory.oom_reason(exc), True) if memory.is_oom(exc) else (_error_reason(exc), False)
-        # Leaving the except block drops the traceback, and with it the trial's tensors.
-    bar.close()
+        with signals.interruptible():
+            result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
+                                        seed=trial_seed, progress=progress)
+    except isolation.TrialFailure as exc:
+        failure = exc
+    finally:
+        bar.close()  # before any message, also when a signal stops the run
     if failure is not None:
-        memory.free_memory()
-        reason, oom = failure
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("oom", oom)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED if oom else optuna.trial.TrialState.FAIL)
-        tqdm.write(f"trial {trial.number}: {'pruned' if oom else 'failed'}: {reason}", file=sys.stderr)
+        trial.set_user_attr("reason", failure.reason)
+        trial.set_user_attr("oom", failure.oom)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED if failure.oom else optuna.trial.TrialState.FAIL)
+        tqdm.write(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}", file=sys.stderr)
         return
     record = dataclasses.asdict(result)
     record["curve"] = [list(point) for point in result.curve]
@@ -198,13 +237,6 @@ def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: in
         trial.set_user_attr(key, value)
     trial.set_constraint("target", limits.target - result.best_metric)  # feasible when <= 0
     study.tell(trial, result.time_to_target if result.reached else result.train_seconds)
-
-
-def _error_reason(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    return f"{exc.__class__.__name__}: {first_line}{where}"[:500]
 
 
 def _show_best(bar: tqdm, study: optuna.Study) -> None:
@@ -229,7 +261,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     top = results.best_feasible(records, count=spec.confirm.top)
     if top.empty:
         return None
-    after = finished_count(study)
+    after = storage.finished_count(study)
     stored = study.user_attrs.get("confirmation")
     numbers = [int(n) for n in top["number"]]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers:
@@ -240,8 +272,9 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)
     with tqdm(total=len(seeds) * len(candidates), desc="confirming on fresh seeds", unit="run", leave=False) as bar:
-        runs = confirm.measure(prepared.task, candidates, seeds=seeds, limits=limits, device=prepared.device,
-                               on_run=lambda: bar.update(1))
+        with signals.interruptible():
+            runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
+                                   on_run=lambda: bar.update(1))
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs}
     study.set_user_attr("confirmation", json.loads(json.dumps(outcome)))
     return outcome

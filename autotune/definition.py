@@ -1,0 +1,66 @@
+"""What a study's stored trials were measured under, and what changed since.
+
+A study's trials are comparable only while the task, the target, the search space, the
+per-trial limits and the device stay the same. The definition is stored with the study when it
+begins; a later run whose study file changes any of these is refused (before anything is
+written) unless the user says to go on. The trial budget, the timeout, the seed, the baseline and
+the confirmation settings may change freely: they don't change what a stored trial means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from autotune.space import Space
+from autotune.spec import StudySpec
+
+
+def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
+    """The definition as plain JSON values, from the space as fitted to the device."""
+    budget = spec.budget
+    definition = {
+        "task": spec.task,
+        "target": {"metric": spec.target.metric, "value": spec.target.value},
+        "space": {name: _domain(domain) for name, domain in space.domains},
+        "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds, "eval_every": budget.eval_every},
+        "device": device,
+    }
+    return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
+
+
+def _domain(domain: Any) -> Any:
+    fields = dataclasses.asdict(domain)
+    return fields["values"] if set(fields) == {"values"} else fields
+
+
+def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Each difference as `key: old -> new`, keys dotted as in the study file."""
+    found: list[str] = []
+    _compare(stored, current, "", found)
+    return found
+
+
+def _compare(old: Any, new: Any, key: str, found: list[str]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in [*old, *(k for k in new if k not in old)]:
+            _compare(old.get(name), new.get(name), f"{key}.{name}" if key else name, found)
+    elif old != new:
+        found.append(f"{key}: {_show(old)} -> {_show(new)}")
+
+
+def _show(value: Any) -> str:
+    return "(none)" if value is None else json.dumps(value)
+
+
+def unmixable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Knobs whose sampled domain changed in a way one Optuna study cannot hold: a different list
+    of choices, or choices turned into a range (a fixed value is not sampled, so it may change)."""
+    found = []
+    for name, new in current["space"].items():
+        old = stored["space"].get(name)
+        sampled = [d for d in (old, new) if isinstance(d, dict) or (isinstance(d, list) and len(d) > 1)]
+        if old != new and len(sampled) == 2 and not all(isinstance(d, dict) for d in sampled):
+            found.append(name)
+    return found

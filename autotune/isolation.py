@@ -1,0 +1,184 @@
+"""Where a trial runs: in this process, or in a fresh child process of its own.
+
+In a child, a trial that hangs is killed at its wall-clock limit ("timeout"), one that dies
+(segfault, `os._exit`, a killed process) is recorded as "crashed", and everything it allocated,
+GPU memory and the CUDA context included, goes back to the system when it exits. Children come
+from a fork server that has imported torch once, so a trial does not pay torch's import again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from autotune import memory
+from autotune.tasks import Task, load_task
+from autotune.trial import Limits, Progress, TrialConfig, TrialResult, run
+
+MODES = ("auto", "process", "none")
+PROGRESS_SECONDS = 0.25  # how often a child reports its progress
+WATCH_SECONDS = 0.5  # how often a child checks that the study's process still runs
+EXIT_GRACE_SECONDS = 30  # a child that sent its result gets this long to exit before it is killed
+
+
+class TrialFailure(Exception):
+    """A trial that ended without a result: OOM, an error, a timeout or a crash, with the reason."""
+
+    def __init__(self, reason: str, *, oom: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.oom = reason, oom
+
+
+class RunTrial(Protocol):
+    def __call__(self, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                 progress: Progress | None = None) -> TrialResult: ...
+
+
+def resolve(mode: str, device: torch.device) -> str:
+    """`auto`: a child process per trial on CUDA, where a trial's memory and CUDA context must go
+    back to the system; in-process on CPU, where a child's start-up costs more than it saves."""
+    if mode == "auto":
+        return "process" if device.type == "cuda" else "none"
+    return mode
+
+
+def error_reason(exc: BaseException) -> str:
+    """`Type: first line (at file:line)`, for the trial's stored reason."""
+    if memory.is_oom(exc):
+        return memory.oom_reason(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return f"{exc.__class__.__name__}: {first_line}{where}"[:500]
+
+
+def in_process(task: Task) -> RunTrial:
+    """Trials run here; any exception becomes a TrialFailure with its reason."""
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        try:
+            return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+        except Exception as exc:
+            failure = TrialFailure(error_reason(exc), oom=memory.is_oom(exc))
+        # Out of the except block, the traceback and with it the trial's tensors are gone.
+        memory.free_memory()
+        raise failure
+
+    return run_trial
+
+
+def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial:
+    """Each trial in a fresh child process, killed after `hang_after` seconds of wall time."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "autotune.trial"])
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=_child_main, name="autotune-trial",
+                                args=(sender, os.getpid(), task_name, study_path, config, limits, device, seed))
+        child.start()
+        sender.close()  # so that the child's death reads as end-of-file here
+        try:
+            return _await(child, receiver, hang_after=hang_after, progress=progress)
+        finally:
+            receiver.close()
+            if child.is_alive():
+                child.kill()  # a timeout, or this process stopped by a signal
+            child.join()
+
+    return run_trial
+
+
+def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> TrialResult:
+    deadline = time.monotonic() + hang_after
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TrialFailure(f"timeout: no result after {hang_after:g} s of wall time; the trial's process was killed")
+        if not receiver.poll(min(remaining, 1.0)):
+            continue
+        try:
+            kind, *payload = receiver.recv()
+        except EOFError:  # the child is gone without a word
+            child.join()
+            raise TrialFailure(f"crashed: {_exit_description(child.exitcode)}") from None
+        if kind == "progress" and progress is not None:
+            progress(*payload)
+        elif kind == "result":
+            child.join(EXIT_GRACE_SECONDS)  # its memory is back before the next trial starts
+            return payload[0]
+        elif kind == "error":
+            reason, oom = payload
+            child.join(EXIT_GRACE_SECONDS)
+            raise TrialFailure(reason, oom=oom)
+
+
+def _exit_description(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"the trial's process was killed by {signal.Signals(-code).name}"
+    return f"the trial's process exited with status {code} before it reported a result"
+
+
+def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, config: TrialConfig,
+                limits: Limits, device: torch.device, seed: int) -> None:
+    """The child: build the task, run the trial, send back the result or the failure."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
+    _die_with(study_pid)
+    last = 0.0
+
+    def progress(steps: int, total: int, metric: float | None) -> None:
+        nonlocal last
+        if metric is not None or time.monotonic() - last >= PROGRESS_SECONDS:
+            last = time.monotonic()
+            sender.send(("progress", steps, total, metric))
+
+    try:
+        task = load_task(task_name, study_path=study_path)
+        result = run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+    except BaseException as exc:
+        sender.send(("error", error_reason(exc), memory.is_oom(exc)))
+    else:
+        sender.send(("result", result))
+    finally:
+        sender.close()
+
+
+def _die_with(study_pid: int) -> None:
+    """End this child when the study's process is gone (killed with SIGKILL, say), not orphan it.
+
+    The child's parent is the fork server, which itself waits for its children before it exits,
+    so the kernel's parent-death signal would never come; a watchdog thread asks instead.
+    """
+
+    def watch() -> None:
+        while _running(study_pid):
+            time.sleep(WATCH_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="autotune-watchdog", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed process stays a zombie until its own parent waits for it
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
