@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import time
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -40,12 +44,13 @@ class CudaOOMAtLargeBatch(nn.Module):
         return self.net(x)
 
 
-class CpuOOMAtLargeBatch(CudaOOMAtLargeBatch):
-    """Really exhausts the CPU allocator for large batches: asks for an impossible buffer."""
+class AllocatorOOMAtLargeBatch(CudaOOMAtLargeBatch):
+    """Really exhausts the allocator of the device it runs on (CPU or CUDA) for large batches:
+    asks for an impossible buffer."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and len(x) >= OOM_BATCH:
-            torch.empty(2**62, dtype=torch.uint8)
+            torch.empty(2**62, dtype=torch.uint8, device=x.device)
         return self.net(x)
 
 
@@ -53,8 +58,8 @@ def cuda_oom() -> Task:
     return Task(model=CudaOOMAtLargeBatch, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
-def cpu_oom() -> Task:
-    return Task(model=CpuOOMAtLargeBatch, train=_blobs(1024, 0), val=_blobs(512, 1))
+def allocator_oom() -> Task:
+    return Task(model=AllocatorOOMAtLargeBatch, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
 def broken_model() -> Task:
@@ -62,3 +67,33 @@ def broken_model() -> Task:
         raise ValueError("this model cannot be built")
 
     return Task(model=model, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+class Misbehaves(nn.Module):
+    """Trains like the blobs MLP until its first large batch, then does what `how` says."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.net, self.how = _mlp(), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and len(x) >= OOM_BATCH:
+            if self.how == "hang":
+                time.sleep(3600)
+            elif self.how == "exit":
+                os._exit(3)
+            elif self.how == "segfault":
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
+        return self.net(x)
+
+
+def hangs() -> Task:
+    return Task(model=lambda: Misbehaves("hang"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def exits() -> Task:
+    return Task(model=lambda: Misbehaves("exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def segfaults() -> Task:
+    return Task(model=lambda: Misbehaves("segfault"), train=_blobs(1024, 0), val=_blobs(512, 1))

@@ -8,6 +8,7 @@ Each case starts a Python process that imports torch (about 2 s), so cases are f
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import subprocess
 import sys
@@ -54,6 +55,7 @@ class Case:
     study: str | None
     fragments: tuple[str, ...]
     command: str = "run"
+    options: tuple[str, ...] = ()  # after the study file
     files: tuple[tuple[str, str], ...] = ()  # other files beside the study (a user's task module)
     storage: bytes | None = None  # pre-existing bytes in study.db, which must survive unchanged
 
@@ -79,8 +81,38 @@ CASES = [
     Case("fp16 only on cpu", HEAD + "device: cpu\nspace: {precision: fp16}\n", ("space.precision", "fp16", "cpu"),
          storage=GARBAGE),
     Case("missing study file", None, ("(file)", "no such file")),
-    Case("report before any run", HEAD, ("storage", "no database", "autotune run"), command="report"),
+    Case("report before any run", HEAD, ("storage", "no study database", "autotune run"), command="report"),
     Case("report on a corrupt storage", HEAD, ("storage", "cannot open"), command="report", storage=GARBAGE),
+    # More of the study file: each section's own mistakes.
+    Case("empty study file", "", ("(top level): got None", "a mapping")),
+    Case("study file is a list", "- task: digits\n", ("(top level)", "a mapping")),
+    Case("target missing", "task: digits\n", ("target",), storage=GARBAGE),
+    Case("target value is text", "task: digits\ntarget: {metric: accuracy, value: high}\n", ("target.value", "'high'")),
+    Case("misspelt budget key", HEAD + "budget: {max_epoch: 3}\n", ("budget.max_epoch", "did you mean 'max_epochs'?")),
+    Case("negative max_seconds", HEAD + "budget: {max_seconds: -5}\n", ("budget.max_seconds: got -5",)),
+    Case("negative timeout in file", HEAD + "budget: {timeout: -1}\n", ("budget.timeout: got -1",)),
+    Case("empty range", HEAD + "space: {lr: {low: 0.1, high: 0.1}}\n", ("space.lr", "low < high")),
+    Case("empty list of choices", HEAD + "space: {batch_size: []}\n", ("space.batch_size", "[]")),
+    Case("unknown precision", HEAD + "space: {precision: [fp32, fp8]}\n", ("space.precision[1]: got 'fp8'", "bf16")),
+    Case("pin_memory as text", HEAD + "space: {pin_memory: 'yes'}\n", ("space.pin_memory", "true or false")),
+    Case("negative workers", HEAD + "space: {num_workers: [-1, 2]}\n", ("space.num_workers[0]: got -1", "at least 0")),
+    Case("unknown preset", HEAD + "space: {preset: fastest}\n", ("space.preset", "fastest")),
+    Case("task factory fails", "task: failing_xyz:task\n" + TARGET, ("task", "RuntimeError: no data in /data/train"),
+         files=(("failing_xyz.py", 'def task():\n    raise RuntimeError("no data in /data/train")\n'),), storage=GARBAGE),
+    # Storage: unsupported, unreachable, unwritable, corrupt, busy, changed.
+    Case("unsupported storage scheme", HEAD + "storage: redis://localhost/0\n", ("storage: got 'redis://localhost/0'", "sqlite:///")),
+    Case("unreachable database server", HEAD + "storage: postgresql://autotune@127.0.0.1:9/nowhere\n",
+         ("storage", "cannot open postgresql://autotune@127.0.0.1:9/nowhere")),
+    Case("storage folder missing", HEAD + "storage: sqlite:///no/such/folder/study.db\n", ("storage", "cannot write")),
+    Case("storage folder is a file", HEAD + "storage: sqlite:///study.yaml/study.db\n", ("storage", "cannot write")),
+    Case("journal folder missing", HEAD + "storage: journal:///no/such/folder/study.journal\n", ("storage", "cannot write")),
+    Case("unknown isolation", HEAD + "isolation: thread\n", ("isolation: got 'thread'", "process or none")),
+    Case("negative trial timeout", HEAD + "budget: {trial_timeout: -1}\n", ("budget.trial_timeout: got -1",)),
+    Case("workers on a SQLite file", HEAD, ("--workers 2", "SQLite", "journal:///"), options=("--workers", "2"),
+         storage=GARBAGE),
+    Case("run on a corrupt storage", HEAD, ("storage", "cannot open", "study.db"), storage=GARBAGE),
+    Case("export before any run", HEAD, ("storage", "no study database"), command="export",
+         options=("--format", "json")),
 ]
 
 
@@ -95,7 +127,7 @@ def test_bad_input_is_one_line_and_leaves_storage_alone(tmp_path: Path, case: Ca
     if case.storage is not None:
         storage.write_bytes(case.storage)
 
-    result = run_autotune(tmp_path, case.command, "study.yaml")
+    result = run_autotune(tmp_path, case.command, "study.yaml", *case.options)
 
     assert_one_line_error(result, "study.yaml", *case.fragments)
     if case.storage is None:
@@ -108,6 +140,10 @@ def test_bad_input_is_one_line_and_leaves_storage_alone(tmp_path: Path, case: Ca
 ARGUMENT_CASES = [
     ("trials zero", ("--trials", "0"), "argument --trials", "'0'"),
     ("timeout negative", ("--timeout", "-1"), "argument --timeout", "'-1'"),
+    ("trials negative", ("--trials", "-3"), "argument --trials", "'-3'"),
+    ("trials fractional", ("--trials", "2.5"), "argument --trials", "'2.5'"),
+    ("timeout zero", ("--timeout", "0"), "argument --timeout", "'0'"),
+    ("timeout not a number", ("--timeout", "soon"), "argument --timeout", "'soon'"),
 ]
 
 
@@ -125,3 +161,35 @@ def test_bad_option_is_rejected_before_anything_runs(tmp_path: Path, args: tuple
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("autotune run: error: ") and option in last and value in last, last
     assert not (tmp_path / "study.db").exists()
+
+
+def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
+    """A second `autotune run` on a SQLite study that one already runs: refused, storage unchanged."""
+    (tmp_path / "study.yaml").write_text(HEAD)
+    (tmp_path / "study.db").write_bytes(GARBAGE)
+    with open(tmp_path / "study.db.runner.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running `autotune run` holds it
+        result = run_autotune(tmp_path, "run", "study.yaml")
+    assert_one_line_error(result, "study.yaml", "is being run by", "journal")
+    assert (tmp_path / "study.db").read_bytes() == GARBAGE
+
+
+def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -> None:
+    """The stored study began with target 0.9; the file now says 0.97: refused, storage unchanged."""
+    import optuna
+
+    from autotune import spec as spec_, study as study_
+
+    path = tmp_path / "study.yaml"
+    path.write_text(HEAD.replace("0.97", "0.9") + "device: cpu\n")
+    began = study_.prepare(spec_.load(path)).definition
+    stored = optuna.create_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    stored.set_user_attr("definition", began)
+    before = (tmp_path / "study.db").read_bytes()
+    path.write_text(HEAD + "device: cpu\n")
+
+    result = run_autotune(tmp_path, "run", "study.yaml")
+
+    assert_one_line_error(result, "study.yaml", "changed since study 'study' began", "target.value: 0.9 -> 0.97",
+                          "--allow-changes")
+    assert (tmp_path / "study.db").read_bytes() == before

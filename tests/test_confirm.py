@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import confirm
+from autotune import confirm, isolation
 from autotune.trial import Limits
 from tests.tasks import cuda_oom
 
@@ -44,7 +44,7 @@ def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
             "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
     candidates = {"baseline": base, "trial 7": {**base, "batch_size": 256}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
-    records = confirm.measure(cuda_oom(), candidates, seeds=[11, 12], limits=limits, device=torch.device("cpu"))
+    records = confirm.measure(isolation.in_process(cuda_oom()), candidates, seeds=[11, 12], limits=limits, device=torch.device("cpu"))
     assert [(r["label"], r["seed"]) for r in records] == [("baseline", 11), ("trial 7", 11), ("baseline", 12), ("trial 7", 12)]
     assert all(r["reached"] for r in records if r["label"] == "baseline")
     assert all(not r["reached"] and "out of memory" in r["reason"] for r in records if r["label"] == "trial 7")

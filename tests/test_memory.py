@@ -9,7 +9,7 @@ import torch
 from autotune.memory import free_memory, is_oom, oom_reason
 
 
-def real_cpu_oom() -> RuntimeError:
+def real_allocator_oom() -> RuntimeError:
     """The CPU allocator's own failure, caused for real."""
     try:
         torch.empty(2**62, dtype=torch.uint8)
@@ -28,7 +28,7 @@ def real_cpu_oom() -> RuntimeError:
         RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
         RuntimeError("MPS backend out of memory (MPS allocated: 1.00 GB)"),
         MemoryError(),
-        real_cpu_oom(),
+        real_allocator_oom(),
     ],
     ids=["cuda-oom-error", "cuda-runtime", "cublas", "cudnn-alloc", "cudnn-not-supported", "mps", "memoryerror", "cpu-allocator"],
 )

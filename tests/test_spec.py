@@ -46,7 +46,8 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
     assert spec.name == "study"  # the file's stem
     assert spec.task == "digits"
     assert spec.target == Target(metric="accuracy", value=0.97)
-    assert spec.budget == Budget(trials=5, timeout=None, max_epochs=10.0, max_seconds=60.0, eval_every=0.25)
+    assert spec.budget == Budget(trials=5, timeout=None, max_epochs=10.0, max_seconds=60.0, eval_every=0.25,
+                                 trial_timeout=180.0)  # 2 x max_seconds + 60
     assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
     assert spec.seed == 0
     assert spec.device == "auto"
@@ -89,14 +90,17 @@ name: mine
 storage: sqlite:///elsewhere.db
 seed: 7
 device: cuda:1
-budget: {trials: 3, timeout: 30, max_epochs: 2, max_seconds: 5, eval_every: 0.5}
+budget: {trials: 3, timeout: 30, max_epochs: 2, max_seconds: 5, eval_every: 0.5, trial_timeout: 20}
 baseline: {num_workers: 2, batch_size: 64}
 confirm: {top: 0, runs: 5}
+isolation: process
 """
     spec = load(write(tmp_path, text))
 
     assert (spec.name, spec.storage, spec.seed, spec.device) == ("mine", "sqlite:///elsewhere.db", 7, "cuda:1")
-    assert spec.budget == Budget(trials=3, timeout=30.0, max_epochs=2.0, max_seconds=5.0, eval_every=0.5)
+    assert spec.budget == Budget(trials=3, timeout=30.0, max_epochs=2.0, max_seconds=5.0, eval_every=0.5,
+                                 trial_timeout=20.0)
+    assert spec.isolation == "process"
     assert spec.confirm == Confirm(top=0, runs=5)
     baseline = dict(spec.baseline)
     assert baseline["num_workers"] == 2 and baseline["batch_size"] == 64
@@ -224,8 +228,8 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("bad device index", HEAD + "device: 'cuda:x'\n", "device", "cuda:x", "cuda:N"),
     ("storage without scheme", HEAD + "storage: study.db\n", "storage", "study.db", "sqlite:///"),
     ("storage unknown scheme", HEAD + "storage: redis://localhost/0\n", "storage", "redis://localhost/0",
-     "database URL"),
-    ("storage not a string", HEAD + "storage: 5\n", "storage", 5, "database URL"),
+     "storage URL"),
+    ("storage not a string", HEAD + "storage: 5\n", "storage", 5, "storage URL"),
     ("unknown key in baseline", HEAD + "baseline: {batchsize: 64}\n", "baseline.batchsize", "batchsize",
      "did you mean 'batch_size'?"),
     ("bad baseline lr", HEAD + "baseline: {lr: -0.1}\n", "baseline.lr", -0.1, "greater than 0"),

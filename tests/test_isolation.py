@@ -1,0 +1,129 @@
+"""Trials in child processes: hangs are killed, crashes recorded, OOM still an OOM, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from autotune import isolation
+from autotune.space import DEFAULT_BASELINE, complete
+from autotune.trial import Limits, TrialConfig
+from tests.tasks import OOM_BATCH, blobs
+
+REPO = Path(__file__).resolve().parent.parent
+LIMITS = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)
+CPU = torch.device("cpu")
+
+
+def config(batch_size: int) -> TrialConfig:
+    return TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "batch_size": batch_size, "lr": 0.1}))
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports in the child
+
+
+@pytest.mark.parametrize(("task", "reason", "oom"), [
+    ("hangs", "timeout: no result after 3 s", False),
+    ("exits", "crashed: the trial's process exited with status 3", False),
+    ("segfaults", "crashed: the trial's process was killed by SIGSEGV", False),
+    ("allocator_oom", "out of memory: RuntimeError", True),
+])
+def test_a_child_that_misbehaves_becomes_a_reasoned_failure(task: str, reason: str, oom: bool) -> None:
+    run_trial = isolation.in_child(f"tests.tasks:{task}", study_path=REPO / "study.yaml", hang_after=3)
+    started = time.monotonic()
+    with pytest.raises(isolation.TrialFailure) as failure:
+        run_trial(config(OOM_BATCH), limits=LIMITS, device=CPU, seed=1)
+    assert failure.value.reason.startswith(reason), failure.value.reason
+    assert failure.value.oom == oom
+    assert time.monotonic() - started < 30  # the hang was killed at its limit, not waited out
+
+
+def test_a_child_trains_the_same_trial_as_this_process() -> None:
+    steps: list[int] = []
+    in_child = isolation.in_child("tests.tasks:blobs", study_path=REPO / "study.yaml", hang_after=60)
+    there = in_child(config(32), limits=LIMITS, device=CPU, seed=7, progress=lambda s, t, m: steps.append(s))
+    here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
+    assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]  # same metric at the same epochs
+    assert there.best_metric == here.best_metric and there.optimizer_steps == here.optimizer_steps
+    assert steps and steps[-1] <= there.optimizer_steps  # progress came back from the child
+
+
+def write_study(folder: Path, task: str, *, batch_sizes: tuple[int, ...] = (16, OOM_BATCH), **budget: float) -> Path:
+    study = {
+        "task": task,
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {"batch_size": list(batch_sizes), "num_workers": 0, "precision": "fp32"},
+        "budget": {"trials": 4, "max_epochs": 2, "max_seconds": 5, "eval_every": 0.5, **budget},
+        "confirm": {"top": 1, "runs": 1},
+        "isolation": "process",
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+@pytest.mark.parametrize(("task", "reason"), [("segfaults", "crashed: "), ("hangs", "timeout: ")])
+def test_a_study_goes_on_past_crashed_and_hung_trials(tmp_path: Path, task: str, reason: str) -> None:
+    path = write_study(tmp_path, f"tests.tasks:{task}", trial_timeout=3)
+    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    trials = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}").get_trials()
+    assert len(trials) == 4
+    for trial in trials:
+        if trial.params["batch_size"] == OOM_BATCH:
+            assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["reason"].startswith(reason)
+        else:
+            assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert "Winner: trial" in result.stdout
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
+    path = write_study(tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,))  # every trial hangs, for minutes
+    study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, descendants = time.monotonic() + 120, []
+    while time.monotonic() < deadline and not descendants:  # the fork server, and under it the trial
+        descendants = [grandchild for child in children(study.pid) for grandchild in children(child)]
+        time.sleep(0.2)
+    assert descendants, "no trial process appeared"
+    time.sleep(1.0)
+    assert all(alive(p) for p in descendants), "the trial was meant to hang"
+    os.kill(study.pid, signal.SIGKILL)
+    study.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(alive(p) for p in descendants):
+        time.sleep(0.2)
+    assert not any(alive(p) for p in descendants), "a trial process outlived the study"
