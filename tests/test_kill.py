@@ -1,0 +1,353 @@
+"""Acceptance: `kill -9` at any moment, then the same command, until the budget is done.
+
+`autotune run study.yaml` is killed with SIGKILL 20 times at random moments (during start-up,
+while the storage is created, during a trial, between trials, while a trial's results are
+written, during the final confirmation) and started again each time. After every kill, every
+trial that had finished must still be there, unchanged; at the end the budget is met exactly,
+nothing is lost, duplicated or left RUNNING/WAITING, the SQLite file passes its integrity check,
+and the winner the last run prints is the one `autotune report` shows.
+
+The moments are drawn from a seeded random.Random: set AUTOTUNE_KILL_SEED to replay or vary
+them. Every assertion message carries the seed and the log of kills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tests.test_study import REPO, finished, load, write_study
+
+SEED = int(os.environ.get("AUTOTUNE_KILL_SEED", "20250607"))
+KILLS = 20
+BUDGET = 25  # each tests.tasks:blobs trial takes 0.1-2 s; 20 kills finish about half of it
+CONFIRM_KILLS = 3  # the last kills wait for the confirmation on fresh seeds
+MAX_ATTEMPTS = 45  # runs started while killing, those that finished before their kill included
+CONFIRMING = "confirming on fresh seeds"  # the progress bar autotune shows while confirming
+
+# kind -> how many of the first KILLS - CONFIRM_KILLS kills are of it (the order is shuffled)
+KINDS = {"start-up": 4, "trial": 5, "between": 4, "writing": 4}
+assert sum(KINDS.values()) == KILLS - CONFIRM_KILLS
+
+
+def env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def autotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class Live:
+    """What the running process has committed so far, read without writing."""
+
+    finished: int  # finished trials that count against the budget
+    running: dict[int, set[str]]  # trial_id -> user attr keys, of RUNNING trials this run began
+
+
+def peek(db: Path, after_id: int) -> Live | None:
+    """None while the database or its tables do not exist yet, or it is locked past a short wait."""
+    if not db.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.5)
+        try:
+            done = conn.execute(
+                "select count(*) from trials t where t.state in ('COMPLETE', 'PRUNED', 'FAIL') and not exists "
+                "(select 1 from trial_user_attributes a where a.trial_id = t.trial_id and a.key = 'interrupted')"
+            ).fetchone()[0]
+            running: dict[int, set[str]] = {}
+            for trial_id, key in conn.execute(
+                "select t.trial_id, a.key from trials t left join trial_user_attributes a on a.trial_id = t.trial_id "
+                "where t.state = 'RUNNING' and t.trial_id > ?", (after_id,)
+            ):
+                running.setdefault(trial_id, set()).update([key] if key else [])
+            return Live(done, running)
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
+@dataclass
+class Run:
+    """One `python -m autotune run study.yaml`, its output going to files."""
+
+    path: Path
+    index: int
+    after_id: int  # the largest trial_id stored before it started: larger ones are this run's
+    proc: subprocess.Popen = field(init=False)
+    _err_seen: int = 0
+    confirming: bool = False
+
+    def __post_init__(self) -> None:
+        out = self.path.parent / f"run{self.index}.out"
+        err = self.path.parent / f"run{self.index}.err"
+        self.out_path, self.err_path = out, err
+        with open(out, "w") as o, open(err, "w") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(self.path)], cwd=REPO,
+                                         env=env(), stdout=o, stderr=e)
+        self.started = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check_confirming(self) -> bool:
+        if not self.confirming:
+            with open(self.err_path, "rb") as f:
+                f.seek(max(0, self._err_seen - len(CONFIRMING)))
+                chunk = f.read()
+            self._err_seen += len(chunk)
+            self.confirming = CONFIRMING.encode() in chunk
+        return self.confirming
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+
+class Killer:
+    def __init__(self, path: Path) -> None:
+        self.path, self.db = path, path.with_suffix(".db")
+        self.rng = random.Random(SEED)
+        self.log: list[str] = []
+        self.seen: dict[int, tuple] = {}  # every finished trial any snapshot saw: number -> (params, values, state)
+        self.kills = 0
+        self.completed_runs = 0
+        self.confirmation: dict[str, Any] | None = None  # as the last snapshot found it
+
+    def why(self) -> str:
+        return f"AUTOTUNE_KILL_SEED={SEED}; kills so far:\n  " + "\n  ".join(self.log)
+
+    def plan(self) -> list[tuple[str, int, float]]:
+        """Per attempt, drawn before any timing can matter: (kind, trials to let finish first, a uniform)."""
+        kinds = [kind for kind, n in KINDS.items() for _ in range(n)]
+        self.rng.shuffle(kinds)
+        kinds = ["storage"] + kinds[1:]  # the first run creates the database: kill it then
+        kinds += ["confirm"] * CONFIRM_KILLS
+        kinds += ["start-up"] * (MAX_ATTEMPTS - len(kinds))
+        return [(kind, self.rng.randint(0, 1), self.rng.random()) for kind in kinds]
+
+    # -- waiting for a moment ------------------------------------------------------------------
+
+    def wait(self, run: Run, what: str, ready, *, poll: float = 0.01, timeout: float = 120) -> bool:
+        """Until `ready(live)` holds (True) or the process ends (False)."""
+        deadline = time.monotonic() + timeout
+        while run.alive():
+            live = peek(self.db, run.after_id)
+            if ready(live):
+                return True
+            assert time.monotonic() < deadline, f"run {run.index}: no {what} within {timeout} s\n{self.why()}"
+            time.sleep(poll)
+        return False
+
+    def wait_confirming(self, run: Run) -> bool:
+        return self.wait(run, "confirmation", lambda live: run.check_confirming(), poll=0.02)
+
+    def moment(self, run: Run, kind: str, k: int, u: float, base: int) -> str:
+        """Wait for the moment `kind` names, then return what was waited for."""
+        budget_done = lambda live: live is not None and live.finished >= BUDGET  # noqa: E731
+        came = True  # False: the run ended before the moment came
+        if kind == "storage":  # the database file appears, the schema and the study are being created
+            came = self.wait(run, "database file", lambda live: self.db.exists(), poll=0.002)
+            delay = 0.3 * u
+        elif kind == "start-up":  # importing torch, loading the task, opening the storage, marking, queueing
+            delay = 3.5 * u
+        elif kind == "confirm":
+            came = self.wait_confirming(run)
+            delay = 1.0 * u
+        else:
+            # let k trials (k + 1 for "between") finish in this run first, unless the budget is done
+            need = base + k + (kind == "between")
+            came = self.wait(run, f"{need - base} finished trials",
+                             lambda live: live is not None and live.finished >= need or budget_done(live))
+            live = peek(self.db, run.after_id)
+            if live is not None and live.finished >= BUDGET:
+                came = self.wait_confirming(run)
+                kind, delay = "confirm (the budget was done)", 1.0 * u
+            elif kind == "between":  # just after a tell: in ask, suggest, writing the config
+                delay = 0.02 * u
+            elif kind == "trial":  # the trial has its configuration and is training
+                came = self.wait(run, "a trial training",
+                                 lambda live: live is not None and any("config" in keys for keys in live.running.values())
+                                 or budget_done(live), poll=0.005)
+                delay = 0.4 * u
+            else:  # "writing": the trial's results are going into the storage, before its tell
+                came = self.wait(run, "a trial's results being written",
+                                 lambda live: live is not None and any("reached" in keys for keys in live.running.values())
+                                 or budget_done(live), poll=0.001)
+                delay = 0.004 * u
+        time.sleep(delay)
+        return f"{kind} k={k} +{delay:.3f}s" + ("" if came else " (the run ended before that moment)")
+
+    # -- after a kill ----------------------------------------------------------------------------
+
+    def study(self) -> optuna.Study | None:
+        """The study, once its database holds it (loading it earlier would create Optuna's tables)."""
+        if not self.db.exists() or not sqlite_rows(self.db, "select name from sqlite_master where name = 'studies'"):
+            return None
+        if not sqlite_rows(self.db, "select 1 from studies where study_name = 'study'"):
+            return None
+        return load(self.path)
+
+    def where(self, run: Run, journal: bool) -> str:
+        """Where the kill landed, as the storage shows it."""
+        mid = " (mid-transaction: journal left)" if journal else ""
+        study = self.study()
+        if study is None:
+            return ("before the study existed" if self.db.exists() else "before the database existed") + mid
+        mine = [t for t in study.get_trials() if t._trial_id > run.after_id]
+        running = [t for t in mine if t.state == TrialState.RUNNING]
+        if running:
+            t = running[-1]
+            return ("writing the results of" if "reached" in t.user_attrs else
+                    "training" if "config" in t.user_attrs else "asking for") + f" trial {t.number}" + mid
+        if run.check_confirming():
+            stored = study.user_attrs.get("confirmation") != self.confirmation
+            return ("after confirming: the confirmation is stored" if stored else "confirming") + mid
+        return ("between trials" if mine else "start-up, before the first trial") + mid
+
+    def snapshot(self) -> dict[int, tuple]:
+        """Finished trials that count, checked against every earlier snapshot: none lost or changed."""
+        study = self.study()
+        if study is None:
+            return {}
+        now = {t.number: (t.params, t.values, t.state) for t in finished(study)}
+        lost = {n: v for n, v in self.seen.items() if now.get(n) != v}
+        assert not lost, f"finished trials lost or changed: {lost} -> {[now.get(n) for n in lost]}\n{self.why()}"
+        assert len(now) <= BUDGET, f"{len(now)} finished trials, over the budget of {BUDGET}\n{self.why()}"
+        self.seen.update(now)
+        self.confirmation = study.user_attrs.get("confirmation")
+        return now
+
+    def integrity(self) -> None:
+        if not self.db.exists():
+            return
+        with sqlite3.connect(self.db) as conn:  # rolls back a transaction the kill left, as the next run would
+            check = conn.execute("pragma integrity_check").fetchall()
+            keys = conn.execute("pragma foreign_key_check").fetchall()
+        assert check == [("ok",)] and keys == [], f"integrity: {check} {keys}\n{self.why()}"
+
+    def max_trial_id(self) -> int:
+        study = self.study()
+        return 0 if study is None else max((t._trial_id for t in study.get_trials()), default=0)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def kill_until_done(self) -> None:
+        plan = self.plan()
+        for attempt in range(MAX_ATTEMPTS):
+            if self.kills == KILLS:
+                return
+            kind, k, u = plan[attempt]
+            if self.completed_runs:  # the study is done: only start-up is left to kill
+                kind = "start-up"
+                u *= 0.6  # a finished study's run prints its report 2.5-3.5 s after it starts
+            base = len(self.seen)
+            run = Run(self.path, attempt, self.max_trial_id())
+            what = self.moment(run, kind, k, u, base)
+            run.proc.send_signal(signal.SIGKILL)
+            code = run.proc.wait()
+            journal = self.db.with_name(self.db.name + "-journal").exists()
+            if code == -signal.SIGKILL:
+                self.kills += 1
+                landed = self.where(run, journal)
+            elif code == 0:
+                self.completed_runs += 1
+                landed = "it had finished (exit 0) before the kill"
+            else:
+                raise AssertionError(f"run {attempt} exited {code} before its kill:\n{run.stderr()[-3000:]}\n{self.why()}")
+            self.integrity()
+            done = len(self.snapshot())
+            self.log.append(f"run {attempt}: {what} after {time.monotonic() - run.started:.2f}s -> "
+                            f"{'kill ' + str(self.kills) if code else 'no kill'}: {landed}; {done}/{BUDGET} finished")
+        raise AssertionError(f"only {self.kills} of {KILLS} kills in {MAX_ATTEMPTS} runs\n{self.why()}")
+
+
+def sqlite_rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(tmp_path: Path) -> None:
+    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 2, "runs": 2})
+    db = path.with_suffix(".db")
+    killer = Killer(path)
+    killer.kill_until_done()
+    why = killer.why()
+    assert killer.kills == KILLS, why
+    assert any(": confirming" in line for line in killer.log), f"no kill landed in the confirmation\n{why}"
+    assert any(": training trial" in line or ": writing the results" in line for line in killer.log), \
+        f"no kill landed during a trial\n{why}"
+
+    final = autotune("run", str(path))
+    why += f"\nfinal run (exit {final.returncode}):\n{final.stderr[-3000:]}"
+    assert final.returncode == 0, why
+    assert "Traceback" not in final.stderr, why
+
+    # the budget, exactly; nothing lost, changed or duplicated
+    study = load(path)
+    counted = killer.snapshot()
+    trials = study.get_trials()
+    assert len(counted) == BUDGET, f"{len(counted)} finished trials for a budget of {BUDGET}\n{why}"
+    assert set(killer.seen) == set(counted), why
+    numbers = [t.number for t in trials]
+    assert sorted(numbers) == list(range(len(trials))), f"trial numbers {sorted(numbers)}\n{why}"
+    assert sqlite_rows(db, "select number, count(*) from trials group by study_id, number having count(*) > 1") == [], why
+    left = {t.number: t.state.name for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    assert not left, f"trials left unfinished: {left}\n{why}"
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in trials), why
+
+    # every interrupted configuration ran again once, and only once; a trial killed while its
+    # configuration was being chosen (no `config` stored yet) has none to rerun: a fresh trial
+    # takes its place
+    interrupted = {t.number: t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("interrupted")}
+    assert interrupted, f"no kill interrupted a trial\n{why}"
+    retries = [t for t in trials if "failed_trial" in t.system_attrs]
+    by_original = Counter(t.system_attrs["failed_trial"] for t in retries)
+    assert all(n == 1 for n in by_original.values()), f"retried more than once: {by_original}\n{why}"
+    for retry in retries:
+        original = interrupted.get(retry.system_attrs["failed_trial"])
+        assert original is not None, f"trial {retry.number} retries a trial that was not interrupted\n{why}"
+        assert "failed_trial" not in original.system_attrs, \
+            f"trial {retry.number} retries trial {original.number}, itself a retry: run a third time\n{why}"
+        assert retry.params == original.params and "config" in original.user_attrs, \
+            f"trial {retry.number} did not rerun trial {original.number}'s whole configuration\n{why}"
+    first_time = [n for n, t in interrupted.items() if "failed_trial" not in t.system_attrs and "config" in t.user_attrs]
+    assert sorted(by_original) == sorted(first_time), f"interrupted {first_time}, retried {sorted(by_original)}\n{why}"
+    for t in finished(study):  # a failure of autotune's own says why; an interrupted one is not counted
+        assert t.state != TrialState.FAIL or t.user_attrs.get("reason"), f"trial {t.number}\n{why}"
+
+    # the storage is sound, and the confirmation covers the whole budget
+    assert sqlite_rows(db, "pragma integrity_check") == [("ok",)], why
+    assert sqlite_rows(db, "pragma foreign_key_check") == [], why
+    assert study.user_attrs["confirmation"]["after_trials"] == BUDGET, why
+
+    # the winner the run printed is the one the report shows, a complete trial that reached the target
+    winner = re.search(r"^Winner: trial (\d+)", final.stdout, re.MULTILINE)
+    assert winner, f"no winner in:\n{final.stdout}\n{why}"
+    report = autotune("report", str(path), "--json", timeout=120)
+    assert report.returncode == 0, f"{report.stderr}\n{why}"
+    best = json.loads(report.stdout)["best"]
+    assert best["trial"] == int(winner.group(1)), f"run printed {winner.group(0)!r}, report says {best}\n{why}"
+    trial = study.trials[best["trial"]]
+    assert trial.state == TrialState.COMPLETE and max(trial.constraints.values()) <= 0, \
+        f"winner {trial.number}: {trial.state.name}, constraints {trial.constraints}\n{why}"
+    assert not trial.user_attrs.get("interrupted"), why
+    print(why)  # with -s: where every kill landed
