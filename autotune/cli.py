@@ -159,7 +159,11 @@ def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, dict]:
 
     records = results.trial_records(study.get_trials(deepcopy=False))
     target = {"metric": spec.target.metric, "value": spec.target.value}
-    return records, report.summarize(spec.name, records, target=target, confirmation=study.user_attrs.get("confirmation"))
+    b = spec.budget
+    limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
+    return records, report.summarize(spec.name, records, target=target, confirmation=study.user_attrs.get("confirmation"),
+                                     limits=limits, optimizer=study.user_attrs.get("optimizer"),
+                                     device=study.user_attrs.get("definition", {}).get("device"))
 
 
 def _report_text(spec: StudySpec, study: optuna.Study) -> str:

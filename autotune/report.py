@@ -15,17 +15,25 @@ TABLE_ROWS = 5
 
 
 def summarize(
-    name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None
+    name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
+    limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
 ) -> dict[str, Any]:
-    """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline."""
+    """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
+
+    `limits` (max_epochs, max_seconds, eval_every) and `optimizer` (the task's optimizer factory as
+    module:qualname) and `device` (cpu or cuda, what the trials ran on) are what exports need to
+    rebuild the winning run; None when unknown.
+    """
     summary: dict[str, Any] = {"study": name, "target": dict(target), "counts": results.counts(records),
-                               "best": None, "baseline": None, "speedup": None, "confirmation": None}
+                               "best": None, "baseline": None, "speedup": None, "confirmation": None,
+                               "limits": dict(limits) if limits else None, "optimizer": optimizer, "device": device}
     best = results.best_feasible(records)
     if not best.empty:
         row = best.iloc[0]
         summary["best"] = {
             "trial": int(row["number"]), "params": _params(row), "time_to_target": float(row["time_to_target"]),
             "metric": float(row["best_metric"]), "runs": 1, "min": None, "max": None, "source": "single run",
+            "epochs": _plain(row["epochs"]),
         }
     if confirmation:
         stats = confirm.summarize(confirmation["runs"])
@@ -38,10 +46,13 @@ def summarize(
         label = confirm.winner(stats)
         if label is not None:
             metrics = [r["best_metric"] for r in confirmation["runs"] if r["label"] == label and r["best_metric"] is not None]
+            trial = int(label.split()[-1])
+            epochs = records.loc[records["number"] == trial, "epochs"]
             summary["best"] = {
-                "trial": int(label.split()[-1]), "params": complete(confirmation["configs"][label]),
+                "trial": trial, "params": complete(confirmation["configs"][label]),
                 "time_to_target": stats[label]["median"], "metric": statistics.median(metrics),
                 **_spread(stats[label]), "source": "confirmed",
+                "epochs": _plain(epochs.iloc[0]) if len(epochs) else None,  # of the study's own run of it
             }
             summary["speedup"] = confirm.speedup(stats, label)
     return summary

@@ -129,12 +129,19 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     """
     study = storage.open_study(spec, create=True)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
+    study.set_user_attr("optimizer", _reference(prepared.task.optimizer))  # for `export --format torch`
     record_definition(study, prepared.definition)
     if storage.local_path(spec.storage) is not None:
         for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
             tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
         storage.queue_retries(study)
     return study
+
+
+def _reference(function: Any) -> str | None:
+    """`module:qualname` of a task's function, or None for one that cannot be imported by name."""
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    return f"{module}:{name}" if module and name and "<" not in name else None
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,
