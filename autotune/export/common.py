@@ -1,0 +1,108 @@
+"""What the export formats share: the knobs apart from the user's parameters, what autotune's
+trial builds from them (DataLoader, optimizer), notes for what a trainer cannot take, provenance.
+
+Rule: where a trainer has no equivalent for a setting, the export says so in a note naming the
+setting, its value, why and what to do, never by dropping it. Notes live in their own key (or in
+comments), so every section stays ready to splat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.space import KNOBS
+
+BUILT_IN_SGD = "autotune.tasks:sgd"  # the default Task.optimizer, as study.py records it
+SGD_ARGS = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # autotune.tasks.sgd, besides lr
+ONECYCLE_PCT_START = 0.25  # autotune.trial.make_scheduler: warm-up fraction of OneCycleLR
+
+# Statuses of a note: the setting is in another section; carried only approximately; not carried.
+MOVED, APPROXIMATION, NO_EQUIVALENT = "moved", "approximation", "no equivalent"
+
+
+def note(setting: str, value: Any, status: str, text: str) -> dict[str, Any]:
+    return {"setting": setting, "value": value, "status": status, "note": text}
+
+
+def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The winner's eight knobs, and the user's own parameters (every other key), in order."""
+    params = summary["best"]["params"]
+    missing = [k for k in KNOBS if k not in params]
+    if missing:
+        raise AutotuneError(f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged")
+    return {k: params[k] for k in KNOBS}, {k: v for k, v in params.items() if k not in KNOBS}
+
+
+def max_epochs(summary: Mapping[str, Any]) -> float | int | None:
+    """The study's max_epochs, the length of the LR schedule: an int when whole, None when unknown."""
+    value = (summary.get("limits") or {}).get("max_epochs")
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def lookup(fmt: str, knob: str, value: Any, table: Mapping[str, Any]) -> Any:
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise AutotuneError(f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}") from None
+
+
+def dataloader_kwargs(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """torch DataLoader keyword arguments as autotune.trial.make_loader passes them (the dataset aside).
+
+    prefetch_factor only exists with worker processes, so it is left out without them.
+    """
+    workers = knobs["num_workers"]
+    kwargs = {"batch_size": knobs["batch_size"], "shuffle": True, "drop_last": True, "num_workers": workers}
+    if workers > 0:
+        kwargs["prefetch_factor"] = knobs["prefetch_factor"]
+    kwargs["persistent_workers"] = workers > 0  # otherwise every epoch pays worker start-up again
+    kwargs["pin_memory"] = knobs["pin_memory"]
+    return kwargs
+
+
+def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    return note("num_workers", knobs["num_workers"], NO_EQUIVALENT,
+                "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "
+                "in each loader worker (a worker_init_fn calling torch.set_num_threads(1)); oversubscribed cores slowed "
+                "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.")
+
+
+def optimizer_note(summary: Mapping[str, Any], lr: float, *, trainer: str, then: str) -> dict[str, Any]:
+    """The note for a task optimizer other than the built-in SGD, which `trainer` cannot name:
+    build it as autotune did, `then` (what to do with it)."""
+    reference = summary.get("optimizer")
+    call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names)"
+    if reference is None:
+        return note("optimizer", None, NO_EQUIVALENT,
+                    f"the study did not record its task's optimizer (a command task builds its own; a lambda or local "
+                    f"function has no importable name), and {trainer} cannot build it: build it as your task did, "
+                    f"optimizer = <your optimizer factory>{call}, then {then}.")
+    return note("optimizer", reference, NO_EQUIVALENT,
+                f"the task's own optimizer factory, which {trainer} cannot build: build it as autotune did, "
+                f"optimizer = {reference.replace(':', '.')}{call}, then {then}.")
+
+
+def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    if not params:
+        return None
+    return note(", ".join(params), dict(params), MOVED,
+                f"your own parameters: {where} has no place for them. They are in `params`; autotune passed each "
+                f"by keyword to whichever of the task's model factory and optimizer names it: do the same.")
+
+
+def provenance(summary: Mapping[str, Any]) -> str:
+    """Where the winner came from: study, trial, how it was measured, its time and speedup."""
+    from autotune.summary import speedup_phrase  # summary needs pandas: only when an export is written
+
+    best, target = summary["best"], summary["target"]
+    text = (f"autotune study {summary['study']}, trial {best['trial']} ({best['source']}, {best['runs']} run(s)): "
+            f"{target['metric']} >= {target['value']} in {best['time_to_target']:.3f} s")
+    if best.get("epochs") is not None:
+        text += f" after {best['epochs']:.2f} epochs"
+    if summary.get("speedup"):
+        text += f", {speedup_phrase(summary['speedup'])} than the baseline"
+    return text

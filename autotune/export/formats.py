@@ -1,0 +1,41 @@
+"""`render(summary, fmt)`: the winner written for another tool; yaml and json are the flat settings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import yaml
+
+from autotune.errors import AutotuneError
+from autotune.export import flags, hf, lightning, pytorch
+from autotune.export.common import provenance
+
+
+def flat_json(summary: Mapping[str, Any]) -> str:
+    """The winner's settings as one flat JSON mapping: the knobs, then the user's parameters."""
+    return json.dumps(summary["best"]["params"], indent=2) + "\n"
+
+
+def flat_yaml(summary: Mapping[str, Any]) -> str:
+    """The same mapping in YAML, with where it came from as a comment."""
+    return f"# {provenance(summary)}\n" + yaml.safe_dump(dict(summary["best"]["params"]), sort_keys=False)
+
+
+RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "yaml": flat_yaml,
+    "json": flat_json,
+    "lightning": lightning.render,  # JSON: Trainer, DataLoader, optimizer and LR scheduler sections
+    "hf": hf.render,  # JSON: transformers.TrainingArguments keyword arguments
+    "torch": pytorch.render,  # a Python module in plain PyTorch
+    "args": flags.render,  # one line of command-line flags
+}
+FORMATS = tuple(RENDERERS)
+
+
+def render(summary: Mapping[str, Any], fmt: str) -> str:
+    """The winner of `summary` (summary.summarize's dict, with a winner) in format `fmt`."""
+    if fmt not in RENDERERS:
+        raise AutotuneError(f"--format: got {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return RENDERERS[fmt](summary)

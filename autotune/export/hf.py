@@ -1,0 +1,102 @@
+"""`--format hf`: JSON with `training_arguments`, ready for
+
+    transformers.TrainingArguments(output_dir=..., **export["training_arguments"])
+
+beside the user's parameters that are not TrainingArguments fields (`params`) and a note for
+every setting TrainingArguments cannot take or takes only approximately (`notes`).
+Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.export.common import (
+    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, dataloader_kwargs, lookup,
+    max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
+)
+
+PRECISION = {"fp32": {"fp16": False, "bf16": False}, "fp16": {"fp16": True, "bf16": False},
+             "bf16": {"fp16": False, "bf16": True}}  # HF's fp16 is autocast + GradScaler, as autotune's
+# lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
+SCHEDULERS = {"constant": ("constant", 0), "cosine": ("cosine", 0), "onecycle": ("cosine", ONECYCLE_PCT_START), "step": None}
+# TrainingArguments fields for the optimizer HF builds; a user's parameter of that name goes there
+# when the task's optimizer took it (the built-in SGD takes none: they went to the model).
+OPTIMIZER_FIELDS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+CREATE_SCHEDULER = ("subclass transformers.Trainer and override create_scheduler(self, num_training_steps, optimizer=None) "
+                    "to set and return self.lr_scheduler = {}")
+
+
+def render(summary: Mapping[str, Any]) -> str:
+    knobs, params = split(summary)
+    lr, accumulation = knobs["lr"], knobs["accumulation_steps"]
+    notes: list[dict[str, Any]] = []
+    args: dict[str, Any] = {"per_device_train_batch_size": knobs["batch_size"], "gradient_accumulation_steps": accumulation,
+                            "learning_rate": lr}
+
+    schedule = lookup("hf", "scheduler", knobs["scheduler"], SCHEDULERS)
+    if schedule is None:
+        notes.append(note("scheduler", "step", NO_EQUIVALENT,
+                          "TrainingArguments has no multi-step schedule (lr x0.1 at 1/2 and x0.01 at 3/4 of the optimizer steps: "
+                          "MultiStepLR, gamma 0.1), so lr_scheduler_type is left out and HF's default (linear decay) would apply. "
+                          "To train as autotune did, " + CREATE_SCHEDULER.format(
+                              "torch.optim.lr_scheduler.MultiStepLR(optimizer or self.optimizer, milestones=[num_training_steps // 2, "
+                              "num_training_steps * 3 // 4], gamma=0.1)") + "."))
+    else:
+        args["lr_scheduler_type"], args["warmup_steps"] = schedule
+    if knobs["scheduler"] == "onecycle":
+        notes.append(note("scheduler", "onecycle", APPROXIMATION,
+                          f"approximated by lr_scheduler_type cosine with warmup_steps {ONECYCLE_PCT_START} (transformers 4.x: "
+                          f"warmup_ratio={ONECYCLE_PCT_START}). It differs from autotune's OneCycleLR(max_lr={lr!r}, "
+                          f"pct_start={ONECYCLE_PCT_START}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) and "
+                          "anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
+                          "between 0.95 and 0.85, against the lr). Exact: " + CREATE_SCHEDULER.format(
+                              f"torch.optim.lr_scheduler.OneCycleLR(optimizer or self.optimizer, max_lr={lr!r}, "
+                              f"total_steps=num_training_steps, pct_start={ONECYCLE_PCT_START})") + "."))
+
+    epochs = max_epochs(summary)
+    if epochs is None:
+        notes.append(note("max_epochs", None, NO_EQUIVALENT, "the study did not record max_epochs (the length of the LR "
+                          "schedule); set num_train_epochs to it."))
+    else:
+        args["num_train_epochs"] = epochs  # the schedule's length; HF takes a fraction of an epoch too
+    if accumulation > 1:
+        notes.append(note("accumulation_steps", accumulation, APPROXIMATION,
+                          f"HF ends every epoch with an optimizer step over the micro-batches left (fewer than {accumulation} "
+                          f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
+                          f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
+                          f"floor(max_epochs * len / {accumulation}) steps."))
+    args.update(lookup("hf", "precision", knobs["precision"], PRECISION))
+    loader = dataloader_kwargs(knobs)
+    args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
+                 if k in loader})
+    notes.append(threads_note(knobs))
+    args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
+    if summary.get("device") == "cpu":
+        args["use_cpu"] = True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
+    elif summary.get("device") is None:
+        notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; when you train on CPU, "
+                          "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise)."))
+
+    if summary.get("optimizer") == BUILT_IN_SGD:
+        momentum, nesterov, decay = SGD_ARGS["momentum"], SGD_ARGS["nesterov"], SGD_ARGS["weight_decay"]
+        args.update(optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay)
+        notes.append(note("optimizer", BUILT_IN_SGD, APPROXIMATION,
+                          f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
+                          "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them."))
+    else:
+        notes.append(optimizer_note(summary, lr, trainer="TrainingArguments(optim=)", then=(
+            "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
+            "(left at the default, AdamW) goes unused")))
+        for name in [k for k in params if k in OPTIMIZER_FIELDS]:
+            args[name] = params.pop(name)
+            notes.append(note(name, args[name], MOVED,
+                              f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
+                              f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did."))
+    extras = params_note(params, "TrainingArguments")
+    if extras:
+        notes.append(extras)
+    export = {"source": provenance(summary), "training_arguments": args, "params": params, "notes": notes}
+    return json.dumps(export, indent=2) + "\n"

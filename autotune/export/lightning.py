@@ -1,0 +1,111 @@
+"""`--format lightning`: JSON whose sections splat as they are.
+
+    trainer = lightning.Trainer(**export["trainer"])
+    loader = DataLoader(train_dataset, **export["dataloader"])
+    optimizer = torch.optim.SGD(model.parameters(), **export["optimizer"]["init_args"])  # built-in SGD
+    scheduler = <export["lr_scheduler"]["class_path"]>(optimizer, **init_args, **fractions_of_total_steps x total)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **export["lr_scheduler"]["config"]}}
+
+The Trainer takes no DataLoader, optimizer or scheduler settings, so those have their own
+sections, and `usage` spells out the lines above for this winner. The scheduler's arguments that
+depend on the run's length are fractions of its optimizer steps (Lightning's
+`trainer.estimated_stepping_batches`): autotune steps the schedule once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.export.common import (
+    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, dataloader_kwargs, lookup,
+    max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
+)
+
+PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}  # 16-mixed: autocast + GradScaler
+ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
+
+# autotune.trial.make_scheduler as (torch class, init_args, init_args as fractions of the run's
+# optimizer steps, each rounded down). constant: ConstantLR with factor 1 never changes the lr.
+SCHEDULERS = {
+    "constant": ("ConstantLR", {"factor": 1.0, "total_iters": 0}, {}),
+    "step": ("MultiStepLR", {"gamma": 0.1}, {"milestones": [0.5, 0.75]}),
+    "cosine": ("CosineAnnealingLR", {}, {"T_max": 1.0}),
+    "onecycle": ("OneCycleLR", {"pct_start": ONECYCLE_PCT_START}, {"total_steps": 1.0}),
+}
+SCHEDULER_USAGE = [
+    "s = export['lr_scheduler']; total = self.trainer.estimated_stepping_batches",
+    "steps = {k: [math.floor(f * total) for f in v] if isinstance(v, list) else math.floor(v * total) "
+    "for k, v in s['fractions_of_total_steps'].items()}",
+    "scheduler = getattr(torch.optim.lr_scheduler, s['class_path'].rsplit('.', 1)[1])(optimizer, **s['init_args'], **steps)",
+    "return {'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, **s['config']}}",
+]
+
+
+def render(summary: Mapping[str, Any]) -> str:
+    knobs, params = split(summary)
+    lr = knobs["lr"]
+    notes: list[dict[str, Any]] = []
+
+    trainer: dict[str, Any] = {}
+    device = summary.get("device")
+    if device is None:
+        notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; accelerator and devices are left to Lightning's defaults."))
+    else:
+        trainer.update(accelerator=lookup("lightning", "device", device, ACCELERATOR), devices=1)  # autotune trains on one device
+    trainer["precision"] = lookup("lightning", "precision", knobs["precision"], PRECISION)
+    trainer["accumulate_grad_batches"] = knobs["accumulation_steps"]
+    epochs = max_epochs(summary)
+    if isinstance(epochs, int):
+        trainer["max_epochs"] = epochs
+    else:
+        notes.append(note("max_epochs", epochs, NO_EQUIVALENT,
+                          "the study's max_epochs (the length of the LR schedule) is not recorded; set Trainer(max_epochs=) to it."
+                          if epochs is None else
+                          f"Trainer(max_epochs=) takes a whole number. Give Trainer(max_steps=floor({epochs} * len(train_dataloader) / "
+                          f"{knobs['accumulation_steps']})) instead (autotune's optimizer steps), and max_epochs={int(epochs) + 1} or more."))
+    if knobs["accumulation_steps"] > 1:
+        a = knobs["accumulation_steps"]
+        notes.append(note("accumulation_steps", a, APPROXIMATION,
+                          f"Lightning ends every epoch with an optimizer step, over fewer than {a} micro-batches when "
+                          f"len(train_dataloader) is not a multiple of {a} (their loss still divided by {a}), so it takes "
+                          f"max_epochs * ceil(len / {a}) steps; autotune lets an effective batch span the epoch boundary: "
+                          f"floor(max_epochs * len / {a}) steps. The same when len(train_dataloader) is a multiple of {a}."))
+
+    dataloader = dataloader_kwargs(knobs)
+    for name in ("batch_size", "num_workers", "prefetch_factor", "pin_memory"):
+        notes.append(note(name, knobs[name], MOVED, f"lightning.Trainer has no {name} argument: it is in `dataloader`, "
+                          "for DataLoader(train_dataset, **export['dataloader']) in your train_dataloader()"
+                          + ("; left out there, as it only exists with num_workers > 0." if name not in dataloader else ".")))
+    notes.append(threads_note(knobs))
+
+    optimizer: dict[str, Any] = {"factory": summary.get("optimizer"), "lr": lr}
+    usage = ["trainer = lightning.Trainer(**export['trainer'])",
+             "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])",
+             "# and in your LightningModule's configure_optimizers(self):"]
+    if summary.get("optimizer") == BUILT_IN_SGD:
+        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
+        usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")
+    else:
+        notes.append(optimizer_note(summary, lr, trainer="lightning.Trainer", then="return it from configure_optimizers()"))
+        usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params)")
+    notes.append(note("lr", lr, MOVED, "lightning.Trainer has no learning-rate argument: it is in `optimizer`."))
+
+    name, init_args, fractions = lookup("lightning", "scheduler", knobs["scheduler"], SCHEDULERS)
+    if name == "OneCycleLR":
+        init_args = {"max_lr": lr, **init_args}
+    lr_scheduler = {"class_path": f"torch.optim.lr_scheduler.{name}", "init_args": init_args,
+                    "fractions_of_total_steps": fractions, "config": {"interval": "step", "frequency": 1}}
+    notes.append(note("scheduler", knobs["scheduler"], MOVED,
+                      "lightning.Trainer has no scheduler argument: `lr_scheduler` holds the torch class autotune used; return it "
+                      "from configure_optimizers() with interval 'step', as autotune steps it once per optimizer step. Arguments "
+                      "that depend on the run's length are fractions of its optimizer steps (trainer.estimated_stepping_batches), rounded down."))
+    usage += SCHEDULER_USAGE
+
+    extras = params_note(params, "lightning.Trainer")
+    if extras:
+        notes.append(extras)
+    export = {"source": provenance(summary), "trainer": trainer, "dataloader": dataloader, "optimizer": optimizer,
+              "lr_scheduler": lr_scheduler, "params": params, "notes": notes, "usage": usage}
+    return json.dumps(export, indent=2) + "\n"

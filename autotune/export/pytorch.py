@@ -1,0 +1,174 @@
+"""`--format torch`: a Python module in plain PyTorch that builds what the winning trial built.
+
+The generated module defines the settings as constants, `make_training(model, train_dataset,
+*, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.trial.run
+builds them) and `train_step(training, loss_fn=...)` (one optimizer step over the accumulated
+micro-batches, as autotune.trial.train_step, then one scheduler step). It imports autotune only
+where the task's own optimizer lives there; the built-in SGD is written out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from string import Template
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.export.common import BUILT_IN_SGD, ONECYCLE_PCT_START, SGD_ARGS, lookup, max_epochs, provenance, split
+from autotune.space import KNOBS
+
+SCHEDULERS = {  # autotune.trial.make_scheduler, over the run's total optimizer steps
+    "constant": "torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)",
+    "step": "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)",
+    "cosine": "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)",
+    "onecycle": f"torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=total_steps, pct_start={ONECYCLE_PCT_START})",
+}
+DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+
+MODULE = Template('''\
+"""$provenance.
+
+The winning training settings in plain PyTorch, built as autotune's trial built them:
+
+    training = make_training(model, train_dataset, device=torch.device("cuda"))
+    for _ in range(training.total_steps):
+        train_step(training, loss_fn=torch.nn.functional.cross_entropy)
+"""
+
+from __future__ import annotations
+
+import functools
+${inspect}import itertools
+import math
+import os
+import types
+
+import torch
+from torch.utils.data import DataLoader
+$imports
+$constants
+# Your own parameters as the study chose them. autotune passed each by keyword to whichever of the
+# task's model factory and optimizer names it: build `model` with those your model factory takes.
+PARAMS = $params
+
+
+$make_optimizer
+
+
+def _one_thread(_worker_id):
+    torch.set_num_threads(1)  # each loader worker is one process on one core
+
+
+def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=None, make_optimizer=make_optimizer):
+    """`model` moved to `device`, and the loader, optimizer, scheduler, autocast and scaler that train it."""
+    if max_epochs is None:
+        raise ValueError("the study did not record max_epochs, the length of the LR schedule: pass max_epochs=")
+    device = torch.device(device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores - NUM_WORKERS))  # the cores the loader workers leave free
+    loader = DataLoader(
+        train_dataset,
+        batch_size=BATCH_SIZE,
+        shuffle=True,
+        drop_last=True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
+        num_workers=NUM_WORKERS,
+        prefetch_factor=PREFETCH_FACTOR if NUM_WORKERS > 0 else None,
+        persistent_workers=NUM_WORKERS > 0,  # otherwise every epoch pays worker start-up again
+        pin_memory=PIN_MEMORY and device.type == "cuda",
+        worker_init_fn=_one_thread if NUM_WORKERS > 0 else None,
+        generator=None if seed is None else torch.Generator().manual_seed(seed),
+    )
+    model = model.to(device)
+    model.train()
+    optimizer = make_optimizer(model.parameters(), LR)
+    # The schedule runs over every optimizer step of max_epochs, stepped once per optimizer step.
+    total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
+    scheduler = $scheduler
+    autocast = functools.partial(torch.autocast, device.type, dtype=$dtype, enabled=$autocast_enabled)
+    scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16 only: keeps small gradients from underflowing
+    # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))
+    return types.SimpleNamespace(model=model, device=device, loader=loader, batches=batches, optimizer=optimizer,
+                                 scheduler=scheduler, total_steps=total_steps, autocast=autocast, scaler=scaler)
+
+
+def train_step(training, *, loss_fn):
+    """One optimizer step over the next ACCUMULATION_STEPS micro-batches, then one scheduler step.
+
+    Each micro-batch's loss is divided by their number, so with a mean-reduced loss the gradient
+    equals that of one batch holding all of them.
+    """
+    micro_batches = list(itertools.islice(training.batches, ACCUMULATION_STEPS))
+    for inputs, targets in micro_batches:
+        inputs = inputs.to(training.device, non_blocking=PIN_MEMORY)
+        targets = targets.to(training.device, non_blocking=PIN_MEMORY)
+        with training.autocast():
+            loss = loss_fn(training.model(inputs), targets) / len(micro_batches)
+        training.scaler.scale(loss).backward()
+    training.scaler.step(training.optimizer)
+    training.scaler.update()
+    training.optimizer.zero_grad(set_to_none=True)
+    training.scheduler.step()
+''')
+
+SGD = Template('''\
+def make_optimizer(parameters, lr):
+    """The task's optimizer, $reference: SGD with Nesterov momentum."""
+    return torch.optim.SGD(parameters, lr=lr$sgd_args)''')
+
+FACTORY = Template('''\
+def make_optimizer(parameters, lr):
+    """The task's optimizer, $reference, given the PARAMS it names, as autotune called it."""
+    return $factory(parameters, lr, **_takes($factory, PARAMS, after=2))
+
+
+def _takes(function, params, *, after=0):
+    """The params `function` accepts by keyword past its first `after` arguments (autotune.tasks.takes)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return {}
+    accepted = list(signature.parameters.values())[after:]
+    if any(p.kind is p.VAR_KEYWORD for p in accepted):
+        return dict(params)
+    names = {p.name for p in accepted if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in params.items() if k in names}''')
+
+UNKNOWN = '''\
+def make_optimizer(parameters, lr):
+    """The study did not record its task's optimizer (a command task builds its own; a lambda has no importable name)."""
+    raise NotImplementedError("pass make_training(..., make_optimizer=) the optimizer your task used: "
+                              "(parameters, lr) -> torch.optim.Optimizer, given the PARAMS it names")'''
+
+
+def _optimizer(reference: str | None) -> tuple[str, str]:
+    """The import line and the make_optimizer function for the task's optimizer."""
+    if reference == BUILT_IN_SGD:
+        return "", SGD.substitute(reference=reference, sgd_args="".join(f", {k}={v!r}" for k, v in SGD_ARGS.items()))
+    if reference is None:
+        return "", UNKNOWN
+    module, _, qualname = reference.partition(":")
+    if not all(part.isidentifier() for part in (*module.split("."), *qualname.split("."))):
+        raise AutotuneError(f"--format torch: the study's optimizer {reference!r} is not an importable module:qualname")
+    imports = f"\nimport {module} as _task_module  # where the task's optimizer factory lives\n"
+    return imports, FACTORY.substitute(reference=reference, factory=f"_task_module.{qualname}")
+
+
+def render(summary: Mapping[str, Any]) -> str:
+    knobs, params = split(summary)
+    precision = knobs["precision"]
+    epochs = max_epochs(summary)
+    lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in KNOBS]
+    lines.append((f"MAX_EPOCHS = {epochs!r}", "length of the LR schedule in epochs: the study's max_epochs"
+                  + ("; not recorded, so pass make_training(max_epochs=)" if epochs is None else "")))
+    width = max(len(code) for code, _ in lines) + 2
+    constants = "\n".join(f"{code:<{width}}# {doc}" for code, doc in lines)
+    imports, make_optimizer = _optimizer(summary.get("optimizer"))
+    return MODULE.substitute(
+        provenance=provenance(summary).replace("\\", "\\\\").replace('"""', '\\"""'),  # safe in a docstring
+        inspect="import inspect\n" if "_takes" in make_optimizer else "",
+        imports=imports, constants=constants, params=repr(params), make_optimizer=make_optimizer,
+        scheduler=lookup("torch", "scheduler", knobs["scheduler"], SCHEDULERS),
+        dtype=lookup("torch", "precision", precision, DTYPES),
+        autocast_enabled=precision != "fp32", scaler_enabled=precision == "fp16",
+    )

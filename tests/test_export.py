@@ -1,0 +1,470 @@
+"""Every export format builds the real objects of its trainer with the winner's values.
+
+Lightning's Trainer, transformers' TrainingArguments (and the Trainer's optimizer, scheduler and
+DataLoader), torch's DataLoader, the torch module exec'd and trained a few steps against
+autotune.trial, and the flags parsed back by argparse; then all of them for a real digits study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import itertools
+import json
+import math
+import shlex
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning
+import pytest
+import torch
+import transformers
+import yaml
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from autotune import trial
+from autotune.cli import main
+from autotune.errors import AutotuneError
+from autotune.export import FORMATS, render
+from autotune.space import KNOBS
+from autotune.tasks import digits, sgd, takes
+from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer
+
+REPO = Path(__file__).resolve().parent.parent
+BUILT_IN = "autotune.tasks:sgd"
+TUNABLE = "tests.tasks:_tunable_optimizer"
+NOTED = ("moved", "approximation", "no equivalent")
+
+
+def knobs(lr: float, scheduler: str, batch_size: int, accumulation_steps: int, num_workers: int, precision: str) -> dict[str, Any]:
+    return {"lr": lr, "scheduler": scheduler, "batch_size": batch_size, "accumulation_steps": accumulation_steps,
+            "num_workers": num_workers, "prefetch_factor": 3 if num_workers else None, "pin_memory": False, "precision": precision}
+
+
+# Every scheduler, both precisions a CPU runs, with and without workers and accumulation, each with
+# the user's own parameters (width and dropout go to tests.tasks' model, the rest to its optimizer).
+CASES = {
+    "constant-fp32": (knobs(0.05, "constant", 16, 1, 0, "fp32"), {"width": 24, "dropout": 0.1}, BUILT_IN),
+    "step-bf16-workers": (knobs(0.1, "step", 8, 2, 2, "bf16"), {"width": 16}, BUILT_IN),
+    "cosine-fp32-accumulate3": (knobs(0.02, "cosine", 8, 3, 1, "fp32"), {"dropout": 0.0}, BUILT_IN),
+    "onecycle-bf16-adamw": (knobs(0.003, "onecycle", 16, 2, 0, "bf16"),
+                            {"width": 20, "weight_decay": 1e-4, "kind": "adamw"}, TUNABLE),
+}
+
+
+def summary_for(params: Mapping[str, Any], *, optimizer: str | None = BUILT_IN, device: str | None = "cpu",
+                max_epochs: float | None = 3) -> dict[str, Any]:
+    """A summary as report.summarize makes it, for a winner with `params`."""
+    limits = None if max_epochs is None else {"max_epochs": max_epochs, "max_seconds": 10.0, "eval_every": 0.5}
+    best = {"trial": 3, "params": dict(params), "time_to_target": 1.25, "metric": 0.93, "runs": 2, "min": 1.1,
+            "max": 1.4, "source": "confirmed", "epochs": 1.5}
+    return {"study": "unit", "target": {"metric": "accuracy", "value": 0.9}, "best": best, "speedup": 1.4,
+            "limits": limits, "optimizer": optimizer, "device": device}
+
+
+def case(name: str) -> dict[str, Any]:
+    knob_values, extras, optimizer = CASES[name]
+    return summary_for({**knob_values, **extras}, optimizer=optimizer)
+
+
+def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    params = summary["best"]["params"]
+    return {k: params[k] for k in KNOBS}, {k: v for k, v in params.items() if k not in KNOBS}
+
+
+def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer autotune's trial builds for this winner."""
+    knob_values, extras = split(summary)
+    factory = sgd if summary["optimizer"] == BUILT_IN else _tunable_optimizer
+    return factory(model.parameters(), knob_values["lr"], **takes(factory, extras, after=2))
+
+
+def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
+    """The lr of each optimizer step of autotune.trial.make_scheduler over `total_steps`."""
+    knob_values, _ = split(summary)
+    optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
+    scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"])
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def blobs_model(summary: Mapping[str, Any]) -> torch.nn.Module:
+    return _tunable_mlp(**takes(_tunable_mlp, split(summary)[1]))
+
+
+def digits_model(summary: Mapping[str, Any]) -> torch.nn.Module:
+    return digits.SmallCNN(**takes(digits.SmallCNN, split(summary)[1]))
+
+
+@pytest.fixture(autouse=True)
+def restore_threads() -> typing.Iterator[None]:
+    """The torch module and trials set torch's thread count for the process; put it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def notes_by_setting(export: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    named: dict[str, list[dict[str, Any]]] = {}
+    for entry in export["notes"]:
+        assert set(entry) == {"setting", "value", "status", "note"} and entry["status"] in NOTED and entry["note"]
+        for setting in entry["setting"].split(", "):
+            named.setdefault(setting, []).append(entry)
+    return named
+
+
+# --- lightning -------------------------------------------------------------------------------
+
+class Module(lightning.LightningModule):
+    """Trains `net` with the optimizer and scheduler that the export's usage lines build."""
+
+    def __init__(self, net: torch.nn.Module, configure: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.net, self.configure, self.lrs = net, configure, []
+
+    def training_step(self, batch: Any, _: int) -> torch.Tensor:
+        inputs, targets = batch
+        return F.cross_entropy(self.net(inputs), targets)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+
+    def configure_optimizers(self) -> Any:
+        return self.configure(self)
+
+
+def configure_from_usage(export: Mapping[str, Any], summary: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """configure_optimizers made of the export's own usage lines; a task's own optimizer factory
+    has no import line there, so that one line is the test's."""
+    lines = export["usage"]
+    body = lines[lines.index("# and in your LightningModule's configure_optimizers(self):") + 1:]
+    if summary["optimizer"] != BUILT_IN:
+        body = ["optimizer = reference_optimizer(summary, self)" if line.startswith("optimizer = ") else line for line in body]
+    namespace = {"math": math, "torch": torch, "export": export, "summary": summary, "reference_optimizer": reference_optimizer}
+    exec("def configure_optimizers(self):\n" + "".join(f"    {line}\n" for line in body), namespace)
+    return namespace["configure_optimizers"]
+
+
+def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: torch.nn.Module) -> None:
+    export = json.loads(text)
+    knob_values, extras = split(summary)
+    precision = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[knob_values["precision"]]
+    assert export["trainer"]["precision"] == precision
+    trainer = lightning.Trainer(**export["trainer"], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)
+    assert trainer.precision == precision
+    assert trainer.accumulate_grad_batches == knob_values["accumulation_steps"]
+    assert trainer.max_epochs == summary["limits"]["max_epochs"]
+    assert type(trainer.accelerator).__name__ == "CPUAccelerator" and trainer.num_devices == 1
+
+    loader = DataLoader(dataset, **export["dataloader"])
+    assert loader.batch_size == knob_values["batch_size"] and loader.drop_last
+    assert isinstance(loader.sampler, RandomSampler)
+    assert loader.num_workers == knob_values["num_workers"]
+    assert loader.prefetch_factor == knob_values["prefetch_factor"]
+    assert loader.persistent_workers == (knob_values["num_workers"] > 0)
+    assert loader.pin_memory == knob_values["pin_memory"]
+
+    optimizer = export["optimizer"]
+    assert optimizer["lr"] == knob_values["lr"] and optimizer["factory"] == summary["optimizer"]
+    if summary["optimizer"] == BUILT_IN:  # the same hyper-parameters as autotune's own SGD
+        built = torch.optim.SGD(model.parameters(), **optimizer["init_args"]).param_groups[0]
+        assert {k: v for k, v in built.items() if k != "params"} == {
+            k: v for k, v in reference_optimizer(summary, model).param_groups[0].items() if k != "params"}
+    assert export["params"] == extras
+
+    named = notes_by_setting(export)
+    for knob in ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "lr", "scheduler", *extras):
+        assert knob in named, f"no note says where {knob} went"
+    assert ("accumulation_steps" in named) == (knob_values["accumulation_steps"] > 1)
+
+    module = Module(model, configure_from_usage(export, summary))
+    trainer.fit(module, loader)
+    total = trainer.estimated_stepping_batches
+    assert trainer.global_step == total == len(module.lrs)
+    config = trainer.lr_scheduler_configs[0]
+    assert config.interval == "step" and config.frequency == 1
+    assert module.lrs == pytest.approx(reference_lrs(summary, total), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_lightning_builds_the_trainer_loader_and_schedule(name: str) -> None:
+    summary = case(name)
+    check_lightning(render(summary, "lightning"), summary, dataset=_blobs(104, 0), model=blobs_model(summary))
+
+
+def test_lightning_fp16_is_autocast_to_float16_with_a_grad_scaler() -> None:
+    """Lightning refuses 16-mixed on a CPU trainer, so the plugin it maps to is checked alone."""
+    summary = summary_for({**knobs(0.1, "cosine", 32, 1, 0, "fp16"), "width": 8}, device="cuda")
+    export = json.loads(render(summary, "lightning"))
+    assert export["trainer"]["accelerator"] == "gpu" and export["trainer"]["precision"] in typing.get_args(_PRECISION_INPUT_STR)
+    plugin = MixedPrecision(export["trainer"]["precision"], device="cpu")
+    assert plugin.scaler is not None
+    with plugin.forward_context():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+
+
+def test_lightning_says_what_to_do_with_a_fractional_epoch_count() -> None:
+    summary = summary_for(knobs(0.1, "cosine", 32, 2, 0, "fp32"), max_epochs=2.5, device=None, optimizer=None)
+    export = json.loads(render(summary, "lightning"))
+    assert "max_epochs" not in export["trainer"] and "accelerator" not in export["trainer"]
+    named = notes_by_setting(export)
+    assert "max_steps=floor(2.5 * len(train_dataloader) / 2)" in named["max_epochs"][0]["note"]
+    assert named["device"][0]["status"] == named["optimizer"][0]["status"] == "no equivalent"
+    lightning.Trainer(**export["trainer"], logger=False, enable_checkpointing=False)  # still splats
+
+
+# --- transformers ----------------------------------------------------------------------------
+
+def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: torch.nn.Module, tmp_path: Path) -> None:
+    export = json.loads(text)
+    knob_values, extras = split(summary)
+    given = export["training_arguments"]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none", **given)
+    for key, value in given.items():  # every value arrived
+        assert getattr(getattr(args, key), "value", getattr(args, key)) == value, key
+    assert args.per_device_train_batch_size == knob_values["batch_size"]
+    assert args.gradient_accumulation_steps == knob_values["accumulation_steps"]
+    assert args.learning_rate == knob_values["lr"] and args.num_train_epochs == summary["limits"]["max_epochs"]
+    assert (args.fp16, args.bf16) == (knob_values["precision"] == "fp16", knob_values["precision"] == "bf16")
+    assert args.use_cpu and args.max_grad_norm == 0  # autotune never clips gradients
+    assert (args.dataloader_num_workers, args.dataloader_prefetch_factor, args.dataloader_pin_memory) == (
+        knob_values["num_workers"], knob_values["prefetch_factor"], knob_values["pin_memory"])
+
+    hf_trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
+    loader = hf_trainer.get_train_dataloader()
+    assert loader.batch_sampler.batch_size == knob_values["batch_size"] and loader.batch_sampler.drop_last
+    assert len(loader) == len(dataset) // knob_values["batch_size"]
+    assert (loader.num_workers, loader.prefetch_factor, loader.pin_memory, loader.persistent_workers) == (
+        knob_values["num_workers"], knob_values["prefetch_factor"], knob_values["pin_memory"], knob_values["num_workers"] > 0)
+
+    total = 40
+    hf_trainer.create_optimizer_and_scheduler(num_training_steps=total)
+    group = hf_trainer.optimizer.param_groups[0]
+    named = notes_by_setting(export)
+    if summary["optimizer"] == BUILT_IN:
+        expected = reference_optimizer(summary, model).param_groups[0]
+        assert isinstance(hf_trainer.optimizer, torch.optim.SGD)
+        assert (group["initial_lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
+            expected["lr"], expected["momentum"], expected["nesterov"], expected["weight_decay"])
+        assert named["optimizer"][0]["status"] == "approximation"  # HF spares biases from weight decay
+        assert export["params"] == extras
+    else:  # HF cannot build the task's own optimizer; its parameters that HF's optimizer takes go there
+        assert named["optimizer"][0]["status"] == "no equivalent" and summary["optimizer"].replace(":", ".") in named["optimizer"][0]["note"]
+        moved = {k: v for k, v in extras.items() if k == "weight_decay"}
+        assert {k: getattr(args, k) for k in moved} == moved and export["params"] == {k: v for k, v in extras.items() if k not in moved}
+    for name in export["params"]:
+        assert name in named
+
+    lrs = []
+    for _ in range(total):
+        lrs.append(hf_trainer.optimizer.param_groups[0]["lr"])
+        hf_trainer.optimizer.step()
+        hf_trainer.lr_scheduler.step()
+    reference = reference_lrs(summary, total)
+    scheduler = knob_values["scheduler"]
+    if scheduler in ("constant", "cosine"):  # the same schedule
+        assert lrs == pytest.approx(reference, rel=1e-9, abs=1e-12) and scheduler not in named
+    elif scheduler == "onecycle":  # warm-up over the same quarter, the same peak, then down to (nearly) zero
+        warm = math.ceil(0.25 * total)
+        assert lrs[warm] == pytest.approx(max(reference)) and reference.index(max(reference)) == warm - 1
+        assert named["scheduler"][0]["status"] == "approximation" and "OneCycleLR" in named["scheduler"][0]["note"]
+    else:  # no multi-step schedule in HF: said, not dropped
+        assert "lr_scheduler_type" not in given
+        assert named["scheduler"][0]["status"] == "no equivalent" and "MultiStepLR" in named["scheduler"][0]["note"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hf_training_arguments_take_every_value(name: str, tmp_path: Path) -> None:
+    summary = case(name)
+    check_hf(render(summary, "hf"), summary, dataset=_blobs(104, 0), model=blobs_model(summary), tmp_path=tmp_path)
+
+
+def test_hf_fp16_on_cuda_is_fp16_without_use_cpu(tmp_path: Path) -> None:
+    summary = summary_for(knobs(0.1, "constant", 32, 1, 0, "fp16"), device="cuda")
+    given = json.loads(render(summary, "hf"))["training_arguments"]
+    assert given["fp16"] is True and given["bf16"] is False and "use_cpu" not in given
+    bf16 = json.loads(render(summary_for(knobs(0.1, "constant", 32, 1, 0, "bf16"), device=None), "hf"))
+    assert "use_cpu" not in bf16["training_arguments"] and "use_cpu=True" in notes_by_setting(bf16)["device"][0]["note"]
+
+
+# --- torch -----------------------------------------------------------------------------------
+
+def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
+                model_factory: Callable[[Mapping[str, Any]], torch.nn.Module], steps: int = 3) -> None:
+    """exec the module, check what make_training built, and train `steps` steps beside autotune.trial."""
+    knob_values, extras = split(summary)
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(compile(code, "exported.py", "exec"), namespace)
+    assert namespace["PARAMS"] == extras and namespace["MAX_EPOCHS"] == summary["limits"]["max_epochs"]
+    torch.manual_seed(0)
+    model = model_factory(summary)
+    twin = copy.deepcopy(model)
+    training = namespace["make_training"](model, dataset, device="cpu", seed=0)
+
+    loader = training.loader
+    assert loader.batch_size == knob_values["batch_size"] and loader.drop_last and isinstance(loader.sampler, RandomSampler)
+    assert loader.num_workers == knob_values["num_workers"] and loader.prefetch_factor == knob_values["prefetch_factor"]
+    assert loader.persistent_workers == (knob_values["num_workers"] > 0) and loader.pin_memory is False
+
+    optimizer = reference_optimizer(summary, twin)
+    total = max(1, math.floor(summary["limits"]["max_epochs"] * len(loader) / knob_values["accumulation_steps"]))
+    assert training.total_steps == total
+    scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total, lr=knob_values["lr"])
+    assert type(training.optimizer) is type(optimizer) and type(training.scheduler) is type(scheduler)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in training.optimizer.param_groups] == [
+        {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]  # lr, momentum, decay, ...
+    precision = knob_values["precision"]
+    assert training.scaler.is_enabled() == (precision == "fp16")
+    with training.autocast():
+        assert torch.is_autocast_enabled("cpu") == (precision != "fp32")
+        if precision != "fp32":
+            assert torch.get_autocast_dtype("cpu") == trial.DTYPES[precision]
+
+    autocast = functools.partial(torch.autocast, "cpu", dtype=trial.DTYPES[precision], enabled=precision != "fp32")
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    batches = training.batches
+    for step in range(steps):  # the same micro-batches (and dropout masks) through both train steps
+        group = list(itertools.islice(batches, knob_values["accumulation_steps"]))
+        training.batches = iter(group)
+        torch.manual_seed(step)
+        namespace["train_step"](training, loss_fn=F.cross_entropy)
+        torch.manual_seed(step)
+        trial.train_step(twin, group, loss_fn=F.cross_entropy, optimizer=optimizer, scaler=scaler, autocast=autocast,
+                         device=torch.device("cpu"), non_blocking=False)
+        scheduler.step()
+        for mine, theirs in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(mine, theirs)
+        assert training.scheduler.get_last_lr() == pytest.approx(scheduler.get_last_lr(), rel=1e-12)
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), model_factory(summary).state_dict().values()))
+    for _ in range(total - steps):  # the rest of the schedule, without training
+        training.scheduler.step()
+        scheduler.step()
+        assert training.scheduler.get_last_lr() == pytest.approx(scheduler.get_last_lr(), rel=1e-9, abs=1e-12)
+    del training, batches  # let persistent loader workers go
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_torch_module_trains_as_the_trial_did(name: str) -> None:
+    summary = case(name)
+    check_torch(render(summary, "torch"), summary, dataset=_blobs(104, 0), model_factory=blobs_model)
+
+
+def test_torch_module_without_a_recorded_optimizer_asks_for_one() -> None:
+    summary = summary_for({**knobs(0.1, "cosine", 16, 1, 0, "fp32"), "width": 8}, optimizer=None, max_epochs=None)
+    namespace: dict[str, Any] = {}
+    exec(render(summary, "torch"), namespace)
+    model = blobs_model(summary)
+    with pytest.raises(ValueError, match="max_epochs"):
+        namespace["make_training"](model, _blobs(64, 0), device="cpu")
+    with pytest.raises(NotImplementedError, match="make_optimizer="):
+        namespace["make_training"](model, _blobs(64, 0), device="cpu", max_epochs=1)
+    training = namespace["make_training"](model, _blobs(64, 0), device="cpu", max_epochs=1,
+                                          make_optimizer=lambda parameters, lr: torch.optim.SGD(parameters, lr=lr))
+    namespace["train_step"](training, loss_fn=F.cross_entropy)
+    assert training.scheduler.last_epoch == 1
+
+
+def test_torch_export_refuses_an_optimizer_that_cannot_be_imported() -> None:
+    summary = summary_for(knobs(0.1, "cosine", 16, 1, 0, "fp32"), optimizer="my tasks:make-opt")
+    with pytest.raises(AutotuneError, match="not an importable module:qualname"):
+        render(summary, "torch")
+
+
+# --- args ------------------------------------------------------------------------------------
+
+def parser_for(params: Mapping[str, Any]) -> argparse.ArgumentParser:
+    """The parser a training script would have for these settings."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for name, value in params.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "pin_memory" or isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, required=True)
+        elif name == "prefetch_factor":
+            parser.add_argument(flag, type=int, default=None)
+        else:
+            parser.add_argument(flag, type=type(value), required=True)
+    return parser
+
+
+def check_args(line: str, params: Mapping[str, Any]) -> None:
+    assert line.endswith("\n") and line.count("\n") == 1
+    words = shlex.split(line)
+    assert ("--prefetch-factor" in words) == (params["prefetch_factor"] is not None)
+    parsed = vars(parser_for(params).parse_args(words))
+    assert parsed == dict(params)
+    assert all(type(parsed[k]) is type(v) for k, v in params.items())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_args_parse_back_to_the_settings(name: str) -> None:
+    summary = case(name)
+    check_args(render(summary, "args"), summary["best"]["params"])
+
+
+def test_args_quote_and_attach_what_a_shell_or_argparse_would_misread() -> None:
+    params = {**knobs(1e-05, "cosine", 64, 2, 2, "bf16"), "pin_memory": True, "label": "two words; rm -rf /",
+              "tag": "-x", "offset": -0.5, "fused": False, "depth": 3, "ratio": 0.1 + 0.2}
+    line = render(summary_for(params), "args")
+    assert "--pin-memory" in line.split() and "--no-fused" in line.split() and "--tag=-x" in line.split()
+    check_args(line, params)
+
+
+# --- the command line and a real study -------------------------------------------------------
+
+def test_the_command_line_lists_every_format_and_refuses_others(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--help"])
+    assert done.value.code == 0 and "{" + ",".join(FORMATS) + "}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["export", "study.yaml", "--format", "keras"])
+    assert done.value.code == 2 and "invalid choice: 'keras'" in capsys.readouterr().err
+    with pytest.raises(AutotuneError, match="expected one of yaml, json, lightning, hf, torch, args"):
+        render(case("constant-fp32"), "keras")
+
+
+def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(REPO)
+    study = {
+        "task": "digits",
+        "target": {"metric": "accuracy", "value": 0.5},
+        "space": {"lr": {"low": 0.02, "high": 0.1, "log": True}, "scheduler": ["onecycle", "cosine"], "batch_size": [32, 64],
+                  "accumulation_steps": [1, 2], "num_workers": 0, "pin_memory": False, "precision": ["fp32", "bf16"],
+                  "params": {"width": [8, 16]}},
+        "budget": {"trials": 2, "max_epochs": 2, "max_seconds": 10, "eval_every": 0.25},
+        "confirm": {"top": 1, "runs": 1},
+        "seed": 0,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["run", str(path)]) == 0
+    assert "Winner: trial" in capsys.readouterr().out
+    assert main(["report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    params = summary["best"]["params"]
+    assert set(params) == {*KNOBS, "width"} and summary["optimizer"] == BUILT_IN and summary["device"] == "cpu"
+
+    files = {}
+    for fmt in FORMATS:
+        files[fmt] = tmp_path / f"best.{fmt}"
+        assert main(["export", str(path), "--format", fmt, "-o", str(files[fmt])]) == 0, capsys.readouterr().err
+    assert json.loads(files["json"].read_text()) == params
+    assert yaml.safe_load(files["yaml"].read_text()) == params
+    assert files["yaml"].read_text().startswith(f"# autotune study study, trial {summary['best']['trial']} ")
+    train = digits.task().train
+    check_lightning(files["lightning"].read_text(), summary, dataset=train, model=digits_model(summary))
+    check_hf(files["hf"].read_text(), summary, dataset=train, model=digits_model(summary), tmp_path=tmp_path)
+    check_torch(files["torch"].read_text(), summary, dataset=train, model_factory=digits_model, steps=2)
+    check_args(files["args"].read_text(), params)
