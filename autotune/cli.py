@@ -63,9 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the summary as JSON")
     report.add_argument("--storage", metavar="URL", help="database URL")
 
-    export = commands.add_parser("export", help="write the winning configuration")
+    from autotune.export import FORMATS  # a light import: the formats render text only
+
+    export = commands.add_parser("export", help="write the winning configuration",
+                                 description="Write the winning configuration in another tool's terms. Formats: yaml, json: "
+                                             "the flat settings; lightning: JSON sections for lightning.Trainer, DataLoader, "
+                                             "optimizer and LR scheduler; hf: JSON keyword arguments for "
+                                             "transformers.TrainingArguments; torch: a plain PyTorch module; args: one line "
+                                             "of command-line flags. What a trainer has no equivalent for is named in notes.")
     export.add_argument("study", help="study file (.yaml)")
-    export.add_argument("--format", required=True, choices=("yaml", "json"))
+    export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     export.add_argument("--storage", metavar="URL", help="database URL")
     return parser
@@ -126,12 +133,12 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune import report, spec as spec_, storage
+    from autotune import spec as spec_, storage, summary as summary_
 
     spec = spec_.load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
     records, summary = _summary(spec, study)
-    print(json.dumps(summary, indent=2) if args.json else report.render(summary, records))
+    print(json.dumps(summary, indent=2) if args.json else summary_.render(summary, records))
     return 0
 
 
@@ -154,23 +161,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, dict]:
-    """Every trial as a table, and the summary made from it and the stored confirmation."""
-    from autotune import report, results
+    from autotune import summary
 
-    records = results.trial_records(study.get_trials(deepcopy=False))
-    target = {"metric": spec.target.metric, "value": spec.target.value}
-    b = spec.budget
-    limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
-    return records, report.summarize(spec.name, records, target=target, confirmation=study.user_attrs.get("confirmation"),
-                                     limits=limits, optimizer=study.user_attrs.get("optimizer"),
-                                     device=study.user_attrs.get("definition", {}).get("device"))
+    return summary.of_study(spec, study)
 
 
 def _report_text(spec: StudySpec, study: optuna.Study) -> str:
-    from autotune import report
+    from autotune import summary as summary_
 
     records, summary = _summary(spec, study)
-    return report.render(summary, records)
+    return summary_.render(summary, records)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     """The definition as plain JSON values, from the space as fitted to the device."""
     budget = spec.budget
     definition = {
-        "task": spec.task,
+        "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
         "target": {"metric": spec.target.metric, "value": spec.target.value},
         "space": {name: _domain(domain) for name, domain in space.domains},
         "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds, "eval_every": budget.eval_every},
         "device": device,
     }
+    if space.params:  # absent when there are none, so studies begun before parameters existed still match
+        definition["params"] = {name: _domain(domain) for name, domain in space.params}
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
 
 
@@ -58,8 +60,10 @@ def unmixable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Knobs whose sampled domain changed in a way one Optuna study cannot hold: a different list
     of choices, or choices turned into a range (a fixed value is not sampled, so it may change)."""
     found = []
-    for name, new in current["space"].items():
-        old = stored["space"].get(name)
+    domains = [(name, stored["space"].get(name), new) for name, new in current["space"].items()]
+    domains += [(f"params.{name}", stored.get("params", {}).get(name), new)
+                for name, new in current.get("params", {}).items()]
+    for name, old, new in domains:
         sampled = [d for d in (old, new) if isinstance(d, dict) or (isinstance(d, list) and len(d) > 1)]
         if old != new and len(sampled) == 2 and not all(isinstance(d, dict) for d in sampled):
             found.append(name)

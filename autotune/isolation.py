@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from autotune import memory
+from autotune import memory, watchdog
 from autotune.tasks import Task, load_task
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult, run
 
@@ -35,6 +34,15 @@ class TrialFailure(Exception):
     def __init__(self, reason: str, *, oom: bool = False) -> None:
         super().__init__(reason)
         self.reason, self.oom = reason, oom
+
+
+class Pruned(Exception):
+    """Raised by a study's progress callback to stop a trial that can no longer win; passes through
+    every way of running a trial unchanged (a child process or a command is killed first)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class RunTrial(Protocol):
@@ -67,6 +75,8 @@ def in_process(task: Task) -> RunTrial:
                   progress: Progress | None = None) -> TrialResult:
         try:
             return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+        except Pruned:
+            raise
         except Exception as exc:
             failure = TrialFailure(error_reason(exc), oom=memory.is_oom(exc))
         # Out of the except block, the traceback and with it the trial's tensors are gone.
@@ -136,11 +146,11 @@ def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, c
     _die_with(study_pid)
     last = 0.0
 
-    def progress(steps: int, total: int, metric: float | None) -> None:
+    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         nonlocal last
         if metric is not None or time.monotonic() - last >= PROGRESS_SECONDS:
             last = time.monotonic()
-            sender.send(("progress", steps, total, metric))
+            sender.send(("progress", steps, total, metric, seconds))
 
     try:
         task = load_task(task_name, study_path=study_path)
@@ -160,25 +170,6 @@ def _die_with(study_pid: int) -> None:
     so the kernel's parent-death signal would never come; a watchdog thread asks instead.
     """
 
-    def watch() -> None:
-        while _running(study_pid):
-            time.sleep(WATCH_SECONDS)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="autotune-watchdog", daemon=True).start()
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed process stays a zombie until its own parent waits for it
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    watchdog.on_death(study_pid, lambda: os.kill(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS)
 
 

@@ -7,6 +7,8 @@ accelerate's `utils/memory.py`); the response lives with the study loop.
 from __future__ import annotations
 
 import gc
+import re
+from collections.abc import Iterable
 
 import torch
 
@@ -32,6 +34,23 @@ def is_oom(exc: BaseException) -> bool:
         message = str(exc.args[0])
         return any(fragment in message for fragment in OOM_MESSAGES)
     return False
+
+
+# How a traceback's last line names an out-of-memory exception: torch.OutOfMemoryError (also
+# torch.cuda.OutOfMemoryError), Python's MemoryError, with or without a message.
+OOM_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?:OutOfMemoryError|MemoryError)(?::|$)")
+
+
+def oom_line(lines: Iterable[str]) -> str | None:
+    """The last of `lines` (a process's last lines of stderr) that says an allocation failed, or None.
+
+    The text-only twin of `is_oom`, for a training command whose exception autotune only reads.
+    """
+    for line in reversed(list(lines)):
+        line = line.strip()
+        if OOM_EXCEPTION.match(line) or any(fragment in line for fragment in OOM_MESSAGES):
+            return line
+    return None
 
 
 def oom_reason(exc: BaseException) -> str:

@@ -29,8 +29,8 @@ def is_interrupted(trial: Any) -> bool:
 
 
 def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
-    """One row per trial: its outcome, its measurements and every knob."""
-    rows = []
+    """One row per trial: its outcome, its measurements, every knob and every parameter."""
+    rows, params = [], {}  # params: the user's own parameters' names, in order of appearance
     for trial in trials:
         if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
             continue
@@ -38,6 +38,7 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
         constraints = trial.constraints if hasattr(trial, "constraints") else {}
         peak = attrs.get("peak_memory_bytes")
         config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}
+        params.update(dict.fromkeys(k for k in config if k not in KNOBS))
         rows.append({
             "number": trial.number,
             "state": trial.state.name,
@@ -54,7 +55,17 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
             **config,
         })
-    return pd.DataFrame(rows, columns=[*COLUMNS, *KNOBS])
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *KNOBS, *params])
+    for name in (*KNOBS, *params):
+        # As stored: a column with a gap (a trial that failed before its configuration was chosen)
+        # would otherwise turn whole numbers into floats, and batch_size 64 into 64.0 in exports.
+        table[name] = pd.Series([row.get(name) for row in rows], index=table.index, dtype=object)
+    return table
+
+
+def param_names(records: pd.DataFrame) -> list[str]:
+    """The user's own parameters among the columns (after the knobs)."""
+    return [c for c in records.columns if c not in COLUMNS and c not in KNOBS]
 
 
 def best_feasible(records: pd.DataFrame, *, count: int = 1) -> pd.DataFrame:

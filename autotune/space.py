@@ -1,8 +1,10 @@
 """The eight knobs, the values each accepts, and a study's search space over them.
 
 A space gives every knob a domain: a numeric range or a list of choices (a fixed value is a
-list of one). `suggest` turns a space into one configuration through an Optuna trial, which it
-only duck-types, so this module does not import Optuna.
+list of one). Beside the knobs it may hold the user's own parameters (model width, dropout,
+weight decay, ...): the same kinds of domain, an integer range when both bounds are whole
+numbers. `suggest` turns a space into one configuration through an Optuna trial, which it only
+duck-types, so this module does not import Optuna.
 """
 
 from __future__ import annotations
@@ -100,17 +102,22 @@ class Choices:
 Domain = Union[Range, Choices]
 
 
+# Names the external-command task fills in beside the configuration; a parameter cannot take one.
+RESERVED = ("seed", "device", "max_epochs", "config_file")
+
+
 @dataclasses.dataclass(frozen=True)
 class Space:
-    """A domain for every knob, in the order of KNOBS."""
+    """A domain for every knob, in the order of KNOBS, and for each of the user's own parameters."""
 
     domains: tuple[tuple[str, Domain], ...]
+    params: tuple[tuple[str, Domain], ...] = ()
 
     def __getitem__(self, name: str) -> Domain:
         return dict(self.domains)[name]
 
     def replace(self, name: str, domain: Domain) -> Space:
-        return Space(tuple((k, domain if k == name else d) for k, d in self.domains))
+        return dataclasses.replace(self, domains=tuple((k, domain if k == name else d) for k, d in self.domains))
 
     def fixed(self) -> dict[str, Any]:
         """The knobs that take one value, with that value."""
@@ -129,29 +136,47 @@ class Suggester(Protocol):
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
 
 
+def is_integer(name: str, domain: Range) -> bool:
+    """A knob's range takes the knob's type; a parameter's is whole numbers when both bounds are."""
+    if name in KNOBS:
+        return KNOBS[name].type is int
+    return all(isinstance(b, int) and not isinstance(b, bool) for b in (domain.low, domain.high))
+
+
 def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
-    """One configuration: every knob, sampled where the space leaves a choice."""
+    """One configuration: every knob, then every parameter, sampled where the space leaves a choice."""
     config: dict[str, Any] = {}
-    for name, domain in space.domains:
+    for name, domain in (*space.domains, *space.params):
         if name == "prefetch_factor" and config["num_workers"] == 0:
             # Conditional parameter: it does not exist without worker processes.
             config[name] = None
         elif isinstance(domain, Choices):
             values = domain.values
             config[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
-        elif KNOBS[name].type is int:
+        elif is_integer(name, domain):
             config[name] = trial.suggest_int(name, int(domain.low), int(domain.high), log=domain.log)
         else:
             config[name] = trial.suggest_float(name, domain.low, domain.high, log=domain.log)
     return config
 
 
+def middle(name: str, domain: Domain) -> Any:
+    """A parameter's baseline when the study file gives none: the first choice, or the middle of
+    the range (on a log scale for a log range)."""
+    if isinstance(domain, Choices):
+        return domain.values[0]
+    low, high = domain.low, domain.high
+    value = math.sqrt(low * high) if domain.log else (low + high) / 2
+    return round(value) if is_integer(name, domain) else value
+
+
 def complete(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A full configuration from stored params: conditional knobs filled in as `suggest` would."""
+    """A full configuration from stored params: conditional knobs filled in as `suggest` would,
+    the user's parameters after the knobs."""
     full = {name: config.get(name) for name in KNOBS}
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
-    return full
+    return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}
 
 
 def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:

@@ -18,9 +18,9 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import confirm, definition as definition_, isolation, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
-from autotune.spec import StudySpec
+from autotune.spec import CommandTask, StudySpec
 from autotune.tasks import Task, load_task
 from autotune.trial import Limits, TrialConfig
 
@@ -30,7 +30,7 @@ from autotune.trial import Limits, TrialConfig
 class Prepared:
     """What a run needs beyond the spec, resolved before the storage is touched."""
 
-    task: Task
+    task: Task | None  # None for an objective function (autotune.tune(objective=...))
     device: torch.device
     space: space_.Space
     baseline: dict[str, Any]
@@ -53,8 +53,12 @@ def resolve_device(spec: StudySpec) -> torch.device:
     return device
 
 
-def prepare(spec: StudySpec) -> Prepared:
-    """Resolve the device, build the task and fit the space to the device; all errors are the user's."""
+def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.RunTrial | None = None) -> Prepared:
+    """Resolve the device, build the task and fit the space to the device; all errors are the user's.
+
+    `task` or `objective` (from the Python API) stand in for the study's task name; either one
+    runs in this process, since a child process cannot rebuild an object by name.
+    """
     device = resolve_device(spec)
     cuda = device.type == "cuda"
     bf16 = torch.cuda.is_bf16_supported() if cuda else True
@@ -67,10 +71,29 @@ def prepare(spec: StudySpec) -> Prepared:
         reason = unsupported[baseline["precision"]]
         raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
     baseline["pin_memory"] = baseline["pin_memory"] and cuda
-    task = load_task(spec.task, study_path=spec.path)
+    if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
+        objective = command.command_trial(spec.task.command, cwd=spec.path.resolve().parent,
+                                          hang_after=spec.budget.trial_timeout, metric_name=spec.target.metric,
+                                          env=dict(spec.task.env))
+        return Prepared(task=None, device=device, space=space, baseline=baseline, notices=notices,
+                        definition=definition_.describe(spec, space=space, device=device.type),
+                        isolation="process", run_trial=objective)
+    in_memory = task is not None or objective is not None
+    if in_memory and spec.isolation == "process":
+        raise SpecError(spec.path, "isolation", spec.isolation,
+                        "a task or objective given as a Python object runs in this process: use none or auto")
+    mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
+    if objective is not None:
+        return Prepared(task=None, device=device, space=space, baseline=baseline, notices=notices,
+                        definition=definition_.describe(spec, space=space, device=device.type),
+                        isolation="none", run_trial=objective)
+    task = task if task is not None else load_task(spec.task, study_path=spec.path)
+    for name in task.unused(dict(space.params)):
+        raise SpecError(spec.path, f"space.params.{name}", name,
+                        f"neither the task's model factory nor its optimizer takes a parameter named {name}; "
+                        f"add {name}=... to one of their signatures (or **kwargs)")
     if spec.target.metric != task.metric_name:
         raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
-    mode = isolation.resolve(spec.isolation, device)
     run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
                  if mode == "process" else isolation.in_process(task))
     return Prepared(task=task, device=device, space=space, baseline=baseline, notices=notices,
@@ -129,7 +152,8 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     """
     study = storage.open_study(spec, create=True)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
-    study.set_user_attr("optimizer", _reference(prepared.task.optimizer))  # for `export --format torch`
+    if prepared.task is not None:
+        study.set_user_attr("optimizer", _reference(prepared.task.optimizer))  # for `export --format torch`
     record_definition(study, prepared.definition)
     if storage.local_path(spec.storage) is not None:
         for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
@@ -168,7 +192,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 if storage.slots_taken(study) >= budget:
                     break
                 run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric,
-                        budget=budget, asked=mine)
+                        budget=budget, asked=mine, prune=spec.prune == "incumbent")
                 bar.n = min(storage.finished_count(study), budget)
                 _show_best(bar, study)
         except KeyboardInterrupt as interrupt:
@@ -197,16 +221,25 @@ def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
 
 
 def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: int, metric_name: str,
-            budget: int, asked: list[int]) -> None:
-    """Ask for a configuration, train it, tell the outcome. OOM -> PRUNED, other errors -> FAIL."""
+            budget: int, asked: list[int], prune: bool = False) -> None:
+    """Ask for a configuration, train it, tell the outcome. OOM -> PRUNED, other errors -> FAIL;
+    with `prune`, a trial whose training clock passes the best time to target so far -> PRUNED."""
     trial = study.ask()
     asked.append(trial.number)
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
-        _train_and_tell(study, trial, prepared, limits=limits, seed=seed, metric_name=metric_name, budget=budget)
+        _train_and_tell(study, trial, prepared, limits=limits, seed=seed, metric_name=metric_name, budget=budget,
+                        incumbent=_incumbent(study) if prune else None)
+
+
+def _incumbent(study: optuna.Study) -> tuple[float, int] | None:
+    """The best feasible (time to target, trial number) so far, or None."""
+    feasible = [(t.value, t.number) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and max(t.constraints.values()) <= 0 and t.value is not None]
+    return min(feasible) if feasible else None
 
 
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared, *, limits: Limits, seed: int,
-                    metric_name: str, budget: int) -> None:
+                    metric_name: str, budget: int, incumbent: tuple[float, int] | None) -> None:
     trial.set_user_attr("worker", storage.worker_id())
     config = space_.suggest(prepared.space, trial)
     trial_seed = seed * 100_000 + trial.number
@@ -217,21 +250,30 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared
         return
     bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
 
-    def progress(steps: int, total: int, metric: float | None) -> None:
+    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:
             bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
+        if incumbent is not None and seconds > incumbent[0]:
+            # Its time to target can only be longer than the incumbent's now: it cannot win.
+            raise isolation.Pruned(f"pruned: {seconds:.2f} s of training passed the best time to target so far "
+                                   f"({incumbent[0]:.2f} s, trial {incumbent[1]}); it can no longer win")
 
-    failure: isolation.TrialFailure | None = None
+    failure: isolation.TrialFailure | isolation.Pruned | None = None
     try:
         with signals.interruptible():
             result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
                                         seed=trial_seed, progress=progress)
-    except isolation.TrialFailure as exc:
+    except (isolation.TrialFailure, isolation.Pruned) as exc:
         failure = exc
     finally:
         bar.close()  # before any message, also when a signal stops the run
+    if isinstance(failure, isolation.Pruned):
+        trial.set_user_attr("reason", failure.reason)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        tqdm.write(f"trial {trial.number}: {failure.reason}", file=sys.stderr)
+        return
     if failure is not None:
         trial.set_user_attr("reason", failure.reason)
         trial.set_user_attr("oom", failure.oom)

@@ -31,7 +31,7 @@ def summarize(
     if not best.empty:
         row = best.iloc[0]
         summary["best"] = {
-            "trial": int(row["number"]), "params": _params(row), "time_to_target": float(row["time_to_target"]),
+            "trial": int(row["number"]), "params": _params(row, results.param_names(records)), "time_to_target": float(row["time_to_target"]),
             "metric": float(row["best_metric"]), "runs": 1, "min": None, "max": None, "source": "single run",
             "epochs": _plain(row["epochs"]),
         }
@@ -58,9 +58,20 @@ def summarize(
     return summary
 
 
-def _params(row: pd.Series) -> dict[str, Any]:
-    params = {k: _plain(row[k]) for k in KNOBS}
-    return complete(params)
+def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Every trial of an Optuna study as a table, and the summary made from it, the study file's
+    target and limits, and what the study stored (confirmation, optimizer, definition)."""
+    records = results.trial_records(study.get_trials(deepcopy=False))
+    target = {"metric": spec.target.metric, "value": spec.target.value}
+    b = spec.budget
+    limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
+    attrs = study.user_attrs
+    return records, summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
+                              optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"))
+
+
+def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:
+    return complete({k: _plain(row[k]) for k in (*KNOBS, *extra)})
 
 
 def _plain(value: Any) -> Any:
@@ -90,9 +101,13 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     if top.empty:
         lines.append("No trial reached the target yet.")
         return "\n".join(lines)
-    table = top[["number", "time_to_target", "best_metric", "epochs", "samples_per_second", *KNOBS]].rename(
+    columns = ["number", "time_to_target", "best_metric", "epochs", "samples_per_second", *KNOBS, *results.param_names(records)]
+    table = top[columns].rename(
         columns={"number": "trial", "time_to_target": "seconds", "best_metric": target["metric"],
                  "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch"})
+    for column in table.columns:
+        if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
+            table[column] = table[column].map(_cell)
     lines += ["", "Fastest trials (one run each):",
               table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
     confirmation = summary["confirmation"]
@@ -117,6 +132,13 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     else:
         lines.append(f"Reached {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s in one run (not confirmed on fresh seeds).")
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A knob's or parameter's value in the table: as stored, `-` where it does not exist."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def speedup_phrase(ratio: float) -> str:

@@ -24,19 +24,21 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune.measure import Clock, device_name, peak_memory, threads_for
-from autotune.tasks import Task
+from autotune.tasks import Task, takes
 
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
 WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
 MIN_WARMUP_STEPS = 3
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-Progress = Callable[[int, int, "float | None"], None]  # (optimizer steps, total steps, last metric)
+# (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
+# trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
+Progress = Callable[[int, int, "float | None", float], None]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialConfig:
-    """The eight knobs of one training run."""
+    """The eight knobs of one training run, and the user's own parameters (`space.params`)."""
 
     lr: float
     scheduler: str
@@ -46,13 +48,19 @@ class TrialConfig:
     prefetch_factor: int | None
     pin_memory: bool
     precision: str
+    params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+        """From a flat mapping: the knobs by name, every other key a parameter."""
+        knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
+        return cls(**{name: values[name] for name in knobs},
+                   params=tuple((k, v) for k, v in values.items() if k not in knobs))
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat: the knobs, then the parameters."""
+        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        return {**knobs, **dict(self.params)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +77,14 @@ class TrialResult:
     time_to_target: float | None  # training-clock seconds; None when the target was not reached
     best_metric: float
     train_seconds: float  # training clock when the trial stopped
-    epochs: float
-    optimizer_steps: int
+    epochs: float | None  # None where the training is not autotune's to count (an objective function)
+    optimizer_steps: int | None
     samples_per_second: float | None  # after warm-up; None when too few steps ran
-    peak_memory_bytes: int  # CUDA: allocator peak; CPU: process peak RSS
+    peak_memory_bytes: int | None  # CUDA: allocator peak; CPU: process peak RSS
     device_name: str
     torch_version: str
-    stop_reason: str  # "target", "max_epochs" or "max_seconds"
-    curve: tuple[tuple[float, float, float], ...]  # (train seconds, epochs, metric) per evaluation
+    stop_reason: str  # "target", "max_epochs", "max_seconds"; "objective" when an objective function missed
+    curve: tuple[tuple[float, float | None, float], ...]  # (train seconds, epochs, metric) per evaluation
 
 
 def run(
@@ -103,8 +111,9 @@ def run(
     clock = Clock(device)
     clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
     loader = make_loader(task.train, config, seed=seed, device=device)
-    model = task.model().to(device)
-    optimizer = task.optimizer(model.parameters(), config.lr)
+    params = dict(config.params)
+    model = task.model(**takes(task.model, params)).to(device)
+    optimizer = task.optimizer(model.parameters(), config.lr, **takes(task.optimizer, params, after=2))
     total_steps = max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps))
     scheduler = make_scheduler(config.scheduler, optimizer, total_steps=total_steps, lr=config.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
@@ -152,7 +161,7 @@ def run(
                     next_eval = (math.floor(samples / eval_interval) + 1) * eval_interval
                     clock.start()
                 if progress is not None:
-                    progress(steps, total_steps, metric)
+                    progress(steps, total_steps, metric, clock.read(sync=False))
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
     if clock.running:

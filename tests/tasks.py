@@ -31,6 +31,22 @@ def blobs() -> Task:
     return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+def _tunable_mlp(width: int = 32, dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, 4))
+
+
+def _tunable_optimizer(parameters, lr: float, *, weight_decay: float = 0.0, kind: str = "sgd") -> torch.optim.Optimizer:
+    if kind == "adamw":
+        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(parameters, lr=lr, momentum=0.9, weight_decay=weight_decay)
+
+
+def tunable() -> Task:
+    """The blobs task with a model and an optimizer that take study parameters: width, dropout,
+    weight_decay and kind (sgd or adamw)."""
+    return Task(model=_tunable_mlp, optimizer=_tunable_optimizer, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
 class CudaOOMAtLargeBatch(nn.Module):
     """Raises torch.cuda.OutOfMemoryError, as the CUDA allocator does, for large batches."""
 

@@ -97,6 +97,9 @@ CASES = [
     Case("pin_memory as text", HEAD + "space: {pin_memory: 'yes'}\n", ("space.pin_memory", "true or false")),
     Case("negative workers", HEAD + "space: {num_workers: [-1, 2]}\n", ("space.num_workers[0]: got -1", "at least 0")),
     Case("unknown preset", HEAD + "space: {preset: fastest}\n", ("space.preset", "fastest")),
+    Case("param the task does not take", HEAD + "space: {params: {depth: [2, 3]}}\n",
+         ("space.params.depth", "neither the task's model factory nor its optimizer"), storage=GARBAGE),
+    Case("param named like a knob", HEAD + "space: {params: {batch_size: [8]}}\n", ("space.params.batch_size", "knobs")),
     Case("task factory fails", "task: failing_xyz:task\n" + TARGET, ("task", "RuntimeError: no data in /data/train"),
          files=(("failing_xyz.py", 'def task():\n    raise RuntimeError("no data in /data/train")\n'),), storage=GARBAGE),
     # Storage: unsupported, unreachable, unwritable, corrupt, busy, changed.

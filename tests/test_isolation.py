@@ -52,7 +52,7 @@ def test_a_child_that_misbehaves_becomes_a_reasoned_failure(task: str, reason: s
 def test_a_child_trains_the_same_trial_as_this_process() -> None:
     steps: list[int] = []
     in_child = isolation.in_child("tests.tasks:blobs", study_path=REPO / "study.yaml", hang_after=60)
-    there = in_child(config(32), limits=LIMITS, device=CPU, seed=7, progress=lambda s, t, m: steps.append(s))
+    there = in_child(config(32), limits=LIMITS, device=CPU, seed=7, progress=lambda s, t, m, seconds: steps.append(s))
     here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
     assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]  # same metric at the same epochs
     assert there.best_metric == here.best_metric and there.optimizer_steps == here.optimizer_steps

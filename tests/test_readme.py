@@ -35,6 +35,45 @@ def test_the_custom_task_example_runs_as_written(tmp_path: Path, monkeypatch: py
     assert set(summary["best"]["params"]) == set(KNOBS) and summary["best"]["metric"] >= 0.95
 
 
+def test_the_params_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("my_task.py", "my_params_task.py", "my_params_study.yaml"):
+        (tmp_path / name).write_text(block_after(name))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "my_params_study.yaml"]) == 0
+    capsys.readouterr()
+    assert main(["report", "my_params_study.yaml", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    params = summary["best"]["params"]
+    assert summary["counts"]["complete"] == 6 and list(params) == [*KNOBS, "width", "dropout", "weight_decay", "kind"]
+    assert 8 <= params["width"] <= 64 and params["kind"] in ("sgd", "adamw")
+    assert summary["baseline"]["params"]["width"] == 23  # round(sqrt(8 * 64)): the log range's middle
+
+
+def test_the_python_api_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block_after("tune_example.py"), "tune_example.py", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert re.search(r"^model: \{.*'width': (8|32)\}", out, re.M), out
+    assert re.search(r"^loop: \{.*'width': \d+\}", out, re.M), out
+    assert (tmp_path / "rings.db").is_file() and (tmp_path / "rings_loop.db").is_file()
+
+
+def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(tmp_path: Path) -> None:
+    from autotune.spec import CommandTask, load
+
+    block = block_after("studies/lightning_digits.yaml")
+    study = REPO / "studies" / f"readme_example_{tmp_path.name}.yaml"  # beside lightning/train.py
+    try:
+        study.write_text(block + "target: {metric: accuracy, value: 0.95}\n")
+        spec = load(study)
+    finally:
+        study.unlink()
+    assert isinstance(spec.task, CommandTask) and dict(spec.task.env) == {"PYTHONHASHSEED": "{seed}"}
+    assert spec.task.command.split()[:2] == ["python", "lightning/train.py"]
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     assert len(commands) >= 2 and "autotune run studies/digits.yaml" in commands[0]

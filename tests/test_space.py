@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -252,3 +253,39 @@ def test_categorical_check_lists_the_accepted_names() -> None:
     """The rejection of a name says which names exist."""
     assert KNOBS["scheduler"].check("linear") == "scheduler takes one of constant, step, cosine, onecycle"
     assert KNOBS["precision"].check("fp8") == "precision takes one of fp32, fp16, bf16"
+
+
+def test_params_are_suggested_after_the_knobs_each_by_its_kind() -> None:
+    """Integer ranges go to suggest_int, real ones to suggest_float (log kept), lists to
+    suggest_categorical; a fixed value is not sampled at all."""
+    space = dataclasses.replace(make_space(), params=(
+        ("width", Range(16, 64)), ("dropout", Range(0.0, 0.5)), ("wd", Range(1e-5, 1e-3, log=True)),
+        ("act", Choices(("relu", "gelu"))), ("depth", Choices((3,))),
+    ))
+    calls = []
+
+    class Recorder:
+        def suggest_int(self, name, low, high, *, log=False):
+            calls.append(("int", name, low, high, log))
+            return low
+
+        def suggest_float(self, name, low, high, *, log=False):
+            calls.append(("float", name, low, high, log))
+            return high
+
+        def suggest_categorical(self, name, choices):
+            calls.append(("categorical", name, tuple(choices)))
+            return choices[-1]
+
+    config = suggest(space, Recorder())
+    assert calls == [("int", "width", 16, 64, False), ("float", "dropout", 0.0, 0.5, False),
+                     ("float", "wd", 1e-5, 1e-3, True), ("categorical", "act", ("relu", "gelu"))]
+    assert list(config)[len(KNOBS):] == ["width", "dropout", "wd", "act", "depth"]
+    assert (config["width"], config["dropout"], config["act"], config["depth"]) == (16, 0.5, "gelu", 3)
+    assert complete(config) == config  # stored and completed, the parameters survive
+
+
+def test_restricting_to_the_device_keeps_the_params() -> None:
+    space = dataclasses.replace(make_space(), params=(("width", Range(8, 32)),))
+    restricted, _, _ = restrict_to_device(space.replace("precision", Choices(("fp32", "fp16"))), cuda=False, bf16=True)
+    assert restricted.params == space.params and restricted["precision"] == Choices(("fp32",))

@@ -13,6 +13,7 @@ from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Range
 from autotune.spec import Budget, Confirm, StudySpec, Target, load
 
 REPO = Path(__file__).resolve().parent.parent
+TARGET_ONLY = "target: {metric: accuracy, value: 0.97}\n"
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 NO_VALUE = object()  # a case whose message has no "got <value>" worth checking
 
@@ -239,6 +240,41 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("confirm runs negative", HEAD + "confirm: {runs: -1}\n", "confirm.runs", -1, "at least 0"),
     ("unknown key in confirm", HEAD + "confirm: {seeds: 3}\n", "confirm.seeds", "seeds", "top, runs"),
     ("missing study file", None, "(file)", NO_VALUE, "no such file"),
+    # A training command as the task.
+    ("command task misspelt key", TARGET_ONLY + "task: {comand: python train.py}\n", "task.comand", "comand",
+     "did you mean 'command'?"),
+    ("command task without a command", TARGET_ONLY + "task: {env: {A: b}}\n", "task.command", None, "a command line"),
+    ("command names an unknown placeholder", TARGET_ONLY + "task: {command: 'python train.py --lr {lrr}'}\n",
+     "task.command", "python train.py --lr {lrr}", "unknown placeholder {lrr} (did you mean {lr}?)"),
+    ("command program missing", TARGET_ONLY + "task: {command: './nosuch.sh --lr {lr}'}\n", "task.command",
+     "./nosuch.sh --lr {lr}", "not an executable file"),
+    ("command env value is a list", TARGET_ONLY + "task: {command: 'python t.py', env: {A: [1]}}\n", "task.env.A", [1],
+     "a string or a number"),
+    ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "none, or incumbent"),
+    # The user's own parameters (space.params).
+    ("params not a mapping", HEAD + "space: {params: [width]}\n", "space.params", ["width"], "a mapping"),
+    ("param name not an identifier", HEAD + "space: {params: {hidden-size: [8]}}\n", "space.params.hidden-size",
+     "hidden-size", "Python identifier"),
+    ("param named like a knob", HEAD + "space: {params: {lr: [0.1]}}\n", "space.params.lr", "lr", "one of the knobs"),
+    ("param named seed", HEAD + "space: {params: {seed: [1, 2]}}\n", "space.params.seed", "seed", "reserved"),
+    ("param inverted range", HEAD + "space: {params: {width: {low: 64, high: 16}}}\n", "space.params.width",
+     {"low": 64, "high": 16}, "low < high"),
+    ("param log range from zero", HEAD + "space: {params: {wd: {low: 0, high: 0.1, log: true}}}\n",
+     "space.params.wd.low", 0, "low > 0"),
+    ("param range bound is text", HEAD + "space: {params: {dropout: {low: none, high: 0.5}}}\n",
+     "space.params.dropout.low", "none", "a number"),
+    ("param range misspelt key", HEAD + "space: {params: {dropout: {low: 0, hihg: 0.5}}}\n",
+     "space.params.dropout.hihg", "hihg", "did you mean 'high'?"),
+    ("param empty choices", HEAD + "space: {params: {optimizer: []}}\n", "space.params.optimizer", [],
+     "at least one value"),
+    ("param choice is a list", HEAD + "space: {params: {sizes: [[8, 16]]}}\n", "space.params.sizes[0]", [8, 16],
+     "a number, a string or true/false"),
+    ("param repeated choices", HEAD + "space: {params: {act: [relu, relu]}}\n", "space.params.act",
+     ["relu", "relu"], "must not repeat"),
+    ("baseline of an unknown param", HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {widht: 8}\n",
+     "baseline.widht", "widht", "did you mean 'width'?"),
+    ("baseline param is a list", HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {width: [8]}\n",
+     "baseline.width", [8], "a number, a string or true/false"),
 ]
 
 
@@ -270,3 +306,27 @@ def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:
         load(write(tmp_path, HEAD + "space: {preset: partial.yaml}\n"))
     assert str(info.value).startswith(f"{preset.resolve()}: scheduler: ")
     assert "every knob" in str(info.value)
+
+
+def test_params_sit_beside_the_knobs_with_their_types(tmp_path: Path) -> None:
+    """Whole-number bounds make an integer range, a list is choices, a value is fixed; the
+    baseline takes the middle of each domain unless the file gives one."""
+    spec = load(write(tmp_path, HEAD + (
+        "space:\n  params:\n"
+        "    width: {low: 16, high: 64}\n"
+        "    dropout: {low: 0.0, high: 0.5}\n"
+        "    weight_decay: {low: 1.0e-5, high: 1.0e-3, log: true}\n"
+        "    optimizer: [sgd, adamw]\n"
+        "    depth: 3\n"
+        "baseline: {optimizer: adamw}\n")))
+    params = dict(spec.space.params)
+    assert list(params) == ["width", "dropout", "weight_decay", "optimizer", "depth"]
+    assert params["width"] == Range(16, 64) and isinstance(params["width"].low, int)
+    assert params["dropout"] == Range(0.0, 0.5) and isinstance(params["dropout"].low, float)
+    assert params["weight_decay"] == Range(1e-5, 1e-3, log=True)
+    assert params["optimizer"] == Choices(("sgd", "adamw")) and params["depth"] == Choices((3,))
+    assert [name for name, _ in spec.space.domains] == list(KNOBS)  # the knobs are untouched
+    baseline = dict(spec.baseline)
+    assert baseline["width"] == 40 and baseline["dropout"] == 0.25 and baseline["depth"] == 3
+    assert baseline["weight_decay"] == pytest.approx(1e-4)  # geometric middle of a log range
+    assert baseline["optimizer"] == "adamw"  # given in the file

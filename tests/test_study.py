@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def write_study(tmp_path: Path, *, task: str = "tests.tasks:blobs", trials: int = 4, batch_sizes=(16, 32, 64),
-                seed: int = 0, confirm: dict | None = None) -> Path:
+                seed: int = 0, confirm: dict | None = None, params: dict | None = None) -> Path:
     study = {
         "task": task,
         "target": {"metric": "accuracy", "value": 0.9},
@@ -38,8 +38,10 @@ def write_study(tmp_path: Path, *, task: str = "tests.tasks:blobs", trials: int 
         "confirm": confirm if confirm is not None else {"top": 2, "runs": 2},
         "seed": seed,
     }
+    if params is not None:
+        study["space"]["params"] = params
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 
 
@@ -116,6 +118,33 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     assert yaml.safe_load(target.read_text()) == best["params"]
 
 
+def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's own parameters are sampled, reach the task, and come back in every output."""
+    params = {"width": {"low": 8, "high": 48}, "dropout": {"low": 0.0, "high": 0.3},
+              "weight_decay": {"low": 1e-5, "high": 1e-3, "log": True}, "kind": ["sgd", "adamw"]}
+    path = write_study(tmp_path, task="tests.tasks:tunable", trials=4, params=params, confirm={"top": 1, "runs": 1})
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, out
+    trials = finished(load(path))
+    assert len(trials) == 4
+    for t in trials:
+        assert isinstance(t.params["width"], int) and 8 <= t.params["width"] <= 48
+        assert 1e-5 <= t.params["weight_decay"] <= 1e-3 and t.params["kind"] in ("sgd", "adamw")
+        assert {k: t.user_attrs["config"][k] for k in params} == {k: t.params[k] for k in params}
+    assert len({t.params["width"] for t in trials}) > 1  # sampled, not fixed
+    assert "width" in out and "weight_decay" in out  # in the table and the winner's settings
+
+    summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
+    best, baseline = summary["best"], summary["baseline"]
+    assert list(best["params"]) == [*KNOBS, *params] and isinstance(best["params"]["width"], int)
+    assert (baseline["params"]["width"], baseline["params"]["kind"]) == (28, "sgd")  # middle, first choice
+    confirmed = load(path).user_attrs["confirmation"]["configs"][f"trial {best['trial']}"]
+    assert {k: confirmed[k] for k in params} == {k: best["params"][k] for k in params}
+    assert json.loads(run_cli("export", str(path), "--format", "json", capsys=capsys)[1]) == best["params"]
+
+
 @pytest.mark.parametrize("task", ["tests.tasks:cuda_oom", "tests.tasks:allocator_oom"])
 def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], task: str
@@ -176,7 +205,12 @@ def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path)
     path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
     db = path.with_suffix(".db")
     process = start_run(path)
-    wait_for_trials(db, 2, process, running=True)
+    while True:  # stopped (SIGSTOP) while a trial is RUNNING, so that the kill lands inside it
+        wait_for_trials(db, 2, process, running=True)
+        process.send_signal(signal.SIGSTOP)
+        if count_states(db, "RUNNING"):
+            break
+        process.send_signal(signal.SIGCONT)  # it finished the trial in between: try again
     process.kill()
     process.wait()
     before = {t.number: (t.params, t.value) for t in finished(load(path))}
@@ -251,3 +285,36 @@ def test_a_changed_study_file_is_refused_unless_allowed(tmp_path: Path, capsys: 
     assert study.user_attrs["definition"]["target"]["value"] == 0.95
     assert study.user_attrs["definition_changes"][0]["from_trial"] == 1
     assert run_cli("run", str(path), capsys=capsys)[0] == 0  # the new definition is now the stored one
+
+
+def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the study file: trial 0 sets the time to beat; trial 1 passes it while still short of
+    the target and is pruned, its process killed; trial 2 dies of CUDA OOM inside the command."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    study = {
+        "task": {"command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} --seed {{seed}} "
+                            f"--pids {pids}"},
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32"},
+        "budget": {"trials": 4, "max_seconds": 30},
+        "confirm": {"top": 0},
+        "prune": "incumbent",
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    trials = sorted(load(path).get_trials(), key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
+    fast = trials[0].value
+    assert trials[0].user_attrs["reached"] and fast < 5
+    pruned = trials[1].user_attrs["reason"]
+    assert pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
+    assert not trials[1].user_attrs.get("oom")
+    assert trials[2].user_attrs["oom"] and "CUDA out of memory. Tried to allocate 20.00 GiB" in trials[2].user_attrs["reason"]
+    for entry in pids.iterdir():  # every command's process is gone, the pruned one's included
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(entry.name.split("-")[1]), 0)
+    assert "trial 1: pruned:" in err and "Study study: 4 trials: 2 complete" in out

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.tasks import Task, takes
 from autotune.trial import Limits, TrialConfig, make_loader, make_scheduler, run, train_step
 from tests.tasks import blobs
 
@@ -151,3 +152,35 @@ def test_an_effective_batch_larger_than_the_data_is_refused() -> None:
     config = dataclasses.replace(BASE, batch_size=512, accumulation_steps=4)
     with pytest.raises(ValueError, match="larger than the 1024 training samples"):
         run(blobs(), config, limits=EASY, device=CPU, seed=1)
+
+
+def test_params_reach_the_model_factory_and_the_optimizer_that_name_them() -> None:
+    """Each parameter goes to whichever of the two asks for it by name; defaults stay otherwise."""
+    seen: dict[str, object] = {}
+
+    def model(width: int, act: str = "relu") -> nn.Module:
+        seen["model"] = (width, act)
+        return nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 4))
+
+    def optimizer(parameters, lr: float, *, weight_decay: float) -> torch.optim.Optimizer:
+        seen["optimizer"] = (lr, weight_decay)
+        return torch.optim.SGD(parameters, lr=lr, weight_decay=weight_decay)
+
+    data = blobs()
+    task = Task(model=model, optimizer=optimizer, train=data.train, val=data.val)
+    config = dataclasses.replace(BASE, params=(("width", 16), ("weight_decay", 1e-4)))
+    result = run(task, config, limits=NEVER, device=CPU, seed=0)
+    assert seen == {"model": (16, "relu"), "optimizer": (0.05, 1e-4)}
+    assert result.optimizer_steps > 0
+    assert config.as_dict()["width"] == 16 and TrialConfig.from_mapping(config.as_dict()) == config
+    assert task.unused(["width", "weight_decay", "act", "depth"]) == ["depth"]
+
+
+def test_takes_hands_everything_to_kwargs_and_nothing_to_the_positional_arguments() -> None:
+    def flexible(parameters, lr, **options):
+        return None
+
+    params = {"parameters": 1, "lr": 2, "width": 3}
+    assert takes(flexible, {"width": 3, "depth": 4}, after=2) == {"width": 3, "depth": 4}
+    assert takes(lambda parameters, lr, width=1: None, params, after=2) == {"width": 3}
+    assert takes(lambda parameters, lr, width=1: None, params) == params

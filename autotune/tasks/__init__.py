@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,13 +45,35 @@ class Task:
     batch concatenated) and higher is better; the study's target names it by `metric_name`.
     """
 
-    model: Callable[[], nn.Module]  # a fresh, freshly initialised model per call
+    model: Callable[..., nn.Module]  # a fresh, freshly initialised model per call; takes the study's params by name
     train: Dataset
     val: Dataset
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
     metric: Callable[[torch.Tensor, torch.Tensor], float] = accuracy
     metric_name: str = "accuracy"
-    optimizer: Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer] = sgd
+    optimizer: Callable[..., torch.optim.Optimizer] = sgd  # (parameters, lr, **the study's params it names)
+
+    def unused(self, names: Iterable[str]) -> list[str]:
+        """The study's parameters that neither the model factory nor the optimizer takes."""
+        return [n for n in names if not takes(self.model, {n: None}) and not takes(self.optimizer, {n: None}, after=2)]
+
+
+def takes(function: Callable[..., Any], params: Mapping[str, Any], *, after: int = 0) -> dict[str, Any]:
+    """The parameters `function` accepts by keyword: those it names, or all with **kwargs.
+    `after`: how many leading arguments the caller passes by position (they are not free).
+
+    So a study's parameters reach whichever of the task's model factory and optimizer asks for
+    them (width to the model, weight_decay to the optimizer) without either declaring the other's.
+    """
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # some builtins have none: hand them nothing
+        return {}
+    accepted = dict(list(signature.parameters.items())[after:])
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return dict(params)
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in params.items() if k in accepted and accepted[k].kind in keyword}
 
 
 def load_task(name: str, *, study_path: Path | str = "study") -> Task:

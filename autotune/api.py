@@ -1,0 +1,133 @@
+"""The Python API: tune a model and its datasets, or any training function, from a script or notebook.
+
+`tune` is `autotune run` without a study file: the same keys, validated the same way, the same
+storage, resume and confirmation. Two routes:
+
+- a task: `model` (a factory) with `train` and `val` datasets, or a whole `Task`; autotune runs
+  the training loop, as for a study file's task;
+- an objective: `objective(config)` runs the user's own loop with the configuration (a dict of
+  the knobs and the study's parameters) and returns `(seconds, metric)`; autotune keeps the
+  study, the budget and the winner, the function keeps the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from autotune import memory
+from autotune.isolation import RunTrial, TrialFailure, error_reason
+from autotune.measure import device_name
+from autotune.tasks import Task, takes
+from autotune.trial import Limits, Progress, TrialConfig, TrialResult
+
+WHERE = Path("autotune.tune()")  # how errors name the study: there is no file
+Objective = Callable[..., Any]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
+
+
+def tune(
+    *,
+    target: float,
+    metric: str = "accuracy",
+    model: Callable[..., torch.nn.Module] | None = None,
+    train: Dataset | None = None,
+    val: Dataset | None = None,
+    task: Task | None = None,
+    objective: Objective | None = None,
+    name: str = "autotune",
+    storage: str | None = None,
+    space: Mapping[str, Any] | None = None,
+    budget: Mapping[str, Any] | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    confirm: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    allow_changes: bool = False,
+) -> dict[str, Any]:
+    """Run (or resume) a study and return its summary, as `autotune report --json` prints it.
+
+    Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
+    or `objective`. `space`, `budget`, `baseline` and `confirm` take what the study file's sections
+    take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
+    working folder. Running it again with the same name and storage resumes the study.
+    """
+    from autotune import spec as spec_, storage as storage_, study as study_, summary
+
+    given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
+    if len(given) != 1:
+        raise TypeError(f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}")
+    if model is not None:
+        if train is None or val is None:
+            raise TypeError("tune(model=...) also needs train= and val= datasets")
+        task = Task(model=model, train=train, val=val)
+    label = _reference(objective if objective is not None else task.model)
+    raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
+           "space": dict(space or {}), "budget": dict(budget or {}), "baseline": dict(baseline or {}),
+           "confirm": dict(confirm or {}), "seed": seed, "device": device}
+    spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
+    run_objective = objective_trial(objective) if objective is not None else None
+    prepared = study_.prepare(spec, task=task, objective=run_objective)
+    with storage_.sole_runner(spec):
+        changes = study_.check_unchanged(spec, prepared, allow_changes=allow_changes)
+        study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
+        study_.run_study(spec, prepared)
+        study = storage_.open_study(spec, create=False)
+        study_.confirm_best(spec, prepared, study)
+    return summary.of_study(spec, study)[1]
+
+
+def objective_trial(objective: Objective) -> RunTrial:
+    """A trial that calls the user's function with the configuration and takes its word for the
+    time: `objective(config)` returns (seconds, metric) or {"seconds": ..., "metric": ...}.
+
+    It also gets `seed=` and `device=` if it names them. An exception fails the trial (an
+    out-of-memory one prunes it), as a task's would.
+    """
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        try:
+            returned = objective(config.as_dict(), **takes(objective, {"seed": seed, "device": device}, after=1))
+        except Exception as exc:
+            failure = TrialFailure(error_reason(exc), oom=memory.is_oom(exc))
+        else:
+            seconds, metric = _seconds_and_metric(returned)
+            reached = metric >= limits.target
+            return TrialResult(
+                reached=reached, time_to_target=seconds if reached else None, best_metric=metric,
+                train_seconds=seconds, epochs=None, optimizer_steps=None, samples_per_second=None,
+                peak_memory_bytes=None, device_name=device_name(device), torch_version=torch.__version__,
+                stop_reason="target" if reached else "objective", curve=((seconds, None, metric),),
+            )
+        memory.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
+        raise failure
+
+    return run_trial
+
+
+def _seconds_and_metric(returned: Any) -> tuple[float, float]:
+    """The objective's answer, checked: a user's function may return anything."""
+    if isinstance(returned, Mapping) and {"seconds", "metric"} <= set(returned):
+        pair = (returned["seconds"], returned["metric"])
+    elif isinstance(returned, (tuple, list)) and len(returned) == 2:
+        pair = tuple(returned)
+    else:
+        raise TrialFailure(f"the objective returned {returned!r}; expected (seconds, metric) or "
+                           f"{{'seconds': ..., 'metric': ...}}")
+    try:
+        seconds, metric = float(pair[0]), float(pair[1])
+    except (TypeError, ValueError):
+        raise TrialFailure(f"the objective returned {returned!r}; seconds and metric must be numbers") from None
+    if not (math.isfinite(seconds) and seconds >= 0 and math.isfinite(metric)):
+        raise TrialFailure(f"the objective returned {returned!r}; seconds must be >= 0 and both finite")
+    return seconds, metric
+
+
+def _reference(function: Any) -> str:
+    """`module.qualname` of the user's function or class: what the stored study says it tuned."""
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__name__)}"

@@ -1,0 +1,119 @@
+"""autotune.tune: the Python API, with a model defined here and with a plain objective function."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import autotune
+from autotune.errors import SpecError
+from autotune.space import KNOBS
+
+SPACE = {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"], "batch_size": [16, 32],
+         "accumulation_steps": 1, "num_workers": 0, "precision": "fp32"}
+BUDGET = {"trials": 3, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.5}
+
+
+def rings(n: int, seed: int) -> TensorDataset:
+    """Two classes: points inside or outside a circle, which a linear model cannot separate."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=g) * 2 - 1
+    return TensorDataset(x, (x.norm(dim=1) > 0.6).long())
+
+
+class RingNet(nn.Module):
+    """The model under tuning, defined here and nowhere else."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, width), nn.Tanh(), nn.Linear(width, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def stored(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in optuna.load_study(study_name=name, storage=storage).get_trials() if t.state.is_finished()]
+
+
+def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'rings.db'}"
+    kwargs = dict(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.9, name="rings", storage=storage,
+                  space={**SPACE, "params": {"width": [8, 32]}}, confirm={"top": 1, "runs": 1})
+    summary = autotune.tune(**kwargs, budget=BUDGET)
+
+    assert summary["counts"]["total"] == 3 and summary["best"] is not None
+    assert summary["best"]["metric"] >= 0.9 and summary["best"]["source"] == "confirmed"
+    assert list(summary["best"]["params"]) == [*KNOBS, "width"]
+    first = {t.number: t.params for t in stored(storage, "rings")}
+    assert {p["width"] for p in first.values()} <= {8, 32}
+
+    again = autotune.tune(**kwargs, budget={**BUDGET, "trials": 5})  # the same call with a bigger budget
+    after = {t.number: t.params for t in stored(storage, "rings")}
+    assert again["counts"]["total"] == 5 and {n: after[n] for n in first} == first
+
+
+def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
+    """The function gets the knobs and its own parameters, and is timed by its own word."""
+    calls: list[tuple[dict, int]] = []
+
+    def objective(config: dict, seed: int) -> tuple[float, float]:
+        calls.append((config, seed))
+        # A made-up but deterministic response: bigger batches and wider layers are faster here,
+        # and the accuracy needs a learning rate near 0.1.
+        seconds = 10.0 / config["batch_size"] + 1.0 / config["width"] + (0.5 if config["activation"] == "tanh" else 0)
+        return seconds, 1.0 - abs(math.log10(config["lr"] / 0.1))
+
+    space = {**SPACE, "params": {"width": {"low": 4, "high": 64, "log": True}, "activation": ["relu", "tanh"]}}
+    summary = autotune.tune(objective=objective, target=0.7, metric="score", name="made_up",
+                            storage=f"sqlite:///{tmp_path / 'made_up.db'}", space=space,
+                            budget={**BUDGET, "trials": 12}, confirm={"top": 2, "runs": 2})
+
+    trials = stored(f"sqlite:///{tmp_path / 'made_up.db'}", "made_up")
+    assert len(trials) == 12
+    for config, seed in calls:
+        assert set(config) == {*KNOBS, "width", "activation"} and isinstance(config["width"], int)
+        assert 4 <= config["width"] <= 64 and config["activation"] in ("relu", "tanh") and seed >= 0
+    best = summary["best"]
+    assert best is not None and best["metric"] >= 0.7
+    feasible = [t for t in trials if t.user_attrs["reached"]]
+    assert best["time_to_target"] == pytest.approx(min(t.user_attrs["time_to_target"] for t in feasible))
+    assert summary["target"] == {"metric": "score", "value": 0.7}
+    assert len(calls) == 12 + 2 * 3  # every trial, then 2 runs of the top 2 and of the baseline
+
+
+def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_path: Path) -> None:
+    def objective(config: dict) -> object:
+        if config["batch_size"] == 16:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return "fast" if config["scheduler"] == "cosine" else (1.0, 0.99)
+
+    storage = f"sqlite:///{tmp_path / 'odd.db'}"
+    autotune.tune(objective=objective, target=0.9, name="odd", storage=storage, space=SPACE,
+                  budget={**BUDGET, "trials": 8}, confirm={"top": 0})
+    trials = stored(storage, "odd")
+    assert len(trials) == 8
+    for t in trials:
+        if t.params.get("batch_size", 32) == 16:
+            assert t.state.name == "PRUNED" and t.user_attrs["oom"]
+        elif t.params.get("scheduler") == "cosine":
+            assert t.state.name == "FAIL" and "the objective returned 'fast'" in t.user_attrs["reason"]
+        else:
+            assert t.state.name == "COMPLETE" and t.value == 1.0
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(TypeError, match="exactly one of"):
+        autotune.tune(target=0.9, model=RingNet, objective=lambda c: (1, 1), train=rings(8, 0), val=rings(8, 1))
+    with pytest.raises(TypeError, match="train= and val="):
+        autotune.tune(target=0.9, model=RingNet)
+    with pytest.raises(SpecError, match=r"autotune.tune\(\): space.batchsize: .*did you mean 'batch_size'"):
+        autotune.tune(target=0.9, objective=lambda c: (1, 1), space={"batchsize": [8]})
+    with pytest.raises(SpecError, match="space.params.depth: .*neither the task's model factory"):
+        autotune.tune(target=0.9, model=RingNet, train=rings(8, 0), val=rings(8, 1), space={"params": {"depth": [2]}})

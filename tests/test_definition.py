@@ -1,0 +1,48 @@
+"""autotune.definition: what changed in a study's definition, and which changes one study cannot hold."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from autotune import definition
+from autotune.space import Choices, Range
+from autotune.spec import load
+
+HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
+
+
+def describe(tmp_path: Path, text: str) -> dict:
+    path = tmp_path / "study.yaml"
+    path.write_text(HEAD + text)
+    spec = load(path)
+    return definition.describe(spec, space=spec.space, device="cpu")
+
+
+def test_a_study_without_params_has_no_params_in_its_definition(tmp_path: Path) -> None:
+    """So that studies begun before parameters existed still match their stored definition."""
+    assert "params" not in describe(tmp_path, "")
+
+
+def test_param_changes_are_listed_and_new_choices_cannot_mix(tmp_path: Path) -> None:
+    old = describe(tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adamw]}}\n")
+    wider = describe(tmp_path, "space: {params: {width: {low: 8, high: 64}, kind: [sgd, adamw]}}\n")
+    assert definition.changes(old, wider) == ["params.width.high: 32 -> 64"]
+    assert definition.unmixable(old, wider) == []  # a wider range is the same kind of parameter
+
+    other_choices = describe(tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adam]}}\n")
+    assert definition.changes(old, other_choices) == ['params.kind: ["sgd", "adamw"] -> ["sgd", "adam"]']
+    assert definition.unmixable(old, other_choices) == ["params.kind"]
+
+    added = describe(tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adamw], depth: [2, 3]}}\n")
+    assert definition.changes(old, added) == ["params.depth: (none) -> [2, 3]"]
+    assert definition.unmixable(old, added) == []  # a new parameter: old trials simply lack it
+
+
+def test_the_definition_reads_params_from_the_space_it_is_given(tmp_path: Path) -> None:
+    path = tmp_path / "study.yaml"
+    path.write_text(HEAD)
+    spec = load(path)
+    space = dataclasses.replace(spec.space, params=(("width", Range(8, 16)), ("act", Choices(("relu",)))))
+    assert definition.describe(spec, space=space, device="cpu")["params"] == {
+        "width": {"low": 8, "high": 16, "log": False}, "act": ["relu"]}
