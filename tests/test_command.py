@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 import yaml
@@ -355,6 +356,11 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Study lightning_digits: 2 trials" in result.stdout and "Winner: trial" in result.stdout, result.stdout
+    trials = optuna.load_study(study_name="lightning_digits", storage=storage).get_trials()
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}  # prune: incumbent in the study file
+    for t in trials:
+        if t.state.name == "PRUNED":
+            assert t.user_attrs["reason"].startswith("pruned: ") and "it can no longer win" in t.user_attrs["reason"]
     export = subprocess.run([sys.executable, "-m", "autotune", "export", str(STUDY), "--storage", storage,
                              "--format", "args"], capture_output=True, text=True, timeout=60)
     assert export.returncode == 0 and export.stdout.startswith("--lr "), export.stderr
