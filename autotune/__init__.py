@@ -1,8 +1,26 @@
 """autotune: find the fastest PyTorch training settings that reach your accuracy target."""
 
-from autotune.api import tune
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from autotune.reporting import report
-from autotune.tasks import Task, accuracy
+
+if TYPE_CHECKING:
+    from autotune.api import tune
+    from autotune.tasks import Task, accuracy
 
 __version__ = "0.1.0"
 __all__ = ["Task", "accuracy", "report", "tune", "__version__"]
+
+# Imported when first used: a training script run by autotune imports it for `report` alone, and
+# its import time is on the trial's clock, so it must not pay for torch here.
+_LAZY = {"tune": "autotune.api", "Task": "autotune.tasks", "accuracy": "autotune.tasks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

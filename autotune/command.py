@@ -63,7 +63,7 @@ def command_trial(command: str | Sequence[str], *, cwd: Path, hang_after: float,
                            "max_seconds": limits.max_seconds, "eval_every": limits.eval_every},
             }, indent=1))
             values = {**config.as_dict(), "seed": seed, "device": str(device), "max_epochs": limits.max_epochs,
-                      "config_file": str(config_file)}
+                      "eval_every": limits.eval_every, "config_file": str(config_file)}
             try:
                 argv = commandline.fill_all(args, values)
                 filled = {name: commandline.fill(template, values) for name, template in env.items()}

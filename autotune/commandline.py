@@ -7,7 +7,8 @@ pipes, globs or `$VARS`; a list is taken as the arguments themselves. Placeholde
 each argument separately, so a value never splits into two arguments or reaches a shell.
 
 Names: every key of the trial's configuration (the knobs and the study's own parameters), and
-`seed`, `device` (cpu, cuda, cuda:N), `max_epochs` (the budget's, also the LR schedule's length)
+`seed`, `device` (cpu, cuda, cuda:N), `max_epochs` (the budget's, also the LR schedule's length),
+`eval_every` (the budget's epochs between evaluations)
 and `config_file` (the JSON file described in autotune/reporting.py).
 
 How a value is written:
@@ -41,7 +42,7 @@ from typing import Any
 
 from autotune.space import RESERVED
 
-FILLED = RESERVED  # seed, device, max_epochs, config_file: filled beside the configuration
+FILLED = RESERVED  # seed, device, max_epochs, eval_every, config_file: filled beside the configuration
 _FORMATTER = string.Formatter()
 
 

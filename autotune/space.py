@@ -103,7 +103,7 @@ Domain = Union[Range, Choices]
 
 
 # Names the external-command task fills in beside the configuration; a parameter cannot take one.
-RESERVED = ("seed", "device", "max_epochs", "config_file")
+RESERVED = ("seed", "device", "max_epochs", "eval_every", "config_file")
 
 
 @dataclasses.dataclass(frozen=True)

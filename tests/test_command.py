@@ -364,3 +364,11 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
     export = subprocess.run([sys.executable, "-m", "autotune", "export", str(STUDY), "--storage", storage,
                              "--format", "args"], capture_output=True, text=True, timeout=60)
     assert export.returncode == 0 and export.stdout.startswith("--lr "), export.stderr
+
+
+def test_importing_autotune_for_report_does_not_import_torch() -> None:
+    """A script's `import autotune` runs on its trial's clock: it must stay cheap."""
+    code = "import sys, autotune; autotune.report(step=1, metric=0.5); assert 'torch' not in sys.modules; print(autotune.Task)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert "autotune.tasks.Task" in result.stdout  # the rest of the API is still there, imported when used
