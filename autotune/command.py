@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 
 from autotune import commandline, memory, reporting
-from autotune.commandline import placeholders, validate  # noqa: F401  (for the spec loader)
 from autotune.isolation import RunTrial, TrialFailure
 from autotune.tally import Tally
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult
