@@ -261,7 +261,11 @@ def make_scheduler(
     if name == "cosine":
         return sched.CosineAnnealingLR(optimizer, T_max=total_steps)
     if name == "onecycle":
-        return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
+        if total_steps == 1:
+            return sched.LambdaLR(optimizer, lambda _: 1.0)  # one step has no cycle: the peak lr
+        # OneCycleLR divides by its warm-up's length in steps (pct_start * total_steps - 1): with
+        # 4 steps or fewer that is 0 or less, so the warm-up is stretched to 1.5 steps.
+        return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=max(0.25, 1.5 / total_steps))
     raise ValueError(f"scheduler must be one of constant, step, cosine, onecycle, but got {name=}.")
 
 
