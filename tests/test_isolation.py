@@ -127,3 +127,13 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> Non
     while time.monotonic() < deadline and any(alive(p) for p in descendants):
         time.sleep(0.2)
     assert not any(alive(p) for p in descendants), "a trial process outlived the study"
+
+
+def test_what_torch_imports_lazily_is_imported_before_the_first_trial_clock() -> None:
+    """The first optimizer built imports torch._dynamo (about 2 s): that must not be trial time."""
+    code = ("import sys; from autotune import isolation; from tests.tasks import blobs; "
+            "assert 'torch._dynamo' not in sys.modules; isolation.in_process(blobs()); "
+            "assert all(name in sys.modules for name in isolation.LAZY_IMPORTS)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stderr

@@ -192,6 +192,18 @@ def start_run(path: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def training(db: Path) -> bool:
+    """A RUNNING trial has its configuration stored: it trains (a trial killed while its
+    configuration is being chosen is replaced by a fresh one, not retried)."""
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            return conn.execute(
+                "select count(*) from trials join trial_user_attributes using (trial_id) "
+                "where trials.state = 'RUNNING' and trial_user_attributes.key = 'config'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
 def wait_for_trials(db: Path, count: int, process: subprocess.Popen, *, running: bool = False, timeout: float = 120) -> None:
     """Until `count` trials have finished (and, with `running`, the next one is under way)."""
     deadline = time.monotonic() + timeout
@@ -205,12 +217,12 @@ def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path)
     path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
     db = path.with_suffix(".db")
     process = start_run(path)
-    while True:  # stopped (SIGSTOP) while a trial is RUNNING, so that the kill lands inside it
+    while True:  # stopped (SIGSTOP) while a trial is training, so that the kill lands inside it
         wait_for_trials(db, 2, process, running=True)
         process.send_signal(signal.SIGSTOP)
-        if count_states(db, "RUNNING"):
+        if training(db):
             break
-        process.send_signal(signal.SIGCONT)  # it finished the trial in between: try again
+        process.send_signal(signal.SIGCONT)  # between trials, or still choosing its configuration: again
     process.kill()
     process.wait()
     before = {t.number: (t.params, t.value) for t in finished(load(path))}

@@ -1,0 +1,94 @@
+"""What the tuner costs per trial outside training: storage, sampling, the trial's set-up and
+evaluation, and with process isolation the child's start, on a trivial task.
+
+Runs whole studies (autotune's own loop, SQLite storage) of `--trials` trials on
+benchmarks/trivial.py, in-process and with isolation: process, alternating, `--rounds` times
+after one warm-up round each. Per study: overhead per trial = (study wall time - the trials'
+training clocks) / trials. Usage (from the repository root):
+
+    .venv/bin/python benchmarks/overhead.py [--trials 10] [--rounds 5] [--epochs 1]
+
+Prints a table and writes benchmarks/results/overhead-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import torch
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would be measured too (read when tqdm is imported)
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
+
+from autotune import spec as spec_, study as study_  # noqa: E402
+from autotune.measure import device_name  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("none", "process")
+
+
+def run_study(folder: Path, *, mode: str, trials: int, epochs: float, index: int) -> dict[str, float]:
+    """One study from scratch; its wall time and its trials' training clocks."""
+    raw = {"name": f"overhead-{mode}-{index}", "task": "benchmarks.trivial:task", "isolation": mode,
+           "target": {"metric": "accuracy", "value": 2.0},  # out of reach: every trial trains `epochs`
+           "space": {"num_workers": 0, "precision": "fp32", "batch_size": [32, 64], "accumulation_steps": [1, 2]},
+           "budget": {"trials": trials, "max_epochs": epochs, "eval_every": epochs}, "confirm": {"top": 0}}
+    spec = spec_.from_mapping(raw, path=folder / "overhead.yaml", storage=f"sqlite:///{folder / f'{mode}-{index}.db'}")
+    prepared = study_.prepare(spec)
+    started = time.perf_counter()
+    study = study_.run_study(spec, prepared)
+    wall = time.perf_counter() - started
+    train = sum(t.user_attrs["train_seconds"] for t in study.get_trials() if t.state.is_finished())
+    return {"wall": wall, "train": train, "per_trial_wall": wall / trials, "per_trial_train": train / trials,
+            "overhead_per_trial": (wall - train) / trials, "overhead_fraction": (wall - train) / wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    args = parser.parse_args()
+    os.chdir(REPO)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(args.rounds + 1):  # round 0 warms up imports, caches and the fork server
+            for mode in MODES:
+                sample = run_study(Path(tmp), mode=mode, trials=args.trials, epochs=args.epochs, index=index)
+                if index > 0:
+                    samples[mode].append(sample)
+
+    keys = ("per_trial_wall", "per_trial_train", "overhead_per_trial", "overhead_fraction")
+    summary = {mode: {key: statistics.median(s[key] for s in runs) for key in keys} for mode, runs in samples.items()}
+    print(f"{args.trials} trials per study, {args.rounds} studies per mode, interleaved; medians")
+    print(f"{'isolation':<10} {'wall/trial':>11} {'train/trial':>12} {'overhead/trial':>15} {'overhead share':>15}")
+    for mode, s in summary.items():
+        print(f"{mode:<10} {s['per_trial_wall']:>10.3f}s {s['per_trial_train']:>11.3f}s "
+              f"{s['overhead_per_trial']:>14.3f}s {s['overhead_fraction']:>14.1%}")
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    device = torch.device("cpu")
+    record = {"benchmark": "overhead", "args": vars(args), "machine": platform.node(), "cpus": os.cpu_count(),
+              "device": device_name(device), "torch": torch.__version__, "optuna": optuna.__version__,
+              "commit": commit, "summary": summary, "samples": samples}
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"overhead-{device.type}.json"
+    out.write_text(json.dumps(record, indent=2))
+    print(f"written: {out.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
