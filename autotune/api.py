@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from autotune import memory
 from autotune.isolation import RunTrial, TrialFailure, error_reason
 from autotune.measure import device_name
-from autotune.tasks import Task, takes
+from autotune.tasks import Task, reference, takes
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult
 
 WHERE = Path("autotune.tune()")  # how errors name the study: there is no file
@@ -65,7 +65,8 @@ def tune(
         if train is None or val is None:
             raise TypeError("tune(model=...) also needs train= and val= datasets")
         task = Task(model=model, train=train, val=val)
-    label = _reference(objective if objective is not None else task.model)
+    function = objective if objective is not None else task.model
+    label = reference(function) or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
     raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
            "space": dict(space or {}), "budget": dict(budget or {}), "baseline": dict(baseline or {}),
            "confirm": dict(confirm or {}), "seed": seed, "device": device}
@@ -127,7 +128,3 @@ def _seconds_and_metric(returned: Any) -> tuple[float, float]:
         raise TrialFailure(f"the objective returned {returned!r}; seconds must be >= 0 and both finite")
     return seconds, metric
 
-
-def _reference(function: Any) -> str:
-    """`module.qualname` of the user's function or class: what the stored study says it tuned."""
-    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__name__)}"

@@ -179,6 +179,23 @@ def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}
 
 
+def loader_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataLoader keyword arguments the loader knobs mean (the dataset aside), as a trial
+    builds its loader and as exports write it. prefetch_factor exists only with workers."""
+    workers = config["num_workers"]
+    kwargs = {
+        "batch_size": config["batch_size"],
+        "shuffle": True,
+        "drop_last": True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
+        "num_workers": workers,
+    }
+    if workers > 0:
+        kwargs["prefetch_factor"] = config["prefetch_factor"]
+    kwargs["persistent_workers"] = workers > 0  # otherwise every epoch pays worker start-up again
+    kwargs["pin_memory"] = config["pin_memory"]
+    return kwargs
+
+
 def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
     """Precisions the device cannot run, each with the reason."""
     unsupported = {} if cuda else {"fp16": "needs CUDA"}

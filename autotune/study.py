@@ -7,6 +7,7 @@ trial as user attributes, so reports are made from the storage alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -21,7 +22,7 @@ from tqdm import tqdm
 from autotune import command, confirm, definition as definition_, isolation, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
-from autotune.tasks import Task, load_task
+from autotune.tasks import Task, load_task, reference
 from autotune.trial import Limits, TrialConfig
 
 
@@ -71,22 +72,19 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
         reason = unsupported[baseline["precision"]]
         raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
     baseline["pin_memory"] = baseline["pin_memory"] and cuda
+    prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
+                                 definition=definition_.describe(spec, space=space, device=device.type))
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
-        objective = command.command_trial(spec.task.command, cwd=spec.path.resolve().parent,
-                                          hang_after=spec.budget.trial_timeout, metric_name=spec.target.metric,
-                                          env=dict(spec.task.env))
-        return Prepared(task=None, device=device, space=space, baseline=baseline, notices=notices,
-                        definition=definition_.describe(spec, space=space, device=device.type),
-                        isolation="process", run_trial=objective)
+        return prepared(task=None, isolation="process", run_trial=command.command_trial(
+            spec.task.command, cwd=spec.path.resolve().parent, hang_after=spec.budget.trial_timeout,
+            metric_name=spec.target.metric, env=dict(spec.task.env)))
     in_memory = task is not None or objective is not None
     if in_memory and spec.isolation == "process":
         raise SpecError(spec.path, "isolation", spec.isolation,
                         "a task or objective given as a Python object runs in this process: use none or auto")
-    mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
     if objective is not None:
-        return Prepared(task=None, device=device, space=space, baseline=baseline, notices=notices,
-                        definition=definition_.describe(spec, space=space, device=device.type),
-                        isolation="none", run_trial=objective)
+        return prepared(task=None, isolation="none", run_trial=objective)
+    mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
     task = task if task is not None else load_task(spec.task, study_path=spec.path)
     for name in task.unused(dict(space.params)):
         raise SpecError(spec.path, f"space.params.{name}", name,
@@ -96,9 +94,7 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
         raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
     run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
                  if mode == "process" else isolation.in_process(task))
-    return Prepared(task=task, device=device, space=space, baseline=baseline, notices=notices,
-                    definition=definition_.describe(spec, space=space, device=device.type),
-                    isolation=mode, run_trial=run_trial)
+    return prepared(task=task, isolation=mode, run_trial=run_trial)
 
 
 def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:
@@ -153,19 +149,13 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     study = storage.open_study(spec, create=True)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
     if prepared.task is not None:
-        study.set_user_attr("optimizer", _reference(prepared.task.optimizer))  # for `export --format torch`
+        study.set_user_attr("optimizer", reference(prepared.task.optimizer))  # for `export --format torch`
     record_definition(study, prepared.definition)
     if storage.local_path(spec.storage) is not None:
         for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
             tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
         storage.queue_retries(study)
     return study
-
-
-def _reference(function: Any) -> str | None:
-    """`module:qualname` of a task's function, or None for one that cannot be imported by name."""
-    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
-    return f"{module}:{name}" if module and name and "<" not in name else None
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune.measure import Clock, device_name, peak_memory, threads_for
+from autotune.space import loader_kwargs
 from autotune.tasks import Task, takes
 
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
@@ -228,19 +229,10 @@ def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autoca
 
 
 def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
-    workers = config.num_workers
-    return DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=True,
-        drop_last=True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
-        num_workers=workers,
-        prefetch_factor=config.prefetch_factor if workers > 0 else None,
-        persistent_workers=workers > 0,  # otherwise every epoch pays worker start-up again
-        pin_memory=config.pin_memory and device.type == "cuda",
-        worker_init_fn=_worker_init if workers > 0 else None,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    kwargs = loader_kwargs(config.as_dict())
+    kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
+    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
+                      generator=torch.Generator().manual_seed(seed))
 
 
 def endless(loader: DataLoader) -> Iterator[Any]:

@@ -50,20 +50,6 @@ def lookup(fmt: str, knob: str, value: Any, table: Mapping[str, Any]) -> Any:
         raise AutotuneError(f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}") from None
 
 
-def dataloader_kwargs(knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """torch DataLoader keyword arguments as autotune.trial.make_loader passes them (the dataset aside).
-
-    prefetch_factor only exists with worker processes, so it is left out without them.
-    """
-    workers = knobs["num_workers"]
-    kwargs = {"batch_size": knobs["batch_size"], "shuffle": True, "drop_last": True, "num_workers": workers}
-    if workers > 0:
-        kwargs["prefetch_factor"] = knobs["prefetch_factor"]
-    kwargs["persistent_workers"] = workers > 0  # otherwise every epoch pays worker start-up again
-    kwargs["pin_memory"] = knobs["pin_memory"]
-    return kwargs
-
-
 def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return note("num_workers", knobs["num_workers"], NO_EQUIVALENT,
                 "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "

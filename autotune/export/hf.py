@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.export.common import (
-    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, dataloader_kwargs, lookup,
+    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
     max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
 )
+from autotune.space import loader_kwargs
 
 PRECISION = {"fp32": {"fp16": False, "bf16": False}, "fp16": {"fp16": True, "bf16": False},
              "bf16": {"fp16": False, "bf16": True}}  # HF's fp16 is autocast + GradScaler, as autotune's
@@ -69,7 +70,7 @@ def render(summary: Mapping[str, Any]) -> str:
                           f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
                           f"floor(max_epochs * len / {accumulation}) steps."))
     args.update(lookup("hf", "precision", knobs["precision"], PRECISION))
-    loader = dataloader_kwargs(knobs)
+    loader = loader_kwargs(knobs)
     args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
                  if k in loader})
     notes.append(threads_note(knobs))

@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.export.common import (
-    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, dataloader_kwargs, lookup,
+    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
     max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
 )
+from autotune.space import loader_kwargs
 
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}  # 16-mixed: autocast + GradScaler
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
@@ -73,7 +74,7 @@ def render(summary: Mapping[str, Any]) -> str:
                           f"max_epochs * ceil(len / {a}) steps; autotune lets an effective batch span the epoch boundary: "
                           f"floor(max_epochs * len / {a}) steps. The same when len(train_dataloader) is a multiple of {a}."))
 
-    dataloader = dataloader_kwargs(knobs)
+    dataloader = loader_kwargs(knobs)
     for name in ("batch_size", "num_workers", "prefetch_factor", "pin_memory"):
         notes.append(note(name, knobs[name], MOVED, f"lightning.Trainer has no {name} argument: it is in `dataloader`, "
                           "for DataLoader(train_dataset, **export['dataloader']) in your train_dataloader()"

@@ -58,6 +58,13 @@ class Task:
         return [n for n in names if not takes(self.model, {n: None}) and not takes(self.optimizer, {n: None}, after=2)]
 
 
+def reference(function: Any) -> str | None:
+    """`module:qualname` of a function or class, as a study file names a task; None for one that
+    cannot be imported by that name (a lambda, a local function)."""
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    return f"{module}:{name}" if module and name and "<" not in name else None
+
+
 def takes(function: Callable[..., Any], params: Mapping[str, Any], *, after: int = 0) -> dict[str, Any]:
     """The parameters `function` accepts by keyword: those it names, or all with **kwargs.
     `after`: how many leading arguments the caller passes by position (they are not free).
