@@ -78,12 +78,17 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The candidate (not the baseline) with the smallest median; None if none reached it.
+    """The label with the smallest median, the baseline included; None if none reached the target.
 
-    Ties (a median can be the same run's time) go to the one that missed the target less often.
+    The baseline is a candidate like the others: when no configuration the study found beats it
+    on fresh seeds, a single lucky run won the study and the baseline is what to keep. Ties (a
+    median can be the same run's time) go to the one that missed the target less often, then to
+    the baseline, which the user already has.
     """
-    timed = {k: v for k, v in summary.items() if k != BASELINE and v["median"] is not None}
-    return min(timed, key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"])) if timed else None
+    timed = {k: v for k, v in summary.items() if v["median"] is not None}
+    if not timed:
+        return None
+    return min(timed, key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE))
 
 
 def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:

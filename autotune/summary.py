@@ -31,7 +31,7 @@ def summarize(
     if not best.empty:
         row = best.iloc[0]
         summary["best"] = {
-            "trial": int(row["number"]), "params": _params(row, results.param_names(records)), "time_to_target": float(row["time_to_target"]),
+            "trial": int(row["number"]), "label": f"trial {int(row['number'])}", "params": _params(row, results.param_names(records)), "time_to_target": float(row["time_to_target"]),
             "metric": float(row["best_metric"]), "runs": 1, "min": None, "max": None, "source": "single run",
             "epochs": _plain(row["epochs"]),
         }
@@ -46,10 +46,10 @@ def summarize(
         label = confirm.winner(stats)
         if label is not None:
             metrics = [r["best_metric"] for r in confirmation["runs"] if r["label"] == label and r["best_metric"] is not None]
-            trial = int(label.split()[-1])
+            trial = None if label == confirm.BASELINE else int(label.split()[-1])
             epochs = records.loc[records["number"] == trial, "epochs"]
             summary["best"] = {
-                "trial": trial, "params": complete(confirmation["configs"][label]),
+                "trial": trial, "label": label, "params": complete(confirmation["configs"][label]),
                 "time_to_target": stats[label]["median"], "metric": statistics.median(metrics),
                 **_spread(stats[label]), "source": "confirmed",
                 "epochs": _plain(epochs.iloc[0]) if len(epochs) else None,  # of the study's own run of it
@@ -117,10 +117,14 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
             spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
             lines.append(f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, reached in {stats['reached']}/{stats['runs']} runs")
     best = summary["best"]
-    lines += ["", f"Winner: trial {best['trial']} ({best['source']})"]
+    lines += ["", f"Winner: {'the baseline' if best['trial'] is None else best['label']} ({best['source']})"]
     lines += [f"  {k}: {_plain(v)}" for k, v in best["params"].items()]
     base = summary["baseline"]
-    if best["source"] == "confirmed" and base:
+    if best["trial"] is None and base:
+        lines.append(f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
+                     f"luck): keep the baseline, which reaches {target['metric']} >= {target['value']} in "
+                     f"{best['time_to_target']:.2f} s (median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s).")
+    elif best["source"] == "confirmed" and base:
         how = f"median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s"
         if summary["speedup"]:
             base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"

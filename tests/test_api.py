@@ -117,3 +117,29 @@ def test_bad_arguments_are_named() -> None:
         autotune.tune(target=0.9, objective=lambda c: (1, 1), space={"batchsize": [8]})
     with pytest.raises(SpecError, match="space.params.depth: .*neither the task's model factory"):
         autotune.tune(target=0.9, model=RingNet, train=rings(8, 0), val=rings(8, 1), space={"params": {"depth": [2]}})
+
+
+def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_baseline(tmp_path: Path) -> None:
+    """batch_size 16 is fast only on the study's own seeds (a lucky draw); on the fresh seeds of
+    the confirmation it is slower than the baseline, so the baseline is what the study recommends."""
+    seeds: list[tuple[int, int]] = []
+
+    def objective(config: dict, seed: int) -> tuple[float, float]:
+        seeds.append((config["batch_size"], seed))
+        lucky = seed < 50_000  # the study's trials use seeds 0, 1, ...; fresh seeds start at 50,000
+        return (0.5 if lucky else 3.0) if config["batch_size"] == 16 else 2.0, 1.0
+
+    space = {**SPACE, "batch_size": [16, 64]}
+    storage = f"sqlite:///{tmp_path / 'lucky.db'}"
+    summary = autotune.tune(objective=objective, target=0.9, name="lucky", storage=storage, space=space,
+                            baseline={"batch_size": 64}, budget={**BUDGET, "trials": 6}, confirm={"top": 1, "runs": 3})
+
+    trials = stored(storage, "lucky")
+    fastest = min((t for t in trials if t.user_attrs["reached"]), key=lambda t: t.user_attrs["time_to_target"])
+    assert fastest.params["batch_size"] == 16 and fastest.user_attrs["time_to_target"] == 0.5
+    fresh = [(b, s) for b, s in seeds if s >= 50_000]
+    assert sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3  # the top trial and the baseline, 3 fresh seeds each
+    best = summary["best"]
+    assert best["trial"] is None and best["label"] == "baseline" and best["params"]["batch_size"] == 64
+    assert best["time_to_target"] == 2.0 and summary["speedup"] == 1.0
+    assert summary["confirmation"]["configs"][f"trial {fastest.number}"]["median"] == 3.0

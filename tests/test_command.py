@@ -355,7 +355,7 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "autotune", "run", str(STUDY), "--trials", "2", "--storage", storage],
                             capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Study lightning_digits: 2 trials" in result.stdout and "Winner: trial" in result.stdout, result.stdout
+    assert "Study lightning_digits: 2 trials" in result.stdout and "Winner: " in result.stdout, result.stdout
     trials = optuna.load_study(study_name="lightning_digits", storage=storage).get_trials()
     assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}  # prune: incumbent in the study file
     for t in trials:

@@ -34,8 +34,19 @@ def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> Non
     assert confirm.winner(stats) == "trial 2"
 
 
-def test_no_winner_when_no_candidate_reaches_the_target() -> None:
-    stats = confirm.summarize([record("baseline", 1.0), record("trial 3", None)])
+def test_the_baseline_wins_when_no_candidate_beats_it_on_fresh_seeds() -> None:
+    """A trial that won the study by one lucky run loses the confirmation to the baseline."""
+    runs = [record("baseline", t) for t in (2.0, 2.2, 2.4)]
+    runs += [record("trial 4", t) for t in (0.9, 3.1, 3.3)]  # its study run was 0.9 s: luck
+    stats = confirm.summarize(runs)
+    assert confirm.winner(stats) == "baseline" and confirm.speedup(stats, "baseline") == 1.0
+    assert confirm.winner(confirm.summarize([record("baseline", 1.0), record("trial 3", None)])) == "baseline"
+    tie = confirm.summarize([record("baseline", 2.0), record("trial 3", 2.0)])
+    assert confirm.winner(tie) == "baseline"
+
+
+def test_no_winner_when_nothing_reaches_the_target() -> None:
+    stats = confirm.summarize([record("baseline", None), record("trial 3", None)])
     assert confirm.winner(stats) is None and confirm.speedup(stats, "trial 3") is None
 
 

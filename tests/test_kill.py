@@ -340,14 +340,16 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
     assert study.user_attrs["confirmation"]["after_trials"] == BUDGET, why
 
     # the winner the run printed is the one the report shows, a complete trial that reached the target
-    winner = re.search(r"^Winner: trial (\d+)", final.stdout, re.MULTILINE)
+    winner = re.search(r"^Winner: (?:trial (\d+)|the baseline)", final.stdout, re.MULTILINE)
     assert winner, f"no winner in:\n{final.stdout}\n{why}"
     report = autotune("report", str(path), "--json", timeout=120)
     assert report.returncode == 0, f"{report.stderr}\n{why}"
     best = json.loads(report.stdout)["best"]
-    assert best["trial"] == int(winner.group(1)), f"run printed {winner.group(0)!r}, report says {best}\n{why}"
-    trial = study.trials[best["trial"]]
-    assert trial.state == TrialState.COMPLETE and max(trial.constraints.values()) <= 0, \
-        f"winner {trial.number}: {trial.state.name}, constraints {trial.constraints}\n{why}"
-    assert not trial.user_attrs.get("interrupted"), why
+    printed = None if winner.group(1) is None else int(winner.group(1))
+    assert best["trial"] == printed, f"run printed {winner.group(0)!r}, report says {best}\n{why}"
+    if printed is not None:  # the baseline can win the confirmation: then no trial is named
+        trial = study.trials[best["trial"]]
+        assert trial.state == TrialState.COMPLETE and max(trial.constraints.values()) <= 0, \
+            f"winner {trial.number}: {trial.state.name}, constraints {trial.constraints}\n{why}"
+        assert not trial.user_attrs.get("interrupted"), why
     print(why)  # with -s: where every kill landed

@@ -57,7 +57,7 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
     assert len(surplus) < WORKERS and not any("train_seconds" in t.user_attrs for t in surplus)
     workers = Counter(t.user_attrs["worker"] for t in counted)
     assert len(workers) == WORKERS, f"not every worker ran trials: {workers}"
-    assert "Winner: trial" in out
+    assert "Winner: " in out
 
 
 def test_four_workers_on_a_journal_file(tmp_path: Path) -> None:

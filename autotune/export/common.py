@@ -85,7 +85,8 @@ def provenance(summary: Mapping[str, Any]) -> str:
     from autotune.summary import speedup_phrase  # summary needs pandas: only when an export is written
 
     best, target = summary["best"], summary["target"]
-    text = (f"autotune study {summary['study']}, trial {best['trial']} ({best['source']}, {best['runs']} run(s)): "
+    which = "the baseline" if best["trial"] is None else f"trial {best['trial']}"
+    text = (f"autotune study {summary['study']}, {which} ({best['source']}, {best['runs']} run(s)): "
             f"{target['metric']} >= {target['value']} in {best['time_to_target']:.3f} s")
     if best.get("epochs") is not None:
         text += f" after {best['epochs']:.2f} epochs"
