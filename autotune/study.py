@@ -19,7 +19,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import command, confirm, definition as definition_, isolation, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, oom_boundary, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
 from autotune.tasks import Task, load_task, reference
@@ -121,13 +121,19 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
 
 
 def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:
-    """TPE, reseeded past the trials already stored: a resumed study must not replay its first
-    random configurations."""
+    """autotune's sampler, reseeded past the trials already stored: a resumed study must not
+    replay its first random configurations."""
+    return tpe_sampler(seed=spec.seed + seed_offset, trials=spec.budget.trials)
+
+
+def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
+    """TPE that knows the knobs interact, for a study of `trials` trials (benchmarks/search.py
+    replays it against plain TPE and random search)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group` is experimental
         return optuna.samplers.TPESampler(
-            seed=spec.seed + seed_offset,
-            n_startup_trials=max(3, min(10, spec.budget.trials // 3)),  # random trials before TPE models
+            seed=seed,
+            n_startup_trials=max(3, min(10, trials // 3)),  # random trials before TPE models
             multivariate=True,  # knobs interact (lr with batch size and schedule)
             group=True,  # prefetch_factor exists only with workers
         )
@@ -228,6 +234,12 @@ def _incumbent(study: optuna.Study) -> tuple[float, int] | None:
     return min(feasible) if feasible else None
 
 
+def _ran_out(study: optuna.Study) -> dict[int, dict[str, Any]]:
+    """Trial number -> configuration of each trial that really ran out of memory."""
+    return {t.number: t.user_attrs["config"] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
+            if t.user_attrs.get("oom") and "config" in t.user_attrs}
+
+
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared, *, limits: Limits, seed: int,
                     metric_name: str, budget: int, incumbent: tuple[float, int] | None) -> None:
     trial.set_user_attr("worker", storage.worker_id())
@@ -237,6 +249,15 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared
     trial.set_user_attr("seed", trial_seed)
     if storage.slots_before(study, trial.number) >= budget:
         storage.mark_surplus(study, trial)
+        return
+    ran_out = _ran_out(study)
+    bound = oom_boundary.bound_by(config, ran_out.items())
+    if bound is not None:  # it would run out of memory too: the sampler learns that without a run
+        reason = oom_boundary.reason(config, bound, ran_out[bound])
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr("oom_bound", bound)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        tqdm.write(f"trial {trial.number}: pruned: {reason}", file=sys.stderr)
         return
     bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
 

@@ -47,6 +47,9 @@ def tunable() -> Task:
     return Task(model=_tunable_mlp, optimizer=_tunable_optimizer, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+OOM_RAISED: list[int] = []  # the batch size of every out-of-memory error raised in this process
+
+
 class CudaOOMAtLargeBatch(nn.Module):
     """Raises torch.cuda.OutOfMemoryError, as the CUDA allocator does, for large batches."""
 
@@ -56,6 +59,7 @@ class CudaOOMAtLargeBatch(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and len(x) >= OOM_BATCH:
+            OOM_RAISED.append(len(x))
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {len(x)} GiB")
         return self.net(x)
 

@@ -17,6 +17,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.space import KNOBS
+from tests import tasks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,6 +164,30 @@ def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     assert "pruned" in err
     summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
     assert summary["counts"]["oom"] == len(oom) and summary["best"]["params"]["batch_size"] < 128
+
+
+def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once batch_size b ran out of memory, no batch of b or more (in fp32) is trained again."""
+    tasks.OOM_RAISED.clear()
+    path = write_study(tmp_path, task="tests.tasks:cuda_oom", trials=12, batch_sizes=(32, 64, 128, 256),
+                       confirm={"top": 0})
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0
+    trials = finished(load(path))
+    ran_out = {t.number: t for t in trials if t.user_attrs.get("oom")}
+    skipped = [t for t in trials if "oom_bound" in t.user_attrs]
+    assert ran_out and skipped, "the sampler never came back to a large batch; pick another seed"
+    assert len(tasks.OOM_RAISED) == len(ran_out)  # a skipped trial never reached the model
+    for t in skipped:
+        bound = ran_out[t.user_attrs["oom_bound"]]
+        assert t.state == optuna.trial.TrialState.PRUNED and bound.number < t.number
+        assert t.params["batch_size"] >= bound.params["batch_size"] and "train_seconds" not in t.user_attrs
+        assert f"trial {bound.number} (batch_size {bound.params['batch_size']} in fp32)" in t.user_attrs["reason"]
+    sizes = [ran_out[n].params["batch_size"] for n in sorted(ran_out)]
+    assert sizes == sorted(set(sizes), reverse=True)  # each real OOM was below every earlier one
+    assert "not run: batch_size" in err
 
 
 def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,7 +344,10 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     trials = sorted(load(path).get_trials(), key=lambda t: t.number)
-    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
+    # trial 3 runs unless it needs at least the memory of trial 2, which ran out (the OOM boundary)
+    bounded = trials[3].params["batch_size"] >= trials[2].params["batch_size"]
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED" if bounded else "COMPLETE"]
+    assert trials[3].user_attrs.get("oom_bound") == (2 if bounded else None)
     fast = trials[0].value
     assert trials[0].user_attrs["reached"] and fast < 5
     pruned = trials[1].user_attrs["reason"]
@@ -329,4 +357,4 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     for entry in pids.iterdir():  # every command's process is gone, the pruned one's included
         with pytest.raises(ProcessLookupError):
             os.kill(int(entry.name.split("-")[1]), 0)
-    assert "trial 1: pruned:" in err and "Study study: 4 trials: 2 complete" in out
+    assert "trial 1: pruned:" in err and f"Study study: 4 trials: {1 if bounded else 2} complete" in out

@@ -1,0 +1,38 @@
+"""The out-of-memory boundary: which configurations are known to run out before they run."""
+
+from __future__ import annotations
+
+from autotune.oom_boundary import bound_by, needs_at_least, reason
+
+BASE = {"lr": 0.1, "scheduler": "cosine", "batch_size": 128, "accumulation_steps": 1, "num_workers": 0,
+        "prefetch_factor": None, "pin_memory": False, "precision": "bf16"}
+
+
+def test_a_larger_or_equal_micro_batch_in_a_precision_as_wide_needs_at_least_as_much() -> None:
+    assert needs_at_least({**BASE, "batch_size": 256}, BASE)
+    assert needs_at_least(BASE, BASE)
+    assert needs_at_least({**BASE, "precision": "fp32"}, BASE)  # 4 bytes per activation, not 2
+    assert needs_at_least({**BASE, "precision": "fp16"}, BASE)  # as wide as bf16
+
+
+def test_a_smaller_micro_batch_or_a_narrower_precision_may_fit() -> None:
+    assert not needs_at_least({**BASE, "batch_size": 64}, BASE)
+    assert not needs_at_least({**BASE, "precision": "bf16"}, {**BASE, "precision": "fp32"})
+
+
+def test_knobs_that_do_not_change_memory_are_ignored_and_parameters_must_match() -> None:
+    other = {**BASE, "lr": 0.01, "scheduler": "constant", "accumulation_steps": 4, "num_workers": 2,
+             "prefetch_factor": 4, "pin_memory": True}
+    assert needs_at_least(other, BASE)
+    assert not needs_at_least({**BASE, "width": 16}, {**BASE, "width": 64})  # a narrower model may fit
+    assert needs_at_least({**BASE, "width": 64}, {**BASE, "width": 64})
+
+
+def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None:
+    ran_out = [(3, {**BASE, "batch_size": 256}), (5, BASE)]
+    assert bound_by({**BASE, "batch_size": 512, "precision": "fp32"}, ran_out) == 3
+    assert bound_by({**BASE, "batch_size": 128}, ran_out) == 5
+    assert bound_by({**BASE, "batch_size": 64}, ran_out) is None
+    assert bound_by(BASE, []) is None
+    text = reason({**BASE, "batch_size": 512}, 5, BASE)
+    assert "batch_size 512 in bf16" in text and "trial 5 (batch_size 128 in bf16)" in text
