@@ -14,6 +14,7 @@ import pandas as pd
 from autotune.space import KNOBS, complete
 
 INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
+RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
 
 COLUMNS = (
     "number", "state", "feasible", "time_to_target", "best_metric", "train_seconds", "epochs",
@@ -28,13 +29,24 @@ def is_interrupted(trial: Any) -> bool:
     return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or "reason" not in trial.user_attrs)
 
 
+def measured(trial: Any) -> dict[str, Any]:
+    """What the trial's training run measured (time_to_target, reached, curve, ...); empty when it
+    did not finish. Studies stored before the result was one attribute kept each as its own."""
+    attrs = trial.user_attrs
+    return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in MEASURED})
+
+
+MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
+            "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
+
+
 def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
     """One row per trial: its outcome, its measurements, every knob and every parameter."""
     rows, params = [], {}  # params: the user's own parameters' names, in order of appearance
     for trial in trials:
         if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
             continue
-        attrs = trial.user_attrs
+        attrs = {**trial.user_attrs, **measured(trial)}
         constraints = trial.constraints if hasattr(trial, "constraints") else {}
         peak = attrs.get("peak_memory_bytes")
         config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,17 +159,18 @@ def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state in FINISHED and not is_interrupted(trial) and not trial.user_attrs.get(SURPLUS)
 
 
-def finished_count(study: optuna.Study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if counts_against_budget(t))
+def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
+    """Trials (from one `study.get_trials(deepcopy=False)`) that count against the budget."""
+    return sum(1 for t in trials if counts_against_budget(t))
 
 
 def _holds_slot(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state in (TrialState.RUNNING, TrialState.WAITING) or counts_against_budget(trial)
 
 
-def slots_taken(study: optuna.Study) -> int:
+def slots_taken(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
     """Trials finished, running or queued that count against the budget."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if _holds_slot(t))
+    return sum(1 for t in trials if _holds_slot(t))
 
 
 def slots_before(study: optuna.Study, number: int) -> int:

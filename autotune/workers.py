@@ -69,7 +69,7 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, budget: int, 
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():
                     time.sleep(1.0)
-                bar.n = min(storage.finished_count(study), budget)
+                bar.n = min(storage.finished_count(study.get_trials(deepcopy=False)), budget)
                 bar.refresh()
     except KeyboardInterrupt as interrupt:
         signum = interrupt.signum if isinstance(interrupt, signals.Stopped) else 2

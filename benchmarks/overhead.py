@@ -31,7 +31,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would be measured to
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
-from autotune import spec as spec_, study as study_  # noqa: E402
+from autotune import results, spec as spec_, study as study_  # noqa: E402
 from autotune.measure import device_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,7 +49,7 @@ def run_study(folder: Path, *, mode: str, trials: int, epochs: float, index: int
     started = time.perf_counter()
     study = study_.run_study(spec, prepared)
     wall = time.perf_counter() - started
-    train = sum(t.user_attrs["train_seconds"] for t in study.get_trials() if t.state.is_finished())
+    train = sum(results.measured(t)["train_seconds"] for t in study.get_trials() if t.state.is_finished())
     return {"wall": wall, "train": train, "per_trial_wall": wall / trials, "per_trial_train": train / trials,
             "overhead_per_trial": (wall - train) / trials, "overhead_fraction": (wall - train) / wall}
 

@@ -216,7 +216,7 @@ class Killer:
         running = [t for t in mine if t.state == TrialState.RUNNING]
         if running:
             t = running[-1]
-            return ("writing the results of" if "reached" in t.user_attrs else
+            return ("writing the results of" if "result" in t.user_attrs else
                     "training" if "config" in t.user_attrs else "asking for") + f" trial {t.number}" + mid
         if run.check_confirming():
             stored = study.user_attrs.get("confirmation") != self.confirmation

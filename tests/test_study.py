@@ -15,6 +15,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune import results
 from autotune.cli import main
 from autotune.space import KNOBS
 from tests import tasks
@@ -183,7 +184,7 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
     for t in skipped:
         bound = ran_out[t.user_attrs["oom_bound"]]
         assert t.state == optuna.trial.TrialState.PRUNED and bound.number < t.number
-        assert t.params["batch_size"] >= bound.params["batch_size"] and "train_seconds" not in t.user_attrs
+        assert t.params["batch_size"] >= bound.params["batch_size"] and results.RESULT not in t.user_attrs
         assert f"trial {bound.number} (batch_size {bound.params['batch_size']} in fp32)" in t.user_attrs["reason"]
     sizes = [ran_out[n].params["batch_size"] for n in sorted(ran_out)]
     assert sizes == sorted(set(sizes), reverse=True)  # each real OOM was below every earlier one
@@ -349,7 +350,7 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED" if bounded else "COMPLETE"]
     assert trials[3].user_attrs.get("oom_bound") == (2 if bounded else None)
     fast = trials[0].value
-    assert trials[0].user_attrs["reached"] and fast < 5
+    assert results.measured(trials[0])["reached"] and fast < 5
     pruned = trials[1].user_attrs["reason"]
     assert pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
     assert not trials[1].user_attrs.get("oom")
