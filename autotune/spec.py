@@ -76,11 +76,13 @@ class StudySpec:
     confirm: Confirm
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
     prune: str = "none"  # incumbent: stop a trial once its training clock passes the best time to target
+    probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
-            "isolation", "prune")
+            "isolation", "prune", "probe")
 PRUNE_MODES = ("none", "incumbent")
+PROBE_MODES = ("systems", "none")
 ISOLATION_MODES = ("auto", "process", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
                    "trial_timeout": None}
@@ -119,6 +121,9 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     prune = raw.get("prune", "none")
     require(path, "prune", prune, prune in PRUNE_MODES,
             "none, or incumbent (stop a trial once its training time passes the best time to target so far)")
+    probe = raw.get("probe", "systems")
+    require(path, "probe", probe, probe in PROBE_MODES,
+            "systems (settle DataLoader settings and precision by short runs before the search) or none")
     storage = storage if storage is not None else raw.get("storage")
     if storage is None:
         storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
@@ -142,6 +147,7 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
         confirm=_confirm(path, raw.get("confirm", {})),
         isolation=isolation,
         prune=prune,
+        probe=probe,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 import time
 import traceback
@@ -19,7 +20,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import command, confirm, definition as definition_, isolation, oom_boundary, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, oom_boundary, probe, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
 from autotune.tasks import Task, load_task, reference
@@ -161,7 +162,38 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
             tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
         storage.queue_retries(study)
+    if spec.probe == "systems" and "probe" not in study.user_attrs and prepared.task is not None \
+            and probe.worth_probing(prepared.space):
+        outcome = run_probe(spec, prepared)
+        study.set_user_attr("probe", outcome)
+        tqdm.write(f"autotune: {probe.describe(outcome)}", file=sys.stderr)
     return study
+
+
+def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
+    """The systems probe (probe.py) with short runs of the study's task on a seed of its own."""
+    epochs = min(probe.PROBE_EPOCHS, spec.budget.max_epochs)
+    limits = Limits(target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs)
+
+    def measure(config: dict[str, Any]) -> float:
+        try:
+            result = prepared.run_trial(TrialConfig.from_mapping(space_.complete(config)), limits=limits,
+                                        device=prepared.device, seed=probe.seed_for(spec.seed))
+        except isolation.TrialFailure:
+            return math.inf
+        bar.update(1)
+        return result.train_seconds
+
+    with tqdm(desc="systems probe", unit="run", leave=False, dynamic_ncols=True) as bar, signals.interruptible():
+        return probe.run(measure, prepared.space, prepared.baseline)
+
+
+def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
+    """The space as the stored probe settled it; unchanged without one."""
+    outcome = study.user_attrs.get("probe")
+    if spec.probe != "systems" or outcome is None:
+        return prepared
+    return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,
@@ -175,6 +207,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
+    prepared = with_probe(spec, prepared, study)
     limits = limits_for(spec)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from autotune import confirm, results
+from autotune import confirm, probe, results
 from autotune.space import KNOBS, complete
 
 TABLE_ROWS = 5
@@ -17,6 +17,7 @@ TABLE_ROWS = 5
 def summarize(
     name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
     limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
+    probe_outcome: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
 
@@ -26,7 +27,8 @@ def summarize(
     """
     summary: dict[str, Any] = {"study": name, "target": dict(target), "counts": results.counts(records),
                                "best": None, "baseline": None, "speedup": None, "confirmation": None,
-                               "limits": dict(limits) if limits else None, "optimizer": optimizer, "device": device}
+                               "limits": dict(limits) if limits else None, "optimizer": optimizer, "device": device,
+                               "probe": dict(probe_outcome) if probe_outcome else None}
     best = results.best_feasible(records)
     if not best.empty:
         row = best.iloc[0]
@@ -67,7 +69,8 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
     attrs = study.user_attrs
     return records, summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
-                              optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"))
+                              optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
+                              probe_outcome=attrs.get("probe"))
 
 
 def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:
@@ -97,6 +100,8 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
         f"{c['pruned']} pruned ({c['oom']} out of memory), {c['failed']} failed, {c['interrupted']} interrupted",
         f"Target: {target['metric']} >= {target['value']}",
     ]
+    if summary.get("probe"):
+        lines.append(probe.describe(summary["probe"]))
     top = results.best_feasible(records, count=TABLE_ROWS)
     if top.empty:
         lines.append("No trial reached the target yet.")

@@ -251,6 +251,7 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("command env value is a list", TARGET_ONLY + "task: {command: 'python t.py', env: {A: [1]}}\n", "task.env.A", [1],
      "a string or a number"),
     ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "none, or incumbent"),
+    ("unknown probe mode", HEAD + "probe: all\n", "probe", "all", "systems (settle DataLoader settings"),
     # The user's own parameters (space.params).
     ("params not a mapping", HEAD + "space: {params: [width]}\n", "space.params", ["width"], "a mapping"),
     ("param name not an identifier", HEAD + "space: {params: {hidden-size: [8]}}\n", "space.params.hidden-size",

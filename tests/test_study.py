@@ -191,6 +191,31 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
     assert "not run: batch_size" in err
 
 
+def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_study(tmp_path, trials=3, confirm={"top": 0})
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(num_workers=[0, 1], prefetch_factor=[2], precision=["fp32", "bf16"])
+    path.write_text(yaml.safe_dump(raw))
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
+    outcome = load(path).user_attrs["probe"]
+    assert len(outcome["runs"]) == 2 * 2 + 2 * 2  # two loader settings, then two precisions, twice each
+    for t in finished(load(path)):
+        config = t.user_attrs["config"]
+        assert config["num_workers"] == outcome["loader"]["num_workers"] and config["precision"] in outcome["precisions"]
+        assert "num_workers" not in t.params  # settled: not sampled
+    code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)  # resumed: not probed again
+    assert code == 0 and load(path).user_attrs["probe"] == outcome and "autotune: Systems probe (" not in err
+
+    raw.update(probe="none", name="unprobed")
+    path.write_text(yaml.safe_dump(raw))
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    study = optuna.load_study(study_name="unprobed", storage=f"sqlite:///{path.with_suffix('.db')}")
+    assert "probe" not in study.user_attrs and all("num_workers" in t.params for t in finished(study))
+
+
 def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, task="tests.tasks:broken_model", trials=2)
     code, out, _ = run_cli("run", str(path), capsys=capsys)

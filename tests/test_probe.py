@@ -1,0 +1,76 @@
+"""The systems probe: loader knobs and precision settled by short runs before the search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune import probe
+from autotune.space import Choices, Space
+from autotune.spec import from_mapping
+
+BASELINE = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
+            "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+
+
+def space(**domains) -> Space:
+    raw = {"num_workers": [0, 1], "prefetch_factor": [2, 4], "pin_memory": False, "precision": ["fp32", "bf16"],
+           **domains}
+    return from_mapping({"task": "digits", "target": {"metric": "accuracy", "value": 0.9}, "space": raw},
+                        path=Path("probe.yaml")).space
+
+
+def timed(seconds_of) -> tuple[list[dict], probe.RunProbe]:
+    calls: list[dict] = []
+
+    def measure(config: dict) -> float:
+        calls.append(dict(config))
+        return seconds_of(config)
+
+    return calls, measure
+
+
+def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_removed() -> None:
+    # one worker with prefetch 4 is fastest; bf16 is 10% slower than fp32 (as on many CPUs)
+    calls, measure = timed(lambda c: (1.0 if c["num_workers"] == 0 else 0.8 - 0.1 * (c["prefetch_factor"] == 4))
+                           * (1.1 if c["precision"] == "bf16" else 1.0))
+    outcome = probe.run(measure, space(), BASELINE)
+    assert outcome["loader"] == {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False}
+    assert outcome["precisions"] == ["fp32"] and outcome["speed"]["bf16"] == pytest.approx(1 / 1.1)
+    settings = [(c["num_workers"], c["prefetch_factor"], c["precision"]) for c in calls]
+    loaders = [(0, None, "fp32"), (1, 2, "fp32"), (1, 4, "fp32")]
+    assert settings == loaders * probe.ROUNDS + [(1, 4, "fp32"), (1, 4, "bf16")] * probe.ROUNDS  # interleaved
+    assert all(c["lr"] == 0.01 and c["batch_size"] == 32 for c in calls)  # the baseline's maths
+    assert outcome["seconds"] == pytest.approx(sum(r["seconds"] for r in outcome["runs"]))
+
+    restricted = probe.restrict(space(), outcome)
+    assert restricted["num_workers"] == Choices((1,)) and restricted["prefetch_factor"] == Choices((4,))
+    assert restricted["precision"] == Choices(("fp32",)) and restricted["lr"] == space()["lr"]
+    line = probe.describe(outcome)
+    assert "num_workers 1, prefetch_factor 4" in line and "bf16 removed (0.91x the speed of fp32)" in line
+
+
+def test_a_narrow_precision_stays_only_when_clearly_faster_and_runs_are_counted_by_their_best() -> None:
+    noisy = iter([1.0, 3.0, 1.0, 0.7] * 10)  # fp32, bf16 in round 1 (bf16 disturbed), then again
+    _, measure = timed(lambda c: next(noisy))
+    outcome = probe.run(measure, space(num_workers=0), BASELINE)
+    assert not outcome["probed_loader"] and outcome["precisions"] == ["fp32", "bf16"]
+    assert outcome["speed"]["bf16"] == pytest.approx(1 / 0.7)
+    _, measure = timed(lambda c: 0.98 if c["precision"] == "bf16" else 1.0)  # 2%: noise, not worth the risk
+    assert probe.run(measure, space(num_workers=0), BASELINE)["precisions"] == ["fp32"]
+
+
+def test_settings_that_fail_settle_nothing() -> None:
+    _, measure = timed(lambda c: float("inf"))  # the baseline's batch runs out of memory everywhere
+    outcome = probe.run(measure, space(), BASELINE)
+    assert outcome["loader"] == {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    assert outcome["precisions"] == ["fp32", "bf16"]
+
+
+def test_what_is_worth_probing() -> None:
+    assert probe.worth_probing(space())
+    assert not probe.worth_probing(space(num_workers=0, precision="fp32"))
+    assert len(probe.loader_settings(space(num_workers={"low": 0, "high": 2}, pin_memory=[False, True]))) == 2 * (1 + 2 + 2)
+    assert not probe.worth_probing(space(num_workers={"low": 0, "high": 16}, prefetch_factor=[2, 4, 8], precision="fp32"))
+    assert probe.seed_for(3) == 390_000
