@@ -1,0 +1,113 @@
+"""Found vs baseline: how much faster is the configuration autotune reports than the study's baseline?
+
+For each study file and each of `--studies` study seeds, runs the whole study as `autotune run`
+would (probe, trials, confirmation; a fresh storage each time) and takes the winner it reports.
+Then re-measures the winner and the baseline side by side on `--seeds` fresh seeds, interleaved
+(seeds no study uses), and records both medians. A study whose winner is the baseline itself
+scores 1.0x: it recommended keeping what the user had. Usage (from the repository root):
+
+    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [studies/digits.yaml ...]
+
+Prints a table and writes benchmarks/results/found-<study>-<device>.json per study file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import optuna  # noqa: E402
+
+from autotune import confirm, results as results_, spec as spec_, storage, study as study_, summary as summary_  # noqa: E402
+from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+
+REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)
+
+
+def one_study(path: Path, *, seed: int, seeds: int, folder: Path) -> dict:
+    """Run the study with `seed`; re-measure its winner against the baseline on fresh seeds."""
+    spec = spec_.load(path, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
+    spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
+    prepared = study_.prepare(spec)
+    started = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()):
+        study = study_.run_study(spec, prepared)
+        study_.confirm_best(spec, prepared, study)
+    tuning_wall = time.perf_counter() - started
+    study = storage.open_study(spec, create=False)
+    _, summary = summary_.of_study(spec, study)
+    best = summary["best"] or {"label": "none found", "params": prepared.baseline}  # nothing reached the target
+    candidates = {confirm.BASELINE: prepared.baseline, "winner": best["params"]}
+    runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=study_.limits_for(spec),
+                           seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
+    stats = confirm.summarize(runs)
+    base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
+    trials = study.get_trials(deepcopy=False)
+    compute = sum(results_.measured(t).get("train_seconds", 0.0) for t in trials)
+    return {"seed": seed, "winner": best["label"], "params": best["params"], "study_says": summary["speedup"],
+            "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
+            "beats_baseline": bool(won is not None and (base is None or won < base)),
+            "tuning_wall": tuning_wall, "trial_compute": compute, "probe_seconds": (summary["probe"] or {}).get("seconds"),
+            "counts": summary["counts"], "stats": stats, "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("studies_files", nargs="*", type=Path, default=[REPO / "studies" / "digits.yaml"])
+    parser.add_argument("--studies", type=int, default=10, help="independent studies (study seeds 1..N) per file")
+    parser.add_argument("--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for path in args.studies_files:
+        results = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for seed in range(1, args.studies + 1):
+                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp))
+                results.append(row)
+                speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+                print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
+                      f"winner {row['winner_median']} s, {speed}, study took {row['tuning_wall']:.0f} s", flush=True)
+        speedups = [r["speedup"] for r in results if r["speedup"]]
+        beats = sum(r["beats_baseline"] for r in results)
+        summary = {"median_speedup": statistics.median(speedups) if speedups else None,
+                   "min_speedup": min(speedups) if speedups else None, "beats_baseline": beats, "studies": len(results),
+                   "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results)}
+        print(f"\n{path.stem}: {len(results)} studies, winners re-measured on {args.seeds} fresh seeds beside the baseline")
+        print(f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'speedup':>8} {'tuning (s)':>11}")
+        for r in results:
+            print(f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} {_s(r['winner_median']):>11} "
+                  f"{_x(r['speedup']):>8} {r['tuning_wall']:>11.0f}")
+        print(f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}); "
+              f"the winner beat the baseline's median in {beats} of {len(results)} studies")
+        spec = spec_.load(path)
+        device = study_.resolve_device(spec)
+        record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
+                  "args": {"studies": args.studies, "seeds": args.seeds}, **provenance(device),
+                  "summary": summary, "studies": results}
+        out = RESULTS / f"found-{path.stem}-{device.type}.json"
+        out.write_text(json.dumps(record, indent=1))
+        print(f"written: {out.relative_to(REPO)}")
+
+
+def _s(value: float | None) -> str:
+    return "missed" if value is None else f"{value:.2f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Measure every configuration of a discretized search space on the digits task, once.
+
+The table this writes is what benchmarks/search.py replays searches against: for each
+configuration, its time to target, whether it got there, its best metric, its throughput and its
+learning curve, all from one real training run under the digits study's limits
+(studies/digits.yaml). Every configuration uses the same seed (common random numbers: the same
+initial weights and augmentation draws), and the configurations run in a shuffled order so that
+a change in the machine's load spreads over the grid instead of following one knob.
+
+Resumable: rows already in the file are kept and skipped. Usage (from the repository root):
+
+    .venv/bin/python benchmarks/grid.py [--out benchmarks/results/grid-digits-cpu.jsonl]
+
+The first line of the file says how it was made; each further line is one configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from autotune import isolation, spec as spec_  # noqa: E402
+from autotune.study import limits_for  # noqa: E402
+from autotune.tasks import load_task  # noqa: E402
+from autotune.trial import TrialConfig, run  # noqa: E402
+from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+
+# The discretized space: 4 x 3 x 4 x 2 x 2 x 2 = 384 configurations. Loader workers and precision
+# are in it so that a search can waste trials on them; prefetch_factor is 2 wherever it exists.
+GRID = {
+    "lr": [0.01, 0.03, 0.1, 0.3],
+    "scheduler": ["constant", "cosine", "onecycle"],
+    "batch_size": [16, 32, 64, 128],
+    "accumulation_steps": [1, 2],
+    "num_workers": [0, 1],
+    "precision": ["fp32", "bf16"],
+}
+SEED = 12345  # one seed for every configuration
+ORDER_SEED = 0
+
+
+def configurations() -> list[dict]:
+    configs = []
+    for values in itertools.product(*GRID.values()):
+        config = dict(zip(GRID, values))
+        config.update(prefetch_factor=2 if config["num_workers"] else None, pin_memory=False)
+        configs.append(config)
+    return configs
+
+
+def key(config: dict) -> str:
+    return json.dumps({k: config[k] for k in GRID}, sort_keys=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
+    args = parser.parse_args()
+    spec = spec_.load(REPO / "studies" / "digits.yaml")
+    limits = limits_for(spec)
+    device = torch.device("cpu")
+    isolation.warm_up()
+    task = load_task(spec.task, study_path=spec.path)
+
+    done: set[str] = set()
+    if args.out.exists():
+        lines = args.out.read_text().splitlines()
+        done = {key(json.loads(line)["config"]) for line in lines[1:]}
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        header = {"benchmark": "grid", "task": "digits", "study": "studies/digits.yaml", "grid": GRID, "seed": SEED,
+                  "limits": dataclasses.asdict(limits),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), **provenance(device)}
+        args.out.write_text(json.dumps(header) + "\n")
+
+    todo = [c for c in configurations() if key(c) not in done]
+    random.Random(ORDER_SEED).shuffle(todo)
+    print(f"{len(done)} configurations measured, {len(todo)} to go", flush=True)
+    for index, config in enumerate(todo, 1):
+        result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=SEED)
+        row = {"config": config, "reached": result.reached, "time_to_target": result.time_to_target,
+               "train_seconds": result.train_seconds, "best_metric": result.best_metric, "epochs": result.epochs,
+               "samples_per_second": result.samples_per_second, "stop_reason": result.stop_reason,
+               "curve": [list(point) for point in result.curve]}
+        with args.out.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        print(f"{index}/{len(todo)} {key(config)} -> "
+              f"{f'{result.time_to_target:.2f} s' if result.reached else f'missed ({result.best_metric:.3f})'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

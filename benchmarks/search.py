@@ -1,0 +1,193 @@
+"""Search efficiency: replay searches against the measured grid (benchmarks/grid.py).
+
+Every strategy searches the grid's discretized space with the same trial budget; a trial's
+outcome is looked up in the grid instead of trained, so each strategy can be run on many seeds
+in seconds, and all of them see the very same measurements. Per strategy and seed:
+
+- tuning compute: the training seconds the trials spent, a pruned trial counted up to where it
+  stopped (the incumbent's time, or the learning-curve point at which a pruner stopped it);
+- trials and compute until the best configuration found is within 10% (and 25%) of the grid's
+  optimum (the fastest time to target in the grid); a search that never gets there counts as
+  infinite.
+
+Strategies: random search; Optuna's default TPE (no domain knowledge); autotune's sampler alone;
+autotune's sampler with incumbent pruning (the trial stops once its clock passes the best time to
+target so far); the latter after autotune's systems probe (run for real here, its seconds
+charged to the search); and with Optuna's median and successive-halving pruners on the learning
+curve. Usage (from the repository root):
+
+    .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40]
+
+Prints a table and writes benchmarks/results/search-digits-cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import optuna  # noqa: E402
+
+from autotune.study import tpe_sampler  # noqa: E402
+from benchmarks.grid import GRID, key  # noqa: E402
+from benchmarks.provenance import REPO, RESULTS  # noqa: E402
+
+WITHIN = (0.10, 0.25)  # "near the optimum": a time to target at most this much above the grid's best
+
+
+def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    lines = path.read_text().splitlines()
+    rows = [json.loads(line) for line in lines[1:]]
+    return json.loads(lines[0]), {key(row["config"]): row for row in rows}
+
+
+def outcome(row: dict[str, Any]) -> float:
+    """What the study minimizes: time to target, or the time spent when the target was missed."""
+    return row["time_to_target"] if row["reached"] else row["train_seconds"]
+
+
+Pruner = Callable[[], optuna.pruners.BasePruner]
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "random": {"sampler": lambda seed, trials: optuna.samplers.RandomSampler(seed=seed)},
+    "tpe-default": {"sampler": lambda seed, trials: optuna.samplers.TPESampler(seed=seed)},
+    "autotune-sampler": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials)},
+    "autotune+incumbent": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials), "incumbent": True},
+    "autotune+incumbent+probe": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+                                 "incumbent": True, "probe": True},
+    "autotune+incumbent+median": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+                                  "incumbent": True,
+                                  "pruner": lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)},
+    "autotune+incumbent+sha": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+                               "incumbent": True,
+                               "pruner": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=2)},
+}
+
+
+def measure_probe() -> dict[str, Any]:
+    """autotune's systems probe, run for real on the digits task over the grid's loader settings
+    and precisions: what it settles and what it costs (the replay charges its seconds)."""
+    from autotune import spec as spec_, study as study_
+
+    raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
+    raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
+    spec = spec_.from_mapping(raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:")
+    return study_.run_probe(spec, study_.prepare(spec))
+
+
+def replay(grid: dict[str, dict[str, Any]], *, strategy: dict[str, Any], seed: int, trials: int,
+           probed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One search of `trials` trials: its compute, and each improvement of the best feasible time
+    as (trials so far, compute so far, best time to target). With `probed` (and a strategy that
+    probes), the search starts after the probe's seconds, over the loader setting and precisions
+    it settled."""
+    pruner = strategy.get("pruner", lambda: optuna.pruners.NopPruner())()
+    study = optuna.create_study(direction="minimize", sampler=strategy["sampler"](seed, trials), pruner=pruner)
+    compute, incumbent = 0.0, math.inf
+    space = dict(GRID)
+    if strategy.get("probe"):
+        compute = probed["seconds"]
+        space["num_workers"] = [probed["loader"]["num_workers"]]
+        space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
+    improvements: list[tuple[int, float, float]] = []
+    for number in range(trials):
+        trial = study.ask()
+        config = {name: trial.suggest_categorical(name, values) for name, values in space.items()}
+        row = grid[key(config)]
+        seconds = outcome(row)
+        if strategy.get("incumbent") and seconds > incumbent:
+            compute += incumbent  # stopped when its clock passed the incumbent's time to target
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        stopped_at = None
+        for step, (at, _, metric) in enumerate(row["curve"]):
+            trial.report(1.0 - metric, step)  # an error, so that lower is better like the study's value
+            if trial.should_prune():
+                stopped_at = at
+                break
+        if stopped_at is not None:
+            compute += stopped_at
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        compute += seconds
+        trial.set_constraint("target", 0.0 if row["reached"] else 1.0)
+        study.tell(trial, seconds)
+        if row["reached"] and seconds < incumbent:
+            incumbent = seconds
+            improvements.append((number + 1, compute, seconds))
+    return {"seed": seed, "compute": compute, "best": incumbent if math.isfinite(incumbent) else None,
+            "improvements": improvements}
+
+
+def median_or_inf(values: list[float | None]) -> float:
+    return statistics.median(math.inf if v is None else v for v in values)
+
+
+def first_within(improvements: list[tuple[int, float, float]], limit: float) -> tuple[int, float] | None:
+    """(trials, compute) when the best found first came within `limit` seconds; None if never."""
+    return next(((n, c) for n, c, best in improvements if best <= limit), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=40)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    header, grid = load_grid(args.grid)
+    configs = 1
+    for values in GRID.values():
+        configs *= len(values)
+    if len(grid) < configs:
+        sys.exit(f"{args.grid} holds {len(grid)} of the grid's {configs} configurations: run benchmarks/grid.py to finish it")
+    reached = [row for row in grid.values() if row["reached"]]
+    optimum = min(row["time_to_target"] for row in reached)
+    grid_compute = sum(outcome(row) for row in grid.values())
+
+    probed = measure_probe()
+    runs = {name: [replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
+                   for seed in range(args.seeds)]
+            for name, strategy in STRATEGIES.items()}
+    summary = {}
+    for name, searches in runs.items():
+        summary[name] = {"compute": statistics.median(s["compute"] for s in searches),
+                         "best": median_or_inf([s["best"] for s in searches])}
+        for within in WITHIN:
+            near = [first_within(s["improvements"], optimum * (1 + within)) for s in searches]
+            summary[name][f"trials_{within:.0%}"] = median_or_inf([n[0] if n else None for n in near])
+            summary[name][f"compute_{within:.0%}"] = median_or_inf([n[1] if n else None for n in near])
+            summary[name][f"reached_{within:.0%}"] = sum(n is not None for n in near)
+
+    print(f"grid: {len(grid)} configurations, {len(reached)} reach the target; optimum {optimum:.2f} s; "
+          f"measuring all of it took {grid_compute:.0f} s of training")
+    from autotune.probe import describe
+
+    print(describe(probed))
+    print(f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "
+          f"(inf: the median search did not get within that much of the optimum in {args.trials} trials)")
+    head = "".join(f" {'trials to ' + format(w, '.0%'):>14} {'compute to ' + format(w, '.0%'):>15} {'got there':>9}" for w in WITHIN)
+    print(f"{'strategy':<27} {'compute (s)':>11} {'best (s)':>9}{head}")
+    for name, s in summary.items():
+        cells = "".join(f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} {s[f'reached_{w:.0%}']:>6}/{args.seeds}"
+                        for w in WITHIN)
+        print(f"{name:<27} {s['compute']:>11.0f} {s['best']:>9.2f}{cells}")
+    record = {"benchmark": "search", "args": {k: str(v) for k, v in vars(args).items()}, "grid": header,
+              "optimum": optimum, "grid_compute": grid_compute, "probe": probed, "within": list(WITHIN),
+              "summary": {n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
+                          for n, s in summary.items()},
+              "runs": runs}
+    out = RESULTS / "search-digits-cpu.json"
+    out.write_text(json.dumps(record, indent=1))
+    print(f"written: {out.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
