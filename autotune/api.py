@@ -47,13 +47,15 @@ def tune(
     confirm: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
+    prune: str | None = None,
+    probe: str | None = None,
     allow_changes: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) a study and return its summary, as `autotune report --json` prints it.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
-    or `objective`. `space`, `budget`, `baseline` and `confirm` take what the study file's sections
-    take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
+    or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune` and `probe` take what the
+    study file's keys take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
     working folder. Running it again with the same name and storage resumes the study.
     """
     from autotune import spec as spec_, storage as storage_, study as study_, summary
@@ -70,6 +72,7 @@ def tune(
     raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
            "space": dict(space or {}), "budget": dict(budget or {}), "baseline": dict(baseline or {}),
            "confirm": dict(confirm or {}), "seed": seed, "device": device}
+    raw.update({key: value for key, value in (("prune", prune), ("probe", probe)) if value is not None})
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective) if objective is not None else None
     prepared = study_.prepare(spec, task=task, objective=run_objective)

@@ -45,9 +45,9 @@ class Pruned(Exception):
     """Raised by a study's progress callback to stop a trial that can no longer win; passes through
     every way of running a trial unchanged (a child process or a command is killed first)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, seconds: float | None = None) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.seconds = reason, seconds  # seconds: the training clock when it was stopped
 
 
 class RunTrial(Protocol):

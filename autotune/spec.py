@@ -75,7 +75,7 @@ class StudySpec:
     baseline: tuple[tuple[str, Any], ...]
     confirm: Confirm
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
-    prune: str = "none"  # incumbent: stop a trial once its training clock passes the best time to target
+    prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
     probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
 
 
@@ -118,9 +118,9 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     isolation = isolation if isolation is not None else raw.get("isolation", "auto")
     require(path, "isolation", isolation, isolation in ISOLATION_MODES,
              "auto (a child process per trial on CUDA, none on CPU), process or none")
-    prune = raw.get("prune", "none")
+    prune = raw.get("prune", "incumbent")
     require(path, "prune", prune, prune in PRUNE_MODES,
-            "none, or incumbent (stop a trial once its training time passes the best time to target so far)")
+            "incumbent (stop a trial once its training time passes the best time to target so far) or none")
     probe = raw.get("probe", "systems")
     require(path, "probe", probe, probe in PROBE_MODES,
             "systems (settle DataLoader settings and precision by short runs before the search) or none")

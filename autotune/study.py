@@ -305,7 +305,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared
         if incumbent is not None and seconds > incumbent[0]:
             # Its time to target can only be longer than the incumbent's now: it cannot win.
             raise isolation.Pruned(f"pruned: {seconds:.2f} s of training passed the best time to target so far "
-                                   f"({incumbent[0]:.2f} s, trial {incumbent[1]}); it can no longer win")
+                                   f"({incumbent[0]:.2f} s, trial {incumbent[1]}); it can no longer win", seconds=seconds)
 
     failure: isolation.TrialFailure | isolation.Pruned | None = None
     try:
@@ -318,6 +318,8 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared
         bar.close()  # before any message, also when a signal stops the run
     if isinstance(failure, isolation.Pruned):
         trial.set_user_attr("reason", failure.reason)
+        if failure.seconds is not None:  # the compute it took counts toward the study's (benchmarks/found.py)
+            trial.set_user_attr("pruned_at", failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         tqdm.write(f"trial {trial.number}: {failure.reason}", file=sys.stderr)
         return

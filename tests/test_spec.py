@@ -250,7 +250,7 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
      "./nosuch.sh --lr {lr}", "not an executable file"),
     ("command env value is a list", TARGET_ONLY + "task: {command: 'python t.py', env: {A: [1]}}\n", "task.env.A", [1],
      "a string or a number"),
-    ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "none, or incumbent"),
+    ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "incumbent (stop a trial"),
     ("unknown probe mode", HEAD + "probe: all\n", "probe", "all", "systems (settle DataLoader settings"),
     # The user's own parameters (space.params).
     ("params not a mapping", HEAD + "space: {params: [width]}\n", "space.params", ["width"], "a mapping"),
