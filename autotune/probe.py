@@ -7,7 +7,7 @@ shorter) costs far less than spending whole training runs on them, so the study
 (issue 5, benchmarks/search.py):
 
 1. runs the baseline's maths (lr, schedule, batch) under each loader setting of the space, and
-   fixes the loader knobs to the fastest;
+   fixes the loader knobs to the simplest setting within `FASTER_BY` of the fastest;
 2. runs each precision of the space under that loader setting, and keeps a narrower precision
    only where it is at least `FASTER_BY` faster than the widest one in the space.
 
@@ -27,7 +27,7 @@ from autotune.space import Choices, Range, Space
 
 ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
-FASTER_BY = 0.05  # a narrower precision stays in the search only if at least this much faster
+FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
 WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per activation: fp32 is the reference
 LOADER = ("num_workers", "prefetch_factor", "pin_memory")
@@ -81,8 +81,12 @@ def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any]) -> dict[st
     loaders = loader_settings(space)
     if 1 < len(loaders) <= MAX_LOADER_SETTINGS:
         times = fastest([{**s, "precision": reference} for s in loaders])
-        # every setting failing (the baseline's batch runs out of memory) settles nothing
-        loader = loaders[times.index(min(times))] if math.isfinite(min(times)) else {k: baseline[k] for k in LOADER}
+        # The simplest setting (fewest workers, then no pinning, then least prefetch: the order of
+        # loader_settings) within FASTER_BY of the fastest: a difference smaller than that is as
+        # likely the machine's noise. Every setting failing (the baseline's batch runs out of
+        # memory) settles nothing.
+        fast_enough = [s for s, t in zip(loaders, times) if t <= min(times) * (1 + FASTER_BY)]
+        loader = fast_enough[0] if math.isfinite(min(times)) else {k: baseline[k] for k in LOADER}
     else:
         loader = {k: baseline[k] for k in LOADER} if len(loaders) > 1 else loaders[0]
     kept = list(precisions)

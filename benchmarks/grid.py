@@ -2,16 +2,17 @@
 
 The table this writes is what benchmarks/search.py replays searches against: for each
 configuration, its time to target, whether it got there, its best metric, its throughput and its
-learning curve, all from one real training run under the digits study's limits
-(studies/digits.yaml). Every configuration uses the same seed (common random numbers: the same
-initial weights and augmentation draws), and the configurations run in a shuffled order so that
-a change in the machine's load spreads over the grid instead of following one knob.
+learning curve, from real training runs under the digits study's limits (studies/digits.yaml).
+Every configuration runs once per `--seed`, all with the same seed in one pass (common random
+numbers: the same initial weights and augmentation draws), in a shuffled order so that a change
+in the machine's load spreads over the grid instead of following one knob.
 
 Resumable: rows already in the file are kept and skipped. Usage (from the repository root):
 
-    .venv/bin/python benchmarks/grid.py [--out benchmarks/results/grid-digits-cpu.jsonl]
+    .venv/bin/python benchmarks/grid.py [--seed 12345] [--out benchmarks/results/grid-digits-cpu.jsonl]
 
-The first line of the file says how it was made; each further line is one configuration.
+The first line of the file says how it was made; each further line is one run of one
+configuration.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def key(config: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
+    parser.add_argument("--seed", type=int, default=SEED, help="another seed adds a second run of every configuration")
     args = parser.parse_args()
     spec = spec_.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
@@ -77,7 +79,7 @@ def main() -> None:
     done: set[str] = set()
     if args.out.exists():
         lines = args.out.read_text().splitlines()
-        done = {key(json.loads(line)["config"]) for line in lines[1:]}
+        done = {key(row["config"]) for row in map(json.loads, lines[1:]) if row.get("seed", SEED) == args.seed}
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         header = {"benchmark": "grid", "task": "digits", "study": "studies/digits.yaml", "grid": GRID, "seed": SEED,
@@ -89,8 +91,8 @@ def main() -> None:
     random.Random(ORDER_SEED).shuffle(todo)
     print(f"{len(done)} configurations measured, {len(todo)} to go", flush=True)
     for index, config in enumerate(todo, 1):
-        result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=SEED)
-        row = {"config": config, "reached": result.reached, "time_to_target": result.time_to_target,
+        result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=args.seed)
+        row = {"config": config, "seed": args.seed, "reached": result.reached, "time_to_target": result.time_to_target,
                "train_seconds": result.train_seconds, "best_metric": result.best_metric, "epochs": result.epochs,
                "samples_per_second": result.samples_per_second, "stop_reason": result.stop_reason,
                "curve": [list(point) for point in result.curve]}

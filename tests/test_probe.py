@@ -51,6 +51,15 @@ def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_remov
     assert "num_workers 1, prefetch_factor 4" in line and "bf16 removed (0.91x the speed of fp32)" in line
 
 
+def test_a_loader_setting_only_slightly_faster_than_a_simpler_one_is_not_taken() -> None:
+    # two workers are 3% faster than none: within the noise, so no workers (the simplest)
+    _, measure = timed(lambda c: 0.97 if c["num_workers"] == 2 else 1.0)
+    outcome = probe.run(measure, space(num_workers=[0, 2], prefetch_factor=2, precision="fp32"), BASELINE)
+    assert outcome["loader"] == {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    _, measure = timed(lambda c: 0.9 if c["num_workers"] == 2 else 1.0)  # 10%: taken
+    assert probe.run(measure, space(num_workers=[0, 2], prefetch_factor=2, precision="fp32"), BASELINE)["loader"]["num_workers"] == 2
+
+
 def test_a_narrow_precision_stays_only_when_clearly_faster_and_runs_are_counted_by_their_best() -> None:
     noisy = iter([1.0, 3.0, 1.0, 0.7] * 10)  # fp32, bf16 in round 1 (bf16 disturbed), then again
     _, measure = timed(lambda c: next(noisy))
