@@ -12,7 +12,6 @@ import json
 import math
 import sys
 import time
-import traceback
 import warnings
 from typing import Any
 
@@ -20,7 +19,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import command, confirm, definition as definition_, isolation, oom_boundary, probe, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
 from autotune.tasks import Task, load_task, reference
@@ -224,8 +223,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 _show_progress(bar, trials, budget)
                 if storage.slots_taken(trials) >= budget or (timeout is not None and time.monotonic() - started >= timeout):
                     break
-                run_one(study, prepared, limits=limits, seed=spec.seed, metric_name=spec.target.metric,
-                        budget=budget, asked=mine, known=trials, prune=spec.prune == "incumbent")
+                one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+                                  limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,
+                                  asked=mine, known=trials, prune=spec.prune == "incumbent")
         except KeyboardInterrupt as interrupt:
             # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
             stopped = storage.mark_running_interrupted(study, reason=f"stopped by {signals.name(interrupt)}",
@@ -251,94 +251,9 @@ def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
     study.set_user_attr("definition", definition)
 
 
-def run_one(study: optuna.Study, prepared: Prepared, *, limits: Limits, seed: int, metric_name: str,
-            budget: int, asked: list[int], known: list[optuna.trial.FrozenTrial], prune: bool = False) -> None:
-    """Ask for a configuration, train it, tell the outcome. OOM -> PRUNED, other errors -> FAIL;
-    with `prune`, a trial whose training clock passes the best time to target so far -> PRUNED.
-    `known`: the study's trials as read just before (the incumbent and the OOM boundary)."""
-    trial = study.ask()
-    asked.append(trial.number)
-    with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
-        _train_and_tell(study, trial, prepared, limits=limits, seed=seed, metric_name=metric_name, budget=budget,
-                        incumbent=_incumbent(known) if prune else None, ran_out=_ran_out(known))
-
-
-def _incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
-    """The best feasible (time to target, trial number) so far, or None."""
-    feasible = [(t.value, t.number) for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-                and t.constraints and max(t.constraints.values()) <= 0 and t.value is not None]
-    return min(feasible) if feasible else None
-
-
-def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
-    """Trial number -> configuration of each trial that really ran out of memory."""
-    return {t.number: t.user_attrs["config"] for t in trials
-            if t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("oom") and "config" in t.user_attrs}
-
-
-def _train_and_tell(study: optuna.Study, trial: optuna.Trial, prepared: Prepared, *, limits: Limits, seed: int,
-                    metric_name: str, budget: int, incumbent: tuple[float, int] | None,
-                    ran_out: dict[int, dict[str, Any]]) -> None:
-    trial.set_user_attr("worker", storage.worker_id())
-    config = space_.suggest(prepared.space, trial)
-    trial_seed = seed * 100_000 + trial.number
-    trial.set_user_attr("config", config)
-    trial.set_user_attr("seed", trial_seed)
-    if storage.slots_before(study, trial.number) >= budget:
-        storage.mark_surplus(study, trial)
-        return
-    bound = oom_boundary.bound_by(config, ran_out.items())
-    if bound is not None:  # it would run out of memory too: the sampler learns that without a run
-        reason = oom_boundary.reason(config, bound, ran_out[bound])
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("oom_bound", bound)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        tqdm.write(f"trial {trial.number}: pruned: {reason}", file=sys.stderr)
-        return
-    bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
-
-    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
-        bar.total = total
-        bar.update(steps - bar.n)
-        if metric is not None:
-            bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
-        if incumbent is not None and seconds > incumbent[0]:
-            # Its time to target can only be longer than the incumbent's now: it cannot win.
-            raise isolation.Pruned(f"pruned: {seconds:.2f} s of training passed the best time to target so far "
-                                   f"({incumbent[0]:.2f} s, trial {incumbent[1]}); it can no longer win", seconds=seconds)
-
-    failure: isolation.TrialFailure | isolation.Pruned | None = None
-    try:
-        with signals.interruptible():
-            result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
-                                        seed=trial_seed, progress=progress)
-    except (isolation.TrialFailure, isolation.Pruned) as exc:
-        failure = exc
-    finally:
-        bar.close()  # before any message, also when a signal stops the run
-    if isinstance(failure, isolation.Pruned):
-        trial.set_user_attr("reason", failure.reason)
-        if failure.seconds is not None:  # the compute it took counts toward the study's (benchmarks/found.py)
-            trial.set_user_attr("pruned_at", failure.seconds)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        tqdm.write(f"trial {trial.number}: {failure.reason}", file=sys.stderr)
-        return
-    if failure is not None:
-        trial.set_user_attr("reason", failure.reason)
-        trial.set_user_attr("oom", failure.oom)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED if failure.oom else optuna.trial.TrialState.FAIL)
-        tqdm.write(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}", file=sys.stderr)
-        return
-    record = dataclasses.asdict(result)
-    record["curve"] = [list(point) for point in result.curve]
-    trial.set_user_attr(results.RESULT, record)  # one write: each attribute is a transaction of its own
-    trial.set_constraint("target", limits.target - result.best_metric)  # feasible when <= 0
-    study.tell(trial, result.time_to_target if result.reached else result.train_seconds)
-
-
 def _show_progress(bar: tqdm, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
     bar.n = min(storage.finished_count(trials), budget)
-    best = _incumbent(trials)
+    best = one_trial.incumbent(trials)
     if best is not None:
         bar.set_postfix_str(f"best {best[0]:.2f}s (trial {best[1]})", refresh=False)
     bar.refresh()

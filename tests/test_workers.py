@@ -16,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
