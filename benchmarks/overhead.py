@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
 from autotune import results, spec as spec_, study as study_  # noqa: E402
-from autotune.measure import device_name  # noqa: E402
+from benchmarks.provenance import RESULTS, provenance  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("none", "process")
 
 
@@ -79,13 +76,10 @@ def main() -> None:
         print(f"{mode:<10} {s['per_trial_wall']:>10.3f}s {s['per_trial_train']:>11.3f}s "
               f"{s['overhead_per_trial']:>14.3f}s {s['overhead_fraction']:>14.1%}")
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    device = torch.device("cpu")
-    record = {"benchmark": "overhead", "args": vars(args), "machine": platform.node(), "cpus": os.cpu_count(),
-              "device": device_name(device), "torch": torch.__version__, "optuna": optuna.__version__,
-              "commit": commit, "summary": summary, "samples": samples}
+    record = {"benchmark": "overhead", "args": vars(args), **provenance(torch.device("cpu")),
+              "summary": summary, "samples": samples}
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"overhead-{device.type}.json"
+    out = RESULTS / "overhead-cpu.json"
     out.write_text(json.dumps(record, indent=2))
     print(f"written: {out.relative_to(REPO)}")
 
