@@ -1,0 +1,64 @@
+"""The search benchmark's bookkeeping (benchmarks/search.py), on a made-up grid: what it charges
+a pruned trial, how it judges a configuration, when a search counts as near the optimum."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from benchmarks.grid import GRID, key
+from benchmarks.search import STRATEGIES, first_within, replay, true_time
+
+
+def made_up_grid() -> dict[str, list[dict]]:
+    """Every configuration takes 4 s (2 s when lr is 0.3) to reach the target; bf16 misses it."""
+    grid = {}
+    for values in itertools.product(*GRID.values()):
+        config = dict(zip(GRID, values))
+        seconds = 2.0 if config["lr"] == 0.3 else 4.0
+        reached = config["precision"] == "fp32"
+        curve = [[seconds / 2, 1.0, 0.5], [seconds, 2.0, 0.99 if reached else 0.6]]
+        grid[key(config)] = [{"config": config, "reached": reached, "time_to_target": seconds if reached else None,
+                              "train_seconds": seconds, "curve": curve}]
+    return grid
+
+
+def run(name: str, **kwargs) -> dict:
+    return replay(made_up_grid(), strategy=STRATEGIES[name], seed=0, trials=30, **kwargs)
+
+
+def test_a_configuration_is_judged_by_its_median_run_and_a_miss_is_infinitely_slow() -> None:
+    runs = [{"reached": True, "time_to_target": t} for t in (1.0, 3.0)] + [{"reached": False, "time_to_target": None}]
+    assert true_time(runs) == 3.0
+    assert true_time(runs[1:]) == math.inf  # one of two runs missed: the median is a miss
+
+
+def test_a_trial_past_the_incumbent_is_charged_the_incumbents_time() -> None:
+    plain, pruned = run("autotune-sampler"), run("autotune+incumbent")
+    assert plain["best"] == pruned["best"] == 2.0
+    assert pruned["compute"] < plain["compute"]
+    # after the first 2 s configuration, no trial costs more than 2 s
+    first = pruned["improvements"][-1]
+    assert first[2] == 2.0 and pruned["compute"] <= first[1] + 2.0 * (30 - first[0])
+
+
+def test_the_probe_is_charged_and_narrows_the_space() -> None:
+    probed = {"seconds": 5.0, "loader": {"num_workers": 0}, "precisions": ["fp32"]}
+    result = run("autotune+incumbent+probe", probed=probed)
+    assert result["compute"] >= 5.0 and result["improvements"][0][1] >= 5.0 + 2.0
+    assert result["best"] == 2.0
+
+
+def test_near_the_optimum_is_when_the_reported_configuration_first_gets_within_the_limit() -> None:
+    improvements = [(1, 4.0, 4.0), (5, 12.0, 2.5), (9, 20.0, 2.0)]
+    assert first_within(improvements, 2.2) == (9, 20.0)
+    assert first_within(improvements, 2.75) == (5, 12.0)
+    assert first_within(improvements, 1.0) is None
+
+
+@pytest.mark.parametrize("name", ["random", "tpe-default", "autotune+incumbent+median"])
+def test_every_strategy_spends_its_budget_and_finds_the_fast_configurations(name: str) -> None:
+    result = run(name)
+    assert result["best"] == 2.0 and result["compute"] >= 2.0
