@@ -18,7 +18,7 @@ RESULT = "result"  # user attr: what a finished training run measured (trial.Tri
 
 COLUMNS = (
     "number", "state", "feasible", "time_to_target", "best_metric", "train_seconds", "epochs",
-    "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "interrupted", "reason",
+    "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "oom_bound", "interrupted", "reason",
 )
 
 
@@ -63,6 +63,7 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "samples_per_second": attrs.get("samples_per_second"),
             "peak_memory_mb": None if peak is None else peak / 2**20,
             "oom": bool(attrs.get("oom", False)),
+            "oom_bound": "oom_bound" in attrs,  # pruned without running: a smaller one ran out of memory
             "interrupted": is_interrupted(trial),
             "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
             **config,
@@ -95,6 +96,9 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "feasible": int(records["feasible"].sum()),
         "pruned": int((state == "PRUNED").sum()),
         "oom": int(records["oom"].sum()),
+        "oom_bound": int(records["oom_bound"].sum()),
+        # stopped once they could no longer beat the best time to target (prune: incumbent)
+        "past_incumbent": int(((state == "PRUNED") & ~records["oom"] & ~records["oom_bound"]).sum()),
         "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),
         "interrupted": int(records["interrupted"].sum()),
         "running": int((state == "RUNNING").sum()),

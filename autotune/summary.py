@@ -97,7 +97,8 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     c, target = summary["counts"], summary["target"]
     lines = [
         f"Study {summary['study']}: {c['total']} trials: {c['complete']} complete ({c['feasible']} reached the target), "
-        f"{c['pruned']} pruned ({c['oom']} out of memory), {c['failed']} failed, {c['interrupted']} interrupted",
+        f"{c['pruned']} pruned ({c['past_incumbent']} could no longer win, {c['oom']} out of memory, "
+        f"{c['oom_bound']} known to run out), {c['failed']} failed, {c['interrupted']} interrupted",
         f"Target: {target['metric']} >= {target['value']}",
     ]
     if summary.get("probe"):
