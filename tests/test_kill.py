@@ -190,7 +190,7 @@ class Killer:
                 delay = 0.4 * u
             else:  # "writing": the trial's results are going into the storage, before its tell
                 came = self.wait(run, "a trial's results being written",
-                                 lambda live: live is not None and any("reached" in keys for keys in live.running.values())
+                                 lambda live: live is not None and any("result" in keys for keys in live.running.values())
                                  or budget_done(live), poll=0.001)
                 delay = 0.004 * u
         time.sleep(delay)

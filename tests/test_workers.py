@@ -52,8 +52,9 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
     assert not any("failed_trial" in t.system_attrs for t in trials), "a trial ran twice"
     # Every counted trial trained once, in one worker; the surplus ones (at most one a worker, asked
     # for in the same moment the last slot went) never trained.
-    assert all("result" in t.user_attrs or t.user_attrs.get("oom") for t in counted)
-    assert len(surplus) < WORKERS and not any("result" in t.user_attrs for t in surplus)
+    # trained to the end (result), stopped past the incumbent (pruned_at) or out of memory
+    assert all("result" in t.user_attrs or "pruned_at" in t.user_attrs or t.user_attrs.get("oom") for t in counted)
+    assert len(surplus) < WORKERS and not any("result" in t.user_attrs or "pruned_at" in t.user_attrs for t in surplus)
     workers = Counter(t.user_attrs["worker"] for t in counted)
     assert len(workers) == WORKERS, f"not every worker ran trials: {workers}"
     assert "Winner: " in out
