@@ -114,7 +114,7 @@ class Run:
             with open(self.err_path, "rb") as f:
                 f.seek(max(0, self._err_seen - len(CONFIRMING)))
                 chunk = f.read()
-            self._err_seen += len(chunk)
+                self._err_seen = f.tell()  # not += len(chunk): the chunk re-reads the overlap
             self.confirming = CONFIRMING.encode() in chunk
         return self.confirming
 

@@ -31,6 +31,9 @@ def write_study(folder: Path, storage: str) -> Path:
         "budget": {"trials": BUDGET, "max_epochs": 2, "max_seconds": 5, "eval_every": 0.5},
         "confirm": {"top": 1, "runs": 1},
         "storage": storage,
+        # Every trial trains to the end: trials cut short past the incumbent take milliseconds, and
+        # the first workers up would take the whole budget before the others had imported torch.
+        "prune": "none",
     }
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(study))
