@@ -158,7 +158,7 @@ class Killer:
         return False
 
     def wait_confirming(self, run: Run) -> bool:
-        return self.wait(run, "confirmation", lambda live: run.check_confirming(), poll=0.02)
+        return self.wait(run, "confirmation", lambda live: run.check_confirming(), poll=0.01)
 
     def moment(self, run: Run, kind: str, k: int, u: float, base: int) -> str:
         """Wait for the moment `kind` names, then return what was waited for."""
@@ -286,7 +286,7 @@ def sqlite_rows(db: Path, sql: str) -> list[tuple]:
 
 
 def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(tmp_path: Path) -> None:
-    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 2, "runs": 2})
+    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 3})  # 12 runs: a window to kill in
     # Every trial runs to the end: the kill schedule is paced by whole trials, and with trials cut
     # short past the incumbent the budget can be done before a kill has landed in the confirmation.
     # Pruned trials' storage writes are those of an out-of-memory trial, which kills do meet.
