@@ -286,7 +286,7 @@ def sqlite_rows(db: Path, sql: str) -> list[tuple]:
 
 
 def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(tmp_path: Path) -> None:
-    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 3})  # 12 runs: a window to kill in
+    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8})  # 32 runs: a window to see and kill in
     # Every trial runs to the end: the kill schedule is paced by whole trials, and with trials cut
     # short past the incumbent the budget can be done before a kill has landed in the confirmation.
     # Pruned trials' storage writes are those of an out-of-memory trial, which kills do meet.
