@@ -157,8 +157,17 @@ class Killer:
             time.sleep(poll)
         return False
 
-    def wait_confirming(self, run: Run) -> bool:
-        return self.wait(run, "confirmation", lambda live: run.check_confirming(), poll=0.01)
+    def wait_confirming(self, run: Run, *, timeout: float = 120) -> bool:
+        """Until the run's stderr says it confirms (True) or it ends (False). Reads only the stderr
+        file: a look at the database can wait on the run's own writes, and a short confirmation
+        can begin and end within that wait."""
+        deadline = time.monotonic() + timeout
+        while run.alive():
+            if run.check_confirming():
+                return True
+            assert time.monotonic() < deadline, f"run {run.index}: no confirmation within {timeout} s\n{self.why()}"
+            time.sleep(0.002)
+        return False
 
     def moment(self, run: Run, kind: str, k: int, u: float, base: int) -> str:
         """Wait for the moment `kind` names, then return what was waited for."""
