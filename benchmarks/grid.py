@@ -21,13 +21,11 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 
 import pytest
 
-_TQDM_DISABLE = os.environ.get("TQDM_DISABLE")
-from benchmarks.grid import GRID, key  # noqa: E402  (sets TQDM_DISABLE for its own runs)
-from benchmarks.search import STRATEGIES, first_within, replay, true_time  # noqa: E402
-
-if _TQDM_DISABLE is None:  # not for the CLI runs of later tests, which read autotune's progress bars
-    os.environ.pop("TQDM_DISABLE", None)
+from benchmarks.grid import GRID, key
+from benchmarks.search import STRATEGIES, first_within, replay, true_time
 
 
 def made_up_grid() -> dict[str, list[dict]]:
