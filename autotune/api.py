@@ -49,12 +49,15 @@ def tune(
     device: str = "auto",
     prune: str | None = None,
     probe: str | None = None,
+    objective_kind: str | None = None,
+    replicates: int | None = None,
     allow_changes: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) a study and return its summary, as `autotune report --json` prints it.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
-    or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune` and `probe` take what the
+    or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates` and
+    `objective_kind` (the study file's `objective:`, named apart from the function) take what the
     study file's keys take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
     working folder. Running it again with the same name and storage resumes the study.
     """
@@ -72,7 +75,8 @@ def tune(
     raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
            "space": dict(space or {}), "budget": dict(budget or {}), "baseline": dict(baseline or {}),
            "confirm": dict(confirm or {}), "seed": seed, "device": device}
-    raw.update({key: value for key, value in (("prune", prune), ("probe", probe)) if value is not None})
+    raw.update({key: value for key, value in (("prune", prune), ("probe", probe), ("objective", objective_kind),
+                                              ("replicates", replicates)) if value is not None})
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective) if objective is not None else None
     prepared = study_.prepare(spec, task=task, objective=run_objective)

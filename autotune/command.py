@@ -18,6 +18,7 @@ after `hang_after` wall seconds ("timeout: ...").
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import selectors
@@ -54,6 +55,8 @@ def command_trial(command: str | Sequence[str], *, cwd: Path, hang_after: float,
 
     def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
                   progress: Progress | None = None) -> TrialResult:
+        if config.schedule_epochs is not None:  # the command's max_epochs is its schedule's length
+            limits = dataclasses.replace(limits, max_epochs=config.schedule_epochs)
         with tempfile.TemporaryDirectory(prefix="autotune-trial-") as folder:
             config_file = Path(folder) / "config.json"
             config_file.write_text(json.dumps({

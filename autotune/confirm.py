@@ -2,7 +2,9 @@
 
 A single time to target is a noisy sample (DESIGN.md: one configuration ranged 0.8-4.5 s over
 five seeds), so the winner is named by its median over fresh seeds, measured interleaved with
-the baseline so that both see the same machine load.
+the baseline so that both see the same machine load. Under the fixed_schedule objective a
+configuration's time is that of its whole schedule, and it counts only when its mean final
+metric over the fresh seeds reaches the target (objective.py).
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ def measure(
             try:
                 result = run_trial(TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
             except TrialFailure as failure:
-                record.update(reached=False, time_to_target=None, best_metric=None, reason=failure.reason)
+                record.update(reached=False, time_to_target=None, best_metric=None, final_metric=None,
+                              reason=failure.reason)
             else:
                 record.update(
                     reached=result.reached, time_to_target=result.time_to_target, best_metric=result.best_metric,
-                    train_seconds=result.train_seconds,
+                    train_seconds=result.train_seconds, final_metric=result.final_metric, stop_reason=result.stop_reason,
                 )
             records.append(record)
             if on_run is not None:
@@ -57,14 +60,28 @@ def measure(
     return records
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per label: median time to target (a run that missed counts as infinitely slow), spread, runs."""
+def summarize(records: Sequence[Mapping[str, Any]], *, objective: str = "time_to_target",
+              target: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per label: median time (a run that missed counts as infinitely slow), spread, runs.
+
+    time_to_target: a run's time to target; it missed when it did not reach the target.
+    fixed_schedule: a run's whole-schedule time; it missed when it failed or the time limit cut
+    it short, and every run counts as missed when the mean final metric is under `target`.
+    """
     by_label: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         by_label.setdefault(record["label"], []).append(record)
     summary = {}
     for label, runs in by_label.items():
-        times = [r["time_to_target"] if r["reached"] else math.inf for r in runs]
+        if objective == "fixed_schedule":
+            finals = [r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs]
+            mean_final = statistics.fmean(finals)
+            feasible = target is None or mean_final >= target
+            times = [r["train_seconds"] if feasible and r.get("final_metric") is not None
+                     and r.get("stop_reason") != "max_seconds" else math.inf for r in runs]
+        else:
+            mean_final = None
+            times = [r["time_to_target"] if r["reached"] else math.inf for r in runs]
         reached = [t for t in times if math.isfinite(t)]
         median = statistics.median(times)
         summary[label] = {
@@ -74,6 +91,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
             "runs": len(runs),
             "reached": len(reached),
         }
+        if mean_final is not None:
+            summary[label]["mean_final_metric"] = mean_final if math.isfinite(mean_final) else None
     return summary
 
 

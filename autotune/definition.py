@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from autotune.space import Space
+from autotune.space import SCHEDULE, Choices, Space
 from autotune.spec import StudySpec
 
 
@@ -23,12 +23,17 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     definition = {
         "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
         "target": {"metric": spec.target.metric, "value": spec.target.value},
-        "space": {name: _domain(domain) for name, domain in space.domains},
+        # A schedule of max_epochs is what every study meant before schedule_epochs was a knob:
+        # left out, so that their stored definitions still match.
+        "space": {name: _domain(domain) for name, domain in space.domains
+                  if not (name == SCHEDULE and domain == Choices((budget.max_epochs,)))},
         "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds, "eval_every": budget.eval_every},
         "device": device,
     }
     if space.params:  # absent when there are none, so studies begun before parameters existed still match
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
+    if (spec.objective, spec.replicates) != ("time_to_target", 1):  # likewise absent at the defaults
+        definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
 
 

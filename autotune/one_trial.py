@@ -14,7 +14,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from autotune import isolation, oom_boundary, results, signals, storage
+from autotune import isolation, objective as objective_, oom_boundary, results, signals, storage
 from autotune.isolation import RunTrial
 from autotune.space import Space, suggest
 from autotune.trial import Limits, TrialConfig
@@ -22,16 +22,17 @@ from autotune.trial import Limits, TrialConfig
 
 def run_one(study: optuna.Study, *, space: Space, run_trial: RunTrial, device: torch.device, limits: Limits,
             seed: int, metric_name: str, budget: int, asked: list[int], known: list[optuna.trial.FrozenTrial],
-            prune: bool = False) -> None:
-    """Ask for a configuration, train it, tell the outcome. OOM -> PRUNED, other errors -> FAIL;
-    with `prune`, a trial whose training clock passes the best time to target so far -> PRUNED.
-    `known`: the study's trials as read just before (the incumbent and the OOM boundary)."""
+            prune: bool = False, objective: str = "time_to_target", replicates: int = 1) -> None:
+    """Ask for a configuration, train it once per replicate, tell the outcome (objective.py).
+    OOM -> PRUNED, other errors -> FAIL; with `prune`, a trial whose training clock passes the best
+    time so far (over all its replicates) -> PRUNED. `known`: the study's trials as read just
+    before (the incumbent and the OOM boundary)."""
     trial = study.ask()
     asked.append(trial.number)
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         _train_and_tell(study, trial, space=space, run_trial=run_trial, device=device, limits=limits, seed=seed,
                         metric_name=metric_name, budget=budget, incumbent=incumbent(known) if prune else None,
-                        ran_out=_ran_out(known))
+                        ran_out=_ran_out(known), objective=objective, replicates=replicates)
 
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
@@ -49,7 +50,8 @@ def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]
 
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, run_trial: RunTrial,
                     device: torch.device, limits: Limits, seed: int, metric_name: str, budget: int,
-                    incumbent: tuple[float, int] | None, ran_out: dict[int, dict[str, Any]]) -> None:
+                    incumbent: tuple[float, int] | None, ran_out: dict[int, dict[str, Any]], objective: str,
+                    replicates: int) -> None:
     trial.set_user_attr("worker", storage.worker_id())
     config = suggest(space, trial)
     trial_seed = seed * 100_000 + trial.number
@@ -67,22 +69,33 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         tqdm.write(f"trial {trial.number}: pruned: {reason}", file=sys.stderr)
         return
     bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
+    done = 0.0  # training seconds of the trial's finished replicates
+    # The trial's time is the mean over its replicates: once their sum passes `replicates` times
+    # the incumbent's, that mean can only be longer than the incumbent's.
+    allowed = None if incumbent is None else incumbent[0] * replicates
 
     def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:
             bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
-        if incumbent is not None and seconds > incumbent[0]:
-            # Its time to target can only be longer than the incumbent's now: it cannot win.
-            raise isolation.Pruned(f"pruned: {seconds:.2f} s of training passed the best time to target so far "
-                                   f"({incumbent[0]:.2f} s, trial {incumbent[1]}); it can no longer win", seconds=seconds)
+        if allowed is not None and done + seconds > allowed:
+            runs = f" over {replicates} runs" if replicates > 1 else ""
+            raise isolation.Pruned(f"pruned: {done + seconds:.2f} s of training{runs} passed the best time so far "
+                                   f"({incumbent[0]:.2f} s{' each' if runs else ''}, trial {incumbent[1]}); "
+                                   f"it can no longer win", seconds=done + seconds)
 
     failure: isolation.TrialFailure | isolation.Pruned | None = None
+    runs = []
+    seeds = objective_.seeds(trial_seed, replicates)
+    run_limits = dataclasses.replace(limits, stop_at_target=objective == "time_to_target")
     try:
         with signals.interruptible():
-            result = run_trial(TrialConfig.from_mapping(config), limits=limits, device=device, seed=trial_seed,
-                               progress=progress)
+            for run_seed in seeds:
+                bar.reset()
+                runs.append(run_trial(TrialConfig.from_mapping(config), limits=run_limits, device=device,
+                                      seed=run_seed, progress=progress))
+                done += runs[-1].train_seconds
     except (isolation.TrialFailure, isolation.Pruned) as exc:
         failure = exc
     finally:
@@ -100,8 +113,13 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         study.tell(trial, state=optuna.trial.TrialState.PRUNED if failure.oom else optuna.trial.TrialState.FAIL)
         tqdm.write(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}", file=sys.stderr)
         return
-    record = dataclasses.asdict(result)
-    record["curve"] = [list(point) for point in result.curve]
+    outcome = objective_.outcome(runs, objective=objective, target=limits.target)
+    record = dataclasses.asdict(runs[0])  # the first run in full: its curve, throughput and memory
+    record["curve"] = [list(point) for point in runs[0].curve]
+    record["final_metric"] = runs[0].final_metric
+    if replicates > 1:
+        record["replicates"] = [objective_.summary(run, run_seed) for run, run_seed in zip(runs, seeds)]
+    record["objective_metric"] = outcome.metric
     trial.set_user_attr(results.RESULT, record)  # one write: each attribute is a transaction of its own
-    trial.set_constraint("target", limits.target - result.best_metric)  # feasible when <= 0
-    study.tell(trial, result.time_to_target if result.reached else result.train_seconds)
+    trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
+    study.tell(trial, outcome.value)

@@ -17,7 +17,7 @@ INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal 
 RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
 
 COLUMNS = (
-    "number", "state", "feasible", "time_to_target", "best_metric", "train_seconds", "epochs",
+    "number", "state", "feasible", "seconds", "runs", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
     "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "oom_bound", "interrupted", "reason",
 )
 
@@ -36,7 +36,15 @@ def measured(trial: Any) -> dict[str, Any]:
     return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in MEASURED})
 
 
-MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
+def training_seconds(trial: Any) -> float:
+    """Training seconds the trial spent over all its runs: a pruned one up to where it stopped."""
+    result = measured(trial)
+    if result.get("replicates"):
+        return float(sum(r["train_seconds"] for r in result["replicates"]))
+    return float(result.get("train_seconds", trial.user_attrs.get("pruned_at", 0.0)))
+
+
+MEASURED = ("reached", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs", "optimizer_steps",
             "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
 
 
@@ -55,8 +63,15 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "number": trial.number,
             "state": trial.state.name,
             "feasible": trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0,
+            # what the study minimized: the mean over the trial's runs of its time to target, or
+            # of its whole schedule (objective.py); the first run's own figures follow
+            "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
+            "runs": len(attrs.get("replicates") or ()) or (1 if attrs.get("train_seconds") is not None else None),
             "time_to_target": attrs.get("time_to_target"),
             "best_metric": attrs.get("best_metric"),
+            "final_metric": attrs.get("final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]),
+            # the metric its feasibility was judged by: the worst best over its runs, or their mean final
+            "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
             "train_seconds": attrs.get("train_seconds"),
             "epochs": attrs.get("epochs"),
             "optimizer_steps": attrs.get("optimizer_steps"),
@@ -82,9 +97,9 @@ def param_names(records: pd.DataFrame) -> list[str]:
 
 
 def best_feasible(records: pd.DataFrame, *, count: int = 1) -> pd.DataFrame:
-    """The fastest trials that reached the target, fastest first."""
+    """The fastest feasible trials by the study's time (`seconds`), fastest first."""
     feasible = records[records["feasible"].astype(bool)]  # an empty table's columns are untyped
-    return feasible.sort_values(["time_to_target", "number"]).head(count)
+    return feasible.sort_values(["seconds", "number"]).head(count)
 
 
 def counts(records: pd.DataFrame) -> dict[str, int]:

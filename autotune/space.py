@@ -1,4 +1,4 @@
-"""The eight knobs, the values each accepts, and a study's search space over them.
+"""The knobs, the values each accepts, and a study's search space over them.
 
 A space gives every knob a domain: a numeric range or a list of choices (a fixed value is a
 list of one). Beside the knobs it may hold the user's own parameters (model width, dropout,
@@ -67,8 +67,12 @@ KNOBS: dict[str, Knob] = {
         Knob("prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"),
         Knob("pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"),
         Knob("precision", str, names=PRECISIONS, doc="fp32, fp16 (autocast + GradScaler), bf16"),
+        Knob("schedule_epochs", float, 0.0, doc="length of the LR schedule in epochs; at most the budget's max_epochs"),
     )
 }
+# Optional in presets and study files: without one, the schedule is the budget's max_epochs
+# (time_to_target) or a range up to it (fixed_schedule, spec.py).
+SCHEDULE = "schedule_epochs"
 
 # What a hand-written training script typically uses; the study's speedup is measured against it.
 DEFAULT_BASELINE: dict[str, Any] = {
@@ -80,6 +84,7 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "prefetch_factor": None,
     "pin_memory": False,
     "precision": "fp32",
+    "schedule_epochs": None,  # the budget's max_epochs (spec_space.baseline)
 }
 
 

@@ -35,7 +35,7 @@ class Target:
 class Budget:
     trials: int  # finished trials in the storage, across every run of the study
     timeout: float | None  # seconds for this invocation of `autotune run`; None: no limit
-    max_epochs: float  # per trial; also the length of the LR schedule
+    max_epochs: float  # per trial; the longest LR schedule (space.schedule_epochs), and the default one
     max_seconds: float  # per trial, on the training clock
     eval_every: float  # epochs between evaluations: often enough that the clock stops near the crossing
     trial_timeout: float  # wall seconds after which a trial in a child process is killed as hung
@@ -77,10 +77,17 @@ class StudySpec:
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
     prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
     probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
+    objective: str = "time_to_target"  # what a trial's time is (OBJECTIVES)
+    replicates: int = 1  # seeds per trial; its time is their mean (objective.py)
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
-            "isolation", "prune", "probe")
+            "isolation", "prune", "probe", "objective", "replicates")
+# time_to_target: a run stops at the first evaluation that reaches the target, its time is the
+# time to get there. fixed_schedule (airbench): a run always trains its whole schedule, its time
+# is the schedule's, and it is feasible when the mean final metric over its seeds reaches the target.
+OBJECTIVES = ("time_to_target", "fixed_schedule")
+REPLICATES_DEFAULT = {"time_to_target": 1, "fixed_schedule": 2}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "none")
 ISOLATION_MODES = ("auto", "process", "none")
@@ -124,6 +131,13 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     probe = raw.get("probe", "systems")
     require(path, "probe", probe, probe in PROBE_MODES,
             "systems (settle DataLoader settings and precision by short runs before the search) or none")
+    objective = raw.get("objective", "time_to_target")
+    require(path, "objective", objective, objective in OBJECTIVES,
+            "time_to_target (stop each run at the target; its time is the time to get there) or fixed_schedule "
+            "(run each whole schedule, feasible when the mean final metric over seeds reaches the target)")
+    replicates = raw.get("replicates", REPLICATES_DEFAULT[objective])
+    require(path, "replicates", replicates, is_int(replicates) and 1 <= replicates <= 20,
+            "a whole number from 1 to 20: the seeds each trial runs")
     storage = storage if storage is not None else raw.get("storage")
     if storage is None:
         storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
@@ -132,22 +146,29 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
              "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
              "or postgresql://user@host/db (several machines)")
 
-    space = spec_space.space(path, raw.get("space", {}))
+    budget = _budget(path, raw.get("budget", {}))
+    if objective == "fixed_schedule" and isinstance(task, Mapping):
+        raise SpecError(path, "objective", objective, "time_to_target for a command task, which stops itself at the "
+                        "target; fixed_schedule needs a built-in or Python task")
+    space = spec_space.space(path, raw.get("space", {}), max_epochs=budget.max_epochs,
+                             fixed_schedule=objective == "fixed_schedule")
     return StudySpec(
         path=path,
         name=name,
         task=task if isinstance(task, str) else _command_task(path, task, space),
         target=_target(path, raw["target"]),
         space=space,
-        budget=_budget(path, raw.get("budget", {})),
+        budget=budget,
         storage=storage,
         seed=seed,
         device=device,
-        baseline=spec_space.baseline(path, raw.get("baseline", {}), space),
+        baseline=spec_space.baseline(path, raw.get("baseline", {}), space, max_epochs=budget.max_epochs),
         confirm=_confirm(path, raw.get("confirm", {})),
         isolation=isolation,
         prune=prune,
         probe=probe,
+        objective=objective,
+        replicates=replicates,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.checks import is_int, mapping, number, read_yaml, reject_unknown, require
 from autotune.errors import SpecError
-from autotune.space import DEFAULT_BASELINE, KNOBS, RESERVED, Choices, Domain, Range, Space, finite, middle
+from autotune.space import DEFAULT_BASELINE, KNOBS, RESERVED, SCHEDULE, Choices, Domain, Range, Space, finite, middle
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 
@@ -53,9 +53,14 @@ def _domain(path: Path, key: str, name: str, raw: Any) -> Domain:
     return Choices(checked)
 
 
-def space(path: Path, raw: Any) -> Space:
+def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = False) -> Space:
     """The preset (by name from search_spaces/ or by path), then the study's per-knob overrides,
-    then the user's own parameters (`space.params`)."""
+    then the user's own parameters (`space.params`).
+
+    schedule_epochs may be left out of both: the schedule is then `max_epochs` long, or with
+    `fixed_schedule` searched on a log scale from an eighth of it to all of it (airbench's
+    objective makes the schedule's length the knob that trades time for accuracy).
+    """
     raw = mapping(path, "space", raw, ("preset", "params", *KNOBS))
     preset = raw.get("preset", "default")
     require(path, "space.preset", preset, isinstance(preset, str) and preset != "", "a preset name or path")
@@ -64,15 +69,24 @@ def space(path: Path, raw: Any) -> Space:
     if not isinstance(preset_raw, Mapping):
         raise SpecError(preset_path, "(top level)", preset_raw, "a preset maps each knob to a range, a list or a value")
     reject_unknown(preset_path, "", preset_raw, tuple(KNOBS))
-    missing = [k for k in KNOBS if k not in preset_raw]
+    missing = [k for k in KNOBS if k not in preset_raw and k != SCHEDULE]
     if missing:
         raise SpecError(preset_path, missing[0], None, "a preset gives a domain for every knob")
     domains = []
     for name in KNOBS:
         if name in raw:
             domains.append((name, _domain(path, f"space.{name}", name, raw[name])))
-        else:
+        elif name in preset_raw:
             domains.append((name, _domain(preset_path, name, name, preset_raw[name])))
+        else:
+            domains.append((name, Range(max_epochs / 8, max_epochs, log=True) if fixed_schedule else Choices((max_epochs,))))
+    schedule = dict(domains)[SCHEDULE]
+    longest = schedule.high if isinstance(schedule, Range) else max(schedule.values)
+    if longest > max_epochs:
+        where, key = (path, f"space.{SCHEDULE}") if SCHEDULE in raw else (preset_path, SCHEDULE)
+        value = raw.get(SCHEDULE, preset_raw.get(SCHEDULE))
+        raise SpecError(where, key, value, f"schedules of at most budget.max_epochs ({max_epochs:g}) epochs: "
+                        "raise max_epochs, or shorten the schedules")
     return Space(tuple(domains), _params(path, raw.get("params")))
 
 
@@ -139,12 +153,12 @@ def _preset_path(path: Path, preset: str) -> Path:
     raise SpecError(path, "space.preset", preset, f"no such preset; built-in presets: {', '.join(names)}, or a path to a .yaml file")
 
 
-def baseline(path: Path, raw: Any, space: Space) -> tuple[tuple[str, Any], ...]:
-    """The configuration the winner is compared with: knobs from DEFAULT_BASELINE, parameters from
-    the middle of their domains, each overridden by the study file."""
+def baseline(path: Path, raw: Any, space: Space, *, max_epochs: float) -> tuple[tuple[str, Any], ...]:
+    """The configuration the winner is compared with: knobs from DEFAULT_BASELINE (a schedule of
+    `max_epochs`), parameters from the middle of their domains, each overridden by the study file."""
     params = dict(space.params)
     raw = mapping(path, "baseline", raw, (*KNOBS, *params))
-    config = {**DEFAULT_BASELINE, **{name: middle(name, domain) for name, domain in params.items()}}
+    config = {**DEFAULT_BASELINE, SCHEDULE: max_epochs, **{name: middle(name, domain) for name, domain in params.items()}}
     for name, value in raw.items():
         if name in params:
             ok = isinstance(value, (str, bool, int)) or (isinstance(value, float) and finite(value))
@@ -152,6 +166,8 @@ def baseline(path: Path, raw: Any, space: Space) -> tuple[tuple[str, Any], ...]:
             config[name] = value
         else:
             config[name] = None if (name == "prefetch_factor" and value is None) else _knob_value(path, f"baseline.{name}", name, value)
+    if config[SCHEDULE] > max_epochs:
+        raise SpecError(path, f"baseline.{SCHEDULE}", config[SCHEDULE], f"a schedule of at most budget.max_epochs ({max_epochs:g}) epochs")
     if config["num_workers"] == 0:
         config["prefetch_factor"] = None
     elif config["prefetch_factor"] is None:

@@ -142,9 +142,11 @@ def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
 
 
 def limits_for(spec: StudySpec) -> Limits:
-    """What every training run of the study stops at: the target or the per-trial budget."""
+    """What every training run of the study stops at: the target (time_to_target), the end of its
+    schedule or the per-trial budget."""
     b = spec.budget
-    return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every)
+    return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every,
+                  stop_at_target=spec.objective == "time_to_target")
 
 
 def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
@@ -225,7 +227,8 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                     break
                 one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
                                   limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,
-                                  asked=mine, known=trials, prune=spec.prune == "incumbent")
+                                  asked=mine, known=trials, prune=spec.prune == "incumbent", objective=spec.objective,
+                                  replicates=spec.replicates)
         except KeyboardInterrupt as interrupt:
             # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
             stopped = storage.mark_running_interrupted(study, reason=f"stopped by {signals.name(interrupt)}",
@@ -274,7 +277,8 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     after = storage.finished_count(trials)
     stored = study.user_attrs.get("confirmation")
     numbers = [int(n) for n in top["number"]]
-    if stored and stored.get("after_trials") == after and stored.get("trials") == numbers:
+    if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
+            and stored.get("objective", "time_to_target") == spec.objective:
         return stored
     configs = {t.number: t.user_attrs["config"] for t in trials if t.number in numbers}
     candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
@@ -285,7 +289,8 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
         with signals.interruptible():
             runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
                                    on_run=lambda: bar.update(1))
-    outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs}
+    outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
+               "objective": spec.objective, "target": spec.target.value}
     study.set_user_attr("confirmation", json.loads(json.dumps(outcome)))
     return outcome
 

@@ -17,28 +17,31 @@ TABLE_ROWS = 5
 def summarize(
     name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
     limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
-    probe_outcome: Mapping[str, Any] | None = None,
+    probe_outcome: Mapping[str, Any] | None = None, objective: str = "time_to_target",
 ) -> dict[str, Any]:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
 
     `limits` (max_epochs, max_seconds, eval_every) and `optimizer` (the task's optimizer factory as
     module:qualname) and `device` (cpu or cuda, what the trials ran on) are what exports need to
-    rebuild the winning run; None when unknown.
+    rebuild the winning run; None when unknown. Under the fixed_schedule `objective` a
+    `time_to_target` is the time of the whole schedule, whose mean final metric reaches the target.
     """
     summary: dict[str, Any] = {"study": name, "target": dict(target), "counts": results.counts(records),
                                "best": None, "baseline": None, "speedup": None, "confirmation": None,
                                "limits": dict(limits) if limits else None, "optimizer": optimizer, "device": device,
-                               "probe": dict(probe_outcome) if probe_outcome else None}
+                               "probe": dict(probe_outcome) if probe_outcome else None, "objective": objective}
     best = results.best_feasible(records)
     if not best.empty:
         row = best.iloc[0]
         summary["best"] = {
-            "trial": int(row["number"]), "label": f"trial {int(row['number'])}", "params": _params(row, results.param_names(records)), "time_to_target": float(row["time_to_target"]),
-            "metric": float(row["best_metric"]), "runs": 1, "min": None, "max": None, "source": "single run",
+            "trial": int(row["number"]), "label": f"trial {int(row['number'])}", "params": _params(row, results.param_names(records)),
+            "time_to_target": float(row["seconds"]), "metric": float(row["objective_metric"]), "runs": int(row["runs"]),
+            "min": None, "max": None, "source": "single run" if row["runs"] == 1 else f"mean of {int(row['runs'])} runs",
             "epochs": _plain(row["epochs"]),
         }
     if confirmation:
-        stats = confirm.summarize(confirmation["runs"])
+        stats = confirm.summarize(confirmation["runs"], objective=confirmation.get("objective", "time_to_target"),
+                                  target=confirmation.get("target"))
         summary["confirmation"] = {"seeds": confirmation["seeds"], "after_trials": confirmation["after_trials"],
                                    "configs": stats}
         base = stats.get(confirm.BASELINE)
@@ -47,12 +50,14 @@ def summarize(
                                    "time_to_target": base["median"], **_spread(base)}
         label = confirm.winner(stats)
         if label is not None:
-            metrics = [r["best_metric"] for r in confirmation["runs"] if r["label"] == label and r["best_metric"] is not None]
+            metric = "final_metric" if confirmation.get("objective") == "fixed_schedule" else "best_metric"
+            metrics = [r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None]
             trial = None if label == confirm.BASELINE else int(label.split()[-1])
             epochs = records.loc[records["number"] == trial, "epochs"]
             summary["best"] = {
                 "trial": trial, "label": label, "params": complete(confirmation["configs"][label]),
-                "time_to_target": stats[label]["median"], "metric": statistics.median(metrics),
+                "time_to_target": stats[label]["median"],
+                "metric": statistics.fmean(metrics) if metric == "final_metric" else statistics.median(metrics),
                 **_spread(stats[label]), "source": "confirmed",
                 "epochs": _plain(epochs.iloc[0]) if len(epochs) else None,  # of the study's own run of it
             }
@@ -70,7 +75,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     attrs = study.user_attrs
     return records, summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
                               optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
-                              probe_outcome=attrs.get("probe"))
+                              probe_outcome=attrs.get("probe"), objective=spec.objective)
 
 
 def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:
@@ -107,41 +112,65 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     if top.empty:
         lines.append("No trial reached the target yet.")
         return "\n".join(lines)
-    columns = ["number", "time_to_target", "best_metric", "epochs", "samples_per_second", *KNOBS, *results.param_names(records)]
+    fixed = summary.get("objective") == "fixed_schedule"
+    columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *KNOBS, *results.param_names(records)]
     table = top[columns].rename(
-        columns={"number": "trial", "time_to_target": "seconds", "best_metric": target["metric"],
-                 "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch"})
+        columns={"number": "trial", "objective_metric": f"mean final {target['metric']}" if fixed else target["metric"],
+                 "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch",
+                 "schedule_epochs": "schedule"})
     for column in table.columns:
         if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
             table[column] = table[column].map(_cell)
-    lines += ["", "Fastest trials (one run each):",
+    runs = int(top["runs"].max()) if top["runs"].notna().any() else 1
+    each = "one run each" if runs == 1 else f"mean of {runs} runs each"
+    lines += ["", f"Fastest trials ({'whole schedules, ' if fixed else ''}{each}):",
               table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
     confirmation = summary["confirmation"]
     if confirmation:
-        lines += ["", f"Re-measured side by side on {len(confirmation['seeds'])} fresh seeds (median, range of runs that reached the target):"]
+        judged = " (median time of the whole schedule, mean final metric)" if fixed else \
+            " (median, range of runs that reached the target)"
+        lines += ["", f"Re-measured side by side on {len(confirmation['seeds'])} fresh seeds{judged}:"]
         for label, stats in confirmation["configs"].items():
             spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
-            lines.append(f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, reached in {stats['reached']}/{stats['runs']} runs")
+            if fixed:
+                final = stats.get("mean_final_metric")
+                lines.append(f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, mean final {target['metric']} "
+                             f"{'-' if final is None else f'{final:.4f}'}")
+            else:
+                lines.append(f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, reached in {stats['reached']}/{stats['runs']} runs")
     best = summary["best"]
     lines += ["", f"Winner: {'the baseline' if best['trial'] is None else best['label']} ({best['source']})"]
     lines += [f"  {k}: {_plain(v)}" for k, v in best["params"].items()]
     base = summary["baseline"]
+    goal = f"{target['metric']} >= {target['value']}"
+    # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
+    reaches = (lambda who: f"Trains its whole {_epochs(who)} schedule to a mean {goal}") if fixed else (lambda who: f"Reaches {goal}")
     if best["trial"] is None and base:
         lines.append(f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
-                     f"luck): keep the baseline, which reaches {target['metric']} >= {target['value']} in "
+                     f"luck): keep the baseline, which {reaches(best)[0].lower() + reaches(best)[1:]} in "
                      f"{best['time_to_target']:.2f} s (median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s).")
     elif best["source"] == "confirmed" and base:
         how = f"median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s"
         if summary["speedup"]:
             base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"
-            lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
-                         f"the baseline takes {base['time_to_target']:.2f} s ({base_how}): {speedup_phrase(summary['speedup'])}.")
+            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); "
+                         f"the baseline{' (' + _epochs(base) + ')' if fixed else ''} takes {base['time_to_target']:.2f} s ({base_how}): "
+                         f"{speedup_phrase(summary['speedup'])}.")
+        elif fixed:
+            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); the baseline's "
+                         f"{_epochs(base)} schedule does not reach a mean {goal}.")
         else:
-            lines.append(f"Reaches {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s ({how}); "
+            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); "
                          f"the baseline reached it in only {base['reached']} of {base['runs']} runs.")
     else:
-        lines.append(f"Reached {target['metric']} >= {target['value']} in {best['time_to_target']:.2f} s in one run (not confirmed on fresh seeds).")
+        lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({best['source']}, not confirmed on fresh seeds).")
     return "\n".join(lines)
+
+
+def _epochs(who: Mapping[str, Any]) -> str:
+    """`2.5-epoch`: the length of a configuration's schedule, as a phrase."""
+    epochs = who["params"].get("schedule_epochs")
+    return f"{'?' if epochs is None else f'{epochs:.3g}'}-epoch"
 
 
 def _cell(value: Any) -> str:

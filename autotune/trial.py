@@ -39,7 +39,7 @@ Progress = Callable[[int, int, "float | None", float], None]
 
 @dataclasses.dataclass(frozen=True)
 class TrialConfig:
-    """The eight knobs of one training run, and the user's own parameters (`space.params`)."""
+    """The knobs of one training run, and the user's own parameters (`space.params`)."""
 
     lr: float
     scheduler: str
@@ -49,13 +49,15 @@ class TrialConfig:
     prefetch_factor: int | None
     pin_memory: bool
     precision: str
+    schedule_epochs: float | None = None  # None: the schedule is the limits' max_epochs long
     params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
         """From a flat mapping: the knobs by name, every other key a parameter."""
         knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
-        return cls(**{name: values[name] for name in knobs},
+        # schedule_epochs may be absent: configurations stored before it was a knob
+        return cls(**{name: values[name] if name != "schedule_epochs" else values.get(name) for name in knobs},
                    params=tuple((k, v) for k, v in values.items() if k not in knobs))
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,9 +69,10 @@ class TrialConfig:
 @dataclasses.dataclass(frozen=True)
 class Limits:
     target: float  # metric value that ends the trial as feasible
-    max_epochs: float  # also the length of the LR schedule
+    max_epochs: float  # training stops here; also the schedule's length when the configuration gives none
     max_seconds: float  # training clock
     eval_every: float  # epochs between evaluations
+    stop_at_target: bool = True  # False: train the whole schedule (the fixed_schedule objective)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +87,13 @@ class TrialResult:
     peak_memory_bytes: int | None  # CUDA: allocator peak; CPU: process peak RSS
     device_name: str
     torch_version: str
-    stop_reason: str  # "target", "max_epochs", "max_seconds"; "objective" when an objective function missed
+    stop_reason: str  # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective function missed
     curve: tuple[tuple[float, float | None, float], ...]  # (train seconds, epochs, metric) per evaluation
+
+    @property
+    def final_metric(self) -> float:
+        """The metric at the last evaluation: what a fixed schedule ends with."""
+        return self.curve[-1][2] if self.curve else self.best_metric
 
 
 def run(
@@ -97,7 +105,11 @@ def run(
     seed: int,
     progress: Progress | None = None,
 ) -> TrialResult:
-    """Train `task` with `config` until the target, the epoch limit or the time limit."""
+    """Train `task` with `config` until the target (unless `limits.stop_at_target` is off), the end
+    of its schedule, the epoch limit or the time limit.
+
+    With the target not stopping it, `time_to_target` is still when the metric first reached it.
+    """
     seed_everything(seed)
     torch.set_num_threads(threads_for(config.num_workers))
     if device.type == "cuda":
@@ -115,8 +127,10 @@ def run(
     params = dict(config.params)
     model = task.model(**takes(task.model, params)).to(device)
     optimizer = task.optimizer(model.parameters(), config.lr, **takes(task.optimizer, params, after=2))
-    total_steps = max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps))
-    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=total_steps, lr=config.lr)
+    schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
+    schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
+    total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
+    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
     autocast = functools.partial(
         torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=config.precision != "fp32"
@@ -133,6 +147,7 @@ def run(
     next_eval = eval_interval
     curve: list[tuple[float, float, float]] = []
     metric: float | None = None
+    reached_at: float | None = None
     stop_reason = "max_epochs"
     batches = endless(loader)
     model.train()
@@ -153,9 +168,11 @@ def run(
                     clock.stop()
                     metric = evaluate(model, task, device=device, autocast=autocast)
                     curve.append((clock.elapsed, samples / n_train, metric))
-                    if metric >= limits.target:
-                        stop_reason = "target"
-                        break
+                    if metric >= limits.target and reached_at is None:
+                        reached_at = clock.elapsed
+                        if limits.stop_at_target:
+                            stop_reason = "target"
+                            break
                     if out_of_time:
                         stop_reason = "max_seconds"
                         break
@@ -168,13 +185,13 @@ def run(
     if clock.running:
         clock.stop()
 
-    reached = stop_reason == "target"
+    reached = reached_at is not None
     throughput = None
     if warm is not None and clock.elapsed > warm[0]:
         throughput = (samples - warm[1]) / (clock.elapsed - warm[0])
     return TrialResult(
         reached=reached,
-        time_to_target=clock.elapsed if reached else None,
+        time_to_target=reached_at,
         best_metric=max(m for _, _, m in curve),
         train_seconds=clock.elapsed,
         epochs=samples / n_train,

@@ -7,9 +7,16 @@ Then re-measures the winner and the baseline side by side on `--seeds` fresh see
 recommended keeping what the user had: its re-measured "speedup" shows only the noise between
 two sets of runs of one configuration, and it does not count as beating the baseline. Usage (from the repository root):
 
-    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [studies/digits.yaml ...]
+    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [studies/digits.yaml ...]
 
-Prints a table and writes benchmarks/results/found-<study>-<device>.json per study file.
+Studies already in the results file are kept and not run again (--fresh discards them), so an
+interrupted run goes on where it stopped and `--first 6 --studies 5` adds studies 6-10.
+
+`--objective` runs the studies under that objective instead of the study file's. Whatever the
+objective, the winner is re-measured the same way: time to target (stopped at the target, its
+schedule as long as its schedule_epochs), so the objectives' winners compare on one yardstick.
+
+Prints a table and writes benchmarks/results/found-<study>[-<objective>]-<device>.json per study file.
 """
 
 from __future__ import annotations
@@ -32,14 +39,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import optuna  # noqa: E402
 
 from autotune import confirm, results as results_, spec as spec_, storage, study as study_, summary as summary_  # noqa: E402
+from autotune.checks import read_yaml  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)
 
 
-def one_study(path: Path, *, seed: int, seeds: int, folder: Path) -> dict:
+def load(path: Path, *, objective: str | None, storage: str | None = None) -> spec_.StudySpec:
+    """The study file, under `objective` when one is given."""
+    raw = read_yaml(path)
+    if objective is not None:
+        raw = {**raw, "objective": objective}
+    return spec_.from_mapping(raw, path=path, storage=storage)
+
+
+def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None) -> dict:
     """Run the study with `seed`; re-measure its winner against the baseline on fresh seeds."""
-    spec = spec_.load(path, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
+    spec = load(path, objective=objective, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
     prepared = study_.prepare(spec)
     started = time.perf_counter()
@@ -51,13 +67,14 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path) -> dict:
     _, summary = summary_.of_study(spec, study)
     best = summary["best"] or {"label": "none found", "params": prepared.baseline}  # nothing reached the target
     candidates = {confirm.BASELINE: prepared.baseline, "winner": best["params"]}
-    runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=study_.limits_for(spec),
+    yardstick = dataclasses.replace(study_.limits_for(spec), stop_at_target=True)  # time to target, whatever the objective
+    runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=yardstick,
                            seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
     stats = confirm.summarize(runs)
     base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
     trials = study.get_trials(deepcopy=False)
     # training seconds the trials spent: a pruned one up to where it was stopped
-    compute = sum(results_.measured(t).get("train_seconds", t.user_attrs.get("pruned_at", 0.0)) for t in trials)
+    compute = sum(results_.training_seconds(t) for t in trials)
     kept_baseline = best["label"] == confirm.BASELINE  # re-measuring it against itself shows only the noise
     return {"seed": seed, "winner": best["label"], "params": best["params"], "study_says": summary["speedup"],
             "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
@@ -71,39 +88,60 @@ def main() -> None:
     parser.add_argument("studies_files", nargs="*", type=Path, default=[REPO / "studies" / "digits.yaml"])
     parser.add_argument("--studies", type=int, default=10, help="independent studies (study seeds 1..N) per file")
     parser.add_argument("--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement")
+    parser.add_argument("--objective", choices=spec_.OBJECTIVES, help="run the studies under this objective")
+    parser.add_argument("--first", type=int, default=1, help="the first study seed")
+    parser.add_argument("--fresh", action="store_true", help="discard the studies already in the results file")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
-        results = []
+        spec = load(path, objective=args.objective)
+        device = study_.resolve_device(spec)
+        variant = f"-{args.objective}" if args.objective else ""
+        out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
+        # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
+        # the commit that produced it; --fresh starts over.
+        kept = json.loads(out.read_text()).get("studies", []) if out.exists() and not args.fresh else []
+        rows = {r["seed"]: r for r in kept if r.get("fresh_seeds", args.seeds) == args.seeds}
         with tempfile.TemporaryDirectory() as tmp:
-            for seed in range(1, args.studies + 1):
-                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp))
-                results.append(row)
+            for seed in range(args.first, args.first + args.studies):
+                if seed in rows:
+                    continue
+                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective)
+                rows[seed] = {**row, "fresh_seeds": args.seeds, "commit": provenance(device)["commit"]}
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
                 print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
                       f"winner {row['winner_median']} s, {speed}, study took {row['tuning_wall']:.0f} s", flush=True)
-        speedups = [r["speedup"] for r in results if r["speedup"]]
-        beats = sum(r["beats_baseline"] for r in results)
-        summary = {"median_speedup": statistics.median(speedups) if speedups else None,
-                   "min_speedup": min(speedups) if speedups else None, "beats_baseline": beats, "studies": len(results),
-                   "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results)}
-        print(f"\n{path.stem}: {len(results)} studies, winners re-measured on {args.seeds} fresh seeds beside the baseline")
-        print(f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'speedup':>8} {'tuning (s)':>11}")
+                write(out, path, spec, device, args, sorted(rows.values(), key=lambda r: r["seed"]))
+        results = sorted(rows.values(), key=lambda r: r["seed"])
+        summary = write(out, path, spec, device, args, results)
+        print(f"\n{path.stem} ({spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
+              f"fresh seeds beside the baseline, by time to target")
+        print(f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'speedup':>8} {'tuning (s)':>11} {'compute (s)':>12}")
         for r in results:
             print(f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} {_s(r['winner_median']):>11} "
-                  f"{_x(r['speedup']):>8} {r['tuning_wall']:>11.0f}")
-        kept = sum(r["winner"] == confirm.BASELINE for r in results)
+                  f"{_x(r['speedup']):>8} {r['tuning_wall']:>11.0f} {r['trial_compute']:>12.0f}")
         print(f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}); "
-              f"a winner other than the baseline beat the baseline's median in {beats} of {len(results)} studies; "
-              f"{kept} kept the baseline")
-        spec = spec_.load(path)
-        device = study_.resolve_device(spec)
-        record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
-                  "args": {"studies": args.studies, "seeds": args.seeds}, **provenance(device),
-                  "summary": summary, "studies": results}
-        out = RESULTS / f"found-{path.stem}-{device.type}.json"
-        out.write_text(json.dumps(record, indent=1))
+              f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
+              f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median trial compute "
+              f"{summary['median_trial_compute']:.0f} s")
         print(f"written: {out.relative_to(REPO)}")
+
+
+def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: argparse.Namespace,
+          results: list[dict]) -> dict:
+    """Write the results so far with their summary and provenance; return the summary."""
+    speedups = [r["speedup"] for r in results if r["speedup"]]
+    summary = {"median_speedup": statistics.median(speedups) if speedups else None,
+               "min_speedup": min(speedups) if speedups else None,
+               "beats_baseline": sum(r["beats_baseline"] for r in results), "studies": len(results),
+               "kept_baseline": sum(r["winner"] == confirm.BASELINE for r in results),
+               "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
+               "median_trial_compute": statistics.median(r["trial_compute"] for r in results)}
+    record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
+              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates},
+              **provenance(device), "summary": summary, "studies": results}
+    out.write_text(json.dumps(record, indent=1))
+    return summary
 
 
 def _s(value: float | None) -> str:

@@ -145,3 +145,54 @@ def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_bas
     assert best["trial"] is None and best["label"] == "baseline" and best["params"]["batch_size"] == 64
     assert best["time_to_target"] == 2.0 and summary["speedup"] == 1.0
     assert summary["confirmation"]["configs"][f"trial {fastest.number}"]["median"] == 3.0
+
+
+def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_the_whole_schedule(tmp_path: Path) -> None:
+    """A 1-epoch schedule ends over the target on the trial's own seed only (one lucky replicate):
+    infeasible on the mean. A 2-epoch one ends over it on every seed: the winner, twice as fast as
+    the baseline's whole 4-epoch schedule."""
+    calls: list[tuple[float, int]] = []
+
+    def objective(config: dict, seed: int) -> tuple[float, float]:
+        epochs = config["schedule_epochs"]
+        calls.append((epochs, seed))
+        if epochs == 1:
+            return 1.0, 0.97 if seed < 10**12 else 0.5  # replicates run on seed + k * 10**12
+        return float(epochs), 0.95
+
+    storage = f"sqlite:///{tmp_path / 'fixed.db'}"
+    summary = autotune.tune(objective=objective, target=0.9, name="fixed", storage=storage,
+                            space={**SPACE, "lr": 0.1, "scheduler": "cosine", "batch_size": 16, "schedule_epochs": [1, 2]},
+                            objective_kind="fixed_schedule", budget={**BUDGET, "trials": 6},
+                            confirm={"top": 1, "runs": 2})
+
+    trials = [t for t in stored(storage, "fixed") if t.state == optuna.trial.TrialState.COMPLETE]
+    assert {t.params["schedule_epochs"] for t in trials} == {1, 2}
+    for t in trials:
+        runs = measured(t)["replicates"]
+        assert [r["seed"] for r in runs] == [t.user_attrs["seed"], t.user_attrs["seed"] + 10**12]
+        assert t.value == pytest.approx(sum(r["train_seconds"] for r in runs) / 2)
+        feasible = max(t.constraints.values()) <= 0
+        assert feasible == (t.params["schedule_epochs"] == 2)
+    assert summary["objective"] == "fixed_schedule"
+    best = summary["best"]
+    assert best["params"]["schedule_epochs"] == 2 and best["time_to_target"] == 2.0 and best["metric"] == 0.95
+    assert summary["baseline"]["params"]["schedule_epochs"] == 4.0 and summary["baseline"]["time_to_target"] == 4.0
+    assert summary["speedup"] == 2.0
+    assert [e for e, s in calls if s >= 50_000 and s < 10**12].count(4.0) == 2  # the baseline's whole schedule, 2 fresh seeds
+
+
+def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) -> None:
+    """With a real training loop: no run stops at the target, the study's or the confirmation's."""
+    storage = f"sqlite:///{tmp_path / 'whole.db'}"
+    summary = autotune.tune(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.8, name="whole",
+                            storage=storage, space={**SPACE, "schedule_epochs": [1, 2]}, objective_kind="fixed_schedule",
+                            budget={**BUDGET, "trials": 2}, confirm={"top": 1, "runs": 1}, probe="none")
+    for t in stored(storage, "whole"):
+        result = measured(t)
+        steps = int(t.user_attrs["config"]["schedule_epochs"] * 1024 // t.user_attrs["config"]["batch_size"])
+        assert result["stop_reason"] == "max_epochs" and result["optimizer_steps"] == steps
+        assert len(result["replicates"]) == 2
+    confirmation = summary["confirmation"]
+    assert confirmation is not None and all(r["stop_reason"] == "max_epochs" for r in
+                                            optuna.load_study(study_name="whole", storage=storage).user_attrs["confirmation"]["runs"])

@@ -216,7 +216,7 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
     assert seen["argv"][2:] == ["--lr", "0.25", "--max-epochs", "3", "--scheduler", "one cycle", "--pin=false",
                                 "--width", "48", "--seed", "11", "--device", "cpu", "--file", seen["config_file"]]
     assert seen["config"] == {"config": config.as_dict(), "seed": 11, "device": "cpu", "metric": "accuracy",
-                              "limits": dataclasses.asdict(limits())}
+                              "limits": {"target": 0.5, "max_epochs": 3, "max_seconds": 30, "eval_every": 0.25}}
     assert seen["config"]["config"]["prefetch_factor"] is None and seen["config"]["config"]["width"] == 48
     assert seen["env"] == "w48" and seen["unset"] is None
     assert not Path(seen["config_file"]).exists()  # removed with the trial

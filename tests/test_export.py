@@ -76,7 +76,7 @@ def case(name: str) -> dict[str, Any]:
 
 def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     params = summary["best"]["params"]
-    return {k: params[k] for k in KNOBS}, {k: v for k, v in params.items() if k not in KNOBS}
+    return {k: params[k] for k in KNOBS if k in params}, {k: v for k, v in params.items() if k not in KNOBS}
 
 
 def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:

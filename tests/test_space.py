@@ -22,6 +22,7 @@ def make_space(**overrides: Domain) -> Space:
         "prefetch_factor": Choices((2,)),
         "pin_memory": Choices((False,)),
         "precision": Choices(("fp32",)),
+        "schedule_epochs": Choices((4.0,)),
     }
     fixed.update(overrides)
     return Space(tuple((name, fixed[name]) for name in KNOBS))
@@ -61,7 +62,8 @@ def test_fully_fixed_space_asks_nothing() -> None:
     config = suggest(make_space(), trial)
     assert trial.calls == []
     assert config == {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1,
-                      "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+                      "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32",
+                      "schedule_epochs": 4.0}
 
 
 def test_prefetch_factor_not_suggested_without_workers() -> None:
@@ -191,7 +193,8 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
     full = complete(stored)
     assert list(full) == list(KNOBS)
     assert full["prefetch_factor"] is None
-    assert {k: v for k, v in full.items() if k != "prefetch_factor"} == stored
+    assert full["schedule_epochs"] is None  # stored before it was a knob: the study's max_epochs
+    assert {k: v for k, v in full.items() if k not in ("prefetch_factor", "schedule_epochs")} == stored
 
 
 def test_complete_drops_a_stale_prefetch_without_workers_and_keeps_it_with_workers() -> None:

@@ -53,7 +53,8 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
     assert spec.seed == 0
     assert spec.device == "auto"
     assert spec.confirm == Confirm(top=3, runs=3)
-    assert dict(spec.baseline) == DEFAULT_BASELINE
+    assert dict(spec.baseline) == {**DEFAULT_BASELINE, "schedule_epochs": 10.0}  # the budget's max_epochs
+    assert spec.objective == "time_to_target" and spec.replicates == 1
 
 
 def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     assert space["accumulation_steps"] == Choices((1, 2, 4))
     assert space["prefetch_factor"] == Choices((2, 4, 8))
     assert space["pin_memory"] == Choices((False, True))
-    assert space.fixed() == {"precision": "fp32"}
+    assert space.fixed() == {"precision": "fp32", "schedule_epochs": 10.0}  # no schedule given: max_epochs
 
 
 def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:
@@ -146,6 +147,17 @@ def test_spec_is_frozen(tmp_path: Path) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.target.value = 0.5  # type: ignore[misc]
     assert isinstance(spec.baseline, tuple) and isinstance(spec.space.domains, tuple)
+
+
+def test_fixed_schedule_searches_the_schedule_up_to_max_epochs_with_two_seeds(tmp_path: Path) -> None:
+    """Without a schedule_epochs domain: a log range from an eighth of max_epochs to all of it;
+    the baseline keeps the whole max_epochs; replicates default to 2, and a study file's win."""
+    spec = load(write(tmp_path, HEAD + "objective: fixed_schedule\nbudget: {max_epochs: 8}\n"))
+    assert spec.objective == "fixed_schedule" and spec.replicates == 2
+    assert spec.space["schedule_epochs"] == Range(low=1.0, high=8.0, log=True)
+    assert dict(spec.baseline)["schedule_epochs"] == 8.0
+    spec = load(write(tmp_path, HEAD + "objective: fixed_schedule\nreplicates: 3\nspace: {schedule_epochs: [2, 4]}\n"))
+    assert spec.replicates == 3 and spec.space["schedule_epochs"] == Choices((2, 4))
 
 
 def test_shipped_digits_study_loads() -> None:
@@ -252,6 +264,17 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
      "a string or a number"),
     ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "incumbent (stop a trial"),
     ("unknown probe mode", HEAD + "probe: all\n", "probe", "all", "systems (settle DataLoader settings"),
+    ("unknown objective", HEAD + "objective: accuracy\n", "objective", "accuracy", "time_to_target (stop each run"),
+    ("replicates zero", HEAD + "replicates: 0\n", "replicates", 0, "a whole number from 1 to 20"),
+    ("replicates a fraction", HEAD + "replicates: 1.5\n", "replicates", 1.5, "a whole number from 1 to 20"),
+    ("fixed schedule for a command", TARGET_ONLY + "task: {command: 'python t.py'}\nobjective: fixed_schedule\n",
+     "objective", "fixed_schedule", "needs a built-in or Python task"),
+    ("schedule longer than max_epochs", HEAD + "budget: {max_epochs: 4}\nspace: {schedule_epochs: {low: 1, high: 6}}\n",
+     "space.schedule_epochs", {"low": 1, "high": 6}, "at most budget.max_epochs (4)"),
+    ("schedule of zero epochs", HEAD + "space: {schedule_epochs: [0, 2]}\n", "space.schedule_epochs[0]", 0,
+     "greater than 0"),
+    ("baseline schedule too long", HEAD + "budget: {max_epochs: 4}\nbaseline: {schedule_epochs: 5}\n",
+     "baseline.schedule_epochs", 5, "at most budget.max_epochs (4)"),
     # The user's own parameters (space.params).
     ("params not a mapping", HEAD + "space: {params: [width]}\n", "space.params", ["width"], "a mapping"),
     ("param name not an identifier", HEAD + "space: {params: {hidden-size: [8]}}\n", "space.params.hidden-size",

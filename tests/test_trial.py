@@ -187,3 +187,37 @@ def test_takes_hands_everything_to_kwargs_and_nothing_to_the_positional_argument
     assert takes(flexible, {"width": 3, "depth": 4}, after=2) == {"width": 3, "depth": 4}
     assert takes(lambda parameters, lr, width=1: None, params, after=2) == {"width": 3}
     assert takes(lambda parameters, lr, width=1: None, params) == params
+
+
+def test_a_fixed_schedule_trains_past_the_target_to_its_end_and_notes_when_it_crossed() -> None:
+    """stop_at_target off (the fixed_schedule objective): the run takes every step of its schedule;
+    time_to_target is still the first evaluation that reached the target."""
+    limits = dataclasses.replace(EASY, max_epochs=3, stop_at_target=False)
+    result = run(blobs(), BASE, limits=limits, device=CPU, seed=1)
+    assert result.stop_reason == "max_epochs" and result.optimizer_steps == 3 * (1024 // 32)
+    assert result.reached and 0 < result.time_to_target < result.train_seconds
+    crossing = next(seconds for seconds, _, metric in result.curve if metric >= 0.9)
+    assert result.time_to_target == crossing
+    assert result.final_metric == result.curve[-1][2]
+
+
+def test_schedule_epochs_sets_the_schedules_length_and_the_runs() -> None:
+    """A 1-epoch cosine schedule ends at zero after one epoch's steps, under a 2-epoch limit."""
+    optimizers: list[torch.optim.Optimizer] = []
+
+    def optimizer(params, lr: float) -> torch.optim.Optimizer:
+        optimizers.append(torch.optim.SGD(params, lr=lr))
+        return optimizers[-1]
+
+    task = dataclasses.replace(blobs(), optimizer=optimizer)
+    config = dataclasses.replace(BASE, scheduler="cosine", schedule_epochs=1.0)
+    result = run(task, config, limits=NEVER, device=CPU, seed=1)
+    assert result.optimizer_steps == 1024 // 32 and result.stop_reason == "max_epochs"
+    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_max_epochs_cuts_a_longer_schedule_short() -> None:
+    """The probe's short runs: a schedule of 8 epochs stopped by a limit of half an epoch."""
+    config = dataclasses.replace(BASE, scheduler="cosine", schedule_epochs=8.0)
+    result = run(blobs(), config, limits=dataclasses.replace(NEVER, max_epochs=0.5), device=CPU, seed=1)
+    assert result.optimizer_steps == 1024 // 32 // 2

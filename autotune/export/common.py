@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.space import KNOBS
+from autotune.space import KNOBS, SCHEDULE
 
 BUILT_IN_SGD = "autotune.tasks:sgd"  # the default Task.optimizer, as study.py records it
 SGD_ARGS = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # autotune.tasks.sgd, besides lr
@@ -27,17 +27,19 @@ def note(setting: str, value: Any, status: str, text: str) -> dict[str, Any]:
 
 
 def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The winner's eight knobs, and the user's own parameters (every other key), in order."""
+    """The winner's knobs but the schedule's length (`max_epochs`), and the user's own parameters
+    (every other key), in order."""
     params = summary["best"]["params"]
-    missing = [k for k in KNOBS if k not in params]
+    missing = [k for k in KNOBS if k not in params and k != SCHEDULE]  # a study begun before it was a knob lacks it
     if missing:
         raise AutotuneError(f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged")
-    return {k: params[k] for k in KNOBS}, {k: v for k, v in params.items() if k not in KNOBS}
+    return {k: params[k] for k in KNOBS if k != SCHEDULE}, {k: v for k, v in params.items() if k not in KNOBS}
 
 
 def max_epochs(summary: Mapping[str, Any]) -> float | int | None:
-    """The study's max_epochs, the length of the LR schedule: an int when whole, None when unknown."""
-    value = (summary.get("limits") or {}).get("max_epochs")
+    """The length of the winner's LR schedule (its schedule_epochs, else the study's max_epochs):
+    an int when whole, None when unknown."""
+    value = summary["best"]["params"].get(SCHEDULE) or (summary.get("limits") or {}).get("max_epochs")
     if value is None:
         return None
     return int(value) if float(value).is_integer() else float(value)

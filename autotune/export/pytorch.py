@@ -158,8 +158,8 @@ def render(summary: Mapping[str, Any]) -> str:
     knobs, params = split(summary)
     precision = knobs["precision"]
     epochs = max_epochs(summary)
-    lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in KNOBS]
-    lines.append((f"MAX_EPOCHS = {epochs!r}", "length of the LR schedule in epochs: the study's max_epochs"
+    lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in knobs]
+    lines.append((f"MAX_EPOCHS = {epochs!r}", "length of the LR schedule in epochs: the winner's schedule_epochs"
                   + ("; not recorded, so pass make_training(max_epochs=)" if epochs is None else "")))
     width = max(len(code) for code, _ in lines) + 2
     constants = "\n".join(f"{code:<{width}}# {doc}" for code, doc in lines)
