@@ -152,9 +152,10 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     elif best["source"] == "confirmed" and base:
         how = f"median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s"
         if summary["speedup"]:
+            baseline_is = f"the baseline's {_epochs(base)} schedule" if fixed else "the baseline"
             base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"
             lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); "
-                         f"the baseline{' (' + _epochs(base) + ')' if fixed else ''} takes {base['time_to_target']:.2f} s ({base_how}): "
+                         f"{baseline_is} takes {base['time_to_target']:.2f} s ({base_how}): "
                          f"{speedup_phrase(summary['speedup'])}.")
         elif fixed:
             lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); the baseline's "

@@ -3,10 +3,12 @@ evaluation, and with process isolation the child's start, on a trivial task.
 
 Runs whole studies (autotune's own loop, SQLite storage) of `--trials` trials on
 benchmarks/trivial.py, in-process and with isolation: process, alternating, `--rounds` times
-after one warm-up round each. Per study: overhead per trial = (study wall time - the trials'
-training clocks) / trials. Usage (from the repository root):
+after one warm-up round each. The tuner's time is the study's wall time less its trials'
+training clocks; studies of two sizes (5 and 20 trials) split it into the cost of one more
+trial (their difference) and the once-per-study start (opening the storage, building the
+task). Usage (from the repository root):
 
-    .venv/bin/python benchmarks/overhead.py [--trials 10] [--rounds 5] [--epochs 1]
+    .venv/bin/python benchmarks/overhead.py [--trials 5 20] [--rounds 5] [--epochs 1]
 
 Prints a table and writes benchmarks/results/overhead-<device>.json.
 """
@@ -53,28 +55,30 @@ def run_study(folder: Path, *, mode: str, trials: int, epochs: float, index: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--trials", type=int, nargs=2, default=[5, 20], metavar=("SMALL", "LARGE"),
+                        help="the trials of the two study sizes whose difference gives the cost of one more trial")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=float, default=1.0)
     args = parser.parse_args()
     os.chdir(REPO)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    small, large = sorted(args.trials)
 
     samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds + 1):  # round 0 warms up imports, caches and the fork server
             for mode in MODES:
-                sample = run_study(Path(tmp), mode=mode, trials=args.trials, epochs=args.epochs, index=index)
+                pair = {n: run_study(Path(tmp), mode=mode, trials=n, epochs=args.epochs, index=2 * index + (n == large))
+                        for n in (small, large)}
                 if index > 0:
-                    samples[mode].append(sample)
+                    samples[mode].append({"small": pair[small], "large": pair[large], **split(pair[small], pair[large], small, large)})
 
-    keys = ("per_trial_wall", "per_trial_train", "overhead_per_trial", "overhead_fraction")
+    keys = ("per_trial", "per_study", "all_in_per_trial")
     summary = {mode: {key: statistics.median(s[key] for s in runs) for key in keys} for mode, runs in samples.items()}
-    print(f"{args.trials} trials per study, {args.rounds} studies per mode, interleaved; medians")
-    print(f"{'isolation':<10} {'wall/trial':>11} {'train/trial':>12} {'overhead/trial':>15} {'overhead share':>15}")
+    print(f"studies of {small} and {large} trials, {args.rounds} of each per mode, interleaved; medians")
+    print(f"{'isolation':<10} {'per trial':>10} {'per study (start)':>18} {f'all in, per trial of {large}':>26}")
     for mode, s in summary.items():
-        print(f"{mode:<10} {s['per_trial_wall']:>10.3f}s {s['per_trial_train']:>11.3f}s "
-              f"{s['overhead_per_trial']:>14.3f}s {s['overhead_fraction']:>14.1%}")
+        print(f"{mode:<10} {s['per_trial']:>9.3f}s {s['per_study']:>17.3f}s {s['all_in_per_trial']:>25.3f}s")
 
     record = {"benchmark": "overhead", "args": vars(args), **provenance(torch.device("cpu")),
               "summary": summary, "samples": samples}
@@ -82,6 +86,16 @@ def main() -> None:
     out = RESULTS / "overhead-cpu.json"
     out.write_text(json.dumps(record, indent=2))
     print(f"written: {out.relative_to(REPO)}")
+
+
+def split(small: dict[str, float], large: dict[str, float], n_small: int, n_large: int) -> dict[str, float]:
+    """The tuner's time outside training, split into the cost of one more trial (the difference
+    between the two studies) and the cost of starting a study (what is left of the small one)."""
+    outside_small = small["wall"] - small["train"]
+    outside_large = large["wall"] - large["train"]
+    per_trial = (outside_large - outside_small) / (n_large - n_small)
+    return {"per_trial": per_trial, "per_study": outside_small - n_small * per_trial,
+            "all_in_per_trial": outside_large / n_large}
 
 
 if __name__ == "__main__":
