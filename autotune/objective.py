@@ -3,7 +3,8 @@
 Two objectives (spec.OBJECTIVES), after DESIGN.md's "time to target":
 
 - time_to_target: each run stops at the first evaluation that reaches the target. The trial is
-  feasible when every run reached it; its time is their mean time to target.
+  feasible when every run reached it; its time is their mean time to target. Only a contender
+  gets the extra seeds: a trial whose first run would be the study's new best (`runs_for`).
 - fixed_schedule (airbench): each run trains its whole schedule, so its time is steps x step
   time, far less noisy than a crossing. The trial is feasible when the mean final metric over its
   runs reaches the target; its time is their mean training time.
@@ -35,6 +36,20 @@ class Outcome:
 def seeds(trial_seed: int, replicates: int) -> list[int]:
     """The seeds of a trial's runs; the first is the trial's own."""
     return [trial_seed + k * REPLICATE_STRIDE for k in range(replicates)]
+
+
+def runs_for(first: TrialResult, *, objective: str, replicates: int, incumbent: float | None) -> int:
+    """How many runs a trial gets, decided once its first run finished.
+
+    fixed_schedule: always `replicates`, since feasibility is a mean. time_to_target: the extra
+    seeds go where the decision is close, to a first run that beat the best time so far (or
+    set the first one): a lucky seed would otherwise become the bar every later trial is
+    pruned against. Any other first run is the trial's only one.
+    """
+    if objective == "fixed_schedule":
+        return replicates
+    contender = first.reached and (incumbent is None or first.time_to_target < incumbent)
+    return replicates if contender else 1
 
 
 def outcome(runs: Sequence[TrialResult], *, objective: str, target: float) -> Outcome:

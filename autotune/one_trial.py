@@ -22,17 +22,18 @@ from autotune.trial import Limits, TrialConfig
 
 def run_one(study: optuna.Study, *, space: Space, run_trial: RunTrial, device: torch.device, limits: Limits,
             seed: int, metric_name: str, budget: int, asked: list[int], known: list[optuna.trial.FrozenTrial],
-            prune: bool = False, objective: str = "time_to_target", replicates: int = 1) -> None:
+            prune: bool = False, objective: str = "time_to_target", replicates: int = 1, alone: bool = False) -> None:
     """Ask for a configuration, train it once per replicate, tell the outcome (objective.py).
     OOM -> PRUNED, other errors -> FAIL; with `prune`, a trial whose training clock passes the best
     time so far (over all its replicates) -> PRUNED. `known`: the study's trials as read just
-    before (the incumbent and the OOM boundary)."""
+    before (the incumbent and the OOM boundary); with `alone` (no other worker), also the budget."""
     trial = study.ask()
     asked.append(trial.number)
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         _train_and_tell(study, trial, space=space, run_trial=run_trial, device=device, limits=limits, seed=seed,
-                        metric_name=metric_name, budget=budget, incumbent=incumbent(known) if prune else None,
-                        ran_out=_ran_out(known), objective=objective, replicates=replicates)
+                        metric_name=metric_name, budget=budget, incumbent=incumbent(known), prune=prune,
+                        ran_out=_ran_out(known), objective=objective, replicates=replicates,
+                        current=known if alone else None)
 
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
@@ -50,14 +51,15 @@ def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]
 
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, run_trial: RunTrial,
                     device: torch.device, limits: Limits, seed: int, metric_name: str, budget: int,
-                    incumbent: tuple[float, int] | None, ran_out: dict[int, dict[str, Any]], objective: str,
-                    replicates: int) -> None:
+                    incumbent: tuple[float, int] | None, prune: bool, ran_out: dict[int, dict[str, Any]], objective: str,
+                    replicates: int, current: list[optuna.trial.FrozenTrial] | None) -> None:
     trial.set_user_attr("worker", storage.worker_id())
     config = suggest(space, trial)
     trial_seed = seed * 100_000 + trial.number
     trial.set_user_attr("config", config)
     trial.set_user_attr("seed", trial_seed)
-    if storage.slots_before(study, trial.number) >= budget:
+    # Alone, the read before the ask is current: another read would cost a storage round trip.
+    if storage.slots_before(study, trial.number, current) >= budget:
         storage.mark_surplus(study, trial)
         return
     bound = oom_boundary.bound_by(config, ran_out.items())
@@ -69,18 +71,20 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         tqdm.write(f"trial {trial.number}: pruned: {reason}", file=sys.stderr)
         return
     bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
-    done = 0.0  # training seconds of the trial's finished replicates
-    # The trial's time is the mean over its replicates: once their sum passes `replicates` times
-    # the incumbent's, that mean can only be longer than the incumbent's.
-    allowed = None if incumbent is None else incumbent[0] * replicates
+    done = 0.0  # training seconds of the trial's finished runs
+    # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
+    # time_to_target one, and more only once its first run beats the best (objective.runs_for).
+    planned = replicates if objective == "fixed_schedule" else 1
 
     def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:
             bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
-        if allowed is not None and done + seconds > allowed:
-            runs = f" over {replicates} runs" if replicates > 1 else ""
+        # Once the planned runs' training passes `planned` times the incumbent's time, their mean
+        # can only be longer than the incumbent's.
+        if prune and incumbent is not None and done + seconds > incumbent[0] * planned:
+            runs = f" over {planned} runs" if planned > 1 else ""
             raise isolation.Pruned(f"pruned: {done + seconds:.2f} s of training{runs} passed the best time so far "
                                    f"({incumbent[0]:.2f} s{' each' if runs else ''}, trial {incumbent[1]}); "
                                    f"it can no longer win", seconds=done + seconds)
@@ -91,11 +95,14 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     run_limits = dataclasses.replace(limits, stop_at_target=objective == "time_to_target")
     try:
         with signals.interruptible():
-            for run_seed in seeds:
+            while len(runs) < planned:
                 bar.reset()
                 runs.append(run_trial(TrialConfig.from_mapping(config), limits=run_limits, device=device,
-                                      seed=run_seed, progress=progress))
+                                      seed=seeds[len(runs)], progress=progress))
                 done += runs[-1].train_seconds
+                if len(runs) == 1:
+                    planned = objective_.runs_for(runs[0], objective=objective, replicates=replicates,
+                                                  incumbent=None if incumbent is None else incumbent[0])
     except (isolation.TrialFailure, isolation.Pruned) as exc:
         failure = exc
     finally:
@@ -117,7 +124,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     record = dataclasses.asdict(runs[0])  # the first run in full: its curve, throughput and memory
     record["curve"] = [list(point) for point in runs[0].curve]
     record["final_metric"] = runs[0].final_metric
-    if replicates > 1:
+    if len(runs) > 1:
         record["replicates"] = [objective_.summary(run, run_seed) for run, run_seed in zip(runs, seeds)]
     record["objective_metric"] = outcome.metric
     trial.set_user_attr(results.RESULT, record)  # one write: each attribute is a transaction of its own

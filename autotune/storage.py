@@ -173,14 +173,17 @@ def slots_taken(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
     return sum(1 for t in trials if _holds_slot(t))
 
 
-def slots_before(study: optuna.Study, number: int) -> int:
+def slots_before(study: optuna.Study, number: int,
+                 trials: Iterable[optuna.trial.FrozenTrial] | None = None) -> int:
     """How many trials numbered before this one hold a slot of the budget.
 
     Workers each check the budget before they ask for a trial, so two of them can both take the
     last slot; the trial numbers order them, and the later one is surplus. Called after the
     trial's parameters are written, by when every earlier trial's creation has been committed.
+    `trials`: a read that is known to be current (a process running alone); else the storage is read.
     """
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and _holds_slot(t))
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    return sum(1 for t in trials if t.number < number and _holds_slot(t))
 
 
 def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:

@@ -228,7 +228,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
                                   limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,
                                   asked=mine, known=trials, prune=spec.prune == "incumbent", objective=spec.objective,
-                                  replicates=spec.replicates)
+                                  replicates=spec.replicates,
+                                  # a local file has one runner (sole_runner); a server may have others
+                                  alone=worker is None and storage.local_path(spec.storage) is not None)
         except KeyboardInterrupt as interrupt:
             # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
             stopped = storage.mark_running_interrupted(study, reason=f"stopped by {signals.name(interrupt)}",

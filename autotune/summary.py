@@ -121,8 +121,9 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     for column in table.columns:
         if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
             table[column] = table[column].map(_cell)
-    runs = int(top["runs"].max()) if top["runs"].notna().any() else 1
-    each = "one run each" if runs == 1 else f"mean of {runs} runs each"
+    runs = {int(n) for n in top["runs"].dropna()} or {1}
+    each = ("one run each" if runs == {1} else f"mean of {max(runs)} runs each" if len(runs) == 1
+            else f"mean of {min(runs)}-{max(runs)} runs each")
     lines += ["", f"Fastest trials ({'whole schedules, ' if fixed else ''}{each}):",
               table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
     confirmation = summary["confirmation"]

@@ -7,7 +7,8 @@ Then re-measures the winner and the baseline side by side on `--seeds` fresh see
 recommended keeping what the user had: its re-measured "speedup" shows only the noise between
 two sets of runs of one configuration, and it does not count as beating the baseline. Usage (from the repository root):
 
-    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [studies/digits.yaml ...]
+    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [--replicates 3]
+                                         [studies/digits.yaml ...]
 
 Studies already in the results file are kept and not run again (--fresh discards them), so an
 interrupted run goes on where it stopped and `--first 6 --studies 5` adds studies 6-10.
@@ -18,7 +19,7 @@ schedule (schedule_epochs long) and notes when it first reached the target, whic
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>[-<objective>]-<device>.json per study file.
+Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>]-<device>.json per study file.
 """
 
 from __future__ import annotations
@@ -47,17 +48,17 @@ from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)
 
 
-def load(path: Path, *, objective: str | None, storage: str | None = None) -> spec_.StudySpec:
-    """The study file, under `objective` when one is given."""
+def load(path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None) -> spec_.StudySpec:
+    """The study file, under `objective` and with `replicates` where they are given."""
     raw = read_yaml(path)
-    if objective is not None:
-        raw = {**raw, "objective": objective}
+    raw = {**raw, **{k: v for k, v in (("objective", objective), ("replicates", replicates)) if v is not None}}
     return spec_.from_mapping(raw, path=path, storage=storage)
 
 
-def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None) -> dict:
+def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
+              replicates: int | None = None) -> dict:
     """Run the study with `seed`; re-measure its winner against the baseline on fresh seeds."""
-    spec = load(path, objective=objective, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
+    spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
     prepared = study_.prepare(spec)
     started = time.perf_counter()
@@ -97,14 +98,15 @@ def main() -> None:
     parser.add_argument("--studies", type=int, default=10, help="independent studies (study seeds 1..N) per file")
     parser.add_argument("--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement")
     parser.add_argument("--objective", choices=spec_.OBJECTIVES, help="run the studies under this objective")
+    parser.add_argument("--replicates", type=int, help="run the studies with this many replicates")
     parser.add_argument("--first", type=int, default=1, help="the first study seed")
     parser.add_argument("--fresh", action="store_true", help="discard the studies already in the results file")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
-        spec = load(path, objective=args.objective)
+        spec = load(path, objective=args.objective, replicates=args.replicates)
         device = study_.resolve_device(spec)
-        variant = f"-{args.objective}" if args.objective else ""
+        variant = f"-{spec.objective}" + (f"-r{args.replicates}" if args.replicates else "")
         out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
@@ -114,7 +116,8 @@ def main() -> None:
             for seed in range(args.first, args.first + args.studies):
                 if seed in rows:
                     continue
-                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective)
+                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective,
+                                replicates=args.replicates)
                 rows[seed] = {**row, "fresh_seeds": args.seeds, "commit": provenance(device)["commit"]}
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
                 print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "

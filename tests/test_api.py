@@ -13,8 +13,9 @@ from torch.utils.data import TensorDataset
 
 import autotune
 from autotune.errors import SpecError
-from autotune.results import measured
+from autotune.results import measured, trial_records
 from autotune.space import KNOBS
+from autotune.summary import render
 
 SPACE = {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"], "batch_size": [16, 32],
          "accumulation_steps": 1, "num_workers": 0, "precision": "fp32"}
@@ -180,6 +181,10 @@ def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_t
     assert summary["baseline"]["params"]["schedule_epochs"] == 4.0 and summary["baseline"]["time_to_target"] == 4.0
     assert summary["speedup"] == 2.0
     assert [e for e, s in calls if s >= 50_000 and s < 10**12].count(4.0) == 2  # the baseline's whole schedule, 2 fresh seeds
+    text = render(summary, trial_records(stored(storage, "fixed")))
+    assert "Fastest trials (whole schedules, mean of 2 runs each)" in text
+    assert ("Trains its whole 2-epoch schedule to a mean accuracy >= 0.9 in 2.00 s (median of 2 runs, range 2.00-2.00 s); "
+            "the baseline's 4-epoch schedule takes 4.00 s") in text and text.endswith("2.00x faster.")
 
 
 def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) -> None:
@@ -196,3 +201,32 @@ def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) 
     confirmation = summary["confirmation"]
     assert confirmation is not None and all(r["stop_reason"] == "max_epochs" for r in
                                             optuna.load_study(study_name="whole", storage=storage).user_attrs["confirmation"]["runs"])
+
+
+def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_on_them(tmp_path: Path) -> None:
+    """batch_size 16 is fast only on a trial's own seed. Alone, its lucky run wins the study;
+    with replicates: 3 it beats the best on its first run, so it runs two more seeds and its
+    mean loses to batch_size 64."""
+
+    def objective(config: dict, seed: int) -> tuple[float, float]:
+        if config["batch_size"] == 16:
+            return (0.5 if seed < 10**12 else 3.0), 1.0
+        return 2.0, 1.0
+
+    space = {**SPACE, "batch_size": [16, 64]}
+    storage = f"sqlite:///{tmp_path / 'contenders.db'}"
+    common = dict(objective=objective, target=0.9, storage=storage, space=space, budget={**BUDGET, "trials": 6},
+                  confirm={"top": 0})
+    lucky = autotune.tune(**common, name="one_seed")
+    assert lucky["best"]["params"]["batch_size"] == 16 and lucky["best"]["time_to_target"] == 0.5
+
+    summary = autotune.tune(**common, name="three_seeds", replicates=3)
+    trials = [t for t in stored(storage, "three_seeds") if t.state == optuna.trial.TrialState.COMPLETE]
+    sixteen = [t for t in trials if t.params["batch_size"] == 16]
+    assert sixteen
+    for t in sixteen:
+        assert [r["seed"] for r in measured(t)["replicates"]] == [t.user_attrs["seed"] + k * 10**12 for k in range(3)]
+        assert t.value == pytest.approx((0.5 + 3.0 + 3.0) / 3)
+    best = summary["best"]
+    assert best["params"]["batch_size"] == 64 and best["time_to_target"] == 2.0
+    assert all(len(measured(t).get("replicates") or [None]) in (1, 3) for t in trials)

@@ -69,6 +69,11 @@ def summary_for(params: Mapping[str, Any], *, optimizer: str | None = BUILT_IN, 
             "limits": limits, "optimizer": optimizer, "device": device}
 
 
+def schedule(summary: Mapping[str, Any]) -> float:
+    """The winner's schedule length: its schedule_epochs, else the study's max_epochs."""
+    return summary["best"]["params"].get("schedule_epochs") or summary["limits"]["max_epochs"]
+
+
 def case(name: str) -> dict[str, Any]:
     knob_values, extras, optimizer = CASES[name]
     return summary_for({**knob_values, **extras}, optimizer=optimizer)
@@ -165,7 +170,7 @@ def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, 
                                 enable_model_summary=False)
     assert trainer.precision == precision
     assert trainer.accumulate_grad_batches == knob_values["accumulation_steps"]
-    assert trainer.max_epochs == summary["limits"]["max_epochs"]
+    assert trainer.max_epochs == schedule(summary)
     assert type(trainer.accelerator).__name__ == "CPUAccelerator" and trainer.num_devices == 1
 
     loader = DataLoader(dataset, **export["dataloader"])
@@ -225,6 +230,17 @@ def test_lightning_says_what_to_do_with_a_fractional_epoch_count() -> None:
     lightning.Trainer(**export["trainer"], logger=False, enable_checkpointing=False)  # still splats
 
 
+def test_every_format_takes_the_winners_schedule_length_over_the_studys_max_epochs() -> None:
+    """A fixed_schedule winner trains 2 epochs of a study whose max_epochs is 3: every export
+    schedules 2, and the torch module holds no separate SCHEDULE_EPOCHS constant."""
+    summary = summary_for({**knobs(0.1, "cosine", 32, 1, 0, "fp32"), "schedule_epochs": 2.0}, max_epochs=3)
+    assert json.loads(render(summary, "lightning"))["trainer"]["max_epochs"] == 2
+    assert json.loads(render(summary, "hf"))["training_arguments"]["num_train_epochs"] == 2
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(compile(render(summary, "torch"), "exported.py", "exec"), namespace)
+    assert namespace["MAX_EPOCHS"] == 2 and "SCHEDULE_EPOCHS" not in namespace
+
+
 # --- transformers ----------------------------------------------------------------------------
 
 def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: torch.nn.Module, tmp_path: Path) -> None:
@@ -236,7 +252,7 @@ def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: 
         assert getattr(getattr(args, key), "value", getattr(args, key)) == value, key
     assert args.per_device_train_batch_size == knob_values["batch_size"]
     assert args.gradient_accumulation_steps == knob_values["accumulation_steps"]
-    assert args.learning_rate == knob_values["lr"] and args.num_train_epochs == summary["limits"]["max_epochs"]
+    assert args.learning_rate == knob_values["lr"] and args.num_train_epochs == schedule(summary)
     assert (args.fp16, args.bf16) == (knob_values["precision"] == "fp16", knob_values["precision"] == "bf16")
     assert args.use_cpu and args.max_grad_norm == 0  # autotune never clips gradients
     assert (args.dataloader_num_workers, args.dataloader_prefetch_factor, args.dataloader_pin_memory) == (
@@ -307,7 +323,7 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
     knob_values, extras = split(summary)
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(code, "exported.py", "exec"), namespace)
-    assert namespace["PARAMS"] == extras and namespace["MAX_EPOCHS"] == summary["limits"]["max_epochs"]
+    assert namespace["PARAMS"] == extras and namespace["MAX_EPOCHS"] == schedule(summary)
     torch.manual_seed(0)
     model = model_factory(summary)
     twin = copy.deepcopy(model)
@@ -319,7 +335,7 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
     assert loader.persistent_workers == (knob_values["num_workers"] > 0) and loader.pin_memory is False
 
     optimizer = reference_optimizer(summary, twin)
-    total = max(1, math.floor(summary["limits"]["max_epochs"] * len(loader) / knob_values["accumulation_steps"]))
+    total = max(1, math.floor(schedule(summary) * len(loader) / knob_values["accumulation_steps"]))
     assert training.total_steps == total
     scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total, lr=knob_values["lr"])
     assert type(training.optimizer) is type(optimizer) and type(training.scheduler) is type(scheduler)

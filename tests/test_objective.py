@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.objective import CUT_SHORT, outcome, seeds, summary
+from autotune.objective import CUT_SHORT, outcome, runs_for, seeds, summary
 from autotune.trial import TrialResult
 
 
@@ -63,3 +63,14 @@ def test_a_replicate_is_stored_with_its_seed_and_final_metric() -> None:
     stored = summary(run(seconds=2.0, finals=(0.5, 0.7)), 42)
     assert stored == {"seed": 42, "train_seconds": 2.0, "time_to_target": None, "best_metric": 0.7,
                       "final_metric": 0.7, "stop_reason": "max_epochs"}
+
+
+def test_only_a_first_run_that_beats_the_best_gets_more_seeds_under_time_to_target() -> None:
+    fast = run(seconds=1.0, reached_at=1.0, finals=(0.97,))
+    slow = run(seconds=3.0, reached_at=3.0, finals=(0.97,))
+    missed = run(seconds=3.0, finals=(0.5,))
+    assert runs_for(fast, objective="time_to_target", replicates=3, incumbent=2.0) == 3
+    assert runs_for(fast, objective="time_to_target", replicates=3, incumbent=None) == 3  # the first best
+    assert runs_for(slow, objective="time_to_target", replicates=3, incumbent=2.0) == 1
+    assert runs_for(missed, objective="time_to_target", replicates=3, incumbent=None) == 1
+    assert runs_for(missed, objective="fixed_schedule", replicates=3, incumbent=2.0) == 3  # a mean needs them all
