@@ -19,7 +19,8 @@ schedule (schedule_epochs long) and notes when it first reached the target, whic
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>]-<device>.json per study file.
+Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>]-<device>.json per study file
+(-r<replicates> where they are not the objective's default).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def main() -> None:
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = study_.resolve_device(spec)
-        variant = f"-{spec.objective}" + (f"-r{args.replicates}" if args.replicates else "")
+        replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective]
+        variant = f"-{spec.objective}" + (f"-r{spec.replicates}" if replicated else "")
         out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
