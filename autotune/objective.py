@@ -23,7 +23,9 @@ from autotune.trial import TrialResult
 # Replicate k of a trial runs on the trial's seed + k * REPLICATE_STRIDE: far past every seed a
 # study gives a trial, the confirmation or the probe (study seed * 100,000 + under 100,000).
 REPLICATE_STRIDE = 10**12
-CUT_SHORT = 1e-9  # the constraint of a fixed-schedule trial that did not finish its schedule: infeasible
+# The least constraint of a trial that is infeasible whatever its metric says: a replicate that
+# missed the target (time_to_target), a schedule the time limit cut short (fixed_schedule).
+CUT_SHORT = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
