@@ -44,7 +44,8 @@ def training_seconds(trial: Any) -> float:
     return float(result.get("train_seconds", trial.user_attrs.get("pruned_at", 0.0)))
 
 
-MEASURED = ("reached", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs", "optimizer_steps",
+# What studies stored before the result was one attribute kept each as its own attribute.
+MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
             "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
 
 

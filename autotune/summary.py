@@ -145,28 +145,33 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     base = summary["baseline"]
     goal = f"{target['metric']} >= {target['value']}"
     # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
-    reaches = (lambda who: f"Trains its whole {_epochs(who)} schedule to a mean {goal}") if fixed else (lambda who: f"Reaches {goal}")
+    reaches = (lambda who: f"trains its whole {_epochs(who)} schedule to a mean {goal}") if fixed else (lambda who: f"reaches {goal}")
     if best["trial"] is None and base:
         lines.append(f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
-                     f"luck): keep the baseline, which {reaches(best)[0].lower() + reaches(best)[1:]} in "
+                     f"luck): keep the baseline, which {reaches(best)} in "
                      f"{best['time_to_target']:.2f} s (median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s).")
     elif best["source"] == "confirmed" and base:
         how = f"median of {best['runs']} runs, range {best['min']:.2f}-{best['max']:.2f} s"
         if summary["speedup"]:
             baseline_is = f"the baseline's {_epochs(base)} schedule" if fixed else "the baseline"
             base_how = f"median of {base['runs']} runs, range {base['min']:.2f}-{base['max']:.2f} s"
-            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); "
+            lines.append(f"{_capital(reaches(best))} in {best['time_to_target']:.2f} s ({how}); "
                          f"{baseline_is} takes {base['time_to_target']:.2f} s ({base_how}): "
                          f"{speedup_phrase(summary['speedup'])}.")
         elif fixed:
-            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); the baseline's "
+            lines.append(f"{_capital(reaches(best))} in {best['time_to_target']:.2f} s ({how}); the baseline's "
                          f"{_epochs(base)} schedule does not reach a mean {goal}.")
         else:
-            lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({how}); "
+            lines.append(f"{_capital(reaches(best))} in {best['time_to_target']:.2f} s ({how}); "
                          f"the baseline reached it in only {base['reached']} of {base['runs']} runs.")
     else:
-        lines.append(f"{reaches(best)} in {best['time_to_target']:.2f} s ({best['source']}, not confirmed on fresh seeds).")
+        lines.append(f"{_capital(reaches(best))} in {best['time_to_target']:.2f} s ({best['source']}, not confirmed on fresh seeds).")
     return "\n".join(lines)
+
+
+def _capital(phrase: str) -> str:
+    """The phrase as a sentence's start (str.capitalize would lower the rest, the metric's name too)."""
+    return phrase[:1].upper() + phrase[1:]
 
 
 def _epochs(who: Mapping[str, Any]) -> str:

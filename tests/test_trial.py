@@ -96,15 +96,20 @@ def test_evaluation_runs_on_a_paused_clock() -> None:
     assert wall - result.train_seconds >= pause * len(result.curve)
 
 
-def test_scheduler_steps_once_per_optimizer_step() -> None:
-    """A cosine schedule ends at zero exactly when the trial's last optimizer step is taken."""
+def recording_optimizers() -> tuple[Task, list[torch.optim.Optimizer]]:
+    """The blobs task with a plain SGD factory that keeps every optimizer it builds."""
     optimizers: list[torch.optim.Optimizer] = []
 
     def optimizer(params, lr: float) -> torch.optim.Optimizer:
         optimizers.append(torch.optim.SGD(params, lr=lr))
         return optimizers[-1]
 
-    task = dataclasses.replace(blobs(), optimizer=optimizer)
+    return dataclasses.replace(blobs(), optimizer=optimizer), optimizers
+
+
+def test_scheduler_steps_once_per_optimizer_step() -> None:
+    """A cosine schedule ends at zero exactly when the trial's last optimizer step is taken."""
+    task, optimizers = recording_optimizers()
     config = dataclasses.replace(BASE, scheduler="cosine", batch_size=16, accumulation_steps=4)
     result = run(task, config, limits=NEVER, device=CPU, seed=1)
     assert result.optimizer_steps == 2 * (1024 // 16) // 4
@@ -203,13 +208,7 @@ def test_a_fixed_schedule_trains_past_the_target_to_its_end_and_notes_when_it_cr
 
 def test_schedule_epochs_sets_the_schedules_length_and_the_runs() -> None:
     """A 1-epoch cosine schedule ends at zero after one epoch's steps, under a 2-epoch limit."""
-    optimizers: list[torch.optim.Optimizer] = []
-
-    def optimizer(params, lr: float) -> torch.optim.Optimizer:
-        optimizers.append(torch.optim.SGD(params, lr=lr))
-        return optimizers[-1]
-
-    task = dataclasses.replace(blobs(), optimizer=optimizer)
+    task, optimizers = recording_optimizers()
     config = dataclasses.replace(BASE, scheduler="cosine", schedule_epochs=1.0)
     result = run(task, config, limits=NEVER, device=CPU, seed=1)
     assert result.optimizer_steps == 1024 // 32 and result.stop_reason == "max_epochs"
