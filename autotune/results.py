@@ -16,9 +16,13 @@ from autotune.space import KNOBS, complete
 INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
 RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
 
+# NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
+GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
+GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
 COLUMNS = (
     "number", "state", "feasible", "seconds", "runs", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
-    "optimizer_steps", "samples_per_second", "peak_memory_mb", "oom", "oom_bound", "interrupted", "reason",
+    "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound",
+    "interrupted", "reason",
 )
 
 
@@ -77,7 +81,10 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "epochs": attrs.get("epochs"),
             "optimizer_steps": attrs.get("optimizer_steps"),
             "samples_per_second": attrs.get("samples_per_second"),
+            # share of training time (after warm-up) spent waiting for the next batch: input-bound when high
+            "input_wait": attrs.get("input_wait_fraction"),
             "peak_memory_mb": None if peak is None else peak / 2**20,
+            **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
             "oom": bool(attrs.get("oom", False)),
             "oom_bound": "oom_bound" in attrs,  # pruned without running: a smaller one ran out of memory
             "interrupted": is_interrupted(trial),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from autotune import confirm, probe, results
+from autotune import confirm, probe, results, winner
 from autotune.space import KNOBS, complete
 
 TABLE_ROWS = 5
@@ -18,12 +18,14 @@ def summarize(
     name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
     limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
     probe_outcome: Mapping[str, Any] | None = None, objective: str = "time_to_target",
+    confusions: Mapping[int, Any] | None = None,
 ) -> dict[str, Any]:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
 
     `limits` (max_epochs, max_seconds, eval_every) and `optimizer` (the task's optimizer factory as
     module:qualname) and `device` (cpu or cuda, what the trials ran on) are what exports need to
-    rebuild the winning run; None when unknown. Under the fixed_schedule `objective` a
+    rebuild the winning run; None when unknown. `confusions`: trial number -> the confusion matrix
+    its run ended with (classification tasks), for the winner's per-class figures. Under the fixed_schedule `objective` a
     `time_to_target` is the time of the whole schedule, whose mean final metric reaches the target.
     """
     summary: dict[str, Any] = {"study": name, "target": dict(target), "counts": results.counts(records),
@@ -62,20 +64,34 @@ def summarize(
                 "epochs": _plain(epochs.iloc[0]) if len(epochs) else None,  # of the study's own run of it
             }
             summary["speedup"] = confirm.speedup(stats, label)
+    if summary["best"] is not None:
+        _add_winner_detail(summary["best"], records, confirmation, confusions or {})
     return summary
+
+
+def _add_winner_detail(best: dict[str, Any], records: pd.DataFrame, confirmation: Mapping[str, Any] | None,
+                       confusions: Mapping[int, Any]) -> None:
+    """The winner's hardware figures and per-class quality, from its confirmation runs where it
+    was confirmed, else from its trial."""
+    runs = [r for r in confirmation["runs"] if r["label"] == best["label"]] if best["source"] == "confirmed" else []
+    rows = records[records["number"] == best["trial"]]
+    best["telemetry"] = winner.telemetry(runs, rows.iloc[0].to_dict() if len(rows) else None)
+    best["per_class"] = winner.per_class(runs, confusions.get(best["trial"]))
 
 
 def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Every trial of an Optuna study as a table, and the summary made from it, the study file's
     target and limits, and what the study stored (confirmation, optimizer, definition)."""
-    records = results.trial_records(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    records = results.trial_records(trials)
     target = {"metric": spec.target.metric, "value": spec.target.value}
     b = spec.budget
     limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
     attrs = study.user_attrs
     return records, summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
                               optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
-                              probe_outcome=attrs.get("probe"), objective=spec.objective)
+                              probe_outcome=attrs.get("probe"), objective=spec.objective,
+                              confusions={t.number: results.measured(t).get("confusion") for t in trials})
 
 
 def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autotune.measure import Clock, device_name, peak_memory, threads_for
+from autotune import classes, telemetry
+from autotune.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
 from autotune.space import loader_kwargs
 from autotune.tasks import Task, takes
 
@@ -89,6 +90,10 @@ class TrialResult:
     torch_version: str
     stop_reason: str  # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective function missed
     curve: tuple[tuple[float, float | None, float], ...]  # (train seconds, epochs, metric) per evaluation
+    # Telemetry (telemetry.py); None where it was not measured (a command, an objective function).
+    input_wait_fraction: float | None = None  # of training time after warm-up, spent waiting for batches
+    gpu: dict[str, float] | None = None  # NVML figures while training; None without an NVIDIA GPU
+    confusion: list[list[int]] | None = None  # at the last evaluation, for classification tasks
 
     @property
     def final_metric(self) -> float:
@@ -112,8 +117,7 @@ def run(
     """
     seed_everything(seed)
     torch.set_num_threads(threads_for(config.num_workers))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     n_train = len(task.train)
     if config.batch_size * config.accumulation_steps > n_train:
         raise ValueError(
@@ -142,7 +146,7 @@ def run(
 
     steps = samples = 0
     warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * total_steps))
-    warm: tuple[float, int] | None = None
+    warm: tuple[float, int, float] | None = None  # clock, samples and input wait when warm-up ended
     eval_interval = limits.eval_every * n_train
     next_eval = eval_interval
     curve: list[tuple[float, float, float]] = []
@@ -150,23 +154,27 @@ def run(
     reached_at: float | None = None
     stop_reason = "max_epochs"
     batches = endless(loader)
+    waiting = telemetry.InputWait()
+    fetch = waiting.timed(batches)
+    confusion = None
+    sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
     model.train()
     try:
         with warnings.catch_warnings():
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
-                group = list(itertools.islice(batches, config.accumulation_steps))
+                group = list(itertools.islice(fetch, config.accumulation_steps))
                 step(group)
                 scheduler.step()
                 steps += 1
                 samples += sum(len(targets) for _, targets in group)
                 if steps == warm_steps:
-                    warm = (clock.read(), samples)
+                    warm = (clock.read(), samples, waiting.seconds)
                 out_of_time = clock.read(sync=False) >= limits.max_seconds
                 if samples >= next_eval or steps == total_steps or out_of_time:
                     clock.stop()
-                    metric = evaluate(model, task, device=device, autocast=autocast)
+                    metric, confusion = evaluate(model, task, device=device, autocast=autocast)
                     curve.append((clock.elapsed, samples / n_train, metric))
                     if metric >= limits.target and reached_at is None:
                         reached_at = clock.elapsed
@@ -182,13 +190,16 @@ def run(
                     progress(steps, total_steps, metric, clock.read(sync=False))
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
+        gpu = sampler.stop()
     if clock.running:
         clock.stop()
 
     reached = reached_at is not None
     throughput = None
-    if warm is not None and clock.elapsed > warm[0]:
+    input_wait = telemetry.wait_fraction(waiting.seconds, clock.elapsed)  # too few steps: warm-up included
+    if warm is not None and clock.elapsed > warm[0] and samples > warm[1]:  # a step ran after warm-up
         throughput = (samples - warm[1]) / (clock.elapsed - warm[0])
+        input_wait = telemetry.wait_fraction(waiting.seconds - warm[2], clock.elapsed - warm[0])
     return TrialResult(
         reached=reached,
         time_to_target=reached_at,
@@ -202,6 +213,9 @@ def run(
         torch_version=torch.__version__,
         stop_reason=stop_reason,
         curve=tuple(curve),
+        input_wait_fraction=input_wait,
+        gpu=gpu,
+        confusion=confusion,
     )
 
 
@@ -233,8 +247,10 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autocast: Callable[[], Any]) -> float:
-    """The task's metric over the whole validation set."""
+def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device,
+             autocast: Callable[[], Any]) -> tuple[float, list[list[int]] | None]:
+    """The task's metric over the whole validation set, and its confusion matrix where the task
+    classifies (classes.confusion)."""
     model.eval()
     outputs, targets = [], []
     for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
@@ -242,7 +258,8 @@ def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autoca
             outputs.append(model(inputs.to(device)).float())
         targets.append(target.to(device))
     model.train()
-    return float(task.metric(torch.cat(outputs), torch.cat(targets)))
+    outputs, targets = torch.cat(outputs), torch.cat(targets)
+    return float(task.metric(outputs, targets)), classes.confusion(outputs, targets)
 
 
 def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:

@@ -116,6 +116,19 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
 
     code, out, _ = run_cli("export", str(path), "--format", "json", capsys=capsys)
     assert code == 0 and json.loads(out) == best["params"]
+
+    # telemetry: stored on every trial that trained to its end, and the winner's in the summary
+    for trial in load(path).get_trials():
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            result = trial.user_attrs["result"]
+            # throughput is None when the target came before a step past warm-up
+            assert 0 <= result["input_wait_fraction"] <= 1 and (result["samples_per_second"] or 1) > 0
+            assert result["peak_memory_bytes"] > 0 and result["gpu"] is None  # no NVIDIA GPU: absent
+    figures = best["telemetry"]
+    assert figures["source"] == "confirmation" and figures["runs"] == 2 and figures["samples_per_second"] > 0
+    per_class = best["per_class"]
+    assert [c["class"] for c in per_class["classes"]] == [0, 1, 2, 3]
+    assert sum(c["support"] for c in per_class["classes"]) == 2 * 512  # two runs over the validation set
     target = tmp_path / "best.yaml"
     assert run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)[0] == 0
     assert yaml.safe_load(target.read_text()) == best["params"]
