@@ -1,4 +1,4 @@
-"""Command line: `autotune run | report | export`. User errors become one line and exit 2."""
+"""Command line: `autotune run | report | export | dashboard`. User errors become one line and exit 2."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, but got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest PyTorch training settings that reach your target.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
@@ -57,10 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--as-worker", type=int, metavar="I", help=argparse.SUPPRESS)  # set by --workers
     run.add_argument("--allow-changes", action="store_true",
                      help="go on with a study whose task, target, space, limits or device changed since it began")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress on stderr (bars on a terminal, else a line per trial); notices, errors and the report still print")
 
     report = commands.add_parser("report", help="summarize a study from its storage, without training")
     report.add_argument("study", help="study file (.yaml)")
     report.add_argument("--json", action="store_true", help="print the summary as JSON")
+    report.add_argument("--html", metavar="PATH", help="also write the report as one self-contained HTML page with plots")
+    report.add_argument("--csv", metavar="PATH", help="also write every trial, its parameters and measurements, as CSV")
     report.add_argument("--storage", metavar="URL", help="database URL")
 
     from autotune.export import FORMATS  # a light import: the formats render text only
@@ -75,21 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     export.add_argument("--storage", metavar="URL", help="database URL")
+
+    dashboard = commands.add_parser("dashboard", help="browse the study in optuna-dashboard (optional extra: autotune[dashboard])")
+    dashboard.add_argument("study", help="study file (.yaml)")
+    dashboard.add_argument("--storage", metavar="URL", help="database URL")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
+    dashboard.add_argument("--port", type=_port, default=8080, help="port to listen on (default: %(default)s)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "report": cmd_report, "export": cmd_export}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "export": cmd_export, "dashboard": cmd_dashboard}[args.command](args)
     except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune import signals, spec as spec_, storage, study as study_, workers
+    from autotune import progress, signals, spec as spec_, storage, study as study_, workers
 
+    progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
     spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation)
     prepared = study_.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
@@ -103,7 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 study_.begin(spec, prepared)
                 workers.run_workers(spec, study_file=args.study, workers=args.workers,
                                     budget=args.trials or spec.budget.trials, timeout=args.timeout,
-                                    options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else [])])
+                                    options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
+                                             *(["--quiet"] if args.quiet else [])])
             else:
                 study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout)
             study = storage.open_study(spec, create=False)
@@ -138,8 +160,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     spec = spec_.load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
     records, summary = _summary(spec, study)
+    if args.csv:
+        _write(args.csv, "--csv", records.to_csv(index=False))
+    if args.html:
+        _write(args.html, "--html", _html(study, records, summary))
     print(json.dumps(summary, indent=2) if args.json else summary_.render(summary, records))
     return 0
+
+
+def _html(study: optuna.Study, records: pd.DataFrame, summary: dict) -> str:
+    """The HTML page, with what it needs from the storage beyond the summary."""
+    from autotune import html_report, importance, results, summary as summary_
+
+    top = results.best_feasible(records, count=summary_.TABLE_ROWS)
+    curves = results.learning_curves(study.get_trials(deepcopy=False), [int(n) for n in top["number"]],
+                                     confirmation=study.user_attrs.get("confirmation"))
+    values, why_not = importance.param_importances(study)
+    return html_report.render(summary, records, curves=curves, importances=values, importances_missing=why_not)
+
+
+def _write(path: str, option: str, text: str) -> None:
+    """Write a file the user named; a path that cannot be written is their error, not a crash."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise AutotuneError(f"{option} {path}: cannot write ({exc.strerror})") from None
+    print(f"autotune: wrote {path}", file=sys.stderr)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -151,12 +197,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
     if args.output:
-        try:
-            Path(args.output).write_text(text)
-        except OSError as exc:
-            raise AutotuneError(f"-o {args.output}: cannot write ({exc.strerror})") from None
+        _write(args.output, "-o", text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotune import dashboard, signals, spec as spec_
+
+    spec = spec_.load(args.study, storage=args.storage)
+    try:
+        dashboard.serve(spec, host=args.host, port=args.port)
+    except KeyboardInterrupt as interrupt:
+        return signals.exit_code(interrupt)  # Ctrl-C is how a dashboard ends: no traceback
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from autotune import commandline, memory, reporting
+from autotune import commandline, memory, reporting, telemetry
 from autotune.isolation import RunTrial, TrialFailure
 from autotune.tally import Tally
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult
@@ -98,10 +98,13 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, han
     finally:
         os.close(write_fd)  # the command holds its own copy
     group = _Group(process)
+    sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()  # the command's GPU, watched from here
     try:
-        return _watch(group, read_fd, started=started, limits=limits, hang_after=hang_after,
-                      metric_name=metric_name, device=device, progress=progress)
+        result = _watch(group, read_fd, started=started, limits=limits, hang_after=hang_after,
+                        metric_name=metric_name, device=device, progress=progress)
+        return dataclasses.replace(result, gpu=sampler.stop())
     finally:
+        sampler.stop()
         group.stop()  # also when the target was reached, progress raised, or a signal arrived
         os.close(read_fd)
         process.stderr.close()

@@ -55,7 +55,8 @@ def measure(
                     train_seconds=result.train_seconds, final_metric=result.final_metric, stop_reason=result.stop_reason,
                 )
                 record.update(samples_per_second=result.samples_per_second, input_wait_fraction=result.input_wait_fraction,
-                              peak_memory_bytes=result.peak_memory_bytes, gpu=result.gpu)
+                              peak_memory_bytes=result.peak_memory_bytes, gpu=result.gpu,
+                              curve=[list(point) for point in result.curve])
                 if result.confusion is not None:  # the winner's per-class figures are pooled from these
                     record["confusion"] = result.confusion
             records.append(record)

@@ -7,14 +7,12 @@ Split from study.py, which runs the loop around it; like study.py it works on th
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any
 
 import optuna
 import torch
-from tqdm import tqdm
 
-from autotune import isolation, objective as objective_, oom_boundary, results, signals, storage
+from autotune import isolation, objective as objective_, oom_boundary, progress, results, signals, storage
 from autotune.isolation import RunTrial
 from autotune.space import Space, suggest
 from autotune.trial import Limits, TrialConfig
@@ -32,6 +30,8 @@ def run_one(study: optuna.Study, *, space: Space, run_trial: RunTrial, device: t
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         _train_and_tell(study, trial, space=space, run_trial=run_trial, device=device, limits=limits, seed=seed,
                         metric_name=metric_name, budget=budget, incumbent=incumbent(known), prune=prune,
+                        # this trial included; read before the ask, so other workers' latest may be missing
+                        finished=storage.finished_count(known) + 1,
                         ran_out=_ran_out(known), objective=objective, replicates=replicates,
                         current=known if alone else None)
 
@@ -43,6 +43,12 @@ def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | Non
     return min(feasible) if feasible else None
 
 
+def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:
+    """Where the study stands, e.g. "4/20 finished; best 1.80 s, trial 1"."""
+    told = f"{min(finished, budget)}/{budget} finished"
+    return f"{told}; best {best[0]:.2f} s, trial {best[1]}" if best else f"{told}; none has reached the target yet"
+
+
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
     """Trial number -> configuration of each trial that really ran out of memory."""
     return {t.number: t.user_attrs["config"] for t in trials
@@ -51,7 +57,7 @@ def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]
 
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, run_trial: RunTrial,
                     device: torch.device, limits: Limits, seed: int, metric_name: str, budget: int,
-                    incumbent: tuple[float, int] | None, prune: bool, ran_out: dict[int, dict[str, Any]], objective: str,
+                    incumbent: tuple[float, int] | None, finished: int, prune: bool, ran_out: dict[int, dict[str, Any]], objective: str,
                     replicates: int, current: list[optuna.trial.FrozenTrial] | None) -> None:
     trial.set_user_attr("worker", storage.worker_id())
     config = suggest(space, trial)
@@ -68,15 +74,16 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         trial.set_user_attr("reason", reason)
         trial.set_user_attr("oom_bound", bound)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        tqdm.write(f"trial {trial.number}: pruned: {reason}", file=sys.stderr)
+        progress.tell(f"trial {trial.number}: pruned: {reason}", standing=standing(finished, budget, incumbent))
         return
-    bar = tqdm(desc=f"trial {trial.number}", unit="step", leave=False, dynamic_ncols=True)
+    bar = progress.bar(f"trial {trial.number}", unit="step", leave=False, announce=False,
+                       every=progress.LINE_EVERY_SECONDS)
     done = 0.0  # training seconds of the trial's finished runs
     # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
     # time_to_target one, and more only once its first run beats the best (objective.runs_for).
     planned = replicates if objective == "fixed_schedule" else 1
 
-    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+    def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:
@@ -98,7 +105,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
             while len(runs) < planned:
                 bar.reset()
                 runs.append(run_trial(TrialConfig.from_mapping(config), limits=run_limits, device=device,
-                                      seed=seeds[len(runs)], progress=progress))
+                                      seed=seeds[len(runs)], progress=on_progress))
                 done += runs[-1].train_seconds
                 if len(runs) == 1:
                     planned = objective_.runs_for(runs[0], objective=objective, replicates=replicates,
@@ -112,13 +119,14 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         if failure.seconds is not None:  # the compute it took counts toward the study's (benchmarks/found.py)
             trial.set_user_attr("pruned_at", failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        tqdm.write(f"trial {trial.number}: {failure.reason}", file=sys.stderr)
+        progress.tell(f"trial {trial.number}: {failure.reason}", standing=standing(finished, budget, incumbent))
         return
     if failure is not None:
         trial.set_user_attr("reason", failure.reason)
         trial.set_user_attr("oom", failure.oom)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED if failure.oom else optuna.trial.TrialState.FAIL)
-        tqdm.write(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}", file=sys.stderr)
+        progress.tell(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}",
+                      standing=standing(finished, budget, incumbent))
         return
     outcome = objective_.outcome(runs, objective=objective, target=limits.target)
     record = dataclasses.asdict(runs[0])  # the first run in full: its curve, throughput and memory
@@ -130,3 +138,8 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     trial.set_user_attr(results.RESULT, record)  # one write: each attribute is a transaction of its own
     trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
     study.tell(trial, outcome.value)
+    feasible = outcome.constraint <= 0
+    best = (outcome.value, trial.number) if feasible and (incumbent is None or outcome.value < incumbent[0]) else incumbent
+    progress.tell(f"trial {trial.number}: complete in {outcome.value:.2f} s, {metric_name} {outcome.metric:.4f}"
+                  f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
+                  standing=standing(finished, budget, best), routine=True)

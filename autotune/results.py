@@ -6,7 +6,7 @@ be made from the storage alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -126,3 +126,17 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "interrupted": int(records["interrupted"].sum()),
         "running": int((state == "RUNNING").sum()),
     }
+
+
+def learning_curves(trials: Iterable[Any], numbers: Iterable[int], *,
+                    confirmation: Mapping[str, Any] | None = None) -> dict[str, list[list[Any]]]:
+    """`trial N` -> the curve (train seconds, epochs, metric per evaluation) of each trial in
+    `numbers` that stored one, in that order; and `baseline` -> the baseline's first confirmation
+    run's curve, where the confirmation kept one."""
+    by_number = {t.number: measured(t).get("curve") for t in trials}
+    curves = {f"trial {n}": by_number[n] for n in numbers if by_number.get(n)}
+    for run in (confirmation or {}).get("runs", []):
+        if run["label"] == "baseline" and run.get("curve"):
+            curves["baseline (confirmation run)"] = run["curve"]
+            break
+    return curves

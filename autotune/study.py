@@ -17,9 +17,8 @@ from typing import Any
 
 import optuna
 import torch
-from tqdm import tqdm
 
-from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, progress, results, signals, space as space_, storage
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
 from autotune.tasks import Task, load_task, reference
@@ -156,6 +155,7 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     RUNNING trial there belongs to a process that no longer runs. On a database server other
     machines' trials may be running; Optuna's heartbeat finds the dead ones instead.
     """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # also before --workers: autotune says what happens itself
     study = storage.open_study(spec, create=True)
     study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
     if prepared.task is not None:
@@ -163,13 +163,13 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     record_definition(study, prepared.definition)
     if storage.local_path(spec.storage) is not None:
         for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
-            tqdm.write(f"autotune: trial {number} was interrupted; it is marked failed and will run again", file=sys.stderr)
+            progress.say(f"autotune: trial {number} was interrupted; it is marked failed and will run again")
         storage.queue_retries(study)
     if spec.probe == "systems" and "probe" not in study.user_attrs and prepared.task is not None \
             and probe.worth_probing(prepared.space):
         outcome = run_probe(spec, prepared)
         study.set_user_attr("probe", outcome)
-        tqdm.write(f"autotune: {probe.describe(outcome)}", file=sys.stderr)
+        progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
     return study
 
 
@@ -187,7 +187,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         bar.update(1)
         return result.train_seconds
 
-    with tqdm(desc="systems probe", unit="run", leave=False, dynamic_ncols=True) as bar, signals.interruptible():
+    with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible():
         return probe.run(measure, prepared.space, prepared.baseline)
 
 
@@ -214,7 +214,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     limits = limits_for(spec)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
-    with tqdm(total=budget, desc="study", unit="trial", dynamic_ncols=True) as bar:
+    # In lines mode one_trial prints a line per trial; the bar only announces the study (the
+    # parent's, under --workers).
+    with progress.bar("study", total=budget, unit="trial", announce=worker is None) as bar:
         try:
             while True:
                 signals.check()
@@ -256,7 +258,7 @@ def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
     study.set_user_attr("definition", definition)
 
 
-def _show_progress(bar: tqdm, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
+def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
     bar.n = min(storage.finished_count(trials), budget)
     best = one_trial.incumbent(trials)
     if best is not None:
@@ -287,7 +289,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)
-    with tqdm(total=len(seeds) * len(candidates), desc="confirming on fresh seeds", unit="run", leave=False) as bar:
+    with progress.bar("confirming on fresh seeds", total=len(seeds) * len(candidates), unit="run", leave=False) as bar:
         with signals.interruptible():
             runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
                                    on_run=lambda: bar.update(1))

@@ -182,6 +182,7 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
                          f"the baseline reached it in only {base['reached']} of {base['runs']} runs.")
     else:
         lines.append(f"{_capital(reaches(best))} in {best['time_to_target']:.2f} s ({best['source']}, not confirmed on fresh seeds).")
+    lines += winner.describe(best)
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ CPU machines have the Python package but nothing for it to talk to.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -61,12 +62,20 @@ def nvml_reader(device: torch.device) -> Callable[[], Reading] | None:
 
 
 def _handle(pynvml: Any, device: torch.device) -> Any:
-    """NVML's handle for the torch device: by UUID, since CUDA_VISIBLE_DEVICES renumbers CUDA's
-    devices but not NVML's."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    if uuid is not None:
-        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    """NVML's handle for the torch device. CUDA_VISIBLE_DEVICES renumbers CUDA's devices but not
+    NVML's: where this process has CUDA up, by the device's UUID; else (the study's process, watching
+    a command's GPU) through the variable itself, so as not to start a CUDA context just for this."""
+    index = device.index or 0
+    if torch.cuda.is_initialized():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if index < len(visible):
+        if visible[index].isdigit():
+            return pynvml.nvmlDeviceGetHandleByIndex(int(visible[index]))
+        return pynvml.nvmlDeviceGetHandleByUUID(visible[index])
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 

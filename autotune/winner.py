@@ -52,6 +52,41 @@ def per_class(runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Seque
     return {"runs": len(matrices) or 1, "source": "confirmation" if matrices else "trial", "classes": classes.per_class(matrix)}
 
 
+INPUT_BOUND = 0.5  # share of training time spent waiting for batches above which the run is input-bound
+
+
+def describe(best: Mapping[str, Any]) -> list[str]:
+    """The winner's hardware figures and per-class quality as lines of the text report."""
+    lines = []
+    figures = best.get("telemetry")
+    if figures:
+        where = (f"median of {figures['runs']} confirmation runs" if figures["source"] == "confirmation"
+                 else f"{figures['source']}'s run")
+        parts = []
+        if figures["samples_per_second"] is not None:
+            parts.append(f"{figures['samples_per_second']:.0f} samples/s after warm-up")
+        if figures["input_wait"] is not None:
+            parts.append(f"{100 * figures['input_wait']:.0f}% of training time waiting for input"
+                         + (" (input-bound)" if figures["input_wait"] > INPUT_BOUND else ""))
+        if figures["peak_memory_mb"] is not None:
+            parts.append(f"peak memory {figures['peak_memory_mb']:.0f} MiB")
+        gpu = figures.get("gpu")
+        if gpu:
+            parts.append(f"GPU {gpu['util_mean']:.0f}% busy on average (max {gpu['util_max']:.0f}%), "
+                         f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, {gpu['power_mean_w']:.0f} W on average")
+        if parts:
+            lines.append(f"Hardware ({where}): {', '.join(parts)}.")
+    quality = best.get("per_class")
+    if quality:
+        scored = [c for c in quality["classes"] if c["f1"] is not None]
+        where = f"{quality['runs']} runs pooled" if quality["source"] == "confirmation" else "the trial's run"
+        if scored:
+            low, high = min(scored, key=lambda c: c["f1"]), max(scored, key=lambda c: c["f1"])
+            lines.append(f"Per class on the validation set ({where}): F1 from {low['f1']:.3f} (class {low['class']}) "
+                         f"to {high['f1']:.3f} (class {high['class']}); `report --html` shows every class.")
+    return lines
+
+
 def _median(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None

@@ -15,9 +15,8 @@ import time
 from collections.abc import Sequence
 
 import torch
-from tqdm import tqdm
 
-from autotune import signals, storage
+from autotune import progress, signals, storage
 from autotune.errors import AutotuneError
 from autotune.measure import cpu_count
 from autotune.spec import StudySpec
@@ -44,7 +43,8 @@ def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
 
 
 def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
-    env = {**os.environ, "TQDM_DISABLE": "1"}  # one progress bar, the parent's
+    # One progress bar, the parent's; in lines mode each worker prints its own trials' lines.
+    env = {**os.environ, "TQDM_DISABLE": "1"}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if spec.device in ("auto", "cuda") and gpus > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)  # one worker per GPU
@@ -65,7 +65,7 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, budget: int, 
         processes.append(process)
     study = storage.open_study(spec, create=False)
     try:
-        with tqdm(total=budget, desc=f"study ({workers} workers)", unit="trial", dynamic_ncols=True) as bar:
+        with progress.bar(f"study ({workers} workers)", total=budget, unit="trial") as bar:
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():
                     time.sleep(1.0)

@@ -119,6 +119,21 @@ elif ! start_pg; then
   say "no PostgreSQL server ($why): the PostgreSQL tests will be skipped"
 fi
 
+# The HTML report's browser test opens the page in Debian's chromium (playwright drives it and
+# never downloads a browser of its own). Installed here when missing and root can; without it
+# that test is skipped, except under CI=true, where it fails.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing chromium (apt-get install chromium) for the HTML report's browser test"
+    log=$(mktemp)
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >"$log" 2>&1 \
+      || { cat "$log" >&2; say "apt-get install chromium failed: the browser test will say so"; }
+    rm -f "$log"
+  else
+    say "no chromium, and installing it needs root and apt-get: the browser test will be skipped"
+  fi
+fi
+
 # Not exec: the EXIT trap must still stop the server. `|| rc=$?` keeps set -e from exiting early.
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?

@@ -1,0 +1,78 @@
+"""`autotune dashboard STUDY`: optuna-dashboard on the study's storage, or a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from tests.test_study import REPO, write_study
+
+
+def env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_without_optuna_dashboard_the_error_names_the_fix(tmp_path: Path) -> None:
+    path = write_study(tmp_path)
+    code = ("import sys; sys.modules['optuna_dashboard'] = None; from autotune.cli import main; "
+            f"sys.exit(main(['dashboard', {str(path)!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "pip install 'autotune[dashboard]'" in run.stderr and "pip install optuna-dashboard" in run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_study_is_the_error_report_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(REPO)
+    path = write_study(tmp_path)
+    assert main(["report", str(path)]) == 2
+    report = capsys.readouterr().err
+    assert main(["dashboard", str(path)]) == 2
+    assert capsys.readouterr().err == report and "no study database" in report
+    assert not path.with_suffix(".db").exists()  # nothing created
+
+
+def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
+    assert main(["run", str(path), "--quiet"]) == 0  # the storage exactly as a real run leaves it
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
+                              cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        names, deadline = None, time.monotonic() + 60
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as response:
+                    names = [s["study_name"] for s in json.load(response)["study_summaries"]]
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.5)  # not listening yet
+        assert names == ["study"], server.stderr.read() if server.poll() is not None else names
+        server.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 130 and "Traceback" not in err, err
+    assert f"http://127.0.0.1:{port}/" in out.splitlines()[0]
