@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -137,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"Resume with: {again}", file=sys.stderr)
         return signals.exit_code(interrupt)
     print(_report_text(spec, study))
+    progress.tell(f"autotune: plots, telemetry and per-class figures: autotune report {shlex.quote(args.study)} --html report.html")
     return 0
 
 

@@ -195,3 +195,12 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
     assert not unloaded, f"images that did not load: {unloaded}"
     assert not problems, "\n".join(problems)
     assert (ARTIFACTS / "html-report.png").stat().st_size > 50_000
+
+
+def test_a_page_that_cannot_be_written_is_a_clear_error(study: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    target = tmp_path / "no such folder" / "report.html"
+    assert main(["report", str(study), "--html", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"--html {target}: cannot write (No such file or directory)" in err and "Traceback" not in err
