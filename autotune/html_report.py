@@ -136,6 +136,9 @@ def _winner(summary: Mapping[str, Any]) -> str:
                  if summary.get("speedup") and best["trial"] is not None else "")
         lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base['time_to_target'])} s "
                      f"(median of {_number('baseline.runs', base['runs'], '.0f')} runs){speed}.</p>")
+    elif base:
+        lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base['reached'], '.0f')} "
+                     f"of {_number('baseline.runs', base['runs'], '.0f')} runs on fresh seeds.</p>")
     if best["trial"] is None:
         lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
     settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best["params"].items())
