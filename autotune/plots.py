@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from autotune.space import PRECISIONS
 
@@ -61,6 +62,7 @@ def best_so_far(records: pd.DataFrame, *, baseline: float | None = None) -> Figu
         axes.step(best.index, best.to_numpy(), where="post", color=FEASIBLE, label="best so far")
     else:
         _note(axes, "no trial reached the target")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are numbered, not measured
     axes.set_xlabel("trial")
     axes.set_ylabel("seconds of training")
     axes.legend(fontsize=8)
