@@ -364,6 +364,11 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
     export = subprocess.run([sys.executable, "-m", "autotune", "export", str(STUDY), "--storage", storage,
                              "--format", "args"], capture_output=True, text=True, timeout=60)
     assert export.returncode == 0 and export.stdout.startswith("--lr "), export.stderr
+    # a command's study draws as well: no input wait or confusion matrix to show, the rest is there
+    page = tmp_path / "report.html"
+    drawn = subprocess.run([sys.executable, "-m", "autotune", "report", str(STUDY), "--storage", storage,
+                            "--html", str(page)], capture_output=True, text=True, timeout=120)
+    assert drawn.returncode == 0 and page.read_text().count('<img src="data:image/png;base64,') == 6, drawn.stderr
 
 
 def test_importing_autotune_for_report_does_not_import_torch() -> None:
