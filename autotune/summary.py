@@ -75,7 +75,8 @@ def _add_winner_detail(best: dict[str, Any], records: pd.DataFrame, confirmation
     was confirmed, else from its trial."""
     runs = [r for r in confirmation["runs"] if r["label"] == best["label"]] if best["source"] == "confirmed" else []
     rows = records[records["number"] == best["trial"]]
-    best["telemetry"] = winner.telemetry(runs, rows.iloc[0].to_dict() if len(rows) else None)
+    row = {k: _plain(v) for k, v in rows.iloc[0].items()} if len(rows) else None
+    best["telemetry"] = winner.telemetry(runs, row)
     best["per_class"] = winner.per_class(runs, confusions.get(best["trial"]))
 
 

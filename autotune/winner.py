@@ -11,15 +11,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pandas as pd
-
 from autotune import classes
 from autotune.results import GPU_FIGURES
 
 
 def telemetry(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Throughput, input wait, peak memory (and GPU figures where measured) of the winner: medians
-    over `runs` (its confirmation runs) when they carry them, else the study's trial `row`."""
+    over `runs` (its confirmation runs) when they carry them, else the study's trial `row` (its
+    record with plain Python values, None where not measured)."""
     measured = [r for r in runs if r.get("samples_per_second") is not None or r.get("input_wait_fraction") is not None]
     if measured:
         gpus = [r["gpu"] for r in measured if r.get("gpu")]
@@ -33,10 +32,10 @@ def telemetry(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None) 
         }
     if row is None:
         return None
-    gpu = {k: _plain(row.get(f"gpu_{k}")) for k in GPU_FIGURES}
+    gpu = {k: row.get(f"gpu_{k}") for k in GPU_FIGURES}
     return {
-        "samples_per_second": _plain(row.get("samples_per_second")), "input_wait": _plain(row.get("input_wait")),
-        "peak_memory_mb": _plain(row.get("peak_memory_mb")),
+        "samples_per_second": row.get("samples_per_second"), "input_wait": row.get("input_wait"),
+        "peak_memory_mb": row.get("peak_memory_mb"),
         "gpu": gpu if any(v is not None for v in gpu.values()) else None,
         "runs": 1, "source": f"trial {int(row['number'])}",
     }
@@ -90,10 +89,3 @@ def describe(best: Mapping[str, Any]) -> list[str]:
 def _median(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
-
-
-def _plain(value: Any) -> Any:
-    """A table cell as a plain Python value: None for NaN."""
-    if value is None or (isinstance(value, float) and value != value) or pd.isna(value):
-        return None
-    return value.item() if hasattr(value, "item") else value
