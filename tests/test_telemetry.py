@@ -51,7 +51,7 @@ def test_input_wait_counts_the_time_spent_in_next() -> None:
             yield i
 
     assert list(waiting.timed(slow())) == [0, 1, 2]
-    assert 0.15 <= waiting.seconds < 1.0
+    assert waiting.seconds >= 0.15  # at least the sleeps; no upper bound: a loaded machine may take longer
     assert telemetry.wait_fraction(1.0, 4.0) == 0.25 and telemetry.wait_fraction(1.0, 0.0) is None
 
 
