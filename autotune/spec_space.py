@@ -11,7 +11,7 @@ from autotune.checks import is_int, mapping, number, read_yaml, reject_unknown, 
 from autotune.errors import SpecError
 from autotune.space import DEFAULT_BASELINE, KNOBS, RESERVED, SCHEDULE, Choices, Domain, Range, Space, finite, middle
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+PRESET_DIR = Path(__file__).resolve().parent / "search_spaces"  # package data: installed with autotune
 
 
 def _knob_value(path: Path, key: str, name: str, value: Any) -> Any:

@@ -131,7 +131,7 @@ def test_default_storage_is_beside_the_file_whatever_the_working_folder(
 
 def test_preset_by_path_relative_to_the_study_file(tmp_path: Path) -> None:
     """`preset: my.yaml` is read from beside the study file."""
-    preset = (REPO / "search_spaces" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
+    preset = (REPO / "autotune" / "search_spaces" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
     write(tmp_path, preset, "my.yaml")
     spec = load(write(tmp_path, HEAD + "space: {preset: my.yaml}\n"))
     assert spec.space["batch_size"] == Choices((8,))
