@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from autotune.space import SCHEDULE, Choices, Space
+from autotune.space import KNOBS, SCHEDULE, Choices, Domain, Space
 from autotune.spec import StudySpec
 
 
@@ -23,10 +23,9 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     definition = {
         "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
         "target": {"metric": spec.target.metric, "value": spec.target.value},
-        # A schedule of max_epochs is what every study meant before schedule_epochs was a knob:
-        # left out, so that their stored definitions still match.
-        "space": {name: _domain(domain) for name, domain in space.domains
-                  if not (name == SCHEDULE and domain == Choices((budget.max_epochs,)))},
+        # A knob fixed at what studies begun before it existed meant by its absence (a schedule of
+        # max_epochs; a systems knob off) is left out, so that their stored definitions still match.
+        "space": {name: _domain(domain) for name, domain in space.domains if not _as_if_absent(name, domain, budget.max_epochs)},
         "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds, "eval_every": budget.eval_every},
         "device": device,
     }
@@ -35,6 +34,11 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     if (spec.objective, spec.replicates) != ("time_to_target", 1):  # likewise absent at the defaults
         definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
+
+
+def _as_if_absent(name: str, domain: Domain, max_epochs: float) -> bool:
+    absent = max_epochs if name == SCHEDULE else KNOBS[name].absent
+    return absent is not None and domain == Choices((absent,))
 
 
 def _domain(domain: Any) -> Any:

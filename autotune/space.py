@@ -27,6 +27,9 @@ class Knob:
     minimum: float | None = None
     names: tuple[str, ...] | None = None
     doc: str = ""
+    # What a configuration stored before the knob existed meant by leaving it out: the trial ran
+    # without it (None: nothing to assume, or the schedule's default of max_epochs).
+    absent: Any = None
 
     @property
     def numeric(self) -> bool:
@@ -68,8 +71,13 @@ KNOBS: dict[str, Knob] = {
         Knob("pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"),
         Knob("precision", str, names=PRECISIONS, doc="fp32, fp16 (autocast + GradScaler), bf16"),
         Knob("schedule_epochs", float, 0.0, doc="length of the LR schedule in epochs; at most the budget's max_epochs"),
+        Knob("channels_last", bool, doc="model and 4-D input batches in channels-last memory format", absent=False),
+        Knob("compile", bool, doc="torch.compile the model; compile time counts on the training clock", absent=False),
+        Knob("cudnn_benchmark", bool, doc="cuDNN searches the fastest convolution algorithms for fixed shapes (CUDA only)",
+             absent=False),
     )
 }
+
 # Optional in presets and study files: without one, the schedule is the budget's max_epochs
 # (time_to_target) or a range up to it (fixed_schedule, spec.py).
 SCHEDULE = "schedule_epochs"
@@ -85,6 +93,9 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "pin_memory": False,
     "precision": "fp32",
     "schedule_epochs": None,  # the budget's max_epochs (spec_space.baseline)
+    "channels_last": False,
+    "compile": False,
+    "cudnn_benchmark": False,
 }
 
 
@@ -178,7 +189,7 @@ def middle(name: str, domain: Domain) -> Any:
 def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     """A full configuration from stored params: conditional knobs filled in as `suggest` would,
     the user's parameters after the knobs."""
-    full = {name: config.get(name) for name in KNOBS}
+    full = {name: config.get(name, KNOBS[name].absent) for name in KNOBS}
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}
@@ -209,10 +220,31 @@ def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
     return unsupported
 
 
+def unsupported_switches(*, cuda: bool, compile_problem: str | None = None,
+                         channels_last_problem: str | None = None) -> dict[str, str]:
+    """The on/off knobs that cannot be on here, each with the reason."""
+    unsupported = {}
+    if not cuda:
+        unsupported["pin_memory"] = "page-locked memory only helps CUDA copies"
+        unsupported["cudnn_benchmark"] = "cuDNN runs only on CUDA"
+    if compile_problem:
+        unsupported["compile"] = compile_problem
+    if channels_last_problem:
+        unsupported["channels_last"] = channels_last_problem
+    return unsupported
+
+
+# Searched only where it can pay: on CPU a trial rarely lasts long enough to win back torch.compile's
+# start-up (16 s for a three-layer CNN on 2 cores), which counts on its clock. A study file that
+# fixes compile: true still compiles there.
+CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (give space.compile: true to force it)"
+
+
 def restrict_to_device(
-    space: Space, *, cuda: bool, bf16: bool
+    space: Space, *, cuda: bool, bf16: bool, compile_problem: str | None = None,
+    channels_last_problem: str | None = None,
 ) -> tuple[Space, list[str], dict[str, str]]:
-    """Remove what the device cannot run.
+    """Remove what the device (or the install, or the task's model) cannot run.
 
     Returns the restricted space, one notice per change, and, for a knob whose every value was
     removed, the reason (the caller turns those into errors naming the study file).
@@ -231,10 +263,16 @@ def restrict_to_device(
     elif kept != precision.values:
         space = space.replace("precision", Choices(kept))
 
-    if not cuda and True in space["pin_memory"].values:
-        if space["pin_memory"].values == (True,):
-            impossible["pin_memory"] = "pin_memory: true needs CUDA"
+    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
+        switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
+    for knob, reason in switches.items():
+        values = space[knob].values
+        if True not in values:
+            continue
+        if values == (True,):
+            impossible[knob] = f"{knob}: true is not possible here: {reason}"
         else:
-            notices.append("pin_memory fixed to false: page-locked memory only helps CUDA copies")
-            space = space.replace("pin_memory", Choices((False,)))
+            notices.append(f"{knob} fixed to false: {reason}")
+            space = space.replace(knob, Choices((False,)))
     return space, notices, impossible

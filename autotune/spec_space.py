@@ -69,7 +69,8 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
     if not isinstance(preset_raw, Mapping):
         raise SpecError(preset_path, "(top level)", preset_raw, "a preset maps each knob to a range, a list or a value")
     reject_unknown(preset_path, "", preset_raw, tuple(KNOBS))
-    missing = [k for k in KNOBS if k not in preset_raw and k != SCHEDULE]
+    # The schedule and the on/off systems knobs may be left out: presets written before they existed.
+    missing = [k for k in KNOBS if k not in preset_raw and k != SCHEDULE and KNOBS[k].absent is None]
     if missing:
         raise SpecError(preset_path, missing[0], None, "a preset gives a domain for every knob")
     domains = []
@@ -78,6 +79,8 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
             domains.append((name, _domain(path, f"space.{name}", name, raw[name])))
         elif name in preset_raw:
             domains.append((name, _domain(preset_path, name, name, preset_raw[name])))
+        elif name != SCHEDULE:
+            domains.append((name, Choices((KNOBS[name].absent,))))
         else:
             domains.append((name, Range(max_epochs / 8, max_epochs, log=True) if fixed_schedule else Choices((max_epochs,))))
     schedule = dict(domains)[SCHEDULE]

@@ -18,10 +18,10 @@ from typing import Any
 import optuna
 import torch
 
-from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, progress, results, signals, space as space_, storage
+from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, progress, results, signals, space as space_, storage, systems
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
-from autotune.tasks import Task, load_task, reference
+from autotune.tasks import Task, load_task, reference, takes
 from autotune.trial import Limits, TrialConfig
 
 
@@ -60,31 +60,23 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     runs in this process, since a child process cannot rebuild an object by name.
     """
     device = resolve_device(spec)
-    cuda = device.type == "cuda"
-    bf16 = torch.cuda.is_bf16_supported() if cuda else True
-    space, notices, impossible = space_.restrict_to_device(spec.space, cuda=cuda, bf16=bf16)
-    for knob, reason in impossible.items():
-        raise SpecError(spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})")
-    baseline = dict(spec.baseline)
-    unsupported = space_.unsupported_precisions(cuda=cuda, bf16=bf16)
-    if baseline["precision"] in unsupported:
-        reason = unsupported[baseline["precision"]]
-        raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
-    baseline["pin_memory"] = baseline["pin_memory"] and cuda
+    in_memory = task is not None or objective is not None
+    if not isinstance(spec.task, CommandTask) and objective is None:
+        task = task if task is not None else load_task(spec.task, study_path=spec.path)
+    space, baseline, notices = fit_to_device(spec, device, task)
+    space = as_begun(spec, space, notices)
     prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
                                  definition=definition_.describe(spec, space=space, device=device.type))
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
         return prepared(task=None, isolation="process", run_trial=command.command_trial(
             spec.task.command, cwd=spec.path.resolve().parent, hang_after=spec.budget.trial_timeout,
             metric_name=spec.target.metric, env=dict(spec.task.env)))
-    in_memory = task is not None or objective is not None
     if in_memory and spec.isolation == "process":
         raise SpecError(spec.path, "isolation", spec.isolation,
                         "a task or objective given as a Python object runs in this process: use none or auto")
     if objective is not None:
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
-    task = task if task is not None else load_task(spec.task, study_path=spec.path)
     for name in task.unused(dict(space.params)):
         raise SpecError(spec.path, f"space.params.{name}", name,
                         f"neither the task's model factory nor its optimizer takes a parameter named {name}; "
@@ -94,6 +86,51 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
                  if mode == "process" else isolation.in_process(task))
     return prepared(task=task, isolation=mode, run_trial=run_trial)
+
+
+def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> tuple[space_.Space, dict[str, Any], list[str]]:
+    """The space and baseline without what this device, this install or the task's model cannot
+    run (space.restrict_to_device), with one notice per change; errors where nothing is left."""
+    cuda = device.type == "cuda"
+    bf16 = torch.cuda.is_bf16_supported() if cuda else True
+    baseline = dict(spec.baseline)
+    wanted = {knob for knob in ("compile", "channels_last") if True in spec.space[knob].values or baseline[knob]}
+    compile_problem = systems.compile_problem(device) if "compile" in wanted else None
+    channels_last_problem = None
+    if "channels_last" in wanted and task is not None:
+        params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
+        channels_last_problem = systems.channels_last_problem(task.model(**takes(task.model, params)))
+    space, notices, impossible = space_.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
+                                                           channels_last_problem=channels_last_problem)
+    for knob, reason in impossible.items():
+        raise SpecError(spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})")
+    unsupported = space_.unsupported_precisions(cuda=cuda, bf16=bf16)
+    if baseline["precision"] in unsupported:
+        reason = unsupported[baseline["precision"]]
+        raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
+    switches = space_.unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    for knob, reason in switches.items():
+        if baseline[knob]:
+            baseline[knob] = False
+            if knob != "pin_memory":  # the baseline's pinning follows the device, as it always has
+                notices.append(f"baseline {knob} set to false: {reason}")
+    return space, baseline, notices
+
+
+def as_begun(spec: StudySpec, space: space_.Space, notices: list[str]) -> space_.Space:
+    """A study begun before a knob existed ran every trial without it, and goes on so: one Optuna
+    study cannot add a sampled knob. Adds a notice for each knob it fixes."""
+    study = storage.read_study(spec)
+    stored = (study.user_attrs.get("definition") or {}).get("space") if study is not None else None
+    if stored is None:
+        return space
+    for name, knob in space_.KNOBS.items():
+        fixed = space_.Choices((knob.absent,))
+        if knob.absent is not None and name not in stored and space[name] != fixed:
+            space = space.replace(name, fixed)
+            notices.append(f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
+                           f"searched it (give the study a new name: to search it)")
+    return space
 
 
 def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:

@@ -134,7 +134,7 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     table = top[columns].rename(
         columns={"number": "trial", "objective_metric": f"mean final {target['metric']}" if fixed else target["metric"],
                  "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch",
-                 "schedule_epochs": "schedule"})
+                 "schedule_epochs": "schedule", "channels_last": "channels_last", "cudnn_benchmark": "cudnn"})
     for column in table.columns:
         if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
             table[column] = table[column].map(_cell)

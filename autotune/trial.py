@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autotune import classes, telemetry
+from autotune import classes, systems, telemetry
 from autotune.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
-from autotune.space import loader_kwargs
+from autotune.space import KNOBS, loader_kwargs
 from autotune.tasks import Task, takes
 
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
@@ -51,14 +51,17 @@ class TrialConfig:
     pin_memory: bool
     precision: str
     schedule_epochs: float | None = None  # None: the schedule is the limits' max_epochs long
+    channels_last: bool = False
+    compile: bool = False
+    cudnn_benchmark: bool = False
     params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
         """From a flat mapping: the knobs by name, every other key a parameter."""
         knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
-        # schedule_epochs may be absent: configurations stored before it was a knob
-        return cls(**{name: values[name] if name != "schedule_epochs" else values.get(name) for name in knobs},
+        # A knob may be absent from a configuration stored before it was a knob: it ran without it.
+        return cls(**{name: values[name] if name in values or name not in KNOBS else KNOBS[name].absent for name in knobs},
                    params=tuple((k, v) for k, v in values.items() if k not in knobs))
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,8 +132,9 @@ def run(
     clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
     loader = make_loader(task.train, config, seed=seed, device=device)
     params = dict(config.params)
-    model = task.model(**takes(task.model, params)).to(device)
-    optimizer = task.optimizer(model.parameters(), config.lr, **takes(task.optimizer, params, after=2))
+    model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
+                                             channels_last=config.channels_last, compile=config.compile)
+    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2))
     schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
     schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
     total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
@@ -141,7 +145,7 @@ def run(
     )
     step = functools.partial(
         train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
-        device=device, non_blocking=config.pin_memory,
+        device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
     )
 
     steps = samples = 0
@@ -160,7 +164,7 @@ def run(
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
     model.train()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), systems.cudnn_benchmark(config.cudnn_benchmark):
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
@@ -174,7 +178,8 @@ def run(
                 out_of_time = clock.read(sync=False) >= limits.max_seconds
                 if samples >= next_eval or steps == total_steps or out_of_time:
                     clock.stop()
-                    metric, confusion = evaluate(model, task, device=device, autocast=autocast)
+                    metric, confusion = evaluate(evaluated, task, device=device, autocast=autocast,
+                                                 channels_last=config.channels_last)
                     curve.append((clock.elapsed, samples / n_train, metric))
                     if metric >= limits.target and reached_at is None:
                         reached_at = clock.elapsed
@@ -188,6 +193,11 @@ def run(
                     clock.start()
                 if progress is not None:
                     progress(steps, total_steps, metric, clock.read(sync=False))
+    except Exception as exc:
+        reason = systems.compile_failure(exc) if config.compile else None
+        if reason is None:
+            raise
+        raise systems.CompileFailed(reason) from None  # one line, not the compiler's page of context
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
         gpu = sampler.stop()
@@ -229,6 +239,7 @@ def train_step(
     autocast: Callable[[], Any],
     device: torch.device,
     non_blocking: bool,
+    channels_last: bool = False,
 ) -> None:
     """One optimizer step over the micro-batches of one effective batch.
 
@@ -236,7 +247,7 @@ def train_step(
     equals that of one batch holding all of them.
     """
     for inputs, targets in micro_batches:
-        inputs = inputs.to(device, non_blocking=non_blocking)
+        inputs = systems.to_device(inputs, device, non_blocking=non_blocking, channels_last=channels_last)
         targets = targets.to(device, non_blocking=non_blocking)
         with autocast():
             loss = loss_fn(model(inputs), targets) / len(micro_batches)
@@ -247,15 +258,15 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device,
-             autocast: Callable[[], Any]) -> tuple[float, list[list[int]] | None]:
+def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autocast: Callable[[], Any],
+             channels_last: bool = False) -> tuple[float, list[list[int]] | None]:
     """The task's metric over the whole validation set, and its confusion matrix where the task
     classifies (classes.confusion)."""
     model.eval()
     outputs, targets = [], []
     for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
         with autocast():
-            outputs.append(model(inputs.to(device)).float())
+            outputs.append(model(systems.to_device(inputs, device, non_blocking=False, channels_last=channels_last)).float())
         targets.append(target.to(device))
     model.train()
     outputs, targets = torch.cat(outputs), torch.cat(targets)

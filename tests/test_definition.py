@@ -46,3 +46,27 @@ def test_the_definition_reads_params_from_the_space_it_is_given(tmp_path: Path) 
     space = dataclasses.replace(spec.space, params=(("width", Range(8, 16)), ("act", Choices(("relu",)))))
     assert definition.describe(spec, space=space, device="cpu")["params"] == {
         "width": {"low": 8, "high": 16, "log": False}, "act": ["relu"]}
+
+
+def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: Path) -> None:
+    """A stored definition that lacks channels_last, compile and cudnn_benchmark (a study begun
+    before they were knobs) is resumed with them fixed off, one notice each, and no change to
+    refuse; a new study searches them."""
+    import optuna
+
+    from autotune import study as study_
+
+    path = tmp_path / "study.yaml"
+    path.write_text(HEAD + "device: cpu\n")
+    spec = load(path)
+    fresh = study_.prepare(spec)
+    assert fresh.space["channels_last"] == Choices((False, True))  # searched in a new study
+    old = {**fresh.definition, "space": {k: v for k, v in fresh.definition["space"].items() if k != "channels_last"}}
+    stored = optuna.create_study(study_name=spec.name, storage=spec.storage)
+    stored.set_user_attr("definition", old)
+
+    resumed = study_.prepare(spec)
+    assert resumed.space["channels_last"] == Choices((False,))
+    assert any(n.startswith("channels_last fixed to false: study 'study' began before") for n in resumed.notices)
+    assert resumed.definition == old
+    assert study_.check_unchanged(spec, resumed, allow_changes=False) == []

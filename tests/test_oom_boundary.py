@@ -28,6 +28,16 @@ def test_knobs_that_do_not_change_memory_are_ignored_and_parameters_must_match()
     assert needs_at_least({**BASE, "width": 64}, {**BASE, "width": 64})
 
 
+def test_a_bound_holds_only_between_equal_memory_formats_compilation_and_cudnn_search() -> None:
+    """Compiled kernels, channels-last layouts and cuDNN's algorithms change memory either way."""
+    for knob in ("channels_last", "compile", "cudnn_benchmark"):
+        assert not needs_at_least({**BASE, "batch_size": 256, knob: True}, {**BASE, knob: False})
+        assert not needs_at_least({**BASE, "batch_size": 256, knob: False}, {**BASE, knob: True})
+        assert needs_at_least({**BASE, "batch_size": 256, knob: True}, {**BASE, knob: True})
+        # A configuration stored before the knob existed ran without it.
+        assert needs_at_least({**BASE, "batch_size": 256, knob: False}, BASE)
+
+
 def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None:
     ran_out = [(3, {**BASE, "batch_size": 256}), (5, BASE)]
     assert bound_by({**BASE, "batch_size": 512, "precision": "fp32"}, ran_out) == 3

@@ -23,6 +23,9 @@ def make_space(**overrides: Domain) -> Space:
         "pin_memory": Choices((False,)),
         "precision": Choices(("fp32",)),
         "schedule_epochs": Choices((4.0,)),
+        "channels_last": Choices((False,)),
+        "compile": Choices((False,)),
+        "cudnn_benchmark": Choices((False,)),
     }
     fixed.update(overrides)
     return Space(tuple((name, fixed[name]) for name in KNOBS))
@@ -63,7 +66,7 @@ def test_fully_fixed_space_asks_nothing() -> None:
     assert trial.calls == []
     assert config == {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1,
                       "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32",
-                      "schedule_epochs": 4.0}
+                      "schedule_epochs": 4.0, "channels_last": False, "compile": False, "cudnn_benchmark": False}
 
 
 def test_prefetch_factor_not_suggested_without_workers() -> None:
@@ -194,7 +197,10 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
     assert list(full) == list(KNOBS)
     assert full["prefetch_factor"] is None
     assert full["schedule_epochs"] is None  # stored before it was a knob: the study's max_epochs
-    assert {k: v for k, v in full.items() if k not in ("prefetch_factor", "schedule_epochs")} == stored
+    # stored before they were knobs: the trial ran without them
+    assert (full["channels_last"], full["compile"], full["cudnn_benchmark"]) == (False, False, False)
+    new = ("prefetch_factor", "schedule_epochs", "channels_last", "compile", "cudnn_benchmark")
+    assert {k: v for k, v in full.items() if k not in new} == stored
 
 
 def test_complete_drops_a_stale_prefetch_without_workers_and_keeps_it_with_workers() -> None:
@@ -292,3 +298,37 @@ def test_restricting_to_the_device_keeps_the_params() -> None:
     space = dataclasses.replace(make_space(), params=(("width", Range(8, 32)),))
     restricted, _, _ = restrict_to_device(space.replace("precision", Choices(("fp32", "fp16"))), cuda=False, bf16=True)
     assert restricted.params == space.params and restricted["precision"] == Choices(("fp32",))
+
+
+BOTH = Choices((False, True))
+
+
+def test_cpu_fixes_cudnn_benchmark_and_compile_but_keeps_channels_last() -> None:
+    """Without CUDA: cuDNN's search is fixed off, and compile (a choice) too, each with a notice
+    saying why; channels-last runs on CPU and stays a choice."""
+    space, notices, impossible = restrict_to_device(
+        make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH), cuda=False, bf16=True)
+    assert (space["cudnn_benchmark"], space["compile"], space["channels_last"]) == (Choices((False,)), Choices((False,)), BOTH)
+    assert impossible == {}
+    assert sorted(n.split(" fixed")[0] for n in notices) == ["compile", "cudnn_benchmark"]
+    assert any("cuDNN runs only on CUDA" in n for n in notices)
+
+
+def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
+    """compile: true alone is the user's choice: kept on CPU when torch.compile can run there."""
+    space, notices, impossible = restrict_to_device(make_space(compile=Choices((True,))), cuda=False, bf16=True)
+    assert space["compile"] == Choices((True,)) and notices == [] and impossible == {}
+
+
+@pytest.mark.parametrize("knob, problem", [("compile", "compile_problem"), ("channels_last", "channels_last_problem")])
+def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem: str) -> None:
+    """On CUDA too: a choice is fixed to false naming the reason; true alone is impossible."""
+    space, notices, impossible = restrict_to_device(make_space(**{knob: BOTH}), cuda=True, bf16=True, **{problem: "the reason"})
+    assert space[knob] == Choices((False,)) and notices == [f"{knob} fixed to false: the reason"] and impossible == {}
+    _, _, impossible = restrict_to_device(make_space(**{knob: Choices((True,))}), cuda=True, bf16=True, **{problem: "the reason"})
+    assert list(impossible) == [knob] and "the reason" in impossible[knob]
+
+
+def test_cuda_keeps_every_switch() -> None:
+    original = make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, pin_memory=BOTH)
+    assert restrict_to_device(original, cuda=True, bf16=True) == (original, [], {})
