@@ -3,6 +3,8 @@
 Lightning's Trainer, transformers' TrainingArguments (and the Trainer's optimizer, scheduler and
 DataLoader), torch's DataLoader, the torch module exec'd and trained a few steps against
 autotune.trial, and the flags parsed back by argparse; then all of them for a real digits study.
+The systems knobs (channels_last, compile, cudnn_benchmark) go into each where it has a place and
+into a note where it has none; a winner stored before they existed ran without them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import functools
 import itertools
 import json
 import math
+import operator
+import re
 import shlex
 import typing
 from collections.abc import Callable, Mapping
@@ -26,10 +30,11 @@ import transformers
 import yaml
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 from lightning.pytorch.plugins.precision import MixedPrecision
+from torch._dynamo.eval_frame import OptimizedModule
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 
-from autotune import trial
+from autotune import systems, trial
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
@@ -43,19 +48,25 @@ TUNABLE = "tests.tasks:_tunable_optimizer"
 NOTED = ("moved", "approximation", "no equivalent")
 
 
-def knobs(lr: float, scheduler: str, batch_size: int, accumulation_steps: int, num_workers: int, precision: str) -> dict[str, Any]:
+SYSTEMS = ("channels_last", "compile", "cudnn_benchmark")
+
+
+def knobs(lr: float, scheduler: str, batch_size: int, accumulation_steps: int, num_workers: int, precision: str, *,
+          channels_last: bool = False, compile: bool = False, cudnn_benchmark: bool = False) -> dict[str, Any]:
     return {"lr": lr, "scheduler": scheduler, "batch_size": batch_size, "accumulation_steps": accumulation_steps,
-            "num_workers": num_workers, "prefetch_factor": 3 if num_workers else None, "pin_memory": False, "precision": precision}
+            "num_workers": num_workers, "prefetch_factor": 3 if num_workers else None, "pin_memory": False, "precision": precision,
+            "channels_last": channels_last, "compile": compile, "cudnn_benchmark": cudnn_benchmark}
 
 
-# Every scheduler, both precisions a CPU runs, with and without workers and accumulation, each with
-# the user's own parameters (width and dropout go to tests.tasks' model, the rest to its optimizer).
+# Every scheduler, both precisions a CPU runs, with and without workers and accumulation, each
+# systems knob on somewhere, each with the user's own parameters (width and dropout go to
+# tests.tasks' model, the rest to its optimizer).
 CASES = {
     "constant-fp32": (knobs(0.05, "constant", 16, 1, 0, "fp32"), {"width": 24, "dropout": 0.1}, BUILT_IN),
-    "step-bf16-workers": (knobs(0.1, "step", 8, 2, 2, "bf16"), {"width": 16}, BUILT_IN),
-    "cosine-fp32-accumulate3": (knobs(0.02, "cosine", 8, 3, 1, "fp32"), {"dropout": 0.0}, BUILT_IN),
-    "onecycle-bf16-adamw": (knobs(0.003, "onecycle", 16, 2, 0, "bf16"),
-                            {"width": 20, "weight_decay": 1e-4, "kind": "adamw"}, TUNABLE),
+    "step-bf16-workers-cudnn": (knobs(0.1, "step", 8, 2, 2, "bf16", cudnn_benchmark=True), {"width": 16}, BUILT_IN),
+    "cosine-fp32-accumulate3-compile": (knobs(0.02, "cosine", 8, 3, 1, "fp32", compile=True), {"dropout": 0.0}, BUILT_IN),
+    "onecycle-bf16-adamw-channels-last": (knobs(0.003, "onecycle", 16, 2, 0, "bf16", channels_last=True),
+                                          {"width": 20, "weight_decay": 1e-4, "kind": "adamw"}, TUNABLE),
 }
 
 
@@ -80,8 +91,10 @@ def case(name: str) -> dict[str, Any]:
 
 
 def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The winner's knobs, a systems knob it lacks as false (the study predates it), and its parameters."""
     params = summary["best"]["params"]
-    return {k: params[k] for k in KNOBS if k in params}, {k: v for k, v in params.items() if k not in KNOBS}
+    return ({k: params[k] if k in params else KNOBS[k].absent for k in KNOBS if k in params or KNOBS[k].absent is not None},
+            {k: v for k, v in params.items() if k not in KNOBS})
 
 
 def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -112,12 +125,27 @@ def digits_model(summary: Mapping[str, Any]) -> torch.nn.Module:
     return digits.SmallCNN(**takes(digits.SmallCNN, split(summary)[1]))
 
 
+def conv_net(_: object = None) -> torch.nn.Module:
+    """A small CNN on `images`: three input channels, so channels-last is a layout of its own (with
+    one channel, as in digits, a contiguous batch is channels-last already)."""
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def images(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
 @pytest.fixture(autouse=True)
 def restore_threads() -> typing.Iterator[None]:
-    """The torch module and trials set torch's thread count for the process; put it back."""
-    threads = torch.get_num_threads()
+    """The torch module, Lightning's Trainer and trials set torch's thread count and cuDNN's
+    algorithm search for the process; put them back."""
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
     yield
     torch.set_num_threads(threads)
+    torch.backends.cudnn.benchmark = benchmark
 
 
 def notes_by_setting(export: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -166,12 +194,15 @@ def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, 
     knob_values, extras = split(summary)
     precision = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[knob_values["precision"]]
     assert export["trainer"]["precision"] == precision
+    assert export["trainer"]["benchmark"] is knob_values["cudnn_benchmark"]
+    torch.backends.cudnn.benchmark = not knob_values["cudnn_benchmark"]  # the Trainer must set it
     trainer = lightning.Trainer(**export["trainer"], logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False)
     assert trainer.precision == precision
     assert trainer.accumulate_grad_batches == knob_values["accumulation_steps"]
     assert trainer.max_epochs == schedule(summary)
     assert type(trainer.accelerator).__name__ == "CPUAccelerator" and trainer.num_devices == 1
+    assert torch.backends.cudnn.benchmark is knob_values["cudnn_benchmark"]
 
     loader = DataLoader(dataset, **export["dataloader"])
     assert loader.batch_size == knob_values["batch_size"] and loader.drop_last
@@ -190,9 +221,10 @@ def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, 
     assert export["params"] == extras
 
     named = notes_by_setting(export)
-    for knob in ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "lr", "scheduler", *extras):
+    for knob in ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "lr", "scheduler", "channels_last", "compile", *extras):
         assert knob in named, f"no note says where {knob} went"
     assert ("accumulation_steps" in named) == (knob_values["accumulation_steps"] > 1)
+    check_lightning_model_lines(export, knob_values, named)
 
     module = Module(model, configure_from_usage(export, summary))
     trainer.fit(module, loader)
@@ -201,6 +233,27 @@ def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, 
     config = trainer.lr_scheduler_configs[0]
     assert config.interval == "step" and config.frequency == 1
     assert module.lrs == pytest.approx(reference_lrs(summary, total), rel=1e-9, abs=1e-12)
+
+
+def check_lightning_model_lines(export: Mapping[str, Any], knob_values: Mapping[str, Any],
+                                named: Mapping[str, list[dict[str, Any]]]) -> None:
+    """channels_last and compile, which the Trainer cannot take: a note whatever the value, saying
+    what to do when true, and usage lines that make the model the trial's prepare_model made."""
+    for knob, code in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),
+                       ("compile", "model = torch.compile(model)")):
+        (entry,) = named[knob]
+        assert entry["status"] == "no equivalent" and entry["value"] is knob_values[knob]
+        assert (code in entry["note"]) is knob_values[knob]
+        assert any(line.startswith(code) for line in export["usage"]) is knob_values[knob]
+    assert ("on_after_batch_transfer" in named["channels_last"][0]["note"]) is knob_values["channels_last"]
+
+    lines = [line for line in export["usage"] if line.startswith("model = ")]
+    namespace: dict[str, Any] = {"torch": torch, "model": conv_net()}
+    exec("\n".join(lines), namespace)  # lazy: torch.compile compiles at the first call, which never comes
+    expected, _ = systems.prepare_model(conv_net(), channels_last=knob_values["channels_last"], compile=knob_values["compile"])
+    made = namespace["model"]
+    assert type(made) is type(expected) and (type(made) is OptimizedModule) is knob_values["compile"]
+    assert [p.stride() for p in made.parameters()] == [p.stride() for p in expected.parameters()]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -282,6 +335,7 @@ def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: 
         assert {k: getattr(args, k) for k in moved} == moved and export["params"] == {k: v for k, v in extras.items() if k not in moved}
     for name in export["params"]:
         assert name in named
+    check_hf_systems(args, knob_values, named)
 
     lrs = []
     for _ in range(total):
@@ -301,6 +355,24 @@ def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: 
         assert named["scheduler"][0]["status"] == "no equivalent" and "MultiStepLR" in named["scheduler"][0]["note"]
 
 
+def check_hf_systems(args: transformers.TrainingArguments, knob_values: Mapping[str, Any],
+                     named: Mapping[str, list[dict[str, Any]]]) -> None:
+    """compile is torch_compile; channels_last and cudnn_benchmark, which have no field, a note each
+    whatever the value; the TF32 that torch_compile turns on without fp16, a note saying how to undo it."""
+    assert args.torch_compile is knob_values["compile"]
+    assert args.torch_compile_backend == ("inductor" if knob_values["compile"] else None) and args.torch_compile_mode is None
+    for knob, code in (("channels_last", "model = model.to(memory_format=torch.channels_last)"),
+                       ("cudnn_benchmark", "torch.backends.cudnn.benchmark = True")):
+        (entry,) = named[knob]
+        assert entry["status"] == "no equivalent" and entry["value"] is knob_values[knob]
+        assert (code in entry["note"]) is knob_values[knob]
+    tf32 = knob_values["compile"] and knob_values["precision"] != "fp16"
+    assert ("compile" in named) is tf32
+    if tf32:
+        assert named["compile"][0]["status"] == "approximation"
+        assert "torch.backends.fp32_precision = 'none'" in named["compile"][0]["note"]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_hf_training_arguments_take_every_value(name: str, tmp_path: Path) -> None:
     summary = case(name)
@@ -315,6 +387,54 @@ def test_hf_fp16_on_cuda_is_fp16_without_use_cpu(tmp_path: Path) -> None:
     assert "use_cpu" not in bf16["training_arguments"] and "use_cpu=True" in notes_by_setting(bf16)["device"][0]["note"]
 
 
+# torch's float32 precision settings (torch 2.9+), the generic one first: setting it may change the others.
+FP32_PRECISIONS = ("", "cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul")
+
+
+def fp32_precisions() -> dict[str, str]:
+    return {name: operator.attrgetter(f"{name}.fp32_precision" if name else "fp32_precision")(torch.backends)
+            for name in FP32_PRECISIONS}
+
+
+@pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch before 2.9 has only the allow_tf32 flags")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_hf_compile_note_undoes_the_tf32_that_transformers_turns_on(precision: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU with TF32, transformers turns float32 matmuls to TF32 when it builds
+    TrainingArguments(torch_compile=True) without fp16, and accelerate again when it builds the
+    Trainer's state for fp32 on CUDA; the note's line puts torch's defaults back. On CPU,
+    transformers is told TF32 is there and accelerate's line (accelerate/state.py) is run as it is."""
+    monkeypatch.setattr(transformers.training_args, "is_torch_tf32_available", lambda: True)
+    transformers.training_args.enable_tf32.cache_clear()  # transformers switches it once per process and value
+    export = json.loads(render(summary_for(knobs(0.1, "constant", 32, 1, 0, precision, compile=True)), "hf"))
+    (entry,) = notes_by_setting(export)["compile"]
+    fix = re.search(r"torch\.backends\.fp32_precision = 'none'; torch\.set_float32_matmul_precision\('highest'\)",
+                    entry["note"]).group()
+    default, matmul = fp32_precisions(), torch.get_float32_matmul_precision()
+    try:
+        transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", **export["training_arguments"])
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        if precision == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = True  # accelerate's AcceleratorState: a dynamo backend, no mixed precision
+        exec(fix, {"torch": torch})
+        now = fp32_precisions()
+        assert torch.get_float32_matmul_precision() == "highest"  # full-precision float32 matmuls, torch's default
+        assert now.pop("cuda.matmul") in ("none", "ieee") and now.pop("mkldnn.matmul") in ("none", "ieee")
+        assert now == {k: v for k, v in default.items() if not k.endswith("matmul")}  # cuDNN convolutions in TF32 as before
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        for name, value in default.items():
+            setattr(operator.attrgetter(name)(torch.backends) if name else torch.backends, "fp32_precision", value)
+        transformers.training_args.enable_tf32.cache_clear()
+    assert fp32_precisions() == default
+
+
+def test_hf_compile_with_fp16_leaves_tf32_alone() -> None:
+    """transformers turns TF32 on with torch_compile only without fp16: no note then."""
+    export = json.loads(render(summary_for(knobs(0.1, "constant", 32, 1, 0, "fp16", compile=True), device="cuda"), "hf"))
+    assert export["training_arguments"]["torch_compile"] is True and "compile" not in notes_by_setting(export)
+
+
 # --- torch -----------------------------------------------------------------------------------
 
 def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
@@ -327,7 +447,20 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
     torch.manual_seed(0)
     model = model_factory(summary)
     twin = copy.deepcopy(model)
+    torch.backends.cudnn.benchmark = not knob_values["cudnn_benchmark"]  # make_training must set it
     training = namespace["make_training"](model, dataset, device="cpu", seed=0)
+    assert torch.backends.cudnn.benchmark is knob_values["cudnn_benchmark"]
+
+    # The model the trial trains: channels-last weights where it asks, compiled where it asks, and
+    # the uncompiled module beside it with the same parameters.
+    twin, _ = systems.prepare_model(twin, channels_last=knob_values["channels_last"], compile=False)
+    assert training.module is model
+    assert [p.stride() for p in model.parameters()] == [p.stride() for p in twin.parameters()]
+    if knob_values["compile"]:
+        assert isinstance(training.model, OptimizedModule) and training.model._orig_mod is model
+        training.model = model  # compiling a step takes ~16 s on a CPU; the compiled module computes the same
+    else:
+        assert training.model is model
 
     loader = training.loader
     assert loader.batch_size == knob_values["batch_size"] and loader.drop_last and isinstance(loader.sampler, RandomSampler)
@@ -351,6 +484,9 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
     autocast = functools.partial(torch.autocast, "cpu", dtype=trial.DTYPES[precision], enabled=precision != "fp32")
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
     batches = training.batches
+    layouts: dict[str, list[tuple[int, ...]]] = {"mine": [], "trial's": []}  # the strides of the inputs each model sees
+    for who, net in (("mine", model), ("trial's", twin)):
+        net.register_forward_pre_hook(lambda _, args, who=who: layouts[who].append(args[0].stride()))
     for step in range(steps):  # the same micro-batches (and dropout masks) through both train steps
         group = list(itertools.islice(batches, knob_values["accumulation_steps"]))
         training.batches = iter(group)
@@ -358,11 +494,12 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
         namespace["train_step"](training, loss_fn=F.cross_entropy)
         torch.manual_seed(step)
         trial.train_step(twin, group, loss_fn=F.cross_entropy, optimizer=optimizer, scaler=scaler, autocast=autocast,
-                         device=torch.device("cpu"), non_blocking=False)
+                         device=torch.device("cpu"), non_blocking=False, channels_last=knob_values["channels_last"])
         scheduler.step()
         for mine, theirs in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(mine, theirs)
         assert training.scheduler.get_last_lr() == pytest.approx(scheduler.get_last_lr(), rel=1e-12)
+    assert layouts["mine"] == layouts["trial's"] and len(layouts["mine"]) == steps * knob_values["accumulation_steps"]
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), model_factory(summary).state_dict().values()))
     for _ in range(total - steps):  # the rest of the schedule, without training
         training.scheduler.step()
@@ -375,6 +512,21 @@ def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
 def test_torch_module_trains_as_the_trial_did(name: str) -> None:
     summary = case(name)
     check_torch(render(summary, "torch"), summary, dataset=_blobs(104, 0), model_factory=blobs_model)
+
+
+@pytest.mark.parametrize("accumulation_steps, precision", [(1, "fp32"), (2, "bf16")])
+def test_torch_module_lays_out_a_cnn_channels_last_as_the_trial_did(accumulation_steps: int, precision: str) -> None:
+    summary = summary_for(knobs(0.05, "cosine", 8, accumulation_steps, 0, precision, channels_last=True, cudnn_benchmark=True))
+    check_torch(render(summary, "torch"), summary, dataset=images(64, 0), model_factory=conv_net)
+    namespace: dict[str, Any] = {}
+    exec(render(summary, "torch"), namespace)
+    assert namespace["to_device"](torch.ones(2, 3, 4, 4), "cpu").is_contiguous(memory_format=torch.channels_last)
+    assert namespace["to_device"](torch.ones(2, 3, 4), "cpu").is_contiguous()  # not an image batch: as it is
+
+
+def test_torch_module_compiles_a_cnn_and_keeps_the_module_uncompiled() -> None:
+    summary = summary_for(knobs(0.05, "step", 8, 1, 0, "fp32", channels_last=True, compile=True))
+    check_torch(render(summary, "torch"), summary, dataset=images(64, 0), model_factory=conv_net, steps=2)
 
 
 def test_torch_module_without_a_recorded_optimizer_asks_for_one() -> None:
@@ -437,6 +589,28 @@ def test_args_quote_and_attach_what_a_shell_or_argparse_would_misread() -> None:
     check_args(line, params)
 
 
+# --- a study stored before the systems knobs ------------------------------------------------
+
+def test_a_winner_stored_before_the_systems_knobs_ran_without_them(tmp_path: Path) -> None:
+    """Its params lack channels_last, compile and cudnn_benchmark (a trial record may hold None
+    instead): every format writes them false, as its trials ran; a knob with nothing to assume in
+    its place is still an error."""
+    ran = {**knobs(0.05, "cosine", 16, 2, 0, "bf16"), "width": 8}  # the systems knobs false
+    stored = {k: v for k, v in ran.items() if k not in SYSTEMS}
+    summary = summary_for(stored)
+    assert json.loads(render(summary, "json")) == ran
+    assert list(yaml.safe_load(render(summary, "yaml")).items()) == list(ran.items())  # the knobs in order, then params
+    check_args(render(summary, "args"), ran)
+    check_lightning(render(summary, "lightning"), summary, dataset=_blobs(64, 0), model=blobs_model(summary))
+    check_hf(render(summary, "hf"), summary, dataset=_blobs(64, 0), model=blobs_model(summary), tmp_path=tmp_path)
+    check_torch(render(summary, "torch"), summary, dataset=_blobs(64, 0), model_factory=blobs_model, steps=1)
+    as_none = summary_for({**stored, **dict.fromkeys(SYSTEMS)})
+    for fmt in FORMATS:
+        assert render(as_none, fmt) == render(summary, fmt), fmt
+    with pytest.raises(AutotuneError, match="the winner's settings lack lr, batch_size; the study storage looks damaged"):
+        render(summary_for({k: v for k, v in stored.items() if k not in ("lr", "batch_size")}), "hf")
+
+
 # --- the command line and a real study -------------------------------------------------------
 
 def test_the_command_line_lists_every_format_and_refuses_others(capsys: pytest.CaptureFixture[str]) -> None:
@@ -458,7 +632,7 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
         "target": {"metric": "accuracy", "value": 0.5},
         "space": {"lr": {"low": 0.02, "high": 0.1, "log": True}, "scheduler": ["onecycle", "cosine"], "batch_size": [32, 64],
                   "accumulation_steps": [1, 2], "num_workers": 0, "pin_memory": False, "precision": ["fp32", "bf16"],
-                  "params": {"width": [8, 16]}},
+                  "channels_last": True, "params": {"width": [8, 16]}},
         "budget": {"trials": 2, "max_epochs": 2, "max_seconds": 10, "eval_every": 0.25},
         "confirm": {"top": 1, "runs": 1},
         "seed": 0,
@@ -471,6 +645,7 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
     summary = json.loads(capsys.readouterr().out)
     params = summary["best"]["params"]
     assert set(params) == {*KNOBS, "width"} and summary["optimizer"] == BUILT_IN and summary["device"] == "cpu"
+    assert (params["channels_last"], params["compile"], params["cudnn_benchmark"]) == (True, False, False)
 
     files = {}
     for fmt in FORMATS:

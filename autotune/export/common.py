@@ -26,14 +26,31 @@ def note(setting: str, value: Any, status: str, text: str) -> dict[str, Any]:
     return {"setting": setting, "value": value, "status": status, "note": text}
 
 
+def settings(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The winner's settings: its knobs in KNOBS order, then the user's own parameters.
+
+    A study stored before a knob existed has no value for it (or None, which a trial record holds
+    for a knob its trial lacked), and its trials ran without it: such a knob takes what leaving it
+    out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
+    """
+    params = summary["best"]["params"]
+    knobs = {}
+    for name, knob in KNOBS.items():
+        if knob.absent is not None and params.get(name) is None:
+            knobs[name] = knob.absent
+        elif name in params:
+            knobs[name] = params[name]
+    return {**knobs, **{k: v for k, v in params.items() if k not in KNOBS}}
+
+
 def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs but the schedule's length (`max_epochs`), and the user's own parameters
     (every other key), in order."""
-    params = summary["best"]["params"]
-    missing = [k for k in KNOBS if k not in params and k != SCHEDULE]  # a study begun before it was a knob lacks it
+    values = settings(summary)
+    missing = [k for k in KNOBS if k not in values and k != SCHEDULE]  # nothing can stand in for these
     if missing:
         raise AutotuneError(f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged")
-    return {k: params[k] for k in KNOBS if k != SCHEDULE}, {k: v for k, v in params.items() if k not in KNOBS}
+    return {k: values[k] for k in KNOBS if k != SCHEDULE}, {k: v for k, v in values.items() if k not in KNOBS}
 
 
 def max_epochs(summary: Mapping[str, Any]) -> float | int | None:

@@ -2,7 +2,9 @@
 
 `--batch-size 64` for batch_size; booleans as `--pin-memory` / `--no-pin-memory` (argparse's
 BooleanOptionalAction); floats written so that float() gives back the same number; a value
-starting with "-" attached with "="; every word quoted for a POSIX shell. A setting that does not exist (prefetch_factor without workers) is left out.
+starting with "-" attached with "="; every word quoted for a POSIX shell. A setting that does not
+exist (prefetch_factor without workers) is left out; a knob the study predates is written as its
+trials ran without it (`--no-compile`: common.settings).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.export.common import settings
 
 
 def flag(name: str, value: Any) -> list[str]:
@@ -26,5 +29,5 @@ def flag(name: str, value: Any) -> list[str]:
 
 
 def render(summary: Mapping[str, Any]) -> str:
-    words = [w for name, value in summary["best"]["params"].items() if value is not None for w in flag(name, value)]
+    words = [w for name, value in settings(summary).items() if value is not None for w in flag(name, value)]
     return shlex.join(words) + "\n"

@@ -10,17 +10,17 @@ import yaml
 
 from autotune.errors import AutotuneError
 from autotune.export import flags, hf, lightning, pytorch
-from autotune.export.common import provenance
+from autotune.export.common import provenance, settings
 
 
 def flat_json(summary: Mapping[str, Any]) -> str:
     """The winner's settings as one flat JSON mapping: the knobs, then the user's parameters."""
-    return json.dumps(summary["best"]["params"], indent=2) + "\n"
+    return json.dumps(settings(summary), indent=2) + "\n"
 
 
 def flat_yaml(summary: Mapping[str, Any]) -> str:
     """The same mapping in YAML, with where it came from as a comment."""
-    return f"# {provenance(summary)}\n" + yaml.safe_dump(dict(summary["best"]["params"]), sort_keys=False)
+    return f"# {provenance(summary)}\n" + yaml.safe_dump(settings(summary), sort_keys=False)
 
 
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {

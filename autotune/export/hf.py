@@ -4,7 +4,8 @@
 
 beside the user's parameters that are not TrainingArguments fields (`params`) and a note for
 every setting TrainingArguments cannot take or takes only approximately (`notes`).
-Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio).
+Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio). compile
+is `torch_compile`; channels_last and cudnn_benchmark have no field, so their notes say what to do.
 """
 
 from __future__ import annotations
@@ -28,6 +29,41 @@ SCHEDULERS = {"constant": ("constant", 0), "cosine": ("cosine", 0), "onecycle": 
 OPTIMIZER_FIELDS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
 CREATE_SCHEDULER = ("subclass transformers.Trainer and override create_scheduler(self, num_training_steps, optimizer=None) "
                     "to set and return self.lr_scheduler = {}")
+
+
+def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Notes for channels_last and cudnn_benchmark, which TrainingArguments has no field for (noted
+    whatever their value: a note for every setting it cannot take), and for what torch_compile
+    does beyond compiling."""
+    if knobs["channels_last"]:
+        layout = ("TrainingArguments has no memory-format field. autotune laid the model out channels-last and moved each 4-D "
+                  "input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
+                  "before transformers.Trainer(model=model, ...), and have your data_collator return each 4-D input tensor as "
+                  "t.contiguous(memory_format=torch.channels_last) (the Trainer's copy to the device keeps the layout).")
+    else:
+        layout = ("TrainingArguments has no memory-format field; autotune trained the model and its inputs in the default "
+                  "(contiguous) memory format, as HF does: convert neither to channels-last.")
+    if knobs["cudnn_benchmark"]:
+        search = ("TrainingArguments has no field for cuDNN's algorithm search; autotune set torch.backends.cudnn.benchmark = "
+                  "True for the trial: set it before trainer.train() (it holds for the whole process).")
+    else:
+        search = ("TrainingArguments has no field for cuDNN's algorithm search; autotune ran with torch.backends.cudnn.benchmark "
+                  "= False, torch's default: leave it so.")
+    notes = [note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
+             note("cudnn_benchmark", knobs["cudnn_benchmark"], NO_EQUIVALENT, search)]
+    # transformers turns TF32 on with torch_compile unless fp16 (TrainingArguments.__post_init__),
+    # and accelerate again for fp32 (AcceleratorState, on CUDA). tf32=False is no fix: it turns TF32
+    # off for cuDNN convolutions too, which torch's default, and so the trial, allowed.
+    if knobs["compile"] and knobs["precision"] != "fp16":
+        notes.append(note("compile", True, APPROXIMATION,
+                          "torch_compile compiles the model as autotune did (torch.compile, backend inductor, default mode; "
+                          "compile time on the training clock). But on an NVIDIA GPU with TF32 (Ampere or newer), transformers "
+                          "turns TF32 on for float32 matmuls when it builds TrainingArguments(torch_compile=True) without fp16, "
+                          "and accelerate does again when transformers.Trainer is built for fp32; autotune's trial kept torch's "
+                          "default, full-precision float32 matmuls. To train as it did, after building the Trainer: "
+                          "torch.backends.fp32_precision = 'none'; torch.set_float32_matmul_precision('highest') (the first for "
+                          "torch 2.9 or later)."))
+    return notes
 
 
 def render(summary: Mapping[str, Any]) -> str:
@@ -74,6 +110,8 @@ def render(summary: Mapping[str, Any]) -> str:
     args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
                  if k in loader})
     notes.append(threads_note(knobs))
+    args["torch_compile"] = knobs["compile"]  # backend inductor, default mode: autotune's torch.compile(model)
+    notes += systems_notes(knobs)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
     if summary.get("device") == "cpu":
         args["use_cpu"] = True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so

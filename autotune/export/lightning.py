@@ -10,6 +10,8 @@ The Trainer takes no DataLoader, optimizer or scheduler settings, so those have 
 sections, and `usage` spells out the lines above for this winner. The scheduler's arguments that
 depend on the run's length are fractions of its optimizer steps (Lightning's
 `trainer.estimated_stepping_batches`): autotune steps the schedule once per optimizer step.
+cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to the model, as
+their notes (and, when on, `usage`) say.
 """
 
 from __future__ import annotations
@@ -42,6 +44,34 @@ SCHEDULER_USAGE = [
     "scheduler = getattr(torch.optim.lr_scheduler, s['class_path'].rsplit('.', 1)[1])(optimizer, **s['init_args'], **steps)",
     "return {'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, **s['config']}}",
 ]
+
+
+def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What to do to the model for channels_last and compile, which lightning.Trainer cannot take.
+
+    Noted whatever their value (common.py's rule: a note for every setting the trainer cannot
+    take): false is a setting too, and a LightningModule that converts or compiles itself would
+    not train as the winner did.
+    """
+    if knobs["channels_last"]:
+        layout = ("lightning.Trainer has no memory-format argument. autotune laid the model out channels-last and moved each "
+                  "4-D input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
+                  "before trainer.fit, and convert 4-D inputs on the device in your LightningModule: "
+                  "def on_after_batch_transfer(self, batch, dataloader_idx): inputs, targets = batch; return "
+                  "(inputs.contiguous(memory_format=torch.channels_last) if inputs.dim() == 4 else inputs), targets.")
+    else:
+        layout = ("lightning.Trainer has no memory-format argument; autotune trained the model and its inputs in the default "
+                  "(contiguous) memory format, as Lightning does: convert neither to channels-last.")
+    if knobs["compile"]:
+        compiled = ("lightning.Trainer has no compile argument. autotune trained torch.compile(model) with default arguments, "
+                    "its compile time on the training clock: do model = torch.compile(model), then trainer.fit(model, ...); "
+                    "the first steps compile, and that time counts, as in autotune. Lightning compiles validation_step too, so "
+                    "validation compiles a graph of its own (autotune evaluated the uncompiled module, off the clock).")
+    else:
+        compiled = ("lightning.Trainer has no compile argument; autotune trained the model uncompiled, as Lightning does: "
+                    "don't torch.compile it.")
+    return [note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
+            note("compile", knobs["compile"], NO_EQUIVALENT, compiled)]
 
 
 def render(summary: Mapping[str, Any]) -> str:
@@ -80,11 +110,19 @@ def render(summary: Mapping[str, Any]) -> str:
                           "for DataLoader(train_dataset, **export['dataloader']) in your train_dataloader()"
                           + ("; left out there, as it only exists with num_workers > 0." if name not in dataloader else ".")))
     notes.append(threads_note(knobs))
+    # Lightning sets torch.backends.cudnn.benchmark to it; written when false too, as the trial set
+    # it false (Lightning's default, None, keeps whatever the process had).
+    trainer["benchmark"] = knobs["cudnn_benchmark"]
+    notes += model_notes(knobs)
 
     optimizer: dict[str, Any] = {"factory": summary.get("optimizer"), "lr": lr}
     usage = ["trainer = lightning.Trainer(**export['trainer'])",
-             "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])",
-             "# and in your LightningModule's configure_optimizers(self):"]
+             "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])"]
+    if knobs["channels_last"]:
+        usage.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in on_after_batch_transfer: see notes")
+    if knobs["compile"]:
+        usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
+    usage.append("# and in your LightningModule's configure_optimizers(self):")
     if summary.get("optimizer") == BUILT_IN_SGD:
         optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
         usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")

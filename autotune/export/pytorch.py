@@ -2,9 +2,11 @@
 
 The generated module defines the settings as constants, `make_training(model, train_dataset,
 *, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.trial.run
-builds them) and `train_step(training, loss_fn=...)` (one optimizer step over the accumulated
-micro-batches, as autotune.trial.train_step, then one scheduler step). It imports autotune only
-where the task's own optimizer lives there; the built-in SGD is written out.
+builds them; the model channels-last and compiled as autotune.systems.prepare_model makes it;
+cuDNN's algorithm search set), `to_device(inputs, device)` (autotune.systems.to_device) and
+`train_step(training, loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
+autotune.trial.train_step, then one scheduler step). It imports autotune only where the task's
+own optimizer lives there; the built-in SGD is written out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ The winning training settings in plain PyTorch, built as autotune's trial built 
     training = make_training(model, train_dataset, device=torch.device("cuda"))
     for _ in range(training.total_steps):
         train_step(training, loss_fn=torch.nn.functional.cross_entropy)
+
+Evaluate `training.module` (never compiled), its inputs moved by `to_device(inputs, training.device)`.
 """
 
 from __future__ import annotations
@@ -60,7 +64,14 @@ def _one_thread(_worker_id):
 
 
 def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=None, make_optimizer=make_optimizer):
-    """`model` moved to `device`, and the loader, optimizer, scheduler, autocast and scaler that train it."""
+    """`model` moved to `device`, and the loader, optimizer, scheduler, autocast and scaler that train it.
+
+    `training.model` is the module train_step calls: torch.compile(module) when COMPILE (its first
+    steps compile, on your clock as on the trial's). `training.module` is the uncompiled module with
+    the same parameters: evaluate and save that one, as autotune evaluated it (eval mode would make
+    a compiled module compile a second graph, and a compiled state_dict's keys start with _orig_mod.).
+    It sets torch.backends.cudnn.benchmark for the whole process (the trial set it for its run).
+    """
     if max_epochs is None:
         raise ValueError("the study did not record max_epochs, the length of the LR schedule: pass max_epochs=")
     device = torch.device(device)
@@ -79,7 +90,10 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
         generator=None if seed is None else torch.Generator().manual_seed(seed),
     )
     model = model.to(device)
+    if CHANNELS_LAST:
+        model = model.to(memory_format=torch.channels_last)  # its 4-D weights; to_device lays out 4-D inputs
     model.train()
+    torch.backends.cudnn.benchmark = CUDNN_BENCHMARK  # set either way, as the trial set it
     optimizer = make_optimizer(model.parameters(), LR)
     # The schedule runs over every optimizer step of max_epochs, stepped once per optimizer step.
     total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
@@ -88,8 +102,16 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
     scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16 only: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
     batches = itertools.chain.from_iterable(itertools.repeat(loader))
-    return types.SimpleNamespace(model=model, device=device, loader=loader, batches=batches, optimizer=optimizer,
-                                 scheduler=scheduler, total_steps=total_steps, autocast=autocast, scaler=scaler)
+    return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=model, device=device,
+                                 loader=loader, batches=batches, optimizer=optimizer, scheduler=scheduler,
+                                 total_steps=total_steps, autocast=autocast, scaler=scaler)
+
+
+def to_device(inputs, device, *, non_blocking=False):
+    """A batch's inputs on `device`, channels-last when CHANNELS_LAST and the batch is 4-D (N, C, H, W)."""
+    if CHANNELS_LAST and inputs.dim() == 4:
+        return inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+    return inputs.to(device, non_blocking=non_blocking)
 
 
 def train_step(training, *, loss_fn):
@@ -100,7 +122,7 @@ def train_step(training, *, loss_fn):
     """
     micro_batches = list(itertools.islice(training.batches, ACCUMULATION_STEPS))
     for inputs, targets in micro_batches:
-        inputs = inputs.to(training.device, non_blocking=PIN_MEMORY)
+        inputs = to_device(inputs, training.device, non_blocking=PIN_MEMORY)
         targets = targets.to(training.device, non_blocking=PIN_MEMORY)
         with training.autocast():
             loss = loss_fn(training.model(inputs), targets) / len(micro_batches)
