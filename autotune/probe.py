@@ -11,6 +11,12 @@ shorter) costs far less than spending whole training runs on them, so the study
 2. runs each precision of the space under that loader setting, and keeps a narrower precision
    only where it is at least `FASTER_BY` faster than the widest one in the space.
 
+Both steps run at the largest micro-batch of the space that still gives `MIN_STEPS` steps in a
+probe run (the baseline's when none does, or when that one fails, say out of memory): the busier
+the accelerator, the more it asks of the loader and the more a narrower precision saves. At the
+baseline's 32 samples a GPU waits on kernel launches, not on data or arithmetic, and the probe
+would settle on no loader workers and fp32 for a search whose winners run ten times the batch.
+
 Each setting runs `ROUNDS` times, interleaved, and counts by its fastest run (the usual estimate
 of a throughput, least disturbed by other load). The training clock of a probe run includes the
 loader's start-up, so worker start-up counts against workers as it does in a trial.
@@ -31,6 +37,7 @@ FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier lo
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
 WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per activation: fp32 is the reference
 LOADER = ("num_workers", "prefetch_factor", "pin_memory")
+MIN_STEPS = 20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
 
 
 def seed_for(study_seed: int) -> int:
@@ -63,21 +70,35 @@ def worth_probing(space: Space) -> bool:
 RunProbe = Callable[[Mapping[str, Any]], float]  # a configuration -> training-clock seconds of a short run
 
 
-def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
-    """Probe the space's loader settings and precisions; the outcome as plain JSON values."""
+def probe_batch(space: Space, baseline: Mapping[str, Any], *, samples: int | None) -> int:
+    """The micro-batch to probe at: the largest of the space with `MIN_STEPS` steps in a run of
+    `samples` samples, and never below the baseline's."""
+    fitting = [b for b in _values(space["batch_size"]) if samples is not None and samples / b >= MIN_STEPS]
+    return max([baseline["batch_size"], *fitting])
+
+
+def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any], *, samples: int | None = None) -> dict[str, Any]:
+    """Probe the space's loader settings and precisions with runs of `samples` samples (None:
+    unknown, so at the baseline's batch); the outcome as plain JSON values."""
     precisions = sorted(space["precision"].values, key=lambda p: -WIDTH[p])
     reference = precisions[0]
     runs: list[dict[str, Any]] = []
+    batch = probe_batch(space, baseline, samples=samples)
 
     def fastest(candidates: list[dict[str, Any]]) -> list[float]:
         best = [math.inf] * len(candidates)
         for _ in range(ROUNDS):
             for index, settings in enumerate(candidates):
-                seconds = measure({**baseline, **settings})
+                seconds = measure({**baseline, "batch_size": batch, **settings})
                 runs.append({**settings, "seconds": seconds})
                 best[index] = min(best[index], seconds)
         return best
 
+    if batch != baseline["batch_size"]:
+        seconds = measure({**baseline, "batch_size": batch, "precision": reference})
+        runs.append({"precision": reference, "seconds": seconds})
+        if not math.isfinite(seconds):
+            batch = baseline["batch_size"]  # the large batch does not run here (out of memory, say)
     loaders = loader_settings(space)
     if 1 < len(loaders) <= MAX_LOADER_SETTINGS:
         times = fastest([{**s, "precision": reference} for s in loaders])
@@ -97,7 +118,7 @@ def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any]) -> dict[st
             ratios = {p: times[0] / t for p, t in zip(precisions, times)}  # > 1: faster than the reference
             kept = [p for p in precisions if p == reference or ratios[p] >= 1 + FASTER_BY]
     return {"loader": loader, "precisions": kept, "speed": ratios, "probed_loader": 1 < len(loaders) <= MAX_LOADER_SETTINGS,
-            "runs": runs, "seconds": sum(r["seconds"] for r in runs)}
+            "batch_size": batch, "runs": runs, "seconds": sum(r["seconds"] for r in runs if math.isfinite(r["seconds"]))}
 
 
 def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
@@ -123,5 +144,6 @@ def describe(outcome: Mapping[str, Any]) -> str:
     for precision in narrower:
         verdict = "kept" if precision in outcome["precisions"] else "removed"
         parts.append(f"{precision} {verdict} ({outcome['speed'][precision]:.2f}x the speed of {reference})")
-    return (f"Systems probe ({len(outcome['runs'])} short runs, {outcome['seconds']:.1f} s of training): "
+    at = f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""  # older studies did not store it
+    return (f"Systems probe ({len(outcome['runs'])} short runs{at}, {outcome['seconds']:.1f} s of training): "
             + ("; ".join(parts) if parts else "nothing to settle"))

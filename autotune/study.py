@@ -225,7 +225,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         return result.train_seconds
 
     with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible():
-        return probe.run(measure, prepared.space, prepared.baseline)
+        return probe.run(measure, prepared.space, prepared.baseline, samples=int(epochs * len(prepared.task.train)))
 
 
 def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:

@@ -83,3 +83,24 @@ def test_what_is_worth_probing() -> None:
     assert len(probe.loader_settings(space(num_workers={"low": 0, "high": 2}, pin_memory=[False, True]))) == 2 * (1 + 2 + 2)
     assert not probe.worth_probing(space(num_workers={"low": 0, "high": 16}, prefetch_factor=[2, 4, 8], precision="fp32"))
     assert probe.seed_for(3) == 390_000
+
+
+def test_the_probe_runs_at_the_largest_batch_that_gives_enough_steps() -> None:
+    """A GPU at the baseline's 32 samples waits on launches, not on data: the loader and the
+    precisions are judged at the largest micro-batch with MIN_STEPS steps in a probe run."""
+    calls, measure = timed(lambda c: 1.0)
+    wide = space(batch_size=[16, 32, 128, 512])
+    outcome = probe.run(measure, wide, BASELINE, samples=128 * probe.MIN_STEPS)
+    assert outcome["batch_size"] == 128 and {c["batch_size"] for c in calls} == {128}
+    assert "short runs at batch 128" in probe.describe(outcome)
+    assert probe.probe_batch(wide, BASELINE, samples=None) == 32  # unknown window: the baseline's
+    assert probe.probe_batch(wide, BASELINE, samples=10 * probe.MIN_STEPS) == 32  # never below the baseline's
+
+
+def test_a_large_batch_that_fails_falls_back_to_the_baselines() -> None:
+    """Out of memory at the large batch (measured as never finishing): the probe goes on at the baseline's."""
+    calls, measure = timed(lambda c: float("inf") if c["batch_size"] > 32 else (0.5 if c["num_workers"] else 1.0))
+    outcome = probe.run(measure, space(batch_size=[32, 512]), BASELINE, samples=512 * probe.MIN_STEPS)
+    assert outcome["batch_size"] == 32 and calls[0]["batch_size"] == 512
+    assert {c["batch_size"] for c in calls[1:]} == {32} and outcome["loader"]["num_workers"] == 1
+    assert outcome["seconds"] < float("inf")
