@@ -81,6 +81,7 @@ def tune(
     run_objective = objective_trial(objective) if objective is not None else None
     prepared = study_.prepare(spec, task=task, objective=run_objective)
     with storage_.sole_runner(spec):
+        prepared = study_.as_begun(spec, prepared)
         changes = study_.check_unchanged(spec, prepared, allow_changes=allow_changes)
         study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
         study_.run_study(spec, prepared)

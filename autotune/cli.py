@@ -119,6 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers.check_storage(spec, args.workers)
     try:
         with signals.handled(), storage.sole_runner(spec):
+            prepared = study_.as_begun(spec, prepared)
             changes = study_.check_unchanged(spec, prepared, allow_changes=args.allow_changes)
             study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
             if args.workers > 1:
@@ -150,7 +151,8 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
         raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
     try:
         with signals.handled():
-            study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout, worker=args.as_worker)
+            study_.run_study(spec, study_.as_begun(spec, prepared), trials=args.trials, timeout=args.timeout,
+                             worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)
     return 0

@@ -64,7 +64,6 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
     space, baseline, notices = fit_to_device(spec, device, task)
-    space = as_begun(spec, space, notices)
     prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
                                  definition=definition_.describe(spec, space=space, device=device.type))
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
@@ -99,7 +98,11 @@ def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> t
     channels_last_problem = None
     if "channels_last" in wanted and task is not None:
         params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
-        channels_last_problem = systems.channels_last_problem(task.model(**takes(task.model, params)))
+        try:
+            model = task.model(**takes(task.model, params))
+        except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
+            model = None
+        channels_last_problem = systems.channels_last_problem(model) if model is not None else None
     space, notices, impossible = space_.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
                                                            channels_last_problem=channels_last_problem)
     for knob, reason in impossible.items():
@@ -117,20 +120,26 @@ def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> t
     return space, baseline, notices
 
 
-def as_begun(spec: StudySpec, space: space_.Space, notices: list[str]) -> space_.Space:
-    """A study begun before a knob existed ran every trial without it, and goes on so: one Optuna
-    study cannot add a sampled knob. Adds a notice for each knob it fixes."""
+def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
+    """`prepared` as the stored study began: one begun before a knob existed ran every trial
+    without it and goes on so, since one Optuna study cannot add a sampled knob. Adds a notice
+    for each knob it fixes. Reads the storage, so it runs after `prepare` has found every user
+    error, under the runner's lock."""
     study = storage.read_study(spec)
     stored = (study.user_attrs.get("definition") or {}).get("space") if study is not None else None
     if stored is None:
-        return space
+        return prepared
+    space, notices = prepared.space, list(prepared.notices)
     for name, knob in space_.KNOBS.items():
         fixed = space_.Choices((knob.absent,))
         if knob.absent is not None and name not in stored and space[name] != fixed:
             space = space.replace(name, fixed)
             notices.append(f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
                            f"searched it (give the study a new name: to search it)")
-    return space
+    if space is prepared.space:
+        return prepared
+    return dataclasses.replace(prepared, space=space, notices=notices,
+                               definition=definition_.describe(spec, space=space, device=prepared.device.type))
 
 
 def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:

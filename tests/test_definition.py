@@ -65,7 +65,7 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     stored = optuna.create_study(study_name=spec.name, storage=spec.storage)
     stored.set_user_attr("definition", old)
 
-    resumed = study_.prepare(spec)
+    resumed = study_.as_begun(spec, study_.prepare(spec))
     assert resumed.space["channels_last"] == Choices((False,))
     assert any(n.startswith("channels_last fixed to false: study 'study' began before") for n in resumed.notices)
     assert resumed.definition == old

@@ -374,7 +374,7 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
         "task": {"command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} --seed {{seed}} "
                             f"--pids {pids}"},
         "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32"},
+        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32", "channels_last": False},
         "budget": {"trials": 4, "max_seconds": 30},
         "confirm": {"top": 0},
         "prune": "incumbent",
