@@ -1,7 +1,7 @@
 """Training tasks: what a trial trains (model, data, loss, metric), built-in or the user's own.
 
 A task is a callable taking no arguments and returning a `Task`. A study file names it either
-by a built-in name (`digits`, `mnist1d`) or as `package.module:callable`.
+by a built-in name (`digits`, `mnist1d`, `shapes`) or as `package.module:callable`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from autotune.errors import SpecError
 BUILT_IN = {
     "digits": "autotune.tasks.digits:task",
     "mnist1d": "autotune.tasks.mnist1d:task",
+    "shapes": "autotune.tasks.shapes:task",
 }
 
 
