@@ -1,0 +1,115 @@
+"""Stages about memory and processes: a real out-of-memory study, and what a child process per
+trial costs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune import isolation, one_trial, results, spec as spec_, study as study_
+from autotune.space import DEFAULT_BASELINE, complete
+from autotune.tasks import load_task
+from autotune.trial import Limits, TrialConfig
+from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_use, mib
+
+# Micro-batches from far inside the card to far past it: the shapes ResNet at width 256 holds tens
+# of MiB of activations per image, so 32,768 images need terabytes on any GPU made so far.
+OOM_GPU = {"batch_size": [256, 1024, 8192, 32768], "width": 256}
+# On CPU the model raises a real torch.cuda.OutOfMemoryError from 128 images up (tests/tasks.py).
+OOM_CPU = {"batch_size": [16, 64, 128, 256], "task": "tests.tasks:cuda_oom"}
+LEAK_TOLERANCE = 64 * 2**20  # NVML counts whole pages and the driver's own bookkeeping moves a little
+
+
+def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
+    """A study whose larger micro-batches cannot fit: they end PRUNED as out of memory, the study
+    goes on, configurations known to run out are skipped without running, and the GPU's memory
+    is back where it started after every trial."""
+    sizes = OOM_GPU if setting.cuda else OOM_CPU
+    # Smallest first, the narrower precision before the wider: each OOM then bounds what follows.
+    grid = [{"batch_size": b, "precision": p} for b in sizes["batch_size"] for p in ("bf16", "fp32")]
+    with tempfile.TemporaryDirectory() as folder:
+        raw = {"name": "gpu-check-oom", "task": sizes.get("task", setting.task), "target": {"metric": "accuracy", "value": 0.999},
+               "device": setting.device.type, "probe": "none", "prune": "none",
+               "isolation": "process" if setting.cuda else "none",
+               "space": {"batch_size": sizes["batch_size"], "precision": ["bf16", "fp32"],
+                         **({"params": {"width": sizes["width"]}} if "width" in sizes else {})},
+               "budget": {"trials": len(grid), "max_epochs": 0.5, "max_seconds": 10, "eval_every": 0.5},
+               "confirm": {"top": 0, "runs": 0}}
+        spec = spec_.from_mapping(raw, path=Path(folder) / "oom.yaml")
+        prepared = study_.prepare(spec)
+        start = memory_in_use(setting.device)
+        after: list[dict[str, Any]] = []
+        prepared = dataclasses.replace(prepared, run_trial=_watched(prepared.run_trial, setting, after))
+        study = study_.begin(spec, prepared)
+        for params in grid:
+            study.enqueue_trial(params)
+        # The study's own trial step, over the grid in this order (a sampler would pick its own).
+        with contextlib.redirect_stderr(io.StringIO()):
+            for _ in grid:
+                one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+                                  limits=study_.limits_for(spec), seed=spec.seed, metric_name="accuracy", budget=len(grid),
+                                  asked=[], known=study.get_trials(deepcopy=False))
+        records = results.trial_records(study.get_trials(deepcopy=False))
+    trials = [{"batch_size": r.batch_size, "precision": r.precision, "state": r.state, "oom": r.oom,
+               "oom_bound": r.oom_bound, "reason": r.reason} for r in records.itertuples()]
+    leaks = [a["nvml_used"] - start["nvml_used"] for a in after if a["nvml_used"] is not None]
+    figures = {"start": start, "trials": trials, "memory_after_each_run": after,
+               "largest_growth_bytes": max(leaks, default=None)}
+    counts = {kind: sum(t[kind] for t in trials) for kind in ("oom", "oom_bound")}
+    complete_ = sum(t["state"] == "COMPLETE" for t in trials)
+    ok = (len(trials) == len(grid) and counts["oom"] >= 1 and counts["oom_bound"] >= 1 and complete_ >= 1
+          and all(leak <= LEAK_TOLERANCE for leak in leaks))
+    lines = [f"{len(trials)} trials: {complete_} complete, {counts['oom']} out of memory (pruned), "
+             f"{counts['oom_bound']} skipped as known to run out",
+             "| batch | precision | outcome |", "|---|---|---|"]
+    lines += [f"| {t['batch_size']} | {t['precision']} | {_outcome(t)} |" for t in trials]
+    lines.append(f"GPU memory in use before the study {mib(start['nvml_used'])}; largest growth after a trial "
+                 f"{mib(figures['largest_growth_bytes'])}" if leaks else "GPU memory: not measured (no GPU)")
+    return figures, lines, ok
+
+
+def _outcome(trial: dict[str, Any]) -> str:
+    if trial["oom_bound"]:
+        return "skipped: known to run out"
+    return "out of memory" if trial["oom"] else trial["state"].lower()
+
+
+def _watched(run_trial: isolation.RunTrial, setting: Setting, after: list[dict[str, Any]]) -> isolation.RunTrial:
+    """`run_trial` noting the GPU's memory in use once each run is over, OOM or not."""
+
+    def run(config: TrialConfig, **kwargs: Any) -> Any:
+        try:
+            return run_trial(config, **kwargs)
+        finally:
+            after.append({"batch_size": config.batch_size, "precision": config.precision, **memory_in_use(setting.device)})
+
+    return run
+
+
+def isolation_overhead(setting: Setting, *, rounds: int = 5) -> tuple[dict[str, Any], list[str], bool]:
+    """Wall time per trial in this process and in a child process of its own, interleaved."""
+    config = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
+    limits = Limits(target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0)
+    runners = {"in-process": isolation.in_process(load_task(setting.task)),
+               "child process": isolation.in_child(setting.task, study_path=setting.results / "gpu-check.yaml", hang_after=300)}
+
+    def timed(run_trial: isolation.RunTrial) -> Any:
+        def run(index: int) -> dict[str, float]:
+            started = time.perf_counter()
+            result = run_trial(config, limits=limits, device=setting.device, seed=index)
+            wall = time.perf_counter() - started
+            return {"wall": wall, "train": result.train_seconds, "outside": wall - result.train_seconds}
+        return run
+
+    samples = interleaved({name: timed(run) for name, run in runners.items()}, rounds=rounds if setting.cuda else 1)
+    summary = {name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")} for name, runs in samples.items()}
+    extra = summary["child process"]["wall"] - summary["in-process"]["wall"]
+    lines = ["| where | wall s | training s | outside training s |", "|---|---|---|---|"]
+    lines += [f"| {name} | {row['wall']:.3f} | {row['train']:.3f} | {row['outside']:.3f} |" for name, row in summary.items()]
+    lines.append(f"A child process adds {extra:.3f} s a trial (median of {len(samples['in-process'])}).")
+    return {"summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples}, lines, True
