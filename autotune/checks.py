@@ -51,7 +51,7 @@ def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive:
             pass
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     ok = ok and (value >= minimum if inclusive else value > minimum)
-    relation = "a number" if minimum == -math.inf else f"a number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    relation = "a finite number" if minimum == -math.inf else f"a finite number {'at least' if inclusive else 'greater than'} {minimum:g}"
     require(path, key, value, ok, relation)
     return float(value)
 

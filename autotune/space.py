@@ -40,7 +40,7 @@ class Knob:
         if self.type is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
             ok = ok and value > (self.minimum or 0.0)
-            return None if ok else f"{self.name} takes a number greater than {self.minimum or 0}"
+            return None if ok else f"{self.name} takes a finite number greater than {self.minimum or 0}"
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
             return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
