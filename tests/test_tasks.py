@@ -48,7 +48,9 @@ def test_mnist1d_is_generated_locally_not_downloaded(monkeypatch: pytest.MonkeyP
 def test_close_misspelling_of_a_built_in_is_suggested() -> None:
     with pytest.raises(SpecError, match="did you mean 'digits'"):
         load_task("digit", study_path="s.yaml")
-    assert set(BUILT_IN) == {"digits", "mnist1d"}
+    with pytest.raises(SpecError, match="did you mean 'shapes'"):
+        load_task("shape", study_path="s.yaml")
+    assert set(BUILT_IN) == {"digits", "mnist1d", "shapes"}
 
 
 def test_a_callable_that_returns_something_else_is_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
