@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _command(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, where a closed pipe could only be reported as a traceback
+    except BrokenPipeError:
+        # The reader went away (`autotune report ... | head`): what it did not read is no error of
+        # ours. Exit as a process that SIGPIPE stopped, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout once more at exit
+        return 128 + signal.SIGPIPE
+
+
+def _command(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"run": cmd_run, "report": cmd_report, "export": cmd_export, "dashboard": cmd_dashboard}[args.command](args)
@@ -133,14 +148,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             study = storage.open_study(spec, create=False)
             study_.confirm_best(spec, prepared, study)
     except KeyboardInterrupt as interrupt:
-        again = " ".join(["autotune run", args.study, *(f"--storage {args.storage}".split() if args.storage else []),
-                          *(f"--workers {args.workers}".split() if args.workers > 1 else [])])
         print(f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
-              f"Resume with: {again}", file=sys.stderr)
+              f"Resume with: {resume_command(args)}", file=sys.stderr)
         return signals.exit_code(interrupt)
     print(_report_text(spec, study))
     progress.tell(f"autotune: plots, telemetry and per-class figures: autotune report {shlex.quote(args.study)} --html report.html")
     return 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The `autotune run` that goes on where this one stopped: the same options, quoted for a shell."""
+    options = [("--trials", args.trials), ("--timeout", args.timeout), ("--storage", args.storage),
+               ("--workers", args.workers if args.workers > 1 else None), ("--isolation", args.isolation)]
+    words = ["autotune", "run", args.study]
+    for name, value in options:
+        if value is not None:
+            words += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+    words += [flag for flag, given in (("--allow-changes", args.allow_changes), ("--quiet", args.quiet)) if given]
+    return shlex.join(words)
 
 
 def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:

@@ -196,3 +196,34 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
     assert_one_line_error(result, "study.yaml", "changed since study 'study' began", "target.value: 0.9 -> 0.97",
                           "--allow-changes")
     assert (tmp_path / "study.db").read_bytes() == before
+
+
+def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) -> None:
+    """`autotune report ... | head -1`: the pipe closes before autotune writes; exit as SIGPIPE would
+    end it (141), nothing on stderr."""
+    (tmp_path / "study.yaml").write_text("task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.5}\nprobe: none\n"
+                                         "space: {num_workers: 0, batch_size: 64}\nbudget: {trials: 1, max_epochs: 2}\n"
+                                         "confirm: {top: 0}\n")
+    ran = run_autotune(tmp_path, "run", "study.yaml", "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    for args in (["report", "study.yaml"], ["export", "study.yaml", "--format", "json"]):
+        child = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp_path, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child.stdout.close()  # long before the child has imported torch, let alone written
+        stderr = child.stderr.read()
+        assert child.wait(timeout=120) == 141 and stderr == "", (args, stderr)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "studies/x.yaml"], "autotune run studies/x.yaml"),
+    (["run", "my studies/x.yaml", "--trials", "30", "--timeout", "600", "--isolation", "process", "--allow-changes",
+      "--storage", "journal:///x.journal", "--workers", "2", "--quiet"],
+     "autotune run 'my studies/x.yaml' --trials 30 --timeout 600 --storage journal:///x.journal --workers 2 "
+     "--isolation process --allow-changes --quiet"),
+    (["run", "x.yaml", "--timeout", "90.5"], "autotune run x.yaml --timeout 90.5"),
+])
+def test_the_resume_line_repeats_every_option_and_quotes_paths(argv: list[str], expected: str) -> None:
+    from autotune.cli import build_parser, resume_command
+
+    assert resume_command(build_parser().parse_args(argv)) == expected
