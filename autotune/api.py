@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune import memory
-from autotune.isolation import RunTrial, TrialFailure, error_reason
+from autotune.isolation import RunTrial, TrialFailure
 from autotune.measure import device_name
 from autotune.tasks import Task, reference, takes
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult
@@ -103,7 +103,7 @@ def objective_trial(objective: Objective) -> RunTrial:
         try:
             returned = objective(config.as_dict(), **takes(objective, {"seed": seed, "device": device}, after=1))
         except Exception as exc:
-            failure = TrialFailure(error_reason(exc), oom=memory.is_oom(exc))
+            failure = TrialFailure.of(exc)
         else:
             seconds, metric = _seconds_and_metric(returned)
             reached = metric >= limits.target

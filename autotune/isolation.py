@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import re
 import signal
+import sysconfig
 import time
 import traceback
 from pathlib import Path
@@ -21,7 +23,7 @@ import torch
 
 from autotune import memory, watchdog
 from autotune.tasks import BUILT_IN, Task, load_task
-from autotune.trial import Limits, Progress, TrialConfig, TrialResult, run
+from autotune.trial import Diverged, Limits, Progress, TrialConfig, TrialResult, run
 
 MODES = ("auto", "process", "none")
 PROGRESS_SECONDS = 0.25  # how often a child reports its progress
@@ -34,11 +36,19 @@ EXIT_GRACE_SECONDS = 30  # a child that sent its result gets this long to exit b
 
 
 class TrialFailure(Exception):
-    """A trial that ended without a result: OOM, an error, a timeout or a crash, with the reason."""
+    """A trial that ended without a result: OOM, divergence, an error, a timeout or a crash, with the reason."""
 
-    def __init__(self, reason: str, *, oom: bool = False) -> None:
+    def __init__(self, reason: str, *, oom: bool = False, diverged: bool = False) -> None:
         super().__init__(reason)
-        self.reason, self.oom = reason, oom
+        self.reason, self.oom, self.diverged = reason, oom, diverged
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,), self.__dict__)  # keeps oom and diverged across a pipe
+
+    @classmethod
+    def of(cls, exc: BaseException) -> TrialFailure:
+        """The failure an exception raised by a trial stands for."""
+        return cls(error_reason(exc), oom=memory.is_oom(exc), diverged=isinstance(exc, Diverged))
 
 
 class Pruned(Exception):
@@ -67,10 +77,36 @@ def error_reason(exc: BaseException) -> str:
     """`Type: first line (at file:line)`, for the trial's stored reason."""
     if memory.is_oom(exc):
         return memory.oom_reason(exc)
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    return f"{exc.__class__.__name__}: {first_line}{where}"[:500]
+    if isinstance(exc, Diverged):  # not an error in anyone's code: where it was noticed says nothing
+        return f"diverged: {exc}"
+    text = str(exc).strip()
+    worker, marker, original = text.partition(WORKER_TRACEBACK)
+    if marker:  # re-raised by the DataLoader from a worker process: the worker's own error is in the text
+        lines = [line.strip() for line in original.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else exc.__class__.__name__  # "IndexError: list index out of range"
+        process = re.search(r"in (DataLoader worker process \d+)", worker)
+        where = _where([(path, int(line)) for path, line in re.findall(r'File "([^"]+)", line (\d+)', original)])
+        context = ", ".join(part for part in (f"in {process.group(1)}" if process else "", f"at {where}" if where else "") if part)
+        return last[:400] + (f" ({context})" if context else "")
+    where = _where([(frame.filename, frame.lineno) for frame in traceback.extract_tb(exc.__traceback__)])
+    first_line = (text.splitlines() or [""])[0]
+    return f"{exc.__class__.__name__}: {first_line}"[:400] + (f" (at {where})" if where else "")
+
+
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+# Where a user's error is not: torch's, autotune's and Python's own code, and installed packages.
+_NOT_THE_USERS = tuple(str(Path(p).resolve()) + os.sep for p in (
+    Path(torch.__file__).parent, Path(__file__).parent, sysconfig.get_paths()["stdlib"]))
+
+
+def _where(places: list[tuple[str, int]]) -> str:
+    """`file:line` of the innermost place in the user's code, else of the innermost place."""
+    if not places:
+        return ""
+    users = [(path, line) for path, line in places
+             if not str(Path(path).resolve()).startswith(_NOT_THE_USERS) and "site-packages" not in path]
+    path, line = (users or places)[-1]
+    return f"{path}:{line}"
 
 
 def warm_up() -> None:
@@ -90,7 +126,7 @@ def in_process(task: Task) -> RunTrial:
         except Pruned:
             raise
         except Exception as exc:
-            failure = TrialFailure(error_reason(exc), oom=memory.is_oom(exc))
+            failure = TrialFailure.of(exc)
         # Out of the except block, the traceback and with it the trial's tensors are gone.
         memory.free_memory()
         raise failure
@@ -142,9 +178,9 @@ def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress |
             child.join(EXIT_GRACE_SECONDS)  # its memory is back before the next trial starts
             return payload[0]
         elif kind == "error":
-            reason, oom = payload
+            failure = payload[0]
             child.join(EXIT_GRACE_SECONDS)
-            raise TrialFailure(reason, oom=oom)
+            raise failure
 
 
 def _exit_description(code: int | None) -> str:
@@ -170,7 +206,7 @@ def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, c
         task = load_task(task_name, study_path=study_path)
         result = run(task, config, limits=limits, device=device, seed=seed, progress=progress)
     except BaseException as exc:
-        sender.send(("error", error_reason(exc), memory.is_oom(exc)))
+        sender.send(("error", TrialFailure.of(exc)))
     else:
         sender.send(("result", result))
     finally:

@@ -124,8 +124,13 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     if failure is not None:
         trial.set_user_attr("reason", failure.reason)
         trial.set_user_attr("oom", failure.oom)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED if failure.oom else optuna.trial.TrialState.FAIL)
-        progress.tell(f"trial {trial.number}: {'pruned' if failure.oom else 'failed'}: {failure.reason}",
+        if failure.diverged:
+            trial.set_user_attr("diverged", True)
+        # Out of memory and divergence are the configuration's fault, not the code's: PRUNED, so
+        # the sampler learns to avoid them (Optuna's TPE ignores FAILED trials).
+        cannot_win = failure.oom or failure.diverged
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL)
+        progress.tell(f"trial {trial.number}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
                       standing=standing(finished, budget, incumbent))
         return
     outcome = objective_.outcome(runs, objective=objective, target=limits.target)

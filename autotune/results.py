@@ -21,7 +21,7 @@ GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "
 GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
 COLUMNS = (
     "number", "state", "feasible", "seconds", "runs", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
-    "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound",
+    "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound", "diverged",
     "interrupted", "reason",
 )
 
@@ -87,6 +87,7 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
             "oom": bool(attrs.get("oom", False)),
             "oom_bound": "oom_bound" in attrs,  # pruned without running: a smaller one ran out of memory
+            "diverged": bool(attrs.get("diverged", False)),  # pruned at a non-finite loss or metric
             "interrupted": is_interrupted(trial),
             "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
             **config,
@@ -121,7 +122,8 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "oom": int(records["oom"].sum()),
         "oom_bound": int(records["oom_bound"].sum()),
         # stopped once they could no longer beat the best time to target (prune: incumbent)
-        "past_incumbent": int(((state == "PRUNED") & ~records["oom"] & ~records["oom_bound"]).sum()),
+        "diverged": int(records["diverged"].sum()),
+        "past_incumbent": int(((state == "PRUNED") & ~records["oom"] & ~records["oom_bound"] & ~records["diverged"]).sum()),
         "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),
         "interrupted": int(records["interrupted"].sum()),
         "running": int((state == "RUNNING").sum()),

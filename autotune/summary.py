@@ -117,10 +117,11 @@ def _seconds(value: float | None) -> str:
 def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     """The text report: counts, the best single runs, the confirmation and the winner."""
     c, target = summary["counts"], summary["target"]
+    diverged = f", {c['diverged']} diverged" if c["diverged"] else ""
     lines = [
         f"Study {summary['study']}: {c['total']} trials: {c['complete']} complete ({c['feasible']} reached the target), "
         f"{c['pruned']} pruned ({c['past_incumbent']} could no longer win, {c['oom']} out of memory, "
-        f"{c['oom_bound']} known to run out), {c['failed']} failed, {c['interrupted']} interrupted",
+        f"{c['oom_bound']} known to run out{diverged}), {c['failed']} failed, {c['interrupted']} interrupted",
         f"Target: {target['metric']} >= {target['value']}",
     ]
     if summary.get("probe"):

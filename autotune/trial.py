@@ -31,6 +31,13 @@ from autotune.tasks import Task, takes
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
 WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
 MIN_WARMUP_STEPS = 3
+# Steps between looks at whether the loss stayed finite: each look waits for the device (a host
+# sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
+FINITE_CHECK_EVERY = 8
+
+
+class Diverged(ArithmeticError):
+    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
@@ -158,6 +165,7 @@ def run(
     reached_at: float | None = None
     stop_reason = "max_epochs"
     batches = endless(loader)
+    watch = FiniteLoss(device)
     waiting = telemetry.InputWait()
     fetch = waiting.timed(batches)
     confusion = None
@@ -169,17 +177,23 @@ def run(
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
                 group = list(itertools.islice(fetch, config.accumulation_steps))
-                step(group)
+                watch.see(step(group), steps + 1)
                 scheduler.step()
                 steps += 1
+                if steps % FINITE_CHECK_EVERY == 0:
+                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
                 samples += sum(len(targets) for _, targets in group)
                 if steps == warm_steps:
                     warm = (clock.read(), samples, waiting.seconds)
                 out_of_time = clock.read(sync=False) >= limits.max_seconds
                 if samples >= next_eval or steps == total_steps or out_of_time:
                     clock.stop()
+                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
                     metric, confusion = evaluate(evaluated, task, device=device, autocast=autocast,
                                                  channels_last=config.channels_last)
+                    if not math.isfinite(metric):
+                        raise Diverged(f"metric is {metric} at epoch {samples / n_train:.2f}: "
+                                       f"the model's outputs or the task's metric are not finite numbers")
                     curve.append((clock.elapsed, samples / n_train, metric))
                     if metric >= limits.target and reached_at is None:
                         reached_at = clock.elapsed
@@ -240,21 +254,46 @@ def train_step(
     device: torch.device,
     non_blocking: bool,
     channels_last: bool = False,
-) -> None:
-    """One optimizer step over the micro-batches of one effective batch.
+) -> torch.Tensor:
+    """One optimizer step over the micro-batches of one effective batch; returns the effective
+    batch's loss, detached and still on the device (reading it would wait for the step).
 
     Each micro-batch's loss is divided by their number, so with a mean-reduced loss the gradient
     equals that of one batch holding all of them.
     """
+    total = None
     for inputs, targets in micro_batches:
         inputs = systems.to_device(inputs, device, non_blocking=non_blocking, channels_last=channels_last)
         targets = targets.to(device, non_blocking=non_blocking)
         with autocast():
             loss = loss_fn(model(inputs), targets) / len(micro_batches)
         scaler.scale(loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+class FiniteLoss:
+    """Watches the loss for the first step at which it is NaN or infinite, without a host sync per
+    step: the step number and the value stay on the device until `check` reads them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.first_step = torch.zeros((), dtype=torch.long, device=device)  # 0: none yet
+        self.value = torch.zeros((), device=device)
+
+    def see(self, loss: torch.Tensor, step: int) -> None:
+        new = ~torch.isfinite(loss.float()) & (self.first_step == 0)
+        self.first_step = torch.where(new, step, self.first_step)
+        self.value = torch.where(new, loss.float(), self.value)
+
+    def check(self, *, steps_per_epoch: float) -> None:
+        """Raise Diverged when a step so far had a non-finite loss."""
+        step = int(self.first_step)
+        if step:
+            raise Diverged(f"loss became {float(self.value)} at step {step} "
+                           f"(epoch {step / steps_per_epoch:.2f}): the learning rate is likely too high")
 
 
 @torch.no_grad()

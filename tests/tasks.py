@@ -117,3 +117,22 @@ def exits() -> Task:
 
 def segfaults() -> Task:
     return Task(model=lambda: Misbehaves("segfault"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def nan_metric() -> Task:
+    """Trains like blobs; its metric is NaN, as a metric over non-finite outputs is."""
+    return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(512, 1), metric=lambda outputs, targets: float("nan"))
+
+
+class _Unreadable(TensorDataset):
+    """Fails to read sample 100, as a dataset with a bad file does."""
+
+    def __getitem__(self, index: int):
+        if index == 100:
+            raise IndexError(f"sample {index} is unreadable")
+        return super().__getitem__(index)
+
+
+def bad_sample() -> Task:
+    data = _blobs(1024, 0)
+    return Task(model=_mlp, train=_Unreadable(*data.tensors), val=_blobs(512, 1))

@@ -139,3 +139,31 @@ def test_what_torch_imports_lazily_is_imported_before_the_first_trial_clock() ->
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("where", ["in process", "in a child"])
+def test_a_loader_workers_error_keeps_its_message_and_the_users_line(where: str) -> None:
+    """torch re-raises a worker's error as 'Caught IndexError in DataLoader worker process 0': the
+    reason gives the worker's own last line and the line of the user's dataset that raised it."""
+    from tests import tasks
+
+    run_trial = (isolation.in_process(tasks.bad_sample()) if where == "in process" else
+                 isolation.in_child("tests.tasks:bad_sample", study_path=REPO / "study.yaml", hang_after=60))
+    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "num_workers": 1, "prefetch_factor": 2}))
+    with pytest.raises(isolation.TrialFailure) as failure:
+        run_trial(loading, limits=LIMITS, device=CPU, seed=1)
+    line = next(n for n, text in enumerate(Path(tasks.__file__).read_text().splitlines(), 1) if "is unreadable" in text)
+    assert failure.value.reason == (f"IndexError: sample 100 is unreadable (in DataLoader worker process 0, "
+                                    f"at {Path(tasks.__file__).resolve()}:{line})")
+
+
+def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
+    def users_code() -> None:
+        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))  # class 7 of 3: torch raises
+
+    try:
+        users_code()
+    except Exception as exc:  # noqa: BLE001 - any error torch raises here
+        reason = isolation.error_reason(exc)
+    line = users_code.__code__.co_firstlineno + 1
+    assert reason.endswith(f"(at {Path(__file__).resolve()}:{line})") and "Target 7 is out of bounds" in reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -238,6 +239,28 @@ def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: 
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
     assert "this model cannot be built" in trials[0].user_attrs["reason"]
     assert run_cli("export", str(path), "--format", "json", capsys=capsys)[0] == 2
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_diverging_trials_are_pruned_as_diverged_and_the_study_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                       isolation: str) -> None:
+    """A learning rate that blows the loss up: each trial stops within a few steps, PRUNED (so the
+    sampler learns from it), reason and flag stored, counted apart from the other pruned trials;
+    in a child process the same."""
+    path = write_study(tmp_path, trials=2, confirm={"top": 0})
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["lr"] = {"low": 1e11, "high": 1e12, "log": True}
+    raw["probe"] = "none"
+    path.write_text(yaml.safe_dump(raw))
+    code, out, err = run_cli("run", str(path), "--isolation", isolation, capsys=capsys)
+    assert code == 0, err
+    trials = load(path).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    for trial in trials:
+        assert trial.user_attrs["diverged"] is True and trial.user_attrs["oom"] is False
+        assert re.match(r"diverged: loss became (nan|inf) at step \d+ \(epoch ", trial.user_attrs["reason"])
+    assert "2 pruned (0 could no longer win, 0 out of memory, 0 known to run out, 2 diverged)" in out
+    assert "pruned: diverged: loss became" in err
 
 
 def count_states(db: Path, *states: str) -> int:

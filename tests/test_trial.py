@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 from torch import nn
 
 from autotune.tasks import Task, takes
-from autotune.trial import Limits, TrialConfig, make_loader, make_scheduler, run, train_step
-from tests.tasks import blobs
+from autotune.trial import (FINITE_CHECK_EVERY, Diverged, FiniteLoss, Limits, TrialConfig, make_loader, make_scheduler, run,
+                            train_step)
+from tests.tasks import blobs, nan_metric
 
 CPU = torch.device("cpu")
 BASE = TrialConfig(lr=0.05, scheduler="constant", batch_size=32, accumulation_steps=1, num_workers=0,
@@ -220,3 +222,32 @@ def test_max_epochs_cuts_a_longer_schedule_short() -> None:
     config = dataclasses.replace(BASE, scheduler="cosine", schedule_epochs=8.0)
     result = run(blobs(), config, limits=dataclasses.replace(NEVER, max_epochs=0.5), device=CPU, seed=1)
     assert result.optimizer_steps == 1024 // 32 // 2
+
+
+def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss() -> None:
+    seen: list[int] = []
+    with pytest.raises(Diverged) as info:
+        run(blobs(), dataclasses.replace(BASE, lr=1e12), limits=NEVER, device=CPU, seed=0,
+            progress=lambda steps, total, metric, seconds: seen.append(steps))
+    match = re.fullmatch(r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): the learning rate is likely too high",
+                         str(info.value))
+    assert match, str(info.value)
+    step = int(match.group(2))
+    assert 1 < step < 16 and float(match.group(3)) == round(step / 32, 2)  # 32 steps an epoch
+    assert max(seen) < step + FINITE_CHECK_EVERY  # stopped at the next look, far before its 64 steps
+
+
+def test_the_finite_loss_watch_names_the_first_bad_step_and_its_value() -> None:
+    watch = FiniteLoss(CPU)
+    for step, loss in enumerate([2.0, 1.5, float("inf"), float("nan"), 1.0], start=1):
+        watch.see(torch.tensor(loss), step)
+    watch_ok = FiniteLoss(CPU)
+    watch_ok.see(torch.tensor(0.5), 1)
+    watch_ok.check(steps_per_epoch=10)  # finite: nothing raised
+    with pytest.raises(Diverged, match=r"^loss became inf at step 3 \(epoch 0\.30\)"):
+        watch.check(steps_per_epoch=10)
+
+
+def test_a_non_finite_metric_ends_the_run() -> None:
+    with pytest.raises(Diverged, match=r"^metric is nan at epoch 0\.50: "):
+        run(nan_metric(), BASE, limits=NEVER, device=CPU, seed=0)
