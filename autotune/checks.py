@@ -25,12 +25,36 @@ def read_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(path, "(file)", str(path), f"cannot be read ({exc.__class__.__name__}); a readable text file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except DuplicateKey as exc:
+        raise SpecError(path, f"{exc.key} ({exc.where})", exc.key,
+                        "this key is given twice in its mapping; give it once (YAML would keep the last silently)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(path, "(yaml)", where, f"not valid YAML: {problem}") from None
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, where: str) -> None:
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise DuplicateKey(str(key), f"line {mark.line + 1}")
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def require(path: Path, key: str, value: Any, ok: bool, accepted: str) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import sqlite3
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
@@ -64,6 +65,8 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
         raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
     if path is not None and create and not os.access(path.parent if not path.exists() else path, os.W_OK):
         raise StorageError(f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:")
+    if url.startswith("sqlite:///") and path.is_file():
+        _refuse_foreign_sqlite(spec, path)
     try:
         if url.startswith("journal:///"):
             return JournalStorage(JournalFileBackend(str(path)))
@@ -76,6 +79,23 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
     except Exception as exc:  # SQLAlchemy and driver errors: unreachable, corrupt or not a database
         first_line = (str(exc).strip().splitlines() or [""])[0]
         raise StorageError(f"{spec.path}: storage: cannot open {url} ({exc.__class__.__name__}: {first_line})") from None
+
+
+OPTUNA_TABLES = {"studies", "trials", "version_info"}  # among the tables Optuna's RDB storage creates
+
+
+def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
+    """An SQLite file with tables, none of them Optuna's, belongs to something else: Optuna would
+    add its tables to it. Read-only; a file that is no database is left to Optuna's own error."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
+    except sqlite3.Error:
+        return
+    if tables and not OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StorageError(f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
+                           f"not an autotune study; choose another file with --storage or storage:")
 
 
 def _with_driver(url: str) -> str:

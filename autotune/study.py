@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -21,7 +22,7 @@ import torch
 from autotune import command, confirm, definition as definition_, isolation, one_trial, probe, progress, results, signals, space as space_, storage, systems
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec import CommandTask, StudySpec
-from autotune.tasks import Task, load_task, reference, takes
+from autotune.tasks import Task, accuracy, load_task, reference, takes
 from autotune.trial import Limits, TrialConfig
 
 
@@ -64,6 +65,8 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
     space, baseline, notices = fit_to_device(spec, device, task)
+    if task is not None:
+        space = check_feasible(spec, space, baseline, task, notices)
     prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
                                  definition=definition_.describe(spec, space=space, device=device.type))
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
@@ -85,6 +88,47 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
                  if mode == "process" else isolation.in_process(task))
     return prepared(task=task, isolation=mode, run_trial=run_trial)
+
+
+MAX_WORKERS_PER_CORE = 4  # loader workers beyond this only queue for the cores (and each holds memory)
+
+
+def largest(domain: space_.Domain) -> Any:
+    return domain.high if isinstance(domain, space_.Range) else max(domain.values)
+
+
+def smallest(domain: space_.Domain) -> Any:
+    return domain.low if isinstance(domain, space_.Range) else min(domain.values)
+
+
+def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any], task: Task,
+                   notices: list[str]) -> space_.Space:
+    """Values no trial could run with, on this machine or with this task: refused before the first
+    trial instead of failing every trial that draws them, or, for batch sizes the training set
+    cannot fill while smaller ones can, removed with a notice."""
+    cores = os.cpu_count() or 1
+    most = MAX_WORKERS_PER_CORE * cores
+    for key, workers in (("space.num_workers", largest(space["num_workers"])), ("baseline.num_workers", baseline["num_workers"])):
+        if workers > most:
+            raise SpecError(spec.path, key, workers, f"this machine has {cores} CPU cores: at most {most} loader workers "
+                                                     f"({MAX_WORKERS_PER_CORE} a core)")
+    samples, steps = len(task.train), smallest(space["accumulation_steps"])
+    if baseline["batch_size"] * baseline["accumulation_steps"] > samples:
+        raise SpecError(spec.path, "baseline.batch_size", baseline["batch_size"],
+                        f"the task has {samples} training samples: batch_size x accumulation_steps "
+                        f"({baseline['batch_size']} x {baseline['accumulation_steps']}) must not exceed them")
+    batches = space["batch_size"]
+    if smallest(batches) * steps > samples:
+        raise SpecError(spec.path, "space.batch_size", smallest(batches), f"the task has {samples} training samples: "
+                        f"batch_size x accumulation_steps ({smallest(batches)} x {steps}) must not exceed them")
+    if isinstance(batches, space_.Choices) and largest(batches) * steps > samples:
+        kept = tuple(b for b in batches.values if b * steps <= samples)
+        notices.append(f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
+                       f"the task has {samples} training samples")
+        space = space.replace("batch_size", space_.Choices(kept))
+    if task.metric is accuracy and not 0 < spec.target.value <= 1:
+        raise SpecError(spec.path, "target.value", spec.target.value, "accuracy is a fraction: a target above 0 and at most 1")
+    return space
 
 
 def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> tuple[space_.Space, dict[str, Any], list[str]]:

@@ -7,11 +7,14 @@ Each case starts a Python process that imports torch (about 2 s), so cases are f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,17 @@ REPO = Path(__file__).resolve().parent.parent
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 TARGET = "target: {metric: accuracy, value: 0.97}\n"
 GARBAGE = b"not an sqlite database \x00\x01\x02 keep me as I am\n"
+
+
+def foreign_sqlite() -> bytes:
+    """The bytes of another application's SQLite database."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "other.db"
+        with contextlib.closing(sqlite3.connect(path)) as connection:
+            connection.execute("create table invoices (id integer primary key, amount real)")
+            connection.execute("insert into invoices (amount) values (12.5)")
+            connection.commit()
+        return path.read_bytes()
 
 
 def run_autotune(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -113,6 +127,18 @@ CASES = [
     Case("negative trial timeout", HEAD + "budget: {trial_timeout: -1}\n", ("budget.trial_timeout: got -1",)),
     Case("workers on a SQLite file", HEAD, ("--workers 2", "SQLite", "journal:///"), options=("--workers", "2"),
          storage=GARBAGE),
+    # Values no trial could run with: refused before the first one, not failed in every one.
+    Case("key given twice", HEAD + "space:\n  lr: 0.1\n  lr: 0.2\n", ("lr (line 5)", "given twice"), storage=GARBAGE),
+    Case("a thousand loader workers", HEAD + "space: {num_workers: [0, 1000]}\n",
+         ("space.num_workers: got 1000", "CPU cores", "loader workers"), storage=GARBAGE),
+    Case("accuracy target above 1", "task: digits\ntarget: {metric: accuracy, value: 1.5}\n",
+         ("target.value: got 1.5", "at most 1"), storage=GARBAGE),
+    Case("every batch larger than the training set", HEAD + "space: {batch_size: [4096, 8192]}\n",
+         ("space.batch_size: got 4096", "training samples"), storage=GARBAGE),
+    Case("another application's SQLite database", HEAD, ("storage", "study.db is an SQLite database of something else",
+                                                         "invoices"), storage=foreign_sqlite()),
+    Case("report from another application's database", HEAD, ("storage", "SQLite database of something else"),
+         command="report", storage=foreign_sqlite()),
     Case("run on a corrupt storage", HEAD, ("storage", "cannot open", "study.db"), storage=GARBAGE),
     Case("export before any run", HEAD, ("storage", "no study database"), command="export",
          options=("--format", "json")),

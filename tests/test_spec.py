@@ -175,6 +175,8 @@ def test_shipped_digits_study_loads() -> None:
 
 BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("malformed yaml", HEAD + "space: {lr: [0.1, 0.2}\n", "(yaml)", NO_VALUE, "not valid YAML"),
+    ("duplicate key", HEAD + "space:\n  lr: 0.1\n  batch_size: 32\n  lr: 0.2\n", "lr (line 6)", "lr", "given twice"),
+    ("duplicate top-level key", HEAD + "seed: 1\nseed: 2\n", "seed (line 4)", "seed", "given twice"),
     ("tab indentation", HEAD + "space:\n\tlr: 0.1\n", "(yaml)", "line 4, column 1", "not valid YAML"),
     ("top level is a list", "- task: digits\n", "(top level)", [{"task": "digits"}], "mapping"),
     ("empty file", "", "(top level)", None, "mapping"),
