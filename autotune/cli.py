@@ -152,8 +152,28 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"Resume with: {resume_command(args)}", file=sys.stderr)
         return signals.exit_code(interrupt)
     print(_report_text(spec, study))
+    failed = all_failed(study)
+    if failed:
+        print(f"autotune: {failed}", file=sys.stderr)
+        return 1
     progress.tell(f"autotune: plots, telemetry and per-class figures: autotune report {shlex.quote(args.study)} --html report.html")
     return 0
+
+
+def all_failed(study: optuna.Study) -> str | None:
+    """When every finished trial of the study failed (interrupted ones aside): how many, and the
+    most common reason, which names the line of the user's code; else None."""
+    import collections
+
+    from autotune import results
+
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not results.is_interrupted(t)]
+    if not trials or any(t.state.name != "FAIL" for t in trials):
+        return None
+    reasons = collections.Counter(t.user_attrs.get("reason", "no reason recorded") for t in trials)
+    reason, count = reasons.most_common(1)[0]
+    return (f"every one of the {len(trials)} trials failed, so nothing was tuned; the most common reason "
+            f"({count} of {len(trials)}): {reason}")
 
 
 def resume_command(args: argparse.Namespace) -> str:

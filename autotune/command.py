@@ -150,6 +150,8 @@ def _watch(group: _Group, read_fd: int, *, started: float, limits: Limits, hang_
                     return tally.result(stop_reason="target", elapsed=seconds, memory=group.stop())
             if exited:
                 return _after_exit(group, tally, tail, elapsed=time.perf_counter() - started)
+            if progress is not None:  # reports or not, its clock runs: a silent command is pruned too
+                progress(tally.steps, tally.total_steps, tally.last_metric, time.perf_counter() - started)
 
 
 def _after_exit(group: _Group, tally: Tally, tail: Sequence[str], *, elapsed: float) -> TrialResult:

@@ -41,6 +41,14 @@ def summarize(
             "min": None, "max": None, "source": "single run" if row["runs"] == 1 else f"mean of {int(row['runs'])} runs",
             "epochs": _plain(row["epochs"]),
         }
+    covered = confirmation.get("trials") if confirmation else None
+    if covered is not None and [int(n) for n in results.best_feasible(records, count=len(covered))["number"]] != covered:
+        # Taken before faster trials came (the run that would redo it was stopped): it speaks for
+        # other trials than the study's best, so the best is reported as unconfirmed.
+        summary["stale_confirmation"] = {"after_trials": confirmation["after_trials"], "trials": covered}
+        if summary["best"] is not None:
+            summary["best"]["source"] += ", not confirmed"
+        confirmation = None
     if confirmation:
         stats = confirm.summarize(confirmation["runs"], objective=confirmation.get("objective", "time_to_target"),
                                   target=confirmation.get("target"))
@@ -144,6 +152,11 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
             else f"mean of {min(runs)}-{max(runs)} runs each")
     lines += ["", f"Fastest trials ({'whole schedules, ' if fixed else ''}{each}):",
               table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
+    stale = summary.get("stale_confirmation")
+    if stale:
+        lines += ["", f"Not confirmed: the confirmation on fresh seeds was taken after {stale['after_trials']} trials, of "
+                      f"trials {', '.join(str(n) for n in stale['trials'])}, and the study's fastest trials have changed since. "
+                      f"`autotune run` with the same study file redoes it."]
     confirmation = summary["confirmation"]
     if confirmation:
         judged = " (median time of the whole schedule, mean final metric)" if fixed else \

@@ -233,11 +233,15 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
 
 def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, task="tests.tasks:broken_model", trials=2)
-    code, out, _ = run_cli("run", str(path), capsys=capsys)
-    assert code == 0 and "No trial reached the target" in out
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 1 and "No trial reached the target" in out
     trials = load(path).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
     assert "this model cannot be built" in trials[0].user_attrs["reason"]
+    line = next(n for n, text in enumerate((REPO / "tests" / "tasks.py").read_text().splitlines(), 1) if "cannot be built" in text)
+    assert err.strip().splitlines()[-1] == (
+        "autotune: every one of the 2 trials failed, so nothing was tuned; the most common reason (2 of 2): "
+        f"ValueError: this model cannot be built (at {REPO / 'tests' / 'tasks.py'}:{line})")
     assert run_cli("export", str(path), "--format", "json", capsys=capsys)[0] == 2
 
 
@@ -422,3 +426,61 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
         with pytest.raises(ProcessLookupError):
             os.kill(int(entry.name.split("-")[1]), 0)
     assert "trial 1: pruned:" in err and f"Study study: 4 trials: {1 if bounded else 2} complete" in out
+
+
+def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_path: Path) -> None:
+    from autotune import spec as spec_, study as study_
+
+    path = write_study(tmp_path, batch_sizes=(64, 2048, 4096))  # tests.tasks:blobs trains on 1,024 samples
+    prepared = study_.prepare(spec_.load(path))
+    assert prepared.space["batch_size"].values == (64,)
+    assert "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples" in prepared.notices
+
+
+def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_the_best(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Trial 1 reports once, then trains silently for 30 s: killed soon after trial 0's time, not
+    recorded as complete when it finally speaks."""
+    study = {
+        "task": {"command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'goes_silent.py'} --seed {{seed}}"},
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32", "channels_last": False},
+        "budget": {"trials": 2, "max_seconds": 60},
+        "confirm": {"top": 0},
+        "prune": "incumbent",
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    started = time.monotonic()
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    first, second = sorted(load(path).get_trials(), key=lambda t: t.number)
+    assert first.state.name == "COMPLETE" and second.state.name == "PRUNED"
+    assert first.value < second.user_attrs["pruned_at"] < first.value + 2  # within a poll or two of passing it
+    assert time.monotonic() - started < 25  # the silent 30 s were not waited out
+
+
+def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported_as_confirmed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A faster trial stored after the confirmation (a later run stopped before it confirmed
+    again, or another worker): report and export name the fastest trial as not confirmed and
+    say that `autotune run` redoes the confirmation."""
+    path = write_study(tmp_path, trials=2, confirm={"top": 1, "runs": 1})
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    study = load(path)
+    confirmed = study.user_attrs["confirmation"]
+    best = min((t for t in study.get_trials() if t.state.name == "COMPLETE" and max(t.constraints.values()) <= 0),
+               key=lambda t: t.value)
+    faster = optuna.trial.create_trial(params=best.params, distributions=best.distributions, value=best.value / 2,
+                                       user_attrs=best.user_attrs, constraints=best.constraints)
+    study.add_trial(faster)
+    number = max(t.number for t in study.get_trials())
+
+    code, out, _ = run_cli("report", str(path), capsys=capsys)
+    assert code == 0
+    assert f"Winner: trial {number} (single run, not confirmed)" in out
+    assert (f"Not confirmed: the confirmation on fresh seeds was taken after {confirmed['after_trials']} trials, of trials "
+            f"{confirmed['trials'][0]}, and the study's fastest trials have changed since") in out
+    assert "Re-measured side by side" not in out
+    code, out, _ = run_cli("export", str(path), "--format", "yaml", capsys=capsys)
+    assert code == 0 and f"trial {number} (single run, not confirmed, 1 run(s))" in out.splitlines()[0]
