@@ -65,7 +65,8 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
     space, baseline, notices = fit_to_device(spec, device, task)
-    if task is not None:
+    if task is not None and objective is None:
+        check_task(spec, space, task)
         space = check_feasible(spec, space, baseline, task, notices)
     prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
                                  definition=definition_.describe(spec, space=space, device=device.type))
@@ -79,15 +80,19 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     if objective is not None:
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
+    run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
+                 if mode == "process" else isolation.in_process(task))
+    return prepared(task=task, isolation=mode, run_trial=run_trial)
+
+
+def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:
+    """The study's parameters and metric against what the task takes and measures."""
     for name in task.unused(dict(space.params)):
         raise SpecError(spec.path, f"space.params.{name}", name,
                         f"neither the task's model factory nor its optimizer takes a parameter named {name}; "
                         f"add {name}=... to one of their signatures (or **kwargs)")
     if spec.target.metric != task.metric_name:
         raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
-    run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
-                 if mode == "process" else isolation.in_process(task))
-    return prepared(task=task, isolation=mode, run_trial=run_trial)
 
 
 MAX_WORKERS_PER_CORE = 4  # loader workers beyond this only queue for the cores (and each holds memory)
