@@ -138,7 +138,10 @@ def read_study(spec: StudySpec) -> optuna.Study | None:
 def sole_runner(spec: StudySpec) -> Iterator[None]:
     """Hold the lock that makes this process the only runner of a local storage file.
 
-    The lock is the kernel's (flock), so it goes with the process even after `kill -9`.
+    The lock is the kernel's, so it goes with the process even after `kill -9`. A POSIX record
+    lock (lockf), not flock: a process forked while it is held (a DataLoader worker, the probe's)
+    does not inherit it, so the lock goes the moment this process dies, not when the last worker
+    notices its parent is gone, and the same command can run again at once.
     """
     path = local_path(spec.storage)
     if path is None:
@@ -152,8 +155,8 @@ def sole_runner(spec: StudySpec) -> Iterator[None]:
                            f"choose a writable place with --storage or storage:") from None
     with lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EAGAIN or EACCES: held by another process
             lock.seek(0)
             holder = lock.read().strip() or "another process"
             raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish, "
@@ -165,7 +168,7 @@ def sole_runner(spec: StudySpec) -> Iterator[None]:
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.lockf(lock, fcntl.LOCK_UN)
 
 
 def worker_id() -> str:

@@ -197,7 +197,7 @@ def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
     (tmp_path / "study.yaml").write_text(HEAD)
     (tmp_path / "study.db").write_bytes(GARBAGE)
     with open(tmp_path / "study.db.runner.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running `autotune run` holds it
+        fcntl.lockf(lock, fcntl.LOCK_EX)  # as a running `autotune run` holds it
         result = run_autotune(tmp_path, "run", "study.yaml")
     assert_one_line_error(result, "study.yaml", "is being run by", "journal")
     assert (tmp_path / "study.db").read_bytes() == GARBAGE

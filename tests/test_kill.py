@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.trial import TrialState
 
 from tests.test_study import REPO, finished, load, write_study
@@ -366,3 +367,41 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
             f"winner {trial.number}: {trial.state.name}, constraints {trial.constraints}\n{why}"
         assert not trial.user_attrs.get("interrupted"), why
     print(why)  # with -s: where every kill landed
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (DataLoader workers, here)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(tmp_path: Path) -> None:
+    """Killed with SIGKILL while its DataLoader workers run, `autotune run` is not refused by the
+    runner lock when started again at once: forked workers do not hold it."""
+    path = write_study(tmp_path, trials=2, confirm={"top": 0})
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["num_workers"] = 2
+    raw["probe"] = "none"
+    raw["budget"] = {"trials": 2, "max_epochs": 40, "max_seconds": 3, "eval_every": 0.5}
+    path.write_text(yaml.safe_dump(raw))
+    run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO, env=env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(children_of(run.pid)) < 2:  # a trial is training, its loader workers forked
+        assert run.poll() is None and time.monotonic() < deadline, "no loader workers appeared"
+        time.sleep(0.05)
+    workers = children_of(run.pid)
+    run.kill()
+    run.wait()
+    assert any(Path(f"/proc/{pid}").exists() for pid in workers)  # the workers outlive it for a moment
+    again = autotune("run", str(path))
+    assert again.returncode == 0 and "is being run by" not in again.stderr, again.stderr
+    assert len(finished(load(path))) == 2
