@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     export.add_argument("--storage", metavar="URL", help="database URL")
+    export.add_argument("--force", action="store_true",
+                        help="let -o write over a file that is not an earlier export (never the study file or its storage)")
 
     dashboard = commands.add_parser("dashboard", help="browse the study in optuna-dashboard (optional extra: autotune[dashboard])")
     dashboard.add_argument("study", help="study file (.yaml)")
@@ -246,10 +248,34 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
     if args.output:
+        _refuse_to_overwrite(spec, Path(args.output), force=args.force)
         _write(args.output, "-o", text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _refuse_to_overwrite(spec: StudySpec, output: Path, *, force: bool) -> None:
+    """-o may replace an earlier export, never the study's own files, nor (unless `force`) any
+    other file the user has."""
+    from autotune import export, storage
+
+    stored = storage.local_path(spec.storage)
+    own = {spec.path.resolve(): "the study file"}
+    if stored is not None:
+        for suffix, what in (("", "the study's storage"), ("-journal", "the storage's journal"),
+                             (".runner.lock", "the study's runner lock")):
+            own[stored.with_name(stored.name + suffix).resolve()] = what
+    target = output.resolve()
+    if target in own:
+        raise AutotuneError(f"-o {output}: that is {own[target]}; write the export elsewhere")
+    try:
+        existing = target.read_text(errors="replace") if target.is_file() and not force else None
+    except OSError:
+        existing = None  # unreadable: the write will say why
+    if not force and existing is not None and existing.strip() and not export.looks_like_export(existing):
+        raise AutotuneError(f"-o {output}: the file exists and is not an earlier autotune export; "
+                            f"choose another name, or pass --force to replace it")
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -34,6 +34,21 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 FORMATS = tuple(RENDERERS)
 
 
+def looks_like_export(text: str) -> bool:
+    """Whether `text` is what some `autotune export` wrote: those that can carry their provenance
+    do ("autotune study ..."); flat JSON is a mapping with the knobs; args one line of flags."""
+    if "autotune study " in text[:4096]:
+        return True
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        loaded = None
+    if isinstance(loaded, dict):
+        return {"lr", "batch_size", "precision"} <= set(loaded)
+    lines = text.strip().splitlines()
+    return len(lines) == 1 and {"--lr", "--batch-size", "--precision"} <= set(lines[0].split())
+
+
 def render(summary: Mapping[str, Any], fmt: str) -> str:
     """The winner of `summary` (summary.summarize's dict, with a winner) in format `fmt`."""
     if fmt not in RENDERERS:
