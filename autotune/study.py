@@ -257,9 +257,12 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         study.set_user_attr("optimizer", reference(prepared.task.optimizer))  # for `export --format torch`
     record_definition(study, prepared.definition)
     if storage.local_path(spec.storage) is not None:
-        for number in storage.mark_running_interrupted(study, reason="the process stopped during this trial"):
-            progress.say(f"autotune: trial {number} was interrupted; it is marked failed and will run again")
-        storage.queue_retries(study)
+        interrupted = storage.mark_running_interrupted(study, reason="the process stopped during this trial")
+        queued = set(storage.queue_retries(study))
+        for number in interrupted:
+            progress.say(f"autotune: trial {number} was interrupted; it is marked failed and "
+                         + ("will run again" if number in queued else
+                            "a new trial takes its place (it stopped before its configuration was chosen)"))
     if spec.probe == "systems" and "probe" not in study.user_attrs and prepared.task is not None \
             and probe.worth_probing(prepared.space):
         outcome = run_probe(spec, prepared)
