@@ -152,11 +152,21 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
             return _await(child, receiver, hang_after=hang_after, progress=progress)
         finally:
             receiver.close()
-            if child.is_alive():
-                child.kill()  # a timeout, or this process stopped by a signal
+            if child.is_alive():  # a timeout, or this process stopped by a signal
+                _kill_group(child.pid)
+                child.kill()  # if it had not yet made its group
             child.join()
+            _kill_group(child.pid)  # its DataLoader workers, had it died without shutting them down
 
     return run_trial
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in a trial's process group (the child and its loader workers)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # none left (or the group was never made)
+        pass
 
 
 def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> TrialResult:
@@ -192,6 +202,9 @@ def _exit_description(code: int | None) -> str:
 def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, config: TrialConfig,
                 limits: Limits, device: torch.device, seed: int) -> None:
     """The child: build the task, run the trial, send back the result or the failure."""
+    # A process group of its own, which its DataLoader workers join: killing the group at a
+    # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on it.
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
     _die_with(study_pid)
     last = 0.0
@@ -220,6 +233,6 @@ def _die_with(study_pid: int) -> None:
     so the kernel's parent-death signal would never come; a watchdog thread asks instead.
     """
 
-    watchdog.on_death(study_pid, lambda: os.kill(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS)
+    watchdog.on_death(study_pid, lambda: os.killpg(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS)
 
 

@@ -136,3 +136,24 @@ class _Unreadable(TensorDataset):
 def bad_sample() -> Task:
     data = _blobs(1024, 0)
     return Task(model=_mlp, train=_Unreadable(*data.tensors), val=_blobs(512, 1))
+
+
+WORKER_PIDS = "autotune-test-loader-worker-*"  # in the temporary folder: one file per worker that loaded
+
+
+class _Noting(TensorDataset):
+    """Notes the pid of each process that loads from it (a DataLoader worker: the trial's child)."""
+
+    def __getitem__(self, index: int):
+        import tempfile
+        from pathlib import Path
+
+        note = Path(tempfile.gettempdir()) / WORKER_PIDS.replace("*", str(os.getpid()))
+        if not note.exists():
+            note.write_text(str(os.getppid()))
+        return super().__getitem__(index)
+
+
+def hangs_with_workers() -> Task:
+    """Hangs in its first large batch while its DataLoader workers are alive and loading."""
+    return Task(model=lambda: Misbehaves("hang"), train=_Noting(*_blobs(1024, 0).tensors), val=_blobs(512, 1))

@@ -167,3 +167,23 @@ def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
         reason = isolation.error_reason(exc)
     line = users_code.__code__.co_firstlineno + 1
     assert reason.endswith(f"(at {Path(__file__).resolve()}:{line})") and "Target 7 is out of bounds" in reason
+
+
+def test_a_trial_killed_at_its_timeout_takes_its_loader_workers_with_it() -> None:
+    """The child and its DataLoader workers are one process group, killed together: no worker is
+    left behind with nobody to wait on it."""
+    import tempfile
+
+    from tests.tasks import WORKER_PIDS
+
+    for old in Path(tempfile.gettempdir()).glob(WORKER_PIDS):
+        old.unlink()
+    run_trial = isolation.in_child("tests.tasks:hangs_with_workers", study_path=REPO / "study.yaml", hang_after=5)
+    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "batch_size": OOM_BATCH, "num_workers": 2,
+                                                 "prefetch_factor": 2}))
+    with pytest.raises(isolation.TrialFailure, match="^timeout: "):
+        run_trial(loading, limits=LIMITS, device=CPU, seed=1)
+    workers = [int(p.name.rsplit("-", 1)[1]) for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
+    assert len(workers) == 2  # both loaded while the model hung
+    time.sleep(0.5)
+    assert not [pid for pid in workers if alive(pid)], "loader workers outlived their trial"
