@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune import __version__
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, StorageError
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
@@ -153,6 +153,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
               f"Resume with: {resume_command(args)}", file=sys.stderr)
         return signals.exit_code(interrupt)
+    except Exception as exc:
+        if not storage.disk_full(exc):
+            raise
+        # SQLite rolled the failed write back: what was stored stays whole, and the trial that was
+        # being written is marked interrupted and run again by the next start.
+        raise StorageError(f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
+                           f"before is saved. Free some space, then resume with: {resume_command(args)}") from None
     print(_report_text(spec, study))
     failed = all_failed(study)
     if failed:

@@ -9,6 +9,7 @@ the trials of dead workers instead, and `RetryHeartbeatStaleTrialCallback` queue
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -77,8 +78,7 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
             return RDBStorage(_with_driver(url), heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                               heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
     except Exception as exc:  # SQLAlchemy and driver errors: unreachable, corrupt or not a database
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        raise StorageError(f"{spec.path}: storage: cannot open {url} ({exc.__class__.__name__}: {first_line})") from None
+        raise cannot_open(spec, exc) from None
 
 
 OPTUNA_TABLES = {"studies", "trials", "version_info"}  # among the tables Optuna's RDB storage creates
@@ -98,6 +98,29 @@ def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
                            f"not an autotune study; choose another file with --storage or storage:")
 
 
+def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
+    """The one-line error for a storage that failed to open or be created."""
+    if disk_full(exc):
+        return StorageError(f"{spec.path}: storage: cannot write {spec.storage}: no space left on the device; "
+                            f"free some space and run the same command again")
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return StorageError(f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})")
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from, is a write that found the disk full: OSError
+    ENOSPC (a journal file), or SQLite's "database or disk is full" under SQLAlchemy and Optuna."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "database or disk is full" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _with_driver(url: str) -> str:
     """A bare postgresql:// names the driver autotune installs (psycopg 3): SQLAlchemy's default
     for it differs between versions (psycopg2 before 2.1)."""
@@ -115,8 +138,7 @@ def open_study(spec: StudySpec, *, sampler: optuna.samplers.BaseSampler | None =
     except KeyError:
         raise StorageError(f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first") from None
     except Exception as exc:
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        raise StorageError(f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})") from None
+        raise cannot_open(spec, exc) from None
 
 
 def read_study(spec: StudySpec) -> optuna.Study | None:
@@ -130,8 +152,7 @@ def read_study(spec: StudySpec) -> optuna.Study | None:
     except KeyError:
         return None
     except Exception as exc:
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        raise StorageError(f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})") from None
+        raise cannot_open(spec, exc) from None
 
 
 @contextlib.contextmanager

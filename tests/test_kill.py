@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
@@ -405,3 +406,37 @@ def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(
     again = autotune("run", str(path))
     assert again.returncode == 0 and "is being run by" not in again.stderr, again.stderr
     assert len(finished(load(path))) == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 200 KiB filesystem of its own (tmpfs), enough for Optuna's tables and a few dozen trials."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root with CAP_SYS_ADMIN")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_is_room(small_disk: Path) -> None:
+    path = small_disk / "study.yaml"
+    path.write_text("task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\nprobe: none\n"
+                    "space: {num_workers: 0, batch_size: [16, 32, 64]}\n"
+                    "budget: {trials: 120, max_epochs: 1, max_seconds: 5}\nconfirm: {top: 0}\n")
+    full = autotune("run", str(path), "--quiet")
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"autotune: error: {path}: storage sqlite:///{small_disk}/study.db: no space left on the device")
+    db = small_disk / "study.db"
+    assert sqlite_rows(db, "pragma integrity_check") == [("ok",)]
+    stored = len(finished(load(path)))
+    assert 0 < stored < 120
+
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # room again
+    again = autotune("run", str(path), "--quiet")
+    assert again.returncode == 0, again.stderr
+    study = load(path)
+    assert len(finished(study)) == 120 and not [t for t in study.get_trials() if t.state.name == "RUNNING"]
