@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from types import FrameType
+from types import FrameType, TracebackType
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -38,13 +39,48 @@ def name(interrupt: KeyboardInterrupt) -> str:
 class _State:
     interruptible = False  # True while training: a signal may raise right where it lands
     pending: int | None = None  # a signal that arrived during a storage write
+    stopping = False  # a signal has been taken: the run is stopping, and a second one must not cut its cleanup short
 
 
 def _on_signal(signum: int, _: FrameType | None) -> None:
+    # One signal stops the run; more (SIGTERM to a process group reaches a `--workers` worker
+    # both from the shell and from its parent) must not land inside the writes that mark its trial.
+    if _State.stopping:
+        return
+    _State.stopping = True
     if _State.interruptible:
         _State.interruptible = False
         raise Stopped(signum)
-    _State.pending = _State.pending or signum
+    _State.pending = signum
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends: processes forked inside it (DataLoader
+    workers) start with both blocked, and ignore them (trial._worker_init). A signal sent to the
+    whole process group (Ctrl-C, `timeout`, a scheduler) then stops the run, which shuts its
+    workers down in order, instead of killing the workers under it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_in_worker() -> None:
+    """In a forked loader worker: ignore SIGINT and SIGTERM, which its parent handles."""
+    for signum in HANDLED:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+    # A stopping parent closes its end of a batch's file-descriptor hand-over mid-way; the
+    # worker's multiprocessing resource sharer would print that as a traceback.
+    previous = sys.excepthook
+
+    def quiet_when_parent_hangs_up(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
+        if not issubclass(kind, (BrokenPipeError, ConnectionResetError)):
+            previous(kind, value, trace)
+
+    sys.excepthook = quiet_when_parent_hangs_up
 
 
 def check() -> None:
@@ -73,7 +109,7 @@ def handled() -> Iterator[None]:
         yield
         return
     previous = {s: signal.signal(s, _on_signal) for s in HANDLED}
-    _State.pending = None
+    _State.pending, _State.stopping = None, False
     try:
         yield
     finally:

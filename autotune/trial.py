@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autotune import classes, systems, telemetry
+from autotune import classes, signals, systems, telemetry
 from autotune.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
 from autotune.space import KNOBS, loader_kwargs
 from autotune.tasks import Task, takes
@@ -320,9 +320,13 @@ def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.d
 
 
 def endless(loader: DataLoader) -> Iterator[Any]:
-    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary."""
-    for _ in itertools.count():
-        yield from loader
+    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
+    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back."""
+    with signals.held():
+        batches = iter(loader)
+    while True:
+        yield from batches
+        batches = iter(loader)
 
 
 def make_scheduler(
@@ -347,6 +351,7 @@ def make_scheduler(
 
 def _worker_init(_: int) -> None:
     torch.set_num_threads(1)  # each loader worker is one process on one core
+    signals.ignore_in_worker()  # the trial's process stops on a signal and shuts its workers down
 
 
 def seed_everything(seed: int) -> None:

@@ -440,3 +440,58 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_i
     assert again.returncode == 0, again.stderr
     study = load(path)
     assert len(finished(study)) == 120 and not [t for t in study.get_trials() if t.state.name == "RUNNING"]
+
+
+def descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        children = [c for parent in frontier for c in children_of(parent)]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_readme_says(tmp_path: Path, workers: int) -> None:
+    """What `timeout`, systemd and Slurm do: SIGTERM to every process of the group, DataLoader
+    workers included. Exit 143, no traceback, the Resume-with line last; every trial that was
+    running is marked interrupted with its reason and queued again; no process left behind."""
+    path = write_study(tmp_path, trials=4, confirm={"top": 0})
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(num_workers=2, prefetch_factor=2)
+    raw.update(probe="none", budget={"trials": 4, "max_epochs": 200, "max_seconds": 60, "eval_every": 0.5},
+               target={"metric": "accuracy", "value": 0.999})  # trials that train until they are stopped
+    path.write_text(yaml.safe_dump(raw))
+    storage = f"journal:///{tmp_path / 'study.journal'}"
+    extra = ["--storage", storage, "--workers", "2"] if workers > 1 else []
+    run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path), *extra], cwd=REPO, env=env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(descendants(run.pid)) < 2 + 3 * (workers > 1):  # loader workers (and the study's workers) up
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
+        time.sleep(0.05)
+    time.sleep(1.0)  # batches in flight
+    everyone = descendants(run.pid)
+    os.killpg(run.pid, signal.SIGTERM)
+    stderr = run.communicate(timeout=60)[1]
+    assert run.returncode == 143 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1].startswith(f"Resume with: autotune run {path}"), stderr
+    if workers > 1:
+        study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal"))))
+    else:
+        study = load(path)
+    trials = study.get_trials()
+    stopped = [t for t in trials if t.state == TrialState.FAIL]
+    assert stopped and not [t for t in trials if t.state == TrialState.RUNNING]
+    assert all(t.user_attrs.get("interrupted") and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM" for t in stopped)
+    assert len([t for t in trials if t.state == TrialState.WAITING]) == len(stopped)  # each queued to run again
+    time.sleep(1.0)
+    assert not [pid for pid in everyone if running(pid)]
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
