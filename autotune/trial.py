@@ -34,10 +34,6 @@ MIN_WARMUP_STEPS = 3
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
 # sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
 FINITE_CHECK_EVERY = 8
-
-
-class Diverged(ArithmeticError):
-    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
@@ -75,6 +71,10 @@ class TrialConfig:
         """Flat: the knobs, then the parameters."""
         knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
         return {**knobs, **dict(self.params)}
+
+
+class Diverged(ArithmeticError):
+    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
 
 
 @dataclasses.dataclass(frozen=True)
