@@ -10,6 +10,7 @@ SIGTERM (what `kill`, schedulers and container runtimes send) is handled like Ct
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -67,10 +68,24 @@ def held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+# How long a loader worker waits, after a SIGTERM, for its parent to shut it down in order before
+# it leaves on its own (with status 0, which torch does not report as a failure).
+WORKER_GRACE_SECONDS = 10
+
+
+def _leave_soon(*_: object) -> None:
+    signal.alarm(WORKER_GRACE_SECONDS)  # then SIGALRM: os._exit(0)
+
+
 def ignore_in_worker() -> None:
-    """In a forked loader worker: ignore SIGINT and SIGTERM, which its parent handles."""
-    for signum in HANDLED:
-        signal.signal(signum, signal.SIG_IGN)
+    """In a forked loader worker: ignore SIGINT, and put SIGTERM off, both its parent's to handle.
+
+    SIGTERM is not simply ignored: multiprocessing ends leftover workers at interpreter exit with
+    SIGTERM and then waits for them, so a worker that ignored it would hold that exit up forever.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, _leave_soon)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
     # A stopping parent closes its end of a batch's file-descriptor hand-over mid-way; the
     # worker's multiprocessing resource sharer would print that as a traceback.

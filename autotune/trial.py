@@ -321,12 +321,27 @@ def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.d
 
 def endless(loader: DataLoader) -> Iterator[Any]:
     """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
-    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back."""
+    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back,
+    and are shut down when the generator is closed, whatever ended the trial."""
     with signals.held():
         batches = iter(loader)
-    while True:
-        yield from batches
-        batches = iter(loader)
+    try:
+        while True:
+            yield from batches
+            batches = iter(loader)
+    finally:
+        shut_down_workers(loader)
+
+
+def shut_down_workers(loader: DataLoader) -> None:
+    """Stop a loader's persistent workers now. The loader keeps its iterator (and so its workers)
+    for as long as it lives, and a raised trial's traceback keeps the loader alive; workers that
+    ignore SIGTERM would then hold up the exit of the process that made them. Lightning does the
+    same with the same private attribute: torch has no public call for it."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
 
 
 def make_scheduler(

@@ -157,6 +157,49 @@ def test_a_loader_workers_error_keeps_its_message_and_the_users_line(where: str)
                                     f"at {Path(tasks.__file__).resolve()}:{line})")
 
 
+def test_a_trial_whose_loader_worker_raised_leaves_no_worker_and_its_process_exits() -> None:
+    """The error's traceback keeps the trial's loader alive; its other workers must still be shut
+    down, or the process that ran the trial waits for them at exit (they put SIGTERM off)."""
+    code = ("import multiprocessing, torch\n"
+            "from autotune import isolation\n"
+            "from autotune.space import DEFAULT_BASELINE, complete\n"
+            "from autotune.trial import Limits, TrialConfig\n"
+            "from tests import tasks\n"
+            "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, 'prefetch_factor': 2}))\n"
+            "limits = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)\n"
+            "try:\n"
+            "    isolation.in_process(tasks.bad_sample())(config, limits=limits, device=torch.device('cpu'), seed=1)\n"
+            "except isolation.TrialFailure as exc:\n"
+            "    kept = exc  # as a caller that reports it later does\n"
+            "print(len(multiprocessing.active_children()))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0 and result.stdout.split() == ["0"], result.stderr
+
+
+def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What multiprocessing does to leftover workers at interpreter exit: SIGTERM, then wait. The
+    worker waits a grace period for its trial to shut it down in order, then exits with status 0
+    (which torch does not report as a failed worker)."""
+    from torch.utils.data import DataLoader
+
+    from autotune import signals, trial
+
+    monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
+    loader = DataLoader(blobs().train, batch_size=64, num_workers=2, persistent_workers=True,
+                        worker_init_fn=trial._worker_init)
+    next(iter(loader))
+    workers = list(loader._iterator._workers)
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert all(worker.is_alive() for worker in workers)  # its trial may still shut it down in order
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    trial.shut_down_workers(loader)
+
+
 def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     def users_code() -> None:
         torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))  # class 7 of 3: torch raises

@@ -418,7 +418,8 @@ def small_disk(tmp_path: Path):
     try:
         yield folder
     finally:
-        subprocess.run(["umount", str(folder)], capture_output=True)
+        # Lazy: this process may still hold the study's SQLite file open (an Optuna storage it loaded).
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
 def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_is_room(small_disk: Path) -> None:
