@@ -49,6 +49,11 @@ def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:
     return f"{told}; best {best[0]:.2f} s, trial {best[1]}" if best else f"{told}; none has reached the target yet"
 
 
+def _standing_now(study: optuna.Study, budget: int) -> str:
+    trials = study.get_trials(deepcopy=False)
+    return standing(storage.finished_count(trials), budget, incumbent(trials))
+
+
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
     """Trial number -> configuration of each trial that really ran out of memory."""
     return {t.number: t.user_attrs["config"] for t in trials
@@ -59,6 +64,13 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
                     device: torch.device, limits: Limits, seed: int, metric_name: str, budget: int,
                     incumbent: tuple[float, int] | None, finished: int, prune: bool, ran_out: dict[int, dict[str, Any]], objective: str,
                     replicates: int, current: list[optuna.trial.FrozenTrial] | None) -> None:
+    def where(best: tuple[float, int] | None) -> str:
+        """Where the study stands once this trial is told. Beside other workers, read again: what
+        was read before the ask is a whole trial old, and its count and best would be stale."""
+        if current is None and progress.mode() == "lines":
+            return _standing_now(study, budget)
+        return standing(finished, budget, best)
+
     trial.set_user_attr("worker", storage.worker_id())
     config = suggest(space, trial)
     trial_seed = seed * 100_000 + trial.number
@@ -74,7 +86,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         trial.set_user_attr("reason", reason)
         trial.set_user_attr("oom_bound", bound)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(f"trial {trial.number}: pruned: {reason}", standing=standing(finished, budget, incumbent))
+        progress.tell(f"trial {trial.number}: pruned: {reason}", standing=where(incumbent))
         return
     bar = progress.bar(f"trial {trial.number}", unit="step", leave=False, announce=False,
                        every=progress.LINE_EVERY_SECONDS)
@@ -119,7 +131,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         if failure.seconds is not None:  # the compute it took counts toward the study's (benchmarks/found.py)
             trial.set_user_attr("pruned_at", failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(f"trial {trial.number}: {failure.reason}", standing=standing(finished, budget, incumbent))
+        progress.tell(f"trial {trial.number}: {failure.reason}", standing=where(incumbent))
         return
     if failure is not None:
         trial.set_user_attr("reason", failure.reason)
@@ -131,7 +143,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
         cannot_win = failure.oom or failure.diverged
         study.tell(trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL)
         progress.tell(f"trial {trial.number}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
-                      standing=standing(finished, budget, incumbent))
+                      standing=where(incumbent))
         return
     outcome = objective_.outcome(runs, objective=objective, target=limits.target)
     record = dataclasses.asdict(runs[0])  # the first run in full: its curve, throughput and memory
@@ -147,4 +159,4 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     best = (outcome.value, trial.number) if feasible and (incumbent is None or outcome.value < incumbent[0]) else incumbent
     progress.tell(f"trial {trial.number}: complete in {outcome.value:.2f} s, {metric_name} {outcome.metric:.4f}"
                   f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
-                  standing=standing(finished, budget, best), routine=True)
+                  standing=where(best), routine=True)

@@ -14,10 +14,14 @@ import termios
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
+import torch
 from tqdm import tqdm
 
-from autotune import progress
+from autotune import one_trial, progress
+from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
+from autotune.trial import Limits, TrialResult
 from tests.test_study import REPO, write_study
 
 OUTCOME = re.compile(r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M)
@@ -131,6 +135,38 @@ def test_quiet_reaches_the_workers(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert not re.search(r"^(trial \d+|autotune: study)|study created", run.stderr, re.M), run.stderr
     assert "Study study: 3 trials" in run.stdout
+
+
+def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it_ends(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Another worker finishes a faster trial while this one trains: this trial's line gives the
+    count and the best as they are when it ends, not as they were read before its ask."""
+    progress.set_mode("lines")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    space = Space(tuple((name, Choices((value,))) for name, value in complete(DEFAULT_BASELINE).items() if name in KNOBS))
+
+    def result(seconds: float) -> TrialResult:
+        return TrialResult(reached=True, time_to_target=seconds, best_metric=0.95, train_seconds=seconds, epochs=1.0,
+                           optimizer_steps=10, samples_per_second=None, peak_memory_bytes=None, device_name="cpu",
+                           torch_version=torch.__version__, stop_reason="target", curve=((seconds, 1.0, 0.95),))
+
+    def run(run_trial, *, alone: bool = False) -> None:
+        one_trial.run_one(study, space=space, run_trial=run_trial, device=torch.device("cpu"),
+                          limits=Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5), seed=0,
+                          metric_name="accuracy", budget=4, asked=[], known=study.get_trials(deepcopy=False), alone=alone)
+
+    def slow_while_another_worker_finishes(config, **_) -> TrialResult:
+        run(lambda config, **_: result(0.5))
+        return result(2.0)
+
+    run(slow_while_another_worker_finishes)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["trial 1: complete in 0.50 s, accuracy 0.9500 (1/4 finished; best 0.50 s, trial 1)",
+                     "trial 0: complete in 2.00 s, accuracy 0.9500 (2/4 finished; best 0.50 s, trial 1)"]
+
+    run(lambda config, **_: result(1.0), alone=True)  # alone: what was read before the ask is current
+    assert capsys.readouterr().err == "trial 2: complete in 1.00 s, accuracy 0.9500 (3/4 finished; best 0.50 s, trial 1)\n"
 
 
 def test_a_terminal_gets_bars(tmp_path: Path) -> None:
