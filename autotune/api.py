@@ -6,12 +6,13 @@ storage, resume and confirmation. Two routes:
 - a task: `model` (a factory) with `train` and `val` datasets, or a whole `Task`; autotune runs
   the training loop, as for a study file's task;
 - an objective: `objective(config)` runs the user's own loop with the configuration (a dict of
-  the knobs and the study's parameters) and returns `(seconds, metric)`; autotune keeps the
-  study, the budget and the winner, the function keeps the clock.
+  the knobs its caller names and the study's parameters) and returns `(seconds, metric)`;
+  autotune keeps the study, the budget and the winner, the function keeps the clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from torch.utils.data import Dataset
 from autotune import memory
 from autotune.isolation import RunTrial, TrialFailure
 from autotune.measure import device_name
+from autotune.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.tasks import Task, reference, takes
 from autotune.trial import Limits, Progress, TrialConfig, TrialResult
 
@@ -72,14 +74,18 @@ def tune(
         task = Task(model=model, train=train, val=val)
     function = objective if objective is not None else task.model
     label = reference(function) or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
+    knobs = tuple(KNOBS) if objective is None else objective_knobs(space or {}, baseline or {}, objective_kind)
+    raw_space = dict(space or {})
+    if objective is not None:  # what the function never reads is neither searched nor shown
+        raw_space.update(unread_fixed(knobs, baseline or {}))
     raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
-           "space": dict(space or {}), "budget": dict(budget or {}), "baseline": dict(baseline or {}),
+           "space": raw_space, "budget": dict(budget or {}), "baseline": dict(baseline or {}),
            "confirm": dict(confirm or {}), "seed": seed, "device": device}
     raw.update({key: value for key, value in (("prune", prune), ("probe", probe), ("objective", objective_kind),
                                               ("replicates", replicates)) if value is not None})
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
-    run_objective = objective_trial(objective) if objective is not None else None
-    prepared = study_.prepare(spec, task=task, objective=run_objective)
+    run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
+    prepared = dataclasses.replace(study_.prepare(spec, task=task, objective=run_objective), knobs=knobs)
     with storage_.sole_runner(spec):
         prepared = study_.as_begun(spec, prepared)
         changes = study_.check_unchanged(spec, prepared, allow_changes=allow_changes)
@@ -90,9 +96,30 @@ def tune(
     return summary.of_study(spec, study)[1]
 
 
-def objective_trial(objective: Objective) -> RunTrial:
+def objective_knobs(space: Mapping[str, Any], baseline: Mapping[str, Any], objective_kind: str | None) -> tuple[str, ...]:
+    """The knobs an objective function reads: those its caller names in `space` or `baseline`
+    (every knob, with a preset named), and schedule_epochs under a fixed schedule, which the
+    function trains for. autotune cannot see inside the function: searching what it ignores
+    would only add noise to the search and settings to the report that did nothing."""
+    if "preset" in space:
+        return tuple(KNOBS)
+    named = {*space, *baseline} | ({SCHEDULE} if objective_kind == "fixed_schedule" else set())
+    return tuple(k for k in KNOBS if k in named)
+
+
+def unread_fixed(knobs: tuple[str, ...], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """Each knob the function does not read, fixed at the baseline's value (the schedule aside:
+    unsearched, it is max_epochs long)."""
+    fixed = {k: baseline.get(k, DEFAULT_BASELINE[k]) for k in KNOBS if k not in knobs and k != SCHEDULE}
+    if fixed.get("prefetch_factor") is None and "prefetch_factor" in fixed:
+        fixed["prefetch_factor"] = 2  # torch's default; it means nothing unless num_workers is read
+    return fixed
+
+
+def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> RunTrial:
     """A trial that calls the user's function with the configuration and takes its word for the
     time: `objective(config)` returns (seconds, metric) or {"seconds": ..., "metric": ...}.
+    The configuration holds `knobs` and the study's parameters.
 
     It also gets `seed=` and `device=` if it names them. An exception fails the trial (an
     out-of-memory one prunes it), as a task's would.
@@ -101,7 +128,8 @@ def objective_trial(objective: Objective) -> RunTrial:
     def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
                   progress: Progress | None = None) -> TrialResult:
         try:
-            returned = objective(config.as_dict(), **takes(objective, {"seed": seed, "device": device}, after=1))
+            given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
+            returned = objective(given, **takes(objective, {"seed": seed, "device": device}, after=1))
         except Exception as exc:
             failure = TrialFailure.of(exc)
         else:

@@ -15,6 +15,9 @@ from autotune.space import KNOBS, complete
 
 INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
 RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
+# Study user attr: the knobs its training reads, where that is not all of them (an objective
+# function reads the knobs its caller names); reports show only those.
+KNOBS_READ = "knobs"
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
@@ -53,9 +56,16 @@ MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs
             "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
 
 
-def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
-    """One row per trial: its outcome, its measurements, every knob and every parameter."""
+def knobs_read(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The knobs a study's training reads (KNOBS_READ), in KNOBS order: all of them unless stored."""
+    stored = study_attrs.get(KNOBS_READ)
+    return tuple(KNOBS) if stored is None else tuple(k for k in KNOBS if k in stored)
+
+
+def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS)) -> pd.DataFrame:
+    """One row per trial: its outcome, its measurements, each of `knobs` and every parameter."""
     rows, params = [], {}  # params: the user's own parameters' names, in order of appearance
+    shown = tuple(knobs)
     for trial in trials:
         if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
             continue
@@ -63,6 +73,7 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
         constraints = trial.constraints if hasattr(trial, "constraints") else {}
         peak = attrs.get("peak_memory_bytes")
         config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}
+        config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
         rows.append({
             "number": trial.number,
@@ -92,12 +103,17 @@ def trial_records(trials: Iterable[Any]) -> pd.DataFrame:
             "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
             **config,
         })
-    table = pd.DataFrame(rows, columns=[*COLUMNS, *KNOBS, *params])
-    for name in (*KNOBS, *params):
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])
+    for name in (*shown, *params):
         # As stored: a column with a gap (a trial that failed before its configuration was chosen)
         # would otherwise turn whole numbers into floats, and batch_size 64 into 64.0 in exports.
         table[name] = pd.Series([row.get(name) for row in rows], index=table.index, dtype=object)
     return table
+
+
+def knob_names(records: pd.DataFrame) -> list[str]:
+    """The knobs among the columns (those the study's training reads), in KNOBS order."""
+    return [c for c in records.columns if c in KNOBS]
 
 
 def param_names(records: pd.DataFrame) -> list[str]:

@@ -39,6 +39,7 @@ class Prepared:
     definition: dict[str, Any]  # what the stored trials are measured under (definition.py)
     isolation: str  # process or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
+    knobs: tuple[str, ...] = tuple(space_.KNOBS)  # the knobs its training reads; reports show only these
 
 
 def resolve_device(spec: StudySpec) -> torch.device:
@@ -256,6 +257,8 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     if prepared.task is not None:
         study.set_user_attr("optimizer", reference(prepared.task.optimizer))  # for `export --format torch`
     record_definition(study, prepared.definition)
+    if prepared.knobs != tuple(space_.KNOBS):
+        study.set_user_attr(results.KNOBS_READ, list(prepared.knobs))
     if storage.local_path(spec.storage) is not None:
         interrupted = storage.mark_running_interrupted(study, reason="the process stopped during this trial")
         queued = set(storage.queue_retries(study))

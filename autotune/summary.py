@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -92,19 +92,31 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Every trial of an Optuna study as a table, and the summary made from it, the study file's
     target and limits, and what the study stored (confirmation, optimizer, definition)."""
     trials = study.get_trials(deepcopy=False)
-    records = results.trial_records(trials)
+    records = results.trial_records(trials, knobs=results.knobs_read(study.user_attrs))
     target = {"metric": spec.target.metric, "value": spec.target.value}
     b = spec.budget
     limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
     attrs = study.user_attrs
-    return records, summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
+    summary = summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
                               optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
                               probe_outcome=attrs.get("probe"), objective=spec.objective,
                               confusions={t.number: results.measured(t).get("confusion") for t in trials})
+    if results.KNOBS_READ in attrs:
+        _show_only(summary, results.knobs_read(attrs))
+    return records, summary
+
+
+def _show_only(summary: dict[str, Any], knobs: Sequence[str]) -> None:
+    """A study whose function reads only some knobs: its configurations show only those (and
+    the parameters), and `knobs` tells exports not to invent the rest."""
+    summary["knobs"] = list(knobs)
+    for who in (summary["best"], summary["baseline"]):
+        if who is not None:
+            who["params"] = {k: v for k, v in who["params"].items() if k in knobs or k not in KNOBS}
 
 
 def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:
-    return complete({k: _plain(row[k]) for k in (*KNOBS, *extra)})
+    return complete({k: _plain(row.get(k)) for k in (*KNOBS, *extra)})
 
 
 def _plain(value: Any) -> Any:
@@ -139,7 +151,7 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
         lines.append("No trial reached the target yet.")
         return "\n".join(lines)
     fixed = summary.get("objective") == "fixed_schedule"
-    columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *KNOBS, *results.param_names(records)]
+    columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *results.knob_names(records), *results.param_names(records)]
     table = top[columns].rename(
         columns={"number": "trial", "objective_metric": f"mean final {target['metric']}" if fixed else target["metric"],
                  "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
 
 
 def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
-    """The function gets the knobs and its own parameters, and is timed by its own word."""
+    """The function gets the knobs its caller names and its own parameters, and is timed by its
+    own word; knobs it was not given are neither searched nor reported."""
     calls: list[tuple[dict, int]] = []
 
     def objective(config: dict, seed: int) -> tuple[float, float]:
@@ -79,15 +81,49 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
 
     trials = stored(f"sqlite:///{tmp_path / 'made_up.db'}", "made_up")
     assert len(trials) == 12
+    named = [k for k in KNOBS if k in SPACE]
     for config, seed in calls:
-        assert set(config) == {*KNOBS, "width", "activation"} and isinstance(config["width"], int)
+        assert set(config) == {*named, "width", "activation"} and isinstance(config["width"], int)
         assert 4 <= config["width"] <= 64 and config["activation"] in ("relu", "tanh") and seed >= 0
+    assert {name for t in trials for name in t.params} == {"lr", "scheduler", "batch_size", "width", "activation"}
     best = summary["best"]
+    assert list(best["params"]) == [*named, "width", "activation"] and list(summary["baseline"]["params"]) == list(best["params"])
+    records = trial_records(trials, knobs=summary["knobs"])
+    table = render(summary, records).split("Fastest trials")[1].splitlines()[1].split()
+    assert table == ["trial", "seconds", "score", "epochs", "samples/s", "lr", "scheduler", "batch_size", "accum",
+                     "num_workers", "precision", "width", "activation"]
     assert best is not None and best["metric"] >= 0.7
     feasible = [t for t in trials if measured(t)["reached"]]
     assert best["time_to_target"] == pytest.approx(min(measured(t)["time_to_target"] for t in feasible))
     assert summary["target"] == {"metric": "score", "value": 0.7}
     assert len(calls) == 12 + 2 * 3  # every trial, then 2 runs of the top 2 and of the baseline
+
+
+def test_an_objective_gets_every_knob_when_its_caller_names_a_preset(tmp_path: Path) -> None:
+    seen: list[dict] = []
+
+    def objective(config: dict) -> tuple[float, float]:
+        seen.append(config)
+        return 1.0 / config["batch_size"], 0.95
+
+    autotune.tune(objective=objective, target=0.9, name="all", storage=f"sqlite:///{tmp_path / 'all.db'}",
+                  space={"preset": "default", "num_workers": 0}, budget={**BUDGET, "trials": 2}, confirm={"top": 0})
+    assert seen and all(set(config) == set(KNOBS) for config in seen)
+
+
+def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(tmp_path: Path) -> None:
+    from autotune import export
+
+    def objective(config: dict) -> tuple[float, float]:
+        return 1.0 / config["batch_size"], 0.95
+
+    summary = autotune.tune(objective=objective, target=0.9, name="some", storage=f"sqlite:///{tmp_path / 'some.db'}",
+                            space={"batch_size": [16, 64]}, baseline={"lr": 0.05}, budget={**BUDGET, "trials": 3},
+                            confirm={"top": 0})
+    assert summary["knobs"] == ["lr", "batch_size"]
+    assert list(json.loads(export.render(summary, "json"))) == ["lr", "batch_size"]
+    with pytest.raises(autotune.errors.AutotuneError, match="reads only lr, batch_size of autotune's knobs"):
+        export.render(summary, "lightning")
 
 
 def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_the_python_api_example_runs_as_written(tmp_path: Path, monkeypatch: pyt
     exec(compile(block_after("tune_example.py"), "tune_example.py", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
     assert re.search(r"^model: \{.*'width': (8|32)\}", out, re.M), out
-    assert re.search(r"^loop: \{.*'width': \d+\}", out, re.M), out
+    assert re.search(r"^loop: \{'lr': [\d.e-]+, 'batch_size': \d+, 'width': \d+\}", out, re.M), out  # what it reads
     assert (tmp_path / "rings.db").is_file() and (tmp_path / "rings_loop.db").is_file()
 
 

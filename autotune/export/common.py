@@ -34,8 +34,11 @@ def settings(summary: Mapping[str, Any]) -> dict[str, Any]:
     out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
     """
     params = summary["best"]["params"]
+    read = summary.get("knobs", KNOBS)  # an objective function's study: the knobs it reads
     knobs = {}
     for name, knob in KNOBS.items():
+        if name not in read:
+            continue
         if knob.absent is not None and params.get(name) is None:
             knobs[name] = knob.absent
         elif name in params:
@@ -46,6 +49,11 @@ def settings(summary: Mapping[str, Any]) -> dict[str, Any]:
 def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs but the schedule's length (`max_epochs`), and the user's own parameters
     (every other key), in order."""
+    if "knobs" in summary:
+        raise AutotuneError(
+            f"study {summary['study']!r} ran an objective function that reads only "
+            f"{', '.join(summary['knobs']) or 'its own parameters'} of autotune's knobs, not a training autotune "
+            f"could write out for a trainer: --format json, yaml or args give what it tuned")
     values = settings(summary)
     missing = [k for k in KNOBS if k not in values and k != SCHEDULE]  # nothing can stand in for these
     if missing:
