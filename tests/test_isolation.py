@@ -212,6 +212,30 @@ def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     assert reason.endswith(f"(at {Path(__file__).resolve()}:{line})") and "Target 7 is out of bounds" in reason
 
 
+def test_no_process_outlives_a_study_whose_trials_with_loader_workers_hit_their_timeout(tmp_path: Path) -> None:
+    """Every process the study started, the fork server, trial processes and their DataLoader
+    workers included, is gone once `autotune run` has exited."""
+    path = write_study(tmp_path, "tests.tasks:hangs_with_workers", batch_sizes=(OOM_BATCH,), trial_timeout=3, trials=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(num_workers=2, prefetch_factor=2)
+    raw["confirm"] = {"top": 0}
+    path.write_text(yaml.safe_dump(raw))
+    study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: set[int] = set()
+    while study.poll() is None:  # every descendant, as they come and go
+        frontier = [study.pid]
+        while frontier:
+            found = [c for parent in frontier for c in children(parent)]
+            seen.update(found)
+            frontier = found
+        time.sleep(0.1)
+    assert study.returncode == 1  # every trial failed (timed out)
+    assert len(seen) >= 4, seen  # the fork server, a trial process, its two loader workers
+    time.sleep(1.0)
+    assert not [pid for pid in seen if alive(pid)], "processes outlived the study"
+
+
 def test_a_trial_killed_at_its_timeout_takes_its_loader_workers_with_it() -> None:
     """The child and its DataLoader workers are one process group, killed together: no worker is
     left behind with nobody to wait on it."""
