@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def tune(
     study file's keys take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
     working folder. Running it again with the same name and storage resumes the study.
     """
-    from autotune import spec as spec_, storage as storage_, study as study_, summary
+    from autotune import signals, spec as spec_, study as study_, summary
 
     given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
     if len(given) != 1:
@@ -86,13 +87,12 @@ def tune(
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
     prepared = dataclasses.replace(study_.prepare(spec, task=task, objective=run_objective), knobs=knobs)
-    with storage_.sole_runner(spec):
-        prepared = study_.as_begun(spec, prepared)
-        changes = study_.check_unchanged(spec, prepared, allow_changes=allow_changes)
-        study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
-        study_.run_study(spec, prepared)
-        study = storage_.open_study(spec, create=False)
-        study_.confirm_best(spec, prepared, study)
+    try:
+        study = study_.run_sequence(spec, prepared, allow_changes=allow_changes)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole
+        print(f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}; "
+              f"call tune() again with the same name and storage to go on", file=sys.stderr)
+        raise
     return summary.of_study(spec, study)[1]
 
 

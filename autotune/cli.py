@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -134,21 +135,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
     workers.check_storage(spec, args.workers)
+    in_workers = functools.partial(
+        workers.run_workers, spec, study_file=args.study, workers=args.workers, budget=args.trials or spec.budget.trials,
+        timeout=args.timeout, options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
+                                       *(["--quiet"] if args.quiet else [])])
     try:
-        with signals.handled(), storage.sole_runner(spec):
-            prepared = study_.as_begun(spec, prepared)
-            changes = study_.check_unchanged(spec, prepared, allow_changes=args.allow_changes)
-            study_.print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
-            if args.workers > 1:
-                study_.begin(spec, prepared)
-                workers.run_workers(spec, study_file=args.study, workers=args.workers,
-                                    budget=args.trials or spec.budget.trials, timeout=args.timeout,
-                                    options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
-                                             *(["--quiet"] if args.quiet else [])])
-            else:
-                study_.run_study(spec, prepared, trials=args.trials, timeout=args.timeout)
-            study = storage.open_study(spec, create=False)
-            study_.confirm_best(spec, prepared, study)
+        study = study_.run_sequence(spec, prepared, allow_changes=args.allow_changes, trials=args.trials,
+                                    timeout=args.timeout, run_trials=in_workers if args.workers > 1 else None)
     except KeyboardInterrupt as interrupt:
         print(f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
               f"Resume with: {resume_command(args)}", file=sys.stderr)

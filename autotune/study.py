@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -298,6 +299,29 @@ def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prep
     if spec.probe != "systems" or outcome is None:
         return prepared
     return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
+
+
+def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = False, trials: int | None = None,
+                 timeout: float | None = None, run_trials: Callable[[], None] | None = None) -> optuna.Study:
+    """The run, as `autotune run`, `autotune.tune` and the benchmarks all do it: under the signal
+    handling and the runner's lock, take the study as it began, check it is unchanged, say the
+    notices, run the trials (here, or `run_trials`: the workers of --workers), confirm the best.
+
+    A signal ends it with `signals.Stopped` (a KeyboardInterrupt) once every trial this process
+    was running is marked interrupted and queued again; the caller says so and how to go on.
+    """
+    with signals.handled(), storage.sole_runner(spec):
+        prepared = as_begun(spec, prepared)
+        changes = check_unchanged(spec, prepared, allow_changes=allow_changes)
+        print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
+        if run_trials is None:
+            run_study(spec, prepared, trials=trials, timeout=timeout)
+        else:
+            begin(spec, prepared)  # recovery and the definition, before any worker starts
+            run_trials()
+        study = storage.open_study(spec, create=False)
+        confirm_best(spec, prepared, study)
+    return study
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,

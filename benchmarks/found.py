@@ -64,8 +64,7 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     prepared = study_.prepare(spec)
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
-        study = study_.run_study(spec, prepared)
-        study_.confirm_best(spec, prepared, study)
+        study_.run_sequence(spec, prepared)
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
     _, summary = summary_.of_study(spec, study)

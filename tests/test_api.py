@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -124,6 +129,39 @@ def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(t
     assert list(json.loads(export.render(summary, "json"))) == ["lr", "batch_size"]
     with pytest.raises(autotune.errors.AutotuneError, match="reads only lr, batch_size of autotune's knobs"):
         export.render(summary, "lightning")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_path: Path, signum: int) -> None:
+    """As `autotune run` does: the trial stopped is marked interrupted with its reason and queued
+    again, the finished one kept, and one line says where they are and how to go on."""
+    marker = tmp_path / "second-trial-started"
+    script = tmp_path / "tuning.py"
+    script.write_text(
+        "import pathlib, time\nimport autotune\ncalls = []\n\n"
+        "def objective(config):\n"
+        "    calls.append(config)\n"
+        "    if len(calls) == 2:\n"
+        f"        pathlib.Path({str(marker)!r}).touch()\n"
+        "        time.sleep(120)\n"
+        "    return 1.0 / config['batch_size'], 0.95\n\n"
+        "autotune.tune(objective=objective, target=0.9, name='stopped', space={'batch_size': [16, 32]},\n"
+        "              budget={'trials': 4}, confirm={'top': 0})\n")
+    run = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() is not None else "slow"
+        time.sleep(0.05)
+    run.send_signal(signum)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode != -signal.SIGTERM, err  # not killed by the signal's default action
+    name = signal.Signals(signum).name
+    assert (f"autotune: interrupted ({name}); every finished trial is saved in sqlite:///stopped.db; call tune() "
+            "again with the same name and storage to go on") in err, err
+    trials = optuna.load_study(study_name="stopped", storage=f"sqlite:///{tmp_path / 'stopped.db'}").get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
+    assert trials[1].user_attrs["reason"] == f"interrupted: stopped by {name}"
 
 
 def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_path: Path) -> None:
