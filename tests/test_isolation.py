@@ -188,7 +188,8 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
     loader = DataLoader(blobs().train, batch_size=64, num_workers=2, persistent_workers=True,
                         worker_init_fn=trial._worker_init)
-    next(iter(loader))
+    batches = trial.endless(loader)  # as a trial starts them: forked with the signals held back
+    next(batches)
     workers = list(loader._iterator._workers)
     for worker in workers:
         os.kill(worker.pid, signal.SIGTERM)
@@ -197,7 +198,7 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     for worker in workers:
         worker.join(timeout=60)
     assert [worker.exitcode for worker in workers] == [0, 0]
-    trial.shut_down_workers(loader)
+    batches.close()
 
 
 def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
