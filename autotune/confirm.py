@@ -1,7 +1,7 @@
 """Re-measure the best configurations and the baseline on fresh seeds, side by side.
 
-A single time to target is a noisy sample (DESIGN.md: one configuration ranged 0.8-4.5 s over
-five seeds), so the winner is named by its median over fresh seeds, measured interleaved with
+A single time to target is a noisy sample (one digits configuration ranged 0.8-4.5 s over five
+seeds), so the winner is named by its median over fresh seeds, measured interleaved with
 the baseline so that both see the same machine load. Under the fixed_schedule objective a
 configuration's time is that of its whole schedule, and it counts only when its mean final
 metric over the fresh seeds reaches the target (objective.py).

@@ -49,7 +49,7 @@ def cpu_count() -> int:
 def threads_for(num_workers: int) -> int:
     """Torch threads for the training process: the cores the loader workers leave free.
 
-    Oversubscribed cores slowed small-batch training here by more than 10x (DESIGN.md).
+    Oversubscribed cores slowed small-batch CPU training by more than 10x.
     """
     return max(1, cpu_count() - num_workers)
 

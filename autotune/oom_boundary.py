@@ -6,7 +6,7 @@ settings) changes what the device holds. So once a configuration has run out of 
 configuration with the same parameters (a model's width may be one), the same memory format,
 compilation and cuDNN search, a micro-batch at least as large and a precision at least as wide
 needs at least as much memory, and would run out too: it is pruned without
-running (issue 5). Pure functions over plain mappings, testable without a GPU.
+running. Pure functions over plain mappings, testable without a GPU.
 """
 
 from __future__ import annotations

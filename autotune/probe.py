@@ -4,7 +4,7 @@ DataLoader workers, prefetching and pinning change how fast a step runs, never w
 a narrower precision changes both, but it can only be worth its risk to convergence where it
 runs faster. Measuring those over a short window of training (half an epoch, or the trial budget if
 shorter) costs far less than spending whole training runs on them, so the study
-(issue 5, benchmarks/search.py):
+(benchmarks/search.py):
 
 1. runs the baseline's maths (lr, schedule, batch) under each loader setting of the space, and
    fixes the loader knobs to the simplest setting within `FASTER_BY` of the fastest;

@@ -3,7 +3,7 @@
 A trial is a function of its configuration. It never sees Optuna; exceptions (an OOM among
 them) propagate to the caller, which classifies them.
 
-Time to target (DESIGN.md): the clock starts before the DataLoader is built, runs through every
+Time to target: the clock starts before the DataLoader is built, runs through every
 training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
 the target. CUDA work is synchronized before the clock is read for a measurement.
 """

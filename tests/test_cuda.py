@@ -14,7 +14,7 @@ from autotune.space import DEFAULT_BASELINE, complete
 from autotune.trial import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, allocator_oom, blobs
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (never yet run on one: no GPU was lent to the sessions that wrote it)")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu-check.sh runs these on one)")
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = Limits(target=0.9, max_epochs=4, max_seconds=30, eval_every=0.5)
