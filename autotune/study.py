@@ -350,7 +350,12 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 # time per trial is a benchmarked goal (benchmarks/overhead.py).
                 trials = study.get_trials(deepcopy=False)
                 _show_progress(bar, trials, budget)
-                if storage.slots_taken(trials) >= budget or (timeout is not None and time.monotonic() - started >= timeout):
+                # A queued trial (an interrupted one's retry) holds a slot, and is the next ask's to
+                # run: the budget is spent only once none waits. (Run beyond the budget, by a
+                # smaller --trials or another worker, it is marked surplus instead.)
+                waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
+                if (storage.slots_taken(trials) >= budget and not waiting) or \
+                        (timeout is not None and time.monotonic() - started >= timeout):
                     break
                 one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
                                   limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,

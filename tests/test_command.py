@@ -27,7 +27,7 @@ from autotune.isolation import TrialFailure
 from autotune.space import DEFAULT_BASELINE, KNOBS, complete
 from autotune.tally import Tally
 from autotune.trial import Limits, TrialConfig, TrialResult
-from tests.test_isolation import alive
+from tests.test_isolation import alive, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = REPO / "tests" / "commands"
@@ -90,7 +90,7 @@ def test_a_command_short_of_the_target_is_killed_with_its_group_at_max_seconds(t
     assert result.best_metric == 0.1 and all(point[0] < 2.0 for point in result.curve)
     assert result.epochs == result.optimizer_steps / 10**6 * 3  # step of total_steps, over max_epochs
     pid, helper = info(tmp_path)["pid"], info(tmp_path)["helper"]
-    assert not alive(pid) and not alive(helper)  # the process it started went with it
+    assert not alive(pid) and not still_alive([helper])  # the process it started went with it
     assert group_members(pid) == []
 
 
@@ -161,7 +161,7 @@ def test_an_exception_from_progress_kills_the_command_and_comes_out_unchanged(tm
         run("plateau", tmp_path, progress=progress)
     assert raised.value is prune
     pid = info(tmp_path)["pid"]
-    assert not alive(pid) and not alive(info(tmp_path)["helper"]) and group_members(pid) == []
+    assert not alive(pid) and not still_alive([info(tmp_path)["helper"]]) and group_members(pid) == []
 
 
 def test_ctrl_c_during_a_trial_kills_the_command_and_stops_the_run(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_ctrl_c_during_a_trial_kills_the_command_and_stops_the_run(tmp_path: Pat
             run("plateau", tmp_path)
     timer.join()
     pid = info(tmp_path)["pid"]
-    assert not alive(pid) and not alive(info(tmp_path)["helper"]) and group_members(pid) == []
+    assert not alive(pid) and not still_alive([info(tmp_path)["helper"]]) and group_members(pid) == []
 
 
 def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Path) -> None:

@@ -306,7 +306,8 @@ def wait_for_trials(db: Path, count: int, process: subprocess.Popen, *, running:
 
 
 def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path) -> None:
-    path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
+    # Enough trials that one is caught training before the budget ends (each takes milliseconds).
+    path = write_study(tmp_path, trials=12, confirm={"top": 1, "runs": 1})
     db = path.with_suffix(".db")
     process = start_run(path)
     while True:  # stopped (SIGSTOP) while a trial is training, so that the kill lands inside it
@@ -326,7 +327,7 @@ def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path)
     assert rerun.returncode == 0, rerun.stderr
     study = load(path)
     after = {t.number: (t.params, t.value) for t in finished(study)}
-    assert len(after) == 6
+    assert len(after) == 12
     assert {n: after[n] for n in before} == before
     for number in running:  # the trial the kill interrupted: marked, and its configuration run again
         assert study.trials[number].state == optuna.trial.TrialState.FAIL
@@ -524,3 +525,19 @@ def test_a_trial_killed_before_its_configuration_was_stored_is_replaced_not_prom
     assert "will run again" not in err
     trials = load(path).get_trials()
     assert trials[0].user_attrs["interrupted"] and len(finished(load(path))) == 2 and len(trials) == 3
+
+
+def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kill during the budget's last trial: its retry waits in the queue, holding the last slot.
+    The same command runs it, rather than finding the budget spent."""
+    path = write_study(tmp_path, trials=3, confirm={"top": 0})
+    code, _, err = run_cli("run", str(path), "--trials", "2", capsys=capsys)
+    assert code == 0, err
+    study = load(path)
+    last = study.ask()  # the budget's last trial, killed once its configuration was stored
+    last.set_user_attr("config", study.trials[0].user_attrs["config"])
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    assert f"trial {last.number} was interrupted; it is marked failed and will run again" in err
+    trials = load(path).trials
+    assert len(finished(load(path))) == 3 and trials[-1].system_attrs.get("failed_trial") == last.number
