@@ -92,17 +92,18 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Every trial of an Optuna study as a table, and the summary made from it, the study file's
     target and limits, and what the study stored (confirmation, optimizer, definition)."""
     trials = study.get_trials(deepcopy=False)
-    records = results.trial_records(trials, knobs=results.knobs_read(study.user_attrs))
+    attrs = study.user_attrs
+    knobs = results.knobs_read(attrs)
+    records = results.trial_records(trials, knobs=knobs)
     target = {"metric": spec.target.metric, "value": spec.target.value}
     b = spec.budget
     limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
-    attrs = study.user_attrs
     summary = summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
                               optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
                               probe_outcome=attrs.get("probe"), objective=spec.objective,
                               confusions={t.number: results.measured(t).get("confusion") for t in trials})
     if results.KNOBS_READ in attrs:
-        _show_only(summary, results.knobs_read(attrs))
+        _show_only(summary, knobs)
     return records, summary
 
 
