@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from autotune import memory
-from autotune.isolation import RunTrial, TrialFailure
-from autotune.measure import device_name
-from autotune.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
-from autotune.tasks import Task, reference, takes
-from autotune.trial import Limits, Progress, TrialConfig, TrialResult
+from autotune.train import oom
+from autotune.runners.isolation import RunTrial, TrialFailure
+from autotune.train.measure import device_name
+from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
+from autotune.train.tasks import Task, reference, takes
+from autotune.train.trial import Limits, Progress, TrialConfig, TrialResult
 
 WHERE = Path("autotune.tune()")  # how errors name the study: there is no file
 Objective = Callable[..., Any]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
@@ -64,7 +64,10 @@ def tune(
     study file's keys take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
     working folder. Running it again with the same name and storage resumes the study.
     """
-    from autotune import signals, spec as spec_, study as study_, summary
+    from autotune import signals
+    from autotune.spec import study_file as spec_
+    from autotune.study import run as study_
+    from autotune.report import summary
 
     given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
     if len(given) != 1:
@@ -141,7 +144,7 @@ def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOB
                 peak_memory_bytes=None, device_name=device_name(device), torch_version=torch.__version__,
                 stop_reason="target" if reached else "objective", curve=((seconds, None, metric),),
             )
-        memory.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
+        oom.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
         raise failure
 
     return run_trial

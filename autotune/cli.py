@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
     import pandas as pd
 
-    from autotune.spec import StudySpec
+    from autotune.spec.study_file import StudySpec
 
 
 def _positive_int(text: str) -> int:
@@ -127,7 +127,9 @@ def _command(argv: Sequence[str] | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune import progress, signals, spec as spec_, storage, study as study_, workers
+    from autotune import progress, signals
+    from autotune.spec import study_file as spec_
+    from autotune.study import storage, run as study_, workers
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
     spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation)
@@ -167,7 +169,7 @@ def all_failed(study: optuna.Study) -> str | None:
     most common reason, which names the line of the user's code; else None."""
     import collections
 
-    from autotune import results
+    from autotune.report import results
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not results.is_interrupted(t)]
     if not trials or any(t.state.name != "FAIL" for t in trials):
@@ -192,7 +194,8 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
     """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
-    from autotune import signals, study as study_
+    from autotune import signals
+    from autotune.study import run as study_
 
     if spec.storage.startswith("sqlite"):
         raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
@@ -206,7 +209,9 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune import spec as spec_, storage, summary as summary_
+    from autotune.spec import study_file as spec_
+    from autotune.study import storage
+    from autotune.report import summary as summary_
 
     spec = spec_.load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
@@ -221,13 +226,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _html(study: optuna.Study, records: pd.DataFrame, summary: dict) -> str:
     """The HTML page, with what it needs from the storage beyond the summary."""
-    from autotune import html_report, importance, results, summary as summary_
+    from autotune.report import html_page, importance, results, summary as summary_
 
     top = results.best_feasible(records, count=summary_.TABLE_ROWS)
     curves = results.learning_curves(study.get_trials(deepcopy=False), [int(n) for n in top["number"]],
                                      confirmation=study.user_attrs.get("confirmation"))
     values, why_not = importance.param_importances(study)
-    return html_report.render(summary, records, curves=curves, importances=values, importances_missing=why_not)
+    return html_page.render(summary, records, curves=curves, importances=values, importances_missing=why_not)
 
 
 def _write(path: str, option: str, text: str) -> None:
@@ -240,7 +245,9 @@ def _write(path: str, option: str, text: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autotune import export, spec as spec_, storage
+    from autotune import export
+    from autotune.spec import study_file as spec_
+    from autotune.study import storage
 
     spec = spec_.load(args.study, storage=args.storage)
     _, summary = _summary(spec, storage.open_study(spec, create=False))
@@ -258,7 +265,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _refuse_to_overwrite(spec: StudySpec, output: Path, *, force: bool) -> None:
     """-o may replace an earlier export, never the study's own files, nor (unless `force`) any
     other file the user has."""
-    from autotune import export, storage
+    from autotune import export
+    from autotune.study import storage
 
     stored = storage.local_path(spec.storage)
     own = {spec.path.resolve(): "the study file"}
@@ -279,7 +287,9 @@ def _refuse_to_overwrite(spec: StudySpec, output: Path, *, force: bool) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from autotune import dashboard, signals, spec as spec_
+    from autotune import signals
+    from autotune.report import dashboard
+    from autotune.spec import study_file as spec_
 
     spec = spec_.load(args.study, storage=args.storage)
     try:
@@ -290,13 +300,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, dict]:
-    from autotune import summary
+    from autotune.report import summary
 
     return summary.of_study(spec, study)
 
 
 def _report_text(spec: StudySpec, study: optuna.Study) -> str:
-    from autotune import summary as summary_
+    from autotune.report import summary as summary_
 
     records, summary = _summary(spec, study)
     return summary_.render(summary, records)

@@ -42,8 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune import confirm, results as results_, spec as spec_, storage, study as study_, summary as summary_  # noqa: E402
-from autotune.checks import read_yaml  # noqa: E402
+from autotune.study import confirm, storage, run as study_  # noqa: E402
+from autotune.report import results as results_, summary as summary_
+from autotune.spec import study_file as spec_
+from autotune.spec.checks import read_yaml  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from autotune import isolation
-from autotune.measure import device_name
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.tasks import load_task
-from autotune.trial import Limits, TrialConfig
+from autotune.runners import isolation
+from autotune.train.measure import device_name
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.tasks import load_task
+from autotune.train.trial import Limits, TrialConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

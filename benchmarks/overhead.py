@@ -31,7 +31,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would be measured to
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
-from autotune import results, spec as spec_, study as study_  # noqa: E402
+from autotune.report import results  # noqa: E402
+from autotune.spec import study_file as spec_
+from autotune.study import run as study_
 from benchmarks.provenance import RESULTS, provenance  # noqa: E402
 
 MODES = ("none", "process")

@@ -16,7 +16,7 @@ def provenance(device: Any) -> dict[str, Any]:
     import optuna
     import torch
 
-    from autotune.measure import device_name
+    from autotune.train.measure import device_name
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,

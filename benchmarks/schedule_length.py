@@ -27,11 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from autotune import isolation, spec as spec_  # noqa: E402
-from autotune.space import DEFAULT_BASELINE  # noqa: E402
-from autotune.study import limits_for  # noqa: E402
-from autotune.tasks import load_task  # noqa: E402
-from autotune.trial import TrialConfig, run  # noqa: E402
+from autotune.runners import isolation  # noqa: E402
+from autotune.spec import study_file as spec_
+from autotune.search.space import DEFAULT_BASELINE  # noqa: E402
+from autotune.study.run import limits_for  # noqa: E402
+from autotune.train.tasks import load_task  # noqa: E402
+from autotune.train.trial import TrialConfig, run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 SEED = 3_000_000  # seeds no study uses

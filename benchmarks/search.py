@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.study import tpe_sampler  # noqa: E402
+from autotune.study.run import tpe_sampler  # noqa: E402
 from benchmarks.grid import GRID, key  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS  # noqa: E402
 
@@ -86,7 +86,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 def measure_probe() -> dict[str, Any]:
     """autotune's systems probe, run for real on the digits task over the grid's loader settings
     and precisions: what it settles and what it costs (the replay charges its seconds)."""
-    from autotune import spec as spec_, study as study_
+    from autotune.spec import study_file as spec_
+    from autotune.study import run as study_
 
     raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
@@ -186,7 +187,7 @@ def main() -> None:
 
     print(f"grid: {len(grid)} configurations x {len(seeds)} seed(s); {len(reached)} reach the target by their median; "
           f"optimum {optimum:.2f} s (median); measuring all of it took {grid_compute:.0f} s of training")
-    from autotune.probe import describe
+    from autotune.search.probe import describe
 
     print(describe(probed))
     print(f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "

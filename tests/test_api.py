@@ -19,9 +19,9 @@ from torch.utils.data import TensorDataset
 
 import autotune
 from autotune.errors import SpecError
-from autotune.results import measured, trial_records
-from autotune.space import KNOBS
-from autotune.summary import render
+from autotune.report.results import measured, trial_records
+from autotune.search.space import KNOBS
+from autotune.report.summary import render
 
 SPACE = {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"], "batch_size": [16, 32],
          "accumulation_steps": 1, "num_workers": 0, "precision": "fp32"}

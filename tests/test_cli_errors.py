@@ -207,7 +207,8 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
     """The stored study began with target 0.9; the file now says 0.97: refused, storage unchanged."""
     import optuna
 
-    from autotune import spec as spec_, study as study_
+    from autotune.spec import study_file as spec_
+    from autotune.study import run as study_
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD.replace("0.97", "0.9") + "device: cpu\n")

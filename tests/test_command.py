@@ -21,12 +21,15 @@ import pytest
 import torch
 import yaml
 
-from autotune import commandline, memory, reporting, signals
-from autotune.command import command_trial
-from autotune.isolation import TrialFailure
-from autotune.space import DEFAULT_BASELINE, KNOBS, complete
-from autotune.tally import Tally
-from autotune.trial import Limits, TrialConfig, TrialResult
+from autotune import signals
+from autotune.spec import command_line
+from autotune.train import oom
+from autotune.runners import protocol
+from autotune.runners.command import command_trial
+from autotune.runners.isolation import TrialFailure
+from autotune.search.space import DEFAULT_BASELINE, KNOBS, complete
+from autotune.runners.tally import Tally
+from autotune.train.trial import Limits, TrialConfig, TrialResult
 from tests.test_isolation import alive, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +130,7 @@ def test_an_out_of_memory_error_in_the_command_is_an_oom(tmp_path: Path) -> None
     with pytest.raises(TrialFailure) as failure:
         run("oom", tmp_path)
     assert failure.value.oom
-    assert failure.value.reason.startswith("out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert failure.value.reason.startswith("out of memory: torch.OutOfMemoryError: CUDA out of oom. Tried to allocate 2.00 GiB")
     assert failure.value.reason.endswith("(the command exited with status 1)")
 
 
@@ -241,13 +244,13 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
     ("{{literal}}-{precision}", {"precision": "bf16"}, "{literal}-bf16"),
 ])
 def test_placeholders_are_filled_as_documented(template: str, values: dict, expected: str | None) -> None:
-    assert commandline.fill(template, values) == expected
+    assert command_line.fill(template, values) == expected
 
 
 def test_a_string_command_is_split_like_a_shell_and_values_never_split() -> None:
-    args = commandline.split("python 'my train.py' --name {name} --flag={flag}")
+    args = command_line.split("python 'my train.py' --name {name} --flag={flag}")
     assert args == ("python", "my train.py", "--name", "{name}", "--flag={flag}")
-    assert commandline.fill_all(args, {"name": "a b; rm -rf x", "flag": None}) == [
+    assert command_line.fill_all(args, {"name": "a b; rm -rf x", "flag": None}) == [
         "python", "my train.py", "--name", "a b; rm -rf x"]
 
 
@@ -265,15 +268,15 @@ def test_a_string_command_is_split_like_a_shell_and_values_never_split() -> None
 ])
 def test_a_bad_command_is_an_error_before_any_trial_runs(command: str, message: str) -> None:
     with pytest.raises(ValueError) as error:
-        commandline.validate(command, known=[*KNOBS, "width"], cwd=COMMANDS)
+        command_line.validate(command, known=[*KNOBS, "width"], cwd=COMMANDS)
     assert message in str(error.value), str(error.value)
 
 
 def test_a_good_command_validates_with_the_filled_names_and_the_parameters() -> None:
-    commandline.validate("python behaves.py {width} {seed} {device} {max_epochs} {config_file} {lr}",
+    command_line.validate("python behaves.py {width} {seed} {device} {max_epochs} {config_file} {lr}",
                          known=[*KNOBS, "width"], cwd=COMMANDS, env={"W": "{width}"})
     with pytest.raises(ValueError, match="unknown placeholder {depth}"):
-        commandline.validate("python behaves.py", known=KNOBS, env={"D": "{depth}"})
+        command_line.validate("python behaves.py", known=KNOBS, env={"D": "{depth}"})
 
 
 def test_a_program_that_cannot_start_is_a_failure(tmp_path: Path) -> None:
@@ -292,9 +295,9 @@ def test_report_is_a_no_op_without_autotune() -> None:
 
 
 def test_report_lines_parse_as_documented() -> None:
-    parse = reporting.parse
+    parse = protocol.parse
     assert parse('{"step": 3, "metric": 0.5, "epoch": 0.25, "samples": 96, "total_steps": 40, "x": [1]}',
-                 metric_name="accuracy") == reporting.Report(step=3, metric=0.5, epoch=0.25, samples=96, total_steps=40)
+                 metric_name="accuracy") == protocol.Report(step=3, metric=0.5, epoch=0.25, samples=96, total_steps=40)
     assert parse('{"step": 1, "accuracy": 0.7}', metric_name="accuracy").metric == 0.7
     assert parse('{"step": 1, "metric": 0.6, "accuracy": 0.7}', metric_name="accuracy").metric == 0.6
     for line in ("not json", "[1]", "3", ""):
@@ -304,8 +307,8 @@ def test_report_lines_parse_as_documented() -> None:
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
-    (["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of memory. "
-      "Tried to allocate 2.00 GiB"], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    (["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of oom. "
+      "Tried to allocate 2.00 GiB"], "torch.OutOfMemoryError: CUDA out of oom. Tried to allocate 2.00 GiB"),
     (["RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried"],
      "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried"),
     (["Traceback (most recent call last):", "MemoryError"], "MemoryError"),
@@ -313,13 +316,13 @@ def test_report_lines_parse_as_documented() -> None:
     (["MyMemoryErrorHandler: started", "SystemExit: 1"], None),
 ])
 def test_an_oom_is_recognised_in_stderr_by_the_same_messages_as_in_process(lines: list[str], expected: str | None) -> None:
-    assert memory.oom_line(lines) == expected
+    assert oom.oom_line(lines) == expected
 
 
 def test_what_reports_leave_out_stays_unknown() -> None:
     tally = Tally(limits=limits(target=0.9), device=CPU)
     for seconds, line in ((1.0, '{"metric": 0.5}'), (2.0, '{"accuracy": 0.95}')):
-        tally.add(reporting.parse(line, metric_name="accuracy"), seconds=seconds)
+        tally.add(protocol.parse(line, metric_name="accuracy"), seconds=seconds)
     result = tally.result(stop_reason="target", elapsed=2.0, memory=123)
     assert result.reached and result.time_to_target == 2.0 and result.curve == ((1.0, None, 0.5), (2.0, None, 0.95))
     assert result.optimizer_steps is None and result.epochs is None and result.samples_per_second is None
@@ -334,7 +337,7 @@ STUDY = REPO / "studies" / "lightning_digits.yaml"
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
     study = yaml.safe_load(STUDY.read_text())
-    commandline.validate(study["task"]["command"], known=KNOBS, cwd=STUDY.parent)
+    command_line.validate(study["task"]["command"], known=KNOBS, cwd=STUDY.parent)
     budget = study["budget"]
     limits_ = Limits(target=study["target"]["value"], max_epochs=budget["max_epochs"],  # the study's,
                      max_seconds=max(60, budget["max_seconds"]), eval_every=0.25)  # with room for a busy machine
@@ -378,4 +381,4 @@ def test_importing_autotune_for_report_does_not_import_torch() -> None:
     code = "import sys, autotune; autotune.report(step=1, metric=0.5); assert 'torch' not in sys.modules; print(autotune.Task)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert "autotune.tasks.Task" in result.stdout  # the rest of the API is still there, imported when used
+    assert "autotune.train.tasks.Task" in result.stdout  # the rest of the API is still there, imported when used

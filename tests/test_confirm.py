@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import confirm, isolation
-from autotune.trial import Limits
+from autotune.study import confirm
+from autotune.runners import isolation
+from autotune.train.trial import Limits
 from tests.tasks import cuda_oom
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import isolation
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.trial import Limits, TrialConfig
+from autotune.runners import isolation
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.trial import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, allocator_oom, blobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu-check.sh runs these on one)")

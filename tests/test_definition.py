@@ -1,13 +1,13 @@
-"""autotune.definition: what changed in a study's definition, and which changes one study cannot hold."""
+"""autotune.study.definition: what changed in a study's definition, and which changes one study cannot hold."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from autotune import definition
-from autotune.space import Choices, Range
-from autotune.spec import load
+from autotune.study import definition
+from autotune.search.space import Choices, Range
+from autotune.spec.study_file import load
 
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 
@@ -54,7 +54,7 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     refuse; a new study searches them."""
     import optuna
 
-    from autotune import study as study_
+    from autotune.study import run as study_
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD + "device: cpu\n")

@@ -2,7 +2,7 @@
 
 Lightning's Trainer, transformers' TrainingArguments (and the Trainer's optimizer, scheduler and
 DataLoader), torch's DataLoader, the torch module exec'd and trained a few steps against
-autotune.trial, and the flags parsed back by argparse; then all of them for a real digits study.
+autotune.train.trial, and the flags parsed back by argparse; then all of them for a real digits study.
 The systems knobs (channels_last, compile, cudnn_benchmark) go into each where it has a place and
 into a note where it has none; a winner stored before they existed ran without them.
 """
@@ -34,16 +34,16 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 
-from autotune import systems, trial
+from autotune.train import systems, trial
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
-from autotune.space import KNOBS
-from autotune.tasks import digits, sgd, takes
+from autotune.search.space import KNOBS
+from autotune.train.tasks import digits, sgd, takes
 from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer
 
 REPO = Path(__file__).resolve().parent.parent
-BUILT_IN = "autotune.tasks:sgd"
+BUILT_IN = "autotune.train.tasks:sgd"
 TUNABLE = "tests.tasks:_tunable_optimizer"
 NOTED = ("moved", "approximation", "no equivalent")
 
@@ -105,7 +105,7 @@ def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> t
 
 
 def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
-    """The lr of each optimizer step of autotune.trial.make_scheduler over `total_steps`."""
+    """The lr of each optimizer step of autotune.train.trial.make_scheduler over `total_steps`."""
     knob_values, _ = split(summary)
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
     scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"])
@@ -439,7 +439,7 @@ def test_hf_compile_with_fp16_leaves_tf32_alone() -> None:
 
 def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
                 model_factory: Callable[[Mapping[str, Any]], torch.nn.Module], steps: int = 3) -> None:
-    """exec the module, check what make_training built, and train `steps` steps beside autotune.trial."""
+    """exec the module, check what make_training built, and train `steps` steps beside autotune.train.trial."""
     knob_values, extras = split(summary)
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(code, "exported.py", "exec"), namespace)

@@ -16,7 +16,7 @@ import matplotlib.image
 import pytest
 import yaml
 
-from autotune import html_report, importance, plots, results, summary as summary_
+from autotune.report import html_page, importance, plots, results, summary as summary_
 from autotune.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def summary_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 
 def test_every_plot_is_in_the_page_as_an_embedded_png(study: Path) -> None:
     page = Page((study.parent / "report.html").read_text())
-    assert set(page.images) == {f"plot-{name}" for name in html_report.PLOTS}
+    assert set(page.images) == {f"plot-{name}" for name in html_page.PLOTS}
     for name, src in page.images.items():
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix), name
@@ -160,9 +160,9 @@ def test_csv_holds_every_trial_with_its_settings_and_measurements(study: Path) -
 def test_a_study_with_no_winner_yet_still_gets_a_page() -> None:
     records = results.trial_records([])
     summary = summary_.summarize("empty", records, target={"metric": "accuracy", "value": 0.9}, confirmation=None)
-    text = html_report.render(summary, records, curves={}, importances=None, importances_missing="no trials yet")
+    text = html_page.render(summary, records, curves={}, importances=None, importances_missing="no trials yet")
     page = Page(text)
-    assert "No trial has reached the target yet" in text and len(page.images) == len(html_report.PLOTS)
+    assert "No trial has reached the target yet" in text and len(page.images) == len(html_page.PLOTS)
 
 
 def _chromium() -> str | None:
@@ -192,7 +192,7 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
             page.screenshot(path=str(ARTIFACTS / "html-report.png"), full_page=True)
         finally:
             browser.close()
-    assert len(images) == len(html_report.PLOTS)
+    assert len(images) == len(html_page.PLOTS)
     unloaded = [alt for alt, complete, width in images if not complete or width == 0]
     assert not unloaded, f"images that did not load: {unloaded}"
     assert not problems, "\n".join(problems)

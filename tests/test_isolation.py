@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from autotune import isolation
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.trial import Limits, TrialConfig
+from autotune.runners import isolation
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.trial import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,8 +171,8 @@ def test_a_trial_whose_loader_worker_raised_leaves_no_worker_and_its_process_exi
     down, or the process that ran the trial waits for them at exit (they put SIGTERM off)."""
     code = ("import multiprocessing, torch\n"
             "from autotune import isolation\n"
-            "from autotune.space import DEFAULT_BASELINE, complete\n"
-            "from autotune.trial import Limits, TrialConfig\n"
+            "from autotune.search.space import DEFAULT_BASELINE, complete\n"
+            "from autotune.train.trial import Limits, TrialConfig\n"
             "from tests import tasks\n"
             "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, 'prefetch_factor': 2}))\n"
             "limits = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)\n"
@@ -192,7 +192,8 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     (which torch does not report as a failed worker)."""
     from torch.utils.data import DataLoader
 
-    from autotune import signals, trial
+    from autotune import signals
+    from autotune.train import trial
 
     monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
     loader = DataLoader(blobs().train, batch_size=64, num_workers=2, persistent_workers=True,

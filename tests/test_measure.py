@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from autotune import measure
-from autotune.measure import Clock, cpu_count, threads_for
+from autotune.train import measure
+from autotune.train.measure import Clock, cpu_count, threads_for
 
 
 def test_clock_counts_only_while_running() -> None:

@@ -6,7 +6,7 @@ import weakref
 import pytest
 import torch
 
-from autotune.memory import free_memory, is_oom, oom_reason
+from autotune.train.oom import free_memory, is_oom, oom_reason
 
 
 def real_allocator_oom() -> RuntimeError:

@@ -1,11 +1,11 @@
-"""A trial's time and feasibility from its runs, under each objective (autotune/objective.py)."""
+"""A trial's time and feasibility from its runs, under each objective (autotune/study/objective.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.objective import CUT_SHORT, outcome, runs_for, seeds, summary
-from autotune.trial import TrialResult
+from autotune.study.objective import CUT_SHORT, outcome, runs_for, seeds, summary
+from autotune.train.trial import TrialResult
 
 
 def run(*, seconds: float, reached_at: float | None = None, finals: tuple[float, ...] = (0.9,),

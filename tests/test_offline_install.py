@@ -93,7 +93,7 @@ def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Pa
     assert f"Looking in links: {wheels}" in out and "Looking in indexes" not in out, out
     assert "Downloading" not in out and "Requirement already satisfied: torch" in out, out
     assert not (site / "torch").exists()  # the machine's torch was kept, not installed again
-    assert (site / "autotune" / "search_spaces" / "default.yaml").is_file()
+    assert (site / "autotune" / "search" / "presets" / "default.yaml").is_file()
 
     work = tmp_path / "elsewhere"
     work.mkdir()

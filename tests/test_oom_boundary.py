@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.oom_boundary import bound_by, needs_at_least, reason
+from autotune.search.oom_boundary import bound_by, needs_at_least, reason
 
 BASE = {"lr": 0.1, "scheduler": "cosine", "batch_size": 128, "accumulation_steps": 1, "num_workers": 0,
         "prefetch_factor": None, "pin_memory": False, "precision": "bf16"}

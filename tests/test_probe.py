@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import probe
-from autotune.space import Choices, Space
-from autotune.spec import from_mapping
+from autotune.search import probe
+from autotune.search.space import Choices, Space
+from autotune.spec.study_file import from_mapping
 
 BASELINE = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
             "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}

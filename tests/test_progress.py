@@ -19,9 +19,10 @@ import pytest
 import torch
 from tqdm import tqdm
 
-from autotune import one_trial, progress
-from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
-from autotune.trial import Limits, TrialResult
+from autotune import progress
+from autotune.study import one_trial
+from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
+from autotune.train.trial import Limits, TrialResult
 from tests.test_study import REPO, write_study
 
 OUTCOME = re.compile(r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M)

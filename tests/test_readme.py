@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.space import KNOBS
+from autotune.search.space import KNOBS
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -62,7 +62,7 @@ def test_the_python_api_example_runs_as_written(tmp_path: Path, monkeypatch: pyt
 
 
 def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(tmp_path: Path) -> None:
-    from autotune.spec import CommandTask, load
+    from autotune.spec.study_file import CommandTask, load
 
     block = block_after("studies/lightning_digits.yaml")
     study = REPO / "studies" / f"readme_example_{tmp_path.name}.yaml"  # beside lightning/train.py

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.tasks import BUILT_IN, Task, load_task, shapes
-from autotune.trial import Limits, TrialConfig, make_loader, run
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.tasks import BUILT_IN, Task, load_task, shapes
+from autotune.train.trial import Limits, TrialConfig, make_loader, run
 
 N_TRAIN, N_VAL = 200, 100  # enough for every class many times over, drawn in a fraction of a second
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -35,7 +35,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def small(tmp_path_factory: pytest.TempPathFactory) -> Task:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AUTOTUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return load_task("autotune.tasks.shapes:small")
+        return load_task("autotune.train.tasks.shapes:small")
 
 
 def drawn(seed: int = 0) -> list[np.ndarray]:
@@ -168,8 +168,9 @@ def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) 
 def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     """studies/shapes.yaml is valid and its space prepares on this machine (the small task standing
     in for the full one): the knobs a CPU cannot run are fixed, with notices, and nothing else."""
-    from autotune import spec as spec_, study as study_
-    from autotune.space import Choices
+    from autotune.spec import study_file as spec_
+    from autotune.study import run as study_
+    from autotune.search.space import Choices
 
     spec = spec_.load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5

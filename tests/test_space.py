@@ -1,4 +1,4 @@
-"""autotune.space: knob checks, suggestions through a duck-typed trial, fitting a space to a device."""
+"""autotune.search.space: knob checks, suggestions through a duck-typed trial, fitting a space to a device."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autotune.space import KNOBS, Choices, Domain, Range, Space, complete, restrict_to_device, suggest
+from autotune.search.space import KNOBS, Choices, Domain, Range, Space, complete, restrict_to_device, suggest
 
 
 def make_space(**overrides: Domain) -> Space:

@@ -1,4 +1,4 @@
-"""autotune.spec.load: a valid study file becomes frozen dataclasses; a bad one raises SpecError."""
+"""autotune.spec.study_file.load: a valid study file becomes frozen dataclasses; a bad one raises SpecError."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from autotune.errors import SpecError
-from autotune.space import DEFAULT_BASELINE, KNOBS, Choices, Range
-from autotune.spec import Budget, Confirm, StudySpec, Target, load
+from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Range
+from autotune.spec.study_file import Budget, Confirm, StudySpec, Target, load
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_ONLY = "target: {metric: accuracy, value: 0.97}\n"
@@ -66,7 +66,7 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     assert space["num_workers"] == Choices((0, 1))
     assert space["precision"] == Choices(("fp32",))  # a scalar fixes the knob
     assert space["batch_size"] == Choices((32, 64))
-    # From search_spaces/default.yaml:
+    # From search/presets/default.yaml:
     assert space["scheduler"] == Choices(("constant", "step", "cosine", "onecycle"))
     assert space["accumulation_steps"] == Choices((1, 2, 4))
     assert space["prefetch_factor"] == Choices((2, 4, 8))
@@ -131,7 +131,7 @@ def test_default_storage_is_beside_the_file_whatever_the_working_folder(
 
 def test_preset_by_path_relative_to_the_study_file(tmp_path: Path) -> None:
     """`preset: my.yaml` is read from beside the study file."""
-    preset = (REPO / "autotune" / "search_spaces" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
+    preset = (REPO / "autotune" / "search" / "presets" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
     write(tmp_path, preset, "my.yaml")
     spec = load(write(tmp_path, HEAD + "space: {preset: my.yaml}\n"))
     assert spec.space["batch_size"] == Choices((8,))

@@ -16,9 +16,9 @@ import optuna
 import pytest
 import yaml
 
-from autotune import results
+from autotune.report import results
 from autotune.cli import main
-from autotune.space import KNOBS
+from autotune.search.space import KNOBS
 from tests import tasks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -430,7 +430,8 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
 
 
 def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_path: Path) -> None:
-    from autotune import spec as spec_, study as study_
+    from autotune.spec import study_file as spec_
+    from autotune.study import run as study_
 
     path = write_study(tmp_path, batch_sizes=(64, 2048, 4096))  # tests.tasks:blobs trains on 1,024 samples
     prepared = study_.prepare(spec_.load(path))

@@ -11,11 +11,14 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from autotune import isolation, spec as spec_, study as study_, systems
+from autotune.runners import isolation
+from autotune.spec import study_file as spec_
+from autotune.study import run as study_
+from autotune.train import systems
 from autotune.errors import SpecError
-from autotune.space import DEFAULT_BASELINE, Choices, complete
-from autotune.tasks import Task
-from autotune.trial import Limits, TrialConfig, run
+from autotune.search.space import DEFAULT_BASELINE, Choices, complete
+from autotune.train.tasks import Task
+from autotune.train.trial import Limits, TrialConfig, run
 
 CPU = torch.device("cpu")
 SHORT = Limits(target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0)  # accuracy never reaches 2: one epoch

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from autotune.errors import SpecError
-from autotune.tasks import BUILT_IN, Task, load_task
-from autotune.trial import Limits, TrialConfig, run
+from autotune.train.tasks import BUILT_IN, Task, load_task
+from autotune.train.trial import Limits, TrialConfig, run
 
 
 @pytest.fixture(scope="module")

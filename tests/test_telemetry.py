@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from autotune import classes, telemetry
-from autotune.measure import peak_memory, reset_peak_memory
-from autotune.tasks import Task
-from autotune.trial import Limits, TrialConfig, run
+from autotune.train import class_figures, telemetry
+from autotune.train.measure import peak_memory, reset_peak_memory
+from autotune.train.tasks import Task
+from autotune.train.trial import Limits, TrialConfig, run
 from tests.tasks import _blobs, _mlp, blobs
 
 CPU = torch.device("cpu")
@@ -105,28 +105,28 @@ def test_a_reading_that_fails_ends_sampling_not_the_trial() -> None:
 def test_confusion_and_per_class_figures() -> None:
     outputs = torch.tensor([[2.0, 0, 0], [0, 2.0, 0], [0, 2.0, 0], [2.0, 0, 0]])
     targets = torch.tensor([0, 1, 0, 2])
-    matrix = classes.confusion(outputs, targets)
+    matrix = class_figures.confusion(outputs, targets)
     assert matrix == [[1, 1, 0], [0, 1, 0], [1, 0, 0]]
-    zero, one, two = classes.per_class(matrix)
+    zero, one, two = class_figures.per_class(matrix)
     assert zero == {"class": 0, "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
     assert one["precision"] == 0.5 and one["recall"] == 1.0 and one["f1"] == pytest.approx(2 / 3)
     assert two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None  # never predicted
-    assert classes.add([matrix, matrix])[0] == [2, 2, 0]
+    assert class_figures.add([matrix, matrix])[0] == [2, 2, 0]
 
 
 def test_no_confusion_for_what_is_not_a_classifier() -> None:
-    assert classes.confusion(torch.randn(4, 1), torch.randn(4)) is None  # regression
-    assert classes.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None  # a label past the outputs
-    assert classes.confusion(torch.randn(4, 3, 2), torch.zeros(4, 2, dtype=torch.long)) is None
+    assert class_figures.confusion(torch.randn(4, 1), torch.randn(4)) is None  # regression
+    assert class_figures.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None  # a label past the outputs
+    assert class_figures.confusion(torch.randn(4, 3, 2), torch.zeros(4, 2, dtype=torch.long)) is None
 
 
 def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bound() -> None:
-    from autotune import winner
+    from autotune.report import winner
 
     best = {"telemetry": {"samples_per_second": 812.4, "input_wait": 0.71, "peak_memory_mb": 300.0, "gpu": None,
                           "runs": 3, "source": "confirmation"},
             "per_class": {"runs": 3, "source": "confirmation",
-                          "classes": classes.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]])}}
+                          "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]])}}
     hardware, quality = winner.describe(best)
     assert hardware == ("Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training time "
                         "waiting for input (input-bound), peak memory 300 MiB.")

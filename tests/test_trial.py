@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.tasks import Task, takes
-from autotune.trial import (FINITE_CHECK_EVERY, Diverged, FiniteLoss, Limits, TrialConfig, make_loader, make_scheduler, run,
+from autotune.train.tasks import Task, takes
+from autotune.train.trial import (FINITE_CHECK_EVERY, Diverged, FiniteLoss, Limits, TrialConfig, make_loader, make_scheduler, run,
                             train_step)
 from tests.tasks import blobs, nan_metric
 

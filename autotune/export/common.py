@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.space import KNOBS, SCHEDULE
+from autotune.search.space import KNOBS, SCHEDULE
 
-BUILT_IN_SGD = "autotune.tasks:sgd"  # the default Task.optimizer, as study.py records it
-SGD_ARGS = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # autotune.tasks.sgd, besides lr
-ONECYCLE_PCT_START = 0.25  # autotune.trial.make_scheduler: warm-up fraction of OneCycleLR
+BUILT_IN_SGD = "autotune.train.tasks:sgd"  # the default Task.optimizer, as study.py records it
+SGD_ARGS = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # autotune.train.tasks.sgd, besides lr
+ONECYCLE_PCT_START = 0.25  # autotune.train.trial.make_scheduler: warm-up fraction of OneCycleLR
 
 # Statuses of a note: the setting is in another section; carried only approximately; not carried.
 MOVED, APPROXIMATION, NO_EQUIVALENT = "moved", "approximation", "no equivalent"
@@ -109,7 +109,7 @@ def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
 
 def provenance(summary: Mapping[str, Any]) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
-    from autotune.summary import speedup_phrase  # summary needs pandas: only when an export is written
+    from autotune.report.summary import speedup_phrase  # summary needs pandas: only when an export is written
 
     best, target = summary["best"], summary["target"]
     which = "the baseline" if best["trial"] is None else f"trial {best['trial']}"

@@ -18,7 +18,7 @@ from autotune.export.common import (
     APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
     max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
 )
-from autotune.space import loader_kwargs
+from autotune.search.space import loader_kwargs
 
 PRECISION = {"fp32": {"fp16": False, "bf16": False}, "fp16": {"fp16": True, "bf16": False},
              "bf16": {"fp16": False, "bf16": True}}  # HF's fp16 is autocast + GradScaler, as autotune's

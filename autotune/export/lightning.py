@@ -24,12 +24,12 @@ from autotune.export.common import (
     APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
     max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
 )
-from autotune.space import loader_kwargs
+from autotune.search.space import loader_kwargs
 
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}  # 16-mixed: autocast + GradScaler
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 
-# autotune.trial.make_scheduler as (torch class, init_args, init_args as fractions of the run's
+# autotune.train.trial.make_scheduler as (torch class, init_args, init_args as fractions of the run's
 # optimizer steps, each rounded down). constant: ConstantLR with factor 1 never changes the lr.
 SCHEDULERS = {
     "constant": ("ConstantLR", {"factor": 1.0, "total_iters": 0}, {}),

@@ -1,11 +1,11 @@
 """`--format torch`: a Python module in plain PyTorch that builds what the winning trial built.
 
 The generated module defines the settings as constants, `make_training(model, train_dataset,
-*, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.trial.run
-builds them; the model channels-last and compiled as autotune.systems.prepare_model makes it;
-cuDNN's algorithm search set), `to_device(inputs, device)` (autotune.systems.to_device) and
+*, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.train.trial.run
+builds them; the model channels-last and compiled as autotune.train.systems.prepare_model makes it;
+cuDNN's algorithm search set), `to_device(inputs, device)` (autotune.train.systems.to_device) and
 `train_step(training, loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
-autotune.trial.train_step, then one scheduler step). It imports autotune only where the task's
+autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the task's
 own optimizer lives there; the built-in SGD is written out.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.export.common import BUILT_IN_SGD, ONECYCLE_PCT_START, SGD_ARGS, lookup, max_epochs, provenance, split
-from autotune.space import KNOBS
+from autotune.search.space import KNOBS
 
-SCHEDULERS = {  # autotune.trial.make_scheduler, over the run's total optimizer steps
+SCHEDULERS = {  # autotune.train.trial.make_scheduler, over the run's total optimizer steps
     "constant": "torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)",
     "step": "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)",
     "cosine": "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)",
@@ -145,7 +145,7 @@ def make_optimizer(parameters, lr):
 
 
 def _takes(function, params, *, after=0):
-    """The params `function` accepts by keyword past its first `after` arguments (autotune.tasks.takes)."""
+    """The params `function` accepts by keyword past its first `after` arguments (autotune.train.tasks.takes)."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):

@@ -38,7 +38,7 @@ class Setting:
 def setting(*, cpu: bool, results: Path = RESULTS) -> Setting | None:
     """The setting to check in; None when a GPU check was asked for and there is no GPU."""
     if cpu:
-        return Setting(torch.device("cpu"), "autotune.tasks.shapes:small", results)
+        return Setting(torch.device("cpu"), "autotune.train.tasks.shapes:small", results)
     if not torch.cuda.is_available():
         return None
     return Setting(torch.device("cuda"), "shapes", results)

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune import isolation, one_trial, results, spec as spec_, study as study_
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.tasks import load_task
-from autotune.trial import Limits, TrialConfig
+from autotune.runners import isolation
+from autotune.study import one_trial, run as study_
+from autotune.report import results
+from autotune.spec import study_file as spec_
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.tasks import load_task
+from autotune.train.trial import Limits, TrialConfig
 from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_use, mib
 
 # Micro-batches from far inside the card to far past it: the shapes ResNet at width 256 holds tens

@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from autotune import isolation
-from autotune.space import DEFAULT_BASELINE, complete
-from autotune.tasks import load_task
-from autotune.trial import Limits, TrialConfig
+from autotune.runners import isolation
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.tasks import load_task
+from autotune.train.trial import Limits, TrialConfig
 from benchmarks.gpu_check.common import REPO, Setting, interleaved, median
 
 # A loader that keeps up (workers, pinned memory, cuDNN's search) and a batch that fills the GPU,

@@ -1,0 +1,202 @@
+"""The study as one self-contained HTML page: the winner, the plots, the fastest trials.
+
+Made from stored results only (the summary, the trial records, stored learning curves and the
+importances). Images are embedded as data: URIs and the page loads nothing else, so it opens
+offline and can be mailed to a colleague as one file.
+
+Every number in the winner's section carries `data-json`, the path of the value it shows in
+`autotune report --json`, so a test can check the two agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from autotune.report import plots
+from autotune.search import probe
+from autotune.report.summary import TABLE_ROWS
+from autotune.report.results import best_feasible
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1340px;
+       padding: 0 1rem; color: #222; }
+h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
+.sub { color: #666; margin-top: 0; }
+.winner { background: #f4f8fc; border: 1px solid #cddbea; border-radius: 6px; padding: .5rem 1.2rem 1rem; }
+.headline { font-size: 1.1rem; }
+.cols { display: flex; flex-wrap: wrap; gap: 2rem; }
+table { border-collapse: collapse; font-size: .85rem; }
+th, td { padding: .2rem .6rem; text-align: right; border-bottom: 1px solid #e4e4e4; }
+th { background: #f0f0f0; } td.key, th.key { text-align: left; }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1rem; }
+figure { margin: 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: .8rem; color: #555; }
+"""
+
+PLOTS = ("best_so_far", "time_against_metric", "importances", "learning_curves", "oom_map", "throughput")
+
+
+def render(summary: Mapping[str, Any], records: pd.DataFrame, *, curves: Mapping[str, Sequence[Sequence[Any]]],
+           importances: Mapping[str, float] | None, importances_missing: str = "") -> str:
+    """The whole page as a string."""
+    target = summary["target"]
+    figures = {
+        "best_so_far": (plots.best_so_far(records, baseline=(summary.get("baseline") or {}).get("time_to_target")),
+                        "Every complete trial's time; the line is the best feasible so far."),
+        "time_against_metric": (plots.time_against_metric(records, target=target["value"], metric=target["metric"]),
+                                "Filled: reached the target (its time to target). Hollow: missed it (how long it ran)."),
+        "importances": (plots.importances(importances, why_not=importances_missing),
+                        "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."),
+        "learning_curves": (plots.learning_curves(curves, target=target["value"], metric=target["metric"]),
+                            "The fastest trials' runs, and the baseline's first confirmation run (dashed)."),
+        "oom_map": (plots.oom_map(records), "Where trials ran out of memory: batch size against precision."),
+        "throughput": (plots.throughput(records), "Samples per second after warm-up, and the share of training time "
+                                                  "spent waiting for the next batch (high: input-bound)."),
+    }
+    images = "\n".join(_figure(name, figure, caption) for name, (figure, caption) in figures.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>autotune: {_e(summary['study'])}</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
+<body>
+<h1>Study {_e(summary['study'])}</h1>
+<p class="sub">Target: {_e(target['metric'])} &ge; {target['value']:g} &middot; {_counts(summary['counts'])}
+{_device(summary)} &middot; report made {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>
+{_probe(summary)}
+{_winner(summary)}
+<h2>Plots</h2>
+<div class="plots">
+{images}
+</div>
+<h2>Fastest trials</h2>
+{_top_table(records, summary)}
+</body></html>
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _figure(name: str, figure: Any, caption: str) -> str:
+    data = base64.b64encode(plots.png(figure)).decode()
+    return (f'<figure id="plot-{name}"><img src="data:image/png;base64,{data}" alt="{_e(name.replace("_", " "))}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _counts(c: Mapping[str, int]) -> str:
+    return (f"{c['total']} trials: {c['feasible']} reached the target, {c['complete'] - c['feasible']} missed it, "
+            f"{c['pruned']} pruned ({c['oom']} out of memory, {c['oom_bound']} known to run out), {c['failed']} failed")
+
+
+def _device(summary: Mapping[str, Any]) -> str:
+    return f"&middot; device {_e(summary['device'])}" if summary.get("device") else ""
+
+
+def _probe(summary: Mapping[str, Any]) -> str:
+    return f"<p>{_e(probe.describe(summary['probe']))}</p>" if summary.get("probe") else ""
+
+
+def _number(path: str, value: Any, spec: str = ".2f", *, scale: float = 1.0, unit: str = "") -> str:
+    """A number of the summary as `format(value * scale, spec)`, tagged with its path in
+    `report --json` and how it was formatted, so that the two can be checked against each other."""
+    if value is None:
+        return "-"
+    scaled = f' data-scale="{scale:g}"' if scale != 1 else ""
+    return f'<span data-json="{path}" data-format="{spec}"{scaled}>{format(value * scale, spec)}</span>{unit}'
+
+
+def _setting(name: str, value: Any) -> str:
+    """A setting as the exports give it: numbers to 4 significant digits, names as they are."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number(f"best.params.{name}", value, ".4g")
+    return _e(value)
+
+
+def _winner(summary: Mapping[str, Any]) -> str:
+    best = summary["best"]
+    if best is None:
+        return '<section class="winner" id="winner"><h2>Winner</h2><p>No trial has reached the target yet.</p></section>'
+    who = "the baseline" if best["trial"] is None else best["label"]
+    timing = (f"{_number('best.time_to_target', best['time_to_target'])} s to the target "
+              f"({_e(best['source'])}")
+    if best.get("min") is not None:
+        timing += (f", median of {_number('best.runs', best['runs'], '.0f')} runs, range "
+                   f"{_number('best.min', best['min'])}&ndash;{_number('best.max', best['max'])} s")
+    timing += ")"
+    lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
+    base = summary.get("baseline")
+    if base and base.get("time_to_target") is not None:
+        # a trial wins only with a smaller median than the baseline's, so its speedup is above 1
+        speed = (f' &rarr; the winner is <b>{_number("speedup", summary["speedup"])}x faster</b>'
+                 if summary.get("speedup") and best["trial"] is not None else "")
+        lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base['time_to_target'])} s "
+                     f"(median of {_number('baseline.runs', base['runs'], '.0f')} runs){speed}.</p>")
+    elif base:
+        lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base['reached'], '.0f')} "
+                     f"of {_number('baseline.runs', base['runs'], '.0f')} runs on fresh seeds.</p>")
+    if best["trial"] is None:
+        lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
+    settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best["params"].items())
+    columns = [f'<div><h3>Settings</h3><table id="winner-settings">{settings}</table></div>']
+    columns.append(_telemetry(best.get("telemetry")))
+    columns.append(_per_class(best.get("per_class")))
+    return (f'<section class="winner" id="winner"><h2>Winner</h2>{"".join(lines)}'
+            f'<div class="cols">{"".join(columns)}</div></section>')
+
+
+def _telemetry(figures: Mapping[str, Any] | None) -> str:
+    if not figures:
+        return ""
+    where = (f"median of {figures['runs']} confirmation runs" if figures["source"] == "confirmation"
+             else f"{figures['source']}'s run")
+    rows = [("samples / s (after warm-up)", _number("best.telemetry.samples_per_second", figures["samples_per_second"], ".0f")),
+            ("waiting for input", _number("best.telemetry.input_wait", figures["input_wait"], ".1f", scale=100, unit=" %")),
+            ("peak memory", _number("best.telemetry.peak_memory_mb", figures["peak_memory_mb"], ".0f", unit=" MiB"))]
+    gpu = figures.get("gpu") or {}
+    if gpu:
+        path = "best.telemetry.gpu"
+        rows += [("GPU utilisation, mean / max", f"{_number(path + '.util_mean', gpu['util_mean'], '.0f')} / "
+                                                 f"{_number(path + '.util_max', gpu['util_max'], '.0f')} %"),
+                 ("GPU memory used, peak", _number(path + ".memory_used_peak_mb", gpu["memory_used_peak_mb"], ".0f", unit=" MiB")),
+                 ("GPU power, mean / max", f"{_number(path + '.power_mean_w', gpu['power_mean_w'], '.0f')} / "
+                                           f"{_number(path + '.power_max_w', gpu['power_max_w'], '.0f')} W")]
+    else:
+        rows.append(("GPU figures", "none (no NVIDIA GPU)"))
+    body = "".join(f'<tr><td class="key">{_e(k)}</td><td>{v}</td></tr>' for k, v in rows)
+    return f'<div><h3>Hardware ({_e(where)})</h3><table id="winner-telemetry">{body}</table></div>'
+
+
+def _per_class(per_class: Mapping[str, Any] | None) -> str:
+    if not per_class:
+        return ""
+    where = (f"{per_class['runs']} confirmation runs pooled" if per_class["source"] == "confirmation"
+             else "the trial's run")
+    rows = []
+    for i, row in enumerate(per_class["classes"]):
+        path = f"best.per_class.classes.{i}"
+        cells = "".join(f"<td>{_number(f'{path}.{k}', row[k], '.3f')}</td>" for k in ("precision", "recall", "f1"))
+        rows.append(f'<tr><td class="key">{_e(row["class"])}</td>{cells}<td>{_number(f"{path}.support", row["support"], ".0f")}</td></tr>')
+    head = '<tr><th class="key">class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>'
+    return (f'<div><h3>Validation set, per class ({_e(where)})</h3>'
+            f'<table id="winner-per-class">{head}{"".join(rows)}</table></div>')
+
+
+def _top_table(records: pd.DataFrame, summary: Mapping[str, Any]) -> str:
+    top = best_feasible(records, count=TABLE_ROWS * 2)
+    if top.empty:
+        return "<p>No trial reached the target yet.</p>"
+    columns = {"number": "trial", "seconds": "seconds", "objective_metric": summary["target"]["metric"],
+               "epochs": "epochs", "samples_per_second": "samples/s", "input_wait": "input wait",
+               "peak_memory_mb": "peak MiB", "lr": "lr", "scheduler": "scheduler", "batch_size": "batch",
+               "accumulation_steps": "accum", "num_workers": "workers", "prefetch_factor": "prefetch",
+               "pin_memory": "pin", "precision": "precision", "schedule_epochs": "schedule",
+               "channels_last": "channels last", "compile": "compile", "cudnn_benchmark": "cudnn"}
+    table = top[list(columns)].rename(columns=columns)
+    table["input wait"] = table["input wait"].map(lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %")
+    return table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")

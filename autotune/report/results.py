@@ -1,0 +1,160 @@
+"""Trial records as a pandas table, and which of them is best.
+
+Reads finished trials (Optuna's FrozenTrial, duck-typed) and nothing else, so every report can
+be made from the storage alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from autotune.search.space import KNOBS, complete
+
+INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
+RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
+# Study user attr: the knobs its training reads, where that is not all of them (an objective
+# function reads the knobs its caller names); reports show only those.
+KNOBS_READ = "knobs"
+
+# NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
+GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
+GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
+COLUMNS = (
+    "number", "state", "feasible", "seconds", "runs", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
+    "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound", "diverged",
+    "interrupted", "reason",
+)
+
+
+def is_interrupted(trial: Any) -> bool:
+    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
+    a database server's heartbeat check. autotune records a reason for every failure of its own.
+    """
+    return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or "reason" not in trial.user_attrs)
+
+
+def measured(trial: Any) -> dict[str, Any]:
+    """What the trial's training run measured (time_to_target, reached, curve, ...); empty when it
+    did not finish. Studies stored before the result was one attribute kept each as its own."""
+    attrs = trial.user_attrs
+    return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in MEASURED})
+
+
+def training_seconds(trial: Any) -> float:
+    """Training seconds the trial spent over all its runs: a pruned one up to where it stopped."""
+    result = measured(trial)
+    if result.get("replicates"):
+        return float(sum(r["train_seconds"] for r in result["replicates"]))
+    return float(result.get("train_seconds", trial.user_attrs.get("pruned_at", 0.0)))
+
+
+# What studies stored before the result was one attribute kept each as its own attribute.
+MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
+            "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
+
+
+def knobs_read(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The knobs a study's training reads (KNOBS_READ), in KNOBS order: all of them unless stored."""
+    stored = study_attrs.get(KNOBS_READ)
+    return tuple(KNOBS) if stored is None else tuple(k for k in KNOBS if k in stored)
+
+
+def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS)) -> pd.DataFrame:
+    """One row per trial: its outcome, its measurements, each of `knobs` and every parameter."""
+    rows, params = [], {}  # params: the user's own parameters' names, in order of appearance
+    shown = tuple(knobs)
+    for trial in trials:
+        if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
+            continue
+        attrs = {**trial.user_attrs, **measured(trial)}
+        constraints = trial.constraints if hasattr(trial, "constraints") else {}
+        peak = attrs.get("peak_memory_bytes")
+        config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}
+        config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
+        params.update(dict.fromkeys(k for k in config if k not in KNOBS))
+        rows.append({
+            "number": trial.number,
+            "state": trial.state.name,
+            "feasible": trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0,
+            # what the study minimized: the mean over the trial's runs of its time to target, or
+            # of its whole schedule (objective.py); the first run's own figures follow
+            "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
+            "runs": len(attrs.get("replicates") or ()) or (1 if attrs.get("train_seconds") is not None else None),
+            "time_to_target": attrs.get("time_to_target"),
+            "best_metric": attrs.get("best_metric"),
+            "final_metric": attrs.get("final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]),
+            # the metric its feasibility was judged by: the worst best over its runs, or their mean final
+            "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
+            "train_seconds": attrs.get("train_seconds"),
+            "epochs": attrs.get("epochs"),
+            "optimizer_steps": attrs.get("optimizer_steps"),
+            "samples_per_second": attrs.get("samples_per_second"),
+            # share of training time (after warm-up) spent waiting for the next batch: input-bound when high
+            "input_wait": attrs.get("input_wait_fraction"),
+            "peak_memory_mb": None if peak is None else peak / 2**20,
+            **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
+            "oom": bool(attrs.get("oom", False)),
+            "oom_bound": "oom_bound" in attrs,  # pruned without running: a smaller one ran out of memory
+            "diverged": bool(attrs.get("diverged", False)),  # pruned at a non-finite loss or metric
+            "interrupted": is_interrupted(trial),
+            "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
+            **config,
+        })
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])
+    for name in (*shown, *params):
+        # As stored: a column with a gap (a trial that failed before its configuration was chosen)
+        # would otherwise turn whole numbers into floats, and batch_size 64 into 64.0 in exports.
+        table[name] = pd.Series([row.get(name) for row in rows], index=table.index, dtype=object)
+    return table
+
+
+def knob_names(records: pd.DataFrame) -> list[str]:
+    """The knobs among the columns (those the study's training reads), in KNOBS order."""
+    return [c for c in records.columns if c in KNOBS]
+
+
+def param_names(records: pd.DataFrame) -> list[str]:
+    """The user's own parameters among the columns (after the knobs)."""
+    return [c for c in records.columns if c not in COLUMNS and c not in KNOBS]
+
+
+def best_feasible(records: pd.DataFrame, *, count: int = 1) -> pd.DataFrame:
+    """The fastest feasible trials by the study's time (`seconds`), fastest first."""
+    feasible = records[records["feasible"].astype(bool)]  # an empty table's columns are untyped
+    return feasible.sort_values(["seconds", "number"]).head(count)
+
+
+def counts(records: pd.DataFrame) -> dict[str, int]:
+    """Trials by outcome. `failed` excludes interrupted trials, which are retried."""
+    state = records["state"]
+    return {
+        "total": int(len(records)),
+        "complete": int((state == "COMPLETE").sum()),
+        "feasible": int(records["feasible"].sum()),
+        "pruned": int((state == "PRUNED").sum()),
+        "oom": int(records["oom"].sum()),
+        "oom_bound": int(records["oom_bound"].sum()),
+        # stopped once they could no longer beat the best time to target (prune: incumbent)
+        "diverged": int(records["diverged"].sum()),
+        "past_incumbent": int(((state == "PRUNED") & ~records["oom"] & ~records["oom_bound"] & ~records["diverged"]).sum()),
+        "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),
+        "interrupted": int(records["interrupted"].sum()),
+        "running": int((state == "RUNNING").sum()),
+    }
+
+
+def learning_curves(trials: Iterable[Any], numbers: Iterable[int], *,
+                    confirmation: Mapping[str, Any] | None = None) -> dict[str, list[list[Any]]]:
+    """`trial N` -> the curve (train seconds, epochs, metric per evaluation) of each trial in
+    `numbers` that stored one, in that order; and `baseline` -> the baseline's first confirmation
+    run's curve, where the confirmation kept one."""
+    by_number = {t.number: measured(t).get("curve") for t in trials}
+    curves = {f"trial {n}": by_number[n] for n in numbers if by_number.get(n)}
+    for run in (confirmation or {}).get("runs", []):
+        if run["label"] == "baseline" and run.get("curve"):
+            curves["baseline (confirmation run)"] = run["curve"]
+            break
+    return curves

@@ -1,0 +1,239 @@
+"""Where a trial runs: in this process, or in a fresh child process of its own.
+
+In a child, a trial that hangs is killed at its wall-clock limit ("timeout"), one that dies
+(segfault, `os._exit`, a killed process) is recorded as "crashed", and everything it allocated,
+GPU memory and the CUDA context included, goes back to the system when it exits. Children come
+from a fork server that has imported torch once, so a trial does not pay torch's import again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import re
+import signal
+import sysconfig
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from autotune.train import oom
+from autotune.runners import watchdog
+from autotune.train.tasks import BUILT_IN, Task, load_task
+from autotune.train.trial import Diverged, Limits, Progress, TrialConfig, TrialResult, run
+
+MODES = ("auto", "process", "none")
+PROGRESS_SECONDS = 0.25  # how often a child reports its progress
+WATCH_SECONDS = 0.5  # how often a child checks that the study's process still runs
+# Imported by torch on first use, not with torch: the first optimizer built imports torch._dynamo,
+# 1.9 s here, which would otherwise land on the first trial's training clock (in every trial, in
+# a child process). Imported before any clock starts: in this process, and in the fork server.
+LAZY_IMPORTS = ("torch._dynamo",)
+EXIT_GRACE_SECONDS = 30  # a child that sent its result gets this long to exit before it is killed
+
+
+class TrialFailure(Exception):
+    """A trial that ended without a result: OOM, divergence, an error, a timeout or a crash, with the reason."""
+
+    def __init__(self, reason: str, *, oom: bool = False, diverged: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.oom, self.diverged = reason, oom, diverged
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,), self.__dict__)  # keeps oom and diverged across a pipe
+
+    @classmethod
+    def of(cls, exc: BaseException) -> TrialFailure:
+        """The failure an exception raised by a trial stands for."""
+        return cls(error_reason(exc), oom=oom.is_oom(exc), diverged=isinstance(exc, Diverged))
+
+
+class Pruned(Exception):
+    """Raised by a study's progress callback to stop a trial that can no longer win; passes through
+    every way of running a trial unchanged (a child process or a command is killed first)."""
+
+    def __init__(self, reason: str, *, seconds: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.seconds = reason, seconds  # seconds: the training clock when it was stopped
+
+
+class RunTrial(Protocol):
+    def __call__(self, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                 progress: Progress | None = None) -> TrialResult: ...
+
+
+def resolve(mode: str, device: torch.device) -> str:
+    """`auto`: a child process per trial on CUDA, where a trial's memory and CUDA context must go
+    back to the system; in-process on CPU, where a child's start-up costs more than it saves."""
+    if mode == "auto":
+        return "process" if device.type == "cuda" else "none"
+    return mode
+
+
+def error_reason(exc: BaseException) -> str:
+    """`Type: first line (at file:line)`, for the trial's stored reason."""
+    if oom.is_oom(exc):
+        return oom.oom_reason(exc)
+    if isinstance(exc, Diverged):  # not an error in anyone's code: where it was noticed says nothing
+        return f"diverged: {exc}"
+    text = str(exc).strip()
+    worker, marker, original = text.partition(WORKER_TRACEBACK)
+    if marker:  # re-raised by the DataLoader from a worker process: the worker's own error is in the text
+        lines = [line.strip() for line in original.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else exc.__class__.__name__  # "IndexError: list index out of range"
+        process = re.search(r"in (DataLoader worker process \d+)", worker)
+        where = _where([(path, int(line)) for path, line in re.findall(r'File "([^"]+)", line (\d+)', original)])
+        context = ", ".join(part for part in (f"in {process.group(1)}" if process else "", f"at {where}" if where else "") if part)
+        return last[:400] + (f" ({context})" if context else "")
+    where = _where([(frame.filename, frame.lineno) for frame in traceback.extract_tb(exc.__traceback__)])
+    first_line = (text.splitlines() or [""])[0]
+    return f"{exc.__class__.__name__}: {first_line}"[:400] + (f" (at {where})" if where else "")
+
+
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+# Where a user's error is not: torch's, autotune's and Python's own code, and installed packages.
+_NOT_THE_USERS = tuple(str(Path(p).resolve()) + os.sep for p in (
+    Path(torch.__file__).parent, Path(__file__).parent, sysconfig.get_paths()["stdlib"]))
+
+
+def _where(places: list[tuple[str, int]]) -> str:
+    """`file:line` of the innermost place in the user's code, else of the innermost place."""
+    if not places:
+        return ""
+    users = [(path, line) for path, line in places
+             if not str(Path(path).resolve()).startswith(_NOT_THE_USERS) and "site-packages" not in path]
+    path, line = (users or places)[-1]
+    return f"{path}:{line}"
+
+
+def warm_up() -> None:
+    """Import now what torch imports lazily while a trial's clock runs."""
+    for name in LAZY_IMPORTS:
+        importlib.import_module(name)
+
+
+def in_process(task: Task) -> RunTrial:
+    """Trials run here; any exception becomes a TrialFailure with its reason."""
+    warm_up()
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        try:
+            return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+        except Pruned:
+            raise
+        except Exception as exc:
+            failure = TrialFailure.of(exc)
+        # Out of the except block, the traceback and with it the trial's tensors are gone.
+        oom.free_memory()
+        raise failure
+
+    return run_trial
+
+
+def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial:
+    """Each trial in a fresh child process, killed after `hang_after` seconds of wall time."""
+    context = multiprocessing.get_context("forkserver")
+    # The task's module too (digits' imports scikit-learn, 0.9 s): each child then only builds the task.
+    task_module = BUILT_IN.get(task_name, task_name).partition(":")[0]
+    context.set_forkserver_preload(["torch", *LAZY_IMPORTS, "autotune.train.trial", task_module])
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=_child_main, name="autotune-trial",
+                                args=(sender, os.getpid(), task_name, study_path, config, limits, device, seed))
+        child.start()
+        sender.close()  # so that the child's death reads as end-of-file here
+        try:
+            return _await(child, receiver, hang_after=hang_after, progress=progress)
+        finally:
+            receiver.close()
+            if child.is_alive():  # a timeout, or this process stopped by a signal
+                _kill_group(child.pid)
+                child.kill()  # if it had not yet made its group
+            child.join()
+            _kill_group(child.pid)  # its DataLoader workers, had it died without shutting them down
+
+    return run_trial
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in a trial's process group (the child and its loader workers)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # none left (or the group was never made)
+        pass
+
+
+def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> TrialResult:
+    deadline = time.monotonic() + hang_after
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TrialFailure(f"timeout: no result after {hang_after:g} s of wall time; the trial's process was killed")
+        if not receiver.poll(min(remaining, 1.0)):
+            continue
+        try:
+            kind, *payload = receiver.recv()
+        except EOFError:  # the child is gone without a word
+            child.join()
+            raise TrialFailure(f"crashed: {_exit_description(child.exitcode)}") from None
+        if kind == "progress" and progress is not None:
+            progress(*payload)
+        elif kind == "result":
+            child.join(EXIT_GRACE_SECONDS)  # its memory is back before the next trial starts
+            return payload[0]
+        elif kind == "error":
+            failure = payload[0]
+            child.join(EXIT_GRACE_SECONDS)
+            raise failure
+
+
+def _exit_description(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"the trial's process was killed by {signal.Signals(-code).name}"
+    return f"the trial's process exited with status {code} before it reported a result"
+
+
+def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, config: TrialConfig,
+                limits: Limits, device: torch.device, seed: int) -> None:
+    """The child: build the task, run the trial, send back the result or the failure."""
+    # A process group of its own, which its DataLoader workers join: killing the group at a
+    # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on it.
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
+    _die_with(study_pid)
+    last = 0.0
+
+    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+        nonlocal last
+        if metric is not None or time.monotonic() - last >= PROGRESS_SECONDS:
+            last = time.monotonic()
+            sender.send(("progress", steps, total, metric, seconds))
+
+    try:
+        task = load_task(task_name, study_path=study_path)
+        result = run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+    except BaseException as exc:
+        sender.send(("error", TrialFailure.of(exc)))
+    else:
+        sender.send(("result", result))
+    finally:
+        sender.close()
+
+
+def _die_with(study_pid: int) -> None:
+    """End this child when the study's process is gone (killed with SIGKILL, say), not orphan it.
+
+    The child's parent is the fork server, which itself waits for its children before it exits,
+    so the kernel's parent-death signal would never come; a watchdog thread asks instead.
+    """
+
+    watchdog.on_death(study_pid, lambda: os.killpg(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS)
+
+

@@ -1,0 +1,48 @@
+"""The out-of-memory boundary: configurations known to run out of memory before they run.
+
+A micro-batch's memory grows with its size and with the bytes per activation of its precision;
+nothing else among the maths and loader knobs (learning rate, schedule, accumulation, loader
+settings) changes what the device holds. So once a configuration has run out of memory, any
+configuration with the same parameters (a model's width may be one), the same memory format,
+compilation and cuDNN search, a micro-batch at least as large and a precision at least as wide
+needs at least as much memory, and would run out too: it is pruned without
+running. Pure functions over plain mappings, testable without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from autotune.search.space import KNOBS
+
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # per activation value under autocast
+
+
+# Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
+# cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
+SAME_LAYOUT = ("channels_last", "compile", "cudnn_benchmark")
+
+
+def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """True when `config` needs at least the memory `other` needed."""
+    same_params = {k: v for k, v in config.items() if k not in KNOBS} == {k: v for k, v in other.items() if k not in KNOBS}
+    same_layout = all(config.get(k, KNOBS[k].absent) == other.get(k, KNOBS[k].absent) for k in SAME_LAYOUT)
+    return (same_params and same_layout and config["batch_size"] >= other["batch_size"]
+            and ACTIVATION_BYTES[config["precision"]] >= ACTIVATION_BYTES[other["precision"]])
+
+
+def bound_by(config: Mapping[str, Any], ran_out: Iterable[tuple[int, Mapping[str, Any]]]) -> int | None:
+    """The number of a trial that ran out of memory with no more than `config` needs, or None.
+
+    `ran_out` holds (trial number, configuration) of the trials that really ran out of memory.
+    """
+    for number, other in ran_out:
+        if needs_at_least(config, other):
+            return number
+    return None
+
+
+def reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
+    return (f"not run: batch_size {config['batch_size']} in {config['precision']} needs at least the memory of "
+            f"trial {number} (batch_size {other['batch_size']} in {other['precision']}), which ran out of memory")

@@ -1,0 +1,97 @@
+"""Checks shared by the study file's sections: each raises SpecError naming the file, the key,
+the value it got and what is accepted. `read_yaml` is the only place YAML is parsed."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import SpecError
+from autotune.search.space import finite
+
+OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(path, "(file)", str(path), "no such file; give the path of a study .yaml file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, "(file)", str(path), f"cannot be read ({exc.__class__.__name__}); a readable text file") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except DuplicateKey as exc:
+        raise SpecError(path, f"{exc.key} ({exc.where})", exc.key,
+                        "this key is given twice in its mapping; give it once (YAML would keep the last silently)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(path, "(yaml)", where, f"not valid YAML: {problem}") from None
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, where: str) -> None:
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise DuplicateKey(str(key), f"line {mark.line + 1}")
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def require(path: Path, key: str, value: Any, ok: bool, accepted: str) -> None:
+    if not ok:
+        raise SpecError(path, key, value, f"expected {accepted}")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite number above `minimum`; strings like "1e-3" (which YAML reads as text) are accepted."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
+    ok = ok and (value >= minimum if inclusive else value > minimum)
+    relation = "a finite number" if minimum == -math.inf else f"a finite number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    require(path, key, value, ok, relation)
+    return float(value)
+
+
+def mapping(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    """A section of the file; an empty one (`budget:` with nothing under it) means all defaults."""
+    if value is None and key in OPTIONAL_SECTIONS:
+        return {}
+    require(path, key, value, isinstance(value, Mapping), f"a mapping with keys among {', '.join(allowed)}")
+    reject_unknown(path, key + ".", value, allowed)
+    return value
+
+
+def reject_unknown(path: Path, prefix: str, raw: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(path, f"{prefix}{key}", key, f"unknown key; {hint}accepted keys: {', '.join(allowed)}")

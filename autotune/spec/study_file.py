@@ -1,0 +1,228 @@
+"""The study file: read once, validated strictly, frozen.
+
+Every mistake raises `SpecError` naming the file, the key, the value it got and what would be
+accepted. The `space` and `baseline` sections are read in space_section.py; checks.py holds the
+checks the sections share, and parses the YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+from autotune.spec import command_line, space_section
+from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require
+from autotune.errors import SpecError
+from autotune.search.space import KNOBS, Space
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+# sqlite: one process (the default); journal: Optuna's journal file, for several local workers;
+# postgresql/mysql: a database server, for workers on several machines.
+STORAGE_SCHEMES = ("sqlite", "journal", "postgresql", "mysql")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    metric: str  # name of the task's validation metric, e.g. "accuracy"
+    value: float  # the trial is feasible once the metric reaches this
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    trials: int  # finished trials in the storage, across every run of the study
+    timeout: float | None  # seconds for this invocation of `autotune run`; None: no limit
+    max_epochs: float  # per trial; the longest LR schedule (space.schedule_epochs), and the default one
+    max_seconds: float  # per trial, on the training clock
+    eval_every: float  # epochs between evaluations: often enough that the clock stops near the crossing
+    trial_timeout: float  # wall seconds after which a trial in a child process is killed as hung
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirm:
+    top: int  # best trials re-run on fresh seeds before the winner is named
+    runs: int  # fresh seeds per confirmed configuration, and for the baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandTask:
+    """A training command run once per trial, in the study file's folder (autotune/runners/command.py)."""
+
+    command: str | tuple[str, ...]  # a string is split like a shell would; never run through one
+    env: tuple[tuple[str, str], ...] = ()  # extra environment variables, placeholders allowed
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": self.command if isinstance(self.command, str) else list(self.command), "env": dict(self.env)}
+
+
+Task = Union[str, CommandTask]  # str: a built-in task name or package.module:callable
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySpec:
+    path: Path
+    name: str
+    task: Task
+    target: Target
+    space: Space
+    budget: Budget
+    storage: str
+    seed: int
+    device: str
+    baseline: tuple[tuple[str, Any], ...]
+    confirm: Confirm
+    isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
+    prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
+    probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
+    objective: str = "time_to_target"  # what a trial's time is (OBJECTIVES)
+    replicates: int = 1  # seeds per trial; its time is their mean (objective.py)
+
+
+TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
+            "isolation", "prune", "probe", "objective", "replicates")
+# time_to_target: a run stops at the first evaluation that reaches the target, its time is the
+# time to get there. fixed_schedule (airbench): a run always trains its whole schedule, its time
+# is the schedule's, and it is feasible when the mean final metric over its seeds reaches the target.
+OBJECTIVES = ("time_to_target", "fixed_schedule")
+REPLICATES_DEFAULT = {"time_to_target": 1, "fixed_schedule": 2}
+PRUNE_MODES = ("none", "incumbent")
+PROBE_MODES = ("systems", "none")
+ISOLATION_MODES = ("auto", "process", "none")
+BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
+                   "trial_timeout": None}
+CONFIRM_DEFAULTS = {"top": 3, "runs": 3}
+
+
+def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None) -> StudySpec:
+    """Read and validate a study file; `storage` (from the command line) overrides the file's."""
+    path = Path(path)
+    return from_mapping(read_yaml(path), path=path, storage=storage, isolation=isolation)
+
+
+def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation: str | None = None) -> StudySpec:
+    """Validate a study given as a mapping (a study file's contents, or `autotune.tune`'s
+    arguments); `path` names it in errors and places the default storage beside it."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(path, "(top level)", raw, "a study file is a mapping of keys such as task, target, space, budget")
+    reject_unknown(path, "", raw, TOP_KEYS)
+    for key in ("task", "target"):
+        if key not in raw:
+            raise SpecError(path, key, None, f"{key} is required")
+
+    name = raw.get("name", path.stem)
+    require(path, "name", name, isinstance(name, str) and name.strip() != "", "a non-empty string")
+    task = raw["task"]
+    require(path, "task", task, (isinstance(task, str) and task.strip() != "") or isinstance(task, Mapping),
+            "a built-in task name, package.module:callable, or a mapping {command: ...}")
+    seed = raw.get("seed", 0)
+    require(path, "seed", seed, is_int(seed) and seed >= 0, "a whole number of at least 0")
+    device = raw.get("device", "auto")
+    require(path, "device", device, isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
+             "auto, cpu, cuda or cuda:N")
+    isolation = isolation if isolation is not None else raw.get("isolation", "auto")
+    require(path, "isolation", isolation, isolation in ISOLATION_MODES,
+             "auto (a child process per trial on CUDA, none on CPU), process or none")
+    prune = raw.get("prune", "incumbent")
+    require(path, "prune", prune, prune in PRUNE_MODES,
+            "incumbent (stop a trial once its training time passes the best time to target so far) or none")
+    probe = raw.get("probe", "systems")
+    require(path, "probe", probe, probe in PROBE_MODES,
+            "systems (settle DataLoader settings and precision by short runs before the search) or none")
+    objective = raw.get("objective", "time_to_target")
+    require(path, "objective", objective, objective in OBJECTIVES,
+            "time_to_target (stop each run at the target; its time is the time to get there) or fixed_schedule "
+            "(run each whole schedule, feasible when the mean final metric over seeds reaches the target)")
+    replicates = raw.get("replicates", REPLICATES_DEFAULT[objective])
+    require(path, "replicates", replicates, is_int(replicates) and 1 <= replicates <= 20,
+            "a whole number from 1 to 20: the seeds each trial runs")
+    storage = storage if storage is not None else raw.get("storage")
+    if storage is None:
+        storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
+    scheme = storage.split("://", 1)[0].split("+", 1)[0] if isinstance(storage, str) else None
+    require(path, "storage", storage, scheme in STORAGE_SCHEMES and "://" in storage,
+             "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
+             "or postgresql://user@host/db (several machines)")
+
+    budget = _budget(path, raw.get("budget", {}))
+    if objective == "fixed_schedule" and isinstance(task, Mapping):
+        raise SpecError(path, "objective", objective, "time_to_target for a command task, which stops itself at the "
+                        "target; fixed_schedule needs a built-in or Python task")
+    space = space_section.space(path, raw.get("space", {}), max_epochs=budget.max_epochs,
+                             fixed_schedule=objective == "fixed_schedule")
+    return StudySpec(
+        path=path,
+        name=name,
+        task=task if isinstance(task, str) else _command_task(path, task, space),
+        target=_target(path, raw["target"]),
+        space=space,
+        budget=budget,
+        storage=storage,
+        seed=seed,
+        device=device,
+        baseline=space_section.baseline(path, raw.get("baseline", {}), space, max_epochs=budget.max_epochs),
+        confirm=_confirm(path, raw.get("confirm", {})),
+        isolation=isolation,
+        prune=prune,
+        probe=probe,
+        objective=objective,
+        replicates=replicates,
+    )
+
+
+def _command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTask:
+    """`task: {command: ..., env: {...}}`: its placeholders must name knobs, parameters or the
+    names the runner fills, and its program must exist, before any trial runs."""
+    reject_unknown(path, "task.", raw, ("command", "env"))
+    command = raw.get("command")
+    if isinstance(command, list) and all(isinstance(arg, str) for arg in command) and command:
+        command = tuple(command)
+    require(path, "task.command", command, (isinstance(command, str) and command.strip() != "") or isinstance(command, tuple),
+            "a command line (a string, or a list of its arguments) with {knob} placeholders")
+    env = raw.get("env") or {}
+    require(path, "task.env", env, isinstance(env, Mapping), "a mapping of environment variable names to values")
+    for key, value in env.items():
+        require(path, f"task.env.{key}", value, isinstance(key, str) and isinstance(value, (str, int, float)) and not isinstance(value, bool),
+                "a string or a number")
+    env = {key: str(value) for key, value in env.items()}
+    try:
+        command_line.validate(command, known=[*KNOBS, *dict(space.params)], env=env, cwd=path.resolve().parent)
+    except ValueError as exc:
+        raise SpecError(path, "task.command", command if isinstance(command, str) else list(command), str(exc)) from None
+    return CommandTask(command=command, env=tuple(env.items()))
+
+
+def _target(path: Path, raw: Any) -> Target:
+    raw = mapping(path, "target", raw, ("metric", "value"))
+    metric = raw.get("metric")
+    require(path, "target.metric", metric, isinstance(metric, str) and metric != "", "the name of the task's metric, e.g. accuracy")
+    return Target(metric=metric, value=number(path, "target.value", raw.get("value"), minimum=-math.inf))
+
+
+def _budget(path: Path, raw: Any) -> Budget:
+    raw = {**BUDGET_DEFAULTS, **mapping(path, "budget", raw, tuple(BUDGET_DEFAULTS))}
+    trials = raw["trials"]
+    require(path, "budget.trials", trials, is_int(trials) and trials >= 1, "a whole number of at least 1")
+    timeout = raw["timeout"]
+    max_seconds = number(path, "budget.max_seconds", raw["max_seconds"])
+    trial_timeout = raw["trial_timeout"]
+    return Budget(
+        trials=trials,
+        timeout=None if timeout is None else number(path, "budget.timeout", timeout),
+        max_epochs=number(path, "budget.max_epochs", raw["max_epochs"]),
+        max_seconds=max_seconds,
+        eval_every=number(path, "budget.eval_every", raw["eval_every"]),
+        # Training stops at max_seconds; start-up and evaluations come on top, so leave room.
+        trial_timeout=2 * max_seconds + 60 if trial_timeout is None else number(path, "budget.trial_timeout", trial_timeout),
+    )
+
+
+def _confirm(path: Path, raw: Any) -> Confirm:
+    raw = {**CONFIRM_DEFAULTS, **mapping(path, "confirm", raw, tuple(CONFIRM_DEFAULTS))}
+    for key in ("top", "runs"):
+        require(path, f"confirm.{key}", raw[key], is_int(raw[key]) and raw[key] >= 0, "a whole number of at least 0")
+    return Confirm(top=raw["top"], runs=raw["runs"])
+
+

@@ -1,0 +1,439 @@
+"""The Optuna study: storage, sampler, the ask/run/tell loop, resume and confirmation.
+
+This is the only module that imports Optuna. Everything a trial records goes on the Optuna
+trial as user attributes, so reports are made from the storage alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+import torch
+
+from autotune import progress, signals
+from autotune.runners import command, isolation
+from autotune.study import confirm, definition as definition_, one_trial, storage
+from autotune.search import probe, space as space_
+from autotune.report import results
+from autotune.train import systems
+from autotune.errors import AutotuneError, SpecError
+from autotune.spec.study_file import CommandTask, StudySpec
+from autotune.train.tasks import Task, accuracy, load_task, reference, takes
+from autotune.train.trial import Limits, TrialConfig
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What a run needs beyond the spec, resolved before the storage is touched."""
+
+    task: Task | None  # None for an objective function (autotune.tune(objective=...))
+    device: torch.device
+    space: space_.Space
+    baseline: dict[str, Any]
+    notices: list[str]
+    definition: dict[str, Any]  # what the stored trials are measured under (definition.py)
+    isolation: str  # process or none, as resolved for the device
+    run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
+    knobs: tuple[str, ...] = tuple(space_.KNOBS)  # the knobs its training reads; reports show only these
+
+
+def resolve_device(spec: StudySpec) -> torch.device:
+    if spec.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise SpecError(spec.path, "device", spec.device, "no CUDA device is available here; use auto or cpu")
+        if (device.index or 0) >= count:
+            raise SpecError(spec.path, "device", spec.device, f"this machine has cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.RunTrial | None = None) -> Prepared:
+    """Resolve the device, build the task and fit the space to the device; all errors are the user's.
+
+    `task` or `objective` (from the Python API) stand in for the study's task name; either one
+    runs in this process, since a child process cannot rebuild an object by name.
+    """
+    device = resolve_device(spec)
+    in_memory = task is not None or objective is not None
+    if not isinstance(spec.task, CommandTask) and objective is None:
+        task = task if task is not None else load_task(spec.task, study_path=spec.path)
+    space, baseline, notices = fit_to_device(spec, device, task)
+    if task is not None and objective is None:
+        check_task(spec, space, task)
+        space = check_feasible(spec, space, baseline, task, notices)
+    prepared = functools.partial(Prepared, device=device, space=space, baseline=baseline, notices=notices,
+                                 definition=definition_.describe(spec, space=space, device=device.type))
+    if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
+        return prepared(task=None, isolation="process", run_trial=command.command_trial(
+            spec.task.command, cwd=spec.path.resolve().parent, hang_after=spec.budget.trial_timeout,
+            metric_name=spec.target.metric, env=dict(spec.task.env)))
+    if in_memory and spec.isolation == "process":
+        raise SpecError(spec.path, "isolation", spec.isolation,
+                        "a task or objective given as a Python object runs in this process: use none or auto")
+    if objective is not None:
+        return prepared(task=None, isolation="none", run_trial=objective)
+    mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
+    run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
+                 if mode == "process" else isolation.in_process(task))
+    return prepared(task=task, isolation=mode, run_trial=run_trial)
+
+
+def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:
+    """The study's parameters and metric against what the task takes and measures."""
+    for name in task.unused(dict(space.params)):
+        raise SpecError(spec.path, f"space.params.{name}", name,
+                        f"neither the task's model factory nor its optimizer takes a parameter named {name}; "
+                        f"add {name}=... to one of their signatures (or **kwargs)")
+    if spec.target.metric != task.metric_name:
+        raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
+
+
+MAX_WORKERS_PER_CORE = 4  # loader workers beyond this only queue for the cores (and each holds memory)
+
+
+def largest(domain: space_.Domain) -> Any:
+    return domain.high if isinstance(domain, space_.Range) else max(domain.values)
+
+
+def smallest(domain: space_.Domain) -> Any:
+    return domain.low if isinstance(domain, space_.Range) else min(domain.values)
+
+
+def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any], task: Task,
+                   notices: list[str]) -> space_.Space:
+    """Values no trial could run with, on this machine or with this task: refused before the first
+    trial instead of failing every trial that draws them, or, for batch sizes the training set
+    cannot fill while smaller ones can, removed with a notice."""
+    cores = os.cpu_count() or 1
+    most = MAX_WORKERS_PER_CORE * cores
+    for key, workers in (("space.num_workers", largest(space["num_workers"])), ("baseline.num_workers", baseline["num_workers"])):
+        if workers > most:
+            raise SpecError(spec.path, key, workers, f"this machine has {cores} CPU cores: at most {most} loader workers "
+                                                     f"({MAX_WORKERS_PER_CORE} a core)")
+    samples, steps = len(task.train), smallest(space["accumulation_steps"])
+    if baseline["batch_size"] * baseline["accumulation_steps"] > samples:
+        raise SpecError(spec.path, "baseline.batch_size", baseline["batch_size"],
+                        f"the task has {samples} training samples: batch_size x accumulation_steps "
+                        f"({baseline['batch_size']} x {baseline['accumulation_steps']}) must not exceed them")
+    batches = space["batch_size"]
+    if smallest(batches) * steps > samples:
+        raise SpecError(spec.path, "space.batch_size", smallest(batches), f"the task has {samples} training samples: "
+                        f"batch_size x accumulation_steps ({smallest(batches)} x {steps}) must not exceed them")
+    if isinstance(batches, space_.Choices) and largest(batches) * steps > samples:
+        kept = tuple(b for b in batches.values if b * steps <= samples)
+        notices.append(f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
+                       f"the task has {samples} training samples")
+        space = space.replace("batch_size", space_.Choices(kept))
+    if task.metric is accuracy and not 0 < spec.target.value <= 1:
+        raise SpecError(spec.path, "target.value", spec.target.value, "accuracy is a fraction: a target above 0 and at most 1")
+    return space
+
+
+def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> tuple[space_.Space, dict[str, Any], list[str]]:
+    """The space and baseline without what this device, this install or the task's model cannot
+    run (space.restrict_to_device), with one notice per change; errors where nothing is left."""
+    cuda = device.type == "cuda"
+    bf16 = torch.cuda.is_bf16_supported() if cuda else True
+    baseline = dict(spec.baseline)
+    wanted = {knob for knob in ("compile", "channels_last") if True in spec.space[knob].values or baseline[knob]}
+    compile_problem = systems.compile_problem(device) if "compile" in wanted else None
+    channels_last_problem = None
+    if "channels_last" in wanted and task is not None:
+        params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
+        try:
+            model = task.model(**takes(task.model, params))
+        except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
+            model = None
+        channels_last_problem = systems.channels_last_problem(model) if model is not None else None
+    space, notices, impossible = space_.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
+                                                           channels_last_problem=channels_last_problem)
+    for knob, reason in impossible.items():
+        raise SpecError(spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})")
+    unsupported = space_.unsupported_precisions(cuda=cuda, bf16=bf16)
+    if baseline["precision"] in unsupported:
+        reason = unsupported[baseline["precision"]]
+        raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
+    switches = space_.unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    for knob, reason in switches.items():
+        if baseline[knob]:
+            baseline[knob] = False
+            if knob != "pin_memory":  # the baseline's pinning follows the device, as it always has
+                notices.append(f"baseline {knob} set to false: {reason}")
+    return space, baseline, notices
+
+
+def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
+    """`prepared` as the stored study began: one begun before a knob existed ran every trial
+    without it and goes on so, since one Optuna study cannot add a sampled knob. Adds a notice
+    for each knob it fixes. Reads the storage, so it runs after `prepare` has found every user
+    error, under the runner's lock."""
+    study = storage.read_study(spec)
+    stored = (study.user_attrs.get("definition") or {}).get("space") if study is not None else None
+    if stored is None:
+        return prepared
+    space, notices = prepared.space, list(prepared.notices)
+    for name, knob in space_.KNOBS.items():
+        fixed = space_.Choices((knob.absent,))
+        if knob.absent is not None and name not in stored and space[name] != fixed:
+            space = space.replace(name, fixed)
+            notices.append(f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
+                           f"searched it (give the study a new name: to search it)")
+    if space is prepared.space:
+        return prepared
+    return dataclasses.replace(prepared, space=space, notices=notices,
+                               definition=definition_.describe(spec, space=space, device=prepared.device.type))
+
+
+def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:
+    """The changes to the study's definition since it began; an error unless `allow_changes`.
+
+    Reads the storage without writing to it, so a refused run leaves it exactly as it was.
+    """
+    study = storage.read_study(spec)
+    stored = study.user_attrs.get("definition") if study is not None else None
+    changed = definition_.changes(stored, prepared.definition) if stored is not None else []
+    unmixable = definition_.unmixable(stored, prepared.definition) if changed else []
+    if unmixable:
+        raise AutotuneError(
+            f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
+            f"began in {spec.storage} ({'; '.join(c for c in changed if c.split(':')[0].removeprefix('space.') in unmixable)}); "
+            f"one Optuna study cannot mix trials over different choices: give the study a new name: to start afresh")
+    if changed and not allow_changes:
+        count = len(study.get_trials(deepcopy=False))
+        raise AutotuneError(
+            f"{spec.path}: the study file changed since study {spec.name!r} began in {spec.storage}: "
+            f"{'; '.join(changed)}. The {count} trial(s) stored were measured under the old settings; "
+            f"run with --allow-changes to add trials under the new ones, or give the study a new name:")
+    return changed
+
+
+def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:
+    """autotune's sampler, reseeded past the trials already stored: a resumed study must not
+    replay its first random configurations."""
+    return tpe_sampler(seed=spec.seed + seed_offset, trials=spec.budget.trials)
+
+
+def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
+    """TPE for a study of `trials` trials. Optuna 5's TPE is multivariate by default already
+    (benchmarks/search.py finds it searches exactly like the default TPE on an all-categorical
+    space): what it adds is `group`, for the conditional prefetch_factor, and fewer random
+    start-up trials in short studies. autotune's gains come from pruning and the probe."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group` is experimental
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            n_startup_trials=max(3, min(10, trials // 3)),  # random trials before TPE models
+            multivariate=True,  # knobs interact (lr with batch size and schedule)
+            group=True,  # prefetch_factor exists only with workers
+        )
+
+
+def limits_for(spec: StudySpec) -> Limits:
+    """What every training run of the study stops at: the target (time_to_target), the end of its
+    schedule or the per-trial budget."""
+    b = spec.budget
+    return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every,
+                  stop_at_target=spec.objective == "time_to_target")
+
+
+def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
+    """Open (or create) the study, store its definition, and recover what a killed run left.
+
+    Called by the one process that holds a local file's lock, before any worker starts: a
+    RUNNING trial there belongs to a process that no longer runs. On a database server other
+    machines' trials may be running; Optuna's heartbeat finds the dead ones instead.
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # also before --workers: autotune says what happens itself
+    study = storage.open_study(spec, create=True)
+    study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
+    if prepared.task is not None:
+        study.set_user_attr("optimizer", reference(prepared.task.optimizer))  # for `export --format torch`
+    record_definition(study, prepared.definition)
+    if prepared.knobs != tuple(space_.KNOBS):
+        study.set_user_attr(results.KNOBS_READ, list(prepared.knobs))
+    if storage.local_path(spec.storage) is not None:
+        interrupted = storage.mark_running_interrupted(study, reason="the process stopped during this trial")
+        queued = set(storage.queue_retries(study))
+        for number in interrupted:
+            progress.say(f"autotune: trial {number} was interrupted; it is marked failed and "
+                         + ("will run again" if number in queued else
+                            "a new trial takes its place (it stopped before its configuration was chosen)"))
+    if spec.probe == "systems" and "probe" not in study.user_attrs and prepared.task is not None \
+            and probe.worth_probing(prepared.space):
+        outcome = run_probe(spec, prepared)
+        study.set_user_attr("probe", outcome)
+        progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
+    return study
+
+
+def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
+    """The systems probe (probe.py) with short runs of the study's task on a seed of its own."""
+    epochs = min(probe.PROBE_EPOCHS, spec.budget.max_epochs)
+    limits = Limits(target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs)
+
+    def measure(config: dict[str, Any]) -> float:
+        try:
+            result = prepared.run_trial(TrialConfig.from_mapping(space_.complete(config)), limits=limits,
+                                        device=prepared.device, seed=probe.seed_for(spec.seed))
+        except isolation.TrialFailure:
+            return math.inf
+        bar.update(1)
+        return result.train_seconds
+
+    with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible():
+        return probe.run(measure, prepared.space, prepared.baseline, samples=int(epochs * len(prepared.task.train)))
+
+
+def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
+    """The space as the stored probe settled it; unchanged without one."""
+    outcome = study.user_attrs.get("probe")
+    if spec.probe != "systems" or outcome is None:
+        return prepared
+    return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
+
+
+def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = False, trials: int | None = None,
+                 timeout: float | None = None, run_trials: Callable[[], None] | None = None) -> optuna.Study:
+    """The run, as `autotune run`, `autotune.tune` and the benchmarks all do it: under the signal
+    handling and the runner's lock, take the study as it began, check it is unchanged, say the
+    notices, run the trials (here, or `run_trials`: the workers of --workers), confirm the best.
+
+    A signal ends it with `signals.Stopped` (a KeyboardInterrupt) once every trial this process
+    was running is marked interrupted and queued again; the caller says so and how to go on.
+    """
+    with signals.handled(), storage.sole_runner(spec):
+        prepared = as_begun(spec, prepared)
+        changes = check_unchanged(spec, prepared, allow_changes=allow_changes)
+        print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
+        if run_trials is None:
+            run_study(spec, prepared, trials=trials, timeout=timeout)
+        else:
+            begin(spec, prepared)  # recovery and the definition, before any worker starts
+            run_trials()
+        study = storage.open_study(spec, create=False)
+        confirm_best(spec, prepared, study)
+    return study
+
+
+def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,
+              worker: int | None = None) -> optuna.Study:
+    """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs
+    and other workers'. `worker` is this process's index among `--workers`; None when it runs alone.
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    budget = trials if trials is not None else spec.budget.trials
+    timeout = timeout if timeout is not None else spec.budget.timeout
+    study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
+    existing = len(study.get_trials(deepcopy=False))
+    study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
+    prepared = with_probe(spec, prepared, study)
+    limits = limits_for(spec)
+    started = time.monotonic()
+    mine: list[int] = []  # the trials this process asked for
+    # In lines mode one_trial prints a line per trial; the bar only announces the study (the
+    # parent's, under --workers).
+    with progress.bar("study", total=budget, unit="trial", announce=worker is None) as bar:
+        try:
+            while True:
+                signals.check()
+                storage.fail_dead_workers(study)
+                # One read of the storage per trial: each costs milliseconds, and the tuner's own
+                # time per trial is a benchmarked goal (benchmarks/overhead.py).
+                trials = study.get_trials(deepcopy=False)
+                _show_progress(bar, trials, budget)
+                # A queued trial (an interrupted one's retry) holds a slot, and is the next ask's to
+                # run: the budget is spent only once none waits. (Run beyond the budget, by a
+                # smaller --trials or another worker, it is marked surplus instead.)
+                waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
+                if (storage.slots_taken(trials) >= budget and not waiting) or \
+                        (timeout is not None and time.monotonic() - started >= timeout):
+                    break
+                one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+                                  limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,
+                                  asked=mine, known=trials, prune=spec.prune == "incumbent", objective=spec.objective,
+                                  replicates=spec.replicates,
+                                  # a local file has one runner (sole_runner); a server may have others
+                                  alone=worker is None and storage.local_path(spec.storage) is not None)
+        except KeyboardInterrupt as interrupt:
+            # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
+            stopped = storage.mark_running_interrupted(study, reason=f"stopped by {signals.name(interrupt)}",
+                                                       only=mine)
+            storage.queue_retries(study, only=stopped)
+            raise
+    done = storage.finished_count(study.get_trials(deepcopy=False))
+    if done < budget and timeout is not None and time.monotonic() - started >= timeout:
+        print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
+              f"run the same command again to go on", file=sys.stderr)
+    return study
+
+
+def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
+    """Store the definition when the study begins, and each allowed change with where it began."""
+    stored = study.user_attrs.get("definition")
+    if stored == definition:
+        return
+    if stored is not None:
+        history = [*study.user_attrs.get("definition_changes", []),
+                   {"from_trial": len(study.get_trials(deepcopy=False)), "changes": definition_.changes(stored, definition)}]
+        study.set_user_attr("definition_changes", history)
+    study.set_user_attr("definition", definition)
+
+
+def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
+    bar.n = min(storage.finished_count(trials), budget)
+    best = one_trial.incumbent(trials)
+    if best is not None:
+        bar.set_postfix_str(f"best {best[0]:.2f}s (trial {best[1]})", refresh=False)
+    bar.refresh()
+
+
+def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> dict[str, Any] | None:
+    """Re-run the best feasible configurations and the baseline on fresh seeds; store the outcome.
+
+    Reused without training when the stored confirmation covers the same finished trials.
+    """
+    if spec.confirm.top == 0 or spec.confirm.runs == 0:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    records = results.trial_records(trials)
+    top = results.best_feasible(records, count=spec.confirm.top)
+    if top.empty:
+        return None
+    after = storage.finished_count(trials)
+    stored = study.user_attrs.get("confirmation")
+    numbers = [int(n) for n in top["number"]]
+    if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
+            and stored.get("objective", "time_to_target") == spec.objective:
+        return stored
+    configs = {t.number: t.user_attrs["config"] for t in trials if t.number in numbers}
+    candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
+    candidates = {confirm.BASELINE: prepared.baseline, **candidates}
+    seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
+    limits = limits_for(spec)
+    with progress.bar("confirming on fresh seeds", total=len(seeds) * len(candidates), unit="run", leave=False) as bar:
+        with signals.interruptible():
+            runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
+                                   on_run=lambda: bar.update(1))
+    outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
+               "objective": spec.objective, "target": spec.target.value}
+    study.set_user_attr("confirmation", json.loads(json.dumps(outcome)))
+    return outcome
+
+
+def print_notices(notices: list[str]) -> None:
+    for notice in notices:
+        print(f"autotune: notice: {notice}", file=sys.stderr)

@@ -1,0 +1,315 @@
+"""Where a study lives: opening its storage, one runner per local file, interrupted trials.
+
+Local files (SQLite, Optuna's journal file) are run by one `autotune run` at a time, held by a
+lock beside the file; a trial found RUNNING there at start-up belongs to a process that no
+longer runs. Database servers are shared by many machines, so there Optuna's heartbeat finds
+the trials of dead workers instead, and `RetryHeartbeatStaleTrialCallback` queues them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import sqlite3
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from autotune.errors import StorageError
+from autotune.report.results import INTERRUPTED, is_interrupted
+from autotune.spec.study_file import StudySpec
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def _heartbeat_setting(text: str) -> tuple[int, int]:
+    try:
+        interval, grace = (int(part) for part in text.split(","))
+    except ValueError:
+        interval = grace = 0
+    if not 0 < interval < grace:
+        raise StorageError(f"AUTOTUNE_HEARTBEAT: got {text!r}; two whole numbers of seconds, interval,grace, "
+                           f"with 0 < interval < grace, e.g. 10,60")
+    return interval, grace
+
+
+# How often a running trial tells a database server it is alive, and the silence after which a
+# server's RUNNING trial is taken for dead; set AUTOTUNE_HEARTBEAT=10,60 (seconds) to change them.
+HEARTBEAT_SECONDS, GRACE_SECONDS = _heartbeat_setting(os.environ.get("AUTOTUNE_HEARTBEAT", "10,60"))
+SURPLUS = "surplus"  # user attr on a trial that a worker asked for once the budget was taken
+MAX_RETRY = 1  # an interrupted configuration runs again once; interrupted twice, it is dropped
+
+
+def local_path(url: str) -> Path | None:
+    """The file behind a SQLite or journal URL; None for a database server."""
+    for prefix in ("sqlite:///", "journal:///"):
+        if url.startswith(prefix):
+            return Path(url.removeprefix(prefix))
+    return None
+
+
+def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorage:
+    """Optuna's storage for the spec's URL; with `create=False`, a missing file is an error."""
+    url, path = spec.storage, local_path(spec.storage)
+    if path is not None and not create and not path.is_file():
+        # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
+        raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
+    if path is not None and create and not os.access(path.parent if not path.exists() else path, os.W_OK):
+        raise StorageError(f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:")
+    if url.startswith("sqlite:///") and path.is_file():
+        _refuse_foreign_sqlite(spec, path)
+    try:
+        if url.startswith("journal:///"):
+            return JournalStorage(JournalFileBackend(str(path)))
+        if path is not None:
+            return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(_with_driver(url), heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+    except Exception as exc:  # SQLAlchemy and driver errors: unreachable, corrupt or not a database
+        raise cannot_open(spec, exc) from None
+
+
+OPTUNA_TABLES = {"studies", "trials", "version_info"}  # among the tables Optuna's RDB storage creates
+
+
+def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
+    """An SQLite file with tables, none of them Optuna's, belongs to something else: Optuna would
+    add its tables to it. Read-only; a file that is no database is left to Optuna's own error."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
+    except sqlite3.Error:
+        return
+    if tables and not OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StorageError(f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
+                           f"not an autotune study; choose another file with --storage or storage:")
+
+
+def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
+    """The one-line error for a storage that failed to open or be created."""
+    if disk_full(exc):
+        return StorageError(f"{spec.path}: storage: cannot write {spec.storage}: no space left on the device; "
+                            f"free some space and run the same command again")
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return StorageError(f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})")
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an error it was raised from, is a write that found the disk full: OSError
+    ENOSPC (a journal file), or SQLite's "database or disk is full" under SQLAlchemy and Optuna."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "database or disk is full" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _with_driver(url: str) -> str:
+    """A bare postgresql:// names the driver autotune installs (psycopg 3): SQLAlchemy's default
+    for it differs between versions (psycopg2 before 2.1)."""
+    return "postgresql+psycopg://" + url.removeprefix("postgresql://") if url.startswith("postgresql://") else url
+
+
+def open_study(spec: StudySpec, *, sampler: optuna.samplers.BaseSampler | None = None, create: bool) -> optuna.Study:
+    """The study in its storage; created on first use when `create`."""
+    storage = make_storage(spec, create=create)
+    try:
+        if create:
+            return optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler,
+                                       direction="minimize", load_if_exists=True)
+        return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+    except KeyError:
+        raise StorageError(f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first") from None
+    except Exception as exc:
+        raise cannot_open(spec, exc) from None
+
+
+def read_study(spec: StudySpec) -> optuna.Study | None:
+    """The stored study, or None when it has not begun; creates and writes nothing."""
+    path = local_path(spec.storage)
+    if path is not None and not path.exists():
+        return None
+    storage = make_storage(spec, create=False)
+    try:
+        return optuna.load_study(study_name=spec.name, storage=storage)
+    except KeyError:
+        return None
+    except Exception as exc:
+        raise cannot_open(spec, exc) from None
+
+
+@contextlib.contextmanager
+def sole_runner(spec: StudySpec) -> Iterator[None]:
+    """Hold the lock that makes this process the only runner of a local storage file.
+
+    The lock is the kernel's, so it goes with the process even after `kill -9`. A POSIX record
+    lock (lockf), not flock: a process forked while it is held (a DataLoader worker, the probe's)
+    does not inherit it, so the lock goes the moment this process dies, not when the last worker
+    notices its parent is gone, and the same command can run again at once.
+    """
+    path = local_path(spec.storage)
+    if path is None:
+        yield
+        return
+    lock_path = path.with_name(path.name + ".runner.lock")  # not ".lock": Optuna's journal backend uses that
+    try:
+        lock = open(lock_path, "a+")
+    except OSError as exc:
+        raise StorageError(f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
+                           f"choose a writable place with --storage or storage:") from None
+    with lock:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EAGAIN or EACCES: held by another process
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish, "
+                               f"or use a journal file or database server to run several workers") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"autotune (pid {os.getpid()})\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+
+
+def worker_id() -> str:
+    """Names the process running a trial (user attr `worker`), so it can mark only its own."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
+    """Every finished trial counts, except interrupted ones (their configuration runs again) and
+    surplus ones (asked for by a worker after others had taken the whole budget; never run)."""
+    return trial.state in FINISHED and not is_interrupted(trial) and not trial.user_attrs.get(SURPLUS)
+
+
+def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
+    """Trials (from one `study.get_trials(deepcopy=False)`) that count against the budget."""
+    return sum(1 for t in trials if counts_against_budget(t))
+
+
+def _holds_slot(trial: optuna.trial.FrozenTrial) -> bool:
+    return trial.state in (TrialState.RUNNING, TrialState.WAITING) or counts_against_budget(trial)
+
+
+def slots_taken(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
+    """Trials finished, running or queued that count against the budget."""
+    return sum(1 for t in trials if _holds_slot(t))
+
+
+def slots_before(study: optuna.Study, number: int,
+                 trials: Iterable[optuna.trial.FrozenTrial] | None = None) -> int:
+    """How many trials numbered before this one hold a slot of the budget.
+
+    Workers each check the budget before they ask for a trial, so two of them can both take the
+    last slot; the trial numbers order them, and the later one is surplus. Called after the
+    trial's parameters are written, by when every earlier trial's creation has been committed.
+    `trials`: a read that is known to be current (a process running alone); else the storage is read.
+    """
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    return sum(1 for t in trials if t.number < number and _holds_slot(t))
+
+
+def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:
+    """End a trial that would overrun the budget, before it trains; reports leave it out."""
+    trial.set_user_attr(SURPLUS, True)
+    trial.set_user_attr("reason", "surplus: other workers had already taken the whole budget")
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def mark_interrupted(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, reason: str) -> None:
+    """Finish a RUNNING trial as FAIL, marked interrupted, with the reason."""
+    storage: Any = study._storage  # Optuna has no public call to finish a trial another process began
+    try:
+        storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+        storage.set_trial_user_attr(trial._trial_id, "reason", f"interrupted: {reason}")
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass  # it finished after all, between our read and our write
+
+
+def mark_running_interrupted(study: optuna.Study, *, reason: str, only: list[int] | None = None) -> list[int]:
+    """Mark RUNNING trials interrupted: all of them (a local file held by this runner, where none
+    can belong to a live process), or `only` those numbered (this worker's own)."""
+    running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if only is None or t.number in only]
+    for trial in running:
+        mark_interrupted(study, trial, reason=reason)
+    return [t.number for t in running]
+
+
+def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list[int]:
+    """Queue each interrupted configuration to run again, once; safe to repeat after any kill.
+
+    Written as Optuna's RetryHeartbeatStaleTrialCallback(max_retry=1) writes its retries (system
+    attrs `failed_trial`, `retry_history`), so both kinds of retry read alike; unlike it, the
+    interrupted trial's own user attrs (its reason) are not copied onto the retry.
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    queued = []
+    for trial in trials:
+        history = [*trial.system_attrs.get("retry_history", []), trial.number]
+        if only is not None and trial.number not in only:
+            continue  # another worker's trial: that worker, or the heartbeat, retries it
+        if not is_interrupted(trial) or trial.number in retried or len(history) > MAX_RETRY:
+            continue
+        if "config" not in trial.user_attrs:
+            continue  # stopped while its configuration was being chosen: a fresh trial takes its place
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+            system_attrs={"failed_trial": trial.number, "retry_history": history},
+        ))
+        queued.append(trial.number)
+    return queued
+
+
+def fail_dead_workers(study: optuna.Study) -> None:
+    """On a database server: fail the trials of workers whose heartbeat stopped; they are retried."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.trial.Trial) -> Iterator[None]:
+    """While a trial runs, tell a database server that its worker is alive (Optuna's heartbeat)."""
+    storage: Any = study._storage
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            storage.record_heartbeat(trial._trial_id)
+            stop.wait(interval)
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{trial.number}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

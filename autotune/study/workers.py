@@ -1,0 +1,96 @@
+"""`autotune run STUDY --workers K`: K worker processes on one study.
+
+Each worker is `autotune run STUDY --as-worker I` on the same storage, running the ask/train/tell
+loop until the budget is taken (study.run_study). The workers share the machine deliberately:
+each gets its own share of the CPU cores (torch's threads follow the affinity, so K workers on
+N cores never run more than N threads between them) and, with several GPUs, a GPU of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from autotune import progress, signals
+from autotune.study import storage
+from autotune.errors import AutotuneError
+from autotune.train.measure import cpu_count
+from autotune.spec.study_file import StudySpec
+
+STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
+
+
+def check_storage(spec: StudySpec, workers: int) -> None:
+    """Several processes never write one SQLite file: Optuna's journal file or a server instead."""
+    if workers > 1 and spec.storage.startswith("sqlite"):
+        raise AutotuneError(
+            f"{spec.path}: --workers {workers} needs a storage that several processes can share; "
+            f"{spec.storage} is a SQLite file, written by one process at a time. Use --storage "
+            f"journal:///{spec.path.with_suffix('.journal')} (this machine) or postgresql://user@host/db (several machines)")
+
+
+def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
+    """The cores worker `index` runs on: a contiguous share, or one core when workers outnumber cores."""
+    if workers >= len(cores):
+        return {cores[index % len(cores)]}
+    size = len(cores) // workers
+    start = index * size
+    return set(cores[start:start + size] if index < workers - 1 else cores[start:])
+
+
+def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
+    # One progress bar, the parent's; in lines mode each worker prints its own trials' lines.
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec.device in ("auto", "cuda") and gpus > 1:
+        env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)  # one worker per GPU
+    return env
+
+
+def run_workers(spec: StudySpec, *, study_file: str, workers: int, budget: int, timeout: float | None,
+                options: Sequence[str] = ()) -> None:
+    """Start the workers, show the study's progress, and wait for them; a signal stops them all."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cpu_count()))
+    command = [sys.executable, "-m", "autotune", "run", study_file, "--storage", spec.storage,
+               "--trials", str(budget), *(["--timeout", str(timeout)] if timeout else []), *options]
+    processes = []
+    for index in range(workers):
+        process = subprocess.Popen([*command, "--as-worker", str(index)], env=worker_env(spec, index))
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(process.pid, core_share(index, workers, cores))
+        processes.append(process)
+    study = storage.open_study(spec, create=False)
+    try:
+        with progress.bar(f"study ({workers} workers)", total=budget, unit="trial") as bar:
+            while any(p.poll() is None for p in processes):
+                with signals.interruptible():
+                    time.sleep(1.0)
+                bar.n = min(storage.finished_count(study.get_trials(deepcopy=False)), budget)
+                bar.refresh()
+    except KeyboardInterrupt as interrupt:
+        signum = interrupt.signum if isinstance(interrupt, signals.Stopped) else 2
+        _stop(processes, signum)
+        raise
+    failed = [(i, p.returncode) for i, p in enumerate(processes) if p.returncode != 0]
+    if failed:
+        codes = ", ".join(f"worker {i} exited with status {code}" for i, code in failed)
+        raise AutotuneError(f"{spec.path}: {codes}; every finished trial is saved, run the same command again to go on")
+
+
+def _stop(processes: list[subprocess.Popen], signum: int) -> None:
+    """Pass the signal on, give each worker time to mark its trial, then kill what is left."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signum)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()  # its trial stays RUNNING; the next start marks and retries it
+            process.wait()

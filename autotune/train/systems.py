@@ -1,0 +1,97 @@
+"""The GPU systems knobs in torch terms: channels-last memory format, torch.compile, cuDNN's
+algorithm search. Whether each can run here, and what a trial does with it.
+
+None of them changes the maths (float noise aside); each changes speed, and channels_last and
+compile change memory too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+import torch
+from torch import nn
+
+from autotune.train import oom
+
+# The exceptions torch.compile raises live in these modules; the first forward pass is where a
+# compiled model compiles, so they surface there, inside the trial.
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor")
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile (its default inductor backend) cannot run on `device` here, or None."""
+    try:
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            return f"torch.compile does not support Python {sys.version_info.major}.{sys.version_info.minor} with torch {torch.__version__}"
+        if device.type == "cuda":
+            from torch.utils._triton import has_triton
+
+            return None if has_triton() else "torch.compile needs Triton and a GPU of compute capability 7.0 or more"
+        from torch._inductor import config, cpp_builder, exc
+
+        compilers = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+        try:
+            cpp_builder.cpp_compiler_search(tuple(compilers))
+        except exc.InvalidCxxCompiler:
+            return "torch.compile needs a C++ compiler on CPU (g++, or the one $CXX names), and none works here"
+    except ImportError as error:  # a torch build without the compiler stack
+        return f"torch.compile is not available in this torch build ({error})"
+    return None
+
+
+def has_2d_convolutions(model: nn.Module) -> bool:
+    """True when the model holds a 4-D weight (a 2-D convolution): channels-last has something to
+    lay out. Other models (linear, 1-D) run the same either way."""
+    return any(parameter.dim() == 4 for parameter in model.parameters())
+
+
+def channels_last_problem(model: nn.Module) -> str | None:
+    return None if has_2d_convolutions(model) else "the task's model has no 2-D convolutions to lay out channels-last"
+
+
+def prepare_model(model: nn.Module, *, channels_last: bool, compile: bool) -> tuple[nn.Module, nn.Module]:
+    """(the module to train, the module to evaluate): the same parameters either way.
+
+    Evaluation uses the uncompiled module: its batch size and eval-mode BatchNorm would make
+    torch.compile compile a second graph, and evaluation runs off the clock anyway.
+    """
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return (torch.compile(model) if compile else model), model
+
+
+def to_device(inputs: torch.Tensor, device: torch.device, *, non_blocking: bool, channels_last: bool) -> torch.Tensor:
+    """A batch's inputs on the device, channels-last where asked and the batch is 4-D (N, C, H, W)."""
+    if channels_last and inputs.dim() == 4:
+        return inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+    return inputs.to(device, non_blocking=non_blocking)
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """cuDNN's algorithm search on for the trial and as it was after, whatever else cuDNN is set to."""
+    cudnn = torch.backends.cudnn
+    previous = cudnn.benchmark
+    cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        cudnn.benchmark = previous
+
+
+def compile_failure(exc: BaseException) -> str | None:
+    """The reason to record when `exc` came from torch.compile's compiler, else None."""
+    if not type(exc).__module__.startswith(COMPILER_MODULES) or oom.is_oom(exc):
+        return None  # an OOM while compiling (autotuning kernels, say) is an OOM: the trial is pruned
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # BackendCompilerFailed starts with "backend='inductor' raised:" and names the error next.
+    detail = " ".join(lines[:2]) if lines and lines[0].endswith("raised:") else (lines[0] if lines else "")
+    return f"torch.compile failed: {type(exc).__name__}: {detail}"[:500]
+
+
+class CompileFailed(RuntimeError):
+    """torch.compile could not compile the model: the trial fails with this reason."""

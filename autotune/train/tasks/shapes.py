@@ -1,0 +1,294 @@
+"""Shapes: 32x32 colour images of ten drawn shapes on cluttered backgrounds, with a ResNet-9.
+
+Shaped like GPU image training (CIFAR-10 with the DAWNBench/airbench ResNet-9) but offline: the
+images are drawn here with Pillow, deterministically, and kept PNG-encoded; each training sample
+is decoded, randomly cropped and flipped in `__getitem__`, so the loader costs real CPU time.
+Generated once per process and cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune`
+or `~/.cache/autotune`); a cache file that cannot be read is drawn again.
+
+Measured on 2 CPU cores: drawing the full size (60,000 images) takes about 30 s, loading its
+cache file (150 MB) about 1 s; a training `__getitem__` costs about 120 us (decoding most of it),
+a validation one about 8 us. A ResNet-9 step trains ~80 samples/s at width 64 there, and ~1,700
+at the small task's width 8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch import nn
+from torch.utils.data import Dataset
+
+from autotune.train.tasks import Task
+
+VERSION = 1  # of the drawing; in the cache file's name, so a change never reads stale images
+SIDE = 32  # pixels, as CIFAR-10
+SUPERSAMPLE = 4  # drawn at 128x128 and box-filtered down: antialiased edges, as a camera gives
+PAD = 4  # random crops of 32x32 from the image reflect-padded by 4, as CIFAR training does
+TRAIN_SIZE, VAL_SIZE = 50_000, 10_000  # CIFAR-10's sizes: epochs of seconds on one GPU
+SMALL_TRAIN_SIZE, SMALL_VAL_SIZE = 3_000, 1_000  # trains in seconds on 2 CPU cores, for tests
+SMALL_TARGET = 0.5  # accuracy small() reaches in ~5 epochs with the baseline's batch of 32 and SGD
+SMALL_WIDTH = 8  # 1/64 of the full model's compute: ~1,000 samples/s on 2 CPU cores
+SEED = 0  # the data is part of the task, not of a trial: fixed
+NOISE = 8.0  # std of the Gaussian pixel noise, in 0-255 levels
+# Smallest |luminance of the shape - luminance of the background|, in 0-255 levels (Rec. 601
+# weights): any two colours, but the shape never fades into the background, even in grey.
+MIN_CONTRAST = 80
+MIN_RADIUS, MAX_RADIUS = 0.12, 0.4  # of the side: the smallest are 8 pixels across, hard to tell apart
+LUMINANCE = np.array([0.299, 0.587, 0.114])
+
+
+def _polygon(n: int, *, phase: float = 0.0) -> list[tuple[float, float]]:
+    """A regular n-gon of radius 1 around the origin, a corner at the top unless turned by `phase`."""
+    return [(math.sin(phase + 2 * math.pi * k / n), -math.cos(phase + 2 * math.pi * k / n)) for k in range(n)]
+
+
+_ROUND = _polygon(48)
+_ARM = 0.33  # half the width of a plus's arms
+# (outline of radius about 1 around the origin, hollow). Every shape is mirror-symmetric, so a
+# horizontal flip gives the same shape at another rotation: the augmentation keeps the class.
+SHAPES: dict[str, tuple[list[tuple[float, float]], bool]] = {
+    "circle": (_ROUND, False),
+    "ring": (_ROUND, True),
+    "square": (_polygon(4, phase=math.pi / 4), False),
+    "frame": (_polygon(4, phase=math.pi / 4), True),
+    "triangle": ([(1.2 * x, 1.2 * y + 0.25) for x, y in _polygon(3)], False),  # centred on its area
+    "star": ([(r * x, r * y) for (x, y), r in zip(_polygon(10), [1.0, 0.45] * 5)], False),
+    "plus": ([(a * x - b * y, b * x + a * y) for a, b in ((1, 0), (0, 1), (-1, 0), (0, -1))  # 4 turns of an arm
+              for x, y in ((-_ARM, -1), (_ARM, -1), (_ARM, -_ARM))], False),
+    "pentagon": (_polygon(5), False),
+    "hexagon": (_polygon(6), False),
+    "ellipse": ([(x, 0.5 * y) for x, y in _ROUND], False),
+}
+CLASSES = tuple(SHAPES)
+
+
+def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    return tuple(int(c) for c in rng.integers(0, 256, 3))
+
+
+def _draw(rng: np.random.Generator, label: int) -> np.ndarray:
+    """One image, HWC uint8: clutter, the shape at a random size, place and angle, more clutter, noise."""
+    big = SIDE * SUPERSAMPLE
+    background = _colour(rng)
+    colour = _colour(rng)
+    while abs(LUMINANCE @ np.subtract(colour, background)) < MIN_CONTRAST:
+        colour = _colour(rng)
+    image = Image.new("RGB", (big, big), background)
+    draw = ImageDraw.Draw(image)
+    outline, hollow = SHAPES[CLASSES[label]]
+    radius = rng.uniform(MIN_RADIUS, MAX_RADIUS) * big
+    angle = rng.uniform(0, 2 * math.pi)
+    cx, cy = rng.uniform(0.7 * radius, big - 0.7 * radius, 2)  # up to 30% of it may leave the frame
+    cos, sin = math.cos(angle) * radius, math.sin(angle) * radius
+    xy = [(cx + cos * x - sin * y, cy + sin * x + cos * y) for x, y in outline]
+    clutter = int(rng.integers(1, 4))  # lines and dots; with more, the small task learns too slowly for tests
+    for i in range(clutter):
+        if i == clutter // 2:  # half of the clutter behind the shape, half over it
+            if hollow:
+                draw.polygon(xy, outline=colour, width=max(SUPERSAMPLE, round(0.3 * radius)))
+            else:
+                draw.polygon(xy, fill=colour)
+        if rng.random() < 0.5:
+            draw.line([tuple(p) for p in rng.uniform(0, big, (2, 2))], fill=_colour(rng),
+                      width=int(rng.integers(SUPERSAMPLE // 2, 2 * SUPERSAMPLE)))
+        else:
+            x, y, r = *rng.uniform(0, big, 2), rng.uniform(0.5, 1.5) * SUPERSAMPLE
+            draw.ellipse([x - r, y - r, x + r, y + r], fill=_colour(rng))
+    small = np.asarray(image.resize((SIDE, SIDE), Image.Resampling.BOX), dtype=np.float32)
+    return np.clip(small + rng.normal(0, NOISE, small.shape), 0, 255).round().astype(np.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """PNG files in one byte array: cheap to fork into loader workers, where a list of 50,000
+    bytes objects would be copied page by page as their reference counts change."""
+
+    data: np.ndarray  # uint8: every image's PNG bytes, one after another
+    offsets: np.ndarray  # int64: image i is data[offsets[i]:offsets[i + 1]]
+    labels: np.ndarray  # int64 class indices
+
+    def image(self, index: int) -> np.ndarray:
+        """Image `index`, decoded to HWC uint8."""
+        with Image.open(io.BytesIO(self.data[self.offsets[index]:self.offsets[index + 1]])) as image:
+            return np.asarray(image.convert("RGB"))
+
+
+def _generate(n: int, seed: int) -> tuple[Encoded, np.ndarray]:
+    """`n` images, the classes balanced and shuffled, and their per-channel pixel sums and sums of
+    squares (for the normalisation constants)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % len(CLASSES))
+    blobs, moments = [], np.zeros((2, 3))
+    for label in labels:
+        pixels = _draw(rng, int(label))
+        flat = pixels.reshape(-1, 3).astype(np.float64)
+        moments += (flat.sum(0), (flat**2).sum(0))
+        # PNG, not JPEG: lossless, so the pixels are the ones drawn, and faster to decode (~40 us
+        # against ~80). The noise keeps it at ~2.3 KB an image (raw: 3 KB; JPEG at quality 90: ~1.1).
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, "PNG", compress_level=1)  # higher levels: slower, no smaller
+        blobs.append(np.frombuffer(buffer.getvalue(), np.uint8))
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    return Encoded(np.concatenate(blobs), offsets, labels.astype(np.int64)), moments
+
+
+def cache_dir() -> Path:
+    """Where drawn data is kept for other processes and later runs."""
+    if os.environ.get("AUTOTUNE_CACHE"):
+        return Path(os.environ["AUTOTUNE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autotune"
+
+
+def _read(path: Path, sizes: dict[str, int]) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None for a file that is missing, unreadable or not what was written.
+    An .npz is a zip that checks each array's CRC: a damaged file fails here, not mid-trial."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        for split, n in sizes.items():
+            data, offsets, labels = (arrays[f"{split}_{k}"] for k in ("data", "offsets", "labels"))
+            if len(labels) != n or len(offsets) != n + 1 or offsets[-1] != len(data) or np.any(np.diff(offsets) <= 0):
+                return None
+        return arrays if arrays["mean"].shape == arrays["std"].shape == (3,) else None
+    except Exception:  # missing, unreadable, truncated, garbage: each means "draw it again"
+        return None
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Atomically: a concurrent reader sees the whole file or none. A folder that cannot be
+    written only means no cache."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as file:
+            temporary = Path(file.name)
+            np.savez(file, **arrays)  # uncompressed: PNG bytes do not compress further
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def _arrays(n_train: int, n_val: int, seed: int) -> dict[str, np.ndarray]:
+    """From the disk cache, or drawn (the training split seeded `seed`, validation `seed + 1`) and cached."""
+    path = cache_dir() / f"shapes-v{VERSION}-{n_train}-{n_val}-seed{seed}.npz"
+    arrays = _read(path, {"train": n_train, "val": n_val})
+    if arrays is None:
+        (train, (sums, squares)), (val, _) = _generate(n_train, seed), _generate(n_val, seed + 1)
+        mean = sums / (n_train * SIDE * SIDE)
+        arrays = {"mean": mean, "std": np.sqrt(squares / (n_train * SIDE * SIDE) - mean**2),
+                  **{f"{split}_{k}": v for split, data in (("train", train), ("val", val)) for k, v in vars(data).items()}}
+        _write(path, arrays)
+    return arrays
+
+
+# The row (or column) indices into an image of each crop offset into its reflect-padded copy:
+# a random crop is two `take`s, with no padded copy of each image made.
+_REFLECTED = np.abs(np.arange(-PAD, SIDE + PAD))
+WINDOWS = np.stack([np.where(_REFLECTED > SIDE - 1, 2 * (SIDE - 1) - _REFLECTED, _REFLECTED)[o:o + SIDE]
+                    for o in range(2 * PAD + 1)])
+
+
+class ShapesTrain(Dataset):
+    """Decoded, randomly cropped and flipped per sample with torch's RNG, which the trial seeds
+    in the main process and the DataLoader in each worker."""
+
+    def __init__(self, images: Encoded, *, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.images, self.labels, self.mean, self.std = images, torch.from_numpy(images.labels), mean, std
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # One draw picks both offsets and the flip: each torch call costs microseconds.
+        dy, choice = divmod(int(torch.randint(0, len(WINDOWS) ** 2 * 2, ())), len(WINDOWS) * 2)
+        dx, flip = divmod(choice, 2)
+        crop = self.images.image(index).take(WINDOWS[dy], axis=0).take(WINDOWS[dx][::-1] if flip else WINDOWS[dx], axis=1)
+        return (torch.from_numpy(crop).permute(2, 0, 1).float() - self.mean) / self.std, self.labels[index]
+
+
+class ShapesVal(Dataset):
+    """Decoded once (NCHW uint8): validation has no augmentation. Only normalised per sample."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.images, self.labels, self.mean, self.std = images, labels, mean, std
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.images[index].float() - self.mean) / self.std, self.labels[index]
+
+
+@functools.lru_cache(maxsize=4)
+def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, ShapesVal]:
+    """Built once per process, as a study builds the task for every trial; they hold no state
+    of a trial's, so every trial may share them."""
+    a = _arrays(n_train, n_val, seed)
+    val = Encoded(a["val_data"], a["val_offsets"], a["val_labels"])
+    val_images = torch.from_numpy(np.stack([val.image(i) for i in range(n_val)])).permute(0, 3, 1, 2).contiguous()
+    norm = {k: torch.tensor(a[k], dtype=torch.float32).view(3, 1, 1) for k in ("mean", "std")}  # 0-255 levels
+    return (ShapesTrain(Encoded(a["train_data"], a["train_offsets"], a["train_labels"]), **norm),
+            ShapesVal(val_images, torch.from_numpy(val.labels), **norm))
+
+
+def _conv(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+
+
+class Residual(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(_conv(channels, channels), _conv(channels, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class ResNet9(nn.Module):
+    """The ResNet-9 of DAWNBench (myrtle.ai) and airbench: w, 2w, 4w, 8w channels at 32, 16, 8, 4 pixels."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        w = width
+        self.features = nn.Sequential(
+            _conv(3, w),
+            _conv(w, 2 * w), nn.MaxPool2d(2), Residual(2 * w),
+            _conv(2 * w, 4 * w), nn.MaxPool2d(2),
+            _conv(4 * w, 8 * w), nn.MaxPool2d(2), Residual(8 * w),
+            nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+        )
+        self.head = nn.Linear(8 * w, len(CLASSES), bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x)) * 0.125  # myrtle.ai's scaling: small logits at the start
+
+
+def _task(n_train: int, n_val: int, model: Callable[..., nn.Module]) -> Task:
+    train, val = datasets(n_train, n_val)
+    return Task(model=model, train=train, val=val)
+
+
+def task() -> Task:
+    """The full size, for GPUs."""
+    return _task(TRAIN_SIZE, VAL_SIZE, ResNet9)
+
+
+def small_model(width: int = SMALL_WIDTH) -> ResNet9:
+    return ResNet9(width)
+
+
+def small() -> Task:
+    """The same task at a size that trains on 2 CPU cores in seconds."""
+    return _task(SMALL_TRAIN_SIZE, SMALL_VAL_SIZE, small_model)

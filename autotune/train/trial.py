@@ -1,0 +1,376 @@
+"""Run one configuration: build the loader, model and optimizer, train, evaluate, time.
+
+A trial is a function of its configuration. It never sees Optuna; exceptions (an OOM among
+them) propagate to the caller, which classifies them.
+
+Time to target: the clock starts before the DataLoader is built, runs through every
+training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
+the target. CUDA work is synchronized before the clock is read for a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import random
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from autotune import signals
+from autotune.train import class_figures, systems, telemetry
+from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
+from autotune.search.space import KNOBS, loader_kwargs
+from autotune.train.tasks import Task, takes
+
+EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
+WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
+MIN_WARMUP_STEPS = 3
+# Steps between looks at whether the loss stayed finite: each look waits for the device (a host
+# sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
+FINITE_CHECK_EVERY = 8
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
+# trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
+Progress = Callable[[int, int, "float | None", float], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """The knobs of one training run, and the user's own parameters (`space.params`)."""
+
+    lr: float
+    scheduler: str
+    batch_size: int
+    accumulation_steps: int
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    precision: str
+    schedule_epochs: float | None = None  # None: the schedule is the limits' max_epochs long
+    channels_last: bool = False
+    compile: bool = False
+    cudnn_benchmark: bool = False
+    params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
+        """From a flat mapping: the knobs by name, every other key a parameter."""
+        knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
+        # A knob may be absent from a configuration stored before it was a knob: it ran without it.
+        return cls(**{name: values[name] if name in values or name not in KNOBS else KNOBS[name].absent for name in knobs},
+                   params=tuple((k, v) for k, v in values.items() if k not in knobs))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat: the knobs, then the parameters."""
+        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        return {**knobs, **dict(self.params)}
+
+
+class Diverged(ArithmeticError):
+    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    target: float  # metric value that ends the trial as feasible
+    max_epochs: float  # training stops here; also the schedule's length when the configuration gives none
+    max_seconds: float  # training clock
+    eval_every: float  # epochs between evaluations
+    stop_at_target: bool = True  # False: train the whole schedule (the fixed_schedule objective)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+    reached: bool
+    time_to_target: float | None  # training-clock seconds; None when the target was not reached
+    best_metric: float
+    train_seconds: float  # training clock when the trial stopped
+    epochs: float | None  # None where the training is not autotune's to count (an objective function)
+    optimizer_steps: int | None
+    samples_per_second: float | None  # after warm-up; None when too few steps ran
+    peak_memory_bytes: int | None  # CUDA: allocator peak; CPU: process peak RSS
+    device_name: str
+    torch_version: str
+    stop_reason: str  # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective function missed
+    curve: tuple[tuple[float, float | None, float], ...]  # (train seconds, epochs, metric) per evaluation
+    # Telemetry (telemetry.py); None where it was not measured (a command, an objective function).
+    input_wait_fraction: float | None = None  # of training time after warm-up, spent waiting for batches
+    gpu: dict[str, float] | None = None  # NVML figures while training; None without an NVIDIA GPU
+    confusion: list[list[int]] | None = None  # at the last evaluation, for classification tasks
+
+    @property
+    def final_metric(self) -> float:
+        """The metric at the last evaluation: what a fixed schedule ends with."""
+        return self.curve[-1][2] if self.curve else self.best_metric
+
+
+def run(
+    task: Task,
+    config: TrialConfig,
+    *,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    progress: Progress | None = None,
+) -> TrialResult:
+    """Train `task` with `config` until the target (unless `limits.stop_at_target` is off), the end
+    of its schedule, the epoch limit or the time limit.
+
+    With the target not stopping it, `time_to_target` is still when the metric first reached it.
+    """
+    seed_everything(seed)
+    torch.set_num_threads(threads_for(config.num_workers))
+    reset_peak_memory(device)
+    n_train = len(task.train)
+    if config.batch_size * config.accumulation_steps > n_train:
+        raise ValueError(
+            f"an effective batch of {config.batch_size * config.accumulation_steps} is larger than "
+            f"the {n_train} training samples"
+        )
+
+    clock = Clock(device)
+    clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
+    loader = make_loader(task.train, config, seed=seed, device=device)
+    params = dict(config.params)
+    model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
+                                             channels_last=config.channels_last, compile=config.compile)
+    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2))
+    schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
+    schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
+    total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
+    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+    autocast = functools.partial(
+        torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=config.precision != "fp32"
+    )
+    step = functools.partial(
+        train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
+        device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
+    )
+
+    steps = samples = 0
+    warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * total_steps))
+    warm: tuple[float, int, float] | None = None  # clock, samples and input wait when warm-up ended
+    eval_interval = limits.eval_every * n_train
+    next_eval = eval_interval
+    curve: list[tuple[float, float, float]] = []
+    metric: float | None = None
+    reached_at: float | None = None
+    stop_reason = "max_epochs"
+    batches = endless(loader)
+    watch = FiniteLoss(device)
+    waiting = telemetry.InputWait()
+    fetch = waiting.timed(batches)
+    confusion = None
+    sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
+    model.train()
+    try:
+        with warnings.catch_warnings(), systems.cudnn_benchmark(config.cudnn_benchmark):
+            # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            while steps < total_steps:
+                group = list(itertools.islice(fetch, config.accumulation_steps))
+                watch.see(step(group), steps + 1)
+                scheduler.step()
+                steps += 1
+                if steps % FINITE_CHECK_EVERY == 0:
+                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
+                samples += sum(len(targets) for _, targets in group)
+                if steps == warm_steps:
+                    warm = (clock.read(), samples, waiting.seconds)
+                out_of_time = clock.read(sync=False) >= limits.max_seconds
+                if samples >= next_eval or steps == total_steps or out_of_time:
+                    clock.stop()
+                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
+                    metric, confusion = evaluate(evaluated, task, device=device, autocast=autocast,
+                                                 channels_last=config.channels_last)
+                    if not math.isfinite(metric):
+                        raise Diverged(f"metric is {metric} at epoch {samples / n_train:.2f}: "
+                                       f"the model's outputs or the task's metric are not finite numbers")
+                    curve.append((clock.elapsed, samples / n_train, metric))
+                    if metric >= limits.target and reached_at is None:
+                        reached_at = clock.elapsed
+                        if limits.stop_at_target:
+                            stop_reason = "target"
+                            break
+                    if out_of_time:
+                        stop_reason = "max_seconds"
+                        break
+                    next_eval = (math.floor(samples / eval_interval) + 1) * eval_interval
+                    clock.start()
+                if progress is not None:
+                    progress(steps, total_steps, metric, clock.read(sync=False))
+    except Exception as exc:
+        reason = systems.compile_failure(exc) if config.compile else None
+        if reason is None:
+            raise
+        raise systems.CompileFailed(reason) from None  # one line, not the compiler's page of context
+    finally:
+        batches.close()  # shuts down DataLoader workers even when training raised
+        gpu = sampler.stop()
+    if clock.running:
+        clock.stop()
+
+    reached = reached_at is not None
+    throughput = None
+    input_wait = telemetry.wait_fraction(waiting.seconds, clock.elapsed)  # too few steps: warm-up included
+    if warm is not None and clock.elapsed > warm[0] and samples > warm[1]:  # a step ran after warm-up
+        throughput = (samples - warm[1]) / (clock.elapsed - warm[0])
+        input_wait = telemetry.wait_fraction(waiting.seconds - warm[2], clock.elapsed - warm[0])
+    return TrialResult(
+        reached=reached,
+        time_to_target=reached_at,
+        best_metric=max(m for _, _, m in curve),
+        train_seconds=clock.elapsed,
+        epochs=samples / n_train,
+        optimizer_steps=steps,
+        samples_per_second=throughput,
+        peak_memory_bytes=peak_memory(device),
+        device_name=device_name(device),
+        torch_version=torch.__version__,
+        stop_reason=stop_reason,
+        curve=tuple(curve),
+        input_wait_fraction=input_wait,
+        gpu=gpu,
+        confusion=confusion,
+    )
+
+
+def train_step(
+    model: torch.nn.Module,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    autocast: Callable[[], Any],
+    device: torch.device,
+    non_blocking: bool,
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """One optimizer step over the micro-batches of one effective batch; returns the effective
+    batch's loss, detached and still on the device (reading it would wait for the step).
+
+    Each micro-batch's loss is divided by their number, so with a mean-reduced loss the gradient
+    equals that of one batch holding all of them.
+    """
+    total = None
+    for inputs, targets in micro_batches:
+        inputs = systems.to_device(inputs, device, non_blocking=non_blocking, channels_last=channels_last)
+        targets = targets.to(device, non_blocking=non_blocking)
+        with autocast():
+            loss = loss_fn(model(inputs), targets) / len(micro_batches)
+        scaler.scale(loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+class FiniteLoss:
+    """Watches the loss for the first step at which it is NaN or infinite, without a host sync per
+    step: the step number and the value stay on the device until `check` reads them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.first_step = torch.zeros((), dtype=torch.long, device=device)  # 0: none yet
+        self.value = torch.zeros((), device=device)
+
+    def see(self, loss: torch.Tensor, step: int) -> None:
+        new = ~torch.isfinite(loss.float()) & (self.first_step == 0)
+        self.first_step = torch.where(new, step, self.first_step)
+        self.value = torch.where(new, loss.float(), self.value)
+
+    def check(self, *, steps_per_epoch: float) -> None:
+        """Raise Diverged when a step so far had a non-finite loss."""
+        step = int(self.first_step)
+        if step:
+            raise Diverged(f"loss became {float(self.value)} at step {step} "
+                           f"(epoch {step / steps_per_epoch:.2f}): the learning rate is likely too high")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autocast: Callable[[], Any],
+             channels_last: bool = False) -> tuple[float, list[list[int]] | None]:
+    """The task's metric over the whole validation set, and its confusion matrix where the task
+    classifies (class_figures.confusion)."""
+    model.eval()
+    outputs, targets = [], []
+    for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
+        with autocast():
+            outputs.append(model(systems.to_device(inputs, device, non_blocking=False, channels_last=channels_last)).float())
+        targets.append(target.to(device))
+    model.train()
+    outputs, targets = torch.cat(outputs), torch.cat(targets)
+    return float(task.metric(outputs, targets)), class_figures.confusion(outputs, targets)
+
+
+def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
+    kwargs = loader_kwargs(config.as_dict())
+    kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
+    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def endless(loader: DataLoader) -> Iterator[Any]:
+    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
+    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back,
+    and are shut down when the generator is closed, whatever ended the trial."""
+    with signals.held():
+        batches = iter(loader)
+    try:
+        while True:
+            yield from batches
+            batches = iter(loader)
+    finally:
+        shut_down_workers(loader)
+
+
+def shut_down_workers(loader: DataLoader) -> None:
+    """Stop a loader's persistent workers now. The loader keeps its iterator (and so its workers)
+    for as long as it lives, and a raised trial's traceback keeps the loader alive; workers that
+    ignore SIGTERM would then hold up the exit of the process that made them. Lightning does the
+    same with the same private attribute: torch has no public call for it."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
+
+
+def make_scheduler(
+    name: str, optimizer: torch.optim.Optimizer, *, total_steps: int, lr: float
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The LR schedule over the trial's whole step budget, stepped once per optimizer step."""
+    sched = torch.optim.lr_scheduler
+    if name == "constant":
+        return sched.LambdaLR(optimizer, lambda _: 1.0)
+    if name == "step":
+        return sched.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)
+    if name == "cosine":
+        return sched.CosineAnnealingLR(optimizer, T_max=total_steps)
+    if name == "onecycle":
+        if total_steps == 1:
+            return sched.LambdaLR(optimizer, lambda _: 1.0)  # one step has no cycle: the peak lr
+        # OneCycleLR divides by its warm-up's length in steps (pct_start * total_steps - 1): with
+        # 4 steps or fewer that is 0 or less, so the warm-up is stretched to 1.5 steps.
+        return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=max(0.25, 1.5 / total_steps))
+    raise ValueError(f"scheduler must be one of constant, step, cosine, onecycle, but got {name=}.")
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)  # each loader worker is one process on one core
+    signals.ignore_in_worker()  # the trial's process stops on a signal and shuts its workers down
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
