@@ -169,12 +169,12 @@ def all_failed(study: optuna.Study) -> str | None:
     most common reason, which names the line of the user's code; else None."""
     import collections
 
-    from autotune.report import results
+    from autotune.study import schema
 
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not results.is_interrupted(t)]
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not schema.is_interrupted(t)]
     if not trials or any(t.state.name != "FAIL" for t in trials):
         return None
-    reasons = collections.Counter(t.user_attrs.get("reason", "no reason recorded") for t in trials)
+    reasons = collections.Counter(schema.reason(t) or "no reason recorded" for t in trials)
     reason, count = reasons.most_common(1)[0]
     return (f"every one of the {len(trials)} trials failed, so nothing was tuned; the most common reason "
             f"({count} of {len(trials)}): {reason}")
@@ -227,10 +227,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _html(study: optuna.Study, records: pd.DataFrame, summary: dict) -> str:
     """The HTML page, with what it needs from the storage beyond the summary."""
     from autotune.report import html_page, importance, results, summary as summary_
+    from autotune.study import schema
 
     top = results.best_feasible(records, count=summary_.TABLE_ROWS)
     curves = results.learning_curves(study.get_trials(deepcopy=False), [int(n) for n in top["number"]],
-                                     confirmation=study.user_attrs.get("confirmation"))
+                                     confirmation=schema.confirmation(study.user_attrs))
     values, why_not = importance.param_importances(study)
     return html_page.render(summary, records, curves=curves, importances=values, importances_missing=why_not)
 

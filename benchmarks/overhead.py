@@ -31,7 +31,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would be measured to
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
-from autotune.report import results  # noqa: E402
+from autotune.study import schema  # noqa: E402
 from autotune.spec import study_file as spec_
 from autotune.study import run as study_
 from benchmarks.provenance import RESULTS, provenance  # noqa: E402
@@ -50,7 +50,7 @@ def run_study(folder: Path, *, mode: str, trials: int, epochs: float, index: int
     started = time.perf_counter()
     study = study_.run_study(spec, prepared)
     wall = time.perf_counter() - started
-    train = sum(results.measured(t)["train_seconds"] for t in study.get_trials() if t.state.is_finished())
+    train = sum(schema.measured(t)["train_seconds"] for t in study.get_trials() if t.state.is_finished())
     return {"wall": wall, "train": train, "per_trial_wall": wall / trials, "per_trial_train": train / trials,
             "overhead_per_trial": (wall - train) / trials, "overhead_fraction": (wall - train) / wall}
 

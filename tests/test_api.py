@@ -19,7 +19,8 @@ from torch.utils.data import TensorDataset
 
 import autotune
 from autotune.errors import SpecError
-from autotune.report.results import measured, trial_records
+from autotune.report.results import trial_records
+from autotune.study.schema import measured
 from autotune.search.space import KNOBS
 from autotune.report.summary import render
 

@@ -130,7 +130,7 @@ def test_an_out_of_memory_error_in_the_command_is_an_oom(tmp_path: Path) -> None
     with pytest.raises(TrialFailure) as failure:
         run("oom", tmp_path)
     assert failure.value.oom
-    assert failure.value.reason.startswith("out of memory: torch.OutOfMemoryError: CUDA out of oom. Tried to allocate 2.00 GiB")
+    assert failure.value.reason.startswith("out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert failure.value.reason.endswith("(the command exited with status 1)")
 
 
@@ -307,8 +307,8 @@ def test_report_lines_parse_as_documented() -> None:
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
-    (["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of oom. "
-      "Tried to allocate 2.00 GiB"], "torch.OutOfMemoryError: CUDA out of oom. Tried to allocate 2.00 GiB"),
+    (["Traceback (most recent call last):", '  File "train.py", line 3', "torch.OutOfMemoryError: CUDA out of memory. "
+      "Tried to allocate 2.00 GiB"], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
     (["RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried"],
      "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried"),
     (["Traceback (most recent call last):", "MemoryError"], "MemoryError"),

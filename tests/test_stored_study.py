@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import optuna
+
 from autotune.cli import main
+from autotune.study import schema
 
 STORED = Path(__file__).parent / "data" / "stored_study"
 
@@ -39,3 +42,22 @@ def test_export_reads_the_same(study: Path, fmt: str) -> None:
     out = study.parent / f"again.{fmt}"
     assert main(["export", str(study), "--format", fmt, "-o", str(out)]) == 0
     assert out.read_text() == (STORED / f"export.{fmt}").read_text()
+
+
+def test_running_it_again_trains_nothing_and_keeps_its_version(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its trials stay as stored (version 0, no `schema_version`); only the optimizer's reference
+    is recorded again under its module's current name."""
+    assert main(["run", str(study)]) == 0
+    stored = optuna.load_study(study_name="small", storage=f"sqlite:///{study.parent / 'small.db'}")
+    assert len(stored.trials) == 6 and schema.VERSION not in stored.user_attrs
+    assert schema.version(stored.user_attrs) == 0
+    capsys.readouterr()
+    assert main(["report", str(study), "--json"]) == 0
+    expected = json.loads((STORED / "report.json").read_text())
+    assert json.loads(capsys.readouterr().out) == {**expected, "optimizer": "autotune.train.tasks:sgd"}
+
+
+def test_legacy_references_read_as_today() -> None:
+    assert schema.current_reference("autotune.tasks:sgd") == "autotune.train.tasks:sgd"
+    assert schema.current_reference("my_task:make_optimizer") == "my_task:make_optimizer"
+    assert schema.current_reference(None) is None

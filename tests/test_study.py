@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune.report import results
+from autotune.study import schema
 from autotune.cli import main
 from autotune.search.space import KNOBS
 from tests import tasks
@@ -91,6 +91,7 @@ def test_running_a_finished_study_again_trains_nothing(tmp_path: Path, capsys: p
     assert code == 0 and "Winner" in out
     assert len(again.get_trials()) == len(before.get_trials()) == 2
     assert again.user_attrs["confirmation"] == stored  # not re-measured
+    assert again.user_attrs[schema.VERSION] == schema.SCHEMA_VERSION  # recorded when the study began
 
 
 def test_timeout_stops_starting_trials_and_says_how_to_go_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +200,7 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
     for t in skipped:
         bound = ran_out[t.user_attrs["oom_bound"]]
         assert t.state == optuna.trial.TrialState.PRUNED and bound.number < t.number
-        assert t.params["batch_size"] >= bound.params["batch_size"] and results.RESULT not in t.user_attrs
+        assert t.params["batch_size"] >= bound.params["batch_size"] and schema.RESULT not in t.user_attrs
         assert f"trial {bound.number} (batch_size {bound.params['batch_size']} in fp32)" in t.user_attrs["reason"]
     sizes = [ran_out[n].params["batch_size"] for n in sorted(ran_out)]
     assert sizes == sorted(set(sizes), reverse=True)  # each real OOM was below every earlier one
@@ -417,7 +418,7 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED" if bounded else "COMPLETE"]
     assert trials[3].user_attrs.get("oom_bound") == (2 if bounded else None)
     fast = trials[0].value
-    assert results.measured(trials[0])["reached"] and fast < 5
+    assert schema.measured(trials[0])["reached"] and fast < 5
     pruned = trials[1].user_attrs["reason"]
     assert pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
     assert fast < trials[1].user_attrs["pruned_at"] < 5  # stopped soon after passing trial 0's time, not at 5 s

@@ -12,12 +12,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.search.space import KNOBS, complete
-
-INTERRUPTED = "interrupted"  # user attr on a trial stopped by Ctrl-C, a signal or a kill; it is retried
-RESULT = "result"  # user attr: what a finished training run measured (trial.TrialResult as a dict)
-# Study user attr: the knobs its training reads, where that is not all of them (an objective
-# function reads the knobs its caller names); reports show only those.
-KNOBS_READ = "knobs"
+from autotune.study import schema
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
@@ -29,36 +24,9 @@ COLUMNS = (
 )
 
 
-def is_interrupted(trial: Any) -> bool:
-    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
-    a database server's heartbeat check. autotune records a reason for every failure of its own.
-    """
-    return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or "reason" not in trial.user_attrs)
-
-
-def measured(trial: Any) -> dict[str, Any]:
-    """What the trial's training run measured (time_to_target, reached, curve, ...); empty when it
-    did not finish. Studies stored before the result was one attribute kept each as its own."""
-    attrs = trial.user_attrs
-    return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in MEASURED})
-
-
-def training_seconds(trial: Any) -> float:
-    """Training seconds the trial spent over all its runs: a pruned one up to where it stopped."""
-    result = measured(trial)
-    if result.get("replicates"):
-        return float(sum(r["train_seconds"] for r in result["replicates"]))
-    return float(result.get("train_seconds", trial.user_attrs.get("pruned_at", 0.0)))
-
-
-# What studies stored before the result was one attribute kept each as its own attribute.
-MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
-            "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
-
-
 def knobs_read(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
-    """The knobs a study's training reads (KNOBS_READ), in KNOBS order: all of them unless stored."""
-    stored = study_attrs.get(KNOBS_READ)
+    """The knobs a study's training reads, in KNOBS order: all of them unless it stored them."""
+    stored = schema.knobs_read(study_attrs)
     return tuple(KNOBS) if stored is None else tuple(k for k in KNOBS if k in stored)
 
 
@@ -67,18 +35,19 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
     rows, params = [], {}  # params: the user's own parameters' names, in order of appearance
     shown = tuple(knobs)
     for trial in trials:
-        if trial.user_attrs.get("surplus"):  # never ran: a worker's ask after the budget was taken
+        if schema.is_surplus(trial):  # never ran: a worker's ask after the budget was taken
             continue
-        attrs = {**trial.user_attrs, **measured(trial)}
-        constraints = trial.constraints if hasattr(trial, "constraints") else {}
+        attrs = schema.outcome(trial)
+        interrupted = schema.is_interrupted(trial)
         peak = attrs.get("peak_memory_bytes")
-        config = complete(attrs["config"]) if "config" in attrs else {k: trial.params.get(k) for k in KNOBS}
+        stored = schema.config(trial)
+        config = complete(stored) if stored is not None else {k: trial.params.get(k) for k in KNOBS}
         config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
         rows.append({
             "number": trial.number,
             "state": trial.state.name,
-            "feasible": trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0,
+            "feasible": schema.is_feasible(trial),
             # what the study minimized: the mean over the trial's runs of its time to target, or
             # of its whole schedule (objective.py); the first run's own figures follow
             "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
@@ -96,11 +65,11 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
             "input_wait": attrs.get("input_wait_fraction"),
             "peak_memory_mb": None if peak is None else peak / 2**20,
             **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
-            "oom": bool(attrs.get("oom", False)),
-            "oom_bound": "oom_bound" in attrs,  # pruned without running: a smaller one ran out of memory
-            "diverged": bool(attrs.get("diverged", False)),  # pruned at a non-finite loss or metric
-            "interrupted": is_interrupted(trial),
-            "reason": attrs.get("reason", "interrupted: its worker stopped" if is_interrupted(trial) else None),
+            "oom": attrs["oom"],
+            "oom_bound": attrs["oom_bound"],  # pruned without running: a smaller one ran out of memory
+            "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
+            "interrupted": interrupted,
+            "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
             **config,
         })
     table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])
@@ -151,7 +120,7 @@ def learning_curves(trials: Iterable[Any], numbers: Iterable[int], *,
     """`trial N` -> the curve (train seconds, epochs, metric per evaluation) of each trial in
     `numbers` that stored one, in that order; and `baseline` -> the baseline's first confirmation
     run's curve, where the confirmation kept one."""
-    by_number = {t.number: measured(t).get("curve") for t in trials}
+    by_number = {t.number: schema.measured(t).get("curve") for t in trials}
     curves = {f"trial {n}": by_number[n] for n in numbers if by_number.get(n)}
     for run in (confirmation or {}).get("runs", []):
         if run["label"] == "baseline" and run.get("curve"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from autotune.study import confirm
+from autotune.study import confirm, schema
 from autotune.search import probe
 from autotune.report import results, winner
 from autotune.search.space import KNOBS, complete
@@ -100,11 +100,11 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
     target = {"metric": spec.target.metric, "value": spec.target.value}
     b = spec.budget
     limits = {"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every}
-    summary = summarize(spec.name, records, target=target, confirmation=attrs.get("confirmation"), limits=limits,
-                              optimizer=attrs.get("optimizer"), device=attrs.get("definition", {}).get("device"),
-                              probe_outcome=attrs.get("probe"), objective=spec.objective,
-                              confusions={t.number: results.measured(t).get("confusion") for t in trials})
-    if results.KNOBS_READ in attrs:
+    summary = summarize(spec.name, records, target=target, confirmation=schema.confirmation(attrs), limits=limits,
+                        optimizer=schema.optimizer(attrs), device=schema.device(attrs),
+                        probe_outcome=schema.probe(attrs), objective=spec.objective,
+                        confusions={t.number: schema.measured(t).get("confusion") for t in trials})
+    if schema.knobs_read(attrs) is not None:
         _show_only(summary, knobs)
     return records, summary
 

@@ -159,9 +159,9 @@ def _watch(group: _Group, read_fd: int, *, started: float, limits: Limits, hang_
 def _after_exit(group: _Group, tally: Tally, tail: Sequence[str], *, elapsed: float) -> TrialResult:
     code = group.process.returncode
     if code != 0:
-        oom = oom.oom_line(tail)
-        if oom is not None:
-            raise TrialFailure(f"out of memory: {oom} (the command {_status(code)})"[:500], oom=True)
+        line = oom.oom_line(tail)
+        if line is not None:
+            raise TrialFailure(f"out of memory: {line} (the command {_status(code)})"[:500], oom=True)
         last = next((line.strip()[:REASON_LINE_CHARS] for line in reversed(tail) if line.strip()), "")
         lines = "".join(f"\n  | {line[:REASON_LINE_CHARS]}" for line in tail)
         raise TrialFailure(f"crashed: the command {_status(code)}{': ' + last if last else ''}"

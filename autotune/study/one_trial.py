@@ -14,9 +14,8 @@ import torch
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import objective as objective_, storage
+from autotune.study import objective as objective_, schema, storage
 from autotune.search import oom_boundary
-from autotune.report import results
 from autotune.runners.isolation import RunTrial
 from autotune.search.space import Space, suggest
 from autotune.train.trial import Limits, TrialConfig
@@ -42,8 +41,7 @@ def run_one(study: optuna.Study, *, space: Space, run_trial: RunTrial, device: t
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
     """The best feasible (time to target, trial number) so far, or None."""
-    feasible = [(t.value, t.number) for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-                and t.constraints and max(t.constraints.values()) <= 0 and t.value is not None]
+    feasible = [(t.value, t.number) for t in trials if schema.is_feasible(t)]
     return min(feasible) if feasible else None
 
 
@@ -60,8 +58,7 @@ def _standing_now(study: optuna.Study, budget: int) -> str:
 
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
     """Trial number -> configuration of each trial that really ran out of memory."""
-    return {t.number: t.user_attrs["config"] for t in trials
-            if t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("oom") and "config" in t.user_attrs}
+    return {t.number: schema.config(t) for t in trials if schema.ran_out_of_memory(t)}
 
 
 def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, run_trial: RunTrial,
@@ -75,11 +72,9 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
             return _standing_now(study, budget)
         return standing(finished, budget, best)
 
-    trial.set_user_attr("worker", storage.worker_id())
     config = suggest(space, trial)
     trial_seed = seed * 100_000 + trial.number
-    trial.set_user_attr("config", config)
-    trial.set_user_attr("seed", trial_seed)
+    schema.begin_trial(trial, worker=storage.worker_id(), config=config, seed=trial_seed)
     # Alone, the read before the ask is current: another read would cost a storage round trip.
     if storage.slots_before(study, trial.number, current) >= budget:
         storage.mark_surplus(study, trial)
@@ -87,8 +82,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     bound = oom_boundary.bound_by(config, ran_out.items())
     if bound is not None:  # it would run out of memory too: the sampler learns that without a run
         reason = oom_boundary.reason(config, bound, ran_out[bound])
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("oom_bound", bound)
+        schema.record_oom_bound(trial, reason=reason, bound=bound)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         progress.tell(f"trial {trial.number}: pruned: {reason}", standing=where(incumbent))
         return
@@ -131,17 +125,12 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     finally:
         bar.close()  # before any message, also when a signal stops the run
     if isinstance(failure, isolation.Pruned):
-        trial.set_user_attr("reason", failure.reason)
-        if failure.seconds is not None:  # the compute it took counts toward the study's (benchmarks/found.py)
-            trial.set_user_attr("pruned_at", failure.seconds)
+        schema.record_pruned(trial, reason=failure.reason, seconds=failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         progress.tell(f"trial {trial.number}: {failure.reason}", standing=where(incumbent))
         return
     if failure is not None:
-        trial.set_user_attr("reason", failure.reason)
-        trial.set_user_attr("oom", failure.oom)
-        if failure.diverged:
-            trial.set_user_attr("diverged", True)
+        schema.record_failure(trial, reason=failure.reason, oom=failure.oom, diverged=failure.diverged)
         # Out of memory and divergence are the configuration's fault, not the code's: PRUNED, so
         # the sampler learns to avoid them (Optuna's TPE ignores FAILED trials).
         cannot_win = failure.oom or failure.diverged
@@ -156,7 +145,7 @@ def _train_and_tell(study: optuna.Study, trial: optuna.Trial, *, space: Space, r
     if len(runs) > 1:
         record["replicates"] = [objective_.summary(run, run_seed) for run, run_seed in zip(runs, seeds)]
     record["objective_metric"] = outcome.metric
-    trial.set_user_attr(results.RESULT, record)  # one write: each attribute is a transaction of its own
+    schema.record_result(trial, record)
     trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
     study.tell(trial, outcome.value)
     feasible = outcome.constraint <= 0

@@ -22,9 +22,8 @@ import torch
 
 from autotune import progress, signals
 from autotune.runners import command, isolation
-from autotune.study import confirm, definition as definition_, one_trial, storage
+from autotune.study import confirm, definition as definition_, one_trial, schema, storage
 from autotune.search import probe, space as space_
-from autotune.report import results
 from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.study_file import CommandTask, StudySpec
@@ -182,7 +181,7 @@ def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
     for each knob it fixes. Reads the storage, so it runs after `prepare` has found every user
     error, under the runner's lock."""
     study = storage.read_study(spec)
-    stored = (study.user_attrs.get("definition") or {}).get("space") if study is not None else None
+    stored = (schema.definition(study.user_attrs) or {}).get("space") if study is not None else None
     if stored is None:
         return prepared
     space, notices = prepared.space, list(prepared.notices)
@@ -204,7 +203,7 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
     Reads the storage without writing to it, so a refused run leaves it exactly as it was.
     """
     study = storage.read_study(spec)
-    stored = study.user_attrs.get("definition") if study is not None else None
+    stored = schema.definition(study.user_attrs) if study is not None else None
     changed = definition_.changes(stored, prepared.definition) if stored is not None else []
     unmixable = definition_.unmixable(stored, prepared.definition) if changed else []
     if unmixable:
@@ -259,12 +258,10 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # also before --workers: autotune says what happens itself
     study = storage.open_study(spec, create=True)
-    study.set_user_attr("target", {"metric": spec.target.metric, "value": spec.target.value})
-    if prepared.task is not None:
-        study.set_user_attr("optimizer", reference(prepared.task.optimizer))  # for `export --format torch`
-    record_definition(study, prepared.definition)
-    if prepared.knobs != tuple(space_.KNOBS):
-        study.set_user_attr(results.KNOBS_READ, list(prepared.knobs))
+    schema.begin(study, target={"metric": spec.target.metric, "value": spec.target.value},
+                 optimizer=reference(prepared.task.optimizer) if prepared.task is not None else None,
+                 knobs=prepared.knobs if prepared.knobs != tuple(space_.KNOBS) else None)
+    schema.record_definition(study, prepared.definition, changes=definition_.changes)
     if storage.local_path(spec.storage) is not None:
         interrupted = storage.mark_running_interrupted(study, reason="the process stopped during this trial")
         queued = set(storage.queue_retries(study))
@@ -272,10 +269,10 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
             progress.say(f"autotune: trial {number} was interrupted; it is marked failed and "
                          + ("will run again" if number in queued else
                             "a new trial takes its place (it stopped before its configuration was chosen)"))
-    if spec.probe == "systems" and "probe" not in study.user_attrs and prepared.task is not None \
+    if spec.probe == "systems" and schema.probe(study.user_attrs) is None and prepared.task is not None \
             and probe.worth_probing(prepared.space):
         outcome = run_probe(spec, prepared)
-        study.set_user_attr("probe", outcome)
+        schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
     return study
 
@@ -300,7 +297,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
 
 def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
     """The space as the stored probe settled it; unchanged without one."""
-    outcome = study.user_attrs.get("probe")
+    outcome = schema.probe(study.user_attrs)
     if spec.probe != "systems" or outcome is None:
         return prepared
     return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
@@ -381,18 +378,6 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     return study
 
 
-def record_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
-    """Store the definition when the study begins, and each allowed change with where it began."""
-    stored = study.user_attrs.get("definition")
-    if stored == definition:
-        return
-    if stored is not None:
-        history = [*study.user_attrs.get("definition_changes", []),
-                   {"from_trial": len(study.get_trials(deepcopy=False)), "changes": definition_.changes(stored, definition)}]
-        study.set_user_attr("definition_changes", history)
-    study.set_user_attr("definition", definition)
-
-
 def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
     bar.n = min(storage.finished_count(trials), budget)
     best = one_trial.incumbent(trials)
@@ -409,17 +394,16 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     if spec.confirm.top == 0 or spec.confirm.runs == 0:
         return None
     trials = study.get_trials(deepcopy=False)
-    records = results.trial_records(trials)
-    top = results.best_feasible(records, count=spec.confirm.top)
-    if top.empty:
+    top = sorted((t for t in trials if schema.is_feasible(t)), key=lambda t: (t.value, t.number))[:spec.confirm.top]
+    if not top:
         return None
     after = storage.finished_count(trials)
-    stored = study.user_attrs.get("confirmation")
-    numbers = [int(n) for n in top["number"]]
+    stored = schema.confirmation(study.user_attrs)
+    numbers = [t.number for t in top]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
             and stored.get("objective", "time_to_target") == spec.objective:
         return stored
-    configs = {t.number: t.user_attrs["config"] for t in trials if t.number in numbers}
+    configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
@@ -430,7 +414,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
                                    on_run=lambda: bar.update(1))
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
                "objective": spec.objective, "target": spec.target.value}
-    study.set_user_attr("confirmation", json.loads(json.dumps(outcome)))
+    schema.record_confirmation(study, json.loads(json.dumps(outcome)))
     return outcome
 
 

@@ -1,11 +1,159 @@
-"""What a study stores, in one place: every attribute key, how results are written and read back,
-and the readers that keep studies stored by earlier versions readable.
+"""What a study stores, in one place: every attribute key, how trials and studies are written and
+read back, and the readers that keep studies stored by earlier versions readable.
+
+Everything else reads and writes a study through these functions. Trials and studies are
+duck-typed (Optuna's Trial, FrozenTrial and Study), so the report reads a storage without
+importing Optuna here.
+
+Version 1 is the first to record `schema_version`; a study without one was stored before it
+(version 0) and is read by the legacy branches below, which are the only ones.
 """
 
 from __future__ import annotations
 
-# Modules that held stored references (a task's optimizer, `module:function`) before they moved.
-MOVED_MODULES = {"autotune.tasks": "autotune.train.tasks"}
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Study attributes.
+VERSION = "schema_version"
+TARGET = "target"  # {"metric": name, "value": threshold}
+OPTIMIZER = "optimizer"  # the task's optimizer factory as `module:function`, for `export --format torch`
+KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not all of them
+DEFINITION = "definition"  # what the trials were measured under (definition.py)
+DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
+PROBE = "probe"  # the systems probe's outcome (search/probe.py)
+CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
+
+# Trial attributes.
+WORKER = "worker"  # host:pid of the process that ran it, so a process marks only its own
+CONFIG = "config"  # the configuration it trained, knobs and the user's parameters
+SEED = "seed"
+REASON = "reason"  # why it was pruned or failed; autotune records one for every end of its own
+PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
+OOM = "oom"  # it ran out of memory
+OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
+DIVERGED = "diverged"  # pruned at a non-finite loss or metric
+RESULT = "result"  # what its training measured (train.trial.TrialResult as a dict, plus replicates)
+INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
+SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
+# Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).
+FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
+
+# Version 0: before RESULT, each measured figure was a trial attribute of its own.
+_V0_MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
+                "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
+# Version 0: modules that held stored `module:function` references before they moved.
+_V0_MODULES = {"autotune.tasks": "autotune.train.tasks"}
+
+
+# Writing a study.
+
+def begin(study: Any, *, target: Mapping[str, Any], optimizer: str | None, knobs: Iterable[str] | None) -> None:
+    """What a run records as it opens a study; the version only on a study it creates."""
+    if not study.get_trials(deepcopy=False) and VERSION not in study.user_attrs:
+        study.set_user_attr(VERSION, SCHEMA_VERSION)
+    study.set_user_attr(TARGET, dict(target))
+    if optimizer is not None:
+        study.set_user_attr(OPTIMIZER, optimizer)
+    if knobs is not None:
+        study.set_user_attr(KNOBS_READ, list(knobs))
+
+
+def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any) -> None:
+    """Store the definition when the study begins, and each allowed change with where it began;
+    `changes(stored, new)` describes one."""
+    stored = study.user_attrs.get(DEFINITION)
+    if stored == definition:
+        return
+    if stored is not None:
+        history = [*study.user_attrs.get(DEFINITION_CHANGES, []),
+                   {"from_trial": len(study.get_trials(deepcopy=False)), "changes": changes(stored, definition)}]
+        study.set_user_attr(DEFINITION_CHANGES, history)
+    study.set_user_attr(DEFINITION, dict(definition))
+
+
+def record_probe(study: Any, outcome: Mapping[str, Any]) -> None:
+    study.set_user_attr(PROBE, dict(outcome))
+
+
+def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
+    study.set_user_attr(CONFIRMATION, dict(outcome))
+
+
+# Writing a trial.
+
+def begin_trial(trial: Any, *, worker: str, config: Mapping[str, Any], seed: int) -> None:
+    trial.set_user_attr(WORKER, worker)
+    trial.set_user_attr(CONFIG, dict(config))
+    trial.set_user_attr(SEED, seed)
+
+
+def record_surplus(trial: Any) -> None:
+    trial.set_user_attr(SURPLUS, True)
+    trial.set_user_attr(REASON, "surplus: other workers had already taken the whole budget")
+
+
+def record_oom_bound(trial: Any, *, reason: str, bound: int) -> None:
+    trial.set_user_attr(REASON, reason)
+    trial.set_user_attr(OOM_BOUND, bound)
+
+
+def record_pruned(trial: Any, *, reason: str, seconds: float | None) -> None:
+    trial.set_user_attr(REASON, reason)
+    if seconds is not None:  # the compute it took counts toward the study's
+        trial.set_user_attr(PRUNED_AT, seconds)
+
+
+def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> None:
+    trial.set_user_attr(REASON, reason)
+    trial.set_user_attr(OOM, oom)
+    if diverged:
+        trial.set_user_attr(DIVERGED, True)
+
+
+def record_result(trial: Any, record: Mapping[str, Any]) -> None:
+    trial.set_user_attr(RESULT, dict(record))  # one write: each attribute is a transaction of its own
+
+
+def record_interrupted(storage: Any, trial_id: int, *, reason: str) -> None:
+    """Mark a trial another process began (through the storage: Optuna has no public call)."""
+    storage.set_trial_user_attr(trial_id, INTERRUPTED, True)
+    storage.set_trial_user_attr(trial_id, REASON, f"interrupted: {reason}")
+
+
+# Reading a study.
+
+def version(study_attrs: Mapping[str, Any]) -> int:
+    return int(study_attrs.get(VERSION, 0))
+
+
+def optimizer(study_attrs: Mapping[str, Any]) -> str | None:
+    """The task's optimizer reference as stored."""
+    return study_attrs.get(OPTIMIZER)
+
+
+def knobs_read(study_attrs: Mapping[str, Any]) -> list[str] | None:
+    """The knobs the study's training reads, where it stored them (else it reads them all)."""
+    stored = study_attrs.get(KNOBS_READ)
+    return None if stored is None else list(stored)
+
+
+def definition(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    return study_attrs.get(DEFINITION)
+
+
+def device(study_attrs: Mapping[str, Any]) -> str | None:
+    return (definition(study_attrs) or {}).get("device")
+
+
+def probe(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    return study_attrs.get(PROBE)
+
+
+def confirmation(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    return study_attrs.get(CONFIRMATION)
 
 
 def current_reference(reference: str | None) -> str | None:
@@ -13,4 +161,70 @@ def current_reference(reference: str | None) -> str | None:
     if reference is None or ":" not in reference:
         return reference
     module, _, name = reference.partition(":")
-    return f"{MOVED_MODULES.get(module, module)}:{name}"
+    return f"{_V0_MODULES.get(module, module)}:{name}"
+
+
+# Reading a trial.
+
+def config(trial: Any) -> dict[str, Any] | None:
+    """The configuration it trained; None where it stopped before one was chosen."""
+    return trial.user_attrs.get(CONFIG)
+
+
+def reason(trial: Any) -> str | None:
+    return trial.user_attrs.get(REASON)
+
+
+def is_interrupted(trial: Any) -> bool:
+    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
+    a database server's heartbeat check. autotune records a reason for every failure of its own.
+    """
+    return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or REASON not in trial.user_attrs)
+
+
+def is_surplus(trial: Any) -> bool:
+    return bool(trial.user_attrs.get(SURPLUS))
+
+
+def ran_out_of_memory(trial: Any) -> bool:
+    """Pruned because it really ran out of memory (not bounded by another that did)."""
+    return trial.state.name == "PRUNED" and bool(trial.user_attrs.get(OOM)) and CONFIG in trial.user_attrs
+
+
+def is_feasible(trial: Any) -> bool:
+    """Finished with a time and within its constraints: it reached the target."""
+    constraints = getattr(trial, "constraints", None) or {}
+    return (trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0
+            and getattr(trial, "value", None) is not None)
+
+
+def measured(trial: Any) -> dict[str, Any]:
+    """What the trial's training measured (time_to_target, reached, curve, ...); empty when it
+    did not finish."""
+    attrs = trial.user_attrs
+    return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in _V0_MEASURED})
+
+
+def outcome(trial: Any) -> dict[str, Any]:
+    """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it measured."""
+    attrs = trial.user_attrs
+    return {"reason": attrs.get(REASON), "oom": bool(attrs.get(OOM, False)), "oom_bound": OOM_BOUND in attrs,
+            "diverged": bool(attrs.get(DIVERGED, False)), "pruned_at": attrs.get(PRUNED_AT), **measured(trial)}
+
+
+def training_seconds(trial: Any) -> float:
+    """Training seconds the trial spent over all its runs: a pruned one up to where it stopped."""
+    result = measured(trial)
+    if result.get("replicates"):
+        return float(sum(r["train_seconds"] for r in result["replicates"]))
+    return float(result.get("train_seconds", trial.user_attrs.get(PRUNED_AT, 0.0)))
+
+
+def retried_from(trial: Any) -> int | None:
+    """The trial this one retries (Optuna's retry callback), if any."""
+    return trial.system_attrs.get(FAILED_TRIAL)
+
+
+def retry_attrs(trial: Any) -> dict[str, Any]:
+    """The system attributes of a retry of `trial`, as Optuna's RetryFailedTrialCallback writes them."""
+    return {FAILED_TRIAL: trial.number, RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number]}

@@ -26,7 +26,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
-from autotune.report.results import INTERRUPTED, is_interrupted
+from autotune.study import schema
 from autotune.spec.study_file import StudySpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -46,7 +46,6 @@ def _heartbeat_setting(text: str) -> tuple[int, int]:
 # How often a running trial tells a database server it is alive, and the silence after which a
 # server's RUNNING trial is taken for dead; set AUTOTUNE_HEARTBEAT=10,60 (seconds) to change them.
 HEARTBEAT_SECONDS, GRACE_SECONDS = _heartbeat_setting(os.environ.get("AUTOTUNE_HEARTBEAT", "10,60"))
-SURPLUS = "surplus"  # user attr on a trial that a worker asked for once the budget was taken
 MAX_RETRY = 1  # an interrupted configuration runs again once; interrupted twice, it is dropped
 
 
@@ -200,7 +199,7 @@ def worker_id() -> str:
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
     """Every finished trial counts, except interrupted ones (their configuration runs again) and
     surplus ones (asked for by a worker after others had taken the whole budget; never run)."""
-    return trial.state in FINISHED and not is_interrupted(trial) and not trial.user_attrs.get(SURPLUS)
+    return trial.state in FINISHED and not schema.is_interrupted(trial) and not schema.is_surplus(trial)
 
 
 def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
@@ -232,8 +231,7 @@ def slots_before(study: optuna.Study, number: int,
 
 def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     """End a trial that would overrun the budget, before it trains; reports leave it out."""
-    trial.set_user_attr(SURPLUS, True)
-    trial.set_user_attr("reason", "surplus: other workers had already taken the whole budget")
+    schema.record_surplus(trial)
     study.tell(trial, state=TrialState.FAIL)
 
 
@@ -241,8 +239,7 @@ def mark_interrupted(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, re
     """Finish a RUNNING trial as FAIL, marked interrupted, with the reason."""
     storage: Any = study._storage  # Optuna has no public call to finish a trial another process began
     try:
-        storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-        storage.set_trial_user_attr(trial._trial_id, "reason", f"interrupted: {reason}")
+        schema.record_interrupted(storage, trial._trial_id, reason=reason)
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass  # it finished after all, between our read and our write
@@ -266,20 +263,18 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
     interrupted trial's own user attrs (its reason) are not copied onto the retry.
     """
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retried = {schema.retried_from(t) for t in trials}
     queued = []
     for trial in trials:
-        history = [*trial.system_attrs.get("retry_history", []), trial.number]
+        retry = schema.retry_attrs(trial)
         if only is not None and trial.number not in only:
             continue  # another worker's trial: that worker, or the heartbeat, retries it
-        if not is_interrupted(trial) or trial.number in retried or len(history) > MAX_RETRY:
+        if not schema.is_interrupted(trial) or trial.number in retried or len(retry[schema.RETRY_HISTORY]) > MAX_RETRY:
             continue
-        if "config" not in trial.user_attrs:
+        if schema.config(trial) is None:
             continue  # stopped while its configuration was being chosen: a fresh trial takes its place
         study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
-            system_attrs={"failed_trial": trial.number, "retry_history": history},
-        ))
+            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, system_attrs=retry))
         queued.append(trial.number)
     return queued
 
