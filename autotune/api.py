@@ -66,7 +66,7 @@ def tune(
     """
     from autotune import signals
     from autotune.spec import study_file as spec_
-    from autotune.study import run as study_
+    from autotune.study import preparation, run as study_
     from autotune.report import summary
 
     given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
@@ -89,7 +89,7 @@ def tune(
                                               ("replicates", replicates)) if value is not None})
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
-    prepared = dataclasses.replace(study_.prepare(spec, task=task, objective=run_objective), knobs=knobs)
+    prepared = dataclasses.replace(preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs)
     try:
         study = study_.run_sequence(spec, prepared, allow_changes=allow_changes)
     except KeyboardInterrupt as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole

@@ -129,11 +129,11 @@ def _command(argv: Sequence[str] | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from autotune import progress, signals
     from autotune.spec import study_file as spec_
-    from autotune.study import storage, run as study_, workers
+    from autotune.study import storage, preparation, run as study_, workers
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
     spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation)
-    prepared = study_.prepare(spec)  # every user error surfaces before the storage is touched
+    prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
     workers.check_storage(spec, args.workers)
@@ -195,13 +195,13 @@ def resume_command(args: argparse.Namespace) -> str:
 def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
     """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
     from autotune import signals
-    from autotune.study import run as study_
+    from autotune.study import preparation, run as study_
 
     if spec.storage.startswith("sqlite"):
         raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
     try:
         with signals.handled():
-            study_.run_study(spec, study_.as_begun(spec, prepared), trials=args.trials, timeout=args.timeout,
+            study_.run_study(spec, preparation.as_begun(spec, prepared), trials=args.trials, timeout=args.timeout,
                              worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.study import confirm, storage, run as study_  # noqa: E402
+from autotune.study import confirm, storage, preparation, run as study_  # noqa: E402
 from autotune.report import results as results_, summary as summary_
 from autotune.spec import study_file as spec_
 from autotune.spec.checks import read_yaml  # noqa: E402
@@ -63,7 +63,7 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     """Run the study with `seed`; re-measure its winner against the baseline on fresh seeds."""
     spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
-    prepared = study_.prepare(spec)
+    prepared = preparation.prepare(spec)
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
         study_.run_sequence(spec, prepared)
@@ -74,7 +74,7 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     candidates = {confirm.BASELINE: prepared.baseline, "winner": best["params"]}
     # Every run trains its whole schedule and notes when it first reached the target: the same
     # runs give both objectives' yardsticks, whatever the study's objective was.
-    whole = dataclasses.replace(study_.limits_for(spec), stop_at_target=False)
+    whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=False)
     runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=whole,
                            seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
     stats = confirm.summarize(runs)
@@ -107,7 +107,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
-        device = study_.resolve_device(spec)
+        device = preparation.resolve_device(spec)
         replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective]
         variant = f"-{spec.objective}" + (f"-r{spec.replicates}" if replicated else "")
         out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from autotune.runners import isolation  # noqa: E402
 from autotune.spec import study_file as spec_
-from autotune.study.run import limits_for  # noqa: E402
+from autotune.study.preparation import limits_for  # noqa: E402
 from autotune.train.tasks import load_task  # noqa: E402
 from autotune.train.trial import TrialConfig, run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in
 
 from autotune.study import schema  # noqa: E402
 from autotune.spec import study_file as spec_
-from autotune.study import run as study_
+from autotune.study import preparation, run as study_
 from benchmarks.provenance import RESULTS, provenance  # noqa: E402
 
 MODES = ("none", "process")
@@ -46,7 +46,7 @@ def run_study(folder: Path, *, mode: str, trials: int, epochs: float, index: int
            "space": {"num_workers": 0, "precision": "fp32", "batch_size": [32, 64], "accumulation_steps": [1, 2]},
            "budget": {"trials": trials, "max_epochs": epochs, "eval_every": epochs}, "confirm": {"top": 0}}
     spec = spec_.from_mapping(raw, path=folder / "overhead.yaml", storage=f"sqlite:///{folder / f'{mode}-{index}.db'}")
-    prepared = study_.prepare(spec)
+    prepared = preparation.prepare(spec)
     started = time.perf_counter()
     study = study_.run_study(spec, prepared)
     wall = time.perf_counter() - started

@@ -87,12 +87,12 @@ def measure_probe() -> dict[str, Any]:
     """autotune's systems probe, run for real on the digits task over the grid's loader settings
     and precisions: what it settles and what it costs (the replay charges its seconds)."""
     from autotune.spec import study_file as spec_
-    from autotune.study import run as study_
+    from autotune.study import preparation, run as study_
 
     raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
     spec = spec_.from_mapping(raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:")
-    return study_.run_probe(spec, study_.prepare(spec))
+    return study_.run_probe(spec, preparation.prepare(spec))
 
 
 def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,

@@ -208,11 +208,11 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
     import optuna
 
     from autotune.spec import study_file as spec_
-    from autotune.study import run as study_
+    from autotune.study import preparation
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD.replace("0.97", "0.9") + "device: cpu\n")
-    began = study_.prepare(spec_.load(path)).definition
+    began = preparation.prepare(spec_.load(path)).definition
     stored = optuna.create_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}")
     stored.set_user_attr("definition", began)
     before = (tmp_path / "study.db").read_bytes()

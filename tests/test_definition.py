@@ -54,19 +54,19 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     refuse; a new study searches them."""
     import optuna
 
-    from autotune.study import run as study_
+    from autotune.study import preparation
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD + "device: cpu\n")
     spec = load(path)
-    fresh = study_.prepare(spec)
+    fresh = preparation.prepare(spec)
     assert fresh.space["channels_last"] == Choices((False, True))  # searched in a new study
     old = {**fresh.definition, "space": {k: v for k, v in fresh.definition["space"].items() if k != "channels_last"}}
     stored = optuna.create_study(study_name=spec.name, storage=spec.storage)
     stored.set_user_attr("definition", old)
 
-    resumed = study_.as_begun(spec, study_.prepare(spec))
+    resumed = preparation.as_begun(spec, preparation.prepare(spec))
     assert resumed.space["channels_last"] == Choices((False,))
     assert any(n.startswith("channels_last fixed to false: study 'study' began before") for n in resumed.notices)
     assert resumed.definition == old
-    assert study_.check_unchanged(spec, resumed, allow_changes=False) == []
+    assert preparation.check_unchanged(spec, resumed, allow_changes=False) == []

@@ -169,12 +169,12 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     """studies/shapes.yaml is valid and its space prepares on this machine (the small task standing
     in for the full one): the knobs a CPU cannot run are fixed, with notices, and nothing else."""
     from autotune.spec import study_file as spec_
-    from autotune.study import run as study_
+    from autotune.study import preparation
     from autotune.search.space import Choices
 
     spec = spec_.load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5
-    prepared = study_.prepare(spec, task=small)
+    prepared = preparation.prepare(spec, task=small)
     assert prepared.space["batch_size"] == Choices((32, 64, 128, 256, 512))
     assert prepared.space["num_workers"] == Choices((0, 2, 4, 8))
     if not torch.cuda.is_available():

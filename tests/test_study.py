@@ -432,10 +432,10 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
 
 def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_path: Path) -> None:
     from autotune.spec import study_file as spec_
-    from autotune.study import run as study_
+    from autotune.study import preparation
 
     path = write_study(tmp_path, batch_sizes=(64, 2048, 4096))  # tests.tasks:blobs trains on 1,024 samples
-    prepared = study_.prepare(spec_.load(path))
+    prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["batch_size"].values == (64,)
     assert "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples" in prepared.notices
 

@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from autotune.runners import isolation
 from autotune.spec import study_file as spec_
-from autotune.study import run as study_
+from autotune.study import preparation
 from autotune.train import systems
 from autotune.errors import SpecError
 from autotune.search.space import DEFAULT_BASELINE, Choices, complete
@@ -143,7 +143,7 @@ def write(tmp_path: Path, space: str, baseline: str = "") -> Path:
 def test_prepare_fits_the_switches_to_a_cpu(tmp_path: Path) -> None:
     """The default space on CPU: cuDNN and compile fixed off with one notice each, channels-last
     kept for a model with 2-D convolutions."""
-    prepared = study_.prepare(spec_.load(write(tmp_path, "")))
+    prepared = preparation.prepare(spec_.load(write(tmp_path, "")))
     assert prepared.space["compile"] == prepared.space["cudnn_benchmark"] == Choices((False,))
     assert prepared.space["channels_last"] == Choices((False, True))
     switches = ("compile", "cudnn_benchmark", "channels_last")
@@ -153,18 +153,18 @@ def test_prepare_fits_the_switches_to_a_cpu(tmp_path: Path) -> None:
 def test_prepare_fixes_channels_last_for_a_model_without_images(tmp_path: Path) -> None:
     path = tmp_path / "study.yaml"
     path.write_text("task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n")
-    prepared = study_.prepare(spec_.load(path))
+    prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["channels_last"] == Choices((False,))
     assert any(n.startswith("channels_last fixed to false: the task's model has no 2-D convolutions") for n in prepared.notices)
 
 
 def test_a_switch_fixed_on_that_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:
-        study_.prepare(spec_.load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
+        preparation.prepare(spec_.load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
     assert "space.cudnn_benchmark" in str(error.value) and "cuDNN runs only on CUDA" in str(error.value)
 
 
 def test_a_baseline_switch_that_cannot_run_is_turned_off_with_a_notice(tmp_path: Path) -> None:
-    prepared = study_.prepare(spec_.load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n")))
+    prepared = preparation.prepare(spec_.load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n")))
     assert prepared.baseline["cudnn_benchmark"] is False
     assert "baseline cudnn_benchmark set to false: cuDNN runs only on CUDA" in prepared.notices

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.runners import isolation
-from autotune.study import one_trial, run as study_
+from autotune.study import one_trial, preparation, run as study_
 from autotune.report import results
 from autotune.spec import study_file as spec_
 from autotune.search.space import DEFAULT_BASELINE, complete
@@ -44,7 +44,7 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
                "budget": {"trials": len(grid), "max_epochs": 0.5, "max_seconds": 10, "eval_every": 0.5},
                "confirm": {"top": 0, "runs": 0}}
         spec = spec_.from_mapping(raw, path=Path(folder) / "oom.yaml")
-        prepared = study_.prepare(spec)
+        prepared = preparation.prepare(spec)
         start = memory_in_use(setting.device)
         after: list[dict[str, Any]] = []
         prepared = dataclasses.replace(prepared, run_trial=_watched(prepared.run_trial, setting, after))
@@ -55,7 +55,7 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         with contextlib.redirect_stderr(io.StringIO()):
             for _ in grid:
                 one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
-                                  limits=study_.limits_for(spec), seed=spec.seed, metric_name="accuracy", budget=len(grid),
+                                  limits=preparation.limits_for(spec), seed=spec.seed, metric_name="accuracy", budget=len(grid),
                                   asked=[], known=study.get_trials(deepcopy=False))
         records = results.trial_records(study.get_trials(deepcopy=False))
     trials = [{"batch_size": r.batch_size, "precision": r.precision, "state": r.state, "oom": r.oom,
