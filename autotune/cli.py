@@ -9,9 +9,9 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, StorageError
@@ -23,34 +23,22 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     from autotune.spec.study_file import StudySpec
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, but got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, but got {text!r}")
-    return value
+def _argument(convert: Callable[[str], Any], accepts: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type: `text` converted, and refused with what is accepted unless `accepts` it."""
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, but got {text!r}")
+        return value
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds greater than 0, but got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds greater than 0, but got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, but got {text!r}")
-    return value
+_positive_int = _argument(int, lambda v: v >= 1, "a whole number of at least 1")
+_positive_float = _argument(float, lambda v: v > 0, "a number of seconds greater than 0")
+_port = _argument(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
 
 
 def build_parser() -> argparse.ArgumentParser:

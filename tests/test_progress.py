@@ -153,9 +153,10 @@ def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it
                            torch_version=torch.__version__, stop_reason="target", curve=((seconds, 1.0, 0.95),))
 
     def run(run_trial, *, alone: bool = False) -> None:
-        one_trial.run_one(study, space=space, run_trial=run_trial, device=torch.device("cpu"),
-                          limits=Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5), seed=0,
-                          metric_name="accuracy", budget=4, asked=[], known=study.get_trials(deepcopy=False), alone=alone)
+        policy = one_trial.Policy(space=space, run_trial=run_trial, device=torch.device("cpu"),
+                                  limits=Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5), seed=0,
+                                  metric_name="accuracy", budget=4)
+        one_trial.run_one(study, policy, asked=[], known=study.get_trials(deepcopy=False), alone=alone)
 
     def slow_while_another_worker_finishes(config, **_) -> TrialResult:
         run(lambda config, **_: result(0.5))

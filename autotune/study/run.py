@@ -138,7 +138,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
     prepared = with_probe(spec, prepared, study)
-    limits = limits_for(spec)
+    policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+                              limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
+                              prune=spec.prune == "incumbent", objective=spec.objective, replicates=spec.replicates)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
@@ -159,10 +161,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 if (storage.slots_taken(trials) >= budget and not waiting) or \
                         (timeout is not None and time.monotonic() - started >= timeout):
                     break
-                one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
-                                  limits=limits, seed=spec.seed, metric_name=spec.target.metric, budget=budget,
-                                  asked=mine, known=trials, prune=spec.prune == "incumbent", objective=spec.objective,
-                                  replicates=spec.replicates,
+                one_trial.run_one(study, policy, asked=mine, known=trials,
                                   # a local file has one runner (sole_runner); a server may have others
                                   alone=worker is None and storage.local_path(spec.storage) is not None)
         except KeyboardInterrupt as interrupt:

@@ -54,9 +54,10 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         # The study's own trial step, over the grid in this order (a sampler would pick its own).
         with contextlib.redirect_stderr(io.StringIO()):
             for _ in grid:
-                one_trial.run_one(study, space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
-                                  limits=preparation.limits_for(spec), seed=spec.seed, metric_name="accuracy", budget=len(grid),
-                                  asked=[], known=study.get_trials(deepcopy=False))
+                policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+                                          limits=preparation.limits_for(spec), seed=spec.seed, metric_name="accuracy",
+                                          budget=len(grid))
+                one_trial.run_one(study, policy, asked=[], known=study.get_trials(deepcopy=False))
         records = results.trial_records(study.get_trials(deepcopy=False))
     trials = [{"batch_size": r.batch_size, "precision": r.precision, "state": r.state, "oom": r.oom,
                "oom_bound": r.oom_bound, "reason": r.reason} for r in records.itertuples()]
