@@ -1,12 +1,12 @@
 """What a study stores, in one place: every attribute key, how trials and studies are written and
-read back, and the readers that keep studies stored by earlier versions readable.
+read back, and the readers of the older layout (version 0).
 
 Everything else reads and writes a study through these functions. Trials and studies are
 duck-typed (Optuna's Trial, FrozenTrial and Study), so the report reads a storage without
 importing Optuna here.
 
-Version 1 is the first to record `schema_version`; a study without one was stored before it
-(version 0) and is read by the legacy branches below, which are the only ones.
+A study records `schema_version` (1) when it begins; one without it has the version 0 layout,
+which the `_V0` readers below read, and no other module.
 """
 
 from __future__ import annotations
