@@ -102,6 +102,34 @@ def load(path: str | Path, *, storage: str | None = None, isolation: str | None 
     return from_mapping(read_yaml(path), path=path, storage=storage, isolation=isolation)
 
 
+# The one-word settings: key -> (accepted values, default, what each means).
+MODES = {
+    "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process or none"),
+    "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
+    "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings and precision by short runs before the search) or none"),
+    "objective": (OBJECTIVES, "time_to_target", "time_to_target (stop each run at the target; its time is the time to get there) or "
+                  "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target)"),
+}
+
+
+def _mode(path: Path, raw: Mapping[str, Any], key: str, *, given: str | None = None) -> str:
+    choices, default, meaning = MODES[key]
+    value = given if given is not None else raw.get(key, default)
+    require(path, key, value, value in choices, meaning)
+    return value
+
+
+def _storage(path: Path, storage: Any) -> str:
+    """The storage URL; by default a SQLite file beside the study file, named after it."""
+    if storage is None:
+        storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
+    scheme = storage.split("://", 1)[0].split("+", 1)[0] if isinstance(storage, str) else None
+    require(path, "storage", storage, scheme in STORAGE_SCHEMES and "://" in storage,
+            "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
+            "or postgresql://user@host/db (several machines)")
+    return storage
+
+
 def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation: str | None = None) -> StudySpec:
     """Validate a study given as a mapping (a study file's contents, or `autotune.tune`'s
     arguments); `path` names it in errors and places the default storage beside it."""
@@ -122,29 +150,12 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     device = raw.get("device", "auto")
     require(path, "device", device, isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
              "auto, cpu, cuda or cuda:N")
-    isolation = isolation if isolation is not None else raw.get("isolation", "auto")
-    require(path, "isolation", isolation, isolation in ISOLATION_MODES,
-             "auto (a child process per trial on CUDA, none on CPU), process or none")
-    prune = raw.get("prune", "incumbent")
-    require(path, "prune", prune, prune in PRUNE_MODES,
-            "incumbent (stop a trial once its training time passes the best time to target so far) or none")
-    probe = raw.get("probe", "systems")
-    require(path, "probe", probe, probe in PROBE_MODES,
-            "systems (settle DataLoader settings and precision by short runs before the search) or none")
-    objective = raw.get("objective", "time_to_target")
-    require(path, "objective", objective, objective in OBJECTIVES,
-            "time_to_target (stop each run at the target; its time is the time to get there) or fixed_schedule "
-            "(run each whole schedule, feasible when the mean final metric over seeds reaches the target)")
+    isolation = _mode(path, raw, "isolation", given=isolation)
+    prune, probe, objective = (_mode(path, raw, key) for key in ("prune", "probe", "objective"))
     replicates = raw.get("replicates", REPLICATES_DEFAULT[objective])
     require(path, "replicates", replicates, is_int(replicates) and 1 <= replicates <= 20,
             "a whole number from 1 to 20: the seeds each trial runs")
-    storage = storage if storage is not None else raw.get("storage")
-    if storage is None:
-        storage = f"sqlite:///{path.resolve().parent / (path.stem + '.db')}"
-    scheme = storage.split("://", 1)[0].split("+", 1)[0] if isinstance(storage, str) else None
-    require(path, "storage", storage, scheme in STORAGE_SCHEMES and "://" in storage,
-             "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
-             "or postgresql://user@host/db (several machines)")
+    storage = _storage(path, storage if storage is not None else raw.get("storage"))
 
     budget = _budget(path, raw.get("budget", {}))
     if objective == "fixed_schedule" and isinstance(task, Mapping):
