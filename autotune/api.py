@@ -26,6 +26,7 @@ from autotune.train import oom
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.train.measure import device_name
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
+from autotune.spec.study_file import FIXED_SCHEDULE
 from autotune.train.tasks import Task, reference, takes
 from autotune.train.trial import Limits, Progress, TrialConfig, TrialResult
 
@@ -106,7 +107,7 @@ def objective_knobs(space: Mapping[str, Any], baseline: Mapping[str, Any], objec
     would only add noise to the search and settings to the report that did nothing."""
     if "preset" in space:
         return tuple(KNOBS)
-    named = {*space, *baseline} | ({SCHEDULE} if objective_kind == "fixed_schedule" else set())
+    named = {*space, *baseline} | ({SCHEDULE} if objective_kind == FIXED_SCHEDULE else set())
     return tuple(k for k in KNOBS if k in named)
 
 

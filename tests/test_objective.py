@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.study.objective import CUT_SHORT, outcome, runs_for, seeds, summary
+from autotune.study.objective import CUT_SHORT, of, outcome, seeds, summary
 from autotune.train.trial import TrialResult
 
 
@@ -19,14 +19,14 @@ def run(*, seconds: float, reached_at: float | None = None, finals: tuple[float,
 
 def test_time_to_target_is_the_mean_crossing_when_every_run_reached() -> None:
     result = outcome([run(seconds=2.0, reached_at=2.0, finals=(0.97,)), run(seconds=4.0, reached_at=4.0, finals=(0.98,))],
-                     objective="time_to_target", target=0.95)
+                     of("time_to_target"), target=0.95)
     assert result.value == pytest.approx(3.0)
     assert result.constraint == pytest.approx(0.95 - 0.97) and result.metric == 0.97  # judged by the worst run
 
 
 def test_time_to_target_is_infeasible_when_one_run_missed() -> None:
     result = outcome([run(seconds=2.0, reached_at=2.0, finals=(0.97,)), run(seconds=6.0, finals=(0.94,))],
-                     objective="time_to_target", target=0.95)
+                     of("time_to_target"), target=0.95)
     assert result.constraint > 0 and result.value == pytest.approx(4.0)  # the training time both took
 
 
@@ -34,15 +34,15 @@ def test_fixed_schedule_is_feasible_on_the_mean_final_metric_and_timed_by_the_wh
     """One run ends under the target, the other over it: the mean decides; a better metric
     earlier in the run does not count."""
     runs = [run(seconds=3.0, finals=(0.99, 0.94)), run(seconds=5.0, finals=(0.90, 0.98))]
-    result = outcome(runs, objective="fixed_schedule", target=0.95)
+    result = outcome(runs, of("fixed_schedule"), target=0.95)
     assert result.value == pytest.approx(4.0)
     assert result.metric == pytest.approx(0.96) and result.constraint == pytest.approx(-0.01)
-    assert outcome(runs, objective="fixed_schedule", target=0.97).constraint == pytest.approx(0.01)
+    assert outcome(runs, of("fixed_schedule"), target=0.97).constraint == pytest.approx(0.01)
 
 
 def test_a_schedule_cut_short_by_the_time_limit_is_never_feasible() -> None:
     runs = [run(seconds=3.0, finals=(0.99,)), run(seconds=9.0, finals=(0.99,), stop="max_seconds")]
-    assert outcome(runs, objective="fixed_schedule", target=0.95).constraint == CUT_SHORT > 0
+    assert outcome(runs, of("fixed_schedule"), target=0.95).constraint == CUT_SHORT > 0
 
 
 def test_replicate_seeds_start_at_the_trials_own_and_never_repeat() -> None:
@@ -54,9 +54,9 @@ def test_replicate_seeds_start_at_the_trials_own_and_never_repeat() -> None:
 
 def test_an_empty_trial_and_an_unknown_objective_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one run"):
-        outcome([], objective="fixed_schedule", target=0.9)
+        outcome([], of("fixed_schedule"), target=0.9)
     with pytest.raises(ValueError, match="objective must be one of"):
-        outcome([run(seconds=1.0)], objective="fastest", target=0.9)
+        of("fastest")
 
 
 def test_a_replicate_is_stored_with_its_seed_and_final_metric() -> None:
@@ -69,8 +69,8 @@ def test_only_a_first_run_that_beats_the_best_gets_more_seeds_under_time_to_targ
     fast = run(seconds=1.0, reached_at=1.0, finals=(0.97,))
     slow = run(seconds=3.0, reached_at=3.0, finals=(0.97,))
     missed = run(seconds=3.0, finals=(0.5,))
-    assert runs_for(fast, objective="time_to_target", replicates=3, incumbent=2.0) == 3
-    assert runs_for(fast, objective="time_to_target", replicates=3, incumbent=None) == 3  # the first best
-    assert runs_for(slow, objective="time_to_target", replicates=3, incumbent=2.0) == 1
-    assert runs_for(missed, objective="time_to_target", replicates=3, incumbent=None) == 1
-    assert runs_for(missed, objective="fixed_schedule", replicates=3, incumbent=2.0) == 3  # a mean needs them all
+    assert of("time_to_target").runs_for(fast, replicates=3, incumbent=2.0) == 3
+    assert of("time_to_target").runs_for(fast, replicates=3, incumbent=None) == 3  # the first best
+    assert of("time_to_target").runs_for(slow, replicates=3, incumbent=2.0) == 1
+    assert of("time_to_target").runs_for(missed, replicates=3, incumbent=None) == 1
+    assert of("fixed_schedule").runs_for(missed, replicates=3, incumbent=2.0) == 3  # a mean needs them all

@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from autotune.study import confirm, schema
+from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
+from autotune.study import confirm, objective as objective_, schema
 from autotune.search import probe
 from autotune.report import results, winner
 from autotune.search.space import KNOBS, complete
@@ -19,7 +20,7 @@ TABLE_ROWS = 5
 def summarize(
     name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
     limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
-    probe_outcome: Mapping[str, Any] | None = None, objective: str = "time_to_target",
+    probe_outcome: Mapping[str, Any] | None = None, objective: str = TIME_TO_TARGET,
     confusions: Mapping[int, Any] | None = None,
 ) -> dict[str, Any]:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
@@ -52,7 +53,7 @@ def summarize(
             summary["best"]["source"] += ", not confirmed"
         confirmation = None
     if confirmation:
-        stats = confirm.summarize(confirmation["runs"], objective=confirmation.get("objective", "time_to_target"),
+        stats = confirm.summarize(confirmation["runs"], objective=confirmation.get("objective", TIME_TO_TARGET),
                                   target=confirmation.get("target"))
         summary["confirmation"] = {"seeds": confirmation["seeds"], "after_trials": confirmation["after_trials"],
                                    "configs": stats}
@@ -62,7 +63,7 @@ def summarize(
                                    "time_to_target": base["median"], **_spread(base)}
         label = confirm.winner(stats)
         if label is not None:
-            metric = "final_metric" if confirmation.get("objective") == "fixed_schedule" else "best_metric"
+            metric = objective_.of(confirmation.get("objective", TIME_TO_TARGET)).metric
             metrics = [r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None]
             trial = None if label == confirm.BASELINE else int(label.split()[-1])
             epochs = records.loc[records["number"] == trial, "epochs"]
@@ -153,10 +154,10 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame) -> str:
     if top.empty:
         lines.append("No trial reached the target yet.")
         return "\n".join(lines)
-    fixed = summary.get("objective") == "fixed_schedule"
+    fixed = summary.get("objective") == FIXED_SCHEDULE
     columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *results.knob_names(records), *results.param_names(records)]
     table = top[columns].rename(
-        columns={"number": "trial", "objective_metric": f"mean final {target['metric']}" if fixed else target["metric"],
+        columns={"number": "trial", "objective_metric": f"{objective_.of(summary.get('objective') or TIME_TO_TARGET).metric_label}{target['metric']}",
                  "samples_per_second": "samples/s", "accumulation_steps": "accum", "prefetch_factor": "prefetch",
                  "schedule_epochs": "schedule", "channels_last": "channels_last", "cudnn_benchmark": "cudnn"})
     for column in table.columns:

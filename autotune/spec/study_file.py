@@ -25,6 +25,14 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 STORAGE_SCHEMES = ("sqlite", "journal", "postgresql", "mysql")
 
 
+# The objectives, what a trial's time is. time_to_target: a run stops at the first evaluation
+# that reaches the target, its time is the time to get there. fixed_schedule (airbench): a run
+# always trains its whole schedule, its time is the schedule's, and it is feasible when the mean
+# final metric over its seeds reaches the target. study/objective.py holds each one's rules.
+TIME_TO_TARGET, FIXED_SCHEDULE = "time_to_target", "fixed_schedule"
+OBJECTIVES = (TIME_TO_TARGET, FIXED_SCHEDULE)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     metric: str  # name of the task's validation metric, e.g. "accuracy"
@@ -77,17 +85,13 @@ class StudySpec:
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
     prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
     probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
-    objective: str = "time_to_target"  # what a trial's time is (OBJECTIVES)
+    objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (objective.py)
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
             "isolation", "prune", "probe", "objective", "replicates")
-# time_to_target: a run stops at the first evaluation that reaches the target, its time is the
-# time to get there. fixed_schedule (airbench): a run always trains its whole schedule, its time
-# is the schedule's, and it is feasible when the mean final metric over its seeds reaches the target.
-OBJECTIVES = ("time_to_target", "fixed_schedule")
-REPLICATES_DEFAULT = {"time_to_target": 1, "fixed_schedule": 2}
+REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "none")
 ISOLATION_MODES = ("auto", "process", "none")
@@ -107,7 +111,7 @@ MODES = {
     "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process or none"),
     "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
     "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings and precision by short runs before the search) or none"),
-    "objective": (OBJECTIVES, "time_to_target", "time_to_target (stop each run at the target; its time is the time to get there) or "
+    "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there) or "
                   "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target)"),
 }
 
@@ -158,11 +162,11 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     storage = _storage(path, storage if storage is not None else raw.get("storage"))
 
     budget = _budget(path, raw.get("budget", {}))
-    if objective == "fixed_schedule" and isinstance(task, Mapping):
+    if objective == FIXED_SCHEDULE and isinstance(task, Mapping):
         raise SpecError(path, "objective", objective, "time_to_target for a command task, which stops itself at the "
                         "target; fixed_schedule needs a built-in or Python task")
     space = space_section.space(path, raw.get("space", {}), max_epochs=budget.max_epochs,
-                             fixed_schedule=objective == "fixed_schedule")
+                             fixed_schedule=objective == FIXED_SCHEDULE)
     return StudySpec(
         path=path,
         name=name,

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from autotune.runners.isolation import RunTrial, TrialFailure
+from autotune.spec.study_file import TIME_TO_TARGET
+from autotune.study import objective as objective_
 from autotune.train.trial import Limits, TrialConfig
 
 BASELINE = "baseline"
@@ -65,7 +67,7 @@ def measure(
     return records
 
 
-def summarize(records: Sequence[Mapping[str, Any]], *, objective: str = "time_to_target",
+def summarize(records: Sequence[Mapping[str, Any]], *, objective: str = TIME_TO_TARGET,
               target: float | None = None) -> dict[str, dict[str, Any]]:
     """Per label: median time (a run that missed counts as infinitely slow), spread, runs.
 
@@ -78,15 +80,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, objective: str = "time_to
         by_label.setdefault(record["label"], []).append(record)
     summary = {}
     for label, runs in by_label.items():
-        if objective == "fixed_schedule":
-            finals = [r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs]
-            mean_final = statistics.fmean(finals)
-            feasible = target is None or mean_final >= target
-            times = [r["train_seconds"] if feasible and r.get("final_metric") is not None
-                     and r.get("stop_reason") != "max_seconds" else math.inf for r in runs]
-        else:
-            mean_final = None
-            times = [r["time_to_target"] if r["reached"] else math.inf for r in runs]
+        times, mean_final = objective_.of(objective).confirmed_times(runs, target=target)
         reached = [t for t in times if math.isfinite(t)]
         median = statistics.median(times)
         summary[label] = {

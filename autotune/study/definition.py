@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from autotune.search.space import KNOBS, SCHEDULE, Choices, Domain, Space
-from autotune.spec.study_file import StudySpec
+from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 
 
 def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     }
     if space.params:  # absent when there are none, so studies begun before parameters existed still match
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
-    if (spec.objective, spec.replicates) != ("time_to_target", 1):  # likewise absent at the defaults
+    if (spec.objective, spec.replicates) != (TIME_TO_TARGET, 1):  # likewise absent at the defaults
         definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
 

@@ -1,6 +1,6 @@
 """What a trial's time is, and whether it is feasible, from its runs: one per seed (replicate).
 
-Two objectives (spec.OBJECTIVES):
+Two objectives (spec.OBJECTIVES), each a small object with its rules:
 
 - time_to_target: each run stops at the first evaluation that reaches the target. The trial is
   feasible when every run reached it; its time is their mean time to target. Only a contender
@@ -9,15 +9,18 @@ Two objectives (spec.OBJECTIVES):
   time, far less noisy than a crossing. The trial is feasible when the mean final metric over its
   runs reaches the target; its time is their mean training time.
 
-Plain functions over `trial.TrialResult`s, so the rule is testable without training anything.
+Plain methods over `trial.TrialResult`s, so the rules are testable without training anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
 from autotune.train.trial import TrialResult
 
 # Replicate k of a trial runs on the trial's seed + k * REPLICATE_STRIDE: far past every seed a
@@ -40,35 +43,88 @@ def seeds(trial_seed: int, replicates: int) -> list[int]:
     return [trial_seed + k * REPLICATE_STRIDE for k in range(replicates)]
 
 
-def runs_for(first: TrialResult, *, objective: str, replicates: int, incumbent: float | None) -> int:
-    """How many runs a trial gets, decided once its first run finished.
+class Objective(Protocol):
+    """One objective's rules: how many runs a trial gets, and its time and constraint from them."""
 
-    fixed_schedule: always `replicates`, since feasibility is a mean. time_to_target: the extra
-    seeds go where the decision is close, to a first run that beat the best time so far (or
-    set the first one): a lucky seed would otherwise become the bar every later trial is
-    pruned against. Any other first run is the trial's only one.
-    """
-    if objective == "fixed_schedule":
-        return replicates
-    contender = first.reached and (incumbent is None or first.time_to_target < incumbent)
-    return replicates if contender else 1
+    name: str
+    stops_at_target: bool  # each run stops at the first evaluation that reaches the target
+    metric: str  # the run figure feasibility is judged by
+    metric_label: str  # how reports name it, before the metric's name
+
+    def first_runs(self, replicates: int) -> int: ...
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int: ...
+    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome: ...
+    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]: ...
 
 
-def outcome(runs: Sequence[TrialResult], *, objective: str, target: float) -> Outcome:
-    """The trial's time and constraint from its runs."""
-    if not runs:
-        raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
-    if objective == "time_to_target":
+class TimeToTarget:
+    name, stops_at_target, metric, metric_label = TIME_TO_TARGET, True, "best_metric", ""
+
+    def first_runs(self, replicates: int) -> int:
+        return 1
+
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int:
+        """The extra seeds go where the decision is close, to a first run that beat the best time
+        so far (or set the first one): a lucky seed would otherwise become the bar every later
+        trial is pruned against. Any other first run is the trial's only one."""
+        contender = first.reached and (incumbent is None or first.time_to_target < incumbent)
+        return replicates if contender else 1
+
+    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome:
+        """Feasible when every run reached the target; the time is their mean time to target."""
         worst = min(r.best_metric for r in runs)
         if all(r.reached for r in runs):
             return Outcome(statistics.fmean(r.time_to_target for r in runs), target - worst, worst)
         return Outcome(statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst)
-    if objective == "fixed_schedule":
+
+    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]:
+        """A run's time to target; it missed (infinitely slow) when it did not reach the target."""
+        return [r["time_to_target"] if r["reached"] else math.inf for r in runs], None
+
+
+class FixedSchedule:
+    name, stops_at_target, metric, metric_label = FIXED_SCHEDULE, False, "final_metric", "mean final "
+
+    def first_runs(self, replicates: int) -> int:
+        return replicates  # feasibility is a mean over them all
+
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int:
+        return replicates
+
+    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome:
+        """Feasible when the mean final metric reaches the target and no run was cut short by the
+        time limit; the time is their mean training time."""
         final = statistics.fmean(r.final_metric for r in runs)
-        whole = all(r.stop_reason != "max_seconds" for r in runs)  # the time limit cut a schedule short
+        whole = all(r.stop_reason != "max_seconds" for r in runs)
         constraint = target - final if whole else max(target - final, CUT_SHORT)
         return Outcome(statistics.fmean(r.train_seconds for r in runs), constraint, final)
-    raise ValueError(f"objective must be one of time_to_target, fixed_schedule, but got {objective=}.")
+
+    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]:
+        """A run's whole-schedule time; it missed when it failed or the time limit cut it short,
+        and every run missed when the mean final metric is under `target`."""
+        finals = [r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs]
+        mean_final = statistics.fmean(finals)
+        feasible = target is None or mean_final >= target
+        times = [r["train_seconds"] if feasible and r.get("final_metric") is not None
+                 and r.get("stop_reason") != "max_seconds" else math.inf for r in runs]
+        return times, mean_final
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (TimeToTarget(), FixedSchedule())}
+
+
+def of(name: str) -> Objective:
+    """The objective a study file names."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, but got {name!r}.")
+    return OBJECTIVES[name]
+
+
+def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float) -> Outcome:
+    """The trial's time and constraint from its runs, under `objective`."""
+    if not runs:
+        raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
+    return objective.outcome(runs, target=target)
 
 
 def summary(run: TrialResult, seed: int) -> dict[str, object]:

@@ -18,6 +18,7 @@ from autotune.study import objective as objective_, schema, storage
 from autotune.search import oom_boundary
 from autotune.runners.isolation import RunTrial
 from autotune.search.space import Space, suggest
+from autotune.spec.study_file import TIME_TO_TARGET
 from autotune.train.trial import Limits, TrialConfig, TrialResult
 
 
@@ -33,7 +34,7 @@ class Policy:
     metric_name: str
     budget: int
     prune: bool = False  # stop a trial once its training passes the incumbent's time
-    objective: str = "time_to_target"
+    objective: objective_.Objective = objective_.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
 
 
@@ -129,7 +130,7 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
     done = 0.0  # training seconds of the trial's finished runs
     # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
     # time_to_target one, and more only once its first run beats the best (objective.runs_for).
-    planned = policy.replicates if policy.objective == "fixed_schedule" else 1
+    planned = policy.objective.first_runs(policy.replicates)
 
     def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
@@ -145,7 +146,7 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
                                    f"it can no longer win", seconds=done + seconds)
 
     runs: list[TrialResult] = []
-    limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective == "time_to_target")
+    limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
     try:
         with signals.interruptible():
             while len(runs) < planned:
@@ -154,8 +155,8 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
                                              seed=seeds[len(runs)], progress=on_progress))
                 done += runs[-1].train_seconds
                 if len(runs) == 1:
-                    planned = objective_.runs_for(runs[0], objective=policy.objective, replicates=policy.replicates,
-                                                  incumbent=None if best is None else best[0])
+                    planned = policy.objective.runs_for(runs[0], replicates=policy.replicates,
+                                                        incumbent=None if best is None else best[0])
     except (isolation.TrialFailure, isolation.Pruned) as failure:
         return runs, failure
     finally:
@@ -183,7 +184,7 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
                   before: Before) -> None:
     """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's time."""
     first = runs[0][0]
-    outcome = objective_.outcome([run for run, _ in runs], objective=policy.objective, target=policy.limits.target)
+    outcome = objective_.outcome([run for run, _ in runs], policy.objective, target=policy.limits.target)
     record = dataclasses.asdict(first)
     record["curve"] = [list(point) for point in first.curve]
     record["final_metric"] = first.final_metric

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from autotune.runners import command, isolation
-from autotune.study import definition as definition_, schema, storage
+from autotune.study import definition as definition_, objective as objective_, schema, storage
 from autotune.search import space as space_
 from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
@@ -219,7 +219,7 @@ def limits_for(spec: StudySpec) -> Limits:
     schedule or the per-trial budget."""
     b = spec.budget
     return Limits(target=spec.target.value, max_epochs=b.max_epochs, max_seconds=b.max_seconds, eval_every=b.eval_every,
-                  stop_at_target=spec.objective == "time_to_target")
+                  stop_at_target=objective_.of(spec.objective).stops_at_target)
 
 
 def print_notices(notices: list[str]) -> None:

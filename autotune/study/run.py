@@ -20,9 +20,9 @@ import optuna
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import confirm, definition as definition_, one_trial, schema, storage
+from autotune.study import confirm, definition as definition_, objective as objective_, one_trial, schema, storage
 from autotune.search import probe, space as space_
-from autotune.spec.study_file import StudySpec
+from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
 from autotune.train.trial import Limits, TrialConfig
@@ -140,7 +140,8 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
     prepared = with_probe(spec, prepared, study)
     policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
                               limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
-                              prune=spec.prune == "incumbent", objective=spec.objective, replicates=spec.replicates)
+                              prune=spec.prune == "incumbent", objective=objective_.of(spec.objective),
+                              replicates=spec.replicates)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
@@ -200,7 +201,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     stored = schema.confirmation(study.user_attrs)
     numbers = [t.number for t in top]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
-            and stored.get("objective", "time_to_target") == spec.objective:
+            and stored.get("objective", TIME_TO_TARGET) == spec.objective:
         return stored
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
