@@ -7,6 +7,7 @@ studies/lightning/train.py run with the command of studies/lightning_digits.yaml
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -27,9 +28,10 @@ from autotune.train import oom
 from autotune.runners import protocol
 from autotune.runners.command import command_trial
 from autotune.runners.isolation import TrialFailure
-from autotune.search.space import DEFAULT_BASELINE, KNOBS, complete
+from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULERS, complete
 from autotune.runners.tally import Tally
-from autotune.train.trial import Limits, TrialConfig, TrialResult
+from autotune.train.tasks import sgd
+from autotune.train.trial import Limits, TrialConfig, TrialResult, make_scheduler
 from tests.test_isolation import alive, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -352,6 +354,31 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
     batches = (1797 - 359) // 32  # training samples (digits less the 20% validation split) // batch size
     assert calls[-1] == (result.optimizer_steps, budget["max_epochs"] * batches, result.best_metric, result.time_to_target)
     assert 0 < result.epochs <= budget["max_epochs"] and result.samples_per_second is not None
+
+
+def lrs_of(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> list[float]:
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_the_lightning_example_trains_with_the_optimizer_and_schedules_of_a_trial(scheduler: str) -> None:
+    """Its --scheduler means what the knob means in autotune's trials, for short runs (OneCycle's
+    stretched warm-up, 1 step without a cycle) as for long ones."""
+    spec = importlib.util.spec_from_file_location("lightning_example", STUDY.parent / "lightning" / "train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for total in (1, 2, 3, 4, 5, 8, 100):
+        configured = example.DigitsCNN(lr=0.05, scheduler=scheduler, total_steps=total).configure_optimizers()
+        optimizer, lr_scheduler = configured["optimizer"], configured["lr_scheduler"]
+        reference = sgd([torch.nn.Parameter(torch.zeros(1))], 0.05)
+        expected = lrs_of(reference, make_scheduler(scheduler, reference, total_steps=total, lr=0.05), total)
+        assert lr_scheduler["interval"] == "step" and lrs_of(optimizer, lr_scheduler["scheduler"], total) == expected, total
+        assert reference.defaults == optimizer.defaults
 
 
 def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import itertools
 import json
@@ -38,12 +39,13 @@ from autotune.train import systems, trial
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
-from autotune.search.space import KNOBS
+from autotune.search.space import KNOBS, PRECISIONS, SCHEDULERS
 from autotune.train.tasks import digits, sgd, takes
 from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer
 
 REPO = Path(__file__).resolve().parent.parent
 BUILT_IN = "autotune.train.tasks:sgd"
+STORED_BUILT_IN = "autotune.tasks:sgd"  # its name in studies stored before the tasks moved
 TUNABLE = "tests.tasks:_tunable_optimizer"
 NOTED = ("moved", "approximation", "no equivalent")
 
@@ -100,7 +102,7 @@ def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer autotune's trial builds for this winner."""
     knob_values, extras = split(summary)
-    factory = sgd if summary["optimizer"] == BUILT_IN else _tunable_optimizer
+    factory = sgd if summary["optimizer"] in (BUILT_IN, STORED_BUILT_IN) else _tunable_optimizer
     return factory(model.parameters(), knob_values["lr"], **takes(factory, extras, after=2))
 
 
@@ -109,8 +111,13 @@ def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
     knob_values, _ = split(summary)
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
     scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"])
+    return lrs_of(optimizer, scheduler, total_steps)
+
+
+def lrs_of(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list[float]:
+    """The lr of each of `steps` optimizer steps, the schedule stepped after each."""
     lrs = []
-    for _ in range(total_steps):
+    for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
@@ -548,6 +555,82 @@ def test_torch_export_refuses_an_optimizer_that_cannot_be_imported() -> None:
     summary = summary_for(knobs(0.1, "cosine", 16, 1, 0, "fp32"), optimizer="my tasks:make-opt")
     with pytest.raises(AutotuneError, match="not an importable module:qualname"):
         render(summary, "torch")
+
+
+# --- the LR schedule over any run length ------------------------------------------------------
+
+# OneCycleLR's warm-up is stretched to 1.5 steps up to 5 steps, and 1 step has no cycle: every
+# export must schedule such short runs as the trial does, as well as long ones.
+TOTALS = (1, 2, 3, 4, 5, 8, 100)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_torch_module_schedules_every_run_length_as_the_trial_does(scheduler: str) -> None:
+    summary = summary_for(knobs(0.1, scheduler, 8, 1, 0, "fp32"))
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(render(summary, "torch"), namespace)
+    for total in TOTALS:  # one batch per epoch: as many optimizer steps as epochs
+        training = namespace["make_training"](torch.nn.Linear(8, 4), _blobs(8, 0), device="cpu", max_epochs=total)
+        assert training.total_steps == total
+        assert lrs_of(training.optimizer, training.scheduler, total) == reference_lrs(summary, total), total
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_lightning_schedules_every_run_length_as_the_trial_does(scheduler: str) -> None:
+    summary = summary_for(knobs(0.1, scheduler, 1, 1, 0, "fp32"), max_epochs=1)
+    export = json.loads(render(summary, "lightning"))
+    for total in TOTALS:  # one epoch of `total` batches of one
+        trainer = lightning.Trainer(**export["trainer"], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                    enable_model_summary=False)
+        module = Module(torch.nn.Linear(8, 4), configure_from_usage(export, summary))
+        trainer.fit(module, DataLoader(_blobs(total, 0), **export["dataloader"]))
+        assert trainer.estimated_stepping_batches == total
+        assert module.lrs == pytest.approx(reference_lrs(summary, total), rel=1e-12, abs=1e-15), total
+
+
+def hf_trainer_class(export: Mapping[str, Any]) -> type[transformers.Trainer]:
+    """transformers.Trainer, or the subclass the scheduler's note says to write where HF has no
+    schedule of autotune's (step) or only an approximation (onecycle), made of the note's own code."""
+    named = notes_by_setting(export)
+    if "scheduler" not in named:
+        return transformers.Trainer
+    match = re.search(r"override (create_scheduler\(self, num_training_steps, optimizer=None\)) to set and return "
+                      r"(self\.lr_scheduler = .*)\.$", named["scheduler"][0]["note"])
+    namespace: dict[str, Any] = {"torch": torch, "math": math}
+    exec(f"def {match.group(1)}:\n    {match.group(2)}\n    return self.lr_scheduler", namespace)
+    return type("Exact", (transformers.Trainer,), {"create_scheduler": namespace["create_scheduler"]})
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_hf_schedules_every_run_length_as_the_trial_does(scheduler: str, tmp_path: Path) -> None:
+    summary = summary_for(knobs(0.1, scheduler, 8, 1, 0, "fp32"))
+    export = json.loads(render(summary, "hf"))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", **export["training_arguments"])
+    hf_trainer = hf_trainer_class(export)(model=torch.nn.Linear(8, 4), args=args, train_dataset=_blobs(8, 0))
+    for total in TOTALS:
+        hf_trainer.optimizer = hf_trainer.lr_scheduler = None
+        hf_trainer.create_optimizer_and_scheduler(num_training_steps=total)
+        assert lrs_of(hf_trainer.optimizer, hf_trainer.lr_scheduler, total) == pytest.approx(
+            reference_lrs(summary, total), rel=1e-9, abs=1e-12), total
+
+
+def test_every_format_knows_the_built_in_sgd_by_the_name_older_studies_stored() -> None:
+    """Studies stored before the tasks moved recorded it as autotune.tasks:sgd: still the built-in
+    SGD, written out in every format (not imported from a module that is gone), the stored name kept."""
+    params = {**knobs(0.05, "cosine", 16, 1, 0, "fp32"), "width": 8}
+    old, new = summary_for(params, optimizer=STORED_BUILT_IN), summary_for(params, optimizer=BUILT_IN)
+    for fmt in FORMATS:
+        assert render(old, fmt) == render(new, fmt).replace(BUILT_IN, STORED_BUILT_IN), fmt
+    assert json.loads(render(old, "lightning"))["optimizer"]["class_path"] == "torch.optim.SGD"
+    assert json.loads(render(old, "hf"))["training_arguments"]["optim"] == "sgd"
+    check_torch(render(old, "torch"), old, dataset=_blobs(64, 0), model_factory=blobs_model, steps=1)
+
+
+def test_every_precision_has_a_name_each_trainer_takes(tmp_path: Path) -> None:
+    """The precision table's trainer names: Lightning's precision strings and TrainingArguments' flags."""
+    for name, precision in PRECISIONS.items():
+        assert precision.lightning in typing.get_args(_PRECISION_INPUT_STR), name
+        assert precision.hf is None or precision.hf in {f.name for f in dataclasses.fields(transformers.TrainingArguments)}, name
 
 
 # --- args ------------------------------------------------------------------------------------

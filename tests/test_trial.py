@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.search.space import PRECISIONS
 from autotune.train.tasks import Task, takes
-from autotune.train.trial import (FINITE_CHECK_EVERY, Diverged, FiniteLoss, Limits, TrialConfig, make_loader, make_scheduler, run,
-                            train_step)
+from autotune.train.trial import (DTYPES, FINITE_CHECK_EVERY, Diverged, FiniteLoss, Limits, TrialConfig, make_loader, make_scheduler,
+                                  run, train_step)
 from tests.tasks import blobs, nan_metric
 
 CPU = torch.device("cpu")
@@ -129,6 +130,13 @@ def test_every_schedule_survives_its_whole_budget(name: str, total: int) -> None
         optimizer.step()
         scheduler.step()
         assert 0 <= optimizer.param_groups[0]["lr"] <= 0.1 + 1e-12
+
+
+def test_each_precision_autocasts_to_a_dtype_as_wide_as_the_table_says() -> None:
+    """The search layer names the dtypes (it imports no torch) and sizes memory by their bytes."""
+    for name, precision in PRECISIONS.items():
+        assert DTYPES[name] is getattr(torch, precision.dtype) and DTYPES[name].itemsize == precision.bytes, name
+    assert DTYPES == {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def test_same_seed_same_curve_and_different_seed_differs() -> None:

@@ -1,5 +1,6 @@
 """What the export formats share: the knobs apart from the user's parameters, what autotune's
-trial builds from them (DataLoader, optimizer), notes for what a trainer cannot take, provenance.
+trial builds from them (the recipe's optimizer and LR schedules, the latter as code), notes for
+what a trainer cannot take, provenance.
 
 Rule: where a trainer has no equivalent for a setting, the export says so in a note naming the
 setting, its value, why and what to do, never by dropping it. Notes live in their own key (or in
@@ -9,14 +10,19 @@ comments), so every section stays ready to splat.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.search.space import KNOBS, SCHEDULE
+from autotune.study.schema import current_reference
+from autotune.train import recipe
+from autotune.train.recipe import Schedule
 
-BUILT_IN_SGD = "autotune.train.tasks:sgd"  # the default Task.optimizer, as study.py records it
-SGD_ARGS = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}  # autotune.train.tasks.sgd, besides lr
-ONECYCLE_PCT_START = 0.25  # autotune.train.trial.make_scheduler: warm-up fraction of OneCycleLR
+# What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for, onecycle_pct_start).
+ONECYCLE = (f"OneCycleLR warms up over {recipe.ONECYCLE_PCT_START:.0%} of the optimizer steps but at least "
+            f"{recipe.ONECYCLE_MIN_WARMUP_STEPS} (it divides by the warm-up's steps less one); a run of fewer than "
+            f"{recipe.SCHEDULES['onecycle'].min_steps} steps keeps the peak lr")
 
 # Statuses of a note: the setting is in another section; carried only approximately; not carried.
 MOVED, APPROXIMATION, NO_EQUIVALENT = "moved", "approximation", "no equivalent"
@@ -77,6 +83,53 @@ def lookup(fmt: str, knob: str, value: Any, table: Mapping[str, Any]) -> Any:
         raise AutotuneError(f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}") from None
 
 
+def built_in_optimizer(summary: Mapping[str, Any]) -> bool:
+    """Whether the study's task trained with autotune's built-in SGD (recipe.SGD_ARGS), by today's
+    name or by the one a study stored before the module moved."""
+    return current_reference(summary.get("optimizer")) == recipe.BUILT_IN_OPTIMIZER
+
+
+def scheduler_code(name: str, *, optimizer: str, total: str, lr: str, indent: str | None = None) -> str:
+    """A Python expression that builds the LR schedule `name` as the trial does
+    (recipe.scheduler_args); `optimizer`, `total` (the run's optimizer steps) and `lr` are
+    expressions of the code it goes into. With `indent`, a two-way choice spans two lines."""
+    schedule = recipe.SCHEDULES[name]
+    code = _schedule_code(schedule, optimizer=optimizer, total=total, lr=lr)
+    if schedule.min_steps > 1:  # a shorter run keeps the peak lr (recipe.schedule_for)
+        short = _schedule_code(recipe.SCHEDULES["constant"], optimizer=optimizer, total=total, lr=lr)
+        choice = f"if {total} >= {schedule.min_steps} else {short}"
+        code = f"{code} {choice}" if indent is None else f"({code}\n{indent} {choice})"
+    return code
+
+
+def pct_start_code(total: str) -> str:
+    """recipe.onecycle_pct_start as a Python expression of `total`, the run's optimizer steps."""
+    return f"max({recipe.ONECYCLE_PCT_START!r}, {recipe.ONECYCLE_MIN_WARMUP_STEPS!r} / {total})"
+
+
+def _schedule_code(schedule: Schedule, *, optimizer: str, total: str, lr: str) -> str:
+    args = [f"{schedule.peak_lr}={lr}"] if schedule.peak_lr else []
+    for arg, fraction in schedule.of_total_steps.items():
+        steps = [_steps_code(f, total) for f in fraction] if isinstance(fraction, tuple) else _steps_code(fraction, total)
+        args.append(f"{arg}=[{', '.join(steps)}]" if isinstance(steps, list) else f"{arg}={steps}")
+    args += [f"{arg}={value!r}" for arg, value in schedule.init_args.items()]
+    if schedule.warmup:
+        args.append(f"{schedule.warmup}={pct_start_code(total)}")
+    return f"torch.optim.lr_scheduler.{schedule.torch_class}({', '.join([optimizer, *args])})"
+
+
+def _steps_code(fraction: float, total: str) -> str:
+    """recipe.steps as code: `total // 2` for 0.5. A float is a fraction with a power-of-two
+    denominator, which a small one multiplies exactly, so `total * n // d` rounds down as
+    floor(fraction * total) does."""
+    ratio = Fraction(fraction)
+    if ratio == 1:
+        return total
+    if ratio.denominator > 64:
+        return f"math.floor({fraction!r} * {total})"
+    return f"{total} // {ratio.denominator}" if ratio.numerator == 1 else f"{total} * {ratio.numerator} // {ratio.denominator}"
+
+
 def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return note("num_workers", knobs["num_workers"], NO_EQUIVALENT,
                 "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "
@@ -96,7 +149,7 @@ def optimizer_note(summary: Mapping[str, Any], lr: float, *, trainer: str, then:
                     f"optimizer = <your optimizer factory>{call}, then {then}.")
     return note("optimizer", reference, NO_EQUIVALENT,
                 f"the task's own optimizer factory, which {trainer} cannot build: build it as autotune did, "
-                f"optimizer = {reference.replace(':', '.')}{call}, then {then}.")
+                f"optimizer = {current_reference(reference).replace(':', '.')}{call}, then {then}.")
 
 
 def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.export.common import (
-    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
-    max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
+    APPROXIMATION, MOVED, NO_EQUIVALENT, ONECYCLE, built_in_optimizer, lookup, max_epochs, note, optimizer_note,
+    params_note, pct_start_code, provenance, scheduler_code, split, threads_note,
 )
-from autotune.search.space import loader_kwargs
+from autotune.search.space import PRECISIONS
+from autotune.train.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
 
-PRECISION = {"fp32": {"fp16": False, "bf16": False}, "fp16": {"fp16": True, "bf16": False},
-             "bf16": {"fp16": False, "bf16": True}}  # HF's fp16 is autocast + GradScaler, as autotune's
 # lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
 SCHEDULERS = {"constant": ("constant", 0), "cosine": ("cosine", 0), "onecycle": ("cosine", ONECYCLE_PCT_START), "step": None}
 # TrainingArguments fields for the optimizer HF builds; a user's parameter of that name goes there
@@ -74,24 +73,22 @@ def render(summary: Mapping[str, Any]) -> str:
                             "learning_rate": lr}
 
     schedule = lookup("hf", "scheduler", knobs["scheduler"], SCHEDULERS)
+    exact = CREATE_SCHEDULER.format(scheduler_code(knobs["scheduler"], optimizer="optimizer or self.optimizer",
+                                                   total="num_training_steps", lr=repr(lr)))
     if schedule is None:
         notes.append(note("scheduler", "step", NO_EQUIVALENT,
                           "TrainingArguments has no multi-step schedule (lr x0.1 at 1/2 and x0.01 at 3/4 of the optimizer steps: "
                           "MultiStepLR, gamma 0.1), so lr_scheduler_type is left out and HF's default (linear decay) would apply. "
-                          "To train as autotune did, " + CREATE_SCHEDULER.format(
-                              "torch.optim.lr_scheduler.MultiStepLR(optimizer or self.optimizer, milestones=[num_training_steps // 2, "
-                              "num_training_steps * 3 // 4], gamma=0.1)") + "."))
+                          f"To train as autotune did, {exact}."))
     else:
         args["lr_scheduler_type"], args["warmup_steps"] = schedule
     if knobs["scheduler"] == "onecycle":
         notes.append(note("scheduler", "onecycle", APPROXIMATION,
                           f"approximated by lr_scheduler_type cosine with warmup_steps {ONECYCLE_PCT_START} (transformers 4.x: "
                           f"warmup_ratio={ONECYCLE_PCT_START}). It differs from autotune's OneCycleLR(max_lr={lr!r}, "
-                          f"pct_start={ONECYCLE_PCT_START}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) and "
-                          "anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
-                          "between 0.95 and 0.85, against the lr). Exact: " + CREATE_SCHEDULER.format(
-                              f"torch.optim.lr_scheduler.OneCycleLR(optimizer or self.optimizer, max_lr={lr!r}, "
-                              f"total_steps=num_training_steps, pct_start={ONECYCLE_PCT_START})") + "."))
+                          f"pct_start={pct_start_code('steps')}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) "
+                          "and anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
+                          f"between 0.95 and 0.85, against the lr). {ONECYCLE}. Exact: {exact}."))
 
     epochs = max_epochs(summary)
     if epochs is None:
@@ -105,7 +102,8 @@ def render(summary: Mapping[str, Any]) -> str:
                           f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
                           f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
                           f"floor(max_epochs * len / {accumulation}) steps."))
-    args.update(lookup("hf", "precision", knobs["precision"], PRECISION))
+    flag = lookup("hf", "precision", knobs["precision"], PRECISIONS).hf  # HF's fp16 is autocast + GradScaler, as autotune's
+    args.update({p.hf: p.hf == flag for p in PRECISIONS.values() if p.hf})
     loader = loader_kwargs(knobs)
     args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
                  if k in loader})
@@ -119,10 +117,10 @@ def render(summary: Mapping[str, Any]) -> str:
         notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; when you train on CPU, "
                           "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise)."))
 
-    if summary.get("optimizer") == BUILT_IN_SGD:
+    if built_in_optimizer(summary):
         momentum, nesterov, decay = SGD_ARGS["momentum"], SGD_ARGS["nesterov"], SGD_ARGS["weight_decay"]
         args.update(optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay)
-        notes.append(note("optimizer", BUILT_IN_SGD, APPROXIMATION,
+        notes.append(note("optimizer", summary["optimizer"], APPROXIMATION,
                           f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
                           "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them."))
     else:

@@ -10,6 +10,7 @@ The Trainer takes no DataLoader, optimizer or scheduler settings, so those have 
 sections, and `usage` spells out the lines above for this winner. The scheduler's arguments that
 depend on the run's length are fractions of its optimizer steps (Lightning's
 `trainer.estimated_stepping_batches`): autotune steps the schedule once per optimizer step.
+OneCycle's warm-up, a function of those steps rather than a fraction, is computed in `usage`.
 cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to the model, as
 their notes (and, when on, `usage`) say.
 """
@@ -21,29 +22,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.export.common import (
-    APPROXIMATION, BUILT_IN_SGD, MOVED, NO_EQUIVALENT, ONECYCLE_PCT_START, SGD_ARGS, lookup,
-    max_epochs, note, optimizer_note, params_note, provenance, split, threads_note,
+    APPROXIMATION, MOVED, NO_EQUIVALENT, ONECYCLE, built_in_optimizer, lookup, max_epochs, note, optimizer_note,
+    params_note, pct_start_code, provenance, scheduler_code, split, threads_note,
 )
-from autotune.search.space import loader_kwargs
+from autotune.search.space import PRECISIONS
+from autotune.train.recipe import SCHEDULES, SGD_ARGS, loader_kwargs
 
-PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}  # 16-mixed: autocast + GradScaler
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 
-# autotune.train.trial.make_scheduler as (torch class, init_args, init_args as fractions of the run's
-# optimizer steps, each rounded down). constant: ConstantLR with factor 1 never changes the lr.
-SCHEDULERS = {
-    "constant": ("ConstantLR", {"factor": 1.0, "total_iters": 0}, {}),
-    "step": ("MultiStepLR", {"gamma": 0.1}, {"milestones": [0.5, 0.75]}),
-    "cosine": ("CosineAnnealingLR", {}, {"T_max": 1.0}),
-    "onecycle": ("OneCycleLR", {"pct_start": ONECYCLE_PCT_START}, {"total_steps": 1.0}),
-}
-SCHEDULER_USAGE = [
+# configure_optimizers' lines that build the schedule from `lr_scheduler` (recipe.SCHEDULES) over
+# the run's optimizer steps; MAKE_SCHEDULER takes the arguments that are not fractions of them.
+STEPS_USAGE = [
     "s = export['lr_scheduler']; total = self.trainer.estimated_stepping_batches",
-    "steps = {k: [math.floor(f * total) for f in v] if isinstance(v, list) else math.floor(v * total) "
-    "for k, v in s['fractions_of_total_steps'].items()}",
-    "scheduler = getattr(torch.optim.lr_scheduler, s['class_path'].rsplit('.', 1)[1])(optimizer, **s['init_args'], **steps)",
-    "return {'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, **s['config']}}",
+    ("steps = {k: [math.floor(f * total) for f in v] if isinstance(v, list) else math.floor(v * total) "
+     "for k, v in s['fractions_of_total_steps'].items()}"),
 ]
+MAKE_SCHEDULER = "getattr(torch.optim.lr_scheduler, s['class_path'].rsplit('.', 1)[1])(optimizer, **s['init_args'], **steps{})"
+RETURN_USAGE = "return {'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, **s['config']}}"
 
 
 def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -74,6 +69,24 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
             note("compile", knobs["compile"], NO_EQUIVALENT, compiled)]
 
 
+def scheduler_section(name: str, lr: float) -> tuple[dict[str, Any], str, list[str]]:
+    """The `lr_scheduler` section for the scheduler knob `name`, its note, and its usage lines."""
+    schedule = lookup("lightning", "scheduler", name, SCHEDULES)
+    init_args = {schedule.peak_lr: lr, **schedule.init_args} if schedule.peak_lr else dict(schedule.init_args)
+    section = {"class_path": f"torch.optim.lr_scheduler.{schedule.torch_class}", "init_args": init_args,
+               "fractions_of_total_steps": {k: list(v) if isinstance(v, tuple) else v for k, v in schedule.of_total_steps.items()},
+               "config": {"interval": "step", "frequency": 1}}
+    text = ("lightning.Trainer has no scheduler argument: `lr_scheduler` holds the torch class autotune used; return it "
+            "from configure_optimizers() with interval 'step', as autotune steps it once per optimizer step. Arguments "
+            "that depend on the run's length are fractions of its optimizer steps (trainer.estimated_stepping_batches), rounded down.")
+    make = MAKE_SCHEDULER.format("")
+    if schedule.warmup:  # a function of the run's steps, not a fraction of them: the usage lines compute it
+        make = MAKE_SCHEDULER.format(f", {schedule.warmup}={pct_start_code('total')}")
+        make += f" if total >= {schedule.min_steps} else {scheduler_code('constant', optimizer='optimizer', total='total', lr=repr(lr))}"
+        text += f" {ONECYCLE}: the usage lines do both."
+    return section, text, [*STEPS_USAGE, f"scheduler = {make}", RETURN_USAGE]
+
+
 def render(summary: Mapping[str, Any]) -> str:
     knobs, params = split(summary)
     lr = knobs["lr"]
@@ -85,7 +98,7 @@ def render(summary: Mapping[str, Any]) -> str:
         notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; accelerator and devices are left to Lightning's defaults."))
     else:
         trainer.update(accelerator=lookup("lightning", "device", device, ACCELERATOR), devices=1)  # autotune trains on one device
-    trainer["precision"] = lookup("lightning", "precision", knobs["precision"], PRECISION)
+    trainer["precision"] = lookup("lightning", "precision", knobs["precision"], PRECISIONS).lightning
     trainer["accumulate_grad_batches"] = knobs["accumulation_steps"]
     epochs = max_epochs(summary)
     if isinstance(epochs, int):
@@ -123,7 +136,7 @@ def render(summary: Mapping[str, Any]) -> str:
     if knobs["compile"]:
         usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
     usage.append("# and in your LightningModule's configure_optimizers(self):")
-    if summary.get("optimizer") == BUILT_IN_SGD:
+    if built_in_optimizer(summary):
         optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
         usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")
     else:
@@ -131,16 +144,9 @@ def render(summary: Mapping[str, Any]) -> str:
         usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params)")
     notes.append(note("lr", lr, MOVED, "lightning.Trainer has no learning-rate argument: it is in `optimizer`."))
 
-    name, init_args, fractions = lookup("lightning", "scheduler", knobs["scheduler"], SCHEDULERS)
-    if name == "OneCycleLR":
-        init_args = {"max_lr": lr, **init_args}
-    lr_scheduler = {"class_path": f"torch.optim.lr_scheduler.{name}", "init_args": init_args,
-                    "fractions_of_total_steps": fractions, "config": {"interval": "step", "frequency": 1}}
-    notes.append(note("scheduler", knobs["scheduler"], MOVED,
-                      "lightning.Trainer has no scheduler argument: `lr_scheduler` holds the torch class autotune used; return it "
-                      "from configure_optimizers() with interval 'step', as autotune steps it once per optimizer step. Arguments "
-                      "that depend on the run's length are fractions of its optimizer steps (trainer.estimated_stepping_batches), rounded down."))
-    usage += SCHEDULER_USAGE
+    lr_scheduler, text, lines = scheduler_section(knobs["scheduler"], lr)
+    notes.append(note("scheduler", knobs["scheduler"], MOVED, text))
+    usage += lines
 
     extras = params_note(params, "lightning.Trainer")
     if extras:

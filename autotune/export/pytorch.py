@@ -11,21 +11,16 @@ own optimizer lives there; the built-in SGD is written out.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from string import Template
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.export.common import BUILT_IN_SGD, ONECYCLE_PCT_START, SGD_ARGS, lookup, max_epochs, provenance, split
-from autotune.search.space import KNOBS
-
-SCHEDULERS = {  # autotune.train.trial.make_scheduler, over the run's total optimizer steps
-    "constant": "torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)",
-    "step": "torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)",
-    "cosine": "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)",
-    "onecycle": f"torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=total_steps, pct_start={ONECYCLE_PCT_START})",
-}
-DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+from autotune.export.common import ONECYCLE, built_in_optimizer, lookup, max_epochs, provenance, scheduler_code, split
+from autotune.search.space import KNOBS, PRECISIONS
+from autotune.study.schema import current_reference
+from autotune.train.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
 
 MODULE = Template('''\
 """$provenance.
@@ -51,6 +46,10 @@ import torch
 from torch.utils.data import DataLoader
 $imports
 $constants
+# The DataLoader's arguments besides the dataset and pin_memory, as the trial gave them: shuffled, whole
+# micro-batches only (accumulation stays exact, BatchNorm never sees a batch of one), workers kept across epochs.
+LOADER = $loader
+
 # Your own parameters as the study chose them. autotune passed each by keyword to whichever of the
 # task's model factory and optimizer names it: build `model` with those your model factory takes.
 PARAMS = $params
@@ -59,8 +58,8 @@ PARAMS = $params
 $make_optimizer
 
 
-def _one_thread(_worker_id):
-    torch.set_num_threads(1)  # each loader worker is one process on one core
+def _worker_init(_worker_id):
+    torch.set_num_threads($worker_threads)  # each loader worker is one process on one core
 
 
 def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=None, make_optimizer=make_optimizer):
@@ -77,18 +76,9 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
     device = torch.device(device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores - NUM_WORKERS))  # the cores the loader workers leave free
-    loader = DataLoader(
-        train_dataset,
-        batch_size=BATCH_SIZE,
-        shuffle=True,
-        drop_last=True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
-        num_workers=NUM_WORKERS,
-        prefetch_factor=PREFETCH_FACTOR if NUM_WORKERS > 0 else None,
-        persistent_workers=NUM_WORKERS > 0,  # otherwise every epoch pays worker start-up again
-        pin_memory=PIN_MEMORY and device.type == "cuda",
-        worker_init_fn=_one_thread if NUM_WORKERS > 0 else None,
-        generator=None if seed is None else torch.Generator().manual_seed(seed),
-    )
+    loader = DataLoader(train_dataset, **LOADER, pin_memory=PIN_MEMORY and device.type == "cuda",  # it helps CUDA copies only
+                        worker_init_fn=_worker_init if NUM_WORKERS > 0 else None,
+                        generator=None if seed is None else torch.Generator().manual_seed(seed))
     model = model.to(device)
     if CHANNELS_LAST:
         model = model.to(memory_format=torch.channels_last)  # its 4-D weights; to_device lays out 4-D inputs
@@ -97,7 +87,7 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
     optimizer = make_optimizer(model.parameters(), LR)
     # The schedule runs over every optimizer step of max_epochs, stepped once per optimizer step.
     total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
-    scheduler = $scheduler
+$scheduler_comment    scheduler = $scheduler
     autocast = functools.partial(torch.autocast, device.type, dtype=$dtype, enabled=$autocast_enabled)
     scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16 only: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
@@ -163,13 +153,14 @@ def make_optimizer(parameters, lr):
                               "(parameters, lr) -> torch.optim.Optimizer, given the PARAMS it names")'''
 
 
-def _optimizer(reference: str | None) -> tuple[str, str]:
+def _optimizer(summary: Mapping[str, Any]) -> tuple[str, str]:
     """The import line and the make_optimizer function for the task's optimizer."""
-    if reference == BUILT_IN_SGD:
+    reference = summary.get("optimizer")
+    if built_in_optimizer(summary):
         return "", SGD.substitute(reference=reference, sgd_args="".join(f", {k}={v!r}" for k, v in SGD_ARGS.items()))
     if reference is None:
         return "", UNKNOWN
-    module, _, qualname = reference.partition(":")
+    module, _, qualname = current_reference(reference).partition(":")
     if not all(part.isidentifier() for part in (*module.split("."), *qualname.split("."))):
         raise AutotuneError(f"--format torch: the study's optimizer {reference!r} is not an importable module:qualname")
     imports = f"\nimport {module} as _task_module  # where the task's optimizer factory lives\n"
@@ -185,12 +176,16 @@ def render(summary: Mapping[str, Any]) -> str:
                   + ("; not recorded, so pass make_training(max_epochs=)" if epochs is None else "")))
     width = max(len(code) for code, _ in lines) + 2
     constants = "\n".join(f"{code:<{width}}# {doc}" for code, doc in lines)
-    imports, make_optimizer = _optimizer(summary.get("optimizer"))
+    imports, make_optimizer = _optimizer(summary)
+    schedule = lookup("torch", "scheduler", knobs["scheduler"], SCHEDULES)
+    comment = textwrap.indent(textwrap.fill(ONECYCLE + ".", 96, break_on_hyphens=False), "    # ") + "\n" if schedule.warmup else ""
+    loader = {k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"}  # pinned on CUDA only: make_training
     return MODULE.substitute(
         provenance=provenance(summary).replace("\\", "\\\\").replace('"""', '\\"""'),  # safe in a docstring
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
-        imports=imports, constants=constants, params=repr(params), make_optimizer=make_optimizer,
-        scheduler=lookup("torch", "scheduler", knobs["scheduler"], SCHEDULERS),
-        dtype=lookup("torch", "precision", precision, DTYPES),
+        imports=imports, constants=constants, loader=repr(loader), params=repr(params), make_optimizer=make_optimizer,
+        worker_threads=WORKER_THREADS, scheduler_comment=comment,
+        scheduler=scheduler_code(knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16),
+        dtype="torch." + lookup("torch", "precision", precision, PRECISIONS).dtype,
         autocast_enabled=precision != "fp32", scaler_enabled=precision == "fp16",
     )

@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.search.space import KNOBS
-
-ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # per activation value under autocast
+from autotune.search.space import KNOBS, PRECISIONS
 
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
@@ -29,7 +27,7 @@ def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     same_params = {k: v for k, v in config.items() if k not in KNOBS} == {k: v for k, v in other.items() if k not in KNOBS}
     same_layout = all(config.get(k, KNOBS[k].absent) == other.get(k, KNOBS[k].absent) for k in SAME_LAYOUT)
     return (same_params and same_layout and config["batch_size"] >= other["batch_size"]
-            and ACTIVATION_BYTES[config["precision"]] >= ACTIVATION_BYTES[other["precision"]])
+            and PRECISIONS[config["precision"]].bytes >= PRECISIONS[other["precision"]].bytes)
 
 
 def bound_by(config: Mapping[str, Any], ran_out: Iterable[tuple[int, Mapping[str, Any]]]) -> int | None:

@@ -29,13 +29,12 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.search.space import Choices, Range, Space
+from autotune.search.space import PRECISIONS, Choices, Range, Space
 
 ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
-WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per activation: fp32 is the reference
 LOADER = ("num_workers", "prefetch_factor", "pin_memory")
 MIN_STEPS = 20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
 
@@ -80,7 +79,7 @@ def probe_batch(space: Space, baseline: Mapping[str, Any], *, samples: int | Non
 def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any], *, samples: int | None = None) -> dict[str, Any]:
     """Probe the space's loader settings and precisions with runs of `samples` samples (None:
     unknown, so at the baseline's batch); the outcome as plain JSON values."""
-    precisions = sorted(space["precision"].values, key=lambda p: -WIDTH[p])
+    precisions = sorted(space["precision"].values, key=lambda p: -PRECISIONS[p].bytes)  # the widest is the reference
     reference = precisions[0]
     runs: list[dict[str, Any]] = []
     batch = probe_batch(space, baseline, samples=samples)

@@ -15,7 +15,23 @@ from collections.abc import Mapping
 from typing import Any, Protocol, Union
 
 SCHEDULERS = ("constant", "step", "cosine", "onecycle")
-PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """One value of the precision knob as each layer and trainer names it."""
+
+    dtype: str  # autocast's torch dtype, by name (torch.<dtype>): this layer imports no torch
+    bytes: int  # per activation value: memory grows with it (oom_boundary); the widest is the probe's reference
+    lightning: str  # lightning.Trainer(precision=)
+    hf: str | None  # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("float32", 4, lightning="32-true", hf=None),
+    "fp16": Precision("float16", 2, lightning="16-mixed", hf="fp16"),  # autocast + GradScaler, in every trainer
+    "bf16": Precision("bfloat16", 2, lightning="bf16-mixed", hf="bf16"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +85,7 @@ KNOBS: dict[str, Knob] = {
         Knob("num_workers", int, 0, doc="DataLoader worker processes; 0 loads in the main process"),
         Knob("prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"),
         Knob("pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"),
-        Knob("precision", str, names=PRECISIONS, doc="fp32, fp16 (autocast + GradScaler), bf16"),
+        Knob("precision", str, names=tuple(PRECISIONS), doc="fp32, fp16 (autocast + GradScaler), bf16"),
         Knob("schedule_epochs", float, 0.0, doc="length of the LR schedule in epochs; at most the budget's max_epochs"),
         Knob("channels_last", bool, doc="model and 4-D input batches in channels-last memory format", absent=False),
         Knob("compile", bool, doc="torch.compile the model; compile time counts on the training clock", absent=False),
@@ -193,23 +209,6 @@ def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}
-
-
-def loader_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The DataLoader keyword arguments the loader knobs mean (the dataset aside), as a trial
-    builds its loader and as exports write it. prefetch_factor exists only with workers."""
-    workers = config["num_workers"]
-    kwargs = {
-        "batch_size": config["batch_size"],
-        "shuffle": True,
-        "drop_last": True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
-        "num_workers": workers,
-    }
-    if workers > 0:
-        kwargs["prefetch_factor"] = config["prefetch_factor"]
-    kwargs["persistent_workers"] = workers > 0  # otherwise every epoch pays worker start-up again
-    kwargs["pin_memory"] = config["pin_memory"]
-    return kwargs
 
 
 def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from autotune.train.recipe import training_threads
+
 
 class Clock:
     """Training time that can be paused; synchronizes CUDA before every measured read."""
@@ -47,11 +49,8 @@ def cpu_count() -> int:
 
 
 def threads_for(num_workers: int) -> int:
-    """Torch threads for the training process: the cores the loader workers leave free.
-
-    Oversubscribed cores slowed small-batch CPU training by more than 10x.
-    """
-    return max(1, cpu_count() - num_workers)
+    """Torch threads for the training process on this machine (recipe.training_threads)."""
+    return training_threads(cpu_count(), num_workers)
 
 
 def reset_peak_memory(device: torch.device) -> None:

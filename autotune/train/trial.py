@@ -24,9 +24,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune import signals
-from autotune.train import class_figures, systems, telemetry
+from autotune.train import class_figures, recipe, systems, telemetry
 from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
-from autotune.search.space import KNOBS, loader_kwargs
+from autotune.search.space import KNOBS, PRECISIONS
 from autotune.train.tasks import Task, takes
 
 EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
@@ -35,7 +35,7 @@ MIN_WARMUP_STEPS = 3
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
 # sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
 FINITE_CHECK_EVERY = 8
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()}  # autocast's
 
 # (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
 # trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
@@ -314,7 +314,7 @@ def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autoca
 
 
 def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
-    kwargs = loader_kwargs(config.as_dict())
+    kwargs = recipe.loader_kwargs(config.as_dict())
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
     return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
                       generator=torch.Generator().manual_seed(seed))
@@ -348,25 +348,13 @@ def shut_down_workers(loader: DataLoader) -> None:
 def make_scheduler(
     name: str, optimizer: torch.optim.Optimizer, *, total_steps: int, lr: float
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """The LR schedule over the trial's whole step budget, stepped once per optimizer step."""
-    sched = torch.optim.lr_scheduler
-    if name == "constant":
-        return sched.LambdaLR(optimizer, lambda _: 1.0)
-    if name == "step":
-        return sched.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)
-    if name == "cosine":
-        return sched.CosineAnnealingLR(optimizer, T_max=total_steps)
-    if name == "onecycle":
-        if total_steps == 1:
-            return sched.LambdaLR(optimizer, lambda _: 1.0)  # one step has no cycle: the peak lr
-        # OneCycleLR divides by its warm-up's length in steps (pct_start * total_steps - 1): with
-        # 4 steps or fewer that is 0 or less, so the warm-up is stretched to 1.5 steps.
-        return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=max(0.25, 1.5 / total_steps))
-    raise ValueError(f"scheduler must be one of constant, step, cosine, onecycle, but got {name=}.")
+    """The LR schedule over the trial's whole step budget, stepped once per optimizer step (recipe.SCHEDULES)."""
+    torch_class, kwargs = recipe.scheduler_args(name, total_steps=total_steps, lr=lr)
+    return getattr(torch.optim.lr_scheduler, torch_class)(optimizer, **kwargs)
 
 
 def _worker_init(_: int) -> None:
-    torch.set_num_threads(1)  # each loader worker is one process on one core
+    torch.set_num_threads(recipe.WORKER_THREADS)
     signals.ignore_in_worker()  # the trial's process stops on a signal and shuts its workers down
 
 

@@ -27,9 +27,12 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import autotune
+# autotune's precisions with Lightning's names for them, and its optimizer and LR schedules: the knobs
+# mean here what they mean in autotune's own trials.
+from autotune.search.space import PRECISIONS, SCHEDULERS
+from autotune.train.tasks import sgd
+from autotune.train.trial import make_scheduler
 
-PRECISIONS = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}  # the knob's names -> Lightning's
-SCHEDULERS = ("constant", "step", "cosine", "onecycle")
 VAL_FRACTION = 0.2
 SPLIT_SEED = 0  # the split is part of the task, not of a trial: the same validation set for every trial
 
@@ -43,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--prefetch-factor", type=int, default=None, help="batches each worker loads ahead")
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     p.add_argument("--max-epochs", type=float, default=8, help="training length, also the LR schedule's")
     p.add_argument("--eval-every", type=float, default=0.25, help="epochs between validations")
     p.add_argument("--seed", type=int, default=0)
@@ -91,23 +94,10 @@ class DigitsCNN(L.LightningModule):
         self.log("val_accuracy", self.correct / max(1, self.seen))
 
     def configure_optimizers(self) -> dict:
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        optimizer = sgd(self.parameters(), self.lr)
+        scheduler = make_scheduler(self.scheduler_name, optimizer, total_steps=self.total_steps, lr=self.lr)
         return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": make_scheduler(self.scheduler_name, optimizer, self.total_steps, self.lr),
-                                 "interval": "step"}}  # once per optimizer step, never per micro-batch
-
-
-def make_scheduler(name: str, optimizer: torch.optim.Optimizer, total_steps: int,
-                   lr: float) -> torch.optim.lr_scheduler.LRScheduler:
-    """The LR schedule over the run's whole step budget (the same shapes as autotune's built-in tasks)."""
-    sched = torch.optim.lr_scheduler
-    if name == "constant":
-        return sched.LambdaLR(optimizer, lambda _: 1.0)
-    if name == "step":
-        return sched.MultiStepLR(optimizer, milestones=[total_steps // 2, total_steps * 3 // 4], gamma=0.1)
-    if name == "cosine":
-        return sched.CosineAnnealingLR(optimizer, T_max=total_steps)
-    return sched.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}  # once per optimizer step, never per micro-batch
 
 
 class AutotuneReport(L.Callback):
@@ -151,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     total_steps = max(1, math.floor(args.max_epochs * steps_per_epoch))
     accelerator, devices = ("cpu", 1) if args.device == "cpu" else ("gpu", [torch.device(args.device).index or 0])
     trainer = L.Trainer(
-        accelerator=accelerator, devices=devices, precision=PRECISIONS[args.precision],
+        accelerator=accelerator, devices=devices, precision=PRECISIONS[args.precision].lightning,
         max_steps=total_steps, max_epochs=-1, accumulate_grad_batches=args.accumulation_steps,
         val_check_interval=min(1.0, args.eval_every),  # a fraction of an epoch, or every epoch...
         check_val_every_n_epoch=max(1, round(args.eval_every)),  # ...of every n-th

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from autotune.errors import SpecError
+from autotune.train.recipe import SGD_ARGS
 
 BUILT_IN = {
     "digits": "autotune.train.tasks.digits:task",
@@ -34,8 +35,8 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum: the usual choice for small CNNs."""
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    """SGD with Nesterov momentum (recipe.SGD_ARGS): the usual choice for small CNNs."""
+    return torch.optim.SGD(params, lr=lr, **SGD_ARGS)
 
 
 @dataclasses.dataclass(frozen=True)
