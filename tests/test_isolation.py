@@ -142,7 +142,7 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> Non
 
 def test_what_torch_imports_lazily_is_imported_before_the_first_trial_clock() -> None:
     """The first optimizer built imports torch._dynamo (about 2 s): that must not be trial time."""
-    code = ("import sys; from autotune import isolation; from tests.tasks import blobs; "
+    code = ("import sys; from autotune.runners import isolation; from tests.tasks import blobs; "
             "assert 'torch._dynamo' not in sys.modules; isolation.in_process(blobs()); "
             "assert all(name in sys.modules for name in isolation.LAZY_IMPORTS)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -170,7 +170,7 @@ def test_a_trial_whose_loader_worker_raised_leaves_no_worker_and_its_process_exi
     """The error's traceback keeps the trial's loader alive; its other workers must still be shut
     down, or the process that ran the trial waits for them at exit (they put SIGTERM off)."""
     code = ("import multiprocessing, torch\n"
-            "from autotune import isolation\n"
+            "from autotune.runners import isolation\n"
             "from autotune.search.space import DEFAULT_BASELINE, complete\n"
             "from autotune.train.trial import Limits, TrialConfig\n"
             "from tests import tasks\n"
