@@ -28,7 +28,7 @@ from autotune.train.measure import device_name
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE
 from autotune.train.tasks import Task, reference, takes
-from autotune.train.trial import Limits, Progress, TrialConfig, TrialResult
+from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 
 WHERE = Path("autotune.tune()")  # how errors name the study: there is no file
 Objective = Callable[..., Any]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)

@@ -31,7 +31,8 @@ from autotune.runners.isolation import TrialFailure
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULERS, complete
 from autotune.runners.tally import Tally
 from autotune.train.tasks import sgd
-from autotune.train.trial import Limits, TrialConfig, TrialResult, make_scheduler
+from autotune.train.config import Limits, TrialConfig, TrialResult
+from autotune.train.trial import make_scheduler
 from tests.test_isolation import alive, still_alive
 
 REPO = Path(__file__).resolve().parent.parent

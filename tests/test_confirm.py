@@ -5,7 +5,7 @@ import torch
 
 from autotune.study import confirm
 from autotune.runners import isolation
-from autotune.train.trial import Limits
+from autotune.train.config import Limits
 from tests.tasks import cuda_oom
 
 

@@ -11,7 +11,7 @@ import torch
 
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, allocator_oom, blobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu-check.sh runs these on one)")

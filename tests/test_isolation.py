@@ -16,7 +16,7 @@ import yaml
 
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.study.objective import CUT_SHORT, of, outcome, seeds, summary
-from autotune.train.trial import TrialResult
+from autotune.train.config import TrialResult
 
 
 def run(*, seconds: float, reached_at: float | None = None, finals: tuple[float, ...] = (0.9,),

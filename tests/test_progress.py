@@ -22,7 +22,7 @@ from tqdm import tqdm
 from autotune import progress
 from autotune.study import one_trial
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
-from autotune.train.trial import Limits, TrialResult
+from autotune.train.config import Limits, TrialResult
 from tests.test_study import REPO, write_study
 
 OUTCOME = re.compile(r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M)

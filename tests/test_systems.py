@@ -18,7 +18,8 @@ from autotune.train import systems
 from autotune.errors import SpecError
 from autotune.search.space import DEFAULT_BASELINE, Choices, complete
 from autotune.train.tasks import Task
-from autotune.train.trial import Limits, TrialConfig, run
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.trial import run
 
 CPU = torch.device("cpu")
 SHORT = Limits(target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0)  # accuracy never reaches 2: one epoch

@@ -7,7 +7,8 @@ import torch
 
 from autotune.errors import SpecError
 from autotune.train.tasks import BUILT_IN, Task, load_task
-from autotune.train.trial import Limits, TrialConfig, run
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.trial import run
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from torch.utils.data import Dataset
 from autotune.train import class_figures, telemetry
 from autotune.train.measure import peak_memory, reset_peak_memory
 from autotune.train.tasks import Task
-from autotune.train.trial import Limits, TrialConfig, run
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.trial import run
 from tests.tasks import _blobs, _mlp, blobs
 
 CPU = torch.device("cpu")

@@ -36,7 +36,7 @@ from autotune.train import oom, telemetry
 from autotune.runners import protocol
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.runners.tally import Tally
-from autotune.train.trial import Limits, Progress, TrialConfig, TrialResult
+from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 
 STOP_GRACE_SECONDS = 1.0  # between SIGTERM and SIGKILL: time to flush logs, not to finish training
 POLL_SECONDS = 0.05  # how often the command's exit is checked; reports are read the moment they come

@@ -24,7 +24,8 @@ import torch
 from autotune.train import oom
 from autotune.runners import watchdog
 from autotune.train.tasks import BUILT_IN, Task, load_task
-from autotune.train.trial import Diverged, Limits, Progress, TrialConfig, TrialResult, run
+from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
+from autotune.train.trial import run
 
 MODES = ("auto", "process", "none")
 PROGRESS_SECONDS = 0.25  # how often a child reports its progress

@@ -14,7 +14,8 @@ import torch
 
 from autotune.train.measure import device_name
 from autotune.runners.protocol import Report
-from autotune.train.trial import MIN_WARMUP_STEPS, WARMUP_FRACTION, Limits, TrialResult
+from autotune.train.config import Limits, TrialResult
+from autotune.train.trial import MIN_WARMUP_STEPS, WARMUP_FRACTION
 
 
 class Tally:

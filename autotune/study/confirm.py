@@ -19,7 +19,7 @@ import torch
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.spec.study_file import TIME_TO_TARGET
 from autotune.study import objective as objective_
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 
 BASELINE = "baseline"
 

@@ -9,7 +9,7 @@ Two objectives (spec.OBJECTIVES), each a small object with its rules:
   time, far less noisy than a crossing. The trial is feasible when the mean final metric over its
   runs reaches the target; its time is their mean training time.
 
-Plain methods over `trial.TrialResult`s, so the rules are testable without training anything.
+Plain methods over `TrialResult`s, so the rules are testable without training anything.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
-from autotune.train.trial import TrialResult
+from autotune.train.config import TrialResult
 
 # Replicate k of a trial runs on the trial's seed + k * REPLICATE_STRIDE: far past every seed a
 # study gives a trial, the confirmation or the probe (study seed * 100,000 + under 100,000).

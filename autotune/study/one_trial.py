@@ -19,7 +19,7 @@ from autotune.search import oom_boundary
 from autotune.runners.isolation import RunTrial
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.train.trial import Limits, TrialConfig, TrialResult
+from autotune.train.config import Limits, TrialConfig, TrialResult
 
 
 @dataclasses.dataclass(frozen=True)

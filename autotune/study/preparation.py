@@ -21,7 +21,7 @@ from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.study_file import CommandTask, StudySpec
 from autotune.train.tasks import Task, accuracy, load_task, takes
-from autotune.train.trial import Limits
+from autotune.train.config import Limits
 
 
 

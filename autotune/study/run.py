@@ -25,7 +25,7 @@ from autotune.search import probe, space as space_
 from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 
 
 def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:

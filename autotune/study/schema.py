@@ -35,7 +35,7 @@ PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
-RESULT = "result"  # what its training measured (train.trial.TrialResult as a dict, plus replicates)
+RESULT = "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 # Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).

@@ -1,0 +1,82 @@
+"""What a trial takes and gives back: its configuration, its limits, its result, and the
+progress callback; shared by the loop, the runners and the study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.search.space import KNOBS
+
+# (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
+# trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
+Progress = Callable[[int, int, "float | None", float], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """The knobs of one training run, and the user's own parameters (`space.params`)."""
+
+    lr: float
+    scheduler: str
+    batch_size: int
+    accumulation_steps: int
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    precision: str
+    schedule_epochs: float | None = None  # None: the schedule is the limits' max_epochs long
+    channels_last: bool = False
+    compile: bool = False
+    cudnn_benchmark: bool = False
+    params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
+        """From a flat mapping: the knobs by name, every other key a parameter."""
+        knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
+        # A knob may be absent from a configuration stored before it was a knob: it ran without it.
+        return cls(**{name: values[name] if name in values or name not in KNOBS else KNOBS[name].absent for name in knobs},
+                   params=tuple((k, v) for k, v in values.items() if k not in knobs))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat: the knobs, then the parameters."""
+        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        return {**knobs, **dict(self.params)}
+
+class Diverged(ArithmeticError):
+    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    target: float  # metric value that ends the trial as feasible
+    max_epochs: float  # training stops here; also the schedule's length when the configuration gives none
+    max_seconds: float  # training clock
+    eval_every: float  # epochs between evaluations
+    stop_at_target: bool = True  # False: train the whole schedule (the fixed_schedule objective)
+
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+    reached: bool
+    time_to_target: float | None  # training-clock seconds; None when the target was not reached
+    best_metric: float
+    train_seconds: float  # training clock when the trial stopped
+    epochs: float | None  # None where the training is not autotune's to count (an objective function)
+    optimizer_steps: int | None
+    samples_per_second: float | None  # after warm-up; None when too few steps ran
+    peak_memory_bytes: int | None  # CUDA: allocator peak; CPU: process peak RSS
+    device_name: str
+    torch_version: str
+    stop_reason: str  # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective function missed
+    curve: tuple[tuple[float, float | None, float], ...]  # (train seconds, epochs, metric) per evaluation
+    # Telemetry (telemetry.py); None where it was not measured (a command, an objective function).
+    input_wait_fraction: float | None = None  # of training time after warm-up, spent waiting for batches
+    gpu: dict[str, float] | None = None  # NVML figures while training; None without an NVIDIA GPU
+    confusion: list[list[int]] | None = None  # at the last evaluation, for classification tasks
+
+    @property
+    def final_metric(self) -> float:
+        """The metric at the last evaluation: what a fixed schedule ends with."""
+        return self.curve[-1][2] if self.curve else self.best_metric
