@@ -34,7 +34,8 @@ from autotune.runners import isolation  # noqa: E402
 from autotune.spec import study_file as spec_
 from autotune.study.preparation import limits_for  # noqa: E402
 from autotune.train.tasks import load_task  # noqa: E402
-from autotune.train.trial import TrialConfig, run  # noqa: E402
+from autotune.train.config import TrialConfig
+from autotune.train.trial import run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 # The discretized space: 4 x 3 x 4 x 2 x 2 x 2 = 384 configurations. Loader workers and precision

@@ -25,7 +25,7 @@ from autotune.runners import isolation
 from autotune.train.measure import device_name
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.tasks import load_task
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -32,7 +32,8 @@ from autotune.spec import study_file as spec_
 from autotune.search.space import DEFAULT_BASELINE  # noqa: E402
 from autotune.study.preparation import limits_for  # noqa: E402
 from autotune.train.tasks import load_task  # noqa: E402
-from autotune.train.trial import TrialConfig, run  # noqa: E402
+from autotune.train.config import TrialConfig
+from autotune.train.trial import run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 SEED = 3_000_000  # seeds no study uses

@@ -17,7 +17,7 @@ from autotune.report import results
 from autotune.spec import study_file as spec_
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.tasks import load_task
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_use, mib
 
 # Micro-batches from far inside the card to far past it: the shapes ResNet at width 256 holds tens

@@ -15,7 +15,7 @@ import yaml
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.tasks import load_task
-from autotune.train.trial import Limits, TrialConfig
+from autotune.train.config import Limits, TrialConfig
 from benchmarks.gpu_check.common import REPO, Setting, interleaved, median
 
 # A loader that keeps up (workers, pinned memory, cuDNN's search) and a batch that fills the GPU,
