@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -157,3 +158,13 @@ class _Noting(TensorDataset):
 def hangs_with_workers() -> Task:
     """Hangs in its first large batch while its DataLoader workers are alive and loading."""
     return Task(model=lambda: Misbehaves("hang"), train=_Noting(*_blobs(1024, 0).tensors), val=_blobs(512, 1))
+
+
+def lrs_of(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list[float]:
+    """The lr of each of `steps` optimizer steps, the schedule stepped after each."""
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs

@@ -6,7 +6,6 @@ studies/lightning/train.py run with the command of studies/lightning_digits.yaml
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -33,6 +32,7 @@ from autotune.runners.tally import Tally
 from autotune.train.tasks import sgd
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.trial import make_scheduler
+from tests.tasks import lrs_of
 from tests.test_isolation import alive, still_alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -355,15 +355,6 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
     batches = (1797 - 359) // 32  # training samples (digits less the 20% validation split) // batch size
     assert calls[-1] == (result.optimizer_steps, budget["max_epochs"] * batches, result.best_metric, result.time_to_target)
     assert 0 < result.epochs <= budget["max_epochs"] and result.samples_per_second is not None
-
-
-def lrs_of(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> list[float]:
-    lrs = []
-    for _ in range(steps):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return lrs
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)

@@ -41,7 +41,7 @@ from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
 from autotune.search.space import KNOBS, PRECISIONS, SCHEDULERS
 from autotune.train.tasks import digits, sgd, takes
-from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer
+from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
 
 REPO = Path(__file__).resolve().parent.parent
 BUILT_IN = "autotune.train.tasks:sgd"
@@ -112,16 +112,6 @@ def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
     scheduler = trial.make_scheduler(knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"])
     return lrs_of(optimizer, scheduler, total_steps)
-
-
-def lrs_of(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list[float]:
-    """The lr of each of `steps` optimizer steps, the schedule stepped after each."""
-    lrs = []
-    for _ in range(steps):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return lrs
 
 
 def blobs_model(summary: Mapping[str, Any]) -> torch.nn.Module:
