@@ -42,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.study import confirm, storage, preparation, run as study_  # noqa: E402
-from autotune.report import results as results_, summary as summary_
-from autotune.spec import study_file as spec_
+from autotune.study import confirm, preparation, run as study_, schema, storage  # noqa: E402
+from autotune.report import summary as summary_  # noqa: E402
+from autotune.spec import study_file as spec_  # noqa: E402
+from autotune.spec.study_file import FIXED_SCHEDULE  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
@@ -78,12 +79,12 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=whole,
                            seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
     stats = confirm.summarize(runs)
-    fixed = confirm.summarize(runs, objective="fixed_schedule", target=spec.target.value)
+    fixed = confirm.summarize(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
     base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
     fixed_base, fixed_won = fixed[confirm.BASELINE]["median"], fixed["winner"]["median"]
     trials = study.get_trials(deepcopy=False)
     # training seconds the trials spent: a pruned one up to where it was stopped
-    compute = sum(results_.training_seconds(t) for t in trials)
+    compute = sum(schema.training_seconds(t) for t in trials)
     kept_baseline = best["label"] == confirm.BASELINE  # re-measuring it against itself shows only the noise
     return {"seed": seed, "winner": best["label"], "params": best["params"], "study_says": summary["speedup"],
             "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
