@@ -49,7 +49,7 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
             "state": trial.state.name,
             "feasible": schema.is_feasible(trial),
             # what the study minimized: the mean over the trial's runs of its time to target, or
-            # of its whole schedule (objective.py); the first run's own figures follow
+            # of its whole schedule (study/objective.py); the first run's own figures follow
             "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
             "runs": len(attrs.get("replicates") or ()) or (1 if attrs.get("train_seconds") is not None else None),
             "time_to_target": attrs.get("time_to_target"),

@@ -95,7 +95,7 @@ KNOBS: dict[str, Knob] = {
 }
 
 # Optional in presets and study files: without one, the schedule is the budget's max_epochs
-# (time_to_target) or a range up to it (fixed_schedule, spec.py).
+# (time_to_target) or a range up to it (fixed_schedule, spec/study_file.py).
 SCHEDULE = "schedule_epochs"
 
 # What a hand-written training script typically uses; the study's speedup is measured against it.
@@ -108,7 +108,7 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "prefetch_factor": None,
     "pin_memory": False,
     "precision": "fp32",
-    "schedule_epochs": None,  # the budget's max_epochs (spec_space.baseline)
+    "schedule_epochs": None,  # the budget's max_epochs (spec/space_section.baseline)
     "channels_last": False,
     "compile": False,
     "cudnn_benchmark": False,

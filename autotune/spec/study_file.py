@@ -84,9 +84,9 @@ class StudySpec:
     confirm: Confirm
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
     prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
-    probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (probe.py); none
+    probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (search/probe.py); none
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
-    replicates: int = 1  # seeds per trial; its time is their mean (objective.py)
+    replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",

@@ -1,6 +1,6 @@
 """What a trial's time is, and whether it is feasible, from its runs: one per seed (replicate).
 
-Two objectives (spec.OBJECTIVES), each a small object with its rules:
+Two objectives (spec/study_file.OBJECTIVES), each a small object with its rules:
 
 - time_to_target: each run stops at the first evaluation that reaches the target. The trial is
   feasible when every run reached it; its time is their mean time to target. Only a contender
