@@ -58,7 +58,7 @@ def _on_signal(signum: int, _: FrameType | None) -> None:
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """SIGINT and SIGTERM held back until the block ends: processes forked inside it (DataLoader
-    workers) start with both blocked, and ignore them (trial._worker_init). A signal sent to the
+    workers) start with both blocked, and ignore them (train/loader._worker_init). A signal sent to the
     whole process group (Ctrl-C, `timeout`, a scheduler) then stops the run, which shuts its
     workers down in order, instead of killing the workers under it."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)

@@ -193,12 +193,12 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     from torch.utils.data import DataLoader
 
     from autotune import signals
-    from autotune.train import trial
+    from autotune.train import loader as loader_
 
     monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
     loader = DataLoader(blobs().train, batch_size=64, num_workers=2, persistent_workers=True,
-                        worker_init_fn=trial._worker_init)
-    batches = trial.endless(loader)  # as a trial starts them: forked with the signals held back
+                        worker_init_fn=loader_._worker_init)
+    batches = loader_.endless(loader)  # as a trial starts them: forked with the signals held back
     next(batches)
     workers = list(loader._iterator._workers)
     for worker in workers:

@@ -15,7 +15,8 @@ import torch
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.tasks import BUILT_IN, Task, load_task, shapes
 from autotune.train.config import Limits, TrialConfig
-from autotune.train.trial import make_loader, run
+from autotune.train.loader import make_loader
+from autotune.train.trial import run
 
 N_TRAIN, N_VAL = 200, 100  # enough for every class many times over, drawn in a fraction of a second
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,8 @@ from torch import nn
 from autotune.search.space import PRECISIONS
 from autotune.train.tasks import Task, takes
 from autotune.train.config import Diverged, Limits, TrialConfig
-from autotune.train.trial import DTYPES, FINITE_CHECK_EVERY, FiniteLoss, make_loader, make_scheduler, run, train_step
+from autotune.train.loader import make_loader
+from autotune.train.trial import DTYPES, FINITE_CHECK_EVERY, FiniteLoss, make_scheduler, run, train_step
 from tests.tasks import blobs, nan_metric
 
 CPU = torch.device("cpu")

@@ -25,12 +25,14 @@ class Precision:
     bytes: int  # per activation value: memory grows with it (oom_boundary); the widest is the probe's reference
     lightning: str  # lightning.Trainer(precision=)
     hf: str | None  # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
+    autocast: bool  # forward passes (training and evaluation) run under torch.autocast(dtype)
+    grad_scaler: bool  # the loss is scaled (torch.amp.GradScaler): fp16's small gradients would underflow
 
 
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision("float32", 4, lightning="32-true", hf=None),
-    "fp16": Precision("float16", 2, lightning="16-mixed", hf="fp16"),  # autocast + GradScaler, in every trainer
-    "bf16": Precision("bfloat16", 2, lightning="bf16-mixed", hf="bf16"),
+    "fp32": Precision("float32", 4, lightning="32-true", hf=None, autocast=False, grad_scaler=False),
+    "fp16": Precision("float16", 2, lightning="16-mixed", hf="fp16", autocast=True, grad_scaler=True),
+    "bf16": Precision("bfloat16", 2, lightning="bf16-mixed", hf="bf16", autocast=True, grad_scaler=False),
 }
 
 

@@ -10,20 +10,21 @@ the target. CUDA work is synchronized before the clock is read for a measurement
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
 import random
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autotune import signals
 from autotune.train import class_figures, recipe, systems, telemetry
+from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
 from autotune.search.space import PRECISIONS
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
@@ -64,23 +65,8 @@ def run(
 
     clock = Clock(device)
     clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
-    loader = make_loader(task.train, config, seed=seed, device=device)
-    params = dict(config.params)
-    model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
-                                             channels_last=config.channels_last, compile=config.compile)
-    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2))
-    schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
-    schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
-    total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
-    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-    autocast = functools.partial(
-        torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=config.precision != "fp32"
-    )
-    step = functools.partial(
-        train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
-        device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
-    )
+    training = _build(task, config, limits=limits, device=device, seed=seed)
+    loader, total_steps, autocast = training.loader, training.total_steps, training.autocast
 
     steps = samples = 0
     warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * total_steps))
@@ -97,15 +83,14 @@ def run(
     fetch = waiting.timed(batches)
     confusion = None
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
-    model.train()
     try:
         with warnings.catch_warnings(), systems.cudnn_benchmark(config.cudnn_benchmark):
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
                 group = list(itertools.islice(fetch, config.accumulation_steps))
-                watch.see(step(group), steps + 1)
-                scheduler.step()
+                watch.see(training.step(group), steps + 1)
+                training.scheduler.step()
                 steps += 1
                 if steps % FINITE_CHECK_EVERY == 0:
                     watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
@@ -116,7 +101,7 @@ def run(
                 if samples >= next_eval or steps == total_steps or out_of_time:
                     clock.stop()
                     watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
-                    metric, confusion = evaluate(evaluated, task, device=device, autocast=autocast,
+                    metric, confusion = evaluate(training.evaluated, task, device=device, autocast=autocast,
                                                  channels_last=config.channels_last)
                     if not math.isfinite(metric):
                         raise Diverged(f"metric is {metric} at epoch {samples / n_train:.2f}: "
@@ -145,14 +130,9 @@ def run(
     if clock.running:
         clock.stop()
 
-    reached = reached_at is not None
-    throughput = None
-    input_wait = telemetry.wait_fraction(waiting.seconds, clock.elapsed)  # too few steps: warm-up included
-    if warm is not None and clock.elapsed > warm[0] and samples > warm[1]:  # a step ran after warm-up
-        throughput = (samples - warm[1]) / (clock.elapsed - warm[0])
-        input_wait = telemetry.wait_fraction(waiting.seconds - warm[2], clock.elapsed - warm[0])
+    throughput, input_wait = _after_warm_up(warm, elapsed=clock.elapsed, samples=samples, waited=waiting.seconds)
     return TrialResult(
-        reached=reached,
+        reached=reached_at is not None,
         time_to_target=reached_at,
         best_metric=max(m for _, _, m in curve),
         train_seconds=clock.elapsed,
@@ -168,6 +148,51 @@ def run(
         gpu=gpu,
         confusion=confusion,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Training:
+    """What one run trains with, built fresh from its configuration."""
+
+    loader: DataLoader
+    evaluated: torch.nn.Module  # the module to evaluate: the uncompiled one, sharing its parameters
+    step: Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]  # train_step over one effective batch
+    scheduler: Any
+    autocast: Callable[[], Any]
+    total_steps: int  # optimizer steps this run may take: its schedule's, cut at max_epochs
+
+
+def _build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int) -> _Training:
+    """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules)."""
+    loader = make_loader(task.train, config, seed=seed, device=device)
+    params = dict(config.params)
+    model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
+                                             channels_last=config.channels_last, compile=config.compile)
+    model.train()
+    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2))
+    schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
+    schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
+    total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
+    precision = PRECISIONS[config.precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
+    autocast = functools.partial(torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=precision.autocast)
+    step = functools.partial(
+        train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
+        device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
+    )
+    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
+    return _Training(loader=loader, evaluated=evaluated, step=step, scheduler=scheduler, autocast=autocast,
+                     total_steps=total_steps)
+
+
+def _after_warm_up(warm: tuple[float, int, float] | None, *, elapsed: float, samples: int,
+                   waited: float) -> tuple[float | None, float | None]:
+    """Samples per second and the share of time spent waiting for input, after warm-up (`warm`:
+    the clock, samples and input wait when it ended). Too few steps for that: no throughput, and
+    the input wait with warm-up included."""
+    if warm is None or elapsed <= warm[0] or samples <= warm[1]:  # no step ran after warm-up
+        return None, telemetry.wait_fraction(waited, elapsed)
+    return (samples - warm[1]) / (elapsed - warm[0]), telemetry.wait_fraction(waited - warm[2], elapsed - warm[0])
 
 
 def train_step(
@@ -239,49 +264,12 @@ def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autoca
     return float(task.metric(outputs, targets)), class_figures.confusion(outputs, targets)
 
 
-def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
-    kwargs = recipe.loader_kwargs(config.as_dict())
-    kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
-    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
-                      generator=torch.Generator().manual_seed(seed))
-
-
-def endless(loader: DataLoader) -> Iterator[Any]:
-    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
-    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back,
-    and are shut down when the generator is closed, whatever ended the trial."""
-    with signals.held():
-        batches = iter(loader)
-    try:
-        while True:
-            yield from batches
-            batches = iter(loader)
-    finally:
-        shut_down_workers(loader)
-
-
-def shut_down_workers(loader: DataLoader) -> None:
-    """Stop a loader's persistent workers now. The loader keeps its iterator (and so its workers)
-    for as long as it lives, and a raised trial's traceback keeps the loader alive; workers that
-    ignore SIGTERM would then hold up the exit of the process that made them. Lightning does the
-    same with the same private attribute: torch has no public call for it."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None
-
-
 def make_scheduler(
     name: str, optimizer: torch.optim.Optimizer, *, total_steps: int, lr: float
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """The LR schedule over the trial's whole step budget, stepped once per optimizer step (recipe.SCHEDULES)."""
     torch_class, kwargs = recipe.scheduler_args(name, total_steps=total_steps, lr=lr)
     return getattr(torch.optim.lr_scheduler, torch_class)(optimizer, **kwargs)
-
-
-def _worker_init(_: int) -> None:
-    torch.set_num_threads(recipe.WORKER_THREADS)
-    signals.ignore_in_worker()  # the trial's process stops on a signal and shuts its workers down
 
 
 def seed_everything(seed: int) -> None:

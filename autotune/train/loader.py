@@ -1,0 +1,52 @@
+"""The DataLoader as a trial builds and feeds it (recipe.loader_kwargs), and how its workers stop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from autotune import signals
+from autotune.train import recipe
+from autotune.train.config import TrialConfig
+
+
+def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
+    """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies (CUDA),
+    the shuffle seeded by the run's seed."""
+    kwargs = recipe.loader_kwargs(config.as_dict())
+    kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
+    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def endless(loader: DataLoader) -> Iterator[Any]:
+    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
+    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back,
+    and are shut down when the generator is closed, whatever ended the trial."""
+    with signals.held():
+        batches = iter(loader)
+    try:
+        while True:
+            yield from batches
+            batches = iter(loader)
+    finally:
+        shut_down_workers(loader)
+
+
+def shut_down_workers(loader: DataLoader) -> None:
+    """Stop a loader's persistent workers now. The loader keeps its iterator (and so its workers)
+    for as long as it lives, and a raised trial's traceback keeps the loader alive; workers that
+    ignore SIGTERM would then hold up the exit of the process that made them. Lightning does the
+    same with the same private attribute: torch has no public call for it."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(recipe.WORKER_THREADS)
+    signals.ignore_in_worker()  # the trial's process stops on a signal and shuts its workers down
