@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from autotune.train import oom
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.train.measure import device_name
+from autotune.report.summary import Summary
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE
 from autotune.train.tasks import Task, reference, takes
@@ -56,8 +57,9 @@ def tune(
     objective_kind: str | None = None,
     replicates: int | None = None,
     allow_changes: bool = False,
-) -> dict[str, Any]:
-    """Run (or resume) a study and return its summary, as `autotune report --json` prints it.
+) -> Summary:
+    """Run (or resume) a study and return its Summary (autotune.report.summary): `.best.params`,
+    `.best.time_to_target`, `.speedup`, ...; `.to_json()` is what `autotune report --json` prints.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
     or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates` and
@@ -68,15 +70,9 @@ def tune(
     from autotune import signals
     from autotune.spec import study_file as spec_
     from autotune.study import preparation, run as study_
-    from autotune.report import summary
+    from autotune.report import summarize
 
-    given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
-    if len(given) != 1:
-        raise TypeError(f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}")
-    if model is not None:
-        if train is None or val is None:
-            raise TypeError("tune(model=...) also needs train= and val= datasets")
-        task = Task(model=model, train=train, val=val)
+    task = _task(model=model, train=train, val=val, task=task, objective=objective)
     function = objective if objective is not None else task.model
     label = reference(function) or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
     knobs = tuple(KNOBS) if objective is None else objective_knobs(space or {}, baseline or {}, objective_kind)
@@ -97,7 +93,20 @@ def tune(
         print(f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}; "
               f"call tune() again with the same name and storage to go on", file=sys.stderr)
         raise
-    return summary.of_study(spec, study)[1]
+    return summarize.of_study(spec, study)[1]
+
+
+def _task(*, model: Callable[..., torch.nn.Module] | None, train: Dataset | None, val: Dataset | None,
+          task: Task | None, objective: Objective | None) -> Task | None:
+    """The task that tune() was given (None: an objective), after checking that it got exactly one route."""
+    given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
+    if len(given) != 1:
+        raise TypeError(f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}")
+    if model is None:
+        return task
+    if train is None or val is None:
+        raise TypeError("tune(model=...) also needs train= and val= datasets")
+    return Task(model=model, train=train, val=val)
 
 
 def objective_knobs(space: Mapping[str, Any], baseline: Mapping[str, Any], objective_kind: str | None) -> tuple[str, ...]:

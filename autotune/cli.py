@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
     import pandas as pd
 
+    from autotune.report.summary import Summary
     from autotune.spec.study_file import StudySpec
 
 
@@ -117,21 +118,22 @@ def _command(argv: Sequence[str] | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from autotune import progress, signals
     from autotune.spec import study_file as spec_
+    from autotune.report import results
     from autotune.study import storage, preparation, run as study_, workers
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
-    spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation)
+    spec = spec_.load(args.study, storage=args.storage, isolation=args.isolation, trials=args.trials, timeout=args.timeout)
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
     workers.check_storage(spec, args.workers)
     in_workers = functools.partial(
-        workers.run_workers, spec, study_file=args.study, workers=args.workers, budget=args.trials or spec.budget.trials,
-        timeout=args.timeout, options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
-                                       *(["--quiet"] if args.quiet else [])])
+        workers.run_workers, spec, study_file=args.study, workers=args.workers,
+        options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
+                 *(["--quiet"] if args.quiet else [])])
     try:
-        study = study_.run_sequence(spec, prepared, allow_changes=args.allow_changes, trials=args.trials,
-                                    timeout=args.timeout, run_trials=in_workers if args.workers > 1 else None)
+        study = study_.run_sequence(spec, prepared, allow_changes=args.allow_changes,
+                                    run_trials=in_workers if args.workers > 1 else None)
     except KeyboardInterrupt as interrupt:
         print(f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
               f"Resume with: {resume_command(args)}", file=sys.stderr)
@@ -144,28 +146,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise StorageError(f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
                            f"before is saved. Free some space, then resume with: {resume_command(args)}") from None
     print(_report_text(spec, study))
-    failed = all_failed(study)
+    failed = results.all_failed(study.get_trials(deepcopy=False))
     if failed:
         print(f"autotune: {failed}", file=sys.stderr)
         return 1
     progress.tell(f"autotune: plots, telemetry and per-class figures: autotune report {shlex.quote(args.study)} --html report.html")
     return 0
-
-
-def all_failed(study: optuna.Study) -> str | None:
-    """When every finished trial of the study failed (interrupted ones aside): how many, and the
-    most common reason, which names the line of the user's code; else None."""
-    import collections
-
-    from autotune.study import schema
-
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not schema.is_interrupted(t)]
-    if not trials or any(t.state.name != "FAIL" for t in trials):
-        return None
-    reasons = collections.Counter(schema.reason(t) or "no reason recorded" for t in trials)
-    reason, count = reasons.most_common(1)[0]
-    return (f"every one of the {len(trials)} trials failed, so nothing was tuned; the most common reason "
-            f"({count} of {len(trials)}): {reason}")
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -189,8 +175,7 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
         raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
     try:
         with signals.handled():
-            study_.run_study(spec, preparation.as_begun(spec, prepared), trials=args.trials, timeout=args.timeout,
-                             worker=args.as_worker)
+            study_.run_study(spec, preparation.as_begun(spec, prepared), worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)
     return 0
@@ -199,7 +184,7 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune.spec import study_file as spec_
     from autotune.study import storage
-    from autotune.report import summary as summary_
+    from autotune.report import text
 
     spec = spec_.load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
@@ -208,16 +193,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         _write(args.csv, "--csv", records.to_csv(index=False))
     if args.html:
         _write(args.html, "--html", _html(study, records, summary))
-    print(json.dumps(summary, indent=2) if args.json else summary_.render(summary, records))
+    print(json.dumps(summary.to_json(), indent=2) if args.json else text.render(summary, records))
     return 0
 
 
-def _html(study: optuna.Study, records: pd.DataFrame, summary: dict) -> str:
+def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
     """The HTML page, with what it needs from the storage beyond the summary."""
-    from autotune.report import html_page, importance, results, summary as summary_
+    from autotune.report import html_page, importance, results, text
     from autotune.study import schema
 
-    top = results.best_feasible(records, count=summary_.TABLE_ROWS)
+    top = results.best_feasible(records, count=text.TABLE_ROWS)
     curves = results.learning_curves(study.get_trials(deepcopy=False), [int(n) for n in top["number"]],
                                      confirmation=schema.confirmation(study.user_attrs))
     values, why_not = importance.param_importances(study)
@@ -240,7 +225,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     spec = spec_.load(args.study, storage=args.storage)
     _, summary = _summary(spec, storage.open_study(spec, create=False))
-    if summary["best"] is None:
+    if summary.best is None:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
     if args.output:
@@ -288,17 +273,17 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, dict]:
-    from autotune.report import summary
+def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, Summary]:
+    from autotune.report import summarize
 
-    return summary.of_study(spec, study)
+    return summarize.of_study(spec, study)
 
 
 def _report_text(spec: StudySpec, study: optuna.Study) -> str:
-    from autotune.report import summary as summary_
+    from autotune.report import text
 
     records, summary = _summary(spec, study)
-    return summary_.render(summary, records)
+    return text.render(summary, records)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import optuna  # noqa: E402
 
 from autotune.study import confirm, preparation, run as study_, schema, storage  # noqa: E402
-from autotune.report import summary as summary_  # noqa: E402
+from autotune.report import summarize  # noqa: E402
 from autotune.spec import study_file as spec_  # noqa: E402
 from autotune.spec.study_file import FIXED_SCHEDULE  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
@@ -70,9 +70,9 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
         study_.run_sequence(spec, prepared)
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
-    _, summary = summary_.of_study(spec, study)
-    best = summary["best"] or {"label": "none found", "params": prepared.baseline}  # nothing reached the target
-    candidates = {confirm.BASELINE: prepared.baseline, "winner": best["params"]}
+    _, summary = summarize.of_study(spec, study)
+    label, params = (summary.best.label, summary.best.params) if summary.best else ("none found", prepared.baseline)
+    candidates = {confirm.BASELINE: prepared.baseline, "winner": dict(params)}
     # Every run trains its whole schedule and notes when it first reached the target: the same
     # runs give both objectives' yardsticks, whatever the study's objective was.
     whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=False)
@@ -85,12 +85,12 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     trials = study.get_trials(deepcopy=False)
     # training seconds the trials spent: a pruned one up to where it was stopped
     compute = sum(schema.training_seconds(t) for t in trials)
-    kept_baseline = best["label"] == confirm.BASELINE  # re-measuring it against itself shows only the noise
-    return {"seed": seed, "winner": best["label"], "params": best["params"], "study_says": summary["speedup"],
+    kept_baseline = label == confirm.BASELINE  # re-measuring it against itself shows only the noise
+    return {"seed": seed, "winner": label, "params": dict(params), "study_says": summary.speedup,
             "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
             "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
-            "tuning_wall": tuning_wall, "trial_compute": compute, "probe_seconds": (summary["probe"] or {}).get("seconds"),
-            "counts": summary["counts"], "stats": stats, "runs": runs,
+            "tuning_wall": tuning_wall, "trial_compute": compute, "probe_seconds": (summary.probe or {}).get("seconds"),
+            "counts": dataclasses.asdict(summary.counts), "stats": stats, "runs": runs,
             # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
             "fixed_stats": fixed, "fixed_speedup": fixed_base / fixed_won if fixed_base and fixed_won else None}
 

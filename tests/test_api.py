@@ -22,7 +22,7 @@ from autotune.errors import SpecError
 from autotune.report.results import trial_records
 from autotune.study.schema import measured
 from autotune.search.space import KNOBS
-from autotune.report.summary import render
+from autotune.report.text import render
 
 SPACE = {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"], "batch_size": [16, 32],
          "accumulation_steps": 1, "num_workers": 0, "precision": "fp32"}
@@ -57,15 +57,15 @@ def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
                   space={**SPACE, "params": {"width": [8, 32]}}, confirm={"top": 1, "runs": 1})
     summary = autotune.tune(**kwargs, budget=BUDGET)
 
-    assert summary["counts"]["total"] == 3 and summary["best"] is not None
-    assert summary["best"]["metric"] >= 0.9 and summary["best"]["source"] == "confirmed"
-    assert list(summary["best"]["params"]) == [*KNOBS, "width"]
+    assert summary.counts.total == 3 and summary.best is not None
+    assert summary.best.metric >= 0.9 and summary.best.source == "confirmed"
+    assert list(summary.best.params) == [*KNOBS, "width"]
     first = {t.number: t.params for t in stored(storage, "rings")}
     assert {p["width"] for p in first.values()} <= {8, 32}
 
     again = autotune.tune(**kwargs, budget={**BUDGET, "trials": 5})  # the same call with a bigger budget
     after = {t.number: t.params for t in stored(storage, "rings")}
-    assert again["counts"]["total"] == 5 and {n: after[n] for n in first} == first
+    assert again.counts.total == 5 and {n: after[n] for n in first} == first
 
 
 def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
@@ -92,16 +92,16 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
         assert set(config) == {*named, "width", "activation"} and isinstance(config["width"], int)
         assert 4 <= config["width"] <= 64 and config["activation"] in ("relu", "tanh") and seed >= 0
     assert {name for t in trials for name in t.params} == {"lr", "scheduler", "batch_size", "width", "activation"}
-    best = summary["best"]
-    assert list(best["params"]) == [*named, "width", "activation"] and list(summary["baseline"]["params"]) == list(best["params"])
-    records = trial_records(trials, knobs=summary["knobs"])
+    best = summary.best
+    assert list(best.params) == [*named, "width", "activation"] and list(summary.baseline.params) == list(best.params)
+    records = trial_records(trials, knobs=summary.knobs)
     table = render(summary, records).split("Fastest trials")[1].splitlines()[1].split()
     assert table == ["trial", "seconds", "score", "epochs", "samples/s", "lr", "scheduler", "batch_size", "accum",
                      "num_workers", "precision", "width", "activation"]
-    assert best is not None and best["metric"] >= 0.7
+    assert best is not None and best.metric >= 0.7
     feasible = [t for t in trials if measured(t)["reached"]]
-    assert best["time_to_target"] == pytest.approx(min(measured(t)["time_to_target"] for t in feasible))
-    assert summary["target"] == {"metric": "score", "value": 0.7}
+    assert best.time_to_target == pytest.approx(min(measured(t)["time_to_target"] for t in feasible))
+    assert summary.to_json()["target"] == {"metric": "score", "value": 0.7}
     assert len(calls) == 12 + 2 * 3  # every trial, then 2 runs of the top 2 and of the baseline
 
 
@@ -126,7 +126,7 @@ def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(t
     summary = autotune.tune(objective=objective, target=0.9, name="some", storage=f"sqlite:///{tmp_path / 'some.db'}",
                             space={"batch_size": [16, 64]}, baseline={"lr": 0.05}, budget={**BUDGET, "trials": 3},
                             confirm={"top": 0})
-    assert summary["knobs"] == ["lr", "batch_size"]
+    assert summary.knobs == ("lr", "batch_size")
     assert list(json.loads(export.render(summary, "json"))) == ["lr", "batch_size"]
     with pytest.raises(autotune.errors.AutotuneError, match="reads only lr, batch_size of autotune's knobs"):
         export.render(summary, "lightning")
@@ -217,10 +217,10 @@ def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_bas
     assert fastest.params["batch_size"] == 16 and measured(fastest)["time_to_target"] == 0.5
     fresh = [(b, s) for b, s in seeds if s >= 50_000]
     assert sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3  # the top trial and the baseline, 3 fresh seeds each
-    best = summary["best"]
-    assert best["trial"] is None and best["label"] == "baseline" and best["params"]["batch_size"] == 64
-    assert best["time_to_target"] == 2.0 and summary["speedup"] == 1.0
-    assert summary["confirmation"]["configs"][f"trial {fastest.number}"]["median"] == 3.0
+    best = summary.best
+    assert best.trial is None and best.label == "baseline" and best.params["batch_size"] == 64
+    assert best.time_to_target == 2.0 and summary.speedup == 1.0
+    assert summary.confirmation.configs[f"trial {fastest.number}"]["median"] == 3.0
 
 
 def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_the_whole_schedule(tmp_path: Path) -> None:
@@ -250,11 +250,11 @@ def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_t
         assert t.value == pytest.approx(sum(r["train_seconds"] for r in runs) / 2)
         feasible = max(t.constraints.values()) <= 0
         assert feasible == (t.params["schedule_epochs"] == 2)
-    assert summary["objective"] == "fixed_schedule"
-    best = summary["best"]
-    assert best["params"]["schedule_epochs"] == 2 and best["time_to_target"] == 2.0 and best["metric"] == 0.95
-    assert summary["baseline"]["params"]["schedule_epochs"] == 4.0 and summary["baseline"]["time_to_target"] == 4.0
-    assert summary["speedup"] == 2.0
+    assert summary.objective == "fixed_schedule"
+    best = summary.best
+    assert best.params["schedule_epochs"] == 2 and best.time_to_target == 2.0 and best.metric == 0.95
+    assert summary.baseline.params["schedule_epochs"] == 4.0 and summary.baseline.time_to_target == 4.0
+    assert summary.speedup == 2.0
     assert [e for e, s in calls if s >= 50_000 and s < 10**12].count(4.0) == 2  # the baseline's whole schedule, 2 fresh seeds
     text = render(summary, trial_records(stored(storage, "fixed")))
     assert "Fastest trials (whole schedules, mean of 2 runs each)" in text
@@ -273,7 +273,7 @@ def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) 
         steps = int(t.user_attrs["config"]["schedule_epochs"] * 1024 // t.user_attrs["config"]["batch_size"])
         assert result["stop_reason"] == "max_epochs" and result["optimizer_steps"] == steps
         assert len(result["replicates"]) == 2
-    confirmation = summary["confirmation"]
+    confirmation = summary.confirmation
     assert confirmation is not None and all(r["stop_reason"] == "max_epochs" for r in
                                             optuna.load_study(study_name="whole", storage=storage).user_attrs["confirmation"]["runs"])
 
@@ -293,7 +293,7 @@ def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_o
     common = dict(objective=objective, target=0.9, storage=storage, space=space, budget={**BUDGET, "trials": 6},
                   confirm={"top": 0})
     lucky = autotune.tune(**common, name="one_seed")
-    assert lucky["best"]["params"]["batch_size"] == 16 and lucky["best"]["time_to_target"] == 0.5
+    assert lucky.best.params["batch_size"] == 16 and lucky.best.time_to_target == 0.5
 
     summary = autotune.tune(**common, name="three_seeds", replicates=3)
     trials = [t for t in stored(storage, "three_seeds") if t.state == optuna.trial.TrialState.COMPLETE]
@@ -302,6 +302,6 @@ def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_o
     for t in sixteen:
         assert [r["seed"] for r in measured(t)["replicates"]] == [t.user_attrs["seed"] + k * 10**12 for k in range(3)]
         assert t.value == pytest.approx((0.5 + 3.0 + 3.0) / 3)
-    best = summary["best"]
-    assert best["params"]["batch_size"] == 64 and best["time_to_target"] == 2.0
+    best = summary.best
+    assert best.params["batch_size"] == 64 and best.time_to_target == 2.0
     assert all(len(measured(t).get("replicates") or [None]) in (1, 3) for t in trials)

@@ -38,6 +38,10 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 from autotune.train import systems, trial
 from autotune.cli import main
 from autotune.errors import AutotuneError
+from autotune.report.summarize import of_study
+from autotune.report.summary import Counts, Summary, Target, Winner
+from autotune.spec import study_file
+from autotune.study import storage
 from autotune.export import FORMATS, render
 from autotune.search.space import KNOBS, PRECISIONS, SCHEDULERS
 from autotune.train.tasks import digits, sgd, takes
@@ -73,18 +77,19 @@ CASES = {
 
 
 def summary_for(params: Mapping[str, Any], *, optimizer: str | None = BUILT_IN, device: str | None = "cpu",
-                max_epochs: float | None = 3) -> dict[str, Any]:
-    """A summary as report.summarize makes it, for a winner with `params`."""
+                max_epochs: float | None = 3) -> Summary:
+    """A summary as report/summarize.py makes it, for a winner with `params` confirmed on 2 seeds."""
     limits = None if max_epochs is None else {"max_epochs": max_epochs, "max_seconds": 10.0, "eval_every": 0.5}
-    best = {"trial": 3, "params": dict(params), "time_to_target": 1.25, "metric": 0.93, "runs": 2, "min": 1.1,
-            "max": 1.4, "source": "confirmed", "epochs": 1.5}
-    return {"study": "unit", "target": {"metric": "accuracy", "value": 0.9}, "best": best, "speedup": 1.4,
-            "limits": limits, "optimizer": optimizer, "device": device}
+    best = Winner(trial=3, label="trial 3", params=dict(params), time_to_target=1.25, metric=0.93, runs=2, reached=2,
+                  min=1.1, max=1.4, source="confirmed", epochs=1.5)
+    counts = Counts(**{field.name: 0 for field in dataclasses.fields(Counts)})
+    return Summary(study="unit", target=Target(metric="accuracy", value=0.9), counts=counts, best=best, speedup=1.4,
+                   limits=limits, optimizer=optimizer, device=device)
 
 
-def schedule(summary: Mapping[str, Any]) -> float:
+def schedule(summary: Summary) -> float:
     """The winner's schedule length: its schedule_epochs, else the study's max_epochs."""
-    return summary["best"]["params"].get("schedule_epochs") or summary["limits"]["max_epochs"]
+    return summary.best.params.get("schedule_epochs") or summary.limits["max_epochs"]
 
 
 def case(name: str) -> dict[str, Any]:
@@ -92,21 +97,21 @@ def case(name: str) -> dict[str, Any]:
     return summary_for({**knob_values, **extras}, optimizer=optimizer)
 
 
-def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs, a systems knob it lacks as false (the study predates it), and its parameters."""
-    params = summary["best"]["params"]
+    params = summary.best.params
     return ({k: params[k] if k in params else KNOBS[k].absent for k in KNOBS if k in params or KNOBS[k].absent is not None},
             {k: v for k, v in params.items() if k not in KNOBS})
 
 
-def reference_optimizer(summary: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
+def reference_optimizer(summary: Summary, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer autotune's trial builds for this winner."""
     knob_values, extras = split(summary)
-    factory = sgd if summary["optimizer"] in (BUILT_IN, STORED_BUILT_IN) else _tunable_optimizer
+    factory = sgd if summary.optimizer in (BUILT_IN, STORED_BUILT_IN) else _tunable_optimizer
     return factory(model.parameters(), knob_values["lr"], **takes(factory, extras, after=2))
 
 
-def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
+def reference_lrs(summary: Summary, total_steps: int) -> list[float]:
     """The lr of each optimizer step of autotune.train.trial.make_scheduler over `total_steps`."""
     knob_values, _ = split(summary)
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
@@ -114,11 +119,11 @@ def reference_lrs(summary: Mapping[str, Any], total_steps: int) -> list[float]:
     return lrs_of(optimizer, scheduler, total_steps)
 
 
-def blobs_model(summary: Mapping[str, Any]) -> torch.nn.Module:
+def blobs_model(summary: Summary) -> torch.nn.Module:
     return _tunable_mlp(**takes(_tunable_mlp, split(summary)[1]))
 
 
-def digits_model(summary: Mapping[str, Any]) -> torch.nn.Module:
+def digits_model(summary: Summary) -> torch.nn.Module:
     return digits.SmallCNN(**takes(digits.SmallCNN, split(summary)[1]))
 
 
@@ -174,19 +179,19 @@ class Module(lightning.LightningModule):
         return self.configure(self)
 
 
-def configure_from_usage(export: Mapping[str, Any], summary: Mapping[str, Any]) -> Callable[[Any], Any]:
+def configure_from_usage(export: Mapping[str, Any], summary: Summary) -> Callable[[Any], Any]:
     """configure_optimizers made of the export's own usage lines; a task's own optimizer factory
     has no import line there, so that one line is the test's."""
     lines = export["usage"]
     body = lines[lines.index("# and in your LightningModule's configure_optimizers(self):") + 1:]
-    if summary["optimizer"] != BUILT_IN:
+    if summary.optimizer != BUILT_IN:
         body = ["optimizer = reference_optimizer(summary, self)" if line.startswith("optimizer = ") else line for line in body]
     namespace = {"math": math, "torch": torch, "export": export, "summary": summary, "reference_optimizer": reference_optimizer}
     exec("def configure_optimizers(self):\n" + "".join(f"    {line}\n" for line in body), namespace)
     return namespace["configure_optimizers"]
 
 
-def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: torch.nn.Module) -> None:
+def check_lightning(text: str, summary: Summary, *, dataset: Dataset, model: torch.nn.Module) -> None:
     export = json.loads(text)
     knob_values, extras = split(summary)
     precision = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[knob_values["precision"]]
@@ -210,8 +215,8 @@ def check_lightning(text: str, summary: Mapping[str, Any], *, dataset: Dataset, 
     assert loader.pin_memory == knob_values["pin_memory"]
 
     optimizer = export["optimizer"]
-    assert optimizer["lr"] == knob_values["lr"] and optimizer["factory"] == summary["optimizer"]
-    if summary["optimizer"] == BUILT_IN:  # the same hyper-parameters as autotune's own SGD
+    assert optimizer["lr"] == knob_values["lr"] and optimizer["factory"] == summary.optimizer
+    if summary.optimizer == BUILT_IN:  # the same hyper-parameters as autotune's own SGD
         built = torch.optim.SGD(model.parameters(), **optimizer["init_args"]).param_groups[0]
         assert {k: v for k, v in built.items() if k != "params"} == {
             k: v for k, v in reference_optimizer(summary, model).param_groups[0].items() if k != "params"}
@@ -293,7 +298,7 @@ def test_every_format_takes_the_winners_schedule_length_over_the_studys_max_epoc
 
 # --- transformers ----------------------------------------------------------------------------
 
-def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: torch.nn.Module, tmp_path: Path) -> None:
+def check_hf(text: str, summary: Summary, *, dataset: Dataset, model: torch.nn.Module, tmp_path: Path) -> None:
     export = json.loads(text)
     knob_values, extras = split(summary)
     given = export["training_arguments"]
@@ -319,7 +324,7 @@ def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: 
     hf_trainer.create_optimizer_and_scheduler(num_training_steps=total)
     group = hf_trainer.optimizer.param_groups[0]
     named = notes_by_setting(export)
-    if summary["optimizer"] == BUILT_IN:
+    if summary.optimizer == BUILT_IN:
         expected = reference_optimizer(summary, model).param_groups[0]
         assert isinstance(hf_trainer.optimizer, torch.optim.SGD)
         assert (group["initial_lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
@@ -327,7 +332,7 @@ def check_hf(text: str, summary: Mapping[str, Any], *, dataset: Dataset, model: 
         assert named["optimizer"][0]["status"] == "approximation"  # HF spares biases from weight decay
         assert export["params"] == extras
     else:  # HF cannot build the task's own optimizer; its parameters that HF's optimizer takes go there
-        assert named["optimizer"][0]["status"] == "no equivalent" and summary["optimizer"].replace(":", ".") in named["optimizer"][0]["note"]
+        assert named["optimizer"][0]["status"] == "no equivalent" and summary.optimizer.replace(":", ".") in named["optimizer"][0]["note"]
         moved = {k: v for k, v in extras.items() if k == "weight_decay"}
         assert {k: getattr(args, k) for k in moved} == moved and export["params"] == {k: v for k, v in extras.items() if k not in moved}
     for name in export["params"]:
@@ -434,7 +439,7 @@ def test_hf_compile_with_fp16_leaves_tf32_alone() -> None:
 
 # --- torch -----------------------------------------------------------------------------------
 
-def check_torch(code: str, summary: Mapping[str, Any], *, dataset: Dataset,
+def check_torch(code: str, summary: Summary, *, dataset: Dataset,
                 model_factory: Callable[[Mapping[str, Any]], torch.nn.Module], steps: int = 3) -> None:
     """exec the module, check what make_training built, and train `steps` steps beside autotune.train.trial."""
     knob_values, extras = split(summary)
@@ -651,7 +656,7 @@ def check_args(line: str, params: Mapping[str, Any]) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_args_parse_back_to_the_settings(name: str) -> None:
     summary = case(name)
-    check_args(render(summary, "args"), summary["best"]["params"])
+    check_args(render(summary, "args"), summary.best.params)
 
 
 def test_args_quote_and_attach_what_a_shell_or_argparse_would_misread() -> None:
@@ -715,9 +720,12 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
     assert main(["run", str(path)]) == 0
     assert "Winner: " in capsys.readouterr().out
     assert main(["report", str(path), "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    params = summary["best"]["params"]
-    assert set(params) == {*KNOBS, "width"} and summary["optimizer"] == BUILT_IN and summary["device"] == "cpu"
+    printed = json.loads(capsys.readouterr().out)
+    spec = study_file.load(path)
+    summary = of_study(spec, storage.open_study(spec, create=False))[1]
+    assert json.loads(json.dumps(summary.to_json())) == printed  # --json is the typed summary, as JSON
+    params = summary.best.params
+    assert set(params) == {*KNOBS, "width"} and summary.optimizer == BUILT_IN and summary.device == "cpu"
     assert (params["channels_last"], params["compile"], params["cudnn_benchmark"]) == (True, False, False)
 
     files = {}
@@ -726,7 +734,7 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
         assert main(["export", str(path), "--format", fmt, "-o", str(files[fmt])]) == 0, capsys.readouterr().err
     assert json.loads(files["json"].read_text()) == params
     assert yaml.safe_load(files["yaml"].read_text()) == params
-    assert files["yaml"].read_text().startswith(f"# autotune study study, trial {summary['best']['trial']} ")
+    assert files["yaml"].read_text().startswith(f"# autotune study study, trial {summary.best.trial} ")
     train = digits.task().train
     check_lightning(files["lightning"].read_text(), summary, dataset=train, model=digits_model(summary))
     check_hf(files["hf"].read_text(), summary, dataset=train, model=digits_model(summary), tmp_path=tmp_path)

@@ -16,7 +16,7 @@ import matplotlib.image
 import pytest
 import yaml
 
-from autotune.report import html_page, importance, plots, results, summary as summary_
+from autotune.report import html_page, importance, plots, results, summarize
 from autotune.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_csv_holds_every_trial_with_its_settings_and_measurements(study: Path) -
 
 def test_a_study_with_no_winner_yet_still_gets_a_page() -> None:
     records = results.trial_records([])
-    summary = summary_.summarize("empty", records, target={"metric": "accuracy", "value": 0.9}, confirmation=None)
+    summary = summarize.summarize("empty", records, target={"metric": "accuracy", "value": 0.9}, confirmation=None)
     text = html_page.render(summary, records, curves={}, importances=None, importances_missing="no trials yet")
     page = Page(text)
     assert "No trial has reached the target yet" in text and len(page.images) == len(html_page.PLOTS)

@@ -115,6 +115,15 @@ def test_storage_argument_overrides_the_file(tmp_path: Path) -> None:
     assert load(path, storage="sqlite:///b.db").storage == "sqlite:///b.db"
 
 
+def test_trials_and_timeout_arguments_override_the_budget(tmp_path: Path) -> None:
+    """--trials and --timeout are applied to the spec once, at load: every layer reads the budget."""
+    path = write(tmp_path, HEAD + "budget: {trials: 3, timeout: 30, max_epochs: 2}\n")
+    assert (load(path).budget.trials, load(path).budget.timeout) == (3, 30.0)
+    spec = load(path, trials=7, timeout=12.5)
+    assert (spec.budget.trials, spec.budget.timeout, spec.budget.max_epochs) == (7, 12.5, 2.0)
+    assert load(path, trials=5).budget.timeout == 30.0
+
+
 def test_default_storage_is_beside_the_file_whatever_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -124,13 +124,13 @@ def test_no_confusion_for_what_is_not_a_classifier() -> None:
 def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bound() -> None:
     from autotune.report import winner
 
-    best = {"telemetry": {"samples_per_second": 812.4, "input_wait": 0.71, "peak_memory_mb": 300.0, "gpu": None,
-                          "runs": 3, "source": "confirmation"},
-            "per_class": {"runs": 3, "source": "confirmation",
-                          "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]])}}
-    hardware, quality = winner.describe(best)
+    figures = {"samples_per_second": 812.4, "input_wait": 0.71, "peak_memory_mb": 300.0, "gpu": None,
+               "runs": 3, "source": "confirmation"}
+    per_class = {"runs": 3, "source": "confirmation",
+                 "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]])}
+    hardware, quality = winner.describe(figures, per_class)
     assert hardware == ("Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training time "
                         "waiting for input (input-bound), peak memory 300 MiB.")
     assert "F1 from 0.667 (class 2) to 0.952 (class 1)" in quality
-    best["telemetry"]["input_wait"] = 0.2
-    assert "input-bound" not in winner.describe(best)[0]
+    figures["input_wait"] = 0.2
+    assert "input-bound" not in winner.describe(figures, per_class)[0]

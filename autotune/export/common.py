@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.report.summary import Summary, speedup_phrase
 from autotune.search.space import KNOBS, SCHEDULE
 from autotune.study.schema import current_reference
 from autotune.train import recipe
@@ -32,15 +33,15 @@ def note(setting: str, value: Any, status: str, text: str) -> dict[str, Any]:
     return {"setting": setting, "value": value, "status": status, "note": text}
 
 
-def settings(summary: Mapping[str, Any]) -> dict[str, Any]:
+def settings(summary: Summary) -> dict[str, Any]:
     """The winner's settings: its knobs in KNOBS order, then the user's own parameters.
 
     A study stored before a knob existed has no value for it (or None, which a trial record holds
     for a knob its trial lacked), and its trials ran without it: such a knob takes what leaving it
     out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
     """
-    params = summary["best"]["params"]
-    read = summary.get("knobs", KNOBS)  # an objective function's study: the knobs it reads
+    params = summary.best.params
+    read = KNOBS if summary.knobs is None else summary.knobs  # an objective function's study: the knobs it reads
     knobs = {}
     for name, knob in KNOBS.items():
         if name not in read:
@@ -52,13 +53,13 @@ def settings(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {**knobs, **{k: v for k, v in params.items() if k not in KNOBS}}
 
 
-def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs but the schedule's length (`max_epochs`), and the user's own parameters
     (every other key), in order."""
-    if "knobs" in summary:
+    if summary.knobs is not None:
         raise AutotuneError(
-            f"study {summary['study']!r} ran an objective function that reads only "
-            f"{', '.join(summary['knobs']) or 'its own parameters'} of autotune's knobs, not a training autotune "
+            f"study {summary.study!r} ran an objective function that reads only "
+            f"{', '.join(summary.knobs) or 'its own parameters'} of autotune's knobs, not a training autotune "
             f"could write out for a trainer: --format json, yaml or args give what it tuned")
     values = settings(summary)
     missing = [k for k in KNOBS if k not in values and k != SCHEDULE]  # nothing can stand in for these
@@ -67,10 +68,10 @@ def split(summary: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: values[k] for k in KNOBS if k != SCHEDULE}, {k: v for k, v in values.items() if k not in KNOBS}
 
 
-def max_epochs(summary: Mapping[str, Any]) -> float | int | None:
+def max_epochs(summary: Summary) -> float | int | None:
     """The length of the winner's LR schedule (its schedule_epochs, else the study's max_epochs):
     an int when whole, None when unknown."""
-    value = summary["best"]["params"].get(SCHEDULE) or (summary.get("limits") or {}).get("max_epochs")
+    value = summary.best.params.get(SCHEDULE) or (summary.limits or {}).get("max_epochs")
     if value is None:
         return None
     return int(value) if float(value).is_integer() else float(value)
@@ -83,10 +84,10 @@ def lookup(fmt: str, knob: str, value: Any, table: Mapping[str, Any]) -> Any:
         raise AutotuneError(f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}") from None
 
 
-def built_in_optimizer(summary: Mapping[str, Any]) -> bool:
+def built_in_optimizer(summary: Summary) -> bool:
     """Whether the study's task trained with autotune's built-in SGD (recipe.SGD_ARGS), by today's
     name or by the one a study stored before the module moved."""
-    return current_reference(summary.get("optimizer")) == recipe.BUILT_IN_OPTIMIZER
+    return current_reference(summary.optimizer) == recipe.BUILT_IN_OPTIMIZER
 
 
 def scheduler_code(name: str, *, optimizer: str, total: str, lr: str, indent: str | None = None) -> str:
@@ -137,10 +138,10 @@ def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
                 "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.")
 
 
-def optimizer_note(summary: Mapping[str, Any], lr: float, *, trainer: str, then: str) -> dict[str, Any]:
+def optimizer_note(summary: Summary, lr: float, *, trainer: str, then: str) -> dict[str, Any]:
     """The note for a task optimizer other than the built-in SGD, which `trainer` cannot name:
     build it as autotune did, `then` (what to do with it)."""
-    reference = summary.get("optimizer")
+    reference = summary.optimizer
     call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names)"
     if reference is None:
         return note("optimizer", None, NO_EQUIVALENT,
@@ -160,16 +161,14 @@ def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
                 f"by keyword to whichever of the task's model factory and optimizer names it: do the same.")
 
 
-def provenance(summary: Mapping[str, Any]) -> str:
+def provenance(summary: Summary) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
-    from autotune.report.summary import speedup_phrase  # summary needs pandas: only when an export is written
-
-    best, target = summary["best"], summary["target"]
-    which = "the baseline" if best["trial"] is None else f"trial {best['trial']}"
-    text = (f"autotune study {summary['study']}, {which} ({best['source']}, {best['runs']} run(s)): "
-            f"{target['metric']} >= {target['value']} in {best['time_to_target']:.3f} s")
-    if best.get("epochs") is not None:
-        text += f" after {best['epochs']:.2f} epochs"
-    if summary.get("speedup"):
-        text += f", {speedup_phrase(summary['speedup'])} than the baseline"
+    best, target = summary.best, summary.target
+    which = "the baseline" if best.is_baseline else f"trial {best.trial}"
+    text = (f"autotune study {summary.study}, {which} ({best.source}, {best.runs} run(s)): "
+            f"{target.metric} >= {target.value} in {best.time_to_target:.3f} s")
+    if best.epochs is not None:
+        text += f" after {best.epochs:.2f} epochs"
+    if summary.speedup:
+        text += f", {speedup_phrase(summary.speedup)} than the baseline"
     return text

@@ -10,10 +10,10 @@ trials ran without it (`--no-compile`: common.settings).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.report.summary import Summary
 from autotune.export.common import settings
 
 
@@ -28,6 +28,6 @@ def flag(name: str, value: Any) -> list[str]:
     raise AutotuneError(f"--format args: {name} is {value!r}, which has no command-line form")
 
 
-def render(summary: Mapping[str, Any]) -> str:
+def render(summary: Summary) -> str:
     words = [w for name, value in settings(summary).items() if value is not None for w in flag(name, value)]
     return shlex.join(words) + "\n"

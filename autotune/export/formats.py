@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import yaml
 
 from autotune.errors import AutotuneError
+from autotune.report.summary import Summary
 from autotune.export import flags, hf, lightning, pytorch
 from autotune.export.common import provenance, settings
 
 
-def flat_json(summary: Mapping[str, Any]) -> str:
+def flat_json(summary: Summary) -> str:
     """The winner's settings as one flat JSON mapping: the knobs, then the user's parameters."""
     return json.dumps(settings(summary), indent=2) + "\n"
 
 
-def flat_yaml(summary: Mapping[str, Any]) -> str:
+def flat_yaml(summary: Summary) -> str:
     """The same mapping in YAML, with where it came from as a comment."""
     return f"# {provenance(summary)}\n" + yaml.safe_dump(settings(summary), sort_keys=False)
 
 
-RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+RENDERERS: dict[str, Callable[[Summary], str]] = {
     "yaml": flat_yaml,
     "json": flat_json,
     "lightning": lightning.render,  # JSON: Trainer, DataLoader, optimizer and LR scheduler sections
@@ -49,8 +49,8 @@ def looks_like_export(text: str) -> bool:
     return len(lines) == 1 and {"--lr", "--batch-size", "--precision"} <= set(lines[0].split())
 
 
-def render(summary: Mapping[str, Any], fmt: str) -> str:
-    """The winner of `summary` (summary.summarize's dict, with a winner) in format `fmt`."""
+def render(summary: Summary, fmt: str) -> str:
+    """The winner of `summary` (with a winner) in format `fmt`."""
     if fmt not in RENDERERS:
         raise AutotuneError(f"--format: got {fmt!r}; expected one of {', '.join(FORMATS)}")
     return RENDERERS[fmt](summary)

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.report.summary import Summary
 from autotune.export.common import (
     APPROXIMATION, MOVED, NO_EQUIVALENT, ONECYCLE, built_in_optimizer, lookup, max_epochs, note, optimizer_note,
     params_note, pct_start_code, provenance, scheduler_code, split, threads_note,
@@ -65,13 +66,29 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     return notes
 
 
-def render(summary: Mapping[str, Any]) -> str:
+def render(summary: Summary) -> str:
     knobs, params = split(summary)
-    lr, accumulation = knobs["lr"], knobs["accumulation_steps"]
+    args: dict[str, Any] = {"per_device_train_batch_size": knobs["batch_size"],
+                            "gradient_accumulation_steps": knobs["accumulation_steps"], "learning_rate": knobs["lr"]}
     notes: list[dict[str, Any]] = []
-    args: dict[str, Any] = {"per_device_train_batch_size": knobs["batch_size"], "gradient_accumulation_steps": accumulation,
-                            "learning_rate": lr}
+    for part in (_schedule(knobs, max_epochs(summary)), _systems(knobs, summary.device), _optimizer(summary, knobs, params)):
+        args.update(part[0])
+        notes += part[1]
+    extras = params_note(params, "TrainingArguments")
+    if extras:
+        notes.append(extras)
+    export = {"source": provenance(summary), "training_arguments": args, "params": params, "notes": notes}
+    return json.dumps(export, indent=2) + "\n"
 
+
+Part = tuple[dict[str, Any], list[dict[str, Any]]]  # TrainingArguments keywords, and notes
+
+
+def _schedule(knobs: Mapping[str, Any], epochs: float | int | None) -> Part:
+    """The LR schedule, its length, and how accumulation meets the epoch's end."""
+    lr, accumulation = knobs["lr"], knobs["accumulation_steps"]
+    args: dict[str, Any] = {}
+    notes: list[dict[str, Any]] = []
     schedule = lookup("hf", "scheduler", knobs["scheduler"], SCHEDULERS)
     exact = CREATE_SCHEDULER.format(scheduler_code(knobs["scheduler"], optimizer="optimizer or self.optimizer",
                                                    total="num_training_steps", lr=repr(lr)))
@@ -89,8 +106,6 @@ def render(summary: Mapping[str, Any]) -> str:
                           f"pct_start={pct_start_code('steps')}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) "
                           "and anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
                           f"between 0.95 and 0.85, against the lr). {ONECYCLE}. Exact: {exact}."))
-
-    epochs = max_epochs(summary)
     if epochs is None:
         notes.append(note("max_epochs", None, NO_EQUIVALENT, "the study did not record max_epochs (the length of the LR "
                           "schedule); set num_train_epochs to it."))
@@ -102,38 +117,44 @@ def render(summary: Mapping[str, Any]) -> str:
                           f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
                           f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
                           f"floor(max_epochs * len / {accumulation}) steps."))
+    return args, notes
+
+
+def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
+    """Precision, the loader, compilation, clipping and the device."""
     flag = lookup("hf", "precision", knobs["precision"], PRECISIONS).hf  # HF's fp16 is autocast + GradScaler, as autotune's
-    args.update({p.hf: p.hf == flag for p in PRECISIONS.values() if p.hf})
+    args: dict[str, Any] = {p.hf: p.hf == flag for p in PRECISIONS.values() if p.hf}
     loader = loader_kwargs(knobs)
     args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
                  if k in loader})
-    notes.append(threads_note(knobs))
+    notes = [threads_note(knobs)]
     args["torch_compile"] = knobs["compile"]  # backend inductor, default mode: autotune's torch.compile(model)
     notes += systems_notes(knobs)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
-    if summary.get("device") == "cpu":
+    if device == "cpu":
         args["use_cpu"] = True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
-    elif summary.get("device") is None:
+    elif device is None:
         notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; when you train on CPU, "
                           "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise)."))
+    return args, notes
 
+
+def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any]) -> Part:
+    """The optimizer: the built-in SGD as optim sgd; else a note, with the user's optimizer
+    parameters that TrainingArguments names moved out of `params` into it."""
+    args: dict[str, Any] = {}
     if built_in_optimizer(summary):
         momentum, nesterov, decay = SGD_ARGS["momentum"], SGD_ARGS["nesterov"], SGD_ARGS["weight_decay"]
         args.update(optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay)
-        notes.append(note("optimizer", summary["optimizer"], APPROXIMATION,
-                          f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
-                          "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them."))
-    else:
-        notes.append(optimizer_note(summary, lr, trainer="TrainingArguments(optim=)", then=(
-            "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
-            "(left at the default, AdamW) goes unused")))
-        for name in [k for k in params if k in OPTIMIZER_FIELDS]:
-            args[name] = params.pop(name)
-            notes.append(note(name, args[name], MOVED,
-                              f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
-                              f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did."))
-    extras = params_note(params, "TrainingArguments")
-    if extras:
-        notes.append(extras)
-    export = {"source": provenance(summary), "training_arguments": args, "params": params, "notes": notes}
-    return json.dumps(export, indent=2) + "\n"
+        return args, [note("optimizer", summary.optimizer, APPROXIMATION,
+                           f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
+                           "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.")]
+    notes = [optimizer_note(summary, knobs["lr"], trainer="TrainingArguments(optim=)", then=(
+        "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
+        "(left at the default, AdamW) goes unused"))]
+    for name in [k for k in params if k in OPTIMIZER_FIELDS]:
+        args[name] = params.pop(name)
+        notes.append(note(name, args[name], MOVED,
+                          f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
+                          f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did."))
+    return args, notes

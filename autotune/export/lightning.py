@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.report.summary import Summary
 from autotune.export.common import (
     APPROXIMATION, MOVED, NO_EQUIVALENT, ONECYCLE, built_in_optimizer, lookup, max_epochs, note, optimizer_note,
     params_note, pct_start_code, provenance, scheduler_code, split, threads_note,
@@ -87,20 +88,49 @@ def scheduler_section(name: str, lr: float) -> tuple[dict[str, Any], str, list[s
     return section, text, [*STEPS_USAGE, f"scheduler = {make}", RETURN_USAGE]
 
 
-def render(summary: Mapping[str, Any]) -> str:
+def render(summary: Summary) -> str:
     knobs, params = split(summary)
     lr = knobs["lr"]
-    notes: list[dict[str, Any]] = []
+    trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
+    optimizer: dict[str, Any] = {"factory": summary.optimizer, "lr": lr}
+    usage = ["trainer = lightning.Trainer(**export['trainer'])",
+             "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])"]
+    if knobs["channels_last"]:
+        usage.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in on_after_batch_transfer: see notes")
+    if knobs["compile"]:
+        usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
+    usage.append("# and in your LightningModule's configure_optimizers(self):")
+    if built_in_optimizer(summary):
+        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
+        usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")
+    else:
+        notes.append(optimizer_note(summary, lr, trainer="lightning.Trainer", then="return it from configure_optimizers()"))
+        usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params)")
+    notes.append(note("lr", lr, MOVED, "lightning.Trainer has no learning-rate argument: it is in `optimizer`."))
 
+    lr_scheduler, text, lines = scheduler_section(knobs["scheduler"], lr)
+    notes.append(note("scheduler", knobs["scheduler"], MOVED, text))
+    usage += lines
+
+    extras = params_note(params, "lightning.Trainer")
+    if extras:
+        notes.append(extras)
+    export = {"source": provenance(summary), "trainer": trainer, "dataloader": dataloader, "optimizer": optimizer,
+              "lr_scheduler": lr_scheduler, "params": params, "notes": notes, "usage": usage}
+    return json.dumps(export, indent=2) + "\n"
+
+
+def _trainer(knobs: Mapping[str, Any], *, device: str | None, epochs: float | int | None
+             ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The Trainer's keywords, the DataLoader's, and the notes for both."""
+    notes: list[dict[str, Any]] = []
     trainer: dict[str, Any] = {}
-    device = summary.get("device")
     if device is None:
         notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; accelerator and devices are left to Lightning's defaults."))
     else:
         trainer.update(accelerator=lookup("lightning", "device", device, ACCELERATOR), devices=1)  # autotune trains on one device
     trainer["precision"] = lookup("lightning", "precision", knobs["precision"], PRECISIONS).lightning
     trainer["accumulate_grad_batches"] = knobs["accumulation_steps"]
-    epochs = max_epochs(summary)
     if isinstance(epochs, int):
         trainer["max_epochs"] = epochs
     else:
@@ -127,30 +157,4 @@ def render(summary: Mapping[str, Any]) -> str:
     # it false (Lightning's default, None, keeps whatever the process had).
     trainer["benchmark"] = knobs["cudnn_benchmark"]
     notes += model_notes(knobs)
-
-    optimizer: dict[str, Any] = {"factory": summary.get("optimizer"), "lr": lr}
-    usage = ["trainer = lightning.Trainer(**export['trainer'])",
-             "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])"]
-    if knobs["channels_last"]:
-        usage.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in on_after_batch_transfer: see notes")
-    if knobs["compile"]:
-        usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
-    usage.append("# and in your LightningModule's configure_optimizers(self):")
-    if built_in_optimizer(summary):
-        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
-        usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")
-    else:
-        notes.append(optimizer_note(summary, lr, trainer="lightning.Trainer", then="return it from configure_optimizers()"))
-        usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params)")
-    notes.append(note("lr", lr, MOVED, "lightning.Trainer has no learning-rate argument: it is in `optimizer`."))
-
-    lr_scheduler, text, lines = scheduler_section(knobs["scheduler"], lr)
-    notes.append(note("scheduler", knobs["scheduler"], MOVED, text))
-    usage += lines
-
-    extras = params_note(params, "lightning.Trainer")
-    if extras:
-        notes.append(extras)
-    export = {"source": provenance(summary), "trainer": trainer, "dataloader": dataloader, "optimizer": optimizer,
-              "lr_scheduler": lr_scheduler, "params": params, "notes": notes, "usage": usage}
-    return json.dumps(export, indent=2) + "\n"
+    return trainer, dataloader, notes

@@ -12,11 +12,10 @@ own optimizer lives there; the built-in SGD is written out.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
 from string import Template
-from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.report.summary import Summary
 from autotune.export.common import ONECYCLE, built_in_optimizer, lookup, max_epochs, provenance, scheduler_code, split
 from autotune.search.space import KNOBS, PRECISIONS
 from autotune.study.schema import current_reference
@@ -89,7 +88,7 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
     total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
 $scheduler_comment    scheduler = $scheduler
     autocast = functools.partial(torch.autocast, device.type, dtype=$dtype, enabled=$autocast_enabled)
-    scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16 only: keeps small gradients from underflowing
+    scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
     batches = itertools.chain.from_iterable(itertools.repeat(loader))
     return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=model, device=device,
@@ -153,9 +152,9 @@ def make_optimizer(parameters, lr):
                               "(parameters, lr) -> torch.optim.Optimizer, given the PARAMS it names")'''
 
 
-def _optimizer(summary: Mapping[str, Any]) -> tuple[str, str]:
+def _optimizer(summary: Summary) -> tuple[str, str]:
     """The import line and the make_optimizer function for the task's optimizer."""
-    reference = summary.get("optimizer")
+    reference = summary.optimizer
     if built_in_optimizer(summary):
         return "", SGD.substitute(reference=reference, sgd_args="".join(f", {k}={v!r}" for k, v in SGD_ARGS.items()))
     if reference is None:
@@ -167,9 +166,9 @@ def _optimizer(summary: Mapping[str, Any]) -> tuple[str, str]:
     return imports, FACTORY.substitute(reference=reference, factory=f"_task_module.{qualname}")
 
 
-def render(summary: Mapping[str, Any]) -> str:
+def render(summary: Summary) -> str:
     knobs, params = split(summary)
-    precision = knobs["precision"]
+    precision = lookup("torch", "precision", knobs["precision"], PRECISIONS)
     epochs = max_epochs(summary)
     lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in knobs]
     lines.append((f"MAX_EPOCHS = {epochs!r}", "length of the LR schedule in epochs: the winner's schedule_epochs"
@@ -186,6 +185,5 @@ def render(summary: Mapping[str, Any]) -> str:
         imports=imports, constants=constants, loader=repr(loader), params=repr(params), make_optimizer=make_optimizer,
         worker_threads=WORKER_THREADS, scheduler_comment=comment,
         scheduler=scheduler_code(knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16),
-        dtype="torch." + lookup("torch", "precision", precision, PRECISIONS).dtype,
-        autocast_enabled=precision != "fp32", scaler_enabled=precision == "fp16",
+        dtype="torch." + precision.dtype, autocast_enabled=precision.autocast, scaler_enabled=precision.grad_scaler,
     )

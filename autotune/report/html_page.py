@@ -20,7 +20,8 @@ import pandas as pd
 
 from autotune.report import plots
 from autotune.search import probe
-from autotune.report.summary import TABLE_ROWS
+from autotune.report.summary import Counts, Summary
+from autotune.report.text import TABLE_ROWS
 from autotune.report.results import best_feasible
 
 STYLE = """
@@ -42,18 +43,18 @@ figcaption { font-size: .8rem; color: #555; }
 PLOTS = ("best_so_far", "time_against_metric", "importances", "learning_curves", "oom_map", "throughput")
 
 
-def render(summary: Mapping[str, Any], records: pd.DataFrame, *, curves: Mapping[str, Sequence[Sequence[Any]]],
+def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequence[Sequence[Any]]],
            importances: Mapping[str, float] | None, importances_missing: str = "") -> str:
     """The whole page as a string."""
-    target = summary["target"]
+    target = summary.target
     figures = {
-        "best_so_far": (plots.best_so_far(records, baseline=(summary.get("baseline") or {}).get("time_to_target")),
+        "best_so_far": (plots.best_so_far(records, baseline=summary.baseline.time_to_target if summary.baseline else None),
                         "Every complete trial's time; the line is the best feasible so far."),
-        "time_against_metric": (plots.time_against_metric(records, target=target["value"], metric=target["metric"]),
+        "time_against_metric": (plots.time_against_metric(records, target=target.value, metric=target.metric),
                                 "Filled: reached the target (its time to target). Hollow: missed it (how long it ran)."),
         "importances": (plots.importances(importances, why_not=importances_missing),
                         "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."),
-        "learning_curves": (plots.learning_curves(curves, target=target["value"], metric=target["metric"]),
+        "learning_curves": (plots.learning_curves(curves, target=target.value, metric=target.metric),
                             "The fastest trials' runs, and the baseline's first confirmation run (dashed)."),
         "oom_map": (plots.oom_map(records), "Where trials ran out of memory: batch size against precision."),
         "throughput": (plots.throughput(records), "Samples per second after warm-up, and the share of training time "
@@ -62,10 +63,10 @@ def render(summary: Mapping[str, Any], records: pd.DataFrame, *, curves: Mapping
     images = "\n".join(_figure(name, figure, caption) for name, (figure, caption) in figures.items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>autotune: {_e(summary['study'])}</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
+<title>autotune: {_e(summary.study)}</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body>
-<h1>Study {_e(summary['study'])}</h1>
-<p class="sub">Target: {_e(target['metric'])} &ge; {target['value']:g} &middot; {_counts(summary['counts'])}
+<h1>Study {_e(summary.study)}</h1>
+<p class="sub">Target: {_e(target.metric)} &ge; {target.value:g} &middot; {_counts(summary.counts)}
 {_device(summary)} &middot; report made {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>
 {_probe(summary)}
 {_winner(summary)}
@@ -89,17 +90,17 @@ def _figure(name: str, figure: Any, caption: str) -> str:
             f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
-def _counts(c: Mapping[str, int]) -> str:
-    return (f"{c['total']} trials: {c['feasible']} reached the target, {c['complete'] - c['feasible']} missed it, "
-            f"{c['pruned']} pruned ({c['oom']} out of memory, {c['oom_bound']} known to run out), {c['failed']} failed")
+def _counts(c: Counts) -> str:
+    return (f"{c.total} trials: {c.feasible} reached the target, {c.complete - c.feasible} missed it, "
+            f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), {c.failed} failed")
 
 
-def _device(summary: Mapping[str, Any]) -> str:
-    return f"&middot; device {_e(summary['device'])}" if summary.get("device") else ""
+def _device(summary: Summary) -> str:
+    return f"&middot; device {_e(summary.device)}" if summary.device else ""
 
 
-def _probe(summary: Mapping[str, Any]) -> str:
-    return f"<p>{_e(probe.describe(summary['probe']))}</p>" if summary.get("probe") else ""
+def _probe(summary: Summary) -> str:
+    return f"<p>{_e(probe.describe(summary.probe))}</p>" if summary.probe else ""
 
 
 def _number(path: str, value: Any, spec: str = ".2f", *, scale: float = 1.0, unit: str = "") -> str:
@@ -118,34 +119,34 @@ def _setting(name: str, value: Any) -> str:
     return _e(value)
 
 
-def _winner(summary: Mapping[str, Any]) -> str:
-    best = summary["best"]
+def _winner(summary: Summary) -> str:
+    best = summary.best
     if best is None:
         return '<section class="winner" id="winner"><h2>Winner</h2><p>No trial has reached the target yet.</p></section>'
-    who = "the baseline" if best["trial"] is None else best["label"]
-    timing = (f"{_number('best.time_to_target', best['time_to_target'])} s to the target "
-              f"({_e(best['source'])}")
-    if best.get("min") is not None:
-        timing += (f", median of {_number('best.runs', best['runs'], '.0f')} runs, range "
-                   f"{_number('best.min', best['min'])}&ndash;{_number('best.max', best['max'])} s")
+    who = "the baseline" if best.is_baseline else best.label
+    timing = (f"{_number('best.time_to_target', best.time_to_target)} s to the target "
+              f"({_e(best.source)}")
+    if best.min is not None:
+        timing += (f", median of {_number('best.runs', best.runs, '.0f')} runs, range "
+                   f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s")
     timing += ")"
     lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
-    base = summary.get("baseline")
-    if base and base.get("time_to_target") is not None:
+    base = summary.baseline
+    if base and base.time_to_target is not None:
         # a trial wins only with a smaller median than the baseline's, so its speedup is above 1
-        speed = (f' &rarr; the winner is <b>{_number("speedup", summary["speedup"])}x faster</b>'
-                 if summary.get("speedup") and best["trial"] is not None else "")
-        lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base['time_to_target'])} s "
-                     f"(median of {_number('baseline.runs', base['runs'], '.0f')} runs){speed}.</p>")
+        speed = (f' &rarr; the winner is <b>{_number("speedup", summary.speedup)}x faster</b>'
+                 if summary.speedup and not best.is_baseline else "")
+        lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
+                     f"(median of {_number('baseline.runs', base.runs, '.0f')} runs){speed}.</p>")
     elif base:
-        lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base['reached'], '.0f')} "
-                     f"of {_number('baseline.runs', base['runs'], '.0f')} runs on fresh seeds.</p>")
-    if best["trial"] is None:
+        lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
+                     f"of {_number('baseline.runs', base.runs, '.0f')} runs on fresh seeds.</p>")
+    if best.is_baseline:
         lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
-    settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best["params"].items())
+    settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best.params.items())
     columns = [f'<div><h3>Settings</h3><table id="winner-settings">{settings}</table></div>']
-    columns.append(_telemetry(best.get("telemetry")))
-    columns.append(_per_class(best.get("per_class")))
+    columns.append(_telemetry(best.telemetry))
+    columns.append(_per_class(best.per_class))
     return (f'<section class="winner" id="winner"><h2>Winner</h2>{"".join(lines)}'
             f'<div class="cols">{"".join(columns)}</div></section>')
 
@@ -187,11 +188,11 @@ def _per_class(per_class: Mapping[str, Any] | None) -> str:
             f'<table id="winner-per-class">{head}{"".join(rows)}</table></div>')
 
 
-def _top_table(records: pd.DataFrame, summary: Mapping[str, Any]) -> str:
+def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     top = best_feasible(records, count=TABLE_ROWS * 2)
     if top.empty:
         return "<p>No trial reached the target yet.</p>"
-    columns = {"number": "trial", "seconds": "seconds", "objective_metric": summary["target"]["metric"],
+    columns = {"number": "trial", "seconds": "seconds", "objective_metric": summary.target.metric,
                "epochs": "epochs", "samples_per_second": "samples/s", "input_wait": "input wait",
                "peak_memory_mb": "peak MiB", "lr": "lr", "scheduler": "scheduler", "batch_size": "batch",
                "accumulation_steps": "accum", "num_workers": "workers", "prefetch_factor": "prefetch",

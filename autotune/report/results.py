@@ -6,6 +6,7 @@ be made from the storage alone.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -113,6 +114,17 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "interrupted": int(records["interrupted"].sum()),
         "running": int((state == "RUNNING").sum()),
     }
+
+
+def all_failed(trials: Iterable[Any]) -> str | None:
+    """When every finished trial failed (interrupted ones aside): how many, and the most common
+    reason, which names the line of the user's code; else None."""
+    finished = [t for t in trials if t.state.is_finished() and not schema.is_interrupted(t)]
+    if not finished or any(t.state.name != "FAIL" for t in finished):
+        return None
+    reason, count = collections.Counter(schema.reason(t) or "no reason recorded" for t in finished).most_common(1)[0]
+    return (f"every one of the {len(finished)} trials failed, so nothing was tuned; the most common reason "
+            f"({count} of {len(finished)}): {reason}")
 
 
 def learning_curves(trials: Iterable[Any], numbers: Iterable[int], *,

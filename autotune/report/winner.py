@@ -54,10 +54,10 @@ def per_class(runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Seque
 INPUT_BOUND = 0.5  # share of training time spent waiting for batches above which the run is input-bound
 
 
-def describe(best: Mapping[str, Any]) -> list[str]:
-    """The winner's hardware figures and per-class quality as lines of the text report."""
+def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | None) -> list[str]:
+    """The winner's hardware figures (`telemetry`) and per-class quality (`per_class`) as lines of
+    the text report."""
     lines = []
-    figures = best.get("telemetry")
     if figures:
         where = (f"median of {figures['runs']} confirmation runs" if figures["source"] == "confirmation"
                  else f"{figures['source']}'s run")
@@ -75,7 +75,6 @@ def describe(best: Mapping[str, Any]) -> list[str]:
                          f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, {gpu['power_mean_w']:.0f} W on average")
         if parts:
             lines.append(f"Hardware ({where}): {', '.join(parts)}.")
-    quality = best.get("per_class")
     if quality:
         scored = [c for c in quality["classes"] if c["f1"] is not None]
         where = f"{quality['runs']} runs pooled" if quality["source"] == "confirmation" else "the trial's run"

@@ -100,10 +100,14 @@ BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_secon
 CONFIRM_DEFAULTS = {"top": 3, "runs": 3}
 
 
-def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None) -> StudySpec:
-    """Read and validate a study file; `storage` (from the command line) overrides the file's."""
+def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None, trials: int | None = None,
+         timeout: float | None = None) -> StudySpec:
+    """Read and validate a study file. The command line's `storage`, `isolation`, `trials` and
+    `timeout` (--storage, --isolation, --trials, --timeout), where given, replace the file's."""
     path = Path(path)
-    return from_mapping(read_yaml(path), path=path, storage=storage, isolation=isolation)
+    spec = from_mapping(read_yaml(path), path=path, storage=storage, isolation=isolation)
+    budget = dataclasses.replace(spec.budget, **{k: v for k, v in (("trials", trials), ("timeout", timeout)) if v is not None})
+    return dataclasses.replace(spec, budget=budget)
 
 
 # The one-word settings: key -> (accepted values, default, what each means).

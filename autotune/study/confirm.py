@@ -24,6 +24,11 @@ from autotune.train.config import Limits, TrialConfig
 BASELINE = "baseline"
 
 
+def label(number: int) -> str:
+    """Study trial `number`'s name among the candidates (the baseline's is BASELINE)."""
+    return f"trial {number}"
+
+
 def fresh_seeds(study_seed: int, runs: int) -> list[int]:
     """Seeds no study trial uses (those are study_seed * 100_000 + trial number)."""
     return [study_seed * 100_000 + 50_000 + i for i in range(runs)]

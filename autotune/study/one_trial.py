@@ -14,7 +14,7 @@ import torch
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import objective as objective_, schema, storage
+from autotune.study import budget as budget_, objective as objective_, schema, storage
 from autotune.search import oom_boundary
 from autotune.runners.isolation import RunTrial
 from autotune.search.space import Space, suggest
@@ -58,7 +58,7 @@ def run_one(study: optuna.Study, policy: Policy, *, asked: list[int], known: lis
     trial = study.ask()
     asked.append(trial.number)
     # this trial included; read before the ask, so other workers' latest may be missing
-    before = Before(incumbent(known), storage.finished_count(known) + 1, _ran_out(known), known if alone else None)
+    before = Before(incumbent(known), budget_.finished_count(known) + 1, _ran_out(known), known if alone else None)
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
         trial_seed = policy.seed * 100_000 + trial.number
@@ -87,7 +87,7 @@ def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:
 
 def _standing_now(study: optuna.Study, budget: int) -> str:
     trials = study.get_trials(deepcopy=False)
-    return standing(storage.finished_count(trials), budget, incumbent(trials))
+    return standing(budget_.finished_count(trials), budget, incumbent(trials))
 
 
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
@@ -109,8 +109,8 @@ def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, A
                    before: Before) -> bool:
     """End the trial without training where its end is known: surplus, or past the OOM boundary."""
     # Alone, the read before the ask is current: another read would cost a storage round trip.
-    if storage.slots_before(study, trial.number, before.current) >= policy.budget:
-        storage.mark_surplus(study, trial)
+    if budget_.slots_before(study, trial.number, before.current) >= policy.budget:
+        budget_.mark_surplus(study, trial)
         return True
     bound = oom_boundary.bound_by(config, before.ran_out.items())
     if bound is None:

@@ -20,7 +20,7 @@ import optuna
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import confirm, definition as definition_, objective as objective_, one_trial, schema, storage
+from autotune.study import budget as budget_, confirm, definition as definition_, objective as objective_, one_trial, schema, storage
 from autotune.search import probe, space as space_
 from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
@@ -103,8 +103,8 @@ def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prep
     return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
 
 
-def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = False, trials: int | None = None,
-                 timeout: float | None = None, run_trials: Callable[[], None] | None = None) -> optuna.Study:
+def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = False,
+                 run_trials: Callable[[], None] | None = None) -> optuna.Study:
     """The run, as `autotune run`, `autotune.tune` and the benchmarks all do it: under the signal
     handling and the runner's lock, take the study as it began, check it is unchanged, say the
     notices, run the trials (here, or `run_trials`: the workers of --workers), confirm the best.
@@ -117,7 +117,7 @@ def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = F
         changes = check_unchanged(spec, prepared, allow_changes=allow_changes)
         print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])
         if run_trials is None:
-            run_study(spec, prepared, trials=trials, timeout=timeout)
+            run_study(spec, prepared)
         else:
             begin(spec, prepared)  # recovery and the definition, before any worker starts
             run_trials()
@@ -126,14 +126,13 @@ def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = F
     return study
 
 
-def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None, timeout: float | None = None,
-              worker: int | None = None) -> optuna.Study:
-    """Run trials until `trials` (default: the spec's budget) have finished, counting earlier runs
-    and other workers'. `worker` is this process's index among `--workers`; None when it runs alone.
+def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None) -> optuna.Study:
+    """Run trials until the budget's trials have finished, counting earlier runs and other
+    workers', or until its timeout. `worker` is this process's index among `--workers`; None when
+    it runs alone.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    budget = trials if trials is not None else spec.budget.trials
-    timeout = timeout if timeout is not None else spec.budget.timeout
+    budget, timeout = spec.budget.trials, spec.budget.timeout
     study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
@@ -159,7 +158,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                 # run: the budget is spent only once none waits. (Run beyond the budget, by a
                 # smaller --trials or another worker, it is marked surplus instead.)
                 waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
-                if (storage.slots_taken(trials) >= budget and not waiting) or \
+                if (budget_.slots_taken(trials) >= budget and not waiting) or \
                         (timeout is not None and time.monotonic() - started >= timeout):
                     break
                 one_trial.run_one(study, policy, asked=mine, known=trials,
@@ -171,7 +170,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
                                                        only=mine)
             storage.queue_retries(study, only=stopped)
             raise
-    done = storage.finished_count(study.get_trials(deepcopy=False))
+    done = budget_.finished_count(study.get_trials(deepcopy=False))
     if done < budget and timeout is not None and time.monotonic() - started >= timeout:
         print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
               f"run the same command again to go on", file=sys.stderr)
@@ -179,7 +178,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, trials: int | None = None,
 
 
 def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
-    bar.n = min(storage.finished_count(trials), budget)
+    bar.n = min(budget_.finished_count(trials), budget)
     best = one_trial.incumbent(trials)
     if best is not None:
         bar.set_postfix_str(f"best {best[0]:.2f}s (trial {best[1]})", refresh=False)
@@ -197,14 +196,14 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     top = sorted((t for t in trials if schema.is_feasible(t)), key=lambda t: (t.value, t.number))[:spec.confirm.top]
     if not top:
         return None
-    after = storage.finished_count(trials)
+    after = budget_.finished_count(trials)
     stored = schema.confirmation(study.user_attrs)
     numbers = [t.number for t in top]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
             and stored.get("objective", TIME_TO_TARGET) == spec.objective:
         return stored
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
-    candidates = {f"trial {n}": space_.complete(configs[n]) for n in numbers}
+    candidates = {confirm.label(n): space_.complete(configs[n]) for n in numbers}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)

@@ -16,7 +16,7 @@ import socket
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from autotune.errors import StorageError
 from autotune.study import schema
 from autotune.spec.study_file import StudySpec
 
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def _heartbeat_setting(text: str) -> tuple[int, int]:
@@ -194,45 +193,6 @@ def sole_runner(spec: StudySpec) -> Iterator[None]:
 def worker_id() -> str:
     """Names the process running a trial (user attr `worker`), so it can mark only its own."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
-    """Every finished trial counts, except interrupted ones (their configuration runs again) and
-    surplus ones (asked for by a worker after others had taken the whole budget; never run)."""
-    return trial.state in FINISHED and not schema.is_interrupted(trial) and not schema.is_surplus(trial)
-
-
-def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
-    """Trials (from one `study.get_trials(deepcopy=False)`) that count against the budget."""
-    return sum(1 for t in trials if counts_against_budget(t))
-
-
-def _holds_slot(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.state in (TrialState.RUNNING, TrialState.WAITING) or counts_against_budget(trial)
-
-
-def slots_taken(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
-    """Trials finished, running or queued that count against the budget."""
-    return sum(1 for t in trials if _holds_slot(t))
-
-
-def slots_before(study: optuna.Study, number: int,
-                 trials: Iterable[optuna.trial.FrozenTrial] | None = None) -> int:
-    """How many trials numbered before this one hold a slot of the budget.
-
-    Workers each check the budget before they ask for a trial, so two of them can both take the
-    last slot; the trial numbers order them, and the later one is surplus. Called after the
-    trial's parameters are written, by when every earlier trial's creation has been committed.
-    `trials`: a read that is known to be current (a process running alone); else the storage is read.
-    """
-    trials = study.get_trials(deepcopy=False) if trials is None else trials
-    return sum(1 for t in trials if t.number < number and _holds_slot(t))
-
-
-def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:
-    """End a trial that would overrun the budget, before it trains; reports leave it out."""
-    schema.record_surplus(trial)
-    study.tell(trial, state=TrialState.FAIL)
 
 
 def mark_interrupted(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, reason: str) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from autotune import progress, signals
-from autotune.study import storage
+from autotune.study import budget as budget_, storage
 from autotune.errors import AutotuneError
 from autotune.train.measure import cpu_count
 from autotune.spec.study_file import StudySpec
@@ -52,12 +52,13 @@ def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
     return env
 
 
-def run_workers(spec: StudySpec, *, study_file: str, workers: int, budget: int, timeout: float | None,
-                options: Sequence[str] = ()) -> None:
-    """Start the workers, show the study's progress, and wait for them; a signal stops them all."""
+def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequence[str] = ()) -> None:
+    """Start the workers, show the study's progress, and wait for them; a signal stops them all.
+    Each runs to the budget of `spec` (the study file with the command line's overrides)."""
+    budget, timeout = spec.budget.trials, spec.budget.timeout
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cpu_count()))
     command = [sys.executable, "-m", "autotune", "run", study_file, "--storage", spec.storage,
-               "--trials", str(budget), *(["--timeout", str(timeout)] if timeout else []), *options]
+               "--trials", str(budget), *(["--timeout", repr(timeout)] if timeout is not None else []), *options]
     processes = []
     for index in range(workers):
         process = subprocess.Popen([*command, "--as-worker", str(index)], env=worker_env(spec, index))
@@ -70,7 +71,7 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, budget: int, 
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():
                     time.sleep(1.0)
-                bar.n = min(storage.finished_count(study.get_trials(deepcopy=False)), budget)
+                bar.n = min(budget_.finished_count(study.get_trials(deepcopy=False)), budget)
                 bar.refresh()
     except KeyboardInterrupt as interrupt:
         signum = interrupt.signum if isinstance(interrupt, signals.Stopped) else 2

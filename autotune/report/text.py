@@ -1,0 +1,129 @@
+"""`autotune report`: a study's Summary as text: counts, the fastest trials, the confirmation, the winner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from autotune.report import results, winner
+from autotune.report.summary import Baseline, Summary, Winner, speedup_phrase
+from autotune.search import probe
+from autotune.study import objective as objective_
+
+TABLE_ROWS = 5
+SHORT_NAMES = {"number": "trial", "samples_per_second": "samples/s", "accumulation_steps": "accum",
+               "prefetch_factor": "prefetch", "schedule_epochs": "schedule", "cudnn_benchmark": "cudnn"}
+
+
+def render(summary: Summary, records: pd.DataFrame) -> str:
+    """The text report of `summary`, with the fastest of `records` (results.trial_records) as a table."""
+    lines = [_counts(summary), f"Target: {summary.target.metric} >= {summary.target.value}"]
+    if summary.probe:
+        lines.append(probe.describe(summary.probe))
+    top = results.best_feasible(records, count=TABLE_ROWS)
+    if top.empty or summary.best is None:
+        lines.append("No trial reached the target yet.")
+        return "\n".join(lines)
+    lines += ["", *_fastest(summary, top)]
+    stale = summary.stale_confirmation
+    if stale:
+        lines += ["", f"Not confirmed: the confirmation on fresh seeds was taken after {stale.after_trials} trials, of "
+                      f"trials {', '.join(str(n) for n in stale.trials)}, and the study's fastest trials have changed since. "
+                      f"`autotune run` with the same study file redoes it."]
+    if summary.confirmation:
+        lines += ["", *_confirmation(summary)]
+    best = summary.best
+    lines += ["", f"Winner: {'the baseline' if best.is_baseline else best.label} ({best.source})"]
+    lines += [f"  {k}: {v}" for k, v in best.params.items()]
+    lines.append(_verdict(summary, best, summary.baseline))
+    lines += winner.describe(best.telemetry, best.per_class)
+    return "\n".join(lines)
+
+
+def _counts(summary: Summary) -> str:
+    c = summary.counts
+    diverged = f", {c.diverged} diverged" if c.diverged else ""
+    return (f"Study {summary.study}: {c.total} trials: {c.complete} complete ({c.feasible} reached the target), "
+            f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
+            f"{c.oom_bound} known to run out{diverged}), {c.failed} failed, {c.interrupted} interrupted")
+
+
+def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
+    """The fastest feasible trials as a table, with how many runs each time is the mean of."""
+    metric_label = objective_.of(summary.objective).metric_label + summary.target.metric
+    columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *results.knob_names(top),
+               *results.param_names(top)]
+    table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
+    for column in table.columns:
+        if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
+            table[column] = table[column].map(_cell)
+    runs = {int(n) for n in top["runs"].dropna()} or {1}
+    each = ("one run each" if runs == {1} else f"mean of {max(runs)} runs each" if len(runs) == 1
+            else f"mean of {min(runs)}-{max(runs)} runs each")
+    return [f"Fastest trials ({'whole schedules, ' if summary.fixed_schedule else ''}{each}):",
+            table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
+
+
+def _confirmation(summary: Summary) -> list[str]:
+    """One line per configuration re-measured on fresh seeds."""
+    confirmation, metric = summary.confirmation, summary.target.metric
+    judged = (" (median time of the whole schedule, mean final metric)" if summary.fixed_schedule
+              else " (median, range of runs that reached the target)")
+    lines = [f"Re-measured side by side on {len(confirmation.seeds)} fresh seeds{judged}:"]
+    for label, stats in confirmation.configs.items():
+        spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
+        head = f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, "
+        if summary.fixed_schedule:
+            final = stats.get("mean_final_metric")
+            lines.append(head + f"mean final {metric} {'-' if final is None else f'{final:.4f}'}")
+        else:
+            lines.append(head + f"reached in {stats['reached']}/{stats['runs']} runs")
+    return lines
+
+
+def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
+    """What to do, in one sentence: keep the baseline, or use the winner and how much faster it is."""
+    goal = f"{summary.target.metric} >= {summary.target.value}"
+    fixed = summary.fixed_schedule
+
+    def reaches(params: Any) -> str:  # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
+        return f"trains its whole {_epochs(params)} schedule to a mean {goal}" if fixed else f"reaches {goal}"
+
+    if best.is_baseline and base:
+        return (f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
+                f"luck): keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
+                f"(median of {best.runs} runs, range {best.min:.2f}-{best.max:.2f} s).")
+    if not (best.confirmed and base):
+        return f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s ({best.source}, not confirmed on fresh seeds)."
+    claim = (f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
+             f"(median of {best.runs} runs, range {best.min:.2f}-{best.max:.2f} s); ")
+    if summary.speedup:
+        baseline_is = f"the baseline's {_epochs(base.params)} schedule" if fixed else "the baseline"
+        return (claim + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {base.runs} runs, range "
+                f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}.")
+    if fixed:
+        return claim + f"the baseline's {_epochs(base.params)} schedule does not reach a mean {goal}."
+    return claim + f"the baseline reached it in only {base.reached} of {base.runs} runs."
+
+
+def _capital(phrase: str) -> str:
+    """The phrase as a sentence's start (str.capitalize would lower the rest, the metric's name too)."""
+    return phrase[:1].upper() + phrase[1:]
+
+
+def _epochs(params: Any) -> str:
+    """`2.5-epoch`: the length of a configuration's schedule, as a phrase."""
+    epochs = params.get("schedule_epochs")
+    return f"{'?' if epochs is None else f'{epochs:.3g}'}-epoch"
+
+
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f} s"
+
+
+def _cell(value: Any) -> str:
+    """A knob's or parameter's value in the table: as stored, `-` where it does not exist."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
