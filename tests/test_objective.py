@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.study.objective import CUT_SHORT, of, outcome, seeds, summary
@@ -59,10 +61,12 @@ def test_an_empty_trial_and_an_unknown_objective_are_refused() -> None:
         of("fastest")
 
 
-def test_a_replicate_is_stored_with_its_seed_and_final_metric() -> None:
+def test_a_replicate_is_stored_with_its_seed_final_metric_and_samples_to_target() -> None:
     stored = summary(run(seconds=2.0, finals=(0.5, 0.7)), 42)
     assert stored == {"seed": 42, "train_seconds": 2.0, "time_to_target": None, "best_metric": 0.7,
-                      "final_metric": 0.7, "stop_reason": "max_epochs"}
+                      "final_metric": 0.7, "stop_reason": "max_epochs", "samples_to_target": None}
+    reached = dataclasses.replace(run(seconds=2.0, finals=(0.95,)), samples_to_target=640)
+    assert summary(reached, 7)["samples_to_target"] == 640
 
 
 def test_only_a_first_run_that_beats_the_best_gets_more_seeds_under_time_to_target() -> None:

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -67,6 +70,7 @@ def test_reaches_the_target_and_records_every_figure() -> None:
     assert result.samples_per_second is None or result.samples_per_second > 0
     assert result.peak_memory_bytes > 0 and result.device_name.startswith("cpu")
     assert result.torch_version == torch.__version__
+    assert result.samples_to_target == round(result.epochs * len(blobs().train))  # it stopped at that evaluation
 
 
 def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
@@ -215,6 +219,27 @@ def test_a_fixed_schedule_trains_past_the_target_to_its_end_and_notes_when_it_cr
     crossing = next(seconds for seconds, _, metric in result.curve if metric >= 0.9)
     assert result.time_to_target == crossing
     assert result.final_metric == result.curve[-1][2]
+    crossed_at = next(epochs for _, epochs, metric in result.curve if metric >= 0.9)
+    assert result.samples_to_target == round(crossed_at * 1024) < 3 * 1024
+
+
+def test_samples_to_target_stay_the_same_on_a_loaded_machine() -> None:
+    """The samples a run needs are the maths' (configuration and seed), not the machine's: with
+    every core kept busy by other processes, the same run needs the same samples, to the sample."""
+    limits = dataclasses.replace(EASY, target=0.95)
+    config = dataclasses.replace(BASE, lr=0.01)  # slow enough to need several evaluations
+    quiet = run(blobs(), config, limits=limits, device=CPU, seed=5)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.5)  # the spinners are running before the run starts
+        loaded = run(blobs(), config, limits=limits, device=CPU, seed=5)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert quiet.reached and len(quiet.curve) >= 3
+    assert loaded.samples_to_target == quiet.samples_to_target
+    assert [m for *_, m in loaded.curve] == [m for *_, m in quiet.curve]
 
 
 def test_schedule_epochs_sets_the_schedules_length_and_the_runs() -> None:

@@ -19,7 +19,7 @@ from autotune.study import schema
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
 GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
 COLUMNS = (
-    "number", "state", "feasible", "seconds", "runs", "time_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
+    "number", "state", "feasible", "seconds", "runs", "time_to_target", "samples_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
     "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound", "diverged",
     "interrupted", "reason",
 )
@@ -54,6 +54,8 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
             "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
             "runs": len(attrs.get("replicates") or ()) or (1 if attrs.get("train_seconds") is not None else None),
             "time_to_target": attrs.get("time_to_target"),
+            # the training samples its first run needed to reach the target: not the machine's speed
+            "samples_to_target": attrs.get("samples_to_target"),
             "best_metric": attrs.get("best_metric"),
             "final_metric": attrs.get("final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]),
             # the metric its feasibility was judged by: the worst best over its runs, or their mean final

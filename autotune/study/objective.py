@@ -130,4 +130,5 @@ def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float)
 def summary(run: TrialResult, seed: int) -> dict[str, object]:
     """One replicate as the trial stores it beside its first run's full record."""
     return {"seed": seed, "train_seconds": run.train_seconds, "time_to_target": run.time_to_target,
-            "best_metric": run.best_metric, "final_metric": run.final_metric, "stop_reason": run.stop_reason}
+            "best_metric": run.best_metric, "final_metric": run.final_metric, "stop_reason": run.stop_reason,
+            "samples_to_target": run.samples_to_target}

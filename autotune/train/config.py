@@ -75,6 +75,9 @@ class TrialResult:
     input_wait_fraction: float | None = None  # of training time after warm-up, spent waiting for batches
     gpu: dict[str, float] | None = None  # NVML figures while training; None without an NVIDIA GPU
     confusion: list[list[int]] | None = None  # at the last evaluation, for classification tasks
+    # Training samples seen by the evaluation that first reached the target (evaluations are not
+    # counted): what the run needed, whatever the machine's speed. None: not reached, or not counted.
+    samples_to_target: int | None = None
 
     @property
     def final_metric(self) -> float:

@@ -76,6 +76,7 @@ def run(
     curve: list[tuple[float, float, float]] = []
     metric: float | None = None
     reached_at: float | None = None
+    reached_samples: int | None = None
     stop_reason = "max_epochs"
     batches = endless(loader)
     watch = FiniteLoss(device)
@@ -108,7 +109,7 @@ def run(
                                        f"the model's outputs or the task's metric are not finite numbers")
                     curve.append((clock.elapsed, samples / n_train, metric))
                     if metric >= limits.target and reached_at is None:
-                        reached_at = clock.elapsed
+                        reached_at, reached_samples = clock.elapsed, samples
                         if limits.stop_at_target:
                             stop_reason = "target"
                             break
@@ -147,6 +148,7 @@ def run(
         input_wait_fraction=input_wait,
         gpu=gpu,
         confusion=confusion,
+        samples_to_target=reached_samples,
     )
 
 
