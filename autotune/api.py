@@ -56,16 +56,18 @@ def tune(
     probe: str | None = None,
     objective_kind: str | None = None,
     replicates: int | None = None,
+    first_trial: str | None = None,
     allow_changes: bool = False,
 ) -> Summary:
     """Run (or resume) a study and return its Summary (autotune.report.summary): `.best.params`,
     `.best.time_to_target`, `.speedup`, ...; `.to_json()` is what `autotune report --json` prints.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
-    or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates` and
-    `objective_kind` (the study file's `objective:`, named apart from the function) take what the
-    study file's keys take, `space={"params": {...}}` included; `storage` defaults to `sqlite:///{name}.db` in the
-    working folder. Running it again with the same name and storage resumes the study.
+    or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates`,
+    `first_trial` and `objective_kind` (the study file's `objective:`, named apart from the
+    function) take what the study file's keys take, `space={"params": {...}}` included; `storage`
+    defaults to `sqlite:///{name}.db` in the working folder. Running it again with the same name
+    and storage resumes the study.
     """
     from autotune import signals
     from autotune.spec import study_file as spec_
@@ -83,7 +85,7 @@ def tune(
            "space": raw_space, "budget": dict(budget or {}), "baseline": dict(baseline or {}),
            "confirm": dict(confirm or {}), "seed": seed, "device": device}
     raw.update({key: value for key, value in (("prune", prune), ("probe", probe), ("objective", objective_kind),
-                                              ("replicates", replicates)) if value is not None})
+                                              ("replicates", replicates), ("first_trial", first_trial)) if value is not None})
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
     prepared = dataclasses.replace(preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs)

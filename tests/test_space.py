@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from autotune.search.space import KNOBS, Choices, Domain, Range, Space, complete, restrict_to_device, suggest
+from autotune.search.devices import restrict_to_device
+from autotune.search.space import KNOBS, Choices, Domain, Range, Space, complete, suggest
 
 
 def make_space(**overrides: Domain) -> Space:

@@ -194,6 +194,42 @@ def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
     return config
 
 
+class _Replay:
+    """A Suggester that answers with a given configuration's values, and notes those outside the
+    domain it was asked for."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config, self.chosen, self.outside = config, {}, []
+
+    def _answer(self, name: str, inside: bool) -> Any:
+        if not inside:
+            self.outside.append(name)
+        self.chosen[name] = self.config.get(name)
+        return self.chosen[name]
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
+        value = self.config.get(name)
+        return self._answer(name, isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high)
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        value = self.config.get(name)
+        return self._answer(name, isinstance(value, int) and not isinstance(value, bool) and low <= value <= high)
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self._answer(name, any(self.config.get(name) == c and type(self.config.get(name)) is type(c) for c in choices))
+
+
+def sampled_values(space: Space, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The values a sampler would choose for `suggest` to give `config` (a full configuration):
+    None when `config` lies outside the space (a value outside its domain, or a fixed knob that
+    differs)."""
+    replay = _Replay(config)
+    suggested = suggest(space, replay)
+    if replay.outside or any(value != config.get(name) for name, value in suggested.items()):
+        return None
+    return replay.chosen
+
+
 def middle(name: str, domain: Domain) -> Any:
     """A parameter's baseline when the study file gives none: the first choice, or the middle of
     the range (on a log scale for a log range)."""
@@ -211,69 +247,3 @@ def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}
-
-
-def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
-    """Precisions the device cannot run, each with the reason."""
-    unsupported = {} if cuda else {"fp16": "needs CUDA"}
-    if not bf16:
-        unsupported["bf16"] = "is not supported by this device"
-    return unsupported
-
-
-def unsupported_switches(*, cuda: bool, compile_problem: str | None = None,
-                         channels_last_problem: str | None = None) -> dict[str, str]:
-    """The on/off knobs that cannot be on here, each with the reason."""
-    unsupported = {}
-    if not cuda:
-        unsupported["pin_memory"] = "page-locked memory only helps CUDA copies"
-        unsupported["cudnn_benchmark"] = "cuDNN runs only on CUDA"
-    if compile_problem:
-        unsupported["compile"] = compile_problem
-    if channels_last_problem:
-        unsupported["channels_last"] = channels_last_problem
-    return unsupported
-
-
-# Searched only where it can pay: on CPU a trial rarely lasts long enough to win back torch.compile's
-# start-up (16 s for a three-layer CNN on 2 cores), which counts on its clock. A study file that
-# fixes compile: true still compiles there.
-CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (give space.compile: true to force it)"
-
-
-def restrict_to_device(
-    space: Space, *, cuda: bool, bf16: bool, compile_problem: str | None = None,
-    channels_last_problem: str | None = None,
-) -> tuple[Space, list[str], dict[str, str]]:
-    """Remove what the device (or the install, or the task's model) cannot run.
-
-    Returns the restricted space, one notice per change, and, for a knob whose every value was
-    removed, the reason (the caller turns those into errors naming the study file).
-    """
-    unsupported = unsupported_precisions(cuda=cuda, bf16=bf16)
-    notices: list[str] = []
-    impossible: dict[str, str] = {}
-
-    precision = space["precision"]
-    kept = tuple(p for p in precision.values if p not in unsupported)
-    for p in precision.values:
-        if p in unsupported:
-            notices.append(f"precision {p} removed from the search space: {p} {unsupported[p]}")
-    if not kept:
-        impossible["precision"] = "no precision in the space can run on this device"
-    elif kept != precision.values:
-        space = space.replace("precision", Choices(kept))
-
-    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
-    if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
-        switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
-    for knob, reason in switches.items():
-        values = space[knob].values
-        if True not in values:
-            continue
-        if values == (True,):
-            impossible[knob] = f"{knob}: true is not possible here: {reason}"
-        else:
-            notices.append(f"{knob} fixed to false: {reason}")
-            space = space.replace(knob, Choices((False,)))
-    return space, notices, impossible

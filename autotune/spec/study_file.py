@@ -87,13 +87,15 @@ class StudySpec:
     probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (search/probe.py); none
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
+    first_trial: str = "sampled"  # baseline: a new study's first trial is the baseline (where it lies in the space)
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
-            "isolation", "prune", "probe", "objective", "replicates")
+            "isolation", "prune", "probe", "objective", "replicates", "first_trial")
 REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "none")
+FIRST_TRIAL_MODES = ("sampled", "baseline")
 ISOLATION_MODES = ("auto", "process", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
                    "trial_timeout": None}
@@ -115,6 +117,8 @@ MODES = {
     "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process or none"),
     "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
     "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings and precision by short runs before the search) or none"),
+    "first_trial": (FIRST_TRIAL_MODES, "sampled", "sampled (the sampler chooses every trial) or baseline (a new study's first "
+                    "trial is the baseline, so the search starts from a known time)"),
     "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there) or "
                   "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target)"),
 }
@@ -159,7 +163,7 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     require(path, "device", device, isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
              "auto, cpu, cuda or cuda:N")
     isolation = _mode(path, raw, "isolation", given=isolation)
-    prune, probe, objective = (_mode(path, raw, key) for key in ("prune", "probe", "objective"))
+    prune, probe, objective, first_trial = (_mode(path, raw, key) for key in ("prune", "probe", "objective", "first_trial"))
     replicates = raw.get("replicates", REPLICATES_DEFAULT[objective])
     require(path, "replicates", replicates, is_int(replicates) and 1 <= replicates <= 20,
             "a whole number from 1 to 20: the seeds each trial runs")
@@ -188,6 +192,7 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
         probe=probe,
         objective=objective,
         replicates=replicates,
+        first_trial=first_trial,
     )
 
 

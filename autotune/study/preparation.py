@@ -16,7 +16,7 @@ import torch
 
 from autotune.runners import command, isolation
 from autotune.study import definition as definition_, objective as objective_, schema, storage
-from autotune.search import space as space_
+from autotune.search import devices, space as space_
 from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
 from autotune.spec.study_file import CommandTask, StudySpec
@@ -138,7 +138,7 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
 
 def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> tuple[space_.Space, dict[str, Any], list[str]]:
     """The space and baseline without what this device, this install or the task's model cannot
-    run (space.restrict_to_device), with one notice per change; errors where nothing is left."""
+    run (search/devices.restrict_to_device), with one notice per change; errors where nothing is left."""
     cuda = device.type == "cuda"
     bf16 = torch.cuda.is_bf16_supported() if cuda else True
     baseline = dict(spec.baseline)
@@ -152,15 +152,15 @@ def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> t
         except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
             model = None
         channels_last_problem = systems.channels_last_problem(model) if model is not None else None
-    space, notices, impossible = space_.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
+    space, notices, impossible = devices.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
                                                            channels_last_problem=channels_last_problem)
     for knob, reason in impossible.items():
         raise SpecError(spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})")
-    unsupported = space_.unsupported_precisions(cuda=cuda, bf16=bf16)
+    unsupported = devices.unsupported_precisions(cuda=cuda, bf16=bf16)
     if baseline["precision"] in unsupported:
         reason = unsupported[baseline["precision"]]
         raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
-    switches = space_.unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    switches = devices.unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
     for knob, reason in switches.items():
         if baseline[knob]:
             baseline[knob] = False

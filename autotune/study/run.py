@@ -74,7 +74,21 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         outcome = run_probe(spec, prepared)
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
+    if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False):
+        enqueue_baseline(study, with_probe(spec, prepared, study).space, prepared.baseline)
     return study
+
+
+def enqueue_baseline(study: optuna.Study, space: space_.Space, baseline: dict[str, Any]) -> None:
+    """Make the baseline a new study's first trial: the incumbent then starts at a known time and
+    the search explores around it. A baseline outside the space (as the probe left it) cannot be
+    a trial of it; the confirmation still measures it."""
+    values = space_.sampled_values(space, baseline)
+    if values is None:
+        progress.say("autotune: the baseline lies outside the search space, so the first trial is sampled; "
+                     "the confirmation still measures the baseline")
+        return
+    study.enqueue_trial(values, user_attrs=schema.baseline_marker())
 
 
 def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
@@ -203,7 +217,9 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
             and stored.get("objective", TIME_TO_TARGET) == spec.objective:
         return stored
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
-    candidates = {confirm.label(n): space_.complete(configs[n]) for n in numbers}
+    # A trial that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline.
+    candidates = {confirm.label(n): space_.complete(configs[n]) for n in numbers
+                  if space_.complete(configs[n]) != space_.complete(prepared.baseline)}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)

@@ -38,6 +38,7 @@ DIVERGED = "diverged"  # pruned at a non-finite loss or metric
 RESULT = "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
+BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
 # Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
 
@@ -184,6 +185,15 @@ def is_interrupted(trial: Any) -> bool:
 
 def is_surplus(trial: Any) -> bool:
     return bool(trial.user_attrs.get(SURPLUS))
+
+
+def baseline_marker() -> dict[str, Any]:
+    """The user attrs of a queued trial that is the baseline (a retry of it carries them too)."""
+    return {BASELINE: True}
+
+
+def is_baseline(trial: Any) -> bool:
+    return bool(trial.user_attrs.get(BASELINE))
 
 
 def ran_out_of_memory(trial: Any) -> bool:

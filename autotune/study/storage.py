@@ -220,7 +220,8 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
 
     Written as Optuna's RetryHeartbeatStaleTrialCallback(max_retry=1) writes its retries (system
     attrs `failed_trial`, `retry_history`), so both kinds of retry read alike; unlike it, the
-    interrupted trial's own user attrs (its reason) are not copied onto the retry.
+    interrupted trial's own user attrs (its reason) are not copied onto the retry, but for the
+    baseline's mark.
     """
     trials = study.get_trials(deepcopy=False)
     retried = {schema.retried_from(t) for t in trials}
@@ -234,7 +235,8 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
         if schema.config(trial) is None:
             continue  # stopped while its configuration was being chosen: a fresh trial takes its place
         study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, system_attrs=retry))
+            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, system_attrs=retry,
+            user_attrs=schema.baseline_marker() if schema.is_baseline(trial) else {}))
         queued.append(trial.number)
     return queued
 

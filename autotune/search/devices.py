@@ -1,0 +1,71 @@
+"""What a device (or the install, or the task's model) cannot run, and the space without it."""
+
+from __future__ import annotations
+
+from autotune.search.space import Choices, Space
+
+
+def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
+    """Precisions the device cannot run, each with the reason."""
+    unsupported = {} if cuda else {"fp16": "needs CUDA"}
+    if not bf16:
+        unsupported["bf16"] = "is not supported by this device"
+    return unsupported
+
+
+def unsupported_switches(*, cuda: bool, compile_problem: str | None = None,
+                         channels_last_problem: str | None = None) -> dict[str, str]:
+    """The on/off knobs that cannot be on here, each with the reason."""
+    unsupported = {}
+    if not cuda:
+        unsupported["pin_memory"] = "page-locked memory only helps CUDA copies"
+        unsupported["cudnn_benchmark"] = "cuDNN runs only on CUDA"
+    if compile_problem:
+        unsupported["compile"] = compile_problem
+    if channels_last_problem:
+        unsupported["channels_last"] = channels_last_problem
+    return unsupported
+
+
+# Searched only where it can pay: on CPU a trial rarely lasts long enough to win back torch.compile's
+# start-up (16 s for a three-layer CNN on 2 cores), which counts on its clock. A study file that
+# fixes compile: true still compiles there.
+CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (give space.compile: true to force it)"
+
+
+def restrict_to_device(
+    space: Space, *, cuda: bool, bf16: bool, compile_problem: str | None = None,
+    channels_last_problem: str | None = None,
+) -> tuple[Space, list[str], dict[str, str]]:
+    """Remove what the device (or the install, or the task's model) cannot run.
+
+    Returns the restricted space, one notice per change, and, for a knob whose every value was
+    removed, the reason (the caller turns those into errors naming the study file).
+    """
+    unsupported = unsupported_precisions(cuda=cuda, bf16=bf16)
+    notices: list[str] = []
+    impossible: dict[str, str] = {}
+
+    precision = space["precision"]
+    kept = tuple(p for p in precision.values if p not in unsupported)
+    for p in precision.values:
+        if p in unsupported:
+            notices.append(f"precision {p} removed from the search space: {p} {unsupported[p]}")
+    if not kept:
+        impossible["precision"] = "no precision in the space can run on this device"
+    elif kept != precision.values:
+        space = space.replace("precision", Choices(kept))
+
+    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
+        switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
+    for knob, reason in switches.items():
+        values = space[knob].values
+        if True not in values:
+            continue
+        if values == (True,):
+            impossible[knob] = f"{knob}: true is not possible here: {reason}"
+        else:
+            notices.append(f"{knob} fixed to false: {reason}")
+            space = space.replace(knob, Choices((False,)))
+    return space, notices, impossible
