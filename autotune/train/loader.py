@@ -22,15 +22,17 @@ def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.d
                       generator=torch.Generator().manual_seed(seed))
 
 
-def endless(loader: DataLoader) -> Iterator[Any]:
-    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary. The
-    loader's workers (persistent: started once) are forked with SIGINT and SIGTERM held back,
-    and are shut down when the generator is closed, whatever ended the trial."""
+def endless(loader: DataLoader, *, epoch_starts: bool = False) -> Iterator[Any]:
+    """Micro-batches epoch after epoch, so an effective batch may span an epoch boundary; with
+    `epoch_starts`, each as (whether it is its epoch's first, the batch). The loader's workers
+    (persistent: started once) are forked with SIGINT and SIGTERM held back, and are shut down
+    when the generator is closed, whatever ended the trial."""
     with signals.held():
         batches = iter(loader)
     try:
         while True:
-            yield from batches
+            for index, batch in enumerate(batches):
+                yield (index == 0, batch) if epoch_starts else batch
             batches = iter(loader)
     finally:
         shut_down_workers(loader)

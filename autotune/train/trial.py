@@ -65,7 +65,7 @@ def run(
 
     clock = Clock(device)
     clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
-    training = _build(task, config, limits=limits, device=device, seed=seed)
+    training = build(task, config, limits=limits, device=device, seed=seed)
     loader, total_steps, autocast = training.loader, training.total_steps, training.autocast
 
     steps = samples = 0
@@ -153,7 +153,7 @@ def run(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Training:
+class Training:
     """What one run trains with, built fresh from its configuration."""
 
     loader: DataLoader
@@ -164,7 +164,7 @@ class _Training:
     total_steps: int  # optimizer steps this run may take: its schedule's, cut at max_epochs
 
 
-def _build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int) -> _Training:
+def build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int) -> Training:
     """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules)."""
     loader = make_loader(task.train, config, seed=seed, device=device)
     params = dict(config.params)
@@ -183,7 +183,7 @@ def _build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.dev
         device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
     )
     scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
-    return _Training(loader=loader, evaluated=evaluated, step=step, scheduler=scheduler, autocast=autocast,
+    return Training(loader=loader, evaluated=evaluated, step=step, scheduler=scheduler, autocast=autocast,
                      total_steps=total_steps)
 
 

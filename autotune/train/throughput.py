@@ -1,0 +1,155 @@
+"""Training throughput of systems settings, measured apart from what a run learns.
+
+A time to target mixes how many samples a run needs (the maths: lr, schedule, effective batch,
+seed) with how fast this machine trains them (micro-batch, loader, precision, memory format,
+compilation, and whatever else the machine is doing). This measures the second alone, as
+airbench and Pollux do: the real DataLoader in the loop, warm-up and start-up apart, windows of
+steps that hold an epoch's first batch left out, and the configurations interleaved in rounds so
+that a drift in the machine's speed falls on all of them alike, until every configuration's
+windows agree (interquartile range / median at most `max_spread`) or a cap on rounds is hit.
+
+Every configuration's training stays built between its windows, so they share the device: a
+configuration that runs out of memory while building or warming up is a result (`oom`), not an
+error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+from autotune.train import oom
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.loader import endless
+from autotune.train.measure import Clock, threads_for
+from autotune.train.tasks import Task
+from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
+
+K = TypeVar("K", bound=Hashable)
+WINDOW_STEPS = 10  # optimizer steps per timed window
+MIN_WINDOWS = 3  # before a spread means anything
+MAX_ROUNDS = 20
+MAX_SPREAD = 0.1  # interquartile range / median of a configuration's windows
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """One systems configuration's training speed on this machine."""
+
+    samples_per_second: float | None  # median over its windows; None: no figure (out of memory)
+    spread: float | None  # interquartile range / median of its windows
+    windows: int  # timed windows that count
+    startup_seconds: float  # building the loader, model and optimizer, and the warm-up steps
+    warmup_samples: int = 0  # trained during the warm-up steps
+    oom: bool = False
+    reason: str | None = None  # why it has no figure
+
+    @property
+    def fixed_seconds(self) -> float | None:
+        """Start-up beyond what its warm-up steps take at full speed: loader start, compilation,
+        the first cuDNN searches. None without a speed."""
+        if self.samples_per_second is None:
+            return None
+        return max(0.0, self.startup_seconds - self.warmup_samples / self.samples_per_second)
+
+
+def spread(values: Sequence[float]) -> float:
+    """Interquartile range over the median: 0 when every window agrees."""
+    if len(values) < 2:
+        return math.inf
+    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+    return (high - low) / statistics.median(values)
+
+
+def interleave(windows: Mapping[K, Callable[[], float | None]], *, min_windows: int = MIN_WINDOWS,
+               max_rounds: int = MAX_ROUNDS, max_spread: float = MAX_SPREAD) -> dict[K, list[float]]:
+    """Each round times one window of every configuration, always in the same order; rounds go
+    on until every configuration has `min_windows` figures whose spread is at most `max_spread`,
+    or for `max_rounds`. A window that returns None (it held an epoch's first batch) adds nothing."""
+    figures: dict[K, list[float]] = {key: [] for key in windows}
+    for _ in range(max_rounds):
+        for key, window in windows.items():
+            value = window()
+            if value is not None:
+                figures[key].append(value)
+        if all(len(f) >= min_windows and spread(f) <= max_spread for f in figures.values()):
+            break
+    return figures
+
+
+def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.device, seed: int,
+            window_steps: int = WINDOW_STEPS, **rounds: Any) -> dict[K, Throughput]:
+    """The throughput of each configuration of `configs` (only its systems settings matter),
+    interleaved; `rounds`: interleave's min_windows, max_rounds and max_spread."""
+    sessions: dict[K, _Session] = {}
+    failed: dict[K, Throughput] = {}
+    try:
+        for key, config in configs.items():
+            try:
+                sessions[key] = _Session(task, config, device=device, seed=seed)
+            except Exception as exc:
+                if not oom.is_oom(exc):
+                    raise
+                failed[key] = Throughput(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
+                oom.free_memory()
+        figures = interleave({key: (lambda s=s: s.window(window_steps)) for key, s in sessions.items()}, **rounds)
+    finally:
+        for session in sessions.values():
+            session.close()
+    measured = {key: sessions[key].result(values) for key, values in figures.items()}
+    return {key: measured[key] if key in measured else failed[key] for key in configs}
+
+
+class _Session:
+    """One configuration's training, built once and stepped a window at a time."""
+
+    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int) -> None:
+        # The schedule's length does not change the speed; a long one never runs out mid-measurement.
+        self.config = dataclasses.replace(config, schedule_epochs=None)
+        self.device = device
+        seed_everything(seed)
+        torch.set_num_threads(threads_for(config.num_workers))
+        clock = Clock(device)
+        clock.start()  # before the DataLoader: worker start-up is part of the start-up
+        self.training = build(task, self.config, limits=Limits(target=math.inf, max_epochs=1e6, max_seconds=math.inf,
+                                                               eval_every=1e6), device=device, seed=seed)
+        self.batches = endless(self.training.loader, epoch_starts=True)
+        try:
+            self.warmup_samples = self._steps(MIN_WARMUP_STEPS)[0]
+        except BaseException:
+            self.close()
+            raise
+        self.startup_seconds = clock.stop()
+
+    def _steps(self, count: int) -> tuple[int, bool]:
+        """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
+        samples, epoch_began = 0, False
+        for _ in range(count):
+            group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
+            self.training.step([batch for _, batch in group])
+            self.training.scheduler.step()
+            samples += sum(len(batch[1]) for _, batch in group)
+            epoch_began = epoch_began or any(first for first, _ in group)
+        return samples, epoch_began
+
+    def window(self, steps: int) -> float | None:
+        """Samples per second over `steps` optimizer steps; None when an epoch began in them."""
+        torch.set_num_threads(threads_for(self.config.num_workers))  # the sessions differ in workers
+        clock = Clock(self.device)
+        clock.start()
+        samples, epoch_began = self._steps(steps)
+        seconds = clock.stop()
+        return None if epoch_began or seconds <= 0 else samples / seconds
+
+    def result(self, figures: Sequence[float]) -> Throughput:
+        if not figures:
+            return Throughput(None, None, 0, self.startup_seconds, reason="no window without an epoch's first batch")
+        speed = statistics.median(figures)
+        return Throughput(speed, spread(figures), len(figures), self.startup_seconds, warmup_samples=self.warmup_samples)
+
+    def close(self) -> None:
+        self.batches.close()  # shuts its loader's workers down
