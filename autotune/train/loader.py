@@ -31,8 +31,10 @@ def endless(loader: DataLoader, *, epoch_starts: bool = False) -> Iterator[Any]:
         batches = iter(loader)
     try:
         while True:
-            for index, batch in enumerate(batches):
-                yield (index == 0, batch) if epoch_starts else batch
+            if epoch_starts:
+                yield from ((index == 0, batch) for index, batch in enumerate(batches))
+            else:
+                yield from batches  # a trial's every batch passes here: nothing added to it
             batches = iter(loader)
     finally:
         shut_down_workers(loader)
