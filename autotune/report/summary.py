@@ -100,10 +100,17 @@ class Confirmation:
     seeds: tuple[int, ...]
     after_trials: int
     configs: Mapping[str, Mapping[str, Any]]
+    predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)  # goodput: label -> the search's predicted time
 
     def to_json(self) -> dict[str, Any]:
+        predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
         return {"seeds": list(self.seeds), "after_trials": self.after_trials,
-                "configs": {label: dict(stats) for label, stats in self.configs.items()}}
+                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted}
+
+    def prediction_error(self, label: str) -> float | None:
+        """Measured median over predicted time, less one: how far to trust the goodput model."""
+        predicted, measured = self.predicted.get(label), self.configs.get(label, {}).get("median")
+        return None if not predicted or measured is None else measured / predicted - 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,8 +78,17 @@ def _confirmation(summary: Summary) -> list[str]:
             final = stats.get("mean_final_metric")
             lines.append(head + f"mean final {metric} {'-' if final is None else f'{final:.4f}'}")
         else:
-            lines.append(head + f"reached in {stats['reached']}/{stats['runs']} runs")
+            lines.append(head + f"reached in {stats['reached']}/{stats['runs']} runs" + _predicted(confirmation, label))
     return lines
+
+
+def _predicted(confirmation: Any, label: str) -> str:
+    """", predicted 1.20 s (measured +5%)": the goodput search's prediction beside the measurement."""
+    predicted = confirmation.predicted.get(label)
+    if predicted is None:
+        return ""
+    error = confirmation.prediction_error(label)
+    return f"; predicted {predicted:.2f} s" + ("" if error is None else f" (measured {error:+.0%})")
 
 
 def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:

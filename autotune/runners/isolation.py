@@ -17,11 +17,12 @@ import sysconfig
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
 
-from autotune.train import oom
+from autotune.train import oom, throughput
 from autotune.runners import watchdog
 from autotune.train.tasks import BUILT_IN, Task, load_task
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
@@ -65,6 +66,13 @@ class Pruned(Exception):
 class RunTrial(Protocol):
     def __call__(self, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
                  progress: Progress | None = None) -> TrialResult: ...
+
+
+class MeasureThroughput(Protocol):
+    """The throughput phase's measurement (train/throughput.measure) of the task's training."""
+
+    def __call__(self, configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int
+                 ) -> dict[str, throughput.Throughput]: ...
 
 
 def resolve(mode: str, device: torch.device) -> str:
@@ -136,18 +144,53 @@ def in_process(task: Task) -> RunTrial:
     return run_trial
 
 
+def measure_in_process(task: Task) -> MeasureThroughput:
+    """The throughput phase here; an error that is not an OOM (those are results) is a TrialFailure."""
+    warm_up()
+
+    def measure(configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int) -> dict[str, throughput.Throughput]:
+        try:
+            return throughput.measure(task, configs, device=device, seed=seed)
+        except Exception as exc:
+            failure = TrialFailure.of(exc)
+        oom.free_memory()
+        raise failure
+
+    return measure
+
+
 def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial:
     """Each trial in a fresh child process, killed after `hang_after` seconds of wall time."""
+    start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
+
+    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
+                  progress: Progress | None = None) -> TrialResult:
+        return start(_train, (config, limits, device, seed), progress=progress)
+
+    return run_trial
+
+
+def measure_in_child(task_name: str, *, study_path: Path, hang_after: float) -> MeasureThroughput:
+    """The throughput phase in a fresh child process, as a trial runs (`in_child`)."""
+    start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
+
+    def measure(configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int) -> dict[str, throughput.Throughput]:
+        return start(_throughput, (dict(configs), device, seed), progress=None)
+
+    return measure
+
+
+def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> Any:
+    """Runs `work(task, progress, *args)` in a fresh child of a fork server and returns its result."""
     context = multiprocessing.get_context("forkserver")
     # The task's module too (digits' imports scikit-learn, 0.9 s): each child then only builds the task.
     task_module = BUILT_IN.get(task_name, task_name).partition(":")[0]
     context.set_forkserver_preload(["torch", *LAZY_IMPORTS, "autotune.train.trial", task_module])
 
-    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                  progress: Progress | None = None) -> TrialResult:
+    def start(work: Any, args: tuple[Any, ...], *, progress: Progress | None) -> Any:
         receiver, sender = context.Pipe(duplex=False)
         child = context.Process(target=_child_main, name="autotune-trial",
-                                args=(sender, os.getpid(), task_name, study_path, config, limits, device, seed))
+                                args=(sender, os.getpid(), task_name, study_path, work, args))
         child.start()
         sender.close()  # so that the child's death reads as end-of-file here
         try:
@@ -160,7 +203,17 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
             child.join()
             _kill_group(child.pid)  # its DataLoader workers, had it died without shutting them down
 
-    return run_trial
+    return start
+
+
+def _train(task: Task, progress: Progress, config: TrialConfig, limits: Limits, device: torch.device,
+           seed: int) -> TrialResult:
+    return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+
+
+def _throughput(task: Task, progress: Progress, configs: dict[str, TrialConfig], device: torch.device,
+                seed: int) -> dict[str, throughput.Throughput]:
+    return throughput.measure(task, configs, device=device, seed=seed)
 
 
 def _kill_group(pgid: int) -> None:
@@ -171,7 +224,7 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> TrialResult:
+def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> Any:
     deadline = time.monotonic() + hang_after
     while True:
         remaining = deadline - time.monotonic()
@@ -201,9 +254,9 @@ def _exit_description(code: int | None) -> str:
     return f"the trial's process exited with status {code} before it reported a result"
 
 
-def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, config: TrialConfig,
-                limits: Limits, device: torch.device, seed: int) -> None:
-    """The child: build the task, run the trial, send back the result or the failure."""
+def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, work: Any, args: tuple[Any, ...]) -> None:
+    """The child: build the task, run `work` (a trial, the throughput phase), send back the result
+    or the failure."""
     # A process group of its own, which its DataLoader workers join: killing the group at a
     # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on it.
     os.setpgid(0, 0)
@@ -219,7 +272,7 @@ def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, c
 
     try:
         task = load_task(task_name, study_path=study_path)
-        result = run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+        result = work(task, progress, *args)
     except BaseException as exc:
         sender.send(("error", TrialFailure.of(exc)))
     else:

@@ -28,9 +28,12 @@ STORAGE_SCHEMES = ("sqlite", "journal", "postgresql", "mysql")
 # The objectives, what a trial's time is. time_to_target: a run stops at the first evaluation
 # that reaches the target, its time is the time to get there. fixed_schedule (airbench): a run
 # always trains its whole schedule, its time is the schedule's, and it is feasible when the mean
-# final metric over its seeds reaches the target. study/objective.py holds each one's rules.
-TIME_TO_TARGET, FIXED_SCHEDULE = "time_to_target", "fixed_schedule"
-OBJECTIVES = (TIME_TO_TARGET, FIXED_SCHEDULE)
+# final metric over its seeds reaches the target. goodput: a run stops at the target, as under
+# time_to_target, and its time is predicted from the samples it needed and the throughput phase's
+# fastest systems setting for its maths. systems_only: the baseline's maths, only the systems
+# settings searched. study/objective.py and search/goodput.py hold the rules.
+TIME_TO_TARGET, FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY = "time_to_target", "fixed_schedule", "goodput", "systems_only"
+OBJECTIVES = (TIME_TO_TARGET, FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ class StudySpec:
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
             "isolation", "prune", "probe", "objective", "replicates", "first_trial")
-REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2}
+REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2, GOODPUT: 1, SYSTEMS_ONLY: 1}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "none")
 FIRST_TRIAL_MODES = ("sampled", "baseline")
@@ -119,8 +122,10 @@ MODES = {
     "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings and precision by short runs before the search) or none"),
     "first_trial": (FIRST_TRIAL_MODES, "sampled", "sampled (the sampler chooses every trial) or baseline (a new study's first "
                     "trial is the baseline, so the search starts from a known time)"),
-    "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there) or "
-                  "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target)"),
+    "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there), "
+                  "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target), "
+                  "goodput (the samples each run needs to reach the target, timed by the fastest systems setting measured "
+                  "apart) or systems_only (the baseline's maths; only settings that leave its training unchanged are searched)"),
 }
 
 
@@ -170,9 +175,9 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
     storage = _storage(path, storage if storage is not None else raw.get("storage"))
 
     budget = _budget(path, raw.get("budget", {}))
-    if objective == FIXED_SCHEDULE and isinstance(task, Mapping):
+    if objective != TIME_TO_TARGET and isinstance(task, Mapping):
         raise SpecError(path, "objective", objective, "time_to_target for a command task, which stops itself at the "
-                        "target; fixed_schedule needs a built-in or Python task")
+                        f"target; {objective} needs a built-in or Python task, whose training autotune runs")
     space = space_section.space(path, raw.get("space", {}), max_epochs=budget.max_epochs,
                              fixed_schedule=objective == FIXED_SCHEDULE)
     return StudySpec(

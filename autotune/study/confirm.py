@@ -60,6 +60,7 @@ def measure(
                 record.update(
                     reached=result.reached, time_to_target=result.time_to_target, best_metric=result.best_metric,
                     train_seconds=result.train_seconds, final_metric=result.final_metric, stop_reason=result.stop_reason,
+                    samples_to_target=result.samples_to_target,
                 )
                 record.update(samples_per_second=result.samples_per_second, input_wait_fraction=result.input_wait_fraction,
                               peak_memory_bytes=result.peak_memory_bytes, gpu=result.gpu,

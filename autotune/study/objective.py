@@ -1,6 +1,6 @@
 """What a trial's time is, and whether it is feasible, from its runs: one per seed (replicate).
 
-Two objectives (spec/study_file.OBJECTIVES), each a small object with its rules:
+The objectives (spec/study_file.OBJECTIVES), each a small object with its rules:
 
 - time_to_target: each run stops at the first evaluation that reaches the target. The trial is
   feasible when every run reached it; its time is their mean time to target. Only a contender
@@ -8,6 +8,11 @@ Two objectives (spec/study_file.OBJECTIVES), each a small object with its rules:
 - fixed_schedule (airbench): each run trains its whole schedule, so its time is steps x step
   time, far less noisy than a crossing. The trial is feasible when the mean final metric over its
   runs reaches the target; its time is their mean training time.
+- goodput: each run stops at the target, as under time_to_target, but the trial's time is
+  predicted from the samples its runs needed and the speed of the fastest systems setting that
+  trains its maths (search/goodput.py): `predict` turns samples into seconds. A busy machine
+  slows the runs, never the samples, so it cannot change the answer. Its seeds are paired: every
+  trial's k-th run has the same seed, so trials differ by their configuration alone.
 
 Plain methods over `TrialResult`s, so the rules are testable without training anything.
 """
@@ -17,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
+from autotune.spec.study_file import FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY, TIME_TO_TARGET
 from autotune.train.config import TrialResult
 
 # Replicate k of a trial runs on the trial's seed + k * REPLICATE_STRIDE: far past every seed a
@@ -38,8 +43,17 @@ class Outcome:
     metric: float  # the metric the constraint judges: the worst best (time_to_target), the mean final (fixed_schedule)
 
 
+Predict = Callable[[float], float]  # samples to target -> predicted seconds (goodput)
+
+
+def trial_seed(study_seed: int, number: int, *, paired: bool = False) -> int:
+    """A trial's own seed (its first run's): study seed * 100,000 + trial number, or, `paired`,
+    the same for every trial (+ 0)."""
+    return study_seed * 100_000 + (0 if paired else number)
+
+
 def seeds(trial_seed: int, replicates: int) -> list[int]:
-    """The seeds of a trial's runs; the first is the trial's own."""
+    """The seeds of a trial's runs; the first is the trial's own. Paired trials share them all."""
     return [trial_seed + k * REPLICATE_STRIDE for k in range(replicates)]
 
 
@@ -50,27 +64,34 @@ class Objective(Protocol):
     stops_at_target: bool  # each run stops at the first evaluation that reaches the target
     metric: str  # the run figure feasibility is judged by
     metric_label: str  # how reports name it, before the metric's name
+    paired: bool  # every trial's runs share their seeds
 
     def first_runs(self, replicates: int) -> int: ...
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int: ...
-    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome: ...
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
+                 predict: Predict | None = None) -> int: ...
+    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome: ...
     def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]: ...
 
 
 class TimeToTarget:
-    name, stops_at_target, metric, metric_label = TIME_TO_TARGET, True, "best_metric", ""
+    name, stops_at_target, metric, metric_label, paired = TIME_TO_TARGET, True, "best_metric", "", False
 
     def first_runs(self, replicates: int) -> int:
         return 1
 
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int:
+    def seconds(self, run: TrialResult, predict: Predict | None) -> float:
+        """A run that reached the target: its time to target."""
+        return run.time_to_target
+
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
+                 predict: Predict | None = None) -> int:
         """The extra seeds go where the decision is close, to a first run that beat the best time
         so far (or set the first one): a lucky seed would otherwise become the bar every later
         trial is pruned against. Any other first run is the trial's only one."""
-        contender = first.reached and (incumbent is None or first.time_to_target < incumbent)
+        contender = first.reached and (incumbent is None or self.seconds(first, predict) < incumbent)
         return replicates if contender else 1
 
-    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome:
+    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
         """Feasible when every run reached the target; the time is their mean time to target."""
         worst = min(r.best_metric for r in runs)
         if all(r.reached for r in runs):
@@ -83,15 +104,16 @@ class TimeToTarget:
 
 
 class FixedSchedule:
-    name, stops_at_target, metric, metric_label = FIXED_SCHEDULE, False, "final_metric", "mean final "
+    name, stops_at_target, metric, metric_label, paired = FIXED_SCHEDULE, False, "final_metric", "mean final ", False
 
     def first_runs(self, replicates: int) -> int:
         return replicates  # feasibility is a mean over them all
 
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None) -> int:
+    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
+                 predict: Predict | None = None) -> int:
         return replicates
 
-    def outcome(self, runs: Sequence[TrialResult], *, target: float) -> Outcome:
+    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
         """Feasible when the mean final metric reaches the target and no run was cut short by the
         time limit; the time is their mean training time."""
         final = statistics.fmean(r.final_metric for r in runs)
@@ -110,7 +132,36 @@ class FixedSchedule:
         return times, mean_final
 
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (TimeToTarget(), FixedSchedule())}
+class Goodput(TimeToTarget):
+    name, paired = GOODPUT, True
+
+    def seconds(self, run: TrialResult, predict: Predict | None) -> float:
+        """A run that reached the target: the predicted time of the samples it needed."""
+        if predict is None or run.samples_to_target is None:
+            raise ValueError("a goodput trial's time needs the samples its runs needed and a prediction from them")
+        return predict(run.samples_to_target)
+
+    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
+        """Feasible when every run reached the target; the time is the prediction for their mean
+        samples to target (one systems setting for them all). A trial that missed is timed by
+        its mean training time, as under time_to_target: it is infeasible whatever its time."""
+        worst = min(r.best_metric for r in runs)
+        if all(r.reached for r in runs):
+            samples = statistics.fmean(r.samples_to_target for r in runs)
+            if predict is None:
+                raise ValueError("a goodput trial's time needs a prediction from its samples to target")
+            return Outcome(predict(samples), target - worst, worst)
+        return Outcome(statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst)
+
+
+class SystemsOnly(Goodput):
+    """Goodput's rules for the one trial that trains the baseline's maths; the study tells every
+    other systems setting from its samples (study/goodput.py)."""
+
+    name = SYSTEMS_ONLY
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (TimeToTarget(), FixedSchedule(), Goodput(), SystemsOnly())}
 
 
 def of(name: str) -> Objective:
@@ -120,11 +171,12 @@ def of(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float) -> Outcome:
+def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float,
+            predict: Predict | None = None) -> Outcome:
     """The trial's time and constraint from its runs, under `objective`."""
     if not runs:
         raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
-    return objective.outcome(runs, target=target)
+    return objective.outcome(runs, target=target, predict=predict)
 
 
 def summary(run: TrialResult, seed: int) -> dict[str, object]:

@@ -14,7 +14,7 @@ import torch
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import budget as budget_, objective as objective_, schema, storage
+from autotune.study import budget as budget_, goodput, objective as objective_, schema, storage
 from autotune.search import oom_boundary
 from autotune.runners.isolation import RunTrial
 from autotune.search.space import Space, suggest
@@ -36,6 +36,7 @@ class Policy:
     prune: bool = False  # stop a trial once its training passes the incumbent's time
     objective: objective_.Objective = objective_.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
+    plan: goodput.Plan | None = None  # goodput: how a trial's maths trains, and its time from its samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +62,18 @@ def run_one(study: optuna.Study, policy: Policy, *, asked: list[int], known: lis
     before = Before(incumbent(known), budget_.finished_count(known) + 1, _ran_out(known), known if alone else None)
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
-        trial_seed = policy.seed * 100_000 + trial.number
-        schema.begin_trial(trial, worker=storage.worker_id(), config=config, seed=trial_seed)
-        if _settled_unrun(study, trial, config, policy, before):
+        trained = config if policy.plan is None else policy.plan.to_train(config)
+        trial_seed = objective_.trial_seed(policy.seed, trial.number, paired=policy.objective.paired)
+        schema.begin_trial(trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed)
+        if _settled_unrun(study, trial, trained or config, policy, before):
+            return
+        if trained is None:
+            failure = isolation.TrialFailure("out of memory: every systems setting that trains this configuration's "
+                                             "maths ran out of memory in the throughput phase", oom=True)
+            _tell_failure(study, trial, failure, policy, before)
             return
         seeds = objective_.seeds(trial_seed, policy.replicates)
-        runs, failure = _train(trial.number, config, seeds, policy, before.incumbent)
+        runs, failure = _train(trial.number, trained, seeds, policy, before.incumbent)
         if failure is not None:
             _tell_failure(study, trial, failure, policy, before)
         else:
@@ -127,23 +134,33 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
            ) -> tuple[list[TrialResult], isolation.TrialFailure | isolation.Pruned | None]:
     """Trial `number`'s runs, one per seed it gets, and what stopped them, if anything did."""
     bar = progress.bar(f"trial {number}", unit="step", leave=False, announce=False, every=progress.LINE_EVERY_SECONDS)
-    done = 0.0  # training seconds of the trial's finished runs
+    done = 0.0  # the trial's finished runs on the objective's clock
+    trained = 0.0  # their training seconds
     # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
     # time_to_target one, and more only once its first run beats the best (objective.runs_for).
     planned = policy.objective.first_runs(policy.replicates)
+    predict = policy.plan.predict(config) if policy.plan is not None else None
+    effective = config["batch_size"] * config["accumulation_steps"]
+
+    def clock(steps: int, seconds: float) -> float:
+        """A run's progress on the objective's clock: its training seconds, or under goodput the
+        predicted seconds of the samples it has trained (which a busy machine cannot stretch)."""
+        return seconds if predict is None else predict(steps * effective)
 
     def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:
             bar.set_postfix_str(f"{policy.metric_name}={metric:.4f}", refresh=False)
-        # Once the planned runs' training passes `planned` times the incumbent's time, their mean
-        # can only be longer than the incumbent's.
-        if policy.prune and best is not None and done + seconds > best[0] * planned:
+        # Once the planned runs' time passes `planned` times the incumbent's, their mean can only
+        # be longer than the incumbent's.
+        spent = done + clock(steps, seconds)
+        if policy.prune and best is not None and spent > best[0] * planned:
             runs = f" over {planned} runs" if planned > 1 else ""
-            raise isolation.Pruned(f"pruned: {done + seconds:.2f} s of training{runs} passed the best time so far "
+            what = "of training" if predict is None else "predicted for the samples trained"
+            raise isolation.Pruned(f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
                                    f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
-                                   f"it can no longer win", seconds=done + seconds)
+                                   f"it can no longer win", seconds=trained + seconds)
 
     runs: list[TrialResult] = []
     limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
@@ -153,10 +170,11 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
                 bar.reset()
                 runs.append(policy.run_trial(TrialConfig.from_mapping(config), limits=limits, device=policy.device,
                                              seed=seeds[len(runs)], progress=on_progress))
-                done += runs[-1].train_seconds
+                done += clock(runs[-1].optimizer_steps or 0, runs[-1].train_seconds)
+                trained += runs[-1].train_seconds
                 if len(runs) == 1:
                     planned = policy.objective.runs_for(runs[0], replicates=policy.replicates,
-                                                        incumbent=None if best is None else best[0])
+                                                        incumbent=None if best is None else best[0], predict=predict)
     except (isolation.TrialFailure, isolation.Pruned) as failure:
         return runs, failure
     finally:
@@ -184,13 +202,21 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
                   before: Before) -> None:
     """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's time."""
     first = runs[0][0]
-    outcome = objective_.outcome([run for run, _ in runs], policy.objective, target=policy.limits.target)
+    config = schema.config(trial)
+    predict = policy.plan.predict(config) if policy.plan is not None else None
+    outcome = objective_.outcome([run for run, _ in runs], policy.objective, target=policy.limits.target, predict=predict)
     record = dataclasses.asdict(first)
     record["curve"] = [list(point) for point in first.curve]
     record["final_metric"] = first.final_metric
     if len(runs) > 1:
         record["replicates"] = [objective_.summary(run, seed) for run, seed in runs]
     record["objective_metric"] = outcome.metric
+    if policy.plan is not None and outcome.constraint <= 0:
+        # Named by the setting that trains its samples soonest (the one the prediction is of).
+        samples = sum(run.samples_to_target for run, _ in runs) / len(runs)
+        best_config, speed = policy.plan.best(config, samples)
+        record[schema.PREDICTION] = goodput.prediction_record(speed, samples=samples, seconds=outcome.value, trained=config)
+        schema.record_config(trial, best_config)
     schema.record_result(trial, record)
     trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
     study.tell(trial, outcome.value)
@@ -198,6 +224,7 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
     best = before.incumbent
     if feasible and (best is None or outcome.value < best[0]):
         best = (outcome.value, trial.number)
-    progress.tell(f"trial {trial.number}: complete in {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
+    timed = "predicted" if policy.plan is not None and feasible else "complete in"
+    progress.tell(f"trial {trial.number}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
                   f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
                   standing=_where(study, policy, before, best), routine=True)

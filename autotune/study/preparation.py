@@ -19,7 +19,7 @@ from autotune.study import definition as definition_, objective as objective_, s
 from autotune.search import devices, space as space_
 from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
-from autotune.spec.study_file import CommandTask, StudySpec
+from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec
 from autotune.train.tasks import Task, accuracy, load_task, takes
 from autotune.train.config import Limits
 
@@ -39,6 +39,8 @@ class Prepared:
     isolation: str  # process or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
     knobs: tuple[str, ...] = tuple(space_.KNOBS)  # the knobs its training reads; reports show only these
+    measure_throughput: isolation.MeasureThroughput | None = None  # the throughput phase, where the task is autotune's to train
+    batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
 
 def resolve_device(spec: StudySpec) -> torch.device:
@@ -78,11 +80,28 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
         raise SpecError(spec.path, "isolation", spec.isolation,
                         "a task or objective given as a Python object runs in this process: use none or auto")
     if objective is not None:
+        if spec.objective in (GOODPUT, SYSTEMS_ONLY):
+            raise SpecError(spec.path, "objective", spec.objective, "time_to_target or fixed_schedule for an objective "
+                            "function: autotune can measure throughput only of a task whose training it runs")
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
-    run_trial = (isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
-                 if mode == "process" else isolation.in_process(task))
-    return prepared(task=task, isolation=mode, run_trial=run_trial)
+    if mode == "process":
+        run_trial = isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
+        # The phase measures every setting in one process: a trial's limit for each group of them.
+        measure = isolation.measure_in_child(spec.task, study_path=spec.path,
+                                             hang_after=PHASE_HANG_FACTOR * spec.budget.trial_timeout)
+    else:
+        run_trial, measure = isolation.in_process(task), isolation.measure_in_process(task)
+    return prepared(task=task, isolation=mode, run_trial=run_trial, measure_throughput=measure,
+                    batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline))
+
+
+PHASE_HANG_FACTOR = 4  # a group of the throughput phase may take this many trials' wall-clock limit
+
+
+def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
+    params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
+    return systems.has_batch_norm(task.model(**takes(task.model, params)))
 
 
 def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:

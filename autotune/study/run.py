@@ -20,9 +20,10 @@ import optuna
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import budget as budget_, confirm, definition as definition_, objective as objective_, one_trial, schema, storage
+from autotune.study import (budget as budget_, confirm, definition as definition_, goodput, objective as objective_, one_trial,
+                            schema, storage)
 from autotune.search import probe, space as space_
-from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
+from autotune.spec.study_file import SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
 from autotune.train.config import Limits, TrialConfig
@@ -74,8 +75,10 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         outcome = run_probe(spec, prepared)
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
-    if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False):
-        enqueue_baseline(study, with_probe(spec, prepared, study).space, prepared.baseline)
+    goodput.ensure_phase(spec, prepared, study, with_probe(spec, prepared, study).space)
+    if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False) and spec.objective != SYSTEMS_ONLY:
+        enqueue_baseline(study, goodput.plan_for(spec, prepared, study, with_probe(spec, prepared, study).space)[1],
+                         prepared.baseline)
     return study
 
 
@@ -151,10 +154,14 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
     prepared = with_probe(spec, prepared, study)
-    policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
+    plan, space = goodput.plan_for(spec, prepared, study, prepared.space)
+    policy = one_trial.Policy(space=space, run_trial=prepared.run_trial, device=prepared.device,
                               limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
                               prune=spec.prune == "incumbent", objective=objective_.of(spec.objective),
-                              replicates=spec.replicates)
+                              replicates=spec.replicates, plan=plan)
+    if spec.objective == SYSTEMS_ONLY:
+        budget = 1  # one trial trains the baseline's maths; the measured settings are told from it
+        policy = dataclasses.replace(policy, budget=budget)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
@@ -184,6 +191,11 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                                                        only=mine)
             storage.queue_retries(study, only=stopped)
             raise
+    if plan is not None and spec.objective == SYSTEMS_ONLY:
+        trained = next((t for t in study.get_trials(deepcopy=False) if schema.prediction(t) is not None
+                        and "from_trial" not in schema.prediction(t)), None)
+        if trained is not None:
+            goodput.tell_settings(study, plan, trained)
     done = budget_.finished_count(study.get_trials(deepcopy=False))
     if done < budget and timeout is not None and time.monotonic() - started >= timeout:
         print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
@@ -229,6 +241,10 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
                                    on_run=lambda: bar.update(1))
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
                "objective": spec.objective, "target": spec.target.value}
+    predicted = {confirm.label(t.number): t.value for t in top
+                 if schema.prediction(t) is not None and confirm.label(t.number) in candidates}
+    if predicted:  # goodput: the search's predicted times, to set beside the measured ones
+        outcome["predicted"] = predicted
     schema.record_confirmation(study, json.loads(json.dumps(outcome)))
     return outcome
 

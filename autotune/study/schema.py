@@ -25,6 +25,7 @@ DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
+THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
 
 # Trial attributes.
 WORKER = "worker"  # host:pid of the process that ran it, so a process marks only its own
@@ -36,6 +37,9 @@ OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
 RESULT = "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
+# In RESULT under goodput and systems_only: the trial's predicted time, what it is made of and the
+# configuration trained (CONFIG is then the fastest way to train the same maths).
+PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
@@ -83,12 +87,21 @@ def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
     study.set_user_attr(CONFIRMATION, dict(outcome))
 
 
+def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
+    study.set_user_attr(THROUGHPUT, dict(phase))
+
+
 # Writing a trial.
 
 def begin_trial(trial: Any, *, worker: str, config: Mapping[str, Any], seed: int) -> None:
     trial.set_user_attr(WORKER, worker)
     trial.set_user_attr(CONFIG, dict(config))
     trial.set_user_attr(SEED, seed)
+
+
+def record_config(trial: Any, config: Mapping[str, Any]) -> None:
+    """The configuration to name for the trial once it differs from the one begun (goodput)."""
+    trial.set_user_attr(CONFIG, dict(config))
 
 
 def record_surplus(trial: Any) -> None:
@@ -157,6 +170,10 @@ def confirmation(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(CONFIRMATION)
 
 
+def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    return study_attrs.get(THROUGHPUT)
+
+
 def current_reference(reference: str | None) -> str | None:
     """A stored `module:function` reference as it is named today."""
     if reference is None or ":" not in reference:
@@ -194,6 +211,11 @@ def baseline_marker() -> dict[str, Any]:
 
 def is_baseline(trial: Any) -> bool:
     return bool(trial.user_attrs.get(BASELINE))
+
+
+def prediction(trial: Any) -> dict[str, Any] | None:
+    """A goodput trial's predicted time and what it is made of; None for any other trial."""
+    return measured(trial).get(PREDICTION)
 
 
 def ran_out_of_memory(trial: Any) -> bool:

@@ -43,6 +43,11 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
+def has_batch_norm(model: nn.Module) -> bool:
+    """True when the model normalizes by batch statistics: its micro-batch then changes the maths."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def has_2d_convolutions(model: nn.Module) -> bool:
     """True when the model holds a 4-D weight (a 2-D convolution): channels-last has something to
     lay out. Other models (linear, 1-D) run the same either way."""

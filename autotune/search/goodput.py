@@ -1,0 +1,216 @@
+"""Goodput: a trial's time predicted from the samples its maths needs and the speed of the
+fastest systems setting that trains the same maths (Pollux's goodput, split as autotune splits it).
+
+A configuration's knobs fall in two groups. The maths (lr, schedule, effective batch, precision,
+and the micro-batch itself where the model has BatchNorm) decides how many samples a run needs to
+reach the target; the systems settings (how the effective batch splits into micro-batches, the
+loader, memory format, compilation, cuDNN's search) decide how fast this machine trains them and
+nothing else. The throughput phase measures the systems settings (train/throughput.py) into a
+`Table`; a trial trains its maths once per seed, and its time is
+
+    fixed seconds + samples to target / samples per second
+
+of the setting that makes that smallest. A step-time model, time per optimizer step = a + b x
+micro-batch per precision and format, fills in micro-batches the phase did not measure, between
+the smallest and the largest one it did. The largest micro-batch that fits, per precision, is
+what the phase learned: out of memory is one of its results.
+
+Plain data and arithmetic: no torch here, so the rules are testable without training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from autotune.search.space import Choices, Range, Space
+
+# Knobs that change how fast the maths trains, never what it computes (float noise aside). The
+# micro-batch belongs here only without BatchNorm, whose statistics are per micro-batch.
+LOADER = ("num_workers", "prefetch_factor", "pin_memory")
+FORMAT = ("channels_last", "compile", "cudnn_benchmark")
+MAX_MEASURED_BATCHES = 6  # micro-batches measured from a range; the step-time model fills in between
+
+
+@dataclasses.dataclass(frozen=True)
+class Speed:
+    """How fast one systems setting trains: what a prediction is made of."""
+
+    samples_per_second: float
+    fixed_seconds: float  # start-up beyond its steps: loader start, compilation, first cuDNN searches
+
+    def seconds(self, samples: float) -> float:
+        return self.fixed_seconds + samples / self.samples_per_second
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One measured systems setting: its knobs (micro-batch, precision, loader, format) and speed."""
+
+    settings: Mapping[str, Any]
+    speed: Speed | None  # None: it ran out of memory, or had no window to time
+    oom: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        speed = None if self.speed is None else dataclasses.asdict(self.speed)
+        return {"settings": dict(self.settings), "speed": speed, "oom": self.oom}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Entry:
+        speed = data.get("speed")
+        return cls(data["settings"], None if speed is None else Speed(**speed), oom=bool(data.get("oom")))
+
+
+def values_of(domain: Any, *, most: int | None = None) -> list[Any]:
+    """A domain's values: its choices, or, for a whole-number range, the powers of two in it and
+    its ends (at most `most` of them, spread evenly)."""
+    if isinstance(domain, Choices):
+        return list(domain.values)
+    assert isinstance(domain, Range)
+    low, high = int(domain.low), int(domain.high)
+    values = sorted({low, high, *(2**k for k in range(int(math.log2(max(low, 1))), int(math.log2(high)) + 1)
+                                  if low <= 2**k <= high)})
+    if most is not None and len(values) > most:
+        picks = {round(i * (len(values) - 1) / (most - 1)) for i in range(most)}
+        values = [v for i, v in enumerate(values) if i in picks]
+    return values
+
+
+def contains(domain: Any, value: Any) -> bool:
+    if isinstance(domain, Choices):
+        return value in domain.values
+    return domain.low <= value <= domain.high
+
+
+def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """The loader setting the phase measures at: the one the space fixes (the probe settles it),
+    else the baseline's."""
+    fixed = space.fixed()
+    setting = {k: fixed.get(k, baseline[k]) for k in LOADER}
+    if setting["num_workers"] == 0:
+        setting["prefetch_factor"] = None
+    elif setting["prefetch_factor"] is None:
+        setting["prefetch_factor"] = values_of(space["prefetch_factor"])[0]
+    return setting
+
+
+def settings_to_measure(space: Space, baseline: Mapping[str, Any], *, precisions: Sequence[str] | None = None,
+                        batches: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """The systems settings the throughput phase measures: every micro-batch (`batches`, else
+    the space's) x precision (`precisions`, else the space's) x format choice, at one loader
+    setting; in increasing micro-batch, so that one that runs out of memory rules out the larger."""
+    loader = loader_setting(space, baseline)
+    batches = sorted(set(batches if batches is not None else values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)))
+    precisions = list(precisions if precisions is not None else space["precision"].values)
+    formats = [dict(zip(FORMAT, v)) for v in itertools.product(*(values_of(space[k]) for k in FORMAT))]
+    return [{"batch_size": b, "precision": p, **loader, **f} for p, f, b in itertools.product(precisions, formats, batches)]
+
+
+def splits(effective: int, space: Space, *, micro_batch: int | None = None) -> list[tuple[int, int]]:
+    """The (micro-batch, accumulation steps) pairs of the space that make `effective`; only
+    `micro_batch` itself when it is fixed (BatchNorm)."""
+    accumulation = space["accumulation_steps"]
+    candidates = [micro_batch] if micro_batch is not None else range(1, effective + 1)
+    return [(m, effective // m) for m in candidates
+            if effective % m == 0 and contains(space["batch_size"], m) and contains(accumulation, effective // m)]
+
+
+def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """Least-squares a, b of seconds per optimizer step = a + b x micro-batch (one accumulation
+    step), from (micro-batch, samples per second) points; None with fewer than two micro-batches."""
+    if len({m for m, _ in points}) < 2:
+        return None
+    xs = [m for m, _ in points]
+    ys = [m / speed for m, speed in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    return mean_y - b * mean_x, b
+
+
+class Table:
+    """The throughput phase's measurements, and the fastest way to train a configuration's maths."""
+
+    def __init__(self, entries: Iterable[Entry], *, batch_norm: bool) -> None:
+        self.entries = list(entries)
+        self.batch_norm = batch_norm
+
+    def as_json(self) -> dict[str, Any]:
+        return {"entries": [e.as_json() for e in self.entries], "batch_norm": self.batch_norm}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Table:
+        return cls((Entry.from_json(e) for e in data["entries"]), batch_norm=bool(data["batch_norm"]))
+
+    def largest_fitting(self) -> dict[str, int]:
+        """Per precision, the largest micro-batch measured without running out of memory."""
+        largest: dict[str, int] = {}
+        for entry in self.entries:
+            if entry.speed is not None:
+                precision, batch = entry.settings["precision"], entry.settings["batch_size"]
+                largest[precision] = max(largest.get(precision, 0), batch)
+        return largest
+
+    def speed_of(self, settings: Mapping[str, Any]) -> Speed | None:
+        """The speed of `settings` (micro-batch, precision, format; the loader as measured):
+        measured, or, between measured micro-batches of its precision and format, from the
+        step-time model; None where neither knows (or it ran out of memory)."""
+        key = format_key(settings)
+        same = [e for e in self.entries if format_key(e.settings) == key]
+        batch = settings["batch_size"]
+        for entry in same:
+            if entry.settings["batch_size"] == batch:
+                return entry.speed
+        measured = [e for e in same if e.speed is not None]
+        if any(e.oom and e.settings["batch_size"] <= batch for e in same) or not measured:
+            return None
+        batches = [e.settings["batch_size"] for e in measured]
+        model = fit_step_time([(e.settings["batch_size"], e.speed.samples_per_second) for e in measured])
+        if model is None or not min(batches) <= batch <= max(batches) or model[0] + model[1] * batch <= 0:
+            return None
+        nearest = min(measured, key=lambda e: abs(e.settings["batch_size"] - batch))
+        return Speed(batch / (model[0] + model[1] * batch), nearest.speed.fixed_seconds)
+
+    def options(self, config: Mapping[str, Any], space: Space) -> list[tuple[dict[str, Any], Speed]]:
+        """Every measured way to train `config`'s maths: the systems knobs it would take, each
+        with its speed."""
+        effective = config["batch_size"] * config["accumulation_steps"]
+        fixed_batch = config["batch_size"] if self.batch_norm else None
+        loader = {k: self.entries[0].settings[k] for k in LOADER} if self.entries else {}
+        formats = {format_key(e.settings)[1:] for e in self.entries if e.settings["precision"] == config["precision"]}
+        found = []
+        for (micro, steps), form in itertools.product(splits(effective, space, micro_batch=fixed_batch), sorted(formats)):
+            settings = {"batch_size": micro, "precision": config["precision"], **dict(zip(FORMAT, form))}
+            speed = self.speed_of(settings)
+            if speed is not None:
+                found.append(({**settings, "accumulation_steps": steps, **loader}, speed))
+        return found
+
+    def fastest(self, config: Mapping[str, Any], space: Space, *, samples: float | None) -> tuple[dict[str, Any], Speed] | None:
+        """`config` trained by its fastest systems setting: the least predicted time for
+        `samples` samples (None: the highest speed), as (the configuration, its speed); None
+        when no measured setting trains its maths (each ran out of memory)."""
+        options = self.options(config, space)
+        if not options:
+            return None
+        if samples is None:
+            knobs, speed = max(options, key=lambda o: o[1].samples_per_second)
+        else:
+            knobs, speed = min(options, key=lambda o: o[1].seconds(samples))
+        return {**config, **knobs}, speed
+
+
+def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (settings["precision"], *(bool(settings.get(k, False)) for k in FORMAT))
+
+
+def same_maths(a: Mapping[str, Any], b: Mapping[str, Any], *, batch_norm: bool) -> bool:
+    """True when `a` and `b` train the same maths: they differ at most in systems settings."""
+    systems = {*LOADER, *FORMAT, "accumulation_steps", "batch_size"}
+    if a["batch_size"] * a["accumulation_steps"] != b["batch_size"] * b["accumulation_steps"]:
+        return False
+    if batch_norm and a["batch_size"] != b["batch_size"]:
+        return False
+    return all(a[k] == b.get(k) for k in a if k not in systems)
