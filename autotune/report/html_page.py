@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import plots
-from autotune.search import probe
+from autotune.search import goodput, probe
 from autotune.report.summary import Counts, Summary
 from autotune.report.text import TABLE_ROWS
 from autotune.report.results import best_feasible
@@ -100,7 +100,10 @@ def _device(summary: Summary) -> str:
 
 
 def _probe(summary: Summary) -> str:
-    return f"<p>{_e(probe.describe(summary.probe))}</p>" if summary.probe else ""
+    """What the systems probe and the throughput phase settled, each in a line."""
+    lines = [probe.describe(summary.probe)] if summary.probe else []
+    lines += [goodput.describe(summary.throughput)] if summary.throughput else []
+    return "".join(f"<p>{_e(line)}</p>" for line in lines)
 
 
 def _number(path: str, value: Any, spec: str = ".2f", *, scale: float = 1.0, unit: str = "") -> str:

@@ -20,7 +20,7 @@ def summarize(
     name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
     limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
     probe_outcome: Mapping[str, Any] | None = None, objective: str = TIME_TO_TARGET,
-    confusions: Mapping[int, Any] | None = None,
+    confusions: Mapping[int, Any] | None = None, throughput: Mapping[str, Any] | None = None,
 ) -> Summary:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
 
@@ -44,6 +44,7 @@ def summarize(
         objective=objective, best=best, baseline=baseline, speedup=speedup, confirmation=confirmed,
         limits=dict(limits) if limits else None, optimizer=optimizer, device=device,
         probe=dict(probe_outcome) if probe_outcome else None, stale_confirmation=stale,
+        throughput=dict(throughput) if throughput else None,
     )
 
 
@@ -120,7 +121,8 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         confirmation=schema.confirmation(attrs),
         limits={"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every},
         optimizer=schema.optimizer(attrs), device=schema.device(attrs), probe_outcome=schema.probe(attrs),
-        objective=spec.objective, confusions={t.number: schema.measured(t).get("confusion") for t in trials})
+        objective=spec.objective, confusions={t.number: schema.measured(t).get("confusion") for t in trials},
+        throughput=schema.throughput(attrs))
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)
     return records, summary

@@ -146,6 +146,7 @@ class Summary:
     probe: Mapping[str, Any] | None = None
     stale_confirmation: StaleConfirmation | None = None
     knobs: tuple[str, ...] | None = None
+    throughput: Mapping[str, Any] | None = None  # goodput: the throughput phase's table and cost (search/goodput.py)
 
     @property
     def fixed_schedule(self) -> bool:
@@ -153,7 +154,7 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
-        `stale_confirmation` and `knobs`, there only when they apply."""
+        `stale_confirmation`, `knobs` and `throughput`, there only when they apply."""
         out: dict[str, Any] = {
             "study": self.study, "target": dataclasses.asdict(self.target), "counts": dataclasses.asdict(self.counts),
             "best": _json(self.best), "baseline": _json(self.baseline), "speedup": self.speedup,
@@ -164,6 +165,8 @@ class Summary:
             out["stale_confirmation"] = self.stale_confirmation.to_json()
         if self.knobs is not None:
             out["knobs"] = list(self.knobs)
+        if self.throughput is not None:
+            out["throughput"] = _plain_mapping(self.throughput)
         return out
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 
 from autotune.report import results, winner
 from autotune.report.summary import Baseline, Summary, Winner, speedup_phrase
-from autotune.search import probe
+from autotune.search import goodput, probe
 from autotune.study import objective as objective_
 
 TABLE_ROWS = 5
@@ -21,6 +21,8 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     lines = [_counts(summary), f"Target: {summary.target.metric} >= {summary.target.value}"]
     if summary.probe:
         lines.append(probe.describe(summary.probe))
+    if summary.throughput:
+        lines.append(goodput.describe(summary.throughput))
     top = results.best_feasible(records, count=TABLE_ROWS)
     if top.empty or summary.best is None:
         lines.append("No trial reached the target yet.")

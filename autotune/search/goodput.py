@@ -202,6 +202,21 @@ class Table:
         return {**config, **knobs}, speed
 
 
+def describe(phase: Mapping[str, Any]) -> str:
+    """One line for the report: what the phase measured and what it cost."""
+    table = Table.from_json(phase["table"])
+    measured = [e for e in table.entries if e.speed is not None]
+    fastest = max(measured, key=lambda e: e.speed.samples_per_second, default=None)
+    parts = [f"{len(measured)} of {len(table.entries)} systems settings measured"]
+    if fastest is not None:
+        parts.append(f"fastest {fastest.speed.samples_per_second:,.0f} samples/s at batch {fastest.settings['batch_size']}, "
+                     f"{fastest.settings['precision']}")
+    ran_out = [e for e in table.entries if e.oom]
+    if ran_out:
+        parts.append("largest micro-batch that fits: " + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items())))
+    return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts)
+
+
 def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:
     return (settings["precision"], *(bool(settings.get(k, False)) for k in FORMAT))
 

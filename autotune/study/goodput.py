@@ -90,7 +90,7 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
     phase = run_phase(spec, prepared.measure_throughput, prepared.device, space, prepared.baseline,
                       batch_norm=prepared.batch_norm)
     schema.record_throughput(study, phase)
-    progress.tell(f"autotune: {describe(phase)}")  # the report repeats it, so quiet hides it
+    progress.tell(f"autotune: {goodput_.describe(phase)}")  # the report repeats it, so quiet hides it
 
 
 def plan_for(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> tuple[Plan | None, Space]:
@@ -102,21 +102,6 @@ def plan_for(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Sp
     plan = Plan(table, space)  # the split of an effective batch may use any of the space's micro-batches
     sampled = baseline_space(space, prepared.baseline) if spec.objective == SYSTEMS_ONLY else restrict(space, table)
     return plan, sampled
-
-
-def describe(phase: Mapping[str, Any]) -> str:
-    """One line for the report: what the phase measured and what it cost."""
-    table = goodput_.Table.from_json(phase["table"])
-    measured = [e for e in table.entries if e.speed is not None]
-    fastest = max(measured, key=lambda e: e.speed.samples_per_second, default=None)
-    parts = [f"{len(measured)} of {len(table.entries)} systems settings measured"]
-    if fastest is not None:
-        parts.append(f"fastest {fastest.speed.samples_per_second:,.0f} samples/s at batch {fastest.settings['batch_size']}, "
-                     f"{fastest.settings['precision']}")
-    ran_out = [e for e in table.entries if e.oom]
-    if ran_out:
-        parts.append("largest micro-batch that fits: " + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items())))
-    return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
