@@ -8,7 +8,10 @@ recommended keeping what the user had: its re-measured "speedup" shows only the 
 two sets of runs of one configuration, and it does not count as beating the baseline. Usage (from the repository root):
 
     .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [--replicates 3]
-                                         [studies/digits.yaml ...]
+                                         [--load] [studies/digits.yaml ...]
+
+`--load` runs each study while the benchmark keeps one process spinning on a core (started before
+the study, stopped before the re-measurement, which stays on a quiet machine): a shared machine.
 
 Studies already in the results file are kept and not run again (--fresh discards them), so an
 interrupted run goes on where it stopped and `--first 6 --studies 5` adds studies 6-10.
@@ -19,8 +22,9 @@ schedule (schedule_epochs long) and notes when it first reached the target, whic
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>]-<device>.json per study file
-(-r<replicates> where they are not the objective's default).
+Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>][-load]-<device>.json per
+study file (-r<replicates> where they are not the objective's default). Compute counts every training
+second a study spent: its trials, the systems probe and the throughput phase.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -59,14 +64,35 @@ def load(path: Path, *, objective: str | None, replicates: int | None = None, st
     return spec_.from_mapping(raw, path=path, storage=storage)
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy(on: bool):
+    """One process spinning on a core for as long as the block runs, when `on`: another job."""
+    if not on:
+        yield
+        return
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.join()
+
+
 def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
-              replicates: int | None = None) -> dict:
-    """Run the study with `seed`; re-measure its winner against the baseline on fresh seeds."""
+              replicates: int | None = None, load_machine: bool = False) -> dict:
+    """Run the study with `seed` (beside a busy process with `load_machine`); re-measure its
+    winner against the baseline on fresh seeds, on a quiet machine."""
     spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
     prepared = preparation.prepare(spec)
     started = time.perf_counter()
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
         study_.run_sequence(spec, prepared)
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
@@ -85,11 +111,14 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     trials = study.get_trials(deepcopy=False)
     # training seconds the trials spent: a pruned one up to where it was stopped
     compute = sum(schema.training_seconds(t) for t in trials)
+    phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
+    total = compute + phase + ((summary.probe or {}).get("seconds") or 0.0)
     kept_baseline = label == confirm.BASELINE  # re-measuring it against itself shows only the noise
     return {"seed": seed, "winner": label, "params": dict(params), "study_says": summary.speedup,
             "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
             "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
             "tuning_wall": tuning_wall, "trial_compute": compute, "probe_seconds": (summary.probe or {}).get("seconds"),
+            "phase_seconds": phase, "compute": total, "loaded": load_machine,
             "counts": dataclasses.asdict(summary.counts), "stats": stats, "runs": runs,
             # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
             "fixed_stats": fixed, "fixed_speedup": fixed_base / fixed_won if fixed_base and fixed_won else None}
@@ -104,13 +133,14 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, help="run the studies with this many replicates")
     parser.add_argument("--first", type=int, default=1, help="the first study seed")
     parser.add_argument("--fresh", action="store_true", help="discard the studies already in the results file")
+    parser.add_argument("--load", action="store_true", help="run each study beside a process spinning on one core")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = preparation.resolve_device(spec)
         replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective]
-        variant = f"-{spec.objective}" + (f"-r{spec.replicates}" if replicated else "")
+        variant = f"-{spec.objective}" + (f"-r{spec.replicates}" if replicated else "") + ("-load" if args.load else "")
         out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
@@ -121,7 +151,7 @@ def main() -> None:
                 if seed in rows:
                     continue
                 row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective,
-                                replicates=args.replicates)
+                                replicates=args.replicates, load_machine=args.load)
                 rows[seed] = {**row, "fresh_seeds": args.seeds, "commit": provenance(device)["commit"]}
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
                 print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
@@ -141,8 +171,8 @@ def main() -> None:
         print(f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}), by the "
               f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
               f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
-              f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median trial compute "
-              f"{summary['median_trial_compute']:.0f} s")
+              f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
+              f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)")
         print(f"written: {out.relative_to(REPO)}")
 
 
@@ -157,9 +187,10 @@ def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: ar
                "beats_baseline": sum(r["beats_baseline"] for r in results), "studies": len(results),
                "kept_baseline": sum(r["winner"] == confirm.BASELINE for r in results),
                "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
-               "median_trial_compute": statistics.median(r["trial_compute"] for r in results)}
+               "median_trial_compute": statistics.median(r["trial_compute"] for r in results),
+               "median_compute": statistics.median(r.get("compute", r["trial_compute"]) for r in results)}
     record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
-              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates},
+              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load},
               **provenance(device), "summary": summary, "studies": results}
     out.write_text(json.dumps(record, indent=1))
     return summary
