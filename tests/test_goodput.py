@@ -232,3 +232,13 @@ def test_goodput_needs_a_task_autotune_trains(tmp_path: Path, capsys: pytest.Cap
                                     "objective": "goodput"}))
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 2 and "objective" in err and "goodput" in err and "Traceback" not in err
+
+
+def test_under_goodput_the_first_trial_is_the_baselines_maths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = goodput_study(tmp_path, "goodput", first_trial="baseline", baseline={"lr": 0.1, "batch_size": 16})
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    first = load(path).trials[0]
+    assert schema.is_baseline(first)
+    trained = (schema.prediction(first) or {}).get("trained") or schema.config(first)
+    assert (trained["lr"], trained["batch_size"] * trained["accumulation_steps"]) == (0.1, 16)

@@ -138,6 +138,12 @@ def restrict(space: Space, table: goodput_.Table) -> Space:
     return space
 
 
+def chosen_systems(space: Space) -> dict[str, Any]:
+    """The systems knobs `restrict` fixed, with their values."""
+    fixed = space.fixed()
+    return {k: fixed[k] for k in (*goodput_.LOADER, *goodput_.FORMAT) if k in fixed}
+
+
 def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
     """systems_only: every knob fixed to the baseline's, so its one trained trial is the baseline's maths."""
     for name, _ in space.domains:

@@ -77,8 +77,10 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
     goodput.ensure_phase(spec, prepared, study, with_probe(spec, prepared, study).space)
     if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False) and spec.objective != SYSTEMS_ONLY:
-        enqueue_baseline(study, goodput.plan_for(spec, prepared, study, with_probe(spec, prepared, study).space)[1],
-                         prepared.baseline)
+        plan, space = goodput.plan_for(spec, prepared, study, with_probe(spec, prepared, study).space)
+        # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
+        baseline = prepared.baseline if plan is None else {**prepared.baseline, **goodput.chosen_systems(space)}
+        enqueue_baseline(study, space, baseline)
     return study
 
 
