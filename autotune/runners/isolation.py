@@ -131,17 +131,22 @@ def in_process(task: Task) -> RunTrial:
 
     def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
                   progress: Progress | None = None) -> TrialResult:
-        try:
-            return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
-        except Pruned:
-            raise
-        except Exception as exc:
-            failure = TrialFailure.of(exc)
-        # Out of the except block, the traceback and with it the trial's tensors are gone.
-        oom.free_memory()
-        raise failure
+        return _as_failure(lambda: run(task, config, limits=limits, device=device, seed=seed, progress=progress))
 
     return run_trial
+
+
+def _as_failure(call: Any) -> Any:
+    """`call()`, with any exception but Pruned raised as the TrialFailure it stands for."""
+    try:
+        return call()
+    except Pruned:
+        raise
+    except Exception as exc:
+        failure = TrialFailure.of(exc)
+    # Out of the except block, the traceback and with it the trial's tensors are gone.
+    oom.free_memory()
+    raise failure
 
 
 def measure_in_process(task: Task) -> MeasureThroughput:
@@ -149,12 +154,7 @@ def measure_in_process(task: Task) -> MeasureThroughput:
     warm_up()
 
     def measure(configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int) -> dict[str, throughput.Throughput]:
-        try:
-            return throughput.measure(task, configs, device=device, seed=seed)
-        except Exception as exc:
-            failure = TrialFailure.of(exc)
-        oom.free_memory()
-        raise failure
+        return _as_failure(lambda: throughput.measure(task, configs, device=device, seed=seed))
 
     return measure
 

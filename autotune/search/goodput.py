@@ -26,12 +26,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.search.space import Choices, Range, Space
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space
 
-# Knobs that change how fast the maths trains, never what it computes (float noise aside). The
-# micro-batch belongs here only without BatchNorm, whose statistics are per micro-batch.
-LOADER = ("num_workers", "prefetch_factor", "pin_memory")
-FORMAT = ("channels_last", "compile", "cudnn_benchmark")
+# The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
+# are per micro-batch).
+LOADER, FORMAT = LOADER_KNOBS, FORMAT_KNOBS
 MAX_MEASURED_BATCHES = 6  # micro-batches measured from a range; the step-time model fills in between
 
 

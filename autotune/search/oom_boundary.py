@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.search.space import KNOBS, PRECISIONS
+from autotune.search.space import FORMAT_KNOBS, KNOBS, PRECISIONS
 
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
-SAME_LAYOUT = ("channels_last", "compile", "cudnn_benchmark")
+SAME_LAYOUT = FORMAT_KNOBS
 
 
 def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

@@ -29,13 +29,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.search.space import PRECISIONS, Choices, Range, Space
+from autotune.search.space import LOADER_KNOBS, PRECISIONS, Choices, Range, Space
 
 ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
-LOADER = ("num_workers", "prefetch_factor", "pin_memory")
+LOADER = LOADER_KNOBS
 MIN_STEPS = 20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
 
 

@@ -96,6 +96,11 @@ KNOBS: dict[str, Knob] = {
     )
 }
 
+# Knobs that change speed and memory, never what a step computes (float noise aside): the
+# DataLoader's, and the memory format, compilation and cuDNN's search.
+LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory")
+FORMAT_KNOBS = ("channels_last", "compile", "cudnn_benchmark")
+
 # Optional in presets and study files: without one, the schedule is the budget's max_epochs
 # (time_to_target) or a range up to it (fixed_schedule, spec/study_file.py).
 SCHEDULE = "schedule_epochs"

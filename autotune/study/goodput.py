@@ -57,7 +57,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
     wanted = settings(spec, space, baseline, batch_norm=batch_norm)
     entries: list[goodput_.Entry] = []
     seconds = 0.0
-    groups = [list(g) for _, g in itertools.groupby(wanted, key=lambda s: goodput_.format_key(s))]
+    groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput_.format_key)]
     with progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar, signals.interruptible():
         for group in groups:
             for start in range(0, len(group), MAX_GROUP):
@@ -72,7 +72,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
                     seconds += figure.startup_seconds + figure.windows * _window_seconds(figure, s)
                 bar.update(len(chunk))
     table = goodput_.Table(entries, batch_norm=batch_norm)
-    return {"table": table.as_json(), "seconds": seconds, "largest_fitting": table.largest_fitting()}
+    return {"table": table.as_json(), "seconds": seconds}
 
 
 def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:

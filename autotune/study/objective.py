@@ -79,23 +79,24 @@ class TimeToTarget:
     def first_runs(self, replicates: int) -> int:
         return 1
 
-    def seconds(self, run: TrialResult, predict: Predict | None) -> float:
-        """A run that reached the target: its time to target."""
-        return run.time_to_target
+    def time(self, runs: Sequence[TrialResult], predict: Predict | None) -> float:
+        """The time of runs that all reached the target: their mean time to target."""
+        return statistics.fmean(r.time_to_target for r in runs)
 
     def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
                  predict: Predict | None = None) -> int:
         """The extra seeds go where the decision is close, to a first run that beat the best time
         so far (or set the first one): a lucky seed would otherwise become the bar every later
         trial is pruned against. Any other first run is the trial's only one."""
-        contender = first.reached and (incumbent is None or self.seconds(first, predict) < incumbent)
+        contender = first.reached and (incumbent is None or self.time([first], predict) < incumbent)
         return replicates if contender else 1
 
     def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
-        """Feasible when every run reached the target; the time is their mean time to target."""
+        """Feasible when every run reached the target; the time is `time` of them (their mean time
+        to target). A trial that missed is timed by its mean training time: infeasible whatever it is."""
         worst = min(r.best_metric for r in runs)
         if all(r.reached for r in runs):
-            return Outcome(statistics.fmean(r.time_to_target for r in runs), target - worst, worst)
+            return Outcome(self.time(runs, predict), target - worst, worst)
         return Outcome(statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst)
 
     def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]:
@@ -135,23 +136,11 @@ class FixedSchedule:
 class Goodput(TimeToTarget):
     name, paired = GOODPUT, True
 
-    def seconds(self, run: TrialResult, predict: Predict | None) -> float:
-        """A run that reached the target: the predicted time of the samples it needed."""
-        if predict is None or run.samples_to_target is None:
+    def time(self, runs: Sequence[TrialResult], predict: Predict | None) -> float:
+        """The prediction for the runs' mean samples to target (one systems setting for them all)."""
+        if predict is None or any(r.samples_to_target is None for r in runs):
             raise ValueError("a goodput trial's time needs the samples its runs needed and a prediction from them")
-        return predict(run.samples_to_target)
-
-    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
-        """Feasible when every run reached the target; the time is the prediction for their mean
-        samples to target (one systems setting for them all). A trial that missed is timed by
-        its mean training time, as under time_to_target: it is infeasible whatever its time."""
-        worst = min(r.best_metric for r in runs)
-        if all(r.reached for r in runs):
-            samples = statistics.fmean(r.samples_to_target for r in runs)
-            if predict is None:
-                raise ValueError("a goodput trial's time needs a prediction from its samples to target")
-            return Outcome(predict(samples), target - worst, worst)
-        return Outcome(statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst)
+        return predict(statistics.fmean(r.samples_to_target for r in runs))
 
 
 class SystemsOnly(Goodput):

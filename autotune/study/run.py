@@ -75,9 +75,10 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         outcome = run_probe(spec, prepared)
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
-    goodput.ensure_phase(spec, prepared, study, with_probe(spec, prepared, study).space)
+    probed = with_probe(spec, prepared, study).space
+    goodput.ensure_phase(spec, prepared, study, probed)
     if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False) and spec.objective != SYSTEMS_ONLY:
-        plan, space = goodput.plan_for(spec, prepared, study, with_probe(spec, prepared, study).space)
+        plan, space = goodput.plan_for(spec, prepared, study, probed)
         # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
         baseline = prepared.baseline if plan is None else {**prepared.baseline, **goodput.chosen_systems(space)}
         enqueue_baseline(study, space, baseline)
