@@ -8,7 +8,7 @@ recommended keeping what the user had: its re-measured "speedup" shows only the 
 two sets of runs of one configuration, and it does not count as beating the baseline. Usage (from the repository root):
 
     .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [--replicates 3]
-                                         [--load] [studies/digits.yaml ...]
+                                         [--plain-tpe] [--load] [--oracle GRID] [--to-target] [studies/digits.yaml ...]
 
 `--load` runs each study while the benchmark keeps one process spinning on a core (started before
 the study, stopped before the re-measurement, which stays on a quiet machine): a shared machine.
@@ -16,13 +16,24 @@ the study, stopped before the re-measurement, which stays on a quiet machine): a
 Studies already in the results file are kept and not run again (--fresh discards them), so an
 interrupted run goes on where it stopped and `--first 6 --studies 5` adds studies 6-10.
 
+`--plain-tpe` runs, instead of autotune, what a user would write without it: a loop over Optuna's
+default TPE sampler with the study's knobs (as the device allows them), the study's trial budget,
+each trial one training run to the target or the limits, no probe, pruning, replicates or
+confirmation; its winner is the trial with the lowest time to target.
+
+`--oracle GRID` adds a third candidate to the re-measurement: the fastest configuration of a
+ground-truth grid (benchmarks/grid.py), the lowest median time to target over its seeds; under
+`systems_only`, the fastest with the baseline's maths. The winner's regret is its median over the
+oracle's, measured side by side. `--to-target` stops the re-measurement's runs at the target
+(time to target only, no fixed-schedule yardstick): cheaper.
+
 `--objective` runs the studies under that objective instead of the study file's. Whatever the
 objective, the winner and the baseline are re-measured the same way: each run trains its whole
 schedule (schedule_epochs long) and notes when it first reached the target, which gives both
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>-<objective>[-r<replicates>][-load]-<device>.json per
+Prints a table and writes benchmarks/results/found-<study>-<objective or plain_tpe>[-r<replicates>][-load]-<device>.json per
 study file (-r<replicates> where they are not the objective's default). Compute counts every training
 second a study spent: its trials, the systems probe and the throughput phase.
 """
@@ -34,6 +45,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -47,14 +59,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.study import confirm, preparation, run as study_, schema, storage  # noqa: E402
 from autotune.report import summarize  # noqa: E402
+from autotune.runners.isolation import TrialFailure  # noqa: E402
+from autotune.search import space as space_  # noqa: E402
 from autotune.spec import study_file as spec_  # noqa: E402
-from autotune.spec.study_file import FIXED_SCHEDULE  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
+from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY  # noqa: E402
+from autotune.study import confirm, preparation, run as study_, schema, storage  # noqa: E402
+from autotune.train.config import TrialConfig  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+from benchmarks.search import true_time  # noqa: E402
 
 REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)
+PLAIN_TPE = "plain_tpe"
+ORACLE = "oracle"
+MATHS = ("lr", "scheduler", "batch_size", "accumulation_steps", "precision")  # what systems_only keeps (digits has BatchNorm)
 
 
 def load(path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None) -> spec_.StudySpec:
@@ -84,13 +103,8 @@ def busy(on: bool):
         spinner.join()
 
 
-def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
-              replicates: int | None = None, load_machine: bool = False) -> dict:
-    """Run the study with `seed` (beside a busy process with `load_machine`); re-measure its
-    winner against the baseline on fresh seeds, on a quiet machine."""
-    spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
-    spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
-    prepared = preparation.prepare(spec)
+def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
+    """Run the study as `autotune run` would; its winner and what it spent."""
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
         study_.run_sequence(spec, prepared)
@@ -98,30 +112,96 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
     study = storage.open_study(spec, create=False)
     _, summary = summarize.of_study(spec, study)
     label, params = (summary.best.label, summary.best.params) if summary.best else ("none found", prepared.baseline)
-    candidates = {confirm.BASELINE: prepared.baseline, "winner": dict(params)}
+    # training seconds the trials spent: a pruned one up to where it was stopped
+    compute = sum(schema.training_seconds(t) for t in study.get_trials(deepcopy=False))
+    phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
+    probe = (summary.probe or {}).get("seconds")
+    error = summary.confirmation.prediction_error(label) if summary.confirmation and summary.best else None
+    return {"winner": label, "params": dict(params), "study_says": summary.speedup, "tuning_wall": tuning_wall,
+            "trial_compute": compute, "probe_seconds": probe, "phase_seconds": phase,
+            "compute": compute + phase + (probe or 0.0), "counts": dataclasses.asdict(summary.counts),
+            "prediction_error": error}
+
+
+def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
+    """What a user writes instead of autotune: Optuna's default TPE over the same knobs, one
+    training run per trial, the study's trial budget; the fastest trial wins."""
+    limits = preparation.limits_for(spec)
+    spent: list[float] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        config = space_.suggest(prepared.space, trial)
+        try:
+            result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
+                                        seed=spec.seed * 100_000 + trial.number)
+        except TrialFailure:
+            return math.inf
+        spent.append(result.train_seconds)
+        return result.time_to_target if result.reached else math.inf
+
+    sampler = optuna.samplers.TPESampler(seed=spec.seed)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    started = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
+        study.optimize(objective, n_trials=spec.budget.trials)
+    tuning_wall = time.perf_counter() - started
+    reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
+    best = min(reached, key=lambda t: t.value) if reached else None
+    params = space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
+    return {"winner": f"trial {best.number}" if best else "none found", "params": params, "study_says": None,
+            "tuning_wall": tuning_wall, "trial_compute": sum(spent), "probe_seconds": None, "phase_seconds": 0.0,
+            "compute": sum(spent), "counts": {"trials": len(study.trials), "reached": len(reached)},
+            "prediction_error": None}
+
+
+def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float]:
+    """The grid's fastest configuration by median time to target, and that median (with
+    `same_maths`, the fastest of those with the baseline's maths)."""
+    rows = [json.loads(line) for line in grid.read_text().splitlines()[1:]]
+    runs: dict[str, list[dict]] = {}
+    for row in rows:
+        if not same_maths or all(row["config"][k] == baseline[k] for k in MATHS):
+            runs.setdefault(json.dumps(row["config"], sort_keys=True), []).append(row)
+    best = min(runs, key=lambda k: true_time(runs[k]))
+    return json.loads(best), true_time(runs[best])
+
+
+def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
+              replicates: int | None = None, load_machine: bool = False, plain_tpe: bool = False,
+              grid: Path | None = None, to_target: bool = False) -> dict:
+    """Run the study with `seed` (beside a busy process with `load_machine`); re-measure its
+    winner against the baseline (and the grid's oracle) on fresh seeds, on a quiet machine."""
+    spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
+    spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
+    prepared = preparation.prepare(spec)
+    found = (plain_tpe_study if plain_tpe else autotune_study)(spec, prepared, load_machine)
+    candidates = {confirm.BASELINE: prepared.baseline, "winner": dict(found["params"])}
+    if grid is not None:
+        candidates[ORACLE], grid_median = oracle(grid, prepared.baseline, same_maths=spec.objective == SYSTEMS_ONLY)
     # Every run trains its whole schedule and notes when it first reached the target: the same
-    # runs give both objectives' yardsticks, whatever the study's objective was.
-    whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=False)
+    # runs give both objectives' yardsticks, whatever the study's objective was (--to-target: the first only).
+    whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=to_target)
     runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=whole,
                            seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
     stats = confirm.summarize(runs)
-    fixed = confirm.summarize(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
     base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
-    fixed_base, fixed_won = fixed[confirm.BASELINE]["median"], fixed["winner"]["median"]
-    trials = study.get_trials(deepcopy=False)
-    # training seconds the trials spent: a pruned one up to where it was stopped
-    compute = sum(schema.training_seconds(t) for t in trials)
-    phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
-    total = compute + phase + ((summary.probe or {}).get("seconds") or 0.0)
-    kept_baseline = label == confirm.BASELINE  # re-measuring it against itself shows only the noise
-    return {"seed": seed, "winner": label, "params": dict(params), "study_says": summary.speedup,
-            "baseline_median": base, "winner_median": won, "speedup": base / won if base and won else None,
-            "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
-            "tuning_wall": tuning_wall, "trial_compute": compute, "probe_seconds": (summary.probe or {}).get("seconds"),
-            "phase_seconds": phase, "compute": total, "loaded": load_machine,
-            "counts": dataclasses.asdict(summary.counts), "stats": stats, "runs": runs,
-            # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
-            "fixed_stats": fixed, "fixed_speedup": fixed_base / fixed_won if fixed_base and fixed_won else None}
+    kept_baseline = found["winner"] == confirm.BASELINE  # re-measuring it against itself shows only the noise
+    row = {"seed": seed, **found, "baseline_median": base, "winner_median": won,
+           "speedup": base / won if base and won else None,
+           "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
+           # never worse: the winner's median at or below the baseline's (keeping the baseline counts)
+           "not_worse": bool(kept_baseline or (won is not None and (base is None or won <= base))),
+           "loaded": load_machine, "stats": stats, "runs": runs}
+    if grid is not None:
+        best = stats[ORACLE]["median"]
+        row.update(oracle=candidates[ORACLE], oracle_median=best, oracle_grid_median=grid_median,
+                   regret=won / best if won and best else None if best is None else math.inf)
+    if not to_target:
+        # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
+        fixed = confirm.summarize(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
+        fixed_base, fixed_won = fixed[confirm.BASELINE]["median"], fixed["winner"]["median"]
+        row.update(fixed_stats=fixed, fixed_speedup=fixed_base / fixed_won if fixed_base and fixed_won else None)
+    return row
 
 
 def main() -> None:
@@ -134,32 +214,40 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=1, help="the first study seed")
     parser.add_argument("--fresh", action="store_true", help="discard the studies already in the results file")
     parser.add_argument("--load", action="store_true", help="run each study beside a process spinning on one core")
+    parser.add_argument("--plain-tpe", action="store_true", help="a hand-written loop over Optuna's TPE instead of autotune")
+    parser.add_argument("--oracle", type=Path, metavar="GRID", help="re-measure the grid's fastest configuration too")
+    parser.add_argument("--to-target", action="store_true", help="re-measurement runs stop at the target")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = preparation.resolve_device(spec)
-        replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective]
-        variant = f"-{spec.objective}" + (f"-r{spec.replicates}" if replicated else "") + ("-load" if args.load else "")
+        replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
+        variant = f"-{PLAIN_TPE if args.plain_tpe else spec.objective}" + (f"-r{spec.replicates}" if replicated else "") + ("-load" if args.load else "") \
+            + ("-regret" if args.oracle else "")
         out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
         kept = json.loads(out.read_text()).get("studies", []) if out.exists() and not args.fresh else []
-        rows = {r["seed"]: r for r in kept if r.get("fresh_seeds", args.seeds) == args.seeds}
+        rows = {r["seed"]: r for r in kept if r.get("fresh_seeds", args.seeds) == args.seeds
+                and (not args.oracle or "regret" in r)}
         with tempfile.TemporaryDirectory() as tmp:
             for seed in range(args.first, args.first + args.studies):
                 if seed in rows:
                     continue
                 row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective,
-                                replicates=args.replicates, load_machine=args.load)
+                                replicates=args.replicates, load_machine=args.load, plain_tpe=args.plain_tpe,
+                                grid=args.oracle, to_target=args.to_target)
                 rows[seed] = {**row, "fresh_seeds": args.seeds, "commit": provenance(device)["commit"]}
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
                 print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
-                      f"winner {row['winner_median']} s, {speed}, study took {row['tuning_wall']:.0f} s", flush=True)
+                      f"winner {row['winner_median']} s, {speed}"
+                      + (f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)" if "regret" in row else "")
+                      + f", study took {row['tuning_wall']:.0f} s, compute {row['compute']:.0f} s", flush=True)
                 write(out, path, spec, device, args, sorted(rows.values(), key=lambda r: r["seed"]))
         results = sorted(rows.values(), key=lambda r: r["seed"])
         summary = write(out, path, spec, device, args, results)
-        print(f"\n{path.stem} ({spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
+        print(f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
               f"fresh seeds beside the baseline, by time to target")
         print(f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} {'speedup':>8} "
               f"{'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}")
@@ -173,6 +261,11 @@ def main() -> None:
               f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
               f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
               f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)")
+        if args.oracle:
+            print(f"regret (winner's median over the oracle's, side by side): median {_x(summary['median_regret'])}, "
+                  f"within 10% of the oracle in {summary['within_10']} of {len(results)}; winner at or below the "
+                  f"baseline's median in {summary['not_worse']} of {len(results)}; predicted vs measured, median "
+                  f"|error| {summary['median_prediction_error']}")
         print(f"written: {out.relative_to(REPO)}")
 
 
@@ -189,8 +282,17 @@ def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: ar
                "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
                "median_trial_compute": statistics.median(r["trial_compute"] for r in results),
                "median_compute": statistics.median(r.get("compute", r["trial_compute"]) for r in results)}
+    regrets = [r["regret"] for r in results if "regret" in r]
+    if regrets:
+        errors = [abs(r["prediction_error"]) for r in results if r.get("prediction_error") is not None]
+        summary.update(median_regret=statistics.median(math.inf if x is None else x for x in regrets),
+                       within_10=sum(x is not None and x <= 1.10 for x in regrets),
+                       not_worse=sum(r["not_worse"] for r in results),
+                       median_prediction_error=statistics.median(errors) if errors else None)
     record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
-              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load},
+              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load,
+                       "plain_tpe": args.plain_tpe, "oracle": str(args.oracle) if args.oracle else None,
+                       "to_target": args.to_target},
               **provenance(device), "summary": summary, "studies": results}
     out.write_text(json.dumps(record, indent=1))
     return summary
