@@ -20,7 +20,8 @@ curve. Usage (from the repository root):
 
     .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40]
 
-Prints a table and writes benchmarks/results/search-digits-cpu.json.
+Prints a table and writes benchmarks/results/search-<the grid's name>.json (search-digits-cpu.json
+for grid-digits-cpu.jsonl).
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ def main() -> None:
 
     print(f"grid: {len(grid)} configurations x {len(seeds)} seed(s); {len(reached)} reach the target by their median; "
           f"optimum {optimum:.2f} s (median); measuring all of it took {grid_compute:.0f} s of training")
+    best = min(truth, key=truth.get)
+    times = sorted(r["time_to_target"] for r in grid[best] if r["reached"])
+    print(f"the optimum: {best}, runs {', '.join(f'{t:.2f}' for t in times)} s; "
+          f"{sum(t <= optimum * 1.1 for t in truth.values())} configurations within 10% of it")
     from autotune.search.probe import describe
 
     print(describe(probed))
@@ -203,7 +208,7 @@ def main() -> None:
               "summary": {n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
                           for n, s in summary.items()},
               "runs": runs}
-    out = RESULTS / "search-digits-cpu.json"
+    out = RESULTS / args.grid.name.replace("grid-", "search-").replace(".jsonl", ".json")
     out.write_text(json.dumps(record, indent=1))
     print(f"written: {out.relative_to(REPO)}")
 

@@ -1,9 +1,11 @@
-"""The search benchmark's bookkeeping (benchmarks/search.py), on a made-up grid: what it charges
-a pruned trial, how it judges a configuration, when a search counts as near the optimum."""
+"""The search benchmarks' bookkeeping (benchmarks/search.py, found.py's oracle), on a made-up grid:
+what it charges a pruned trial, how it judges a configuration, when a search counts as near the
+optimum, which configuration is the oracle."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -62,3 +64,25 @@ def test_near_the_optimum_is_when_the_reported_configuration_first_gets_within_t
 def test_every_strategy_spends_its_budget_and_finds_the_fast_configurations(name: str) -> None:
     result = run(name)
     assert result["best"] == 2.0 and result["compute"] >= 2.0
+
+
+def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baselines_maths(tmp_path) -> None:
+    from benchmarks.found import oracle
+
+    grid = made_up_grid()
+    path = tmp_path / "grid.jsonl"
+    rows = [{**run, "seed": 1} for runs in grid.values() for run in runs]
+    # one more seed: a configuration whose single lucky run would win on its fastest run loses on its median
+    lucky = dict(rows[0]["config"], lr=0.01, scheduler="cosine", batch_size=16, accumulation_steps=1,
+                 num_workers=0, precision="fp32")
+    for row in rows:
+        if row["config"] == lucky:
+            row.update(time_to_target=0.5)
+    rows += [{**row, "seed": 2, "time_to_target": 9.0} if row["config"] == lucky else {**row, "seed": 2} for row in rows]
+    rows += [{**row, "seed": 3} for row in rows if row["seed"] == 2]
+    path.write_text("{}\n" + "\n".join(json.dumps(r) for r in rows))
+    best, median = oracle(path, {}, same_maths=False)
+    assert median == 2.0 and best["lr"] == 0.3 and best["precision"] == "fp32"
+    baseline = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "precision": "fp32"}
+    best, median = oracle(path, baseline, same_maths=True)
+    assert median == 4.0 and {k: best[k] for k in baseline} == baseline
