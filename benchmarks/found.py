@@ -65,15 +65,17 @@ from autotune.search import space as space_  # noqa: E402
 from autotune.spec import study_file as spec_  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY  # noqa: E402
-from autotune.study import confirm, preparation, run as study_, schema, storage  # noqa: E402
+from autotune.study import confirm, objective as objective_, preparation, run as study_, schema, storage  # noqa: E402
 from autotune.train.config import TrialConfig  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
-from benchmarks.search import true_time  # noqa: E402
+from benchmarks.search import load_grid, true_time  # noqa: E402
 
 REMEASURE_SEED = 7_000_000  # far from every seed a study uses (study seed * 100,000 + ...)
 PLAIN_TPE = "plain_tpe"
 ORACLE = "oracle"
-MATHS = ("lr", "scheduler", "batch_size", "accumulation_steps", "precision")  # what systems_only keeps (digits has BatchNorm)
+# What systems_only may change; everything else in a grid configuration is the maths it keeps
+# (digits has BatchNorm, so its micro-batch is maths too).
+SYSTEMS = (*space_.LOADER_KNOBS, *space_.FORMAT_KNOBS)
 
 
 def load(path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None) -> spec_.StudySpec:
@@ -133,7 +135,7 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
         config = space_.suggest(prepared.space, trial)
         try:
             result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
-                                        seed=spec.seed * 100_000 + trial.number)
+                                        seed=objective_.trial_seed(spec.seed, trial.number))
         except TrialFailure:
             return math.inf
         spent.append(result.train_seconds)
@@ -148,7 +150,7 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
     reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
     best = min(reached, key=lambda t: t.value) if reached else None
     params = space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
-    return {"winner": f"trial {best.number}" if best else "none found", "params": params, "study_says": None,
+    return {"winner": confirm.label(best.number) if best else "none found", "params": params, "study_says": None,
             "tuning_wall": tuning_wall, "trial_compute": sum(spent), "probe_seconds": None, "phase_seconds": 0.0,
             "compute": sum(spent), "counts": {"trials": len(study.trials), "reached": len(reached)},
             "prediction_error": None}
@@ -157,13 +159,12 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
 def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float]:
     """The grid's fastest configuration by median time to target, and that median (with
     `same_maths`, the fastest of those with the baseline's maths)."""
-    rows = [json.loads(line) for line in grid.read_text().splitlines()[1:]]
-    runs: dict[str, list[dict]] = {}
-    for row in rows:
-        if not same_maths or all(row["config"][k] == baseline[k] for k in MATHS):
-            runs.setdefault(json.dumps(row["config"], sort_keys=True), []).append(row)
+    _, runs = load_grid(grid)
+    if same_maths:
+        runs = {k: r for k, r in runs.items()
+                if all(v == baseline[name] for name, v in r[0]["config"].items() if name not in SYSTEMS)}
     best = min(runs, key=lambda k: true_time(runs[k]))
-    return json.loads(best), true_time(runs[best])
+    return dict(runs[best][0]["config"]), true_time(runs[best])
 
 
 def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
