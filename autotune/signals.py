@@ -49,10 +49,12 @@ def _on_signal(signum: int, _: FrameType | None) -> None:
     if _State.stopping:
         return
     _State.stopping = True
+    # Pending even when raised: Python drops (prints, then forgets) an exception raised inside a
+    # weakref callback or a __del__, which the signal may have landed in. The next check() raises it.
+    _State.pending = signum
     if _State.interruptible:
         _State.interruptible = False
         raise Stopped(signum)
-    _State.pending = signum
 
 
 @contextlib.contextmanager
@@ -99,7 +101,9 @@ def ignore_in_worker() -> None:
 
 
 def check() -> None:
-    """Raise Stopped for a signal that arrived since the last check."""
+    """Raise Stopped for a signal that arrived since the last check (or whose exception was dropped).
+
+    Long interruptible blocks call it too, as they report progress."""
     if _State.pending is not None:
         signum, _State.pending = _State.pending, None
         raise Stopped(signum)
@@ -112,6 +116,9 @@ def interruptible() -> Iterator[None]:
     _State.interruptible = True
     try:
         yield
+    except Stopped:
+        _State.pending = None  # raised where it landed and on its way out
+        raise
     finally:
         _State.interruptible = False
     check()
@@ -125,8 +132,17 @@ def handled() -> Iterator[None]:
         return
     previous = {s: signal.signal(s, _on_signal) for s in HANDLED}
     _State.pending, _State.stopping = None, False
+    previous_hook = sys.unraisablehook
+
+    def quiet_when_stopped(unraisable: sys.UnraisableHookArgs) -> None:
+        # Python prints an exception it drops as a traceback; a dropped Stopped is still pending.
+        if not isinstance(unraisable.exc_value, Stopped):
+            previous_hook(unraisable)
+
+    sys.unraisablehook = quiet_when_stopped
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         for s, handler in previous.items():
             signal.signal(s, handler)

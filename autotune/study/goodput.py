@@ -63,6 +63,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
             for start in range(0, len(group), MAX_GROUP):
                 chunk = group[start:start + MAX_GROUP]
                 configs = {str(i): TrialConfig.from_mapping(space_.complete({**baseline, **s})) for i, s in enumerate(chunk)}
+                signals.check()
                 measured = measure(configs, device=device, seed=seed_for(spec.seed))
                 for i, s in enumerate(chunk):
                     figure = measured[str(i)]

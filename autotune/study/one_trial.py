@@ -148,6 +148,7 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
         return seconds if predict is None else predict(steps * effective)
 
     def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+        signals.check()
         bar.total = total
         bar.update(steps - bar.n)
         if metric is not None:

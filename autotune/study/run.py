@@ -103,6 +103,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     limits = Limits(target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs)
 
     def measure(config: dict[str, Any]) -> float:
+        signals.check()
         try:
             result = prepared.run_trial(TrialConfig.from_mapping(space_.complete(config)), limits=limits,
                                         device=prepared.device, seed=probe.seed_for(spec.seed))
@@ -241,7 +242,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     with progress.bar("confirming on fresh seeds", total=len(seeds) * len(candidates), unit="run", leave=False) as bar:
         with signals.interruptible():
             runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
-                                   on_run=lambda: bar.update(1))
+                                   on_run=lambda: (bar.update(1), signals.check()))
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
                "objective": spec.objective, "target": spec.target.value}
     predicted = {confirm.label(t.number): t.value for t in top

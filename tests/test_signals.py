@@ -1,0 +1,67 @@
+"""A signal that lands where Python cannot raise still stops the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import weakref
+
+import pytest
+
+from autotune import signals
+
+
+class _Anything:
+    pass
+
+
+@pytest.fixture
+def dropped(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """The exceptions Python dropped and would print as "Exception ignored in ..." with a traceback."""
+    seen: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_value))
+    return seen
+
+
+def _sigterm_during_a_weakref_callback() -> None:
+    thing = _Anything()
+    ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+    del thing  # the callback runs here, and the signal's handler inside it
+    assert ref() is None
+
+
+def test_a_signal_dropped_inside_a_weakref_callback_still_stops_the_interruptible_block(dropped: list[BaseException]) -> None:
+    reached_the_end = False
+    with signals.handled(), pytest.raises(signals.Stopped) as stopped:
+        with signals.interruptible():
+            _sigterm_during_a_weakref_callback()
+            reached_the_end = True
+    assert reached_the_end  # the signal's exception did not stop the block where it landed
+    assert stopped.value.signum == signal.SIGTERM and dropped == []  # stopped after all, and nothing printed
+
+
+def test_a_dropped_signal_is_raised_by_the_next_check_as_a_trial_reports_progress(dropped: list[BaseException]) -> None:
+    with signals.handled(), signals.interruptible():
+        _sigterm_during_a_weakref_callback()
+        with pytest.raises(signals.Stopped):
+            signals.check()
+        signals.check()  # raised once only
+
+
+def test_a_signal_raised_where_it_lands_is_not_raised_again() -> None:
+    with signals.handled():
+        with pytest.raises(signals.Stopped):
+            with signals.interruptible():
+                os.kill(os.getpid(), signal.SIGTERM)
+        signals.check()  # nothing left pending
+
+
+def test_other_dropped_exceptions_are_still_printed(dropped: list[BaseException]) -> None:
+    class Noisy:
+        def __del__(self) -> None:
+            raise ValueError("from __del__")
+
+    with signals.handled():
+        Noisy()
+    assert [type(e) for e in dropped] == [ValueError]
