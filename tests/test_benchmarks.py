@@ -86,3 +86,27 @@ def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baseli
     baseline = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "precision": "fp32"}
     best, median = oracle(path, baseline, same_maths=True)
     assert median == 4.0 and {k: best[k] for k in baseline} == baseline
+
+
+def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machine_state(tmp_path, monkeypatch) -> None:
+    from benchmarks import regret
+
+    def write(name: str, compute: float, regrets: list[float]) -> None:
+        studies = [{"baseline_median": 2.0, "oracle_median": 1.0, "regret": x} for x in regrets]
+        summary = {"median_regret": sorted(regrets)[len(regrets) // 2], "within_10": sum(x <= 1.1 for x in regrets),
+                   "not_worse": len(regrets), "median_speedup": 1.5, "median_compute": compute,
+                   "median_prediction_error": None}
+        (tmp_path / name).write_text(json.dumps({"summary": summary, "studies": studies}))
+
+    write("found-digits-plain_tpe-regret-cpu.json", 100.0, [1.3, 1.4, 1.5])
+    write("found-digits-goodput-r3-regret-cpu.json", 40.0, [1.0, 1.05, 1.2])
+    write("found-digits-plain_tpe-regret-load-cpu.json", 50.0, [2.0])
+    write("found-digits-goodput-r3-regret-load-cpu.json", 100.0, [1.0])
+    write("found-digits-goodput-r3-cpu.json", 1.0, [1.0])  # not a regret run: left out
+    monkeypatch.setattr(regret, "RESULTS", tmp_path)
+    found = regret.rows("digits", "cpu")
+    assert [(r["strategy"], r["loaded"]) for r in found] == [("goodput", False), ("plain_tpe", False),
+                                                             ("goodput", True), ("plain_tpe", True)]
+    lines = regret.table(found).splitlines()[2:]
+    assert "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]  # oracle 2x the baseline
+    assert "| 2.00 |" in lines[2]  # loaded goodput against loaded plain TPE, not the quiet one
