@@ -110,3 +110,14 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
     lines = regret.table(found).splitlines()[2:]
     assert "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]  # oracle 2x the baseline
     assert "| 2.00 |" in lines[2]  # loaded goodput against loaded plain TPE, not the quiet one
+
+
+def test_the_oracle_is_remeasured_under_each_value_of_a_searched_knob_the_grid_leaves_out() -> None:
+    from autotune.search.space import Choices, Range, Space
+    from benchmarks.found import oracle_variants
+
+    space = Space(domains=(("lr", Range(0.001, 0.3, log=True)), ("channels_last", Choices((False, True))),
+                           ("compile", Choices((False,)))))
+    assert oracle_variants({"lr": 0.3}, space) == {"oracle channels_last=False": {"lr": 0.3, "channels_last": False},
+                                                   "oracle channels_last=True": {"lr": 0.3, "channels_last": True}}
+    assert oracle_variants({"lr": 0.3, "channels_last": True}, space) == {"oracle": {"lr": 0.3, "channels_last": True}}
