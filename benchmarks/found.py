@@ -124,7 +124,21 @@ def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_m
     return {"winner": label, "params": dict(params), "study_says": summary.speedup, "tuning_wall": tuning_wall,
             "trial_compute": compute, "probe_seconds": probe, "phase_seconds": phase,
             "compute": compute + phase + (probe or 0.0), "counts": dataclasses.asdict(summary.counts),
-            "prediction_error": error}
+            "prediction_error": error, "trial_prediction_error": trial_prediction_error(study)}
+
+
+def trial_prediction_error(study: optuna.Study) -> float | None:
+    """Goodput: the trained trials' median of (their runs' mean time to target / their predicted
+    time - 1). The same runs and seeds on both sides, so this is the throughput phase's error alone."""
+    errors = []
+    for trial in study.get_trials(deepcopy=False):
+        result, predicted = schema.measured(trial), schema.prediction(trial)
+        if predicted is None or "trained" not in predicted:
+            continue  # not a goodput trial, or one told from another's samples
+        times = [r["time_to_target"] for r in result.get("replicates") or [result]]
+        if all(t is not None for t in times):
+            errors.append(statistics.fmean(times) / predicted["seconds"] - 1)
+    return statistics.median(errors) if errors else None
 
 
 def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
@@ -306,6 +320,9 @@ def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: ar
                        within_10=sum(x is not None and x <= 1.10 for x in regrets),
                        not_worse=sum(r["not_worse"] for r in results),
                        median_prediction_error=statistics.median(errors) if errors else None)
+    phase_errors = [r["trial_prediction_error"] for r in results if r.get("trial_prediction_error") is not None]
+    if phase_errors:  # signed: above 0, the trials' own runs were slower than predicted
+        summary["median_trial_prediction_error"] = statistics.median(phase_errors)
     record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
               "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load,
                        "plain_tpe": args.plain_tpe, "oracle": str(args.oracle) if args.oracle else None,
