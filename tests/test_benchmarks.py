@@ -121,3 +121,22 @@ def test_the_oracle_is_remeasured_under_each_value_of_a_searched_knob_the_grid_l
     assert oracle_variants({"lr": 0.3}, space) == {"oracle channels_last=False": {"lr": 0.3, "channels_last": False},
                                                    "oracle channels_last=True": {"lr": 0.3, "channels_last": True}}
     assert oracle_variants({"lr": 0.3, "channels_last": True}, space) == {"oracle": {"lr": 0.3, "channels_last": True}}
+
+
+def test_the_trials_prediction_error_sets_their_own_runs_against_their_prediction_and_skips_told_ones() -> None:
+    import optuna
+
+    from autotune.study import schema
+    from benchmarks.found import trial_prediction_error
+
+    study = optuna.create_study()
+
+    def add(result: dict) -> None:
+        study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={schema.RESULT: result}))
+
+    add({"time_to_target": 1.2, "replicates": [{"time_to_target": 1.2}, {"time_to_target": 1.0}],
+         schema.PREDICTION: {"seconds": 1.0, "trained": {"batch_size": 32}}})  # mean 1.1: +10%
+    add({"time_to_target": 3.0, schema.PREDICTION: {"seconds": 2.0, "trained": {"batch_size": 64}}})  # +50%
+    add({"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}})  # told, not trained
+    add({"time_to_target": 5.0})  # not a goodput trial
+    assert trial_prediction_error(study) == pytest.approx(0.3)
