@@ -61,6 +61,15 @@ def test_real_training_gives_each_configuration_a_speed_and_its_start_up_apart()
         assert 0 <= figure.fixed_seconds <= figure.startup_seconds
 
 
+@pytest.mark.parametrize("batch", [256, 512, 1024])  # 4, 2 and 1 steps an epoch of the 1024 samples
+def test_a_batch_that_makes_epochs_shorter_than_a_window_still_gets_a_speed(batch: int) -> None:
+    measured = throughput.measure(blobs(), {batch: dataclasses.replace(BASE, batch_size=batch)}, device=CPU, seed=0,
+                                  max_rounds=6)
+    figure = measured[batch]
+    assert figure.samples_per_second > 0 and figure.windows >= 1, figure.reason
+    assert figure.window_steps == max(1, (1024 // batch) // 2)
+
+
 def test_running_out_of_memory_is_a_result_and_the_others_are_still_measured() -> None:
     configs = {"small": BASE, "large": dataclasses.replace(BASE, batch_size=OOM_BATCH)}
     measured = throughput.measure(cuda_oom(), configs, device=CPU, seed=0, window_steps=2, max_rounds=3)

@@ -25,7 +25,7 @@ from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import schema
 from autotune.study.preparation import Prepared
 from autotune.train.config import TrialConfig
-from autotune.train.throughput import WINDOW_STEPS, Throughput
+from autotune.train.throughput import Throughput
 
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
 
@@ -80,7 +80,7 @@ def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:
     """Seconds one timed window of `figure` took (its steps at its speed)."""
     if not figure.samples_per_second:
         return 0.0
-    return WINDOW_STEPS * settings["batch_size"] * settings["accumulation_steps"] / figure.samples_per_second
+    return figure.window_steps * settings["batch_size"] * settings["accumulation_steps"] / figure.samples_per_second
 
 
 def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> None:

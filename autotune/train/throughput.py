@@ -47,6 +47,7 @@ class Throughput:
     warmup_samples: int = 0  # trained during the warm-up steps
     oom: bool = False
     reason: str | None = None  # why it has no figure
+    window_steps: int = WINDOW_STEPS  # optimizer steps per timed window (fewer where epochs are short)
 
     @property
     def fixed_seconds(self) -> float | None:
@@ -96,7 +97,9 @@ def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.devic
                     raise
                 failed[key] = Throughput(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
                 oom.free_memory()
-        figures = interleave({key: (lambda s=s: s.window(window_steps)) for key, s in sessions.items()}, **rounds)
+        for session in sessions.values():
+            session.fit_window(window_steps)
+        figures = interleave({key: s.window for key, s in sessions.items()}, **rounds)
     finally:
         for session in sessions.values():
             session.close()
@@ -136,20 +139,31 @@ class _Session:
             epoch_began = epoch_began or any(first for first, _ in group)
         return samples, epoch_began
 
-    def window(self, steps: int) -> float | None:
-        """Samples per second over `steps` optimizer steps; None when an epoch began in them."""
+    def fit_window(self, steps: int) -> None:
+        """Windows of `steps` optimizer steps, or of half an epoch where epochs are shorter: a
+        window longer than that would nearly always hold an epoch's first batch (a large batch on
+        a small dataset) and the setting would get no figure. Where an epoch is a single step,
+        every window holds one: then they count, as every step of a run pays it."""
+        per_epoch = len(self.training.loader) // self.config.accumulation_steps
+        self.window_steps = max(1, min(steps, per_epoch // 2))
+        self.keep_epoch_starts = per_epoch < 2
+
+    def window(self) -> float | None:
+        """Samples per second over a window; None when an epoch began in it."""
         torch.set_num_threads(threads_for(self.config.num_workers))  # the sessions differ in workers
         clock = Clock(self.device)
         clock.start()
-        samples, epoch_began = self._steps(steps)
+        samples, epoch_began = self._steps(self.window_steps)
         seconds = clock.stop()
-        return None if epoch_began or seconds <= 0 else samples / seconds
+        return None if (epoch_began and not self.keep_epoch_starts) or seconds <= 0 else samples / seconds
 
     def result(self, figures: Sequence[float]) -> Throughput:
         if not figures:
-            return Throughput(None, None, 0, self.startup_seconds, reason="no window without an epoch's first batch")
+            return Throughput(None, None, 0, self.startup_seconds, reason="no window without an epoch's first batch",
+                              window_steps=self.window_steps)
         speed = statistics.median(figures)
-        return Throughput(speed, spread(figures), len(figures), self.startup_seconds, warmup_samples=self.warmup_samples)
+        return Throughput(speed, spread(figures), len(figures), self.startup_seconds, warmup_samples=self.warmup_samples,
+                          window_steps=self.window_steps)
 
     def close(self) -> None:
         self.batches.close()  # shuts its loader's workers down
