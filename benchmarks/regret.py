@@ -12,10 +12,14 @@ import argparse
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-PLAIN_TPE = "plain_tpe"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from benchmarks.found import PLAIN_TPE  # noqa: E402
+from benchmarks.provenance import RESULTS  # noqa: E402
+
 ORDER = ("time_to_target", "goodput", "systems_only", PLAIN_TPE)  # the docs' order
 
 

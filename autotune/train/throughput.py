@@ -91,14 +91,12 @@ def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.devic
     try:
         for key, config in configs.items():
             try:
-                sessions[key] = _Session(task, config, device=device, seed=seed)
+                sessions[key] = _Session(task, config, device=device, seed=seed, window_steps=window_steps)
             except Exception as exc:
                 if not oom.is_oom(exc):
                     raise
                 failed[key] = Throughput(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
                 oom.free_memory()
-        for session in sessions.values():
-            session.fit_window(window_steps)
         figures = interleave({key: s.window for key, s in sessions.items()}, **rounds)
     finally:
         for session in sessions.values():
@@ -110,7 +108,8 @@ def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.devic
 class _Session:
     """One configuration's training, built once and stepped a window at a time."""
 
-    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int) -> None:
+    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int,
+                 window_steps: int = WINDOW_STEPS) -> None:
         # The schedule's length does not change the speed; a long one never runs out mid-measurement.
         self.config = dataclasses.replace(config, schedule_epochs=None)
         self.device = device
@@ -127,6 +126,13 @@ class _Session:
             self.close()
             raise
         self.startup_seconds = clock.stop()
+        # Windows of `window_steps` optimizer steps, or of half an epoch where epochs are shorter:
+        # a longer window would nearly always hold an epoch's first batch (a large batch on a small
+        # dataset) and the setting would get no figure. Where an epoch is a single step, every
+        # window holds one: then they count, as every step of a run pays it.
+        per_epoch = len(self.training.loader) // self.config.accumulation_steps
+        self.window_steps = max(1, min(window_steps, per_epoch // 2))
+        self.keep_epoch_starts = per_epoch < 2
 
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
@@ -138,15 +144,6 @@ class _Session:
             samples += sum(len(batch[1]) for _, batch in group)
             epoch_began = epoch_began or any(first for first, _ in group)
         return samples, epoch_began
-
-    def fit_window(self, steps: int) -> None:
-        """Windows of `steps` optimizer steps, or of half an epoch where epochs are shorter: a
-        window longer than that would nearly always hold an epoch's first batch (a large batch on
-        a small dataset) and the setting would get no figure. Where an epoch is a single step,
-        every window holds one: then they count, as every step of a run pays it."""
-        per_epoch = len(self.training.loader) // self.config.accumulation_steps
-        self.window_steps = max(1, min(steps, per_epoch // 2))
-        self.keep_epoch_starts = per_epoch < 2
 
     def window(self) -> float | None:
         """Samples per second over a window; None when an epoch began in it."""
