@@ -34,7 +34,7 @@ schedule (schedule_epochs long) and notes when it first reached the target, whic
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>-<objective or plain_tpe>[-r<replicates>][-load]-<device>.json per
+Prints a table and writes benchmarks/results/found-<study>-<objective or plain_tpe>[-r<replicates>][-load][-regret]-<device>.json per
 study file (-r<replicates> where they are not the objective's default). Compute counts every training
 second a study spent: its trials, the systems probe and the throughput phase.
 """
@@ -50,6 +50,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,17 @@ def busy(on: bool):
     finally:
         spinner.kill()
         spinner.join()
+
+
+# found-<study>-<strategy>[-r<replicates>][-load][-regret]-<device>.json: what results_name writes
+RESULTS_NAME = re.compile(r"found-(?P<study>.+?)-(?P<strategy>[a-z_]+)(?:-r(?P<replicates>\d+))?(?P<load>-load)?"
+                          r"(?P<regret>-regret)?-(?P<device>[a-z]+)\.json")
+
+
+def results_name(study: str, strategy: str, *, replicates: int | None, load: bool, regret: bool, device: str) -> str:
+    """The results file of one study file and strategy (replicates where not the objective's default)."""
+    return (f"found-{study}-{strategy}" + (f"-r{replicates}" if replicates else "") + ("-load" if load else "")
+            + ("-regret" if regret else "") + f"-{device}.json")
 
 
 def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
@@ -254,9 +266,9 @@ def main() -> None:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = preparation.resolve_device(spec)
         replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
-        variant = f"-{PLAIN_TPE if args.plain_tpe else spec.objective}" + (f"-r{spec.replicates}" if replicated else "") + ("-load" if args.load else "") \
-            + ("-regret" if args.oracle else "")
-        out = RESULTS / f"found-{path.stem}{variant}-{device.type}.json"
+        out = RESULTS / results_name(path.stem, PLAIN_TPE if args.plain_tpe else spec.objective,
+                                     replicates=spec.replicates if replicated else None, load=args.load,
+                                     regret=args.oracle is not None, device=device.type)
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
         kept = json.loads(out.read_text()).get("studies", []) if out.exists() and not args.fresh else []

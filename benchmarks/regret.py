@@ -1,6 +1,6 @@
 """The regret benchmark's table: every strategy's `found.py --oracle` results side by side.
 
-Reads benchmarks/results/found-<study>-*-regret[-load]-<device>.json (written by found.py) and
+Reads benchmarks/results/found-<study>-*[-load]-regret-<device>.json (written by found.py) and
 prints one Markdown row per strategy and machine state, as docs/benchmarks.md shows them. Usage:
 
     .venv/bin/python benchmarks/regret.py [--study digits] [--device cpu]
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.found import PLAIN_TPE  # noqa: E402
+from benchmarks.found import PLAIN_TPE, RESULTS_NAME  # noqa: E402
 from benchmarks.provenance import RESULTS  # noqa: E402
 
 ORDER = ("time_to_target", "goodput", "systems_only", PLAIN_TPE)  # the docs' order
@@ -25,11 +24,10 @@ ORDER = ("time_to_target", "goodput", "systems_only", PLAIN_TPE)  # the docs' or
 
 def rows(study: str, device: str) -> list[dict]:
     """One row per results file: its strategy, whether loaded, and the figures the docs table shows."""
-    pattern = re.compile(rf"found-{re.escape(study)}-(?P<strategy>[a-z_]+)(?:-r\d+)?-regret(?P<load>-load)?-{device}\.json")
     found = []
-    for path in sorted(RESULTS.glob(f"found-{study}-*-regret*-{device}.json")):
-        match = pattern.fullmatch(path.name)
-        if match is None:
+    for path in sorted(RESULTS.glob(f"found-{study}-*-regret-{device}.json")):
+        match = RESULTS_NAME.fullmatch(path.name)
+        if match is None or match["study"] != study or match["device"] != device:
             continue
         record = json.loads(path.read_text())
         studies = record["studies"]
@@ -72,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     found = rows(args.study, args.device)
     if not found:
-        raise SystemExit(f"no found-{args.study}-*-regret*-{args.device}.json in {RESULTS}: run found.py --oracle first")
+        raise SystemExit(f"no found-{args.study}-*-regret-{args.device}.json in {RESULTS}: run found.py --oracle first")
     print(table(found))
 
 

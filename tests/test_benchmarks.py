@@ -90,6 +90,7 @@ def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baseli
 
 def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machine_state(tmp_path, monkeypatch) -> None:
     from benchmarks import regret
+    from benchmarks.found import results_name
 
     def write(name: str, compute: float, regrets: list[float]) -> None:
         studies = [{"baseline_median": 2.0, "oracle_median": 1.0, "regret": x} for x in regrets]
@@ -98,11 +99,16 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
                    "median_prediction_error": None}
         (tmp_path / name).write_text(json.dumps({"summary": summary, "studies": studies}))
 
-    write("found-digits-plain_tpe-regret-cpu.json", 100.0, [1.3, 1.4, 1.5])
-    write("found-digits-goodput-r3-regret-cpu.json", 40.0, [1.0, 1.05, 1.2])
-    write("found-digits-plain_tpe-regret-load-cpu.json", 50.0, [2.0])
-    write("found-digits-goodput-r3-regret-load-cpu.json", 100.0, [1.0])
-    write("found-digits-goodput-r3-cpu.json", 1.0, [1.0])  # not a regret run: left out
+    def name(strategy: str, load: bool, regret: bool = True, study: str = "digits") -> str:
+        return results_name(study, strategy, replicates=3 if strategy == "goodput" else None, load=load,
+                            regret=regret, device="cpu")  # the names found.py writes
+
+    write(name("plain_tpe", False), 100.0, [1.3, 1.4, 1.5])
+    write(name("goodput", False), 40.0, [1.0, 1.05, 1.2])
+    write(name("plain_tpe", True), 50.0, [2.0])
+    write(name("goodput", True), 100.0, [1.0])
+    write(name("goodput", False, regret=False), 1.0, [1.0])  # not a regret run: left out
+    write(name("goodput", False, study="digits-large"), 1.0, [1.0])  # another study file: left out
     monkeypatch.setattr(regret, "RESULTS", tmp_path)
     found = regret.rows("digits", "cpu")
     assert [(r["strategy"], r["loaded"]) for r in found] == [("goodput", False), ("plain_tpe", False),
