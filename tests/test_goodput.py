@@ -180,6 +180,9 @@ def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fa
     phase = schema.throughput(study.user_attrs)
     table = goodput.Table.from_json(phase["table"])
     assert {e.settings["batch_size"] for e in table.entries} == {16, 32, 64} and all(e.speed for e in table.entries)
+    assert phase["cores"] >= 1 and phase["other_cores"] >= 0  # the load it ran beside (test_measure.py)
+    noted = goodput.describe({**phase, "other_cores": 1.2})
+    assert noted.startswith(goodput.describe(phase).split(";")[0]) and f"kept 1.2 of {phase['cores']} cores busy" in noted
     seeds = {t.user_attrs[schema.SEED] for t in study.trials}
     assert len(seeds) == 1  # paired: every trial's runs share their seeds
     timed = [t for t in study.trials if schema.prediction(t) is not None]

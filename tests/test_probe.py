@@ -49,6 +49,9 @@ def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_remov
     assert restricted["precision"] == Choices(("fp32",)) and restricted["lr"] == space()["lr"]
     line = probe.describe(outcome)
     assert "num_workers 1, prefetch_factor 4" in line and "bf16 removed (0.91x the speed of fp32)" in line
+    assert "busy" not in line  # no load recorded (a study from before it was measured)
+    assert "busy" not in probe.describe({**outcome, "other_cores": 0.1, "cores": 2})  # quiet
+    assert "other processes kept 1.0 of 2 cores busy meanwhile" in probe.describe({**outcome, "other_cores": 1.0, "cores": 2})
 
 
 def test_a_loader_setting_only_slightly_faster_than_a_simpler_one_is_not_taken() -> None:

@@ -218,6 +218,7 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
     assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
     outcome = load(path).user_attrs["probe"]
     assert len(outcome["runs"]) == 2 * 2 + 2 * 2  # two loader settings, then two precisions, twice each
+    assert outcome["cores"] >= 1 and outcome["other_cores"] >= 0  # the load it ran beside (test_measure.py)
     for t in finished(load(path)):
         config = t.user_attrs["config"]
         assert config["num_workers"] == outcome["loader"]["num_workers"] and config["precision"] in outcome["precisions"]

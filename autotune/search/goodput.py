@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from autotune.search.probe import load_note
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space
 
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
@@ -213,7 +214,7 @@ def describe(phase: Mapping[str, Any]) -> str:
     ran_out = [e for e in table.entries if e.oom]
     if ran_out:
         parts.append("largest micro-batch that fits: " + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items())))
-    return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts)
+    return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts) + load_note(phase)
 
 
 def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -145,4 +145,17 @@ def describe(outcome: Mapping[str, Any]) -> str:
         parts.append(f"{precision} {verdict} ({outcome['speed'][precision]:.2f}x the speed of {reference})")
     at = f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""  # older studies did not store it
     return (f"Systems probe ({len(outcome['runs'])} short runs{at}, {outcome['seconds']:.1f} s of training): "
-            + ("; ".join(parts) if parts else "nothing to settle"))
+            + ("; ".join(parts) if parts else "nothing to settle") + load_note(outcome))
+
+
+BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so
+
+
+def load_note(record: Mapping[str, Any]) -> str:
+    """What a systems measurement's record says of other processes' load while it ran: nothing
+    on a quiet machine (or a record from before it was measured)."""
+    cores, of = record.get("other_cores"), record.get("cores")
+    if cores is None or cores < BUSY_CORES:
+        return ""
+    return (f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, so these choices suit that load, "
+            f"not a quiet machine")

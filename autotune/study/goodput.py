@@ -24,6 +24,7 @@ from autotune.search.space import Choices, Space
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import schema
 from autotune.study.preparation import Prepared
+from autotune.train import measure as measure_
 from autotune.train.config import TrialConfig
 from autotune.train.throughput import Throughput
 
@@ -58,7 +59,8 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
     entries: list[goodput_.Entry] = []
     seconds = 0.0
     groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput_.format_key)]
-    with progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar, signals.interruptible():
+    with progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar, signals.interruptible(), \
+            measure_.other_load() as load:
         for group in groups:
             for start in range(0, len(group), MAX_GROUP):
                 chunk = group[start:start + MAX_GROUP]
@@ -73,7 +75,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
                     seconds += figure.startup_seconds + figure.windows * _window_seconds(figure, s)
                 bar.update(len(chunk))
     table = goodput_.Table(entries, batch_norm=batch_norm)
-    return {"table": table.as_json(), "seconds": seconds}
+    return {"table": table.as_json(), "seconds": seconds, "other_cores": load.cores, "cores": measure_.cpu_count()}
 
 
 def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:

@@ -26,6 +26,7 @@ from autotune.search import probe, space as space_
 from autotune.spec.study_file import SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
+from autotune.train import measure as measure_
 from autotune.train.config import Limits, TrialConfig
 
 
@@ -112,8 +113,10 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         bar.update(1)
         return result.train_seconds
 
-    with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible():
-        return probe.run(measure, prepared.space, prepared.baseline, samples=int(epochs * len(prepared.task.train)))
+    with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible(), \
+            measure_.other_load() as load:
+        outcome = probe.run(measure, prepared.space, prepared.baseline, samples=int(epochs * len(prepared.task.train)))
+    return {**outcome, "other_cores": load.cores, "cores": measure_.cpu_count()}
 
 
 def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:

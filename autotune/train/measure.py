@@ -1,12 +1,16 @@
-"""Measuring a trial honestly: a pausable clock, peak memory, the device, CPU threads."""
+"""Measuring a trial honestly: a pausable clock, peak memory, the device, CPU threads, and how
+busy other processes kept this machine's cores."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
 import platform
 import resource
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -51,6 +55,76 @@ def cpu_count() -> int:
 def threads_for(num_workers: int) -> int:
     """Torch threads for the training process on this machine (recipe.training_threads)."""
     return training_threads(cpu_count(), num_workers)
+
+
+@dataclasses.dataclass
+class OtherLoad:
+    """Cores that other processes kept busy, on average, while a block ran: the busy CPU time of
+    this process's cores (Linux's /proc/stat) beyond what this process and its descendants (trial
+    children, DataLoader workers) used. None where /proc is missing, or until the block ends."""
+
+    cores: float | None = None
+
+
+@contextlib.contextmanager
+def other_load() -> Iterator[OtherLoad]:
+    """Measure OtherLoad over the block. Systems measurements (the probe, the throughput phase)
+    record it: a choice made while another job used the cores is that load's choice."""
+    load = OtherLoad()
+    busy, own, started = _busy_seconds(), _own_seconds(), time.perf_counter()
+    try:
+        yield load
+    finally:
+        busy_after, own_after, wall = _busy_seconds(), _own_seconds(), time.perf_counter() - started
+        if None not in (busy, busy_after, own, own_after) and wall > 0:
+            load.cores = max(0.0, (busy_after - busy - (own_after - own)) / wall)
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds spent busy so far on the cores this process may run on."""
+    cores = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
+    try:
+        with open("/proc/stat") as stat:
+            lines = [line.split() for line in stat if line.startswith("cpu") and not line.startswith("cpu ")]
+    except OSError:
+        return None
+    ticks = 0
+    for name, *fields in lines:
+        if cores and name not in cores:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(v) for v in fields)
+        ticks += user + nice + system + irq + softirq + (rest[0] if rest else 0)  # rest[0]: steal
+    return ticks / os.sysconf("SC_CLK_TCK") if lines else None
+
+
+def _own_seconds() -> float | None:
+    """CPU seconds this process and its descendants have used, the exited ones included (their
+    time is in their parent's cumulative figures once waited for). A forkserver's trial children
+    are descendants too, which os.times() would miss."""
+    parents: dict[int, int] = {}
+    seconds: dict[int, int] = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return None
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+        except OSError:
+            continue  # exited meanwhile
+        # fields: state ppid ... utime(11) stime(12) cutime(13) cstime(14)
+        parents[int(pid)] = int(fields[1])
+        seconds[int(pid)] = sum(int(v) for v in fields[11:15])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += seconds.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def reset_peak_memory(device: torch.device) -> None:
