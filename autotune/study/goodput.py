@@ -75,7 +75,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
                     seconds += figure.startup_seconds + figure.windows * _window_seconds(figure, s)
                 bar.update(len(chunk))
     table = goodput_.Table(entries, batch_norm=batch_norm)
-    return {"table": table.as_json(), "seconds": seconds, "other_cores": load.cores, "cores": measure_.cpu_count()}
+    return {"table": table.as_json(), "seconds": seconds, **load.record()}
 
 
 def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:

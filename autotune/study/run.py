@@ -116,7 +116,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     with progress.bar("systems probe", unit="run", leave=False) as bar, signals.interruptible(), \
             measure_.other_load() as load:
         outcome = probe.run(measure, prepared.space, prepared.baseline, samples=int(epochs * len(prepared.task.train)))
-    return {**outcome, "other_cores": load.cores, "cores": measure_.cpu_count()}
+    return {**outcome, **load.record()}
 
 
 def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:

@@ -65,6 +65,10 @@ class OtherLoad:
 
     cores: float | None = None
 
+    def record(self) -> dict[str, float | int | None]:
+        """As a systems measurement stores it: the cores others kept busy, of how many."""
+        return {"other_cores": self.cores, "cores": cpu_count()}
+
 
 @contextlib.contextmanager
 def other_load() -> Iterator[OtherLoad]:
