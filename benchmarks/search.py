@@ -16,9 +16,18 @@ Strategies: random search; Optuna's default TPE (no domain knowledge); autotune'
 autotune's sampler with incumbent pruning (the trial stops once its clock passes the best time to
 target so far); the latter after autotune's systems probe (run for real here, its seconds
 charged to the search); and with Optuna's median and successive-halving pruners on the learning
-curve. Usage (from the repository root):
+curve.
 
-    .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40]
+Then whole studies at the shipped budget (`--studies` of `--study-trials` trials per variant), to
+the winner each reports: plain TPE (one run a trial, the fastest trial wins), autotune with one
+run a trial, as shipped in studies/digits.yaml (a first run that beats the best so far runs 3
+seeds, their mean its time), without the confirmation, and with the baseline as the first
+trial. The confirmation re-runs the best 3 trials and the baseline 3 times each (runs drawn
+from the grid like the trials') and the lowest median wins. Per variant: the winner's regret
+(its true time over the optimum's), whether it is at or below the baseline's true time, and the
+compute, confirmation included. Usage (from the repository root):
+
+    .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40] [--studies 200] [--study-trials 20]
 
 Prints a table and writes benchmarks/results/search-<the grid's name>.json (search-digits-cpu.json
 for grid-digits-cpu.jsonl).
@@ -84,16 +93,18 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 }
 
 
-def measure_probe() -> dict[str, Any]:
+def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     """autotune's systems probe, run for real on the digits task over the grid's loader settings
-    and precisions: what it settles and what it costs (the replay charges its seconds)."""
+    and precisions: what it settles and what it costs (the replay charges its seconds); and the
+    task's baseline configuration."""
     from autotune.spec import study_file as spec_
     from autotune.study import preparation, run as study_
 
     raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
     spec = spec_.from_mapping(raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:")
-    return study_.run_probe(spec, preparation.prepare(spec))
+    prepared = preparation.prepare(spec)
+    return study_.run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
 
 
 def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,
@@ -143,6 +154,76 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
             "improvements": improvements}
 
 
+# Whole studies at the shipped budget, replayed: the search above, then the study's choice of a
+# winner. `replicates`: a trial whose first run beats the best so far runs that many in all (other
+# seeds of its configuration), its time their mean; `confirm`: the best that many trials and the
+# baseline each run `CONFIRM_RUNS` more times and the lowest median wins, else the fastest trial does.
+CONFIRM_RUNS = 3
+STUDIES: dict[str, dict[str, Any]] = {
+    "plain TPE": {"sampler": lambda seed, trials: optuna.samplers.TPESampler(seed=seed), "plain": True},
+    "autotune, one run per trial": {**STRATEGIES["autotune+incumbent+probe"], "confirm": 3},
+    "autotune as shipped (replicates 3)": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3, "confirm": 3},
+    "as shipped, no confirmation": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3},
+    "as shipped + first_trial: baseline": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3, "confirm": 3,
+                                           "first_trial": "baseline"},
+}
+
+
+def replay_study(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,
+                 baseline: dict[str, Any], probed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One study of `trials` trials as `strategy` runs it, to its reported winner: the winner's
+    configuration key, its compute (trials, replicates and confirmation runs), and whether the
+    baseline was kept. Runs are drawn from the grid as in `replay`."""
+    draw = random.Random(seed)
+    study = optuna.create_study(direction="minimize", sampler=strategy["sampler"](seed, trials))
+    prune, replicates = strategy.get("incumbent", False), strategy.get("replicates", 1)
+    compute, incumbent = 0.0, math.inf
+    space = dict(GRID)
+    if strategy.get("probe"):
+        compute = probed["seconds"]
+        space["num_workers"] = [probed["loader"]["num_workers"]]
+        space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
+    if strategy.get("first_trial") == "baseline" and all(baseline[k] in space[k] for k in space):
+        study.enqueue_trial(baseline)
+    for _ in range(trials):
+        trial = study.ask()
+        config = {name: trial.suggest_categorical(name, values) for name, values in space.items()}
+        first, *others = draw.sample(grid[key(config)], len(grid[key(config)]))
+        # as the study does: one run, and the others only for a first run that beats the best so far;
+        # pruned once the runs' time passes the planned runs' share of the best
+        planned = replicates if first["reached"] and outcome(first) < incumbent else 1
+        taken = [first, *others[:planned - 1]]
+        spent = sum(outcome(row) for row in taken)
+        if prune and spent > incumbent * planned:
+            compute += incumbent * planned
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        compute += spent
+        reached = all(row["reached"] for row in taken)
+        trial.set_user_attr("reached", reached)
+        if strategy.get("plain"):  # a hand-written loop: a miss is infinitely slow, no constraint
+            study.tell(trial, spent / len(taken) if reached else math.inf)
+            continue
+        trial.set_constraint("target", 0.0 if reached else 1.0)
+        study.tell(trial, spent / len(taken))
+        if reached:
+            incumbent = min(incumbent, spent / len(taken))
+    feasible = sorted((t for t in study.trials if t.value is not None and t.user_attrs["reached"]),
+                      key=lambda t: (t.value, t.number))
+    top = [key(t.params) for t in feasible]
+    found = {"seed": seed, "first": key(study.trials[0].params)}
+    if not strategy.get("confirm"):
+        return {**found, "compute": compute, "winner": top[0] if top else key(baseline), "kept_baseline": not top}
+    candidates = [key(baseline)] + [k for k in dict.fromkeys(top[:strategy["confirm"]]) if k != key(baseline)]
+    medians = {}
+    for k in candidates:
+        rows = draw.sample(grid[k], min(CONFIRM_RUNS, len(grid[k])))
+        compute += sum(outcome(row) for row in rows)
+        medians[k] = true_time(rows)
+    won = min(candidates, key=lambda k: (medians[k], k != key(baseline)))
+    return {**found, "compute": compute, "winner": won, "kept_baseline": won == key(baseline)}
+
+
 def median_or_inf(values: list[float | None]) -> float:
     return statistics.median(math.inf if v is None else v for v in values)
 
@@ -158,6 +239,8 @@ def main() -> None:
     parser.add_argument("--grid", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--studies", type=int, default=200, help="whole studies replayed per variant")
+    parser.add_argument("--study-trials", type=int, default=20, help="their budget (the shipped study's)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     header, grid = load_grid(args.grid)
@@ -172,7 +255,7 @@ def main() -> None:
     optimum = min(reached)
     grid_compute = sum(outcome(row) for runs in grid.values() for row in runs)
 
-    probed = measure_probe()
+    probed, baseline = measure_probe()
     runs = {name: [replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
                    for seed in range(args.seeds)]
             for name, strategy in STRATEGIES.items()}
@@ -203,11 +286,29 @@ def main() -> None:
         cells = "".join(f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} {s[f'reached_{w:.0%}']:>6}/{args.seeds}"
                         for w in WITHIN)
         print(f"{name:<27} {s['compute']:>11.0f} {s['best']:>9.2f}{cells}")
+    studies = {name: [replay_study(grid, strategy=strategy, seed=seed, trials=args.study_trials, baseline=baseline,
+                                   probed=probed) for seed in range(args.studies)]
+               for name, strategy in STUDIES.items()}
+    base = truth[key(baseline)]
+    print(f"\n{args.studies} whole studies of {args.study_trials} trials per variant, to the winner each reports; "
+          f"regret: the winner's median over the optimum's (the baseline's {base / optimum:.2f}x)")
+    print(f"{'variant':<36} {'regret':>7} {'within 10%':>10} {'not worse':>9} {'kept baseline':>13} {'compute (s)':>11}")
+    study_summary = {}
+    for name, found in studies.items():
+        regrets = [truth[s["winner"]] / optimum for s in found]
+        study_summary[name] = {
+            "median_regret": statistics.median(regrets), "within_10": sum(r <= 1.1 for r in regrets),
+            "not_worse": sum(truth[s["winner"]] <= base for s in found),
+            "kept_baseline": sum(s["kept_baseline"] for s in found),
+            "median_compute": statistics.median(s["compute"] for s in found)}
+        row = study_summary[name]
+        print(f"{name:<36} {row['median_regret']:>6.2f}x {row['within_10']:>6}/{args.studies} "
+              f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} {row['median_compute']:>11.0f}")
     record = {"benchmark": "search", "args": {k: str(v) for k, v in vars(args).items()}, "grid": header,
               "optimum": optimum, "grid_compute": grid_compute, "probe": probed, "within": list(WITHIN),
               "summary": {n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
                           for n, s in summary.items()},
-              "runs": runs}
+              "runs": runs, "baseline": baseline, "studies": study_summary}
     out = RESULTS / args.grid.name.replace("grid-", "search-").replace(".jsonl", ".json")
     out.write_text(json.dumps(record, indent=1))
     print(f"written: {out.relative_to(REPO)}")

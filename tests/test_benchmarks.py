@@ -11,7 +11,7 @@ import math
 import pytest
 
 from benchmarks.grid import GRID, key
-from benchmarks.search import STRATEGIES, first_within, replay, true_time
+from benchmarks.search import STRATEGIES, STUDIES, first_within, replay, replay_study, true_time
 
 
 def made_up_grid() -> dict[str, list[dict]]:
@@ -64,6 +64,54 @@ def test_near_the_optimum_is_when_the_reported_configuration_first_gets_within_t
 def test_every_strategy_spends_its_budget_and_finds_the_fast_configurations(name: str) -> None:
     result = run(name)
     assert result["best"] == 2.0 and result["compute"] >= 2.0
+
+
+BASELINE = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
+            "precision": "fp32"}
+PROBED = {"seconds": 1.0, "loader": {"num_workers": 0}, "precisions": ["fp32", "bf16"]}
+
+
+def lucky_grid() -> dict[str, list[dict]]:
+    """The baseline takes 4 s on each of 3 seeds; every other configuration takes 0.5 s on one seed
+    and 9 s on the others: a single run finds a lucky winner, a median does not."""
+    grid = {}
+    for values in itertools.product(*GRID.values()):
+        config = dict(zip(GRID, values))
+        times = [4.0] * 3 if config == BASELINE else [0.5, 9.0, 9.0]
+        grid[key(config)] = [{"config": config, "reached": True, "time_to_target": t, "train_seconds": t,
+                              "curve": [[t, 1.0, 0.99]]} for t in times]
+    return grid
+
+
+def study(name: str, grid: dict | None = None, seed: int = 0, probed: dict = PROBED) -> dict:
+    return replay_study(grid or lucky_grid(), strategy=STUDIES[name], seed=seed, trials=20, baseline=BASELINE,
+                        probed=probed)
+
+
+def test_a_replayed_study_reports_the_fast_configuration_and_pays_for_its_confirmation() -> None:
+    grid = made_up_grid()
+    shipped, unconfirmed = study("autotune as shipped (replicates 3)", grid), study("as shipped, no confirmation", grid)
+    for found in (shipped, unconfirmed, study("plain TPE", grid)):
+        winner = json.loads(found["winner"])
+        assert winner["lr"] == 0.3 and winner["precision"] == "fp32" and not found["kept_baseline"]
+    # the confirmation: the baseline's run (4 s) and the best trials' (2 s each) on top of the same search
+    assert shipped["compute"] >= unconfirmed["compute"] + 4.0 + 2.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_lucky_run_wins_a_plain_search_but_not_a_confirmed_study(seed: int) -> None:
+    plain = study("plain TPE", seed=seed)
+    assert json.loads(plain["winner"]) != BASELINE  # a 0.5 s run won: its configuration's median is 9 s
+    for name in ("autotune, one run per trial", "autotune as shipped (replicates 3)"):
+        found = study(name, seed=seed)
+        assert found["kept_baseline"] and json.loads(found["winner"]) == BASELINE, name
+
+
+def test_first_trial_baseline_starts_the_replayed_study_at_the_baseline_where_the_probe_left_it() -> None:
+    assert json.loads(study("as shipped + first_trial: baseline")["first"]) == BASELINE
+    assert json.loads(study("autotune as shipped (replicates 3)")["first"]) != BASELINE
+    elsewhere = {**PROBED, "loader": {"num_workers": 1}}  # the baseline's loader is outside the probed space
+    assert json.loads(study("as shipped + first_trial: baseline", probed=elsewhere)["first"]) != BASELINE
 
 
 def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baselines_maths(tmp_path) -> None:
