@@ -9,15 +9,15 @@ from autotune.runners.protocol import report
 if TYPE_CHECKING:
     from autotune.api import tune
     from autotune.report.summary import Summary
-    from autotune.train.tasks import Task, accuracy
+    from autotune.train.tasks import Task, accuracy, augmentation_rng
 
 __version__ = "0.1.0"
-__all__ = ["Summary", "Task", "accuracy", "report", "tune", "__version__"]
+__all__ = ["Summary", "Task", "accuracy", "augmentation_rng", "report", "tune", "__version__"]
 
 # Imported when first used: a training script run by autotune imports it for `report` alone, and
 # its import time is on the trial's clock, so it must not pay for torch here.
 _LAZY = {"tune": "autotune.api", "Summary": "autotune.report.summary", "Task": "autotune.train.tasks",
-         "accuracy": "autotune.train.tasks"}
+         "accuracy": "autotune.train.tasks", "augmentation_rng": "autotune.train.tasks"}
 
 
 def __getattr__(name: str) -> Any:

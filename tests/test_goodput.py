@@ -138,9 +138,9 @@ def first_losses(task_name: str, config: dict, *, steps: int, seed: int = 3) -> 
 
 @pytest.mark.parametrize("task_name, batch_norm", [("tests.tasks:blobs", False), ("digits", True)])
 def test_systems_only_settings_leave_the_training_unchanged(task_name: str, batch_norm: bool, tmp_path: Path) -> None:
-    """Every setting the systems-only mode would measure trains the baseline's losses, step for step.
-    (digits draws its augmentation from the process's random numbers, so there loader workers
-    change which augmentation a sample gets, though not its distribution: it keeps the baseline's.)"""
+    """Every setting the systems-only mode would measure trains the baseline's losses, step for step,
+    and so does every loader setting the probe may settle: on digits too, whose augmentation is
+    drawn from each sample's key, not from the random numbers of the process that loads it."""
     space = Space(domains=(("batch_size", Choices((16, 32, 64))), ("accumulation_steps", Choices((1, 2, 4))),
                            ("precision", Choices(("fp32",))), ("num_workers", Choices((0, 1))),
                            ("prefetch_factor", Choices((2,))), ("pin_memory", Choices((False,))),
@@ -156,7 +156,8 @@ def test_systems_only_settings_leave_the_training_unchanged(task_name: str, batc
     else:
         assert {(s["batch_size"], s["accumulation_steps"]) for s in wanted} == {(16, 4), (32, 2), (64, 1)}
     reference = first_losses(task_name, baseline, steps=6)
-    for settings in wanted:
+    loaders = [{"num_workers": 0}, {"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 1, "prefetch_factor": 4}]
+    for settings in wanted + loaders:
         losses = first_losses(task_name, {**baseline, **settings}, steps=6)
         assert losses == pytest.approx(reference, rel=1e-4, abs=1e-5), settings
     assert first_losses(task_name, {**baseline, "lr": 0.2}, steps=6) != pytest.approx(reference, rel=1e-4, abs=1e-5)

@@ -155,16 +155,24 @@ def test_the_small_task_trains_to_its_target(small: Task) -> None:
 
 
 def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) -> None:
-    def first_batches(workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        batches = iter(make_loader(small.train, config(num_workers=workers, prefetch_factor=2), seed=3, device=CPU))
+    """Each sample's crop and flip follow from the run's seed alone: not from which process
+    prepares it, nor from what else drew random numbers (the training's own draws, with no workers)."""
+    def first_batches(workers: int, seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        batches = iter(make_loader(small.train, config(num_workers=workers, prefetch_factor=2), seed=seed, device=CPU))
         return [next(batches) for _ in range(3)]  # the workers shut down as the loader goes out of scope
 
+    torch.manual_seed(0)
     in_workers, again = first_batches(2), first_batches(2)
     in_main = first_batches(0)
-    for (x, y), (x_again, y_again), (x_main, y_main) in zip(in_workers, again, in_main):
+    torch.manual_seed(1)  # another global state: the main process's draws would follow it
+    in_main_again = first_batches(0)
+    for (x, y), (x_again, y_again), (x_main, y_main), (x_main_again, _) in zip(in_workers, again, in_main, in_main_again):
         assert x.shape == x_main.shape == (32, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (32,)
-        assert torch.equal(x, x_again) and torch.equal(y, y_again)  # the loader's seed fixes each worker's
-        assert torch.equal(y, y_main)  # the same samples, in the same order
+        assert torch.equal(x, x_again) and torch.equal(y, y_again)
+        assert torch.equal(y, y_main) and torch.equal(x, x_main)  # the same samples, the same augmentation
+        assert torch.equal(x_main, x_main_again)
+    other_seed = first_batches(0, seed=4)
+    assert not torch.equal(other_seed[0][0], in_main[0][0])
 
 
 def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:

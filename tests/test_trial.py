@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import autotune
 from autotune.search.space import PRECISIONS
 from autotune.train.tasks import Task, takes
 from autotune.train.config import Diverged, Limits, TrialConfig
@@ -159,6 +160,35 @@ def test_loader_follows_the_knobs() -> None:
     workers = make_loader(data, dataclasses.replace(BASE, num_workers=2, prefetch_factor=4, pin_memory=True), seed=0, device=CPU)
     assert workers.num_workers == 2 and workers.prefetch_factor == 4 and workers.persistent_workers
     assert not workers.pin_memory  # pinning is only for CUDA copies
+
+
+class Rolled(torch.utils.data.Dataset):
+    """A user's keyed dataset, as the README shows one: each sample rolled by a random shift."""
+
+    keyed = True
+
+    def __init__(self) -> None:
+        self.images, self.labels = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8), torch.arange(64) % 3
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, item):
+        index, rng = autotune.augmentation_rng(item)
+        shift = int(torch.randint(-2, 3, (), generator=rng))
+        return self.images[index].roll(shift, dims=-1), self.labels[index]
+
+
+def test_a_keyed_dataset_gets_the_same_batches_whatever_the_loader_settings() -> None:
+    def batches(**knobs) -> list[torch.Tensor]:
+        loader = make_loader(Rolled(), dataclasses.replace(BASE, batch_size=8, **knobs), seed=5, device=CPU)
+        return [x for x, _ in loader]
+
+    in_main = batches()
+    assert len(in_main) == 8 and any(bool((x.diff(dim=-1) < 0).any()) for x in in_main)  # some rows rolled
+    assert all(torch.equal(a, b) for a, b in zip(in_main, batches(num_workers=2, prefetch_factor=2)))
+    plain = next(iter(torch.utils.data.DataLoader(Rolled(), batch_size=8)))  # plain indices: global random numbers
+    assert plain[0].shape == (8, 8)
 
 
 def test_worker_processes_train_to_the_target() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from autotune import signals
 from autotune.train import recipe
@@ -15,11 +15,32 @@ from autotune.train.config import TrialConfig
 
 def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
     """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies (CUDA),
-    the shuffle seeded by the run's seed."""
+    the shuffle seeded by the run's seed. A dataset that takes keys (`keyed`, tasks.augmentation_rng)
+    gets its shuffle and its augmentation's keys from a KeyedSampler, so loader settings leave
+    every batch as it is."""
     kwargs = recipe.loader_kwargs(config.as_dict())
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
+    if getattr(dataset, "keyed", False):
+        kwargs.update(shuffle=False, sampler=KeyedSampler(len(dataset), seed=seed))
     return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
                       generator=torch.Generator().manual_seed(seed))
+
+
+class KeyedSampler(Sampler[tuple[int, int]]):
+    """Each epoch, every index once in a shuffled order, each with a key its augmentation draws
+    from. Both come from the run's seed in the main process: a worker's own random numbers (or
+    the training's, with no workers) would make the batches depend on the loader settings."""
+
+    def __init__(self, size: int, *, seed: int) -> None:
+        self.size, self.generator = size, torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        order = torch.randperm(self.size, generator=self.generator).tolist()
+        keys = torch.randint(0, 2 ** 62, (self.size,), generator=self.generator).tolist()
+        return zip(order, keys)
 
 
 def endless(loader: DataLoader, *, epoch_starts: bool = False) -> Iterator[Any]:

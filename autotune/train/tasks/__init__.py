@@ -29,6 +29,18 @@ BUILT_IN = {
 }
 
 
+def augmentation_rng(item: int | tuple[int, int]) -> tuple[int, torch.Generator | None]:
+    """A training dataset's item split into its index and the generator its augmentation draws
+    from. A dataset whose class sets `keyed = True` gets (index, key) from the trial's loader
+    (loader.KeyedSampler), so a sample's augmentation follows from the run's seed alone, whichever
+    loader worker prepares it; from any other loader it gets a plain index, and draws from torch's
+    global random numbers (None) as a DataLoader seeds them per worker."""
+    if isinstance(item, tuple):
+        index, key = item
+        return index, torch.Generator().manual_seed(key)
+    return item, None
+
+
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Fraction of rows whose largest output is the target class."""
     return (outputs.argmax(dim=1) == targets).float().mean().item()

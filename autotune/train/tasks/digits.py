@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from autotune.train.tasks import Task
+from autotune.train.tasks import Task, augmentation_rng
 
 SIDE = 16  # pixels; the 8x8 originals are too small for three conv layers
 VAL_FRACTION = 0.2
@@ -22,7 +22,9 @@ SPLIT_SEED = 0  # the split is part of the task, not of a trial: fixed
 
 
 class Digits(Dataset):
-    """Digit images with optional per-sample affine augmentation."""
+    """Digit images with optional per-sample affine augmentation, drawn from the sample's key."""
+
+    keyed = True  # the trial's loader gives (index, key): tasks.augmentation_rng
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: bool) -> None:
         self.images, self.labels, self.augment = images, labels, augment
@@ -30,16 +32,17 @@ class Digits(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index, rng = augmentation_rng(item)
         image = self.images[index]
         if self.augment:
-            image = _random_affine(image)
+            image = _random_affine(image, rng)
         return image, self.labels[index]
 
 
-def _random_affine(image: torch.Tensor) -> torch.Tensor:
+def _random_affine(image: torch.Tensor, rng: torch.Generator | None) -> torch.Tensor:
     """Rotate up to 12 degrees, scale by 0.9-1.1 and shift up to 1.5 pixels, bilinearly."""
-    angle, scale, dx, dy = (torch.rand(4) * 2 - 1).tolist()
+    angle, scale, dx, dy = (torch.rand(4, generator=rng) * 2 - 1).tolist()
     angle, scale = math.radians(12) * angle, 1 + 0.1 * scale
     cos, sin = math.cos(angle) / scale, math.sin(angle) / scale
     shift = 1.5 * 2 / SIDE  # pixels in grid units

@@ -29,7 +29,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import Dataset
 
-from autotune.train.tasks import Task
+from autotune.train.tasks import Task, augmentation_rng
 
 VERSION = 1  # of the drawing; in the cache file's name, so a change never reads stale images
 SIDE = 32  # pixels, as CIFAR-10
@@ -201,8 +201,9 @@ WINDOWS = np.stack([np.where(_REFLECTED > SIDE - 1, 2 * (SIDE - 1) - _REFLECTED,
 
 
 class ShapesTrain(Dataset):
-    """Decoded, randomly cropped and flipped per sample with torch's RNG, which the trial seeds
-    in the main process and the DataLoader in each worker."""
+    """Decoded, randomly cropped and flipped per sample, drawn from the sample's key."""
+
+    keyed = True  # the trial's loader gives (index, key): tasks.augmentation_rng
 
     def __init__(self, images: Encoded, *, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.images, self.labels, self.mean, self.std = images, torch.from_numpy(images.labels), mean, std
@@ -210,9 +211,10 @@ class ShapesTrain(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index, rng = augmentation_rng(item)
         # One draw picks both offsets and the flip: each torch call costs microseconds.
-        dy, choice = divmod(int(torch.randint(0, len(WINDOWS) ** 2 * 2, ())), len(WINDOWS) * 2)
+        dy, choice = divmod(int(torch.randint(0, len(WINDOWS) ** 2 * 2, (), generator=rng)), len(WINDOWS) * 2)
         dx, flip = divmod(choice, 2)
         crop = self.images.image(index).take(WINDOWS[dy], axis=0).take(WINDOWS[dx][::-1] if flip else WINDOWS[dx], axis=1)
         return (torch.from_numpy(crop).permute(2, 0, 1).float() - self.mean) / self.std, self.labels[index]
