@@ -142,3 +142,49 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     counted = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("surplus")
                and not t.user_attrs.get("interrupted")]
     assert len(counted) == BUDGET
+
+
+def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: Path) -> None:
+    """With two workers, the baseline's maths trains once and each other setting is told once; and a
+    study holding only the trained trial (as a run stopped just after it trained leaves it) is told
+    the rest when the same command runs again."""
+    from autotune.study import schema
+
+    def journal_study(journal: Path) -> optuna.Study:
+        backend = optuna.storages.journal.JournalFileBackend(str(journal))
+        return optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
+
+    def timed_splits(trials: list) -> tuple[list, Counter]:
+        timed = [t for t in trials if schema.prediction(t) is not None]
+        trained = [t for t in timed if "from_trial" not in schema.prediction(t)]
+        return trained, Counter((schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in timed)
+
+    path = write_study(tmp_path, f"journal:///{tmp_path / 'first.journal'}")
+    study = yaml.safe_load(path.read_text())
+    study.update(objective="systems_only", probe="none", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2})
+    study["space"]["accumulation_steps"] = [1, 2, 4]
+    path.write_text(yaml.safe_dump(study))
+    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    first = journal_study(tmp_path / "first.journal")
+    trained, splits = timed_splits(first.get_trials())
+    assert len(trained) == 1 and splits == {(16, 4): 1, (32, 2): 1, (64, 1): 1}, splits
+
+    resumed = tmp_path / "resumed.journal"
+    backend = optuna.storages.journal.JournalFileBackend(str(resumed))
+    copy = optuna.create_study(study_name="study", storage=optuna.storages.JournalStorage(backend),
+                               directions=first.directions)
+    for name, value in first.user_attrs.items():
+        copy.set_user_attr(name, value)
+    for name, value in first._storage.get_study_system_attrs(first._study_id).items():
+        copy._storage.set_study_system_attr(copy._study_id, name, value)
+    copy.add_trial(trained[0])
+    study["storage"] = f"journal:///{resumed}"
+    path.write_text(yaml.safe_dump(study))
+    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    trained, splits = timed_splits(journal_study(resumed).get_trials())
+    assert len(trained) == 1 and splits == {(16, 4): 1, (32, 2): 1, (64, 1): 1}, splits
+    assert "Winner: " in result.stdout

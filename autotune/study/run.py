@@ -146,8 +146,23 @@ def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = F
             begin(spec, prepared)  # recovery and the definition, before any worker starts
             run_trials()
         study = storage.open_study(spec, create=False)
+        tell_measured_settings(spec, prepared, study)
         confirm_best(spec, prepared, study)
     return study
+
+
+def tell_measured_settings(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> None:
+    """systems_only: once the baseline's maths has trained, a trial for every other setting the
+    throughput phase measured (goodput.tell_settings). Told here, by the one process that then
+    confirms, not by each of --workers: two workers telling at once would each add them all."""
+    if spec.objective != SYSTEMS_ONLY:
+        return
+    probed = with_probe(spec, prepared, study)
+    plan, _ = goodput.plan_for(spec, probed, study, probed.space)
+    trained = next((t for t in study.get_trials(deepcopy=False) if schema.prediction(t) is not None
+                    and "from_trial" not in schema.prediction(t)), None)
+    if plan is not None and trained is not None:
+        goodput.tell_settings(study, plan, trained)
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None) -> optuna.Study:
@@ -198,11 +213,6 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                                                        only=mine)
             storage.queue_retries(study, only=stopped)
             raise
-    if plan is not None and spec.objective == SYSTEMS_ONLY:
-        trained = next((t for t in study.get_trials(deepcopy=False) if schema.prediction(t) is not None
-                        and "from_trial" not in schema.prediction(t)), None)
-        if trained is not None:
-            goodput.tell_settings(study, plan, trained)
     done = budget_.finished_count(study.get_trials(deepcopy=False))
     if done < budget and timeout is not None and time.monotonic() - started >= timeout:
         print(f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
