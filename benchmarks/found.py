@@ -119,6 +119,15 @@ def results_name(study: str, strategy: str, *, replicates: int | None, load: boo
             + ("-regret" if regret else "") + f"-{device}.json")
 
 
+NONE_FOUND = "none found"  # the winner of a study in which no configuration reached the target
+
+
+def keeps_baseline(row: dict) -> bool:
+    """Whether the study left the user with their baseline: it won the confirmation, or no
+    configuration reached the target (nothing to switch to). The summary reads stored rows so too."""
+    return row["winner"] in (confirm.BASELINE, NONE_FOUND)
+
+
 def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
     """Run the study as `autotune run` would; its winner and what it spent."""
     started = time.perf_counter()
@@ -127,7 +136,7 @@ def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_m
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
     _, summary = summarize.of_study(spec, study)
-    label, params = (summary.best.label, summary.best.params) if summary.best else ("none found", prepared.baseline)
+    label, params = (summary.best.label, summary.best.params) if summary.best else (NONE_FOUND, prepared.baseline)
     # training seconds the trials spent: a pruned one up to where it was stopped
     compute = sum(schema.training_seconds(t) for t in study.get_trials(deepcopy=False))
     phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
@@ -178,7 +187,7 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
     reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
     best = min(reached, key=lambda t: t.value) if reached else None
     params = space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
-    return {"winner": confirm.label(best.number) if best else "none found", "params": params, "study_says": None,
+    return {"winner": confirm.label(best.number) if best else NONE_FOUND, "params": params, "study_says": None,
             "tuning_wall": tuning_wall, "trial_compute": sum(spent), "probe_seconds": None, "phase_seconds": 0.0,
             "compute": sum(spent), "counts": {"trials": len(study.trials), "reached": len(reached)},
             "prediction_error": None}
@@ -226,7 +235,7 @@ def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str
                            seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
     stats = confirm.summarize(runs)
     base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
-    kept_baseline = found["winner"] == confirm.BASELINE  # re-measuring it against itself shows only the noise
+    kept_baseline = keeps_baseline(found)  # re-measuring it against itself shows only the noise
     row = {"seed": seed, **found, "baseline_median": base, "winner_median": won,
            "speedup": base / won if base and won else None,
            "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
@@ -312,16 +321,15 @@ def main() -> None:
         print(f"written: {out.relative_to(REPO)}")
 
 
-def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: argparse.Namespace,
-          results: list[dict]) -> dict:
-    """Write the results so far with their summary and provenance; return the summary."""
+def summarize_rows(results: list[dict]) -> dict:
+    """The benchmark's figures over its studies' rows."""
     speedups = [r["speedup"] or 0.0 for r in results]  # a winner that missed the target is no speedup
     fixed = [r.get("fixed_speedup") or 0.0 for r in results if "fixed_stats" in r]
     summary = {"median_speedup": statistics.median(speedups) if speedups else None,
                "median_fixed_speedup": statistics.median(fixed) if fixed else None,
                "min_speedup": min(speedups) if speedups else None,
                "beats_baseline": sum(r["beats_baseline"] for r in results), "studies": len(results),
-               "kept_baseline": sum(r["winner"] == confirm.BASELINE for r in results),
+               "kept_baseline": sum(keeps_baseline(r) for r in results),
                "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
                "median_trial_compute": statistics.median(r["trial_compute"] for r in results),
                "median_compute": statistics.median(r.get("compute", r["trial_compute"]) for r in results)}
@@ -330,11 +338,18 @@ def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: ar
         errors = [abs(r["prediction_error"]) for r in results if r.get("prediction_error") is not None]
         summary.update(median_regret=statistics.median(math.inf if x is None else x for x in regrets),
                        within_10=sum(x is not None and x <= 1.10 for x in regrets),
-                       not_worse=sum(r["not_worse"] for r in results),
+                       not_worse=sum(r["not_worse"] or keeps_baseline(r) for r in results),
                        median_prediction_error=statistics.median(errors) if errors else None)
     phase_errors = [r["trial_prediction_error"] for r in results if r.get("trial_prediction_error") is not None]
     if phase_errors:  # signed: above 0, the trials' own runs were slower than predicted
         summary["median_trial_prediction_error"] = statistics.median(phase_errors)
+    return summary
+
+
+def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: argparse.Namespace,
+          results: list[dict]) -> dict:
+    """Write the results so far with their summary and provenance; return the summary."""
+    summary = summarize_rows(results)
     record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
               "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load,
                        "plain_tpe": args.plain_tpe, "oracle": str(args.oracle) if args.oracle else None,

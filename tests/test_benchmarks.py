@@ -194,3 +194,16 @@ def test_the_trials_prediction_error_sets_their_own_runs_against_their_predictio
     add({"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}})  # told, not trained
     add({"time_to_target": 5.0})  # not a goodput trial
     assert trial_prediction_error(study) == pytest.approx(0.3)
+
+
+def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
+    from benchmarks.found import NONE_FOUND, summarize_rows
+
+    def row(winner: str, won: float, not_worse: bool) -> dict:
+        return {"winner": winner, "speedup": 2.0 / won, "beats_baseline": won < 2.0 and winner.startswith("trial"),
+                "not_worse": not_worse, "tuning_wall": 1.0, "trial_compute": 1.0, "regret": won, "baseline_median": 2.0}
+
+    # the same configuration as the baseline, re-measured 10% slower: noise, and still the user's own
+    rows = [row("trial 3", 1.5, True), row("trial 4", 2.5, False), row(NONE_FOUND, 2.2, False), row("baseline", 2.1, True)]
+    summary = summarize_rows(rows)
+    assert summary["kept_baseline"] == 2 and summary["not_worse"] == 3 and summary["beats_baseline"] == 1
