@@ -107,6 +107,17 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     return study_.run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
 
 
+def searched_space(strategy: dict[str, Any], probed: dict[str, Any] | None) -> tuple[float, dict[str, list]]:
+    """The compute a search starts with and the grid space it searches: after a probe (with a
+    strategy that probes), its seconds spent and the loader setting and precisions it settled."""
+    space = dict(GRID)
+    if not strategy.get("probe"):
+        return 0.0, space
+    space["num_workers"] = [probed["loader"]["num_workers"]]
+    space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
+    return probed["seconds"], space
+
+
 def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,
            probed: dict[str, Any] | None = None) -> dict[str, Any]:
     """One search of `trials` trials: its compute, and each change of the configuration it would
@@ -117,12 +128,8 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
     draw = random.Random(seed)
     pruner = strategy.get("pruner", lambda: optuna.pruners.NopPruner())()
     study = optuna.create_study(direction="minimize", sampler=strategy["sampler"](seed, trials), pruner=pruner)
-    compute, incumbent = 0.0, math.inf
-    space = dict(GRID)
-    if strategy.get("probe"):
-        compute = probed["seconds"]
-        space["num_workers"] = [probed["loader"]["num_workers"]]
-        space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
+    incumbent = math.inf
+    compute, space = searched_space(strategy, probed)
     improvements: list[tuple[int, float, float]] = []
     for number in range(trials):
         trial = study.ask()
@@ -177,12 +184,8 @@ def replay_study(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, A
     draw = random.Random(seed)
     study = optuna.create_study(direction="minimize", sampler=strategy["sampler"](seed, trials))
     prune, replicates = strategy.get("incumbent", False), strategy.get("replicates", 1)
-    compute, incumbent = 0.0, math.inf
-    space = dict(GRID)
-    if strategy.get("probe"):
-        compute = probed["seconds"]
-        space["num_workers"] = [probed["loader"]["num_workers"]]
-        space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
+    incumbent = math.inf
+    compute, space = searched_space(strategy, probed)
     if strategy.get("first_trial") == "baseline" and all(baseline[k] in space[k] for k in space):
         study.enqueue_trial(baseline)
     for _ in range(trials):
