@@ -143,16 +143,25 @@ WORKER_PIDS = "autotune-test-loader-worker-*"  # in the temporary folder: one fi
 
 
 class _Noting(TensorDataset):
-    """Notes the pid of each process that loads from it (a DataLoader worker: the trial's child)."""
+    """Notes the pid of each process that loads from it (a DataLoader worker: the trial's child),
+    in a file that holds the pid of its parent as the OS sees it and as multiprocessing does (the
+    process that started it: these differ where a fork server started it)."""
 
     def __getitem__(self, index: int):
+        import multiprocessing
         import tempfile
         from pathlib import Path
 
         note = Path(tempfile.gettempdir()) / WORKER_PIDS.replace("*", str(os.getpid()))
         if not note.exists():
-            note.write_text(str(os.getppid()))
+            starter = multiprocessing.parent_process()
+            note.write_text(f"{os.getppid()} {starter.pid if starter else ''}")
         return super().__getitem__(index)
+
+
+def notes_workers() -> Task:
+    """Trains as blobs does, its DataLoader workers noting who started them."""
+    return Task(model=_mlp, train=_Noting(*_blobs(1024, 0).tensors), val=_blobs(512, 1))
 
 
 def hangs_with_workers() -> Task:

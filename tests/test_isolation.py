@@ -264,3 +264,21 @@ def test_a_trial_killed_at_its_timeout_takes_its_loader_workers_with_it() -> Non
     assert len(workers) == 2  # both loaded while the model hung
     time.sleep(0.5)
     assert not [pid for pid in workers if alive(pid)], "loader workers outlived their trial"
+
+
+def test_a_trials_loader_workers_are_forked_from_the_trial_as_in_the_users_own_training() -> None:
+    """Not started through a fork server of the trial's own, as a fork server's child does by
+    default: each worker would then import torch and unpickle the whole dataset, seconds a trial
+    that the user's training does not pay (seen on an H100 with the shapes task)."""
+    import tempfile
+
+    from tests.tasks import WORKER_PIDS
+
+    for old in Path(tempfile.gettempdir()).glob(WORKER_PIDS):
+        old.unlink()
+    run_trial = isolation.in_child("tests.tasks:notes_workers", study_path=REPO / "study.yaml", hang_after=60)
+    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "num_workers": 2, "prefetch_factor": 2, "lr": 0.1}))
+    run_trial(loading, limits=LIMITS, device=CPU, seed=1)
+    notes = [p.read_text().split() for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
+    assert len(notes) == 2  # both workers loaded
+    assert all(len(note) == 2 and note[0] == note[1] for note in notes), notes  # forked by the process that started them

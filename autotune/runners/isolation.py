@@ -190,7 +190,7 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
     def start(work: Any, args: tuple[Any, ...], *, progress: Progress | None) -> Any:
         receiver, sender = context.Pipe(duplex=False)
         child = context.Process(target=_child_main, name="autotune-trial",
-                                args=(sender, os.getpid(), task_name, study_path, work, args))
+                                args=(sender, os.getpid(), multiprocessing.get_start_method(), task_name, study_path, work, args))
         child.start()
         sender.close()  # so that the child's death reads as end-of-file here
         try:
@@ -254,9 +254,15 @@ def _exit_description(code: int | None) -> str:
     return f"the trial's process exited with status {code} before it reported a result"
 
 
-def _child_main(sender: Any, study_pid: int, task_name: str, study_path: Path, work: Any, args: tuple[Any, ...]) -> None:
+def _child_main(sender: Any, study_pid: int, start_method: str, task_name: str, study_path: Path, work: Any,
+                args: tuple[Any, ...]) -> None:
     """The child: build the task, run `work` (a trial, the throughput phase), send back the result
     or the failure."""
+    # A fork server's child inherits "forkserver" as its start method, and its DataLoader workers
+    # would then start through a fork server of their own: each importing torch and unpickling the
+    # whole dataset, seconds a trial that the user's own training (the study's start method) never
+    # pays. Its workers start as they would in the study's process.
+    multiprocessing.set_start_method(start_method, force=True)
     # A process group of its own, which its DataLoader workers join: killing the group at a
     # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on it.
     os.setpgid(0, 0)
