@@ -67,11 +67,15 @@ STAGES: dict[str, Stage] = {"tests": tests, "oom": memory_stages.oom, "precision
                             "study": speed_stages.study, "confirm": speed_stages.confirm,
                             "isolation": memory_stages.isolation_overhead}
 
+ROUNDED = ("precision", "isolation")  # the stages that interleave rounds
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.splitlines()[0])
     parser.add_argument("stages", nargs="*", choices=[[], *STAGES], metavar="STAGE", help=f"any of {', '.join(STAGES)} (default: all)")
     parser.add_argument("--cpu", action="store_true", help="run each stage's plumbing on the CPU at a small size")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="interleaved rounds of the precision and isolation stages (default: 3 and 5; fewer is quicker and noisier)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON files go (default: benchmarks/results)")
     args = parser.parse_args(argv)
     where = setting(cpu=args.cpu, results=args.results)
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in args.stages or list(STAGES):
         started = time.perf_counter()
-        figures, lines, ok = STAGES[name](where)
+        options = {"rounds": args.rounds} if args.rounds and name in ROUNDED else {}
+        figures, lines, ok = STAGES[name](where, **options)
         figures["stage_seconds"] = time.perf_counter() - started
         path = write(where, name, {**figures, "ok": ok})
         print(f"## {name}: {'ok' if ok else 'FAILED'} ({figures['stage_seconds']:.0f} s)\n")

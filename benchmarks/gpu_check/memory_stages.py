@@ -25,6 +25,12 @@ from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_
 OOM_GPU = {"batch_size": [256, 1024, 8192, 32768], "width": 256}
 # On CPU the model raises a real torch.cuda.OutOfMemoryError from 128 images up (tests/tasks.py).
 OOM_CPU = {"batch_size": [16, 64, 128, 256], "task": "tests.tasks:cuda_oom"}
+# Every other knob pinned: a sampler left free draws torch.compile for some trials, and compiling a
+# width-256 ResNet costs minutes a trial (seen on an H100) and tells nothing about memory.
+PINNED = {"lr": 0.05, "scheduler": "constant", "accumulation_steps": 1, "channels_last": False, "compile": False,
+          "cudnn_benchmark": False}
+LOADER_GPU = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True}
+LOADER_CPU = {"num_workers": 0, "pin_memory": False}
 LEAK_TOLERANCE = 64 * 2**20  # NVML counts whole pages and the driver's own bookkeeping moves a little
 
 
@@ -39,7 +45,8 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         raw = {"name": "gpu-check-oom", "task": sizes.get("task", setting.task), "target": {"metric": "accuracy", "value": 0.999},
                "device": setting.device.type, "probe": "none", "prune": "none",
                "isolation": "process" if setting.cuda else "none",
-               "space": {"batch_size": sizes["batch_size"], "precision": ["bf16", "fp32"],
+               "space": {"batch_size": sizes["batch_size"], "precision": ["bf16", "fp32"], **PINNED,
+                         **(LOADER_GPU if setting.cuda else LOADER_CPU),
                          **({"params": {"width": sizes["width"]}} if "width" in sizes else {})},
                "budget": {"trials": len(grid), "max_epochs": 0.5, "max_seconds": 10, "eval_every": 0.5},
                "confirm": {"top": 0, "runs": 0}}
