@@ -62,6 +62,18 @@ def test_the_same_call_draws_byte_identical_data(tmp_path: Path, monkeypatch: py
     assert not same(first, drawn(seed=1))
 
 
+def test_the_images_are_the_same_whatever_the_number_of_cores_drawing_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = {}
+    for cores in (1, 3):  # 2,500 images: three blocks, drawn here, then by three processes
+        monkeypatch.setattr(shapes.os, "cpu_count", lambda: cores)
+        drawn[cores] = shapes._generate(2500, 0)
+    (serial, serial_moments), (parallel, parallel_moments) = drawn[1], drawn[3]
+    for field in ("data", "offsets", "labels"):
+        assert np.array_equal(getattr(serial, field), getattr(parallel, field)), field
+    assert np.array_equal(serial_moments, parallel_moments)
+    assert len(serial.labels) == 2500 and serial.offsets[-1] == len(serial.data)
+
+
 def test_images_are_stored_as_png_and_every_class_is_in_both_splits_in_equal_numbers() -> None:
     train, val = shapes.datasets(N_TRAIN, N_VAL)
     data, offsets = train.images.data, train.images.offsets
