@@ -65,7 +65,7 @@ def test_the_same_call_draws_byte_identical_data(tmp_path: Path, monkeypatch: py
 def test_the_images_are_the_same_whatever_the_number_of_cores_drawing_them(monkeypatch: pytest.MonkeyPatch) -> None:
     drawn = {}
     for cores in (1, 3):  # 2,500 images: three blocks, drawn here, then by three processes
-        monkeypatch.setattr(shapes.os, "cpu_count", lambda: cores)
+        monkeypatch.setattr(shapes, "cpu_count", lambda: cores)
         drawn[cores] = shapes._generate(2500, 0)
     (serial, serial_moments), (parallel, parallel_moments) = drawn[1], drawn[3]
     for field in ("data", "offsets", "labels"):

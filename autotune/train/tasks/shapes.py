@@ -31,6 +31,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import Dataset
 
+from autotune.train.measure import cpu_count
 from autotune.train.tasks import Task, augmentation_rng
 
 VERSION = 2  # of the drawing; in the cache file's name, so a change never reads stale images
@@ -133,7 +134,7 @@ def _generate(n: int, seed: int) -> tuple[Encoded, np.ndarray]:
     every core: the same images whatever the number of cores."""
     labels = np.random.default_rng(seed).permutation(np.arange(n) % len(CLASSES))
     blocks = [(seed, start, labels[start:start + BLOCK]) for start in range(0, n, BLOCK)]
-    processes = min(len(blocks), os.cpu_count() or 1)
+    processes = min(len(blocks), cpu_count())  # the cores this process may use, not all the machine has
     if processes > 1:
         with concurrent.futures.ProcessPoolExecutor(processes) as pool:
             drawn = list(pool.map(_draw_block, blocks))
