@@ -129,7 +129,7 @@ CASES = [
          storage=GARBAGE),
     # Values no trial could run with: refused before the first one, not failed in every one.
     Case("key given twice", HEAD + "space:\n  lr: 0.1\n  lr: 0.2\n", ("lr (line 5)", "given twice"), storage=GARBAGE),
-    Case("a thousand loader workers", HEAD + "space: {num_workers: [0, 1000]}\n",
+    Case("a thousand loader workers", HEAD + "space: {num_workers: [1000, 2000]}\n",
          ("space.num_workers: got 1000", "CPU cores", "loader workers"), storage=GARBAGE),
     Case("accuracy target above 1", "task: digits\ntarget: {metric: accuracy, value: 1.5}\n",
          ("target.value: got 1.5", "at most 1"), storage=GARBAGE),

@@ -441,6 +441,25 @@ def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_
     assert "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples" in prepared.notices
 
 
+def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study written for a GPU node (16 workers) still runs on a 2-core machine, without them."""
+    import yaml
+
+    from autotune.spec import study_file as spec_
+    from autotune.study import preparation
+
+    path = write_study(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["num_workers"] = [0, 2, 8, 16]
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(preparation.os, "cpu_count", lambda: 2)
+    prepared = preparation.prepare(spec_.load(path))
+    assert prepared.space["num_workers"].values == (0, 2, 8)
+    assert ("num_workers 16 removed from the search space: this machine has 2 CPU cores "
+            "(at most 4 loader workers a core)") in prepared.notices
+
+
 def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_the_best(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Trial 1 reports once, then trains silently for 30 s: killed soon after trial 0's time, not
