@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -138,9 +139,16 @@ def _finished(counts: dict[str, int]) -> int:
 def _run(setting: Setting, study_file: Path, storage: Path, *options: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """`autotune run` and then `autotune report --json` on the study, as a user types them."""
     where = ["--storage", f"sqlite:///{storage}"]
-    command = [setting.python, "-m", "autotune.cli", "run", str(study_file), *where, "--isolation", "process", "--quiet", *options]
+    command = [setting.python, "-m", "autotune.cli", "run", str(study_file), *where, "--isolation", "process", *options]
     started = time.perf_counter()
-    ran = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    # Its progress lines (stderr is a pipe: one line a phase and a trial) pass through as they
+    # come, so that a stage of minutes shows where it is; stdout's report is read from the storage.
+    lines: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO) as child:
+        for line in child.stderr:
+            lines.append(line)
+            print(f"  {line.rstrip()}", file=sys.stderr, flush=True)
+    ran = subprocess.CompletedProcess(command, child.returncode, "", "".join(lines))
     wall = time.perf_counter() - started
     report = subprocess.run([setting.python, "-m", "autotune.cli", "report", str(study_file), "--json", *where],
                             capture_output=True, text=True, cwd=REPO)
