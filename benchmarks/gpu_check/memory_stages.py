@@ -60,18 +60,18 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         for params in grid:
             study.enqueue_trial(params)
         # The study's own trial step, over the grid in this order (a sampler would pick its own).
-        for params in grid:
+        for number, params in enumerate(grid):  # enqueued in this order, so trial `number` runs `params`
             policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
                                       limits=preparation.limits_for(spec), seed=spec.seed, metric_name="accuracy",
                                       budget=len(grid))
             started = time.perf_counter()
             with contextlib.redirect_stderr(io.StringIO()):
                 one_trial.run_one(study, policy, asked=[], known=study.get_trials(deepcopy=False))
-            last = study.get_trials(deepcopy=False)[-1]
+            last = study.get_trials(deepcopy=False)[number]
             # A line a trial, so that a stage of minutes shows where it is.
-            print(f"  oom: batch {params['batch_size']} {params['precision']}: {last.state.name.lower()} "
-                  f"{last.user_attrs.get('reason') or ''} ({time.perf_counter() - started:.0f} s)".rstrip(),
-                  file=sys.stderr, flush=True)
+            reason = last.user_attrs.get("reason")
+            print(f"  oom: batch {params['batch_size']} {params['precision']}: {last.state.name.lower()}"
+                  f"{f' ({reason})' if reason else ''}, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         records = results.trial_records(study.get_trials(deepcopy=False))
     trials = [{"batch_size": r.batch_size, "precision": r.precision, "state": r.state, "oom": r.oom,
                "oom_bound": r.oom_bound, "reason": r.reason} for r in records.itertuples()]
