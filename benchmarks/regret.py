@@ -40,7 +40,7 @@ def rows(study: str, device: str) -> list[dict]:
                       "median_speedup": summary["median_speedup"], "median_compute": summary["median_compute"],
                       "median_prediction_error": summary.get("median_prediction_error"),
                       "oracle_over_baseline": statistics.median(r["baseline_median"] / r["oracle_median"]
-                                                                for r in studies if r.get("oracle_median"))})
+                                                                for r in studies if r.get("oracle_median") and r.get("baseline_median"))})
     rank = {name: i for i, name in enumerate(ORDER)}
     return sorted(found, key=lambda r: (r["loaded"], rank.get(r["strategy"], len(ORDER)), r["strategy"]))
 
