@@ -2,7 +2,7 @@
 # autotune on a real GPU, stage by stage: the CUDA tests, a real out-of-memory study, precisions
 # and memory formats side by side, the shapes study end to end, and process isolation's cost.
 #
-#   bash scripts/gpu-check.sh [tests|oom|precision|study|confirm|isolation ...] [--cpu]
+#   bash scripts/gpu-check.sh [tests|oom|precision|study|confirm|isolation ...] [--cpu] [--rounds N]
 #
 # Each stage takes under 8 minutes on one modern GPU and can be run on its own; each writes
 # benchmarks/results/gpu-check-STAGE-cuda.json and prints a Markdown summary. Without a GPU it

@@ -1,6 +1,6 @@
 """The GPU check: autotune's CUDA paths run for real, stage by stage (`bash scripts/gpu-check.sh`).
 
-    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--results DIR]
+    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--rounds N] [--results DIR]
 
 Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by default):
   tests      the CUDA tests (tests/test_cuda.py), for real
