@@ -132,11 +132,11 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
     cannot fill while smaller ones can, removed with a notice."""
     cores = os.cpu_count() or 1
     most = MAX_WORKERS_PER_CORE * cores
-    workers = space["num_workers"]
-    if isinstance(workers, space_.Choices) and smallest(workers) <= most < largest(workers):
+    counts = space["num_workers"]
+    if isinstance(counts, space_.Choices) and smallest(counts) <= most < largest(counts):
         # A study written for a bigger machine (16 workers on a GPU node) still runs on this one.
-        kept = tuple(w for w in workers.values if w <= most)
-        notices.append(f"num_workers {', '.join(str(w) for w in workers.values if w not in kept)} removed from the search "
+        kept = tuple(w for w in counts.values if w <= most)
+        notices.append(f"num_workers {', '.join(str(w) for w in counts.values if w not in kept)} removed from the search "
                        f"space: this machine has {cores} CPU cores (at most {MAX_WORKERS_PER_CORE} loader workers a core)")
         space = space.replace("num_workers", space_.Choices(kept))
     for key, workers in (("space.num_workers", smallest(space["num_workers"])), ("baseline.num_workers", baseline["num_workers"])):
