@@ -390,6 +390,7 @@ def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(
     path = write_study(tmp_path, trials=2, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"]["num_workers"] = 2
+    raw["space"]["lr"] = 0.0001  # too slow to reach the target: each trial trains, workers up, for its 3 s
     raw["probe"] = "none"
     raw["budget"] = {"trials": 2, "max_epochs": 40, "max_seconds": 3, "eval_every": 0.5}
     path.write_text(yaml.safe_dump(raw))
