@@ -130,7 +130,7 @@ CASES = [
     # Values no trial could run with: refused before the first one, not failed in every one.
     Case("key given twice", HEAD + "space:\n  lr: 0.1\n  lr: 0.2\n", ("lr (line 5)", "given twice"), storage=GARBAGE),
     Case("a thousand loader workers", HEAD + "space: {num_workers: [1000, 2000]}\n",
-         ("space.num_workers: got 1000", "CPU cores", "loader workers"), storage=GARBAGE),
+         ("space.num_workers: got 1000", "CPU core", "loader workers"), storage=GARBAGE),
     Case("accuracy target above 1", "task: digits\ntarget: {metric: accuracy, value: 1.5}\n",
          ("target.value: got 1.5", "at most 1"), storage=GARBAGE),
     Case("every batch larger than the training set", HEAD + "space: {batch_size: [4096, 8192]}\n",

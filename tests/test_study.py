@@ -453,10 +453,34 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     raw = yaml.safe_load(path.read_text())
     raw["space"]["num_workers"] = [0, 2, 8, 16]
     path.write_text(yaml.safe_dump(raw))
-    monkeypatch.setattr(preparation.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(preparation, "cpu_count", lambda: 2)
     prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["num_workers"].values == (0, 2, 8)
-    assert ("num_workers 16 removed from the search space: this machine has 2 CPU cores "
+    assert ("num_workers 16 removed from the search space: 2 CPU cores are available to autotune here "
+            "(at most 4 loader workers a core)") in prepared.notices
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_the_loader_worker_limit_counts_the_cores_this_process_may_use(tmp_path: Path) -> None:
+    """Under taskset (or a scheduler's cgroup) to one core, 8 workers are too many however many
+    cores the machine has."""
+    import yaml
+
+    from autotune.spec import study_file as spec_
+    from autotune.study import preparation
+
+    path = write_study(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["num_workers"] = [0, 2, 8]
+    path.write_text(yaml.safe_dump(raw))
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        prepared = preparation.prepare(spec_.load(path))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert prepared.space["num_workers"].values == (0, 2)
+    assert ("num_workers 8 removed from the search space: 1 CPU core is available to autotune here "
             "(at most 4 loader workers a core)") in prepared.notices
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 from typing import Any
 
@@ -22,6 +21,7 @@ from autotune.errors import AutotuneError, SpecError
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec
 from autotune.train.tasks import Task, accuracy, load_task, takes
 from autotune.train.config import Limits
+from autotune.train.measure import cpu_count
 
 
 
@@ -130,18 +130,19 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
     """Values no trial could run with, on this machine or with this task: refused before the first
     trial instead of failing every trial that draws them, or, for batch sizes the training set
     cannot fill while smaller ones can, removed with a notice."""
-    cores = os.cpu_count() or 1
+    cores = cpu_count()  # the cores this process may use (its affinity, as a scheduler or taskset gives it)
     most = MAX_WORKERS_PER_CORE * cores
+    available = f"{cores} CPU core{'s are' if cores > 1 else ' is'} available to autotune here"
     counts = space["num_workers"]
     if isinstance(counts, space_.Choices) and smallest(counts) <= most < largest(counts):
         # A study written for a bigger machine (16 workers on a GPU node) still runs on this one.
         kept = tuple(w for w in counts.values if w <= most)
         notices.append(f"num_workers {', '.join(str(w) for w in counts.values if w not in kept)} removed from the search "
-                       f"space: this machine has {cores} CPU cores (at most {MAX_WORKERS_PER_CORE} loader workers a core)")
+                       f"space: {available} (at most {MAX_WORKERS_PER_CORE} loader workers a core)")
         space = space.replace("num_workers", space_.Choices(kept))
     for key, workers in (("space.num_workers", smallest(space["num_workers"])), ("baseline.num_workers", baseline["num_workers"])):
         if workers > most:
-            raise SpecError(spec.path, key, workers, f"this machine has {cores} CPU cores: at most {most} loader workers "
+            raise SpecError(spec.path, key, workers, f"{available}: at most {most} loader workers "
                                                      f"({MAX_WORKERS_PER_CORE} a core)")
     samples, steps = len(task.train), smallest(space["accumulation_steps"])
     if baseline["batch_size"] * baseline["accumulation_steps"] > samples:
