@@ -3,6 +3,7 @@
 # and memory formats side by side, the shapes study end to end, and process isolation's cost.
 #
 #   bash scripts/gpu-check.sh [tests|oom|precision|study|confirm|isolation ...] [--cpu] [--rounds N]
+#                             [--objective goodput|systems_only]
 #
 # Each stage takes under 8 minutes on one modern GPU and can be run on its own; each writes
 # benchmarks/results/gpu-check-STAGE-cuda.json and prints a Markdown summary. Without a GPU it

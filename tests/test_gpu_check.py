@@ -67,3 +67,16 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
 
     tests = json.loads((tmp_path / "gpu-check-tests-cpu.json").read_text())
     assert tests["exit_status"] == 0 and tests["skipped"] >= 4 and tests["passed"] == 0  # tests/test_cuda.py needs a GPU
+
+
+@pytest.mark.parametrize("objective", ["systems_only", "goodput"])
+def test_the_study_stages_run_the_shapes_study_with_another_objective_as_a_study_of_its_own(
+        tmp_path: Path, objective: str) -> None:
+    ran = gpu_check("study", "confirm", "--cpu", "--objective", objective, "--results", str(tmp_path), cache=tmp_path / "cache")
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "## study: ok" in ran.stdout and "## confirm: ok" in ran.stdout and "winner: " in ran.stdout
+    confirmed = json.loads((tmp_path / f"gpu-check-confirm-{objective}-cpu.json").read_text())
+    assert confirmed["summary"]["objective"] == objective and confirmed["summary"]["confirmation"] is not None
+    assert confirmed["summary"]["throughput"]["table"]  # the throughput phase ran and is reported
+    assert (tmp_path / f"gpu-check-shapes-{objective}-cpu.db").exists()
+    assert not (tmp_path / "gpu-check-shapes-cpu.db").exists() and not (tmp_path / "gpu-check-confirm-cpu.json").exists()

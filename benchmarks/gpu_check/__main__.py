@@ -1,6 +1,6 @@
 """The GPU check: autotune's CUDA paths run for real, stage by stage (`bash scripts/gpu-check.sh`).
 
-    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--rounds N] [--results DIR]
+    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--rounds N] [--objective OBJECTIVE] [--results DIR]
 
 Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by default):
   tests      the CUDA tests (tests/test_cuda.py), for real
@@ -13,6 +13,9 @@ Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by
   confirm    the finished shapes study's winner against the baseline on fresh seeds, side by
              side, with GPU utilisation, input wait and peak memory
   isolation  what a child process per trial costs on the GPU
+
+`--objective goodput` or `--objective systems_only` runs the study and confirm stages on the same
+shapes study with that objective, as a study of its own (its own storage and results files).
 
 Each writes benchmarks/results/gpu-check-STAGE-cuda.json (GPU, driver, torch and commit with the
 figures) and prints a Markdown summary. Without a GPU it says so and checks nothing (exit 0);
@@ -36,6 +39,7 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
+from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY  # noqa: E402
 from benchmarks.gpu_check import memory_stages, speed_stages  # noqa: E402
 from benchmarks.gpu_check.common import REPO, RESULTS, Setting, gpu_identity, setting, write  # noqa: E402
 
@@ -68,6 +72,8 @@ STAGES: dict[str, Stage] = {"tests": tests, "oom": memory_stages.oom, "precision
                             "isolation": memory_stages.isolation_overhead}
 
 ROUNDED = ("precision", "isolation")  # the stages that interleave rounds
+STUDIES = ("study", "confirm")  # the stages that run the shapes study (--objective)
+OBJECTIVES = (GOODPUT, SYSTEMS_ONLY)  # besides the study file's own
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="run each stage's plumbing on the CPU at a small size")
     parser.add_argument("--rounds", type=int, metavar="N",
                         help="interleaved rounds of the precision and isolation stages (default: 3 and 5; fewer is quicker and noisier)")
+    parser.add_argument("--objective", choices=OBJECTIVES,
+                        help="run the study and confirm stages' shapes study with this objective instead of its own, "
+                             "as a study of its own (results in gpu-check-STAGE-OBJECTIVE-cuda.json)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON files go (default: benchmarks/results)")
     args = parser.parse_args(argv)
     where = setting(cpu=args.cpu, results=args.results)
@@ -90,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in args.stages or list(STAGES):
         started = time.perf_counter()
-        options = {"rounds": args.rounds} if args.rounds and name in ROUNDED else {}
+        options: dict[str, Any] = {"rounds": args.rounds} if args.rounds and name in ROUNDED else {}
+        if args.objective and name in STUDIES:
+            options["objective"] = args.objective
         figures, lines, ok = STAGES[name](where, **options)
         figures["stage_seconds"] = time.perf_counter() - started
-        path = write(where, name, {**figures, "ok": ok})
+        path = write(where, f"{name}-{options['objective']}" if "objective" in options else name, {**figures, "ok": ok})
         print(f"## {name}: {'ok' if ok else 'FAILED'} ({figures['stage_seconds']:.0f} s)\n")
         print("\n".join(lines))
         print(f"\n({path.relative_to(REPO) if path.is_relative_to(REPO) else path})\n", flush=True)

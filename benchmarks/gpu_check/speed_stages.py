@@ -15,6 +15,7 @@ import yaml
 
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.spec.study_file import SYSTEMS_ONLY
 from autotune.train.tasks import load_task
 from autotune.train.config import Limits, TrialConfig
 from benchmarks.gpu_check.common import REPO, Setting, interleaved, median
@@ -68,12 +69,13 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def study(setting: Setting, *, timeout: float = 360) -> tuple[dict[str, Any], list[str], bool]:
+def study(setting: Setting, *, timeout: float = 360, objective: str | None = None) -> tuple[dict[str, Any], list[str], bool]:
     """The shapes study's trials: `autotune run` with each trial in a child process, for at most
     `timeout` seconds of new trials (run the stage again to go on: the study resumes). The
-    confirmation on fresh seeds is the `confirm` stage's, so that each stage stays under 8 minutes."""
-    study_file, storage, budget = _study_files(setting)
-    searching = setting.results / f"gpu-check-shapes-search-{setting.device.type}.yaml"
+    confirmation on fresh seeds is the `confirm` stage's, so that each stage stays under 8 minutes.
+    `objective` runs the same study with another objective (goodput, systems_only), apart."""
+    study_file, storage, budget = _study_files(setting, objective)
+    searching = storage.with_name(f"{storage.stem}-search.yaml")
     raw = yaml.safe_load(study_file.read_text())
     # The same study (name, definition and storage) with its confirmation left for later.
     searching.write_text(yaml.safe_dump({**raw, "name": raw.get("name", study_file.stem), "confirm": {"top": 0, "runs": 0}}))
@@ -89,10 +91,10 @@ def study(setting: Setting, *, timeout: float = 360) -> tuple[dict[str, Any], li
     return figures, lines, counts["failed"] < counts["total"]
 
 
-def confirm(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
+def confirm(setting: Setting, *, objective: str | None = None) -> tuple[dict[str, Any], list[str], bool]:
     """The finished shapes study's winner against the baseline on fresh seeds, side by side, with
     the GPU's utilisation, input wait and peak memory: `autotune run` once the budget is spent."""
-    study_file, storage, budget = _study_files(setting)
+    study_file, storage, budget = _study_files(setting, objective)
     done = _trials_stored(setting, study_file, storage)
     if done < budget:  # `autotune run` would first run the missing trials, past this stage's 8 minutes
         return ({"trials_stored": done, "budget": budget},
@@ -112,16 +114,25 @@ def confirm(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
     return {**figures, "speedup": summary.get("speedup")}, lines, best != {}
 
 
-def _study_files(setting: Setting) -> tuple[Path, Path, int]:
-    """The study file, its storage and its trial budget: shapes.yaml on a GPU, a tiny one on CPU."""
+def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, Path, int]:
+    """The study file, its storage and its trial budget: shapes.yaml on a GPU, a tiny one on CPU;
+    with `objective`, a copy of it with that objective, under its own name and storage."""
     setting.results.mkdir(parents=True, exist_ok=True)
     if setting.cuda:
         study_file = REPO / "studies" / "shapes.yaml"
     else:  # the same commands on a task that trains in seconds on a CPU: the plumbing, not the figures
         study_file = setting.results / "gpu-check-shapes-cpu.yaml"
         study_file.write_text(SMALL_STUDY)
-    budget = (yaml.safe_load(study_file.read_text()).get("budget") or {}).get("trials", 20)
-    return study_file, setting.results / f"gpu-check-shapes-{setting.device.type}.db", budget
+    raw = yaml.safe_load(study_file.read_text())
+    stem = "gpu-check-shapes"
+    if objective is not None:
+        stem = f"gpu-check-shapes-{objective}"
+        variant = setting.results / f"{stem}-{setting.device.type}.yaml"
+        variant.write_text(yaml.safe_dump({**raw, "name": f"{raw.get('name', study_file.stem)}-{objective}", "objective": objective}))
+        study_file = variant
+    # systems_only trains one trial, the baseline's maths, and tells the other settings from it.
+    budget = 1 if objective == SYSTEMS_ONLY else (raw.get("budget") or {}).get("trials", 20)
+    return study_file, setting.results / f"{stem}-{setting.device.type}.db", budget
 
 
 def _trials_stored(setting: Setting, study_file: Path, storage: Path) -> int:
