@@ -459,6 +459,13 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     assert ("num_workers 16 removed from the search space: 2 CPU cores are available to autotune here "
             "(at most 4 loader workers a core)") in prepared.notices
 
+    raw["space"]["num_workers"] = {"low": 0, "high": 64}  # a range is cut at the limit
+    path.write_text(yaml.safe_dump(raw))
+    prepared = preparation.prepare(spec_.load(path))
+    assert (prepared.space["num_workers"].low, prepared.space["num_workers"].high) == (0, 8)
+    assert ("num_workers 9 to 64 removed from the search space: 2 CPU cores are available to autotune here "
+            "(at most 4 loader workers a core)") in prepared.notices
+
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
 def test_the_loader_worker_limit_counts_the_cores_this_process_may_use(tmp_path: Path) -> None:

@@ -134,12 +134,16 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
     most = MAX_WORKERS_PER_CORE * cores
     available = f"{cores} CPU core{'s are' if cores > 1 else ' is'} available to autotune here"
     counts = space["num_workers"]
-    if isinstance(counts, space_.Choices) and smallest(counts) <= most < largest(counts):
+    if smallest(counts) <= most < largest(counts):
         # A study written for a bigger machine (16 workers on a GPU node) still runs on this one.
-        kept = tuple(w for w in counts.values if w <= most)
-        notices.append(f"num_workers {', '.join(str(w) for w in counts.values if w not in kept)} removed from the search "
-                       f"space: {available} (at most {MAX_WORKERS_PER_CORE} loader workers a core)")
-        space = space.replace("num_workers", space_.Choices(kept))
+        if isinstance(counts, space_.Choices):
+            kept: space_.Domain = space_.Choices(tuple(w for w in counts.values if w <= most))
+            removed = ", ".join(str(w) for w in counts.values if w > most)
+        else:
+            kept, removed = dataclasses.replace(counts, high=most), f"{most + 1} to {int(counts.high)}"
+        notices.append(f"num_workers {removed} removed from the search space: {available} "
+                       f"(at most {MAX_WORKERS_PER_CORE} loader workers a core)")
+        space = space.replace("num_workers", kept)
     for key, workers in (("space.num_workers", smallest(space["num_workers"])), ("baseline.num_workers", baseline["num_workers"])):
         if workers > most:
             raise SpecError(spec.path, key, workers, f"{available}: at most {most} loader workers "
