@@ -140,7 +140,8 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
             kept: space_.Domain = space_.Choices(tuple(w for w in counts.values if w <= most))
             removed = ", ".join(str(w) for w in counts.values if w > most)
         else:
-            kept, removed = dataclasses.replace(counts, high=most), f"{most + 1} to {int(counts.high)}"
+            high = int(counts.high)
+            kept, removed = dataclasses.replace(counts, high=most), str(high) if high == most + 1 else f"{most + 1} to {high}"
         notices.append(f"num_workers {removed} removed from the search space: {available} "
                        f"(at most {MAX_WORKERS_PER_CORE} loader workers a core)")
         space = space.replace("num_workers", kept)
