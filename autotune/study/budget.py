@@ -7,9 +7,16 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import TrialState
 
+from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import schema
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def trials_to_train(spec: StudySpec) -> int:
+    """The trials the study trains: its budget's, or under systems_only one, the baseline's maths
+    (every other measured setting is told from it)."""
+    return 1 if spec.objective == SYSTEMS_ONLY else spec.budget.trials
 
 
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:

@@ -171,7 +171,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
     it runs alone.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    budget, timeout = spec.budget.trials, spec.budget.timeout
+    budget, timeout = budget_.trials_to_train(spec), spec.budget.timeout
     study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True)
@@ -181,9 +181,6 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                               limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
                               prune=spec.prune == "incumbent", objective=objective_.of(spec.objective),
                               replicates=spec.replicates, plan=plan)
-    if spec.objective == SYSTEMS_ONLY:
-        budget = 1  # one trial trains the baseline's maths; the measured settings are told from it
-        policy = dataclasses.replace(policy, budget=budget)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the

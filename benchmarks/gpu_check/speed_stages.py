@@ -15,7 +15,8 @@ import yaml
 
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.spec.study_file import SYSTEMS_ONLY
+from autotune.spec import study_file as study_file_
+from autotune.study import budget as budget_
 from autotune.train.tasks import load_task
 from autotune.train.config import Limits, TrialConfig
 from benchmarks.gpu_check.common import REPO, Setting, interleaved, median
@@ -130,9 +131,7 @@ def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, 
         variant = setting.results / f"{stem}-{setting.device.type}.yaml"
         variant.write_text(yaml.safe_dump({**raw, "name": f"{raw.get('name', study_file.stem)}-{objective}", "objective": objective}))
         study_file = variant
-    # systems_only trains one trial, the baseline's maths, and tells the other settings from it.
-    budget = 1 if objective == SYSTEMS_ONLY else (raw.get("budget") or {}).get("trials", 20)
-    return study_file, setting.results / f"{stem}-{setting.device.type}.db", budget
+    return study_file, setting.results / f"{stem}-{setting.device.type}.db", budget_.trials_to_train(study_file_.load(study_file))
 
 
 def _trials_stored(setting: Setting, study_file: Path, storage: Path) -> int:
