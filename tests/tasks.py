@@ -48,6 +48,21 @@ def tunable() -> Task:
     return Task(model=_tunable_mlp, optimizer=_tunable_optimizer, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+def _blind_on_trial_zero() -> nn.Module:
+    """The blobs MLP, blind to its input (its first layer's weights zero and frozen, so it cannot
+    pass chance) when built under trial 0's seeds: those of a study with seed 0 are multiples of
+    100,000, its replicates' too. A maths that misses the target on one trial's seeds only."""
+    model = _mlp()
+    if torch.initial_seed() % 100_000 == 0:
+        model[0].weight.data.zero_()
+        model[0].weight.requires_grad_(False)
+    return model
+
+
+def misses_on_trial_zero() -> Task:
+    return Task(model=_blind_on_trial_zero, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
 OOM_RAISED: list[int] = []  # the batch size of every out-of-memory error raised in this process
 
 

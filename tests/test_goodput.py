@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 import yaml
@@ -228,6 +229,41 @@ def test_a_systems_only_study_trains_the_baselines_maths_once_and_tells_every_ot
         assert schema.prediction(trial)["samples_to_target"] == samples
     code, _, _ = run_cli("run", str(path), capsys=capsys)  # resumed: nothing new to tell
     assert code == 0 and len(load(path).trials) == len(study.trials)
+
+
+def test_a_systems_only_try_that_misses_the_target_trains_again_on_new_seeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The task's model is blind under trial 0's seeds, so the baseline's maths misses there.
+    path = goodput_study(tmp_path, "systems_only", task="tests.tasks:misses_on_trial_zero", replicates=2,
+                         baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2})
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    study = load(path)
+    trained = [t for t in study.trials if "from_trial" not in (schema.prediction(t) or {})]
+    assert [(t.number, schema.is_feasible(t)) for t in trained] == [(0, False), (1, True)]
+    assert [t.user_attrs[schema.SEED] for t in trained] == [0, 1]  # the second try's seeds are its own
+    assert schema.config(trained[1])["lr"] == 0.1
+    told = [t for t in study.trials if "from_trial" in (schema.prediction(t) or {})]
+    assert told and all(schema.prediction(t)["from_trial"] == 1 for t in told)
+    confirmed = schema.confirmation(study.user_attrs)  # none without a feasible trial: one try's luck left none
+    assert confirmed is not None and set(confirmed["trials"]) <= {t.number for t in [trained[1], *told]}
+    code, _, _ = run_cli("run", str(path), capsys=capsys)  # resumed: nothing trains again
+    assert code == 0 and len(load(path).trials) == len(study.trials)
+
+
+def test_systems_only_trains_at_most_three_tries(tmp_path: Path) -> None:
+    from autotune.spec import study_file
+    from autotune.study import budget
+
+    spec = study_file.load(goodput_study(tmp_path, "systems_only"))
+
+    def tried(*feasible: bool) -> list[optuna.trial.FrozenTrial]:
+        return [optuna.trial.create_trial(value=1.0, constraints={"target": -1.0 if ok else 0.2}) for ok in feasible]
+
+    assert [budget.trials_to_train(spec, tried(*outcomes)) for outcomes in
+            [(), (True,), (False,), (False, True), (False, False), (False, False, False)]] == [1, 1, 2, 2, 3, 3]
+    other = study_file.load(goodput_study(tmp_path, "goodput", budget={"trials": 5, "max_epochs": 4}))
+    assert budget.trials_to_train(other, tried(False, False)) == 5  # other objectives: the budget's
 
 
 def test_goodput_needs_a_task_autotune_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,10 +13,20 @@ from autotune.study import schema
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
-def trials_to_train(spec: StudySpec) -> int:
-    """The trials the study trains: its budget's, or under systems_only one, the baseline's maths
-    (every other measured setting is told from it)."""
-    return 1 if spec.objective == SYSTEMS_ONLY else spec.budget.trials
+# systems_only trains the baseline's maths once; a try that misses the target on its seeds (the
+# maths is the user's own, so that is the seeds' luck) leaves nothing to tell the other settings
+# from, so it trains again on new seeds, up to this many tries in all.
+SYSTEMS_ONLY_TRIES = 3
+
+
+def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] = ()) -> int:
+    """The trials the study trains: its budget's; under systems_only, the baseline's maths once
+    (every other measured setting is told from it), once more after each finished try that missed
+    the target (`trials`: the study's so far), up to SYSTEMS_ONLY_TRIES."""
+    if spec.objective != SYSTEMS_ONLY:
+        return spec.budget.trials
+    missed = sum(1 for t in trials if counts_against_budget(t) and not schema.is_feasible(t))
+    return min(SYSTEMS_ONLY_TRIES, 1 + missed)
 
 
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:

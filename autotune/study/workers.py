@@ -67,11 +67,14 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequ
         processes.append(process)
     study = storage.open_study(spec, create=False)
     try:
-        with progress.bar(f"study ({workers} workers)", total=budget, unit="trial") as bar:
+        to_train = budget_.trials_to_train(spec, study.get_trials(deepcopy=False))  # systems_only: its tries
+        with progress.bar(f"study ({workers} workers)", total=to_train, unit="trial") as bar:
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():
                     time.sleep(1.0)
-                bar.n = min(budget_.finished_count(study.get_trials(deepcopy=False)), budget)
+                trials = study.get_trials(deepcopy=False)
+                bar.total = to_train = budget_.trials_to_train(spec, trials)
+                bar.n = min(budget_.finished_count(trials), to_train)
                 bar.refresh()
     except KeyboardInterrupt as interrupt:
         signum = interrupt.signum if isinstance(interrupt, signals.Stopped) else 2
