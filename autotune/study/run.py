@@ -194,10 +194,9 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                 # One read of the storage per trial: each costs milliseconds, and the tuner's own
                 # time per trial is a benchmarked goal (benchmarks/overhead.py).
                 trials = study.get_trials(deepcopy=False)
-                if budget_.trials_to_train(spec, trials) != budget:  # systems_only's try that missed
-                    budget = budget_.trials_to_train(spec, trials)
+                if (to_train := budget_.trials_to_train(spec, trials)) != budget:  # systems_only's try that missed
+                    budget = bar.total = to_train
                     policy = dataclasses.replace(policy, budget=budget)
-                    bar.total = budget
                 _show_progress(bar, trials, budget)
                 # A queued trial (an interrupted one's retry) holds a slot, and is the next ask's to
                 # run: the budget is spent only once none waits. (Run beyond the budget, by a

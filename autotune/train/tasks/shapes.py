@@ -7,9 +7,9 @@ Generated once per process and cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACH
 or `~/.cache/autotune`); a cache file that cannot be read is drawn again.
 
 Drawing the full size (60,000 images) takes 25 s on one core and 14 s on two, in blocks on every
-core; loading its cache file (150 MB) takes about 1 s. Measured on 2 CPU cores: a training `__getitem__` costs about 120 us (decoding most
-of it), a validation one about 8 us. A ResNet-9 step trains ~80 samples/s at width 64 there, and
-~1,700 at the small task's width 8.
+core; loading its cache file (150 MB) takes about 1 s. Measured on 2 CPU cores: a training
+`__getitem__` costs about 120 us (decoding most of it), a validation one about 8 us. A ResNet-9
+step trains ~80 samples/s at width 64 there, and ~1,700 at the small task's width 8.
 """
 
 from __future__ import annotations
