@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", metavar="PATH", help="also write the report as one self-contained HTML page with plots")
     report.add_argument("--csv", metavar="PATH", help="also write every trial, its parameters and measurements, as CSV")
     report.add_argument("--storage", metavar="URL", help="database URL")
+    report.add_argument("--force", action="store_true",
+                        help="let --csv and --html write over a file autotune did not write (never the study file or its storage)")
 
     from autotune.export import FORMATS  # a light import: the formats render text only
 
@@ -182,17 +184,21 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from autotune import outputs
     from autotune.spec import study_file as spec_
     from autotune.study import storage
-    from autotune.report import text
+    from autotune.report import html_page, results, text
 
     spec = spec_.load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
+    wanted = [(option, Path(path), ours) for option, path, ours in (
+        ("--csv", args.csv, results.looks_like_trials_csv), ("--html", args.html, html_page.looks_like_page)) if path]
+    for option, path, ours in wanted:  # every output checked before anything is written
+        outputs.check(spec, path, option=option, ours=ours, force=args.force)
     records, summary = _summary(spec, study)
-    if args.csv:
-        _write(args.csv, "--csv", records.to_csv(index=False))
-    if args.html:
-        _write(args.html, "--html", _html(study, records, summary))
+    for option, path, _ in wanted:
+        outputs.write(path, records.to_csv(index=False) if option == "--csv" else _html(study, records, summary),
+                      option=option)
     print(json.dumps(summary.to_json(), indent=2) if args.json else text.render(summary, records))
     return 0
 
@@ -209,17 +215,8 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
     return html_page.render(summary, records, curves=curves, importances=values, importances_missing=why_not)
 
 
-def _write(path: str, option: str, text: str) -> None:
-    """Write a file the user named; a path that cannot be written is their error, not a crash."""
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise AutotuneError(f"{option} {path}: cannot write ({exc.strerror})") from None
-    print(f"autotune: wrote {path}", file=sys.stderr)
-
-
 def cmd_export(args: argparse.Namespace) -> int:
-    from autotune import export
+    from autotune import export, outputs
     from autotune.spec import study_file as spec_
     from autotune.study import storage
 
@@ -229,35 +226,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
     if args.output:
-        _refuse_to_overwrite(spec, Path(args.output), force=args.force)
-        _write(args.output, "-o", text)
+        outputs.check(spec, Path(args.output), option="-o", ours=export.looks_like_export, force=args.force)
+        outputs.write(Path(args.output), text, option="-o")
     else:
         sys.stdout.write(text)
     return 0
-
-
-def _refuse_to_overwrite(spec: StudySpec, output: Path, *, force: bool) -> None:
-    """-o may replace an earlier export, never the study's own files, nor (unless `force`) any
-    other file the user has."""
-    from autotune import export
-    from autotune.study import storage
-
-    stored = storage.local_path(spec.storage)
-    own = {spec.path.resolve(): "the study file"}
-    if stored is not None:
-        for suffix, what in (("", "the study's storage"), ("-journal", "the storage's journal"),
-                             (".runner.lock", "the study's runner lock")):
-            own[stored.with_name(stored.name + suffix).resolve()] = what
-    target = output.resolve()
-    if target in own:
-        raise AutotuneError(f"-o {output}: that is {own[target]}; write the export elsewhere")
-    try:
-        existing = target.read_text(errors="replace") if target.is_file() and not force else None
-    except OSError:
-        existing = None  # unreadable: the write will say why
-    if not force and existing is not None and existing.strip() and not export.looks_like_export(existing):
-        raise AutotuneError(f"-o {output}: the file exists and is not an earlier autotune export; "
-                            f"choose another name, or pass --force to replace it")
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

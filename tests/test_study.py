@@ -540,31 +540,6 @@ def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported
     assert code == 0 and f"trial {number} (single run, not confirmed, 1 run(s))" in out.splitlines()[0]
 
 
-def test_export_never_writes_over_the_study_or_a_users_file_unless_forced(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_study(tmp_path, trials=2, confirm={"top": 0})
-    assert run_cli("run", str(path), capsys=capsys)[0] == 0
-    db, notes = path.with_suffix(".db"), tmp_path / "notes.txt"
-    notes.write_text("my notes\n")
-    kept = {p: p.read_bytes() for p in (db, path, notes)}
-    for target, says in ((db, "that is the study's storage"), (path, "that is the study file"),
-                         (notes, "the file exists and is not an earlier autotune export")):
-        code, out, err = run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)
-        assert code == 2 and out == "" and err.strip() == f"autotune: error: -o {target}: {says}" + (
-            "; write the export elsewhere" if "that is" in says else "; choose another name, or pass --force to replace it")
-    assert all(p.read_bytes() == content for p, content in kept.items())  # nothing was written over
-    assert len(load(path).get_trials()) == 2  # the study is intact
-
-    for fmt in ("json", "yaml", "args", "torch", "lightning", "hf"):  # each format's earlier export may be replaced
-        target = tmp_path / f"best.{fmt}"
-        assert run_cli("export", str(path), "--format", fmt, "-o", str(target), capsys=capsys)[0] == 0
-        assert run_cli("export", str(path), "--format", fmt, "-o", str(target), capsys=capsys)[0] == 0, fmt
-    assert run_cli("export", str(path), "--format", "json", "-o", str(notes), "--force", capsys=capsys)[0] == 0
-    assert json.loads(notes.read_text())["batch_size"] in (16, 32, 64)
-    assert run_cli("export", str(path), "--format", "json", "-o", str(db), "--force", capsys=capsys)[0] == 2
-    assert db.read_bytes() == kept[db]  # not even with --force
-
-
 def test_a_trial_killed_before_its_configuration_was_stored_is_replaced_not_promised_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """What a kill between Optuna's ask and the configuration's write leaves: a RUNNING trial with

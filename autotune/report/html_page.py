@@ -43,6 +43,14 @@ figcaption { font-size: .8rem; color: #555; }
 PLOTS = ("best_so_far", "time_against_metric", "importances", "learning_curves", "oom_map", "throughput")
 
 
+GENERATOR = '<meta name="generator" content="autotune">'  # how a page from `report --html` is known again
+
+
+def looks_like_page(text: str) -> bool:
+    """Whether `text` is a page that `autotune report --html` wrote."""
+    return GENERATOR in text[:4096] or (text.lstrip().startswith("<!DOCTYPE html>") and "<title>autotune: " in text[:4096])
+
+
 def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequence[Sequence[Any]]],
            importances: Mapping[str, float] | None, importances_missing: str = "") -> str:
     """The whole page as a string."""
@@ -63,6 +71,7 @@ def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequ
     images = "\n".join(_figure(name, figure, caption) for name, (figure, caption) in figures.items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+{GENERATOR}
 <title>autotune: {_e(summary.study)}</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body>
 <h1>Study {_e(summary.study)}</h1>

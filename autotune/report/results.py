@@ -25,6 +25,11 @@ COLUMNS = (
 )
 
 
+def looks_like_trials_csv(text: str) -> bool:
+    """Whether `text` is a trial table that `autotune report --csv` wrote: its header's first columns."""
+    return text.startswith(",".join(COLUMNS[:4]) + ",")
+
+
 def knobs_read(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
     """The knobs a study's training reads, in KNOBS order: all of them unless it stored them."""
     stored = schema.knobs_read(study_attrs)

@@ -56,9 +56,24 @@ def local_path(url: str) -> Path | None:
     return None
 
 
+RUNNER_LOCK = ".runner.lock"  # not ".lock": Optuna's journal backend uses that
+
+
+def files_of(path: Path) -> dict[Path, str]:
+    """A local storage file and the files kept beside it (SQLite's journals, Optuna's journal
+    lock, autotune's runner lock), each with what it is."""
+    beside = {"-journal": "the storage's rollback journal", "-wal": "the storage's write-ahead log",
+              "-shm": "the storage's shared memory", ".lock": "the journal storage's lock",
+              RUNNER_LOCK: "the study's runner lock"}
+    return {path: "the study's storage", **{path.with_name(path.name + suffix): what for suffix, what in beside.items()}}
+
+
 def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorage:
     """Optuna's storage for the spec's URL; with `create=False`, a missing file is an error."""
     url, path = spec.storage, local_path(spec.storage)
+    if path is not None and path.exists() and spec.path.exists() and os.path.samefile(path, spec.path):
+        raise StorageError(f"{spec.path}: storage: {spec.storage} is the study file itself; "
+                           f"choose another file with --storage or storage:")
     if path is not None and not create and not path.is_file():
         # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
         raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
@@ -166,7 +181,7 @@ def sole_runner(spec: StudySpec) -> Iterator[None]:
     if path is None:
         yield
         return
-    lock_path = path.with_name(path.name + ".runner.lock")  # not ".lock": Optuna's journal backend uses that
+    lock_path = path.with_name(path.name + RUNNER_LOCK)
     try:
         lock = open(lock_path, "a+")
     except OSError as exc:
