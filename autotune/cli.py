@@ -129,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
     workers.check_storage(spec, args.workers)
+    args.workers = workers.usable(spec, args.workers)
     in_workers = functools.partial(
         workers.run_workers, spec, study_file=args.study, workers=args.workers,
         options=[f"--isolation={spec.isolation}", *(["--allow-changes"] if args.allow_changes else []),
@@ -171,12 +172,13 @@ def resume_command(args: argparse.Namespace) -> str:
 def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
     """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
     from autotune import signals
-    from autotune.study import preparation, run as study_
+    from autotune.study import preparation, run as study_, runner_lock, storage, workers
 
     if spec.storage.startswith("sqlite"):
         raise AutotuneError(f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage")
+    workers.die_with_parent()
     try:
-        with signals.handled():
+        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
             study_.run_study(spec, preparation.as_begun(spec, prepared), worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)

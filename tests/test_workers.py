@@ -1,7 +1,7 @@
-"""`autotune run --workers 4` on one study: Optuna's journal file, and a real PostgreSQL server.
+"""`autotune run --workers K` on one study: Optuna's journal file, and a real PostgreSQL server.
 
-Four worker processes on this machine's cores race for an exact budget of 40 trials; every
-trial must be run once, by one worker, and the budget met exactly.
+Up to four worker processes, one a core (autotune starts no more), race for an exact budget of
+40 trials; every trial must be run once, by one worker, and the budget met exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import optuna
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-BUDGET, WORKERS = 40, 4
+BUDGET, WORKERS = 40, min(4, len(os.sched_getaffinity(0)))
 
 
 def write_study(folder: Path, storage: str) -> Path:
@@ -63,7 +63,7 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
     assert "Winner: " in out
 
 
-def test_four_workers_on_a_journal_file(tmp_path: Path) -> None:
+def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     result = run_workers(path)
@@ -73,7 +73,7 @@ def test_four_workers_on_a_journal_file(tmp_path: Path) -> None:
     assert_exact_budget(study, result.stdout)
 
 
-def test_four_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
+def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
     path = write_study(tmp_path, postgres_url)
     result = run_workers(path)
     assert result.returncode == 0, result.stderr
@@ -188,3 +188,101 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     trained, splits = timed_splits(journal_study(resumed).get_trials())
     assert len(trained) == 1 and splits == {(16, 4): 1, (32, 2): 1, (64, 1): 1}, splits
     assert "Winner: " in result.stdout
+
+
+def journal_study(journal: Path) -> optuna.Study:
+    backend = optuna.storages.journal.JournalFileBackend(str(journal))
+    return optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(tmp_path: Path) -> None:
+    """`kill -9` of `autotune run --workers 2`: its workers do not train on as orphans; each marks
+    its own trial interrupted and exits, and the same command, run at once, meets the budget."""
+    journal = tmp_path / "study.journal"
+    path = write_study(tmp_path, f"journal:///{journal}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 8 s
+    study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=8)
+    path.write_text(yaml.safe_dump(study_file))
+    command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--quiet"]
+    parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, running = time.monotonic() + 120, []
+    while len(running) < 2:
+        assert parent.poll() is None and time.monotonic() < deadline, "the workers never trained"
+        time.sleep(0.3)
+        with contextlib.suppress(KeyError, ValueError):
+            running = journal_study(journal).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    workers = children_of(parent.pid)
+    assert len(workers) == 2
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
+        time.sleep(0.1)
+
+    trials = journal_study(journal).get_trials()
+    stopped = [t for t in trials if t.number in {r.number for r in running}]
+    assert all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
+               for t in stopped), [(t.state, t.user_attrs.get("reason")) for t in stopped]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    trials = journal_study(journal).get_trials()
+    counted = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("surplus")
+               and not t.user_attrs.get("interrupted")]
+    assert len(counted) == 4 and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_trials(tmp_path: Path) -> None:
+    """While a worker of an earlier run still holds its share of the runner lock (as one does for
+    the moment it takes to mark its trial), the next run waits and touches nothing; once it lets
+    go, the run goes on."""
+    import fcntl
+
+    journal = tmp_path / "study.journal"
+    path = write_study(tmp_path, f"journal:///{journal}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["budget"]["trials"] = 1
+    path.write_text(yaml.safe_dump(study_file))
+    with open(tmp_path / "study.journal.runner.lock", "a+") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_SH, 1, 1)  # the workers' byte, as runner_lock.as_worker takes it
+        run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path), "--quiet"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)
+        assert run.poll() is None and not journal.exists()
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    assert "waiting for the workers of an earlier, stopped run to mark their trials and exit" in err
+    assert "Winner: " in out or "baseline" in out
+
+
+def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_path: Path) -> None:
+    journal = tmp_path / "study.journal"
+    path = write_study(tmp_path, f"journal:///{journal}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["budget"]["trials"] = 2
+    path.write_text(yaml.safe_dump(study_file))
+    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "500", "--quiet"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    usable = min(2, len(os.sched_getaffinity(0)))
+    assert (f"autotune: --workers 500 is more than can be used (the budget has 2 trial(s), this process may use "
+            f"{len(os.sched_getaffinity(0))} CPU core(s)); starting {usable}") in result.stderr
+    trials = journal_study(journal).get_trials()
+    assert len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}) <= usable

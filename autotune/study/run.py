@@ -21,7 +21,7 @@ import optuna
 from autotune import progress, signals
 from autotune.runners import isolation
 from autotune.study import (budget as budget_, confirm, definition as definition_, goodput, objective as objective_, one_trial,
-                            schema, storage)
+                            runner_lock, schema, storage)
 from autotune.search import probe, space as space_
 from autotune.spec.study_file import SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
@@ -136,7 +136,7 @@ def run_sequence(spec: StudySpec, prepared: Prepared, *, allow_changes: bool = F
     A signal ends it with `signals.Stopped` (a KeyboardInterrupt) once every trial this process
     was running is marked interrupted and queued again; the caller says so and how to go on.
     """
-    with signals.handled(), storage.sole_runner(spec):
+    with signals.handled(), runner_lock.sole_runner(spec, storage.local_path(spec.storage)):
         prepared = as_begun(spec, prepared)
         changes = check_unchanged(spec, prepared, allow_changes=allow_changes)
         print_notices([*prepared.notices, *(f"going on after a change to the study: {c}" for c in changes)])

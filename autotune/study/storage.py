@@ -1,8 +1,8 @@
-"""Where a study lives: opening its storage, one runner per local file, interrupted trials.
+"""Where a study lives: opening its storage, the files beside it, interrupted trials.
 
 Local files (SQLite, Optuna's journal file) are run by one `autotune run` at a time, held by a
-lock beside the file; a trial found RUNNING there at start-up belongs to a process that no
-longer runs. Database servers are shared by many machines, so there Optuna's heartbeat finds
+lock beside the file (runner_lock.py); a trial found RUNNING there at start-up belongs to a
+process that no longer runs. Database servers are shared by many machines, so there Optuna's heartbeat finds
 the trials of dead workers instead, and `RetryHeartbeatStaleTrialCallback` queues them again.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import socket
 import sqlite3
@@ -26,7 +25,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
-from autotune.study import schema
+from autotune.study import runner_lock, schema
 from autotune.spec.study_file import StudySpec
 
 
@@ -56,15 +55,12 @@ def local_path(url: str) -> Path | None:
     return None
 
 
-RUNNER_LOCK = ".runner.lock"  # not ".lock": Optuna's journal backend uses that
-
-
 def files_of(path: Path) -> dict[Path, str]:
     """A local storage file and the files kept beside it (SQLite's journals, Optuna's journal
     lock, autotune's runner lock), each with what it is."""
     beside = {"-journal": "the storage's rollback journal", "-wal": "the storage's write-ahead log",
               "-shm": "the storage's shared memory", ".lock": "the journal storage's lock",
-              RUNNER_LOCK: "the study's runner lock"}
+              runner_lock.SUFFIX: "the study's runner lock"}
     return {path: "the study's storage", **{path.with_name(path.name + suffix): what for suffix, what in beside.items()}}
 
 
@@ -166,43 +162,6 @@ def read_study(spec: StudySpec) -> optuna.Study | None:
         return None
     except Exception as exc:
         raise cannot_open(spec, exc) from None
-
-
-@contextlib.contextmanager
-def sole_runner(spec: StudySpec) -> Iterator[None]:
-    """Hold the lock that makes this process the only runner of a local storage file.
-
-    The lock is the kernel's, so it goes with the process even after `kill -9`. A POSIX record
-    lock (lockf), not flock: a process forked while it is held (a DataLoader worker, the probe's)
-    does not inherit it, so the lock goes the moment this process dies, not when the last worker
-    notices its parent is gone, and the same command can run again at once.
-    """
-    path = local_path(spec.storage)
-    if path is None:
-        yield
-        return
-    lock_path = path.with_name(path.name + RUNNER_LOCK)
-    try:
-        lock = open(lock_path, "a+")
-    except OSError as exc:
-        raise StorageError(f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
-                           f"choose a writable place with --storage or storage:") from None
-    with lock:
-        try:
-            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # EAGAIN or EACCES: held by another process
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish, "
-                               f"or use a journal file or database server to run several workers") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"autotune (pid {os.getpid()})\n")
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.lockf(lock, fcntl.LOCK_UN)
 
 
 def worker_id() -> str:

@@ -9,6 +9,7 @@ N cores never run more than N threads between them) and, with several GPUs, a GP
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,10 +20,13 @@ import torch
 from autotune import progress, signals
 from autotune.study import budget as budget_, storage
 from autotune.errors import AutotuneError
+from autotune.runners import watchdog
 from autotune.train.measure import cpu_count
 from autotune.spec.study_file import StudySpec
 
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
+PARENT = "AUTOTUNE_WORKERS_PARENT"  # the pid of the `autotune run` that started a worker
+WATCH_SECONDS = 0.5  # how often a worker checks that its parent still runs
 
 
 def check_storage(spec: StudySpec, workers: int) -> None:
@@ -32,6 +36,19 @@ def check_storage(spec: StudySpec, workers: int) -> None:
             f"{spec.path}: --workers {workers} needs a storage that several processes can share; "
             f"{spec.storage} is a SQLite file, written by one process at a time. Use --storage "
             f"journal:///{spec.path.with_suffix('.journal')} (this machine) or postgresql://user@host/db (several machines)")
+
+
+def usable(spec: StudySpec, requested: int) -> int:
+    """The workers worth starting: no more than the budget has trials, nor the cores this process
+    may use (each worker's torch threads need one). Fewer than asked are said in a notice."""
+    cores = cpu_count()
+    count = min(requested, spec.budget.trials, cores)
+    if count < requested:
+        limits = [f"the budget has {spec.budget.trials} trial(s)" if spec.budget.trials < requested else "",
+                  f"this process may use {cores} CPU core(s)" if cores < requested else ""]
+        progress.say(f"autotune: --workers {requested} is more than can be used ({', '.join(w for w in limits if w)}); "
+                     f"starting {count}")
+    return count
 
 
 def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
@@ -45,7 +62,7 @@ def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
 
 def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
     # One progress bar, the parent's; in lines mode each worker prints its own trials' lines.
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    env = {**os.environ, "TQDM_DISABLE": "1", PARENT: str(os.getpid())}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if spec.device in ("auto", "cuda") and gpus > 1:
         env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)  # one worker per GPU
@@ -84,6 +101,21 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequ
     if failed:
         codes = ", ".join(f"worker {i} exited with status {code}" for i, code in failed)
         raise AutotuneError(f"{spec.path}: {codes}; every finished trial is saved, run the same command again to go on")
+
+
+def die_with_parent() -> None:
+    """In a worker: stop as a SIGTERM would stop it (its trial marked and queued again) once the
+    `autotune run` that started it is gone, killed with SIGKILL say, and exit for good after the
+    grace a parent would have given it. An orphan would go on training beside the next run."""
+
+    def stop() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    parent = os.environ.get(PARENT)
+    if parent:
+        watchdog.on_death(int(parent), stop, every=WATCH_SECONDS)
 
 
 def _stop(processes: list[subprocess.Popen], signum: int) -> None:
