@@ -17,18 +17,18 @@ import sysconfig
 import time
 import traceback
 from pathlib import Path
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-from autotune.train import oom, throughput
+from autotune.train import oom
 from autotune.runners import watchdog
 from autotune.train.tasks import BUILT_IN, Task, load_task
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.trial import run
 
-MODES = ("auto", "process", "none")
+T = TypeVar("T")
 PROGRESS_SECONDS = 0.25  # how often a child reports its progress
 WATCH_SECONDS = 0.5  # how often a child checks that the study's process still runs
 # Imported by torch on first use, not with torch: the first optimizer built imports torch._dynamo,
@@ -68,11 +68,12 @@ class RunTrial(Protocol):
                  progress: Progress | None = None) -> TrialResult: ...
 
 
-class MeasureThroughput(Protocol):
-    """The throughput phase's measurement (train/throughput.measure) of the task's training."""
+class Measure(Protocol):
+    """Runs a measurement of the task's training, `work(task, *args, device=, seed=)`: a
+    module-level function such as throughput.measure (the throughput phase) or rates.measure
+    (the systems probe), here or in a child process."""
 
-    def __call__(self, configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int
-                 ) -> dict[str, throughput.Throughput]: ...
+    def __call__(self, work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T: ...
 
 
 def resolve(mode: str, device: torch.device) -> str:
@@ -149,12 +150,12 @@ def _as_failure(call: Any) -> Any:
     raise failure
 
 
-def measure_in_process(task: Task) -> MeasureThroughput:
-    """The throughput phase here; an error that is not an OOM (those are results) is a TrialFailure."""
+def measure_in_process(task: Task) -> Measure:
+    """Measurements here; an error that is not an OOM (those are results) is a TrialFailure."""
     warm_up()
 
-    def measure(configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int) -> dict[str, throughput.Throughput]:
-        return _as_failure(lambda: throughput.measure(task, configs, device=device, seed=seed))
+    def measure(work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
+        return _as_failure(lambda: work(task, *args, device=device, seed=seed))
 
     return measure
 
@@ -170,12 +171,12 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
     return run_trial
 
 
-def measure_in_child(task_name: str, *, study_path: Path, hang_after: float) -> MeasureThroughput:
-    """The throughput phase in a fresh child process, as a trial runs (`in_child`)."""
+def measure_in_child(task_name: str, *, study_path: Path, hang_after: float) -> Measure:
+    """Measurements in a fresh child process each, as a trial runs (`in_child`)."""
     start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
 
-    def measure(configs: Mapping[str, TrialConfig], *, device: torch.device, seed: int) -> dict[str, throughput.Throughput]:
-        return start(_throughput, (dict(configs), device, seed), progress=None)
+    def measure(work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
+        return start(_measurement, (work, args, device, seed), progress=None)
 
     return measure
 
@@ -211,9 +212,9 @@ def _train(task: Task, progress: Progress, config: TrialConfig, limits: Limits, 
     return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
 
 
-def _throughput(task: Task, progress: Progress, configs: dict[str, TrialConfig], device: torch.device,
-                seed: int) -> dict[str, throughput.Throughput]:
-    return throughput.measure(task, configs, device=device, seed=seed)
+def _measurement(task: Task, progress: Progress, work: Callable[..., Any], args: tuple[Any, ...], device: torch.device,
+                 seed: int) -> Any:
+    return work(task, *args, device=device, seed=seed)
 
 
 def _kill_group(pgid: int) -> None:

@@ -26,6 +26,7 @@ from autotune.study import schema
 from autotune.study.preparation import Prepared
 from autotune.train import measure as measure_
 from autotune.train.config import TrialConfig
+from autotune.train import throughput
 from autotune.train.throughput import Throughput
 
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
@@ -51,7 +52,7 @@ def settings(spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batc
     return [{**s, "accumulation_steps": split[s["batch_size"]]} for s in measured]
 
 
-def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any, space: Space,
+def run_phase(spec: StudySpec, measure: isolation.Measure, device: Any, space: Space,
               baseline: Mapping[str, Any], *, batch_norm: bool) -> dict[str, Any]:
     """Measure the settings, side by side in groups of one precision and format (so that the
     micro-batches compared are measured interleaved); the stored outcome as plain JSON."""
@@ -66,7 +67,7 @@ def run_phase(spec: StudySpec, measure: isolation.MeasureThroughput, device: Any
                 chunk = group[start:start + MAX_GROUP]
                 configs = {str(i): TrialConfig.from_mapping(space_.complete({**baseline, **s})) for i, s in enumerate(chunk)}
                 signals.check()
-                measured = measure(configs, device=device, seed=seed_for(spec.seed))
+                measured = measure(throughput.measure, configs, device=device, seed=seed_for(spec.seed))
                 for i, s in enumerate(chunk):
                     figure = measured[str(i)]
                     speed = None if figure.samples_per_second is None else goodput_.Speed(figure.samples_per_second,
@@ -89,8 +90,8 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
     """Run the throughput phase once per study (a resumed one keeps its table) and store it."""
     if spec.objective not in (GOODPUT, SYSTEMS_ONLY) or schema.throughput(study.user_attrs) is not None:
         return
-    assert prepared.measure_throughput is not None, "preparation refuses goodput without a task"
-    phase = run_phase(spec, prepared.measure_throughput, prepared.device, space, prepared.baseline,
+    assert prepared.measure is not None, "preparation refuses goodput without a task"
+    phase = run_phase(spec, prepared.measure, prepared.device, space, prepared.baseline,
                       batch_norm=prepared.batch_norm)
     schema.record_throughput(study, phase)
     progress.tell(f"autotune: {goodput_.describe(phase)}")  # the report repeats it, so quiet hides it

@@ -39,7 +39,7 @@ class Prepared:
     isolation: str  # process or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
     knobs: tuple[str, ...] = tuple(space_.KNOBS)  # the knobs its training reads; reports show only these
-    measure_throughput: isolation.MeasureThroughput | None = None  # the throughput phase, where the task is autotune's to train
+    measure: isolation.Measure | None = None  # the throughput phase and the probe's rates, where the task is autotune's to train
     batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
 
@@ -92,7 +92,7 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
                                              hang_after=PHASE_HANG_FACTOR * spec.budget.trial_timeout)
     else:
         run_trial, measure = isolation.in_process(task), isolation.measure_in_process(task)
-    return prepared(task=task, isolation=mode, run_trial=run_trial, measure_throughput=measure,
+    return prepared(task=task, isolation=mode, run_trial=run_trial, measure=measure,
                     batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline))
 
 
