@@ -192,3 +192,17 @@ def lrs_of(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list
         optimizer.step()
         scheduler.step()
     return lrs
+
+
+def paced_quick() -> Task:
+    """The paced task at a quarter of its default costs, in the same proportions."""
+    from autotune.train.tasks import paced
+
+    return paced.make(load_seconds=paced.LOAD_SECONDS / 4, compute_seconds=paced.COMPUTE_SECONDS / 4)
+
+
+def paced_input_bound() -> Task:
+    """The paced task with loading so slow that four workers still hold the step back."""
+    from autotune.train.tasks import paced
+
+    return paced.make(load_seconds=0.6e-3, compute_seconds=0.075e-3)

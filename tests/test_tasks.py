@@ -51,7 +51,7 @@ def test_close_misspelling_of_a_built_in_is_suggested() -> None:
         load_task("digit", study_path="s.yaml")
     with pytest.raises(SpecError, match="did you mean 'shapes'"):
         load_task("shape", study_path="s.yaml")
-    assert set(BUILT_IN) == {"digits", "mnist1d", "shapes"}
+    assert set(BUILT_IN) == {"digits", "mnist1d", "shapes", "paced"}
 
 
 def test_a_callable_that_returns_something_else_is_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,7 +110,7 @@ def _device(summary: Summary) -> str:
 
 def _probe(summary: Summary) -> str:
     """What the systems probe and the throughput phase settled, each in a line."""
-    lines = [probe.describe(summary.probe)] if summary.probe else []
+    lines = probe.describe(summary.probe).splitlines() if summary.probe else []  # the joint probe's are several
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 

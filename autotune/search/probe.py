@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.search import roofline
 from autotune.search.space import LOADER_KNOBS, PRECISIONS, Choices, Range, Space
 
 ROUNDS = 2
@@ -128,11 +129,15 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
         space = space.replace("pin_memory", Choices((loader["pin_memory"],)))
         if loader["prefetch_factor"] is not None:
             space = space.replace("prefetch_factor", Choices((loader["prefetch_factor"],)))
+    for knob, value in outcome.get("fixed", {}).items():  # the joint probe's formats
+        space = space.replace(knob, Choices((value,)))
     return space.replace("precision", Choices(tuple(p for p in space["precision"].values if p in outcome["precisions"])))
 
 
 def describe(outcome: Mapping[str, Any]) -> str:
     """One line for the report: what the probe settled, and what it cost."""
+    if outcome.get("kind") == "joint":
+        return roofline.describe(outcome) + load_note(outcome)
     parts = []
     if outcome["probed_loader"]:
         loader = outcome["loader"]

@@ -87,7 +87,8 @@ class StudySpec:
     confirm: Confirm
     isolation: str  # auto, process (a child process per trial) or none (trials in the study's process)
     prune: str = "incumbent"  # stop a trial once its training clock passes the best time to target; none
-    probe: str = "systems"  # systems: settle loader knobs and precision by short runs first (search/probe.py); none
+    probe: str = "systems"  # systems: settle loader knobs, then precision, by short runs (search/probe.py); joint:
+    # both together from rates measured apart (study/roofline_probe.py); none
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
     first_trial: str = "sampled"  # baseline: a new study's first trial is the baseline (where it lies in the space)
@@ -97,7 +98,7 @@ TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "dev
             "isolation", "prune", "probe", "objective", "replicates", "first_trial")
 REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2, GOODPUT: 1, SYSTEMS_ONLY: 1}
 PRUNE_MODES = ("none", "incumbent")
-PROBE_MODES = ("systems", "none")
+PROBE_MODES = ("systems", "joint", "none")
 FIRST_TRIAL_MODES = ("sampled", "baseline")
 ISOLATION_MODES = ("auto", "process", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
@@ -119,7 +120,8 @@ def load(path: str | Path, *, storage: str | None = None, isolation: str | None 
 MODES = {
     "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process or none"),
     "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
-    "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings and precision by short runs before the search) or none"),
+    "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings, then precision, by short runs before the search), "
+              "joint (choose them together from the loader's and the compute's rates, measured apart) or none"),
     "first_trial": (FIRST_TRIAL_MODES, "sampled", "sampled (the sampler chooses every trial) or baseline (a new study's first "
                     "trial is the baseline, so the search starts from a known time)"),
     "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there), "

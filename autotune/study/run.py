@@ -21,7 +21,7 @@ import optuna
 from autotune import progress, signals
 from autotune.runners import isolation
 from autotune.study import (budget as budget_, confirm, definition as definition_, goodput, objective as objective_, one_trial,
-                            runner_lock, schema, storage)
+                            roofline_probe, runner_lock, schema, storage)
 from autotune.search import probe, space as space_
 from autotune.spec.study_file import SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
@@ -71,9 +71,9 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
             progress.say(f"autotune: trial {number} was interrupted; it is marked failed and "
                          + ("will run again" if number in queued else
                             "a new trial takes its place (it stopped before its configuration was chosen)"))
-    if spec.probe == "systems" and schema.probe(study.user_attrs) is None and prepared.task is not None \
+    if spec.probe != "none" and schema.probe(study.user_attrs) is None and prepared.task is not None \
             and probe.worth_probing(prepared.space):
-        outcome = run_probe(spec, prepared)
+        outcome = roofline_probe.run(spec, prepared) if spec.probe == "joint" else run_probe(spec, prepared)
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
     probed = with_probe(spec, prepared, study).space
@@ -122,7 +122,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
 def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
     """The space as the stored probe settled it; unchanged without one."""
     outcome = schema.probe(study.user_attrs)
-    if spec.probe != "systems" or outcome is None:
+    if spec.probe == "none" or outcome is None:
         return prepared
     return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
 

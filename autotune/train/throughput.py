@@ -133,6 +133,11 @@ class _Session:
         per_epoch = len(self.training.loader) // self.config.accumulation_steps
         self.window_steps = max(1, min(window_steps, per_epoch // 2))
         self.keep_epoch_starts = per_epoch < 2
+        # While the other configurations are timed, this one's workers load ahead until their
+        # queue is full; those batches are trained untimed before each window, or the window
+        # would time batches loaded before it began and overstate a loader-bound setting.
+        queued = config.num_workers * (config.prefetch_factor or 0)
+        self.drain_steps = math.ceil(queued / self.config.accumulation_steps)
 
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
@@ -148,6 +153,7 @@ class _Session:
     def window(self) -> float | None:
         """Samples per second over a window; None when an epoch began in it."""
         torch.set_num_threads(threads_for(self.config.num_workers))  # the sessions differ in workers
+        self._steps(self.drain_steps)
         clock = Clock(self.device)
         clock.start()
         samples, epoch_began = self._steps(self.window_steps)

@@ -1,7 +1,7 @@
 """Training tasks: what a trial trains (model, data, loss, metric), built-in or the user's own.
 
 A task is a callable taking no arguments and returning a `Task`. A study file names it either
-by a built-in name (`digits`, `mnist1d`, `shapes`) or as `package.module:callable`.
+by a built-in name (`digits`, `mnist1d`, `shapes`, `paced`) or as `package.module:callable`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ BUILT_IN = {
     "digits": "autotune.train.tasks.digits:task",
     "mnist1d": "autotune.train.tasks.mnist1d:task",
     "shapes": "autotune.train.tasks.shapes:task",
+    "paced": "autotune.train.tasks.paced:task",
 }
 
 

@@ -1,0 +1,139 @@
+"""The roofline of a systems setting: its speed predicted from its loader's and its compute's
+rates, measured apart (train/rates.py), and what holds it there.
+
+With loader workers, batches are loaded while the step computes, so a setting trains at about
+the slower of its two rates; with none, the training process loads and then computes each batch,
+so their times add. The best predicted setting is the limit of the knob space. The few best are
+then measured end to end, and what was measured decides: the rates leave out what runs only when
+both run at once (the two sharing a CPU's cores, a copy waiting for a step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+LOADER_SETTING = ("num_workers", "prefetch_factor", "pin_memory")
+COMPUTE_SETTING = ("precision", "channels_last", "cudnn_benchmark", "compile")
+CHECKED = 3  # the best predicted settings measured end to end
+INPUT, COMPUTE = "input", "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """One loader setting with one compute setting, and the speed their rates predict."""
+
+    loader: dict[str, Any]
+    compute: dict[str, Any]
+    loader_rate: float
+    compute_rate: float
+
+    @property
+    def overlapped(self) -> bool:
+        return self.loader["num_workers"] > 0
+
+    @property
+    def samples_per_second(self) -> float:
+        if self.overlapped:
+            return min(self.loader_rate, self.compute_rate)
+        return 1.0 / (1.0 / self.loader_rate + 1.0 / self.compute_rate)
+
+    @property
+    def bottleneck(self) -> str:
+        """`input` when the loader is the slower of the two, else `compute`."""
+        return INPUT if self.loader_rate < self.compute_rate else COMPUTE
+
+    @property
+    def idle_share(self) -> float:
+        """The share of the time the device waits for input (the loader's, for `compute`)."""
+        if not self.overlapped:
+            return self.samples_per_second / self.loader_rate
+        return max(0.0, 1.0 - self.loader_rate / self.compute_rate)
+
+    @property
+    def setting(self) -> dict[str, Any]:
+        return {**self.loader, **self.compute}
+
+
+ComputeRate = Callable[[Mapping[str, Any], Mapping[str, Any]], "float | None"]  # (loader, compute) -> rate
+
+
+def predict(loader_rates: Sequence[tuple[Mapping[str, Any], float | None]], computes: Sequence[Mapping[str, Any]],
+            compute_rate: ComputeRate) -> list[Prediction]:
+    """Every combination of a measured loader setting with a compute setting, fastest predicted
+    first; `compute_rate(loader, compute)` is the compute's rate beside that loader (the same for
+    every loader on a GPU; on a CPU its workers take cores from the step). Settings without a
+    rate (out of memory, say) are left out."""
+    combined = [Prediction(dict(loader), dict(compute), loader_rate, rate)
+                for loader, loader_rate in loader_rates if loader_rate
+                for compute in computes if (rate := compute_rate(loader, compute))]
+    # Equal predictions: fewer workers and the simpler compute first, as the caller listed them.
+    return sorted(combined, key=lambda p: -p.samples_per_second)
+
+
+def to_check(predictions: Sequence[Prediction], *, count: int = CHECKED) -> list[Prediction]:
+    """The best `count` predictions, and the best with no loader workers where that is not among
+    them (it pays no worker start-up, which short runs feel), to be measured end to end."""
+    chosen = list(predictions[:count])
+    serial = next((p for p in predictions if not p.overlapped), None)
+    if serial is not None and serial not in chosen:
+        chosen.append(serial)
+    return chosen
+
+
+def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Prediction, float]:
+    """The checked setting that ran fastest end to end, with its measured speed."""
+    measured = [(p, speed) for p, speed in checked if speed and math.isfinite(speed)]
+    if not measured:
+        raise ValueError("no setting ran end to end")
+    return max(measured, key=lambda pair: pair[1])
+
+
+def what_moves_it(best: Prediction) -> str:
+    """What would raise the limit, in numbers: the other rate's headroom."""
+    if best.bottleneck == INPUT:
+        headroom = best.compute_rate / best.loader_rate
+        return (f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
+                f"(more loader workers or cores, cheaper decoding, or decoding on the device)")
+    headroom = best.loader_rate / best.compute_rate
+    return (f"the compute: the loader could deliver {headroom:.2f}x more "
+            f"(a narrower precision, channels-last, compilation or a larger batch raise the step's rate)")
+
+
+def _setting_text(setting: Mapping[str, Any]) -> str:
+    shown = [f"num_workers {setting['num_workers']}"]
+    if setting.get("prefetch_factor") is not None:
+        shown.append(f"prefetch_factor {setting['prefetch_factor']}")
+    shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
+    shown += [knob.replace("_", "-") for knob in ("channels_last", "cudnn_benchmark") if setting.get(knob)]
+    return ", ".join(shown)
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}/s"
+
+
+def describe(outcome: Mapping[str, Any]) -> str:
+    """The joint probe's lines for the report: what it chose, measured beside predicted, the
+    bottleneck, the knob space's limit and what would move it."""
+    loaders, computes = len(outcome["loader_rates"]), len(outcome["compute_rates"])
+    head = (f"Joint systems probe (batch {outcome['batch_size']}: {loaders} loader and {computes} compute settings "
+            f"measured apart")
+    chosen, limit = outcome.get("chosen"), outcome.get("limit")
+    if chosen is None:
+        return head + "): no setting ran at that batch, so nothing was settled"
+    head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s)"
+    error = chosen["measured"] / chosen["predicted"] - 1
+    lines = [
+        f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, predicted {_rate(chosen['predicted'])} "
+        f"({error:+.0%}); {chosen['bottleneck']}-bound (loader {_rate(chosen['loader_rate'])}, compute "
+        f"{_rate(chosen['compute_rate'])}, the device waiting for input {chosen['idle_share']:.0%} of the time)",
+        f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
+        f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
+    ]
+    if outcome.get("shared_cores"):
+        lines.append("On a CPU the loader and the step share the same cores, so what runs together differs from "
+                     "their rates apart: the end-to-end measurement decided")
+    return "\n".join(lines)

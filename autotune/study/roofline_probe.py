@@ -1,0 +1,131 @@
+"""The joint systems probe (`probe: joint`): the loader and compute settings chosen together.
+
+Deciding one knob at a time goes wrong where the loader and the arithmetic limit each other: a
+loader settled at fp32 makes a narrower precision look useless, and a precision settled at that
+loader makes more workers look useless. Here instead:
+
+1. every loader setting's rate and every compute setting's rate are measured apart, at the
+   probe's micro-batch, interleaved (train/rates.py): loader settings + compute settings runs;
+2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
+   best predicted is the knob space's limit;
+3. the best few predicted are measured end to end with the real pipeline, interleaved
+   (train/throughput.py), and the fastest measured is kept: the loader knobs and the formats
+   are fixed to it, and a narrower precision stays in the space only where it ran faster. On a
+   CPU the loader and the step share the same cores, so their rates apart overstate what runs
+   together: there the end-to-end measurement is what decides, and the report says so.
+
+The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
+adds both rates, predicted beside measured, the bottleneck and the limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from autotune import progress, signals
+from autotune.runners import isolation
+from autotune.search import probe, roofline, space as space_
+from autotune.search.space import Space
+from autotune.spec.study_file import StudySpec
+from autotune.study.preparation import Prepared
+from autotune.train import measure as measure_, rates, throughput
+from autotune.train.config import TrialConfig
+
+LOADER_GROUP = 8  # loader settings measured side by side at once: each holds its workers
+FORMAT_KNOBS = ("channels_last", "cudnn_benchmark")  # change speed, never the maths
+
+
+def compute_settings(space: Space) -> list[dict[str, Any]]:
+    """Every precision x format of the space, compilation left to the search (its cost is paid once
+    a trial, which a rate does not show)."""
+    knobs = ("precision", *FORMAT_KNOBS)
+    values = [list(space[k].values) for k in knobs]
+    return [dict(zip(knobs, combo)) for combo in itertools.product(*values)]
+
+
+def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
+    """Measure, predict, check end to end and choose; the outcome as plain JSON values."""
+    assert prepared.task is not None and prepared.measure is not None, "the probe trains the study's task"
+    space, baseline, device = prepared.space, prepared.baseline, prepared.device
+    batch = probe.probe_batch(space, baseline, samples=len(prepared.task.train))
+    maths = {**baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
+    loaders, computes = probe.loader_settings(space), compute_settings(space)
+
+    def config(setting: dict[str, Any]) -> TrialConfig:
+        return TrialConfig.from_mapping(space_.complete({**maths, **setting}))
+
+    seed, started = probe.seed_for(spec.seed), time.monotonic()
+    # On a CPU the loader's workers take cores from the step: its rate is measured once for each
+    # thread count the loader settings leave it (recipe.training_threads). A GPU's step runs alike.
+    workers_for = {measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0): s["num_workers"]
+                   for s in reversed(loaders)}
+    threads = {s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0) for s in loaders}
+    keyed = {f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())}
+    with progress.bar("joint probe", total=len(loaders) + len(keyed), unit="setting", leave=False) as bar, \
+            signals.interruptible(), measure_.other_load() as load:
+        compute_rates = prepared.measure(rates.measure, {}, {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
+                                         device=device, seed=seed)
+        bar.update(len(keyed))
+        loader_rates: dict[str, rates.Rate] = {}
+        for start in range(0, len(loaders), LOADER_GROUP):
+            signals.check()
+            group = {str(start + i): config({**computes[0], **s}) for i, s in enumerate(loaders[start:start + LOADER_GROUP])}
+            loader_rates.update(prepared.measure(rates.measure, group, {}, device=device, seed=seed))
+            bar.update(len(group))
+
+        def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
+            return compute_rates[f"{computes.index(compute)}@{threads[loader['num_workers']]}"].samples_per_second
+
+        predictions = roofline.predict([(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
+                                       computes, compute_rate)
+        stored_computes = [{**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
+                           for k, (c, _) in keyed.items()]
+        if not predictions:
+            return _nothing_ran(batch, space, loaders, stored_computes, loader_rates, load.record())
+        checked = roofline.to_check(predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1))
+        measured = prepared.measure(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)},
+                                    device=device, seed=seed)
+    speeds = [(p, measured[str(i)].samples_per_second) for i, p in enumerate(checked)]
+    chosen, speed = roofline.decide(speeds)
+    return {
+        "kind": "joint", "batch_size": batch, "shared_cores": device.type == "cpu",
+        "loader": chosen.loader, "probed_loader": len(loaders) > 1,
+        "precisions": _precisions_kept(chosen, speeds, space), "fixed": {k: chosen.compute[k] for k in FORMAT_KNOBS},
+        "speed": {}, "runs": [],
+        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+        "compute_rates": stored_computes,
+        "checked": [{**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds],
+        "limit": _figures(predictions[0]), "chosen": {**_figures(chosen), "measured": speed},
+        "moves": roofline.what_moves_it(predictions[0]),
+        "seconds": time.monotonic() - started, **load.record(),
+    }
+
+
+def _figures(prediction: roofline.Prediction) -> dict[str, Any]:
+    return {**prediction.setting, "predicted": prediction.samples_per_second, "loader_rate": prediction.loader_rate,
+            "compute_rate": prediction.compute_rate, "bottleneck": prediction.bottleneck,
+            "idle_share": prediction.idle_share}
+
+
+def _precisions_kept(chosen: roofline.Prediction, speeds: list[tuple[roofline.Prediction, float | None]],
+                     space: Space) -> list[str]:
+    """The chosen setting's precision, and every other that ran faster end to end at its loader,
+    the search then weighing its speed against its effect on convergence."""
+    kept = {chosen.compute["precision"]}
+    for prediction, speed in speeds:
+        if prediction.loader == chosen.loader and speed and speed >= (1 + probe.FASTER_BY) * min(
+                s for p, s in speeds if s and p.loader == chosen.loader):
+            kept.add(prediction.compute["precision"])
+    return [p for p in space["precision"].values if p in kept]
+
+
+def _nothing_ran(batch: int, space: Space, loaders: list[dict[str, Any]], computes: list[dict[str, Any]],
+                 loader_rates: dict[str, rates.Rate], load: dict[str, Any]) -> dict[str, Any]:
+    """No combination had both rates (out of memory at the probe's batch, say): nothing settled."""
+    return {"kind": "joint", "batch_size": batch, "loader": {}, "probed_loader": False,
+            "precisions": list(space["precision"].values), "fixed": {}, "speed": {}, "runs": [], "seconds": 0.0,
+            "limit": None, "chosen": None,
+            "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+            "compute_rates": computes, **load}

@@ -1,0 +1,188 @@
+"""A systems setting's two rates, measured apart: the loader's and the compute's.
+
+On a GPU host the input pipeline runs on CPU cores and the training step on the GPU, so a
+setting's speed is about the slower of two rates that can each be measured alone, in seconds:
+
+- the loader's: the task's training Dataset through a DataLoader with the setting's workers,
+  prefetching and pinning, each batch copied to the device, nothing else;
+- the compute's: forward, backward and optimizer step at the setting's precision and memory
+  format, on batches already on the device.
+
+So a space of L loader settings and C compute settings takes L + C measurements, not L x C.
+Start-up (workers up and the first batches; building, compiling and the first steps) is timed
+apart as a fixed cost. Every setting stays built between its windows and the windows run
+interleaved (throughput.interleave) until their spread is small; a setting that runs out of
+memory is a result (`oom`), and bounds the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Hashable, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+from autotune.train import oom
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.loader import endless, make_loader
+from autotune.train.measure import Clock, threads_for
+from autotune.train.systems import to_device
+from autotune.train.tasks import Task
+from autotune.train.throughput import WINDOW_STEPS, interleave, spread
+from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
+
+K = TypeVar("K", bound=Hashable)
+KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """One setting's rate on this machine, in samples a second."""
+
+    samples_per_second: float | None  # median over its windows; None: no figure
+    spread: float | None  # interquartile range / median of its windows
+    windows: int
+    fixed_seconds: float  # start-up beyond what its first batches take at full speed
+    peak_memory_bytes: int | None = None  # the device's allocator peak (CUDA only)
+    oom: bool = False
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def measure(task: Task, loaders: Mapping[K, TrialConfig], computes: Mapping[K, TrialConfig], *,
+            device: torch.device, seed: int, window_steps: int = WINDOW_STEPS, **rounds: Any) -> dict[K, Rate]:
+    """The loader rate of each of `loaders` (only its loader settings and batch size matter) and
+    the compute rate of each of `computes` (all but its loader settings; its num_workers sets
+    only the torch threads), interleaved in one series of rounds; keys must differ between the
+    two. `rounds`: interleave's options."""
+    sessions: dict[K, Any] = {}
+    results: dict[K, Rate] = {}
+    try:
+        for key, config in [*loaders.items(), *computes.items()]:
+            kind = _LoaderSession if key in loaders else _ComputeSession
+            try:
+                sessions[key] = kind(task, config, device=device, seed=seed, window_steps=window_steps)
+            except Exception as exc:
+                if not oom.is_oom(exc):
+                    raise
+                results[key] = Rate(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
+                oom.free_memory()
+        figures = interleave({key: s.window for key, s in sessions.items()}, **rounds)
+    finally:
+        for session in sessions.values():
+            session.close()
+    results.update({key: sessions[key].result(values) for key, values in figures.items()})
+    return {key: results[key] for key in [*loaders, *computes]}
+
+
+class _Session:
+    samples_per_step: int
+    startup_seconds: float
+    warmup_samples: int
+    peak_memory_bytes: int | None = None
+
+    def result(self, figures: list[float]) -> Rate:
+        if not figures:
+            return Rate(None, None, 0, self.startup_seconds, reason="no window was timed")
+        speed = statistics.median(figures)
+        fixed = max(0.0, self.startup_seconds - self.warmup_samples / speed)
+        return Rate(speed, spread(figures), len(figures), fixed, peak_memory_bytes=self.peak_memory_bytes)
+
+    def close(self) -> None:
+        pass
+
+
+class _LoaderSession(_Session):
+    """The loader alone: batches through the DataLoader and onto the device, nothing more."""
+
+    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int) -> None:
+        self.config, self.device = config, device
+        self.window_batches = window_steps * config.accumulation_steps
+        # Batches its workers load ahead while the other settings are timed: taken untimed before
+        # each window, or a window would time batches that were ready before it began.
+        self.queued = config.num_workers * (config.prefetch_factor or 0)
+        clock = Clock(device)
+        clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
+        self.batches = endless(make_loader(task.train, config, seed=seed, device=device))
+        try:
+            self.warmup_samples = self._take(MIN_WARMUP_STEPS * config.accumulation_steps)
+        except BaseException:
+            self.close()
+            raise
+        self.startup_seconds = clock.stop()
+
+    def _take(self, count: int) -> int:
+        samples = 0
+        for _ in range(count):
+            inputs, targets = next(self.batches)
+            to_device(inputs, self.device, non_blocking=self.config.pin_memory, channels_last=self.config.channels_last)
+            targets.to(self.device, non_blocking=self.config.pin_memory)
+            samples += len(targets)
+        return samples
+
+    def window(self) -> float | None:
+        self._take(self.queued)
+        clock = Clock(self.device)
+        clock.start()
+        samples = self._take(self.window_batches)
+        seconds = clock.stop()
+        return samples / seconds if seconds > 0 else None
+
+    def close(self) -> None:
+        self.batches.close()  # shuts its workers down
+
+
+class _ComputeSession(_Session):
+    """The training step alone, on a few batches kept on the device, with the torch threads a
+    trial of `config` gets (its loader workers take cores from them on a CPU)."""
+
+    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int) -> None:
+        self.threads = threads_for(config.num_workers)
+        self.config = dataclasses.replace(config, num_workers=0, prefetch_factor=None, schedule_epochs=None)
+        self.device, self.window_steps = device, window_steps
+        seed_everything(seed)
+        kept = []
+        for inputs, targets in make_loader(task.train, self.config, seed=seed, device=device):  # loaded before the clock: the loader's cost is the other rate's
+            kept.append((to_device(inputs, device, non_blocking=False, channels_last=config.channels_last),
+                         targets.to(device)))
+            if len(kept) == max(KEPT_BATCHES, config.accumulation_steps):
+                break
+        self.kept, self.next = kept, 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        torch.set_num_threads(self.threads)
+        clock = Clock(device)
+        clock.start()
+        self.training = build(task, self.config, limits=_ENDLESS, device=device, seed=seed)
+        self.warmup_samples = self._steps(MIN_WARMUP_STEPS)
+        self.startup_seconds = clock.stop()
+        if device.type == "cuda":
+            self.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+
+    def _steps(self, count: int) -> int:
+        samples = 0
+        for _ in range(count):
+            group = []
+            for _ in range(self.config.accumulation_steps):
+                group.append(self.kept[self.next % len(self.kept)])
+                self.next += 1
+            self.training.step(group)
+            self.training.scheduler.step()
+            samples += sum(len(targets) for _, targets in group)
+        return samples
+
+    def window(self) -> float | None:
+        torch.set_num_threads(self.threads)
+        clock = Clock(self.device)
+        clock.start()
+        samples = self._steps(self.window_steps)
+        seconds = clock.stop()
+        return samples / seconds if seconds > 0 else None
+
+
+_ENDLESS = Limits(target=math.inf, max_epochs=1e6, max_seconds=math.inf, eval_every=1e6)

@@ -1,0 +1,142 @@
+"""The roofline: rates measured apart predict a setting's speed; the joint probe chooses the
+loader and the precision together where deciding one at a time goes wrong, and names what holds
+the winner back."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from autotune.cli import main
+from autotune.search import roofline
+from autotune.search.space import complete
+from autotune.train import rates, throughput
+from autotune.train.config import TrialConfig
+from autotune.train.tasks import paced
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+# How far a prediction from the rates apart may be from the end-to-end measurement on the paced
+# task (docs/benchmarks.md): the step's own arithmetic and the workers' hand-over are not in the rates.
+TOLERANCE = 0.2
+
+
+def loader(workers: int) -> dict:
+    return {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": False}
+
+
+def compute(precision: str) -> dict:
+    return {"precision": precision, "channels_last": False, "cudnn_benchmark": False}
+
+
+def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without() -> None:
+    rates_of = {"fp32": 1000.0, "bf16": 4000.0}
+    predictions = roofline.predict([(loader(0), 1000.0), (loader(2), 2000.0), (loader(4), 3000.0)],
+                                   [compute("fp32"), compute("bf16")], lambda _, c: rates_of[c["precision"]])
+    best = predictions[0]
+    assert (best.loader["num_workers"], best.compute["precision"]) == (4, "bf16")
+    assert best.samples_per_second == 3000.0 and best.bottleneck == roofline.INPUT
+    assert best.idle_share == pytest.approx(0.25)  # the step waits a quarter of the time
+    serial = next(p for p in predictions if p.loader["num_workers"] == 0 and p.compute["precision"] == "fp32")
+    assert serial.samples_per_second == pytest.approx(500.0) and serial.idle_share == pytest.approx(0.5)
+    fp32 = next(p for p in predictions if p.loader["num_workers"] == 4 and p.compute["precision"] == "fp32")
+    assert fp32.bottleneck == roofline.COMPUTE and fp32.samples_per_second == 1000.0
+    checked = roofline.to_check(predictions, count=2)
+    assert len(checked) == 3 and not checked[-1].overlapped  # the best with no workers is checked too
+    assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (checked[1], 2700.0)
+    assert "input pipeline" in roofline.what_moves_it(best) and "1.33x" in roofline.what_moves_it(best)
+
+
+def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() -> None:
+    assert roofline.predict([(loader(2), None)], [compute("fp32")], lambda *_: 1000.0) == []
+    assert roofline.predict([(loader(2), 100.0)], [compute("fp32")], lambda *_: None) == []
+    with pytest.raises(ValueError):
+        roofline.decide([])
+
+
+def config(**settings) -> TrialConfig:
+    base = {"lr": 0.05, "scheduler": "constant", "batch_size": 128, "accumulation_steps": 1, **loader(0), **compute("fp32")}
+    return TrialConfig.from_mapping(complete({**base, **settings}))
+
+
+def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> None:
+    load_seconds = paced.LOAD_SECONDS  # smaller costs let the step's own arithmetic and hand-overs show
+    task = paced.make(load_seconds=load_seconds, compute_seconds=paced.COMPUTE_SECONDS)
+    loaders = {f"w{w}": config(**loader(w)) for w in (0, 2, 4)}
+    computes = {f"{p}@{w}": config(**compute(p), num_workers=w) for p in ("fp32", "bf16") for w in (0, 4)}
+    measured = rates.measure(task, loaders, computes, device=CPU, seed=1)
+    speed = {k: v.samples_per_second for k, v in measured.items()}
+    # the loader: workers / load cost; the step: 1 / compute cost, half that under bf16
+    assert speed["w0"] == pytest.approx(1 / load_seconds, rel=0.15)
+    assert speed["w2"] == pytest.approx(2 * speed["w0"], rel=0.15)
+    assert speed["w4"] > 1.4 * speed["w2"]
+    assert speed["bf16@4"] == pytest.approx(2 * speed["fp32@4"], rel=0.2)
+    assert all(v.spread is not None and v.windows >= 3 for v in measured.values())
+    assert measured["w4"].fixed_seconds > measured["w0"].fixed_seconds  # four workers to start
+
+    combos = {(w, p): config(**loader(w), **compute(p)) for w, p in ((0, "fp32"), (2, "fp32"), (2, "bf16"), (4, "bf16"))}
+    end_to_end = throughput.measure(task, {f"{w}-{p}": c for (w, p), c in combos.items()}, device=CPU, seed=1)
+    for w, p in combos:
+        predicted = roofline.Prediction(loader(w), compute(p), speed[f"w{w}"], speed[f"{p}@{0 if w == 0 else 4}"])
+        assert end_to_end[f"{w}-{p}"].samples_per_second == pytest.approx(predicted.samples_per_second, rel=TOLERANCE), (w, p)
+
+
+def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quick") -> Path:
+    study = {
+        "task": task, "target": {"metric": "accuracy", "value": 0.5},
+        "space": {"lr": 0.05, "scheduler": "constant", "batch_size": [32, 128], "accumulation_steps": 1,
+                  "num_workers": [0, 2, 4], "prefetch_factor": 2, "precision": ["fp32", "bf16"]},
+        "baseline": {"lr": 0.05, "batch_size": 32},
+        "probe": probe, "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
+        "confirm": {"top": 0},
+    }
+    path = folder / f"{probe}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def load(path: Path) -> optuna.Study:
+    return optuna.load_study(study_name=path.stem, storage=f"sqlite:///{path.with_suffix('.db')}")
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
+
+
+def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the paced task the loader chosen at fp32 stops at two workers; together, bf16 with four."""
+    for probe in ("systems", "joint"):
+        assert main(["run", str(write_study(tmp_path, probe=probe)), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    greedy = load(tmp_path / "systems.yaml").user_attrs["probe"]
+    joint = load(tmp_path / "joint.yaml").user_attrs["probe"]
+    assert greedy["loader"]["num_workers"] == 2
+    assert joint["loader"]["num_workers"] == 4 and joint["precisions"] == ["bf16"]
+    assert joint["chosen"]["bottleneck"] == "compute" and joint["limit"]["num_workers"] == 4
+    chosen = joint["chosen"]
+    assert chosen["measured"] == pytest.approx(chosen["predicted"], rel=TOLERANCE)
+    assert {(c["num_workers"], c["precision"]) for c in joint["checked"]} >= {(4, "bf16"), (2, "bf16")}
+    assert "Joint systems probe (batch 128: 3 loader and 4 compute settings measured apart" in out
+    assert "compute-bound" in out and "Limit of the knob space: " in out
+    assert "the end-to-end measurement decided" in out  # a CPU: loader and step share the cores
+    trial = load(tmp_path / "joint.yaml").trials[0]
+    assert (trial.params.get("num_workers", 4), trial.params.get("precision", "bf16")) == (4, "bf16")
+
+
+def test_the_report_names_an_input_bound_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, probe="joint", task="tests.tasks:paced_input_bound")
+    assert main(["run", str(path), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    outcome = load(path).user_attrs["probe"]
+    assert outcome["limit"]["bottleneck"] == "input" and outcome["loader"]["num_workers"] == 4
+    assert "input-bound" in out and "what would move it: the input pipeline" in out
+    assert math.isfinite(outcome["seconds"]) and outcome["seconds"] > 0
