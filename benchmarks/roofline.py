@@ -1,0 +1,242 @@
+"""autotune against its peers, at the limit of the knob space: who trains fastest, and at what cost.
+
+Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.yaml with --cpu):
+
+- `joint`: autotune with `probe: joint` (the loader and compute settings chosen together);
+- `systems`: autotune with `probe: systems` (the loader first, then the precision);
+- `tpe`: what a user writes instead: Optuna's TPE over the same knobs in a hand-written loop, the
+  same trial budget, one run a trial, the fastest trial wins (found.plain_tpe_study);
+- `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
+  as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
+  (each as the device allows);
+- `limit`: the knob space's limit, the joint probe's best predicted rate, times the samples the
+  joint winner needed to reach the target (as the judge measured them).
+
+The judge is not autotune's training loop: it trains each arm's winner, and the baseline, with
+the plain-PyTorch module `autotune export --format torch` writes for it (what a user's own trainer
+runs), evaluating off the clock every `budget.eval_every` epochs, on `--seeds` fresh seeds with
+the arms interleaved within each seed. The GPU time each arm spent searching is its wall time.
+
+Stages, each under 8 minutes on an H100 and each writing its figures as it goes (a stage cut short
+still tells something); the arms' studies and winners are kept in --work for the judge:
+
+    .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR] [--study FILE]
+                                            [joint systems tpe judge]
+
+With no stage, all of them in that order. --small: 3 trials, confirmation on 1 seed, 1 judge seed.
+--study: another study file (the test suite's is smaller still). Writes
+benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from autotune import export  # noqa: E402
+from autotune.report import summarize  # noqa: E402
+from autotune.search import space as space_  # noqa: E402
+from autotune.spec import study_file as spec_  # noqa: E402
+from autotune.spec.checks import read_yaml  # noqa: E402
+from autotune.study import preparation, storage  # noqa: E402
+from autotune.train.measure import cpu_count  # noqa: E402
+from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
+from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+
+STAGES = ("joint", "systems", "tpe", "judge")
+JUDGE_SEED = 8_000_000  # far from every seed a study uses
+EXPERT = {"precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "pin_memory": True,
+          "scheduler": "onecycle", "lr": 0.2, "accumulation_steps": 1, "compile": False}
+EXPERT_BATCH = 512
+
+
+def study_spec(path: Path, *, probe: str | None, work: Path, small: bool) -> spec_.StudySpec:
+    raw = read_yaml(path)
+    if probe is not None:
+        raw["probe"] = probe
+    if small:
+        raw["budget"] = {**raw.get("budget", {}), "trials": 3}
+        raw["confirm"] = {"top": 1, "runs": 1}
+    name = f"{path.stem}-{probe or 'tpe'}"
+    return dataclasses.replace(spec_.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"), name=name)
+
+
+def expert(prepared: preparation.Prepared) -> dict[str, Any]:
+    """The expert recipe, each knob as the space (fitted to the device) allows it."""
+    space = prepared.space
+    config = {**prepared.baseline, **EXPERT}
+    for knob in ("precision", "channels_last", "cudnn_benchmark", "pin_memory"):  # what the device can run
+        if config[knob] not in space[knob].values:
+            config[knob] = prepared.baseline[knob]
+    workers = space["num_workers"]
+    most = max(workers.values) if isinstance(workers, space_.Choices) else int(workers.high)
+    config["num_workers"] = min(most, cpu_count())
+    config["prefetch_factor"] = config.get("prefetch_factor") or 2
+    batches = space["batch_size"]
+    sizes = batches.values if isinstance(batches, space_.Choices) else [int(batches.low), int(batches.high)]
+    config["batch_size"] = max([b for b in sizes if b <= EXPERT_BATCH] or [min(sizes)])
+    return space_.complete(config)
+
+
+def judge_run(template: Any, config: dict[str, Any], prepared: preparation.Prepared, spec: spec_.StudySpec,
+              seed: int) -> dict[str, Any]:
+    """Train `config` with the exported plain-PyTorch module to the target: its time to target
+    (evaluation off the clock) and the samples it took."""
+    winner = dataclasses.replace(template.best, params=dict(config))
+    source = export.render(dataclasses.replace(template, best=winner), "torch")
+    module = types.ModuleType("exported")
+    exec(compile(source, "<export>", "exec"), module.__dict__)
+    task, device, budget = prepared.task, prepared.device, spec.budget
+    torch.manual_seed(seed)
+    model = task.model()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
+    started, paused = time.perf_counter(), 0.0
+    training = module.make_training(model, task.train, device=device, seed=seed,
+                                    max_epochs=config.get("schedule_epochs") or budget.max_epochs)
+    per_epoch = len(training.loader) / config["accumulation_steps"]
+    every = max(1, round(budget.eval_every * per_epoch))
+    samples, reached, metric = 0, False, None
+    try:
+        for step in range(1, training.total_steps + 1):
+            module.train_step(training, loss_fn=task.loss)
+            samples += config["batch_size"] * config["accumulation_steps"]
+            if step % every == 0 or step == training.total_steps:
+                sync()
+                pause = time.perf_counter()
+                metric = evaluate(training, module, task, device)
+                paused += time.perf_counter() - pause
+                if metric >= spec.target.value:
+                    reached = True
+                    break
+            if time.perf_counter() - started - paused > budget.max_seconds:
+                break
+        sync()
+        seconds = time.perf_counter() - started - paused
+    finally:
+        iterator = getattr(training.loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()  # its persistent workers, now
+        del training
+        gc.collect()
+    return {"reached": reached, "time_to_target": seconds if reached else None, "samples": samples,
+            "seconds": seconds, "metric": metric}
+
+
+def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> float:
+    training.module.eval()
+    outputs, targets = [], []
+    with torch.no_grad(), training.autocast():
+        for inputs, labels in DataLoader(task.val, batch_size=256):
+            outputs.append(training.module(module.to_device(inputs, device)).float().cpu())
+            targets.append(labels)
+    training.module.train()
+    return float(task.metric(torch.cat(outputs), torch.cat(targets)))
+
+
+def median_time(runs: list[dict[str, Any]]) -> float:
+    """The median time to target, a miss counting as infinitely slow."""
+    return statistics.median(r["time_to_target"] if r["reached"] else math.inf for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stages", nargs="*", metavar="STAGE", help=f"of {', '.join(STAGES)} (default: all, in that order)")
+    parser.add_argument("--cpu", action="store_true", help="the paced study on the CPU (the CPU twin)")
+    parser.add_argument("--small", action="store_true", help="3 trials, 1 confirmation and judge seed")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "autotune-roofline")
+    parser.add_argument("--study", type=Path, help="the study file (default: studies/shapes.yaml, or paced.yaml with --cpu)")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    unknown = [s for s in args.stages if s not in STAGES]
+    if unknown:
+        parser.error(f"unknown stage {unknown[0]!r}; the stages are {', '.join(STAGES)}")
+    args.stages = args.stages or list(STAGES)
+    study = args.study or REPO / "studies" / ("paced.yaml" if args.cpu else "shapes.yaml")
+    seeds = 1 if args.small else args.seeds
+    args.work.mkdir(parents=True, exist_ok=True)
+    out = args.results / f"roofline-{study.stem}{'-small' if args.small else ''}-{'cpu' if args.cpu else 'cuda'}.json"
+    record = json.loads(out.read_text()) if out.exists() else {"arms": {}}
+
+    def save() -> None:
+        out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+    for stage in args.stages:
+        if stage == "judge":
+            judge(record, study, args.work, small=args.small, cpu=args.cpu, seeds=seeds, save=save)
+            continue
+        spec = study_spec(study, probe=None if stage == "tpe" else stage, work=args.work, small=args.small)
+        if args.cpu:
+            spec = dataclasses.replace(spec, device="cpu")
+        for suffix in ("", "-journal", ".runner.lock"):
+            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(missing_ok=True)  # a fresh study
+        prepared = preparation.prepare(spec)
+        record["provenance"] = provenance(prepared.device)
+        found = (plain_tpe_study if stage == "tpe" else autotune_study)(spec, prepared, False)
+        if stage == "joint":
+            found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
+        record["arms"][stage] = {**found, "gpu_seconds": found["tuning_wall"]}
+        print(f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s: {found['params']}", flush=True)
+        save()
+
+
+def judge(record: dict[str, Any], study: Path, work: Path, *, small: bool, cpu: bool, seeds: int, save: Any) -> None:
+    """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
+    interleaved; then the limit and the goals."""
+    spec = study_spec(study, probe="joint", work=work, small=small)
+    if cpu:
+        spec = dataclasses.replace(spec, device="cpu")
+    prepared = preparation.prepare(spec)
+    _, template = summarize.of_study(spec, storage.open_study(spec, create=False))
+    if template.best is None:
+        raise SystemExit("the joint arm found no winner to take the export's shape from: run the joint stage first")
+    candidates = {"baseline": space_.complete(prepared.baseline), "expert": expert(prepared),
+                  **{arm: space_.complete(found["params"]) for arm, found in record["arms"].items()}}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in candidates}
+    record["judge"] = {"candidates": candidates, "runs": runs}
+    for index in range(seeds):
+        for name, config in candidates.items():
+            runs[name].append(judge_run(template, config, prepared, spec, JUDGE_SEED + index))
+            print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
+            save()
+    medians = {name: median_time(r) for name, r in runs.items()}
+    record["judge"]["medians"] = medians
+    limit = (record["arms"].get("joint", {}).get("probe") or {}).get("limit")
+    joint_runs = [r for r in runs.get("joint", []) if r["reached"]]
+    if limit and joint_runs:
+        samples = statistics.median(r["samples"] for r in joint_runs)
+        record["limit"] = {**limit, "samples": samples, "seconds": samples / limit["predicted"]}
+    joint, peers = medians.get("joint", math.inf), [medians.get(k, math.inf) for k in ("tpe", "expert")]
+    gpu = {arm: found["gpu_seconds"] for arm, found in record["arms"].items()}
+    record["goals"] = {
+        "joint_vs_best_peer": min(peers) / joint if joint and math.isfinite(joint) else None,  # goal: >= 1.5
+        "joint_vs_limit": joint / record["limit"]["seconds"] if "limit" in record else None,  # goal: <= 1.15
+        "gpu_vs_tpe": gpu["joint"] / gpu["tpe"] if {"joint", "tpe"} <= set(gpu) else None,  # goal: <= 0.5
+        "joint_study_seconds": gpu.get("joint"),  # goal: < 360 on an H100
+    }
+    save()
+    for name, value in medians.items():
+        print(f"{name:>9}: median {value:.2f} s over {seeds} seed(s)")
+    print(json.dumps(record["goals"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
