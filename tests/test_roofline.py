@@ -140,3 +140,18 @@ def test_the_report_names_an_input_bound_limit(tmp_path: Path, capsys: pytest.Ca
     assert outcome["limit"]["bottleneck"] == "input" and outcome["loader"]["num_workers"] == 4
     assert "input-bound" in out and "what would move it: the input pipeline" in out
     assert math.isfinite(outcome["seconds"]) and outcome["seconds"] > 0
+
+
+def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path, probe="joint", task="tests.tasks:bad_sample")
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(num_workers=[0, 1], precision="fp32")
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--quiet"]) == 0  # its trial reaches the target before the bad sample
+    outcome = load(path).user_attrs["probe"]
+    assert outcome["chosen"] is None and outcome["unsettled"].startswith("a measurement failed: ")
+    out = capsys.readouterr().out
+    assert "Joint systems probe (batch 32: 0 loader and 0 compute settings measured apart" in out
+    assert "nothing settled, as a measurement failed: " in out
+    assert len(load(path).trials) == 1

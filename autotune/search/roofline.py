@@ -123,7 +123,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
             f"measured apart")
     chosen, limit = outcome.get("chosen"), outcome.get("limit")
     if chosen is None:
-        return head + "): no setting ran at that batch, so nothing was settled"
+        return f"{head}, {outcome['seconds']:.1f} s): nothing settled, as {outcome.get('unsettled', 'no setting ran')}"
     head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s)"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [

@@ -48,58 +48,68 @@ def compute_settings(space: Space) -> list[dict[str, Any]]:
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     """Measure, predict, check end to end and choose; the outcome as plain JSON values."""
     assert prepared.task is not None and prepared.measure is not None, "the probe trains the study's task"
-    space, baseline, device = prepared.space, prepared.baseline, prepared.device
+    space, baseline = prepared.space, prepared.baseline
     batch = probe.probe_batch(space, baseline, samples=len(prepared.task.train))
-    maths = {**baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
+    started = time.monotonic()
+    with progress.bar("joint probe", unit="measurement", leave=False) as bar, signals.interruptible(), \
+            measure_.other_load() as load:
+        try:
+            outcome = _choose(spec, prepared, batch, bar)
+        except isolation.TrialFailure as failure:  # the task failed: the search meets it trial by trial
+            outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
+    return {**outcome, "seconds": time.monotonic() - started, **load.record()}
+
+
+def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[str, Any]:
+    space, device, measure = prepared.space, prepared.device, prepared.measure
+    maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
     loaders, computes = probe.loader_settings(space), compute_settings(space)
+    seed = probe.seed_for(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
         return TrialConfig.from_mapping(space_.complete({**maths, **setting}))
 
-    seed, started = probe.seed_for(spec.seed), time.monotonic()
     # On a CPU the loader's workers take cores from the step: its rate is measured once for each
     # thread count the loader settings leave it (recipe.training_threads). A GPU's step runs alike.
-    workers_for = {measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0): s["num_workers"]
-                   for s in reversed(loaders)}
     threads = {s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0) for s in loaders}
+    workers_for = {t: w for w, t in sorted(threads.items(), reverse=True)}  # a thread count -> the fewest workers leaving it
     keyed = {f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())}
-    with progress.bar("joint probe", total=len(loaders) + len(keyed), unit="setting", leave=False) as bar, \
-            signals.interruptible(), measure_.other_load() as load:
-        compute_rates = prepared.measure(rates.measure, {}, {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
-                                         device=device, seed=seed)
-        bar.update(len(keyed))
-        loader_rates: dict[str, rates.Rate] = {}
-        for start in range(0, len(loaders), LOADER_GROUP):
-            signals.check()
-            group = {str(start + i): config({**computes[0], **s}) for i, s in enumerate(loaders[start:start + LOADER_GROUP])}
-            loader_rates.update(prepared.measure(rates.measure, group, {}, device=device, seed=seed))
-            bar.update(len(group))
+    compute_rates = measure(rates.measure, {}, {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
+                            device=device, seed=seed)
+    bar.update(len(keyed))
+    loader_rates: dict[str, rates.Rate] = {}
+    for start in range(0, len(loaders), LOADER_GROUP):
+        signals.check()
+        group = {str(start + i): config({**computes[0], **s}) for i, s in enumerate(loaders[start:start + LOADER_GROUP])}
+        loader_rates.update(measure(rates.measure, group, {}, device=device, seed=seed))
+        bar.update(len(group))
 
-        def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
-            return compute_rates[f"{computes.index(compute)}@{threads[loader['num_workers']]}"].samples_per_second
+    def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
+        return compute_rates[f"{computes.index(compute)}@{threads[loader['num_workers']]}"].samples_per_second
 
-        predictions = roofline.predict([(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
-                                       computes, compute_rate)
-        stored_computes = [{**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
-                           for k, (c, _) in keyed.items()]
-        if not predictions:
-            return _nothing_ran(batch, space, loaders, stored_computes, loader_rates, load.record())
-        checked = roofline.to_check(predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1))
-        measured = prepared.measure(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)},
-                                    device=device, seed=seed)
+    predictions = roofline.predict([(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
+                                   computes, compute_rate)
+    figures = {"loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+               "compute_rates": [{**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
+                                 for k, (c, _) in keyed.items()]}
+    if not predictions:
+        return {**_nothing_settled(batch, space, "no setting had both rates at that batch"), **figures}
+    checked = roofline.to_check(predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1))
+    measured = measure(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)},
+                       device=device, seed=seed)
+    bar.update(len(checked))
     speeds = [(p, measured[str(i)].samples_per_second) for i, p in enumerate(checked)]
+    if not any(speed for _, speed in speeds):
+        return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
     return {
         "kind": "joint", "batch_size": batch, "shared_cores": device.type == "cpu",
         "loader": chosen.loader, "probed_loader": len(loaders) > 1,
         "precisions": _precisions_kept(chosen, speeds, space), "fixed": {k: chosen.compute[k] for k in FORMAT_KNOBS},
-        "speed": {}, "runs": [],
-        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
-        "compute_rates": stored_computes,
+        "speed": {}, "runs": [], **figures,
         "checked": [{**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds],
         "limit": _figures(predictions[0]), "chosen": {**_figures(chosen), "measured": speed},
         "moves": roofline.what_moves_it(predictions[0]),
-        "seconds": time.monotonic() - started, **load.record(),
     }
 
 
@@ -121,11 +131,8 @@ def _precisions_kept(chosen: roofline.Prediction, speeds: list[tuple[roofline.Pr
     return [p for p in space["precision"].values if p in kept]
 
 
-def _nothing_ran(batch: int, space: Space, loaders: list[dict[str, Any]], computes: list[dict[str, Any]],
-                 loader_rates: dict[str, rates.Rate], load: dict[str, Any]) -> dict[str, Any]:
-    """No combination had both rates (out of memory at the probe's batch, say): nothing settled."""
+def _nothing_settled(batch: int, space: Space, why: str) -> dict[str, Any]:
+    """An outcome that leaves the space as it is, and says why."""
     return {"kind": "joint", "batch_size": batch, "loader": {}, "probed_loader": False,
-            "precisions": list(space["precision"].values), "fixed": {}, "speed": {}, "runs": [], "seconds": 0.0,
-            "limit": None, "chosen": None,
-            "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
-            "compute_rates": computes, **load}
+            "precisions": list(space["precision"].values), "fixed": {}, "speed": {}, "runs": [],
+            "limit": None, "chosen": None, "unsettled": why, "loader_rates": [], "compute_rates": []}

@@ -36,6 +36,7 @@ from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device
+BURSTS = 8  # a loader window holds at least this many batches a worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +103,13 @@ class _LoaderSession(_Session):
 
     def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int) -> None:
         self.config, self.device = config, device
-        self.window_batches = window_steps * config.accumulation_steps
-        # Batches its workers load ahead while the other settings are timed: taken untimed before
-        # each window, or a window would time batches that were ready before it began.
-        self.queued = config.num_workers * (config.prefetch_factor or 0)
+        # Workers started together deliver in bursts of one batch each: a window of many bursts
+        # keeps where it starts and ends in a burst from counting.
+        self.window_batches = max(window_steps * config.accumulation_steps, BURSTS * config.num_workers)
+        # Batches its workers load ahead while the other settings are timed, and the one after
+        # (part-way loaded): taken untimed before each window, or a window would time batches
+        # that were ready before it began.
+        self.queued = config.num_workers * (config.prefetch_factor or 0) + (1 if config.num_workers else 0)
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
         self.batches = endless(make_loader(task.train, config, seed=seed, device=device))

@@ -134,10 +134,11 @@ class _Session:
         self.window_steps = max(1, min(window_steps, per_epoch // 2))
         self.keep_epoch_starts = per_epoch < 2
         # While the other configurations are timed, this one's workers load ahead until their
-        # queue is full; those batches are trained untimed before each window, or the window
-        # would time batches loaded before it began and overstate a loader-bound setting.
-        queued = config.num_workers * (config.prefetch_factor or 0)
-        self.drain_steps = math.ceil(queued / self.config.accumulation_steps)
+        # queue is full; those batches, and the one after (its workers are part-way through the
+        # next), are trained untimed before each window, or the window would time batches loaded
+        # before it began and overstate a loader-bound setting.
+        ahead = config.num_workers * (config.prefetch_factor or 0) + (1 if config.num_workers else 0)
+        self.drain_steps = math.ceil(ahead / self.config.accumulation_steps)
 
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
