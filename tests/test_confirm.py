@@ -65,3 +65,46 @@ def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
 def test_fresh_seeds_differ_from_every_trial_seed() -> None:
     seeds = confirm.fresh_seeds(3, 5)
     assert len(set(seeds)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in seeds)
+
+
+def test_the_baseline_is_resolved_once_every_run_of_it_is_clearly_slower_than_every_candidates() -> None:
+    fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
+    assert not confirm.baseline_resolved(fast + [record("baseline", 9.0)])  # one run tells nothing yet
+    assert confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", None)])  # a miss is slower still
+    assert not confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.8)])  # within 1.25x of 1.5
+    assert confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.9)])
+    assert not confirm.baseline_resolved(fast + [record("trial 2", None), record("baseline", 9.0), record("baseline", 9.0)])
+
+
+class Timed:
+    """A run_trial whose times to target are given per configuration's lr."""
+
+    def __init__(self, seconds: dict[float, float]) -> None:
+        self.seconds, self.calls = seconds, []
+
+    def __call__(self, config, *, limits, device, seed, progress=None):
+        self.calls.append((config.lr, seed))
+        from autotune.train.config import TrialResult
+
+        t = self.seconds[config.lr]
+        return TrialResult(reached=True, time_to_target=t, best_metric=0.95, train_seconds=t, epochs=1.0,
+                           optimizer_steps=10, samples_per_second=None, peak_memory_bytes=None, device_name="cpu",
+                           torch_version=torch.__version__, stop_reason="target", curve=((t, 1.0, 0.95),))
+
+
+def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go_on() -> None:
+    base = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
+            "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+    candidates = {"baseline": base, "trial 3": {**base, "lr": 0.1}}
+    limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
+    slow = Timed({0.01: 10.0, 0.1: 1.0})
+    records = confirm.measure(slow, candidates, seeds=[1, 2, 3, 4, 5], limits=limits, device=torch.device("cpu"),
+                              until_resolved=True)
+    assert [(r["label"], r["seed"]) for r in records] == [
+        ("baseline", 1), ("trial 3", 1), ("baseline", 2), ("trial 3", 2), ("trial 3", 3), ("trial 3", 4), ("trial 3", 5)]
+    close = Timed({0.01: 1.1, 0.1: 1.0})  # never told apart: the baseline runs on every seed
+    records = confirm.measure(close, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu"),
+                              until_resolved=True)
+    assert [r["label"] for r in records].count("baseline") == 3
+    records = confirm.measure(slow, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu"))
+    assert [r["label"] for r in records].count("baseline") == 3  # the default: every seed

@@ -569,3 +569,22 @@ def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(tmp_path: Path
     assert f"trial {last.number} was interrupted; it is marked failed and will run again" in err
     trials = load(path).trials
     assert len(finished(load(path))) == 3 and trials[-1].system_attrs.get("failed_trial") == last.number
+
+
+def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_report_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """confirm.baseline: until_resolved, with a baseline that learns too slowly to reach the target."""
+    path = write_study(tmp_path, trials=2, confirm={"top": 1, "runs": 4, "baseline": "until_resolved"})
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(lr=0.1, scheduler="constant")
+    raw["baseline"] = {"lr": 0.0001}
+    raw["budget"]["max_seconds"] = 1.5
+    path.write_text(yaml.safe_dump(raw))
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    runs = load(path).user_attrs["confirmation"]["runs"]
+    assert [r["label"] for r in runs].count("baseline") == 2 and len(runs) == 2 + 4
+    assert ("The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the slowest run of every "
+            "other configuration, so more could not change which is faster (confirm.baseline: until_resolved)") in out
+    code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
+    assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 1.25

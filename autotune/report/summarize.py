@@ -77,7 +77,8 @@ def _confirmed(confirmation: Mapping[str, Any], records: pd.DataFrame
     objective = confirmation.get("objective", TIME_TO_TARGET)
     stats = confirm.summarize(confirmation["runs"], objective=objective, target=confirmation.get("target"))
     figures = Confirmation(seeds=tuple(confirmation["seeds"]), after_trials=confirmation["after_trials"], configs=stats,
-                           predicted=dict(confirmation.get("predicted", {})))
+                           predicted=dict(confirmation.get("predicted", {})),
+                           baseline_resolved_by=confirmation.get("baseline_resolved_by"))
     base = stats.get(confirm.BASELINE)
     baseline = None if not base else Baseline(
         params=complete(confirmation["configs"][confirm.BASELINE]), time_to_target=base["median"],

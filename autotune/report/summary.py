@@ -101,11 +101,18 @@ class Confirmation:
     after_trials: int
     configs: Mapping[str, Mapping[str, Any]]
     predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)  # goodput: label -> the search's predicted time
+    baseline_resolved_by: float | None = None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
 
     def to_json(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
         return {"seeds": list(self.seeds), "after_trials": self.after_trials,
-                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted}
+                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted,
+                "baseline_resolved_by": self.baseline_resolved_by}
+
+    def baseline_stopped_early(self) -> bool:
+        """Whether the baseline ran on fewer seeds than the others, being told apart by then."""
+        base = self.configs.get("baseline")
+        return bool(self.baseline_resolved_by and base and base["runs"] < len(self.seeds))
 
     def prediction_error(self, label: str) -> float | None:
         """Measured median over predicted time, less one: how far to trust the goodput model."""

@@ -56,6 +56,7 @@ class Budget:
 class Confirm:
     top: int  # best trials re-run on fresh seeds before the winner is named
     runs: int  # fresh seeds per confirmed configuration, and for the baseline
+    baseline: str = "all"  # all: the baseline on every seed; until_resolved: until it is told apart (confirm.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,8 @@ FIRST_TRIAL_MODES = ("sampled", "baseline")
 ISOLATION_MODES = ("auto", "process", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
                    "trial_timeout": None}
-CONFIRM_DEFAULTS = {"top": 3, "runs": 3}
+CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all"}
+CONFIRM_BASELINE = ("all", "until_resolved")
 
 
 def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None, trials: int | None = None,
@@ -254,6 +256,9 @@ def _confirm(path: Path, raw: Any) -> Confirm:
     raw = {**CONFIRM_DEFAULTS, **mapping(path, "confirm", raw, tuple(CONFIRM_DEFAULTS))}
     for key in ("top", "runs"):
         require(path, f"confirm.{key}", raw[key], is_int(raw[key]) and raw[key] >= 0, "a whole number of at least 0")
-    return Confirm(top=raw["top"], runs=raw["runs"])
+    require(path, "confirm.baseline", raw["baseline"], raw["baseline"] in CONFIRM_BASELINE,
+            "all (the baseline on every fresh seed) or until_resolved (on at least two, then only until its runs "
+            "are told apart from every candidate's)")
+    return Confirm(top=raw["top"], runs=raw["runs"], baseline=raw["baseline"])
 
 

@@ -22,6 +22,22 @@ from autotune.study import objective as objective_
 from autotune.train.config import Limits, TrialConfig
 
 BASELINE = "baseline"
+# confirm.baseline: until_resolved. The baseline's runs are usually the study's longest; once it
+# has run on MIN_BASELINE_RUNS seeds and every one of its runs took RESOLVED_BY times the slowest
+# run of every candidate (or missed the target), more of its runs cannot change which is faster:
+# the candidates go on to their seeds, the baseline does not.
+MIN_BASELINE_RUNS = 2
+RESOLVED_BY = 1.25
+
+
+def baseline_resolved(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the baseline's runs so far are told apart from every candidate's (time to target)."""
+    base = [r for r in records if r["label"] == BASELINE]
+    others = [r for r in records if r["label"] != BASELINE]
+    if len(base) < MIN_BASELINE_RUNS or not others or not all(r["reached"] for r in others):
+        return False
+    slowest = max(r["time_to_target"] for r in others)
+    return all(not r["reached"] or r["time_to_target"] >= RESOLVED_BY * slowest for r in base)
 
 
 def label(number: int) -> str:
@@ -42,14 +58,18 @@ def measure(
     limits: Limits,
     device: torch.device,
     on_run: Callable[[], None] | None = None,
+    until_resolved: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run every candidate once per seed, interleaved; one record per run.
+    """Run every candidate once per seed, interleaved; one record per run. With `until_resolved`,
+    the baseline's runs stop once `baseline_resolved`.
 
     A run that fails (runs out of memory, hangs, crashes) counts as not reaching the target.
     """
-    records = []
+    records: list[dict[str, Any]] = []
     for seed in seeds:
         for label, config in candidates.items():
+            if label == BASELINE and until_resolved and baseline_resolved(records):
+                continue
             record: dict[str, Any] = {"label": label, "seed": seed}
             try:
                 result = run_trial(TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)

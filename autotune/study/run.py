@@ -23,7 +23,7 @@ from autotune.runners import isolation
 from autotune.study import (budget as budget_, confirm, definition as definition_, goodput, objective as objective_, one_trial,
                             roofline_probe, runner_lock, schema, storage)
 from autotune.search import probe, space as space_
-from autotune.spec.study_file import SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
+from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
 from autotune.train import measure as measure_
@@ -253,12 +253,15 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)
+    # Told apart by time to target only: a fixed schedule's runs all take about as long.
+    until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     with progress.bar("confirming on fresh seeds", total=len(seeds) * len(candidates), unit="run", leave=False) as bar:
         with signals.interruptible():
             runs = confirm.measure(prepared.run_trial, candidates, seeds=seeds, limits=limits, device=prepared.device,
-                                   on_run=lambda: (bar.update(1), signals.check()))
+                                   on_run=lambda: (bar.update(1), signals.check()), until_resolved=until_resolved)
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
-               "objective": spec.objective, "target": spec.target.value}
+               "objective": spec.objective, "target": spec.target.value,
+               "baseline_resolved_by": confirm.RESOLVED_BY if until_resolved else None}
     predicted = {confirm.label(t.number): t.value for t in top
                  if schema.prediction(t) is not None and confirm.label(t.number) in candidates}
     if predicted:  # goodput: the search's predicted times, to set beside the measured ones

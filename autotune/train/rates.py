@@ -18,20 +18,20 @@ memory is a result (`oom`), and bounds the batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 import torch
 
-from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import to_device
 from autotune.train.tasks import Task
-from autotune.train.throughput import WINDOW_STEPS, interleave, spread
+from autotune.train.throughput import WINDOW_STEPS, measure_sessions, spread
 from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
@@ -61,28 +61,15 @@ def measure(task: Task, loaders: Mapping[K, TrialConfig], computes: Mapping[K, T
     the compute rate of each of `computes` (all but its loader settings; its num_workers sets
     only the torch threads), interleaved in one series of rounds; keys must differ between the
     two. `rounds`: interleave's options."""
-    sessions: dict[K, Any] = {}
-    results: dict[K, Rate] = {}
-    try:
-        for key, config in [*loaders.items(), *computes.items()]:
-            kind = _LoaderSession if key in loaders else _ComputeSession
-            try:
-                sessions[key] = kind(task, config, device=device, seed=seed, window_steps=window_steps)
-            except Exception as exc:
-                if not oom.is_oom(exc):
-                    raise
-                results[key] = Rate(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
-                oom.free_memory()
-        figures = interleave({key: s.window for key, s in sessions.items()}, **rounds)
-    finally:
-        for session in sessions.values():
-            session.close()
-    results.update({key: sessions[key].result(values) for key, values in figures.items()})
-    return {key: results[key] for key in [*loaders, *computes]}
+    builders = {key: functools.partial(_LoaderSession if key in loaders else _ComputeSession, task, config,
+                                       device=device, seed=seed, window_steps=window_steps)
+                for key, config in [*loaders.items(), *computes.items()]}
+    return measure_sessions(builders, out_of_memory=lambda reason: Rate(None, None, 0, 0.0, oom=True, reason=reason),
+                            **rounds)
 
 
 class _Session:
-    samples_per_step: int
+    device: torch.device
     startup_seconds: float
     warmup_samples: int
     peak_memory_bytes: int | None = None
@@ -93,6 +80,14 @@ class _Session:
         speed = statistics.median(figures)
         fixed = max(0.0, self.startup_seconds - self.warmup_samples / speed)
         return Rate(speed, spread(figures), len(figures), fixed, peak_memory_bytes=self.peak_memory_bytes)
+
+    def _rate(self, work: Callable[[], int]) -> float | None:
+        """Samples a second of `work()` (which returns the samples it took), timed on the device."""
+        clock = Clock(self.device)
+        clock.start()
+        samples = work()
+        seconds = clock.stop()
+        return samples / seconds if seconds > 0 else None
 
     def close(self) -> None:
         pass
@@ -131,11 +126,7 @@ class _LoaderSession(_Session):
 
     def window(self) -> float | None:
         self._take(self.queued)
-        clock = Clock(self.device)
-        clock.start()
-        samples = self._take(self.window_batches)
-        seconds = clock.stop()
-        return samples / seconds if seconds > 0 else None
+        return self._rate(lambda: self._take(self.window_batches))
 
     def close(self) -> None:
         self.batches.close()  # shuts its workers down
@@ -182,11 +173,7 @@ class _ComputeSession(_Session):
 
     def window(self) -> float | None:
         torch.set_num_threads(self.threads)
-        clock = Clock(self.device)
-        clock.start()
-        samples = self._steps(self.window_steps)
-        seconds = clock.stop()
-        return samples / seconds if seconds > 0 else None
+        return self._rate(lambda: self._steps(self.window_steps))
 
 
 _ENDLESS = Limits(target=math.inf, max_epochs=1e6, max_seconds=math.inf, eval_every=1e6)

@@ -16,6 +16,7 @@ error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -30,6 +31,7 @@ from autotune.train.tasks import Task
 from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
 WINDOW_STEPS = 10  # optimizer steps per timed window
 MIN_WINDOWS = 3  # before a spread means anything
 MAX_ROUNDS = 20
@@ -86,23 +88,34 @@ def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.devic
             window_steps: int = WINDOW_STEPS, **rounds: Any) -> dict[K, Throughput]:
     """The throughput of each configuration of `configs` (only its systems settings matter),
     interleaved; `rounds`: interleave's min_windows, max_rounds and max_spread."""
-    sessions: dict[K, _Session] = {}
-    failed: dict[K, Throughput] = {}
+    builders = {key: functools.partial(_Session, task, config, device=device, seed=seed, window_steps=window_steps)
+                for key, config in configs.items()}
+    return measure_sessions(builders, out_of_memory=lambda reason: Throughput(None, None, 0, 0.0, oom=True, reason=reason),
+                            **rounds)
+
+
+def measure_sessions(builders: Mapping[K, Callable[[], Any]], *, out_of_memory: Callable[[str], R], **rounds: Any
+                     ) -> dict[K, R]:
+    """Build every session (`window()` timing one window, `result(figures)`, `close()`), time
+    their windows interleaved, and close them; one that runs out of memory while it is built is
+    `out_of_memory(reason)`, a result like the others."""
+    sessions: dict[K, Any] = {}
+    failed: dict[K, R] = {}
     try:
-        for key, config in configs.items():
+        for key, build_session in builders.items():
             try:
-                sessions[key] = _Session(task, config, device=device, seed=seed, window_steps=window_steps)
+                sessions[key] = build_session()
             except Exception as exc:
                 if not oom.is_oom(exc):
                     raise
-                failed[key] = Throughput(None, None, 0, 0.0, oom=True, reason=oom.oom_reason(exc))
+                failed[key] = out_of_memory(oom.oom_reason(exc))
                 oom.free_memory()
         figures = interleave({key: s.window for key, s in sessions.items()}, **rounds)
     finally:
         for session in sessions.values():
             session.close()
     measured = {key: sessions[key].result(values) for key, values in figures.items()}
-    return {key: measured[key] if key in measured else failed[key] for key in configs}
+    return {key: measured[key] if key in measured else failed[key] for key in builders}
 
 
 class _Session:
