@@ -34,6 +34,9 @@ from autotune.train import measure as measure_, rates, throughput
 from autotune.train.config import TrialConfig
 
 LOADER_GROUP = 8  # loader settings measured side by side at once: each holds its workers
+# compute settings measured side by side at once: each holds a model, its optimizer and a few
+# batches on the device, and an out-of-memory error among too many would be taken for the setting's
+COMPUTE_GROUP = 4
 FORMAT_KNOBS = ("channels_last", "cudnn_benchmark")  # change speed, never the maths
 
 
@@ -74,9 +77,13 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     threads = {s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0) for s in loaders}
     workers_for = {t: w for w, t in sorted(threads.items(), reverse=True)}  # a thread count -> the fewest workers leaving it
     keyed = {f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())}
-    compute_rates = measure(rates.measure, {}, {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
-                            device=device, seed=seed)
-    bar.update(len(keyed))
+    compute_rates: dict[str, rates.Rate] = {}
+    keys = list(keyed)
+    for start in range(0, len(keys), COMPUTE_GROUP):
+        signals.check()
+        group = {k: config({**keyed[k][0], "num_workers": keyed[k][1]}) for k in keys[start:start + COMPUTE_GROUP]}
+        compute_rates.update(measure(rates.measure, {}, group, device=device, seed=seed))
+        bar.update(len(group))
     loader_rates: dict[str, rates.Rate] = {}
     for start in range(0, len(loaders), LOADER_GROUP):
         signals.check()
