@@ -105,9 +105,9 @@ class Confirmation:
 
     def to_json(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
+        resolved = {"baseline_resolved_by": self.baseline_resolved_by} if self.baseline_resolved_by else {}
         return {"seeds": list(self.seeds), "after_trials": self.after_trials,
-                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted,
-                "baseline_resolved_by": self.baseline_resolved_by}
+                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted, **resolved}
 
     def baseline_stopped_early(self) -> bool:
         """Whether the baseline ran on fewer seeds than the others, being told apart by then."""

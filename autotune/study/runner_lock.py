@@ -43,8 +43,8 @@ def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
         except OSError:  # EAGAIN or EACCES: held by another process
             lock.seek(0)
             holder = lock.read().strip() or "another process"
-            several = ("several workers run one study through one command's --workers" if spec.storage.startswith("journal")
-                       else "to run several workers, use a journal file or database server with --workers")
+            several = ("to run several workers on it, give one command --workers K" if spec.storage.startswith("journal")
+                       else "to run several workers, use a journal file or a database server and --workers K")
             raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish "
                                f"({several})") from None
         try:
