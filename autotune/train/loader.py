@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,17 +22,8 @@ def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.d
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
     if getattr(dataset, "keyed", False):
         kwargs.update(shuffle=False, sampler=KeyedSampler(len(dataset), seed=seed))
-    with _no_worker_advice():
-        return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
-                          generator=torch.Generator().manual_seed(seed))
-
-
-@contextlib.contextmanager
-def _no_worker_advice() -> Iterator[None]:
-    """torch warns of more workers than cores; autotune's own limit (4 a core) has decided already."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        yield
+    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
+                      generator=torch.Generator().manual_seed(seed))
 
 
 class KeyedSampler(Sampler[tuple[int, int]]):
@@ -59,7 +48,7 @@ def endless(loader: DataLoader, *, epoch_starts: bool = False) -> Iterator[Any]:
     `epoch_starts`, each as (whether it is its epoch's first, the batch). The loader's workers
     (persistent: started once) are forked with SIGINT and SIGTERM held back, and are shut down
     when the generator is closed, whatever ended the trial."""
-    with signals.held(), _no_worker_advice():
+    with signals.held():
         batches = iter(loader)
     try:
         while True:
