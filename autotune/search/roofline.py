@@ -15,8 +15,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-LOADER_SETTING = ("num_workers", "prefetch_factor", "pin_memory")
-COMPUTE_SETTING = ("precision", "channels_last", "cudnn_benchmark", "compile")
 CHECKED = 3  # the best predicted settings measured end to end
 INPUT, COMPUTE = "input", "compute"
 

@@ -130,11 +130,10 @@ def _precisions_kept(chosen: roofline.Prediction, speeds: list[tuple[roofline.Pr
                      space: Space) -> list[str]:
     """The chosen setting's precision, and every other that ran faster end to end at its loader,
     the search then weighing its speed against its effect on convergence."""
-    kept = {chosen.compute["precision"]}
-    for prediction, speed in speeds:
-        if prediction.loader == chosen.loader and speed and speed >= (1 + probe.FASTER_BY) * min(
-                s for p, s in speeds if s and p.loader == chosen.loader):
-            kept.add(prediction.compute["precision"])
+    at_loader = [(p, speed) for p, speed in speeds if speed and p.loader == chosen.loader]
+    slowest = min(speed for _, speed in at_loader)
+    kept = {chosen.compute["precision"]} | {p.compute["precision"] for p, speed in at_loader
+                                            if speed >= (1 + probe.FASTER_BY) * slowest}
     return [p for p in space["precision"].values if p in kept]
 
 
