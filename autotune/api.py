@@ -16,7 +16,6 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,11 +26,11 @@ from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.train.measure import device_name
 from autotune.report.summary import Summary
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
-from autotune.spec.study_file import FIXED_SCHEDULE
+from autotune.spec.study_file import FIXED_SCHEDULE, PYTHON_API
 from autotune.train.tasks import Task, reference, takes
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 
-WHERE = Path("autotune.tune()")  # how errors name the study: there is no file
+WHERE = PYTHON_API  # how errors name the study: there is no file
 Objective = Callable[..., Any]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
 
 
@@ -136,8 +135,8 @@ def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOB
     time: `objective(config)` returns (seconds, metric) or {"seconds": ..., "metric": ...}.
     The configuration holds `knobs` and the study's parameters.
 
-    It also gets `seed=` and `device=` if it names them. An exception fails the trial (an
-    out-of-memory one prunes it), as a task's would.
+    It also gets `seed=` and `device=` if it names them. An exception (or sys.exit) fails the
+    trial (an out-of-memory one prunes it), as a task's would.
     """
 
     def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
@@ -145,7 +144,7 @@ def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOB
         try:
             given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
             returned = objective(given, **takes(objective, {"seed": seed, "device": device}, after=1))
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit in the function ends its trial, not the study
             failure = TrialFailure.of(exc)
         else:
             seconds, metric = _seconds_and_metric(returned)

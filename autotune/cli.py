@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, StorageError
+from autotune.spec.study_file import MAX_SECONDS, MAX_TRIALS
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
@@ -38,7 +39,8 @@ def _argument(convert: Callable[[str], Any], accepts: Callable[[Any], bool], exp
 
 
 _positive_int = _argument(int, lambda v: v >= 1, "a whole number of at least 1")
-_positive_float = _argument(float, lambda v: v > 0, "a number of seconds greater than 0")
+_trials = _argument(int, lambda v: 1 <= v <= MAX_TRIALS, f"a whole number from 1 to {MAX_TRIALS:,}")
+_seconds = _argument(float, lambda v: 0 < v <= MAX_SECONDS, f"a number of seconds greater than 0 and at most {MAX_SECONDS:,.0f}")
 _port = _argument(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
 
 
@@ -49,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run (or resume) the study a study file describes")
     run.add_argument("study", help="study file (.yaml)")
-    run.add_argument("--trials", type=_positive_int, metavar="N", help="finished trials to reach in total, counting earlier runs")
-    run.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds after which no new trial starts")
+    run.add_argument("--trials", type=_trials, metavar="N", help="finished trials to reach in total, counting earlier runs")
+    run.add_argument("--timeout", type=_seconds, metavar="S", help="seconds after which no new trial starts")
     run.add_argument("--storage", metavar="URL", help="database URL (default: the study file's, or a SQLite file beside it)")
     run.add_argument("--workers", type=_positive_int, default=1, metavar="K",
                      help="worker processes on this machine (needs a journal:/// or database-server storage)")
@@ -106,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ours. Exit as a process that SIGPIPE stopped, as other command-line tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout once more at exit
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt as interrupt:
+        # Ctrl-C while torch imports or a study is read, before a run's own handler is in place:
+        # one line, never a traceback. A run that began says what it saved itself.
+        from autotune import signals
+
+        if signals.WORKERS_PARENT not in os.environ:  # a worker's parent says it once for all of them
+            print(f"\nautotune: interrupted ({signals.name(interrupt)})", file=sys.stderr)
+        return signals.exit_code(interrupt)
 
 
 def _command(argv: Sequence[str] | None) -> int:

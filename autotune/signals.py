@@ -28,6 +28,9 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+WORKERS_PARENT = "AUTOTUNE_WORKERS_PARENT"  # in a worker of --workers: the pid of the `autotune run` that started it
+
+
 def exit_code(interrupt: KeyboardInterrupt) -> int:
     return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 from typing import Any
 
@@ -118,6 +119,8 @@ class Misbehaves(nn.Module):
                 time.sleep(3600)
             elif self.how == "exit":
                 os._exit(3)
+            elif self.how == "sys.exit":
+                sys.exit(3)
             elif self.how == "segfault":
                 ctypes.string_at(0)  # reads address 0: SIGSEGV
         return self.net(x)
@@ -129,6 +132,15 @@ def hangs() -> Task:
 
 def exits() -> Task:
     return Task(model=lambda: Misbehaves("exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def no_validation_samples() -> Task:
+    return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(0, 1))
+
+
+def calls_sys_exit() -> Task:
+    """sys.exit(3) from the model's forward pass at a large batch."""
+    return Task(model=lambda: Misbehaves("sys.exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
 def segfaults() -> Task:

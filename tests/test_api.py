@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import autotune
-from autotune.errors import SpecError
+from autotune.errors import AutotuneError, SpecError
 from autotune.report.results import trial_records
 from autotune.study.schema import measured
 from autotune.search.space import KNOBS
@@ -165,6 +165,36 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_
     assert trials[1].user_attrs["reason"] == f"interrupted: stopped by {name}"
 
 
+def test_a_changed_study_is_told_what_tune_takes_to_go_on(tmp_path: Path) -> None:
+    """Not the command line's --allow-changes or the study file's name: key: tune()'s own arguments."""
+    storage = f"sqlite:///{tmp_path / 'changed.db'}"
+    kwargs = dict(objective=lambda c: (1.0, 0.95), name="changed", storage=storage, space=SPACE, budget={**BUDGET, "trials": 1},
+                  confirm={"top": 0})
+    autotune.tune(target=0.9, **kwargs)
+    with pytest.raises(AutotuneError) as refused:
+        autotune.tune(target=0.8, **kwargs)
+    message = str(refused.value)
+    assert "allow_changes=True" in message and "name=" in message and "--allow-changes" not in message
+    assert autotune.tune(target=0.8, allow_changes=True, **kwargs).target.value == 0.8
+
+
+def test_an_objective_that_calls_sys_exit_fails_its_trial_only(tmp_path: Path) -> None:
+    """sys.exit in the function ends its trial (FAILED "SystemExit: 3"), not the caller's program."""
+    def objective(config: dict) -> object:
+        if config["scheduler"] == "cosine":
+            sys.exit(3)
+        return 1.0, 0.99
+
+    storage = f"sqlite:///{tmp_path / 'exits.db'}"
+    autotune.tune(objective=objective, target=0.9, name="exits", storage=storage, space=SPACE,
+                  budget={**BUDGET, "trials": 4}, confirm={"top": 0})
+    trials = stored(storage, "exits")
+    assert len(trials) == 4 and not any(t.state.name == "RUNNING" for t in trials)
+    exited = [t for t in trials if t.params.get("scheduler") == "cosine"]
+    assert exited, "the sampler never tried cosine; pick another seed"
+    assert all(t.state.name == "FAIL" and t.user_attrs["reason"].startswith("SystemExit: 3") for t in exited)
+
+
 def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_path: Path) -> None:
     def objective(config: dict) -> object:
         if config["batch_size"] == 32:
@@ -195,6 +225,16 @@ def test_bad_arguments_are_named() -> None:
         autotune.tune(target=0.9, objective=lambda c: (1, 1), space={"batchsize": [8]})
     with pytest.raises(SpecError, match="space.params.depth: .*neither the task's model factory"):
         autotune.tune(target=0.9, model=RingNet, train=rings(8, 0), val=rings(8, 1), space={"params": {"depth": [2]}})
+
+
+@pytest.mark.parametrize("route", ["model", "objective"])
+def test_an_accuracy_target_no_run_could_reach_is_refused_by_every_route(route: str, tmp_path: Path) -> None:
+    """As the study file refuses it: accuracy is a fraction, whoever measures it; nothing is stored."""
+    given = dict(model=RingNet, train=rings(64, 0), val=rings(32, 1)) if route == "model" else dict(objective=lambda c: (1, 0.5))
+    storage = tmp_path / "refused.db"
+    with pytest.raises(SpecError, match=r"target.value: got 2.0; .*accuracy is a fraction"):
+        autotune.tune(target=2, name="refused", storage=f"sqlite:///{storage}", **given)
+    assert not storage.exists()
 
 
 def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_baseline(tmp_path: Path) -> None:
@@ -266,7 +306,8 @@ def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) 
     """With a real training loop: no run stops at the target, the study's or the confirmation's."""
     storage = f"sqlite:///{tmp_path / 'whole.db'}"
     summary = autotune.tune(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.8, name="whole",
-                            storage=storage, space={**SPACE, "schedule_epochs": [1, 2]}, objective_kind="fixed_schedule",
+                            storage=storage, space={**SPACE, "schedule_epochs": [1, 2], "fused_optimizer": False},
+                            objective_kind="fixed_schedule",
                             budget={**BUDGET, "trials": 2}, confirm={"top": 1, "runs": 1}, probe="none")
     for t in stored(storage, "whole"):
         result = measured(t)

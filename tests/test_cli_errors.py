@@ -78,7 +78,7 @@ CASES = [
     Case("malformed yaml", HEAD + "space: {lr: [0.1, 0.2}\n", ("(yaml)", "not valid YAML"), storage=GARBAGE),
     Case("unknown top-level key", HEAD + "budjet: {trials: 3}\n", ("budjet", "did you mean 'budget'?"),
          storage=GARBAGE),
-    Case("trials is text", HEAD + "budget: {trials: ten}\n", ("budget.trials: got 'ten'", "at least 1")),
+    Case("trials is text", HEAD + "budget: {trials: ten}\n", ("budget.trials: got 'ten'", "from 1 to 1,000,000")),
     Case("unknown knob", HEAD + "space: {batchsize: [32]}\n", ("space.batchsize", "did you mean 'batch_size'?")),
     Case("inverted range", HEAD + "space: {lr: {low: 0.5, high: 0.1}}\n", ("space.lr", "0.5", "low < high")),
     Case("unknown scheduler", HEAD + "space: {scheduler: [linear]}\n", ("space.scheduler[0]: got 'linear'", "onecycle")),
@@ -168,6 +168,8 @@ def test_bad_input_is_one_line_and_leaves_storage_alone(tmp_path: Path, case: Ca
 # Argument errors are argparse's: a usage block, then one error line naming the option.
 ARGUMENT_CASES = [
     ("trials zero", ("--trials", "0"), "argument --trials", "'0'"),
+    ("trials past what a study counts", ("--trials", "10000000000"), "argument --trials", "from 1 to 1,000,000"),
+    ("timeout past what a wait holds", ("--timeout", "1e300"), "argument --timeout", "at most 10,000,000"),
     ("timeout negative", ("--timeout", "-1"), "argument --timeout", "'-1'"),
     ("trials negative", ("--trials", "-3"), "argument --trials", "'-3'"),
     ("trials fractional", ("--trials", "2.5"), "argument --trials", "'2.5'"),
@@ -201,6 +203,18 @@ def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
         result = run_autotune(tmp_path, "run", "study.yaml")
     assert_one_line_error(result, "study.yaml", "is being run by", "journal")
     assert (tmp_path / "study.db").read_bytes() == GARBAGE
+
+
+@pytest.mark.parametrize("command, url", [("report", "sqlite:///folder"), ("run", "journal:///folder")])
+def test_a_directory_given_as_the_storage_is_named_as_one(tmp_path: Path, command: str, url: str) -> None:
+    """Not "no study database there; run autotune run first" (the very command): it is a directory,
+    and a file in it is what --storage takes."""
+    (tmp_path / "study.yaml").write_text(HEAD)
+    (tmp_path / "folder").mkdir()
+    result = run_autotune(tmp_path, command, "study.yaml", "--storage", url)
+    line = assert_one_line_error(result, "study.yaml", "folder is a directory", f"--storage {url.partition(':')[0]}:///")
+    assert "autotune run" not in line
+    assert list((tmp_path / "folder").iterdir()) == []
 
 
 def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -> None:

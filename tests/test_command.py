@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -198,11 +199,27 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
     assert not alive(pid) and not alive(helper)
 
 
-def test_garbage_and_non_finite_metrics_on_the_channel_are_ignored(tmp_path: Path) -> None:
+def test_garbage_on_the_channel_is_ignored(tmp_path: Path) -> None:
     result = run("garbage", tmp_path, limits=limits(target=0.8))
     assert result.reached and result.optimizer_steps == 6
     assert result.epochs is None and all(epochs is None for _, epochs, _ in result.curve)  # none reported, no total
     assert [p[2] for p in result.curve] == [0.4, 0.9]  # the 0.4 came under the metric's own name
+
+
+def test_a_command_whose_every_line_was_malformed_is_told_so_and_shown_the_first(tmp_path: Path) -> None:
+    with pytest.raises(TrialFailure) as failure:
+        run("malformed", tmp_path)
+    reason = failure.value.reason
+    assert reason.startswith("no metric: the command exited with status 0") and "received 0 report(s)" in reason
+    assert "2 line(s) on the report channel were not JSON objects" in reason and "'epoch 1: accuracy 0.93'" in reason
+
+
+def test_a_non_finite_metric_from_a_command_is_a_divergence_as_a_tasks_is(tmp_path: Path) -> None:
+    """One rule for NaN, whoever computes it: the trial ends there as diverged (pruned: it cannot win)."""
+    with pytest.raises(TrialFailure) as failure:
+        run("diverges", tmp_path)
+    assert failure.value.diverged and not failure.value.oom
+    assert failure.value.reason.startswith("diverged: the command reported accuracy nan at step 2")
 
 
 def test_a_chatty_command_cannot_block_on_a_full_pipe(tmp_path: Path) -> None:
@@ -305,8 +322,10 @@ def test_report_lines_parse_as_documented() -> None:
     assert parse('{"step": 1, "metric": 0.6, "accuracy": 0.7}', metric_name="accuracy").metric == 0.6
     for line in ("not json", "[1]", "3", ""):
         assert parse(line, metric_name="accuracy") is None
-    for metric in ("NaN", "Infinity", "-Infinity", "true", '"0.9"', "null"):
+    for metric in ("true", '"0.9"', "null"):
         assert parse(f'{{"step": 1, "metric": {metric}}}', metric_name="accuracy").metric is None
+    for metric in ("NaN", "Infinity", "-Infinity", "1" + "0" * 400):  # kept: a run that diverged says so
+        assert not math.isfinite(parse(f'{{"step": 1, "metric": {metric}}}', metric_name="accuracy").metric)
 
 
 @pytest.mark.parametrize(("lines", "expected"), [

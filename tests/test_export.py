@@ -54,14 +54,16 @@ TUNABLE = "tests.tasks:_tunable_optimizer"
 NOTED = ("moved", "approximation", "no equivalent")
 
 
-SYSTEMS = ("channels_last", "compile", "cudnn_benchmark")
+SYSTEMS = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
 
 
 def knobs(lr: float, scheduler: str, batch_size: int, accumulation_steps: int, num_workers: int, precision: str, *,
-          channels_last: bool = False, compile: bool = False, cudnn_benchmark: bool = False) -> dict[str, Any]:
+          channels_last: bool = False, compile: bool = False, cudnn_benchmark: bool = False, tf32: bool = False,
+          fused_optimizer: bool = False) -> dict[str, Any]:
     return {"lr": lr, "scheduler": scheduler, "batch_size": batch_size, "accumulation_steps": accumulation_steps,
             "num_workers": num_workers, "prefetch_factor": 3 if num_workers else None, "pin_memory": False, "precision": precision,
-            "channels_last": channels_last, "compile": compile, "cudnn_benchmark": cudnn_benchmark}
+            "channels_last": channels_last, "compile": compile, "cudnn_benchmark": cudnn_benchmark, "tf32": tf32,
+            "fused_optimizer": fused_optimizer}
 
 
 # Every scheduler, both precisions a CPU runs, with and without workers and accumulation, each
@@ -69,7 +71,8 @@ def knobs(lr: float, scheduler: str, batch_size: int, accumulation_steps: int, n
 # tests.tasks' model, the rest to its optimizer).
 CASES = {
     "constant-fp32": (knobs(0.05, "constant", 16, 1, 0, "fp32"), {"width": 24, "dropout": 0.1}, BUILT_IN),
-    "step-bf16-workers-cudnn": (knobs(0.1, "step", 8, 2, 2, "bf16", cudnn_benchmark=True), {"width": 16}, BUILT_IN),
+    "step-bf16-workers-cudnn-fused": (knobs(0.1, "step", 8, 2, 2, "bf16", cudnn_benchmark=True, fused_optimizer=True),
+                                      {"width": 16}, BUILT_IN),
     "cosine-fp32-accumulate3-compile": (knobs(0.02, "cosine", 8, 3, 1, "fp32", compile=True), {"dropout": 0.0}, BUILT_IN),
     "onecycle-bf16-adamw-channels-last": (knobs(0.003, "onecycle", 16, 2, 0, "bf16", channels_last=True),
                                           {"width": 20, "weight_decay": 1e-4, "kind": "adamw"}, TUNABLE),
@@ -108,7 +111,8 @@ def reference_optimizer(summary: Summary, model: torch.nn.Module) -> torch.optim
     """The optimizer autotune's trial builds for this winner."""
     knob_values, extras = split(summary)
     factory = sgd if summary.optimizer in (BUILT_IN, STORED_BUILT_IN) else _tunable_optimizer
-    return factory(model.parameters(), knob_values["lr"], **takes(factory, extras, after=2))
+    fused = {"fused": True} if knob_values.get("fused_optimizer") else {}
+    return factory(model.parameters(), knob_values["lr"], **takes(factory, extras, after=2), **fused)
 
 
 def reference_lrs(summary: Summary, total_steps: int) -> list[float]:
@@ -144,10 +148,15 @@ def images(n: int, seed: int) -> TensorDataset:
 def restore_threads() -> typing.Iterator[None]:
     """The torch module, Lightning's Trainer and trials set torch's thread count and cuDNN's
     algorithm search for the process; put them back."""
-    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    threads, benchmark, matmul = torch.get_num_threads(), torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision()
+    finer = fp32_precisions() if hasattr(torch.backends, "fp32_precision") else {}
     yield
     torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = benchmark
+    if torch.get_float32_matmul_precision() != matmul:  # an exported module sets it
+        torch.set_float32_matmul_precision(matmul)
+    for name, value in finer.items():
+        setattr(operator.attrgetter(name)(torch.backends) if name else torch.backends, "fp32_precision", value)
 
 
 def notes_by_setting(export: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -223,7 +232,7 @@ def check_lightning(text: str, summary: Summary, *, dataset: Dataset, model: tor
     assert export["params"] == extras
 
     named = notes_by_setting(export)
-    for knob in ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "lr", "scheduler", "channels_last", "compile", *extras):
+    for knob in ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "lr", "scheduler", "channels_last", "compile", "tf32", "fused_optimizer", *extras):
         assert knob in named, f"no note says where {knob} went"
     assert ("accumulation_steps" in named) == (knob_values["accumulation_steps"] > 1)
     check_lightning_model_lines(export, knob_values, named)
@@ -331,6 +340,9 @@ def check_hf(text: str, summary: Summary, *, dataset: Dataset, model: torch.nn.M
             expected["lr"], expected["momentum"], expected["nesterov"], expected["weight_decay"])
         assert named["optimizer"][0]["status"] == "approximation"  # HF spares biases from weight decay
         assert export["params"] == extras
+        assert ("fused_optimizer" in named) is knob_values["fused_optimizer"]  # HF's sgd has no fused step: said
+        if knob_values["fused_optimizer"]:
+            assert named["fused_optimizer"][0]["status"] == "no equivalent" and "fused=True" in named["fused_optimizer"][0]["note"]
     else:  # HF cannot build the task's own optimizer; its parameters that HF's optimizer takes go there
         assert named["optimizer"][0]["status"] == "no equivalent" and summary.optimizer.replace(":", ".") in named["optimizer"][0]["note"]
         moved = {k: v for k, v in extras.items() if k == "weight_decay"}
@@ -368,7 +380,9 @@ def check_hf_systems(args: transformers.TrainingArguments, knob_values: Mapping[
         (entry,) = named[knob]
         assert entry["status"] == "no equivalent" and entry["value"] is knob_values[knob]
         assert (code in entry["note"]) is knob_values[knob]
-    tf32 = knob_values["compile"] and knob_values["precision"] != "fp16"
+    assert args.tf32 is (True if knob_values["tf32"] else None)  # None: transformers leaves torch's setting alone
+    assert "tf32" not in named  # given when on; left out when off, which keeps torch's default as the trial did
+    tf32 = knob_values["compile"] and knob_values["precision"] != "fp16" and not knob_values["tf32"]
     assert ("compile" in named) is tf32
     if tf32:
         assert named["compile"][0]["status"] == "approximation"
@@ -431,6 +445,20 @@ def test_hf_compile_note_undoes_the_tf32_that_transformers_turns_on(precision: s
     assert fp32_precisions() == default
 
 
+def test_tf32_is_carried_by_every_format() -> None:
+    """A winner with TF32 matmuls: HF's tf32 field (and no note undoing the TF32 that torch_compile
+    brings), Lightning's usage line and note, the torch module's own setting, which trains as the
+    trial did."""
+    summary = summary_for(knobs(0.1, "constant", 16, 1, 0, "fp32", compile=True, tf32=True), device="cuda")
+    hf = json.loads(render(summary, "hf"))
+    assert hf["training_arguments"]["tf32"] is True and not {"tf32", "compile"} & set(notes_by_setting(hf))
+    lightning_export = json.loads(render(summary, "lightning"))
+    assert "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matrix products" in lightning_export["usage"]
+    assert "set_float32_matmul_precision('high')" in notes_by_setting(lightning_export)["tf32"][0]["note"]
+    on_cpu = summary_for(knobs(0.1, "constant", 16, 1, 0, "fp32", tf32=True))
+    check_torch(render(on_cpu, "torch"), on_cpu, dataset=_blobs(104, 0), model_factory=blobs_model)
+
+
 def test_hf_compile_with_fp16_leaves_tf32_alone() -> None:
     """transformers turns TF32 on with torch_compile only without fp16: no note then."""
     export = json.loads(render(summary_for(knobs(0.1, "constant", 32, 1, 0, "fp16", compile=True), device="cuda"), "hf"))
@@ -450,8 +478,10 @@ def check_torch(code: str, summary: Summary, *, dataset: Dataset,
     model = model_factory(summary)
     twin = copy.deepcopy(model)
     torch.backends.cudnn.benchmark = not knob_values["cudnn_benchmark"]  # make_training must set it
+    torch.set_float32_matmul_precision("high" if not knob_values["tf32"] else "highest")  # and this
     training = namespace["make_training"](model, dataset, device="cpu", seed=0)
     assert torch.backends.cudnn.benchmark is knob_values["cudnn_benchmark"]
+    assert torch.get_float32_matmul_precision() == ("high" if knob_values["tf32"] else "highest")
 
     # The model the trial trains: channels-last weights where it asks, compiled where it asks, and
     # the uncompiled module beside it with the same parameters.

@@ -26,7 +26,8 @@ SPACE = Space(domains=(("batch_size", Choices((16, 32, 64, 128))), ("accumulatio
                        ("precision", Choices(("fp32", "bf16"))), ("num_workers", Choices((0,))),
                        ("prefetch_factor", Choices((2,))), ("pin_memory", Choices((False,))),
                        ("channels_last", Choices((False, True))), ("compile", Choices((False,))),
-                       ("cudnn_benchmark", Choices((False,)))))
+                       ("cudnn_benchmark", Choices((False,))), ("tf32", Choices((False,))),
+                       ("fused_optimizer", Choices((False,)))))
 LOADER = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
 MATHS = {"lr": 0.1, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 2, "precision": "fp32", **LOADER,
          "channels_last": False, "compile": False, "cudnn_benchmark": False}
@@ -146,7 +147,8 @@ def test_systems_only_settings_leave_the_training_unchanged(task_name: str, batc
                            ("precision", Choices(("fp32",))), ("num_workers", Choices((0, 1))),
                            ("prefetch_factor", Choices((2,))), ("pin_memory", Choices((False,))),
                            ("channels_last", Choices((False, True) if batch_norm else (False,))),
-                           ("compile", Choices((False,))), ("cudnn_benchmark", Choices((False,)))))
+                           ("compile", Choices((False,))), ("cudnn_benchmark", Choices((False,))),
+                           ("tf32", Choices((False,))), ("fused_optimizer", Choices((False, True)))))
     if not batch_norm:
         space = space.replace("num_workers", Choices((1,)))  # as a probe that settled on one worker leaves it
     baseline = {**MATHS, "lr": 0.05, "batch_size": 32, "accumulation_steps": 2, "schedule_epochs": None}

@@ -64,7 +64,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "task": "tests.tasks:cuda_oom",
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"],
-                  "batch_size": [32, 128], "accumulation_steps": 1, "num_workers": [0, 1], "precision": ["fp32", "bf16"]},
+                  "batch_size": [32, 128], "accumulation_steps": 1, "num_workers": [0, 1], "precision": ["fp32", "bf16"],
+                  "fused_optimizer": False},
         "budget": {"trials": 10, "max_epochs": 12, "max_seconds": 60, "eval_every": 2.0},
         "confirm": {"top": 2, "runs": 2}, "probe": "none", "seed": 0,
         "prune": "none",  # every trial that fits in memory trains to its end: enough for importances

@@ -38,6 +38,12 @@ def test_a_bound_holds_only_between_equal_memory_formats_compilation_and_cudnn_s
         assert needs_at_least({**BASE, "batch_size": 256, knob: False}, BASE)
 
 
+def test_a_bound_holds_across_tf32_and_the_fused_step_which_change_no_tensor() -> None:
+    for knob in ("tf32", "fused_optimizer"):
+        assert needs_at_least({**BASE, "batch_size": 256, knob: True}, {**BASE, knob: False})
+        assert needs_at_least({**BASE, "batch_size": 256, knob: False}, {**BASE, knob: True})
+
+
 def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None:
     ran_out = [(3, {**BASE, "batch_size": 256}), (5, BASE)]
     assert bound_by({**BASE, "batch_size": 512, "precision": "fp32"}, ran_out) == 3

@@ -90,7 +90,8 @@ def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quic
     study = {
         "task": task, "target": {"metric": "accuracy", "value": 0.5},
         "space": {"lr": 0.05, "scheduler": "constant", "batch_size": [32, 128], "accumulation_steps": 1,
-                  "num_workers": [0, 2, 4], "prefetch_factor": 2, "precision": ["fp32", "bf16"]},
+                  "num_workers": [0, 2, 4], "prefetch_factor": 2, "precision": ["fp32", "bf16"],
+                  "fused_optimizer": False},  # the paced step's cost is a wait: nothing for a fused step to save
         "baseline": {"lr": 0.05, "batch_size": 32},
         "probe": probe, "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
         "confirm": {"top": 0},
@@ -155,3 +156,44 @@ def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
     assert "Joint systems probe (batch 32: 0 loader and 0 compute settings measured apart" in out
     assert "nothing settled, as a measurement failed: " in out
     assert len(load(path).trials) == 1
+
+
+def test_a_compile_pays_back_only_where_the_step_holds_the_setting() -> None:
+    """Compiling costs once and saves a share of each step's time: after once / (1/plain - 1/faster)
+    samples. On an input-bound setting a faster step saves nothing, so it never pays back."""
+    compute_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=4000.0, compute_rate=1000.0)
+    paid = roofline.payback(compute_bound, compute_rate=2000.0, once_seconds=10.0)
+    assert paid.samples == pytest.approx(10.0 / (1 / 1000 - 1 / 2000))  # 20,000 samples
+    assert paid.pays_within(20_000) and not paid.pays_within(19_000)
+    input_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=800.0, compute_rate=1000.0)
+    assert roofline.payback(input_bound, compute_rate=2000.0, once_seconds=10.0).samples is None
+    serial = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1000.0, compute_rate=1000.0)
+    assert roofline.payback(serial, compute_rate=2000.0, once_seconds=1.0).samples == pytest.approx(1.0 / (1 / 500 - 1 / 667),
+                                                                                                     rel=0.01)
+
+
+def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longest_trial(tmp_path: Path) -> None:
+    """torch.compile of the chosen step, really compiled on this CPU beside the same step
+    uncompiled: its start-up is its cost; a budget too short to win it back fixes it off, and the
+    report says after how many steps it would pay back."""
+    from autotune.spec import study_file
+    from autotune.study import preparation, roofline_probe
+    from autotune.train import systems
+
+    if systems.compile_problem(CPU):
+        pytest.skip(systems.compile_problem(CPU))
+    path = tmp_path / "compiled.yaml"
+    path.write_text(yaml.safe_dump({"task": "tests.tasks:blobs", "target": {"metric": "accuracy", "value": 0.9},
+                                    "budget": {"trials": 1, "max_epochs": 1}}))
+    spec = study_file.load(path)
+    prepared = preparation.prepare(spec)
+    plain = config(batch_size=64)
+    chosen = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0)  # the step holds it
+    weighed = roofline_probe._weigh_compile(spec, prepared, chosen, plain, seed=0)
+    assert weighed["once_seconds"] > 0.5  # compiling takes seconds; the plain step starts in milliseconds
+    assert weighed["longest_samples"] == len(prepared.task.train)  # one epoch
+    assert weighed["kept"] is (weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"])
+    text = roofline._compile_text(weighed, batch=64)
+    assert text.startswith(f"torch.compile measured once: {weighed['once_seconds']:.1f} s to compile")
+    assert ("is fixed off" in text) is not weighed["kept"]
+    assert not weighed["kept"]  # a few milliseconds a step cannot win back seconds within 16 steps

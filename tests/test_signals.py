@@ -65,3 +65,24 @@ def test_other_dropped_exceptions_are_still_printed(dropped: list[BaseException]
     with signals.handled():
         Noisy()
     assert [type(e) for e in dropped] == [ValueError]
+
+
+@pytest.mark.parametrize("after", [0.3, 1.5])
+def test_ctrl_c_while_autotune_starts_is_one_line_and_status_130(tmp_path, after: float) -> None:
+    """While Python and torch import and the study is read, before a run's own handler is in place:
+    one line, exit 130, no traceback, nothing stored."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "study.yaml").write_text("task: digits\ntarget: {metric: accuracy, value: 0.97}\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    child = subprocess.Popen([sys.executable, "-m", "autotune", "run", "study.yaml"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines() == ["autotune: interrupted (SIGINT)"], err
+    assert not (tmp_path / "study.db").exists()

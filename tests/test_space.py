@@ -27,6 +27,8 @@ def make_space(**overrides: Domain) -> Space:
         "channels_last": Choices((False,)),
         "compile": Choices((False,)),
         "cudnn_benchmark": Choices((False,)),
+        "tf32": Choices((False,)),
+        "fused_optimizer": Choices((False,)),
     }
     fixed.update(overrides)
     return Space(tuple((name, fixed[name]) for name in KNOBS))
@@ -67,7 +69,8 @@ def test_fully_fixed_space_asks_nothing() -> None:
     assert trial.calls == []
     assert config == {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1,
                       "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32",
-                      "schedule_epochs": 4.0, "channels_last": False, "compile": False, "cudnn_benchmark": False}
+                      "schedule_epochs": 4.0, "channels_last": False, "compile": False, "cudnn_benchmark": False,
+                      "tf32": False, "fused_optimizer": False}
 
 
 def test_prefetch_factor_not_suggested_without_workers() -> None:
@@ -199,8 +202,9 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
     assert full["prefetch_factor"] is None
     assert full["schedule_epochs"] is None  # stored before it was a knob: the study's max_epochs
     # stored before they were knobs: the trial ran without them
-    assert (full["channels_last"], full["compile"], full["cudnn_benchmark"]) == (False, False, False)
-    new = ("prefetch_factor", "schedule_epochs", "channels_last", "compile", "cudnn_benchmark")
+    new = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
+    assert [full[k] for k in new] == [False] * len(new)
+    new = ("prefetch_factor", "schedule_epochs", *new)
     assert {k: v for k, v in full.items() if k not in new} == stored
 
 
@@ -304,15 +308,18 @@ def test_restricting_to_the_device_keeps_the_params() -> None:
 BOTH = Choices((False, True))
 
 
-def test_cpu_fixes_cudnn_benchmark_and_compile_but_keeps_channels_last() -> None:
-    """Without CUDA: cuDNN's search is fixed off, and compile (a choice) too, each with a notice
-    saying why; channels-last runs on CPU and stays a choice."""
+def test_cpu_fixes_cudnn_benchmark_tf32_and_compile_but_keeps_channels_last_and_the_fused_step() -> None:
+    """Without CUDA: cuDNN's search and TF32 are fixed off, and compile (a choice) too, each with a
+    notice saying why; channels-last and the fused optimizer step run on CPU and stay choices."""
     space, notices, impossible = restrict_to_device(
-        make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH), cuda=False, bf16=True)
-    assert (space["cudnn_benchmark"], space["compile"], space["channels_last"]) == (Choices((False,)), Choices((False,)), BOTH)
+        make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, tf32=BOTH, fused_optimizer=BOTH),
+        cuda=False, bf16=True)
+    assert (space["cudnn_benchmark"], space["compile"], space["tf32"]) == (Choices((False,)),) * 3
+    assert space["channels_last"] == space["fused_optimizer"] == BOTH
     assert impossible == {}
-    assert sorted(n.split(" fixed")[0] for n in notices) == ["compile", "cudnn_benchmark"]
+    assert sorted(n.split(" fixed")[0] for n in notices) == ["compile", "cudnn_benchmark", "tf32"]
     assert any("cuDNN runs only on CUDA" in n for n in notices)
+    assert any("TF32 tensor cores are on NVIDIA GPUs only" in n for n in notices)
 
 
 def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
@@ -321,7 +328,8 @@ def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
     assert space["compile"] == Choices((True,)) and notices == [] and impossible == {}
 
 
-@pytest.mark.parametrize("knob, problem", [("compile", "compile_problem"), ("channels_last", "channels_last_problem")])
+@pytest.mark.parametrize("knob, problem", [("compile", "compile_problem"), ("channels_last", "channels_last_problem"),
+                                           ("tf32", "tf32_problem"), ("fused_optimizer", "fused_optimizer_problem")])
 def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem: str) -> None:
     """On CUDA too: a choice is fixed to false naming the reason; true alone is impossible."""
     space, notices, impossible = restrict_to_device(make_space(**{knob: BOTH}), cuda=True, bf16=True, **{problem: "the reason"})
@@ -331,5 +339,6 @@ def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem:
 
 
 def test_cuda_keeps_every_switch() -> None:
-    original = make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, pin_memory=BOTH)
+    original = make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, pin_memory=BOTH, tf32=BOTH,
+                          fused_optimizer=BOTH)
     assert restrict_to_device(original, cuda=True, bf16=True) == (original, [], {})

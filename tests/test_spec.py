@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +205,20 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("unknown key in budget", HEAD + "budget: {max_epoch: 3}\n", "budget.max_epoch", "max_epoch",
      "did you mean 'max_epochs'?"),
     ("budget not a mapping", HEAD + "budget: 10\n", "budget", 10, "a mapping"),
-    ("trials is text", HEAD + "budget: {trials: ten}\n", "budget.trials", "ten", "a whole number of at least 1"),
-    ("trials is zero", HEAD + "budget: {trials: 0}\n", "budget.trials", 0, "a whole number of at least 1"),
+    ("trials is text", HEAD + "budget: {trials: ten}\n", "budget.trials", "ten", "a whole number from 1 to 1,000,000"),
+    ("trials is zero", HEAD + "budget: {trials: 0}\n", "budget.trials", 0, "a whole number from 1 to 1,000,000"),
+    ("trials past what a study counts", HEAD + "budget: {trials: 10000000000}\n", "budget.trials", 10**10,
+     "a whole number from 1 to 1,000,000"),
+    # Values a float holds but a trial's loop cannot count with (1e308 epochs of steps overflow).
+    ("max_epochs overflows the loop", HEAD + "budget: {max_epochs: 1e308}\n", "budget.max_epochs", 1e308,
+     "at most 1,000,000"),
+    ("eval_every overflows the loop", HEAD + "budget: {eval_every: 1e308}\n", "budget.eval_every", 1e308,
+     "at most 1,000,000"),
+    ("max_seconds past what a wait holds", HEAD + "budget: {max_seconds: 1e300}\n", "budget.max_seconds", 1e300,
+     "at most 10,000,000"),
+    ("timeout past what a wait holds", HEAD + "budget: {timeout: 1e300}\n", "budget.timeout", 1e300, "at most"),
+    ("trial_timeout past what a wait holds", HEAD + "budget: {trial_timeout: 1e300}\n", "budget.trial_timeout", 1e300,
+     "at most"),
     ("trials is a bool", HEAD + "budget: {trials: true}\n", "budget.trials", True, "a whole number"),
     ("trials is a float", HEAD + "budget: {trials: 10.0}\n", "budget.trials", 10.0, "a whole number"),
     ("max_epochs is zero", HEAD + "budget: {max_epochs: 0}\n", "budget.max_epochs", 0, "greater than 0"),
@@ -215,9 +231,14 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("eval_every is negative", HEAD + "budget: {eval_every: -1}\n", "budget.eval_every", -1, "greater than 0"),
     ("timeout is negative", HEAD + "budget: {timeout: -5}\n", "budget.timeout", -5, "greater than 0"),
     ("timeout is text", HEAD + "budget: {timeout: soon}\n", "budget.timeout", "soon", "a finite number"),
-    ("seed is negative", HEAD + "seed: -1\n", "seed", -1, "at least 0"),
+    ("seed is negative", HEAD + "seed: -1\n", "seed", -1, "from 0 to 2147483647"),
+    # Derived seeds (the sampler's: seed + trials so far) must fit numpy's 32 bits on every resume.
+    ("seed past 32 bits", HEAD + "seed: 4294967295\n", "seed", 4294967295, "from 0 to 2147483647"),
+    ("seed far past 64 bits", HEAD + "seed: 99999999999999999999999\n", "seed", 99999999999999999999999, "from 0 to"),
     ("seed is a float", HEAD + "seed: 1.5\n", "seed", 1.5, "a whole number"),
     ("empty name", HEAD + "name: ''\n", "name", "", "non-empty string"),
+    ("name with a NUL", HEAD + 'name: "a\\0b"\n', "name", "a\0b", "printable characters"),
+    ("name with a newline", HEAD + 'name: "a\\nb"\n', "name", "a\nb", "printable characters"),
     ("unknown knob", HEAD + "space: {batchsize: [32]}\n", "space.batchsize", "batchsize",
      "did you mean 'batch_size'?"),
     ("space not a mapping", HEAD + "space: [lr]\n", "space", ["lr"], "a mapping"),
@@ -337,6 +358,32 @@ def test_bad_study_file_raises_spec_error(tmp_path: Path, text: str | None, key:
     assert fragment in message, message
     assert "\n" not in message, message  # the CLI prints it as one line
     assert (info.value.path, info.value.key) == (path, key)
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "directory", "too large"])
+def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tmp_path: Path, kind: str) -> None:
+    """/dev/zero would be read until memory runs out and a FIFO would block forever: each is
+    refused from what the file is, at once, as is a regular file larger than a study file can be."""
+    if kind == "character device":
+        path = Path("/dev/zero")
+    elif kind == "FIFO":
+        path = tmp_path / "study.yaml"
+        os.mkfifo(path)
+        # Were the FIFO opened for reading, this writer would unblock it after a while: the test then fails, not hangs.
+        unblock = threading.Timer(5, lambda: contextlib.suppress(OSError)(
+            lambda: os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK)))())
+        unblock.daemon = True
+        unblock.start()
+    elif kind == "directory":
+        path = tmp_path
+    else:
+        path = tmp_path / "study.yaml"
+        path.write_text(HEAD + "#" * (2 << 20) + "\n")
+    started = time.monotonic()
+    with pytest.raises(SpecError) as info:
+        load(path)
+    assert time.monotonic() - started < 2
+    assert info.value.key == "(file)" and (kind in str(info.value) or "larger than 1 MiB" in str(info.value))
 
 
 def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:

@@ -163,6 +163,23 @@ def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
     assert json.loads(run_cli("export", str(path), "--format", "json", capsys=capsys)[1]) == best["params"]
 
 
+def test_sys_exit_in_the_users_code_fails_its_trial_and_the_study_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (the CPU default), as in a child: the trial is FAILED "SystemExit: 3", not
+    left RUNNING with autotune gone; a rerun has nothing to retry."""
+    path = write_study(tmp_path, task="tests.tasks:calls_sys_exit", trials=4, batch_sizes=(32, 128),
+                       confirm={"top": 0, "runs": 0})
+    assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
+    trials = load(path).trials
+    exited = [t for t in trials if t.params["batch_size"] == 128]
+    assert exited, "the sampler never tried batch 128; pick another seed"
+    assert all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["reason"].startswith("SystemExit: 3")
+               for t in exited)
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+    assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
+    assert len(load(path).trials) == len(trials)  # nothing to retry, the budget met
+
+
 @pytest.mark.parametrize("task", ["tests.tasks:cuda_oom", "tests.tasks:allocator_oom"])
 def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], task: str
@@ -431,6 +448,17 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     assert "trial 1: pruned:" in err and f"Study study: 4 trials: {1 if bounded else 2} complete" in out
 
 
+def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Path) -> None:
+    """As an empty training set is: named against the task, not found by every trial inside torch.cat."""
+    from autotune.errors import SpecError
+    from autotune.spec import study_file as spec_
+    from autotune.study import preparation
+
+    path = write_study(tmp_path, task="tests.tasks:no_validation_samples")
+    with pytest.raises(SpecError, match=r"task: got 'tests.tasks:no_validation_samples'; the task's validation set is empty"):
+        preparation.prepare(spec_.load(path))
+
+
 def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_path: Path) -> None:
     from autotune.spec import study_file as spec_
     from autotune.study import preparation
@@ -588,3 +616,13 @@ def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_re
             "other configuration, so more could not change which is faster (confirm.baseline: until_resolved)") in out
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
     assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 1.25
+
+
+def test_the_largest_seed_runs_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every seed derived from the study's (the sampler's grows with the trials stored) still fits."""
+    from autotune.spec.study_file import MAX_SEED
+
+    path = write_study(tmp_path, trials=1, seed=MAX_SEED, confirm={"top": 0, "runs": 1})
+    assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
+    assert run_cli("run", str(path), "--trials", "2", "--quiet", capsys=capsys)[0] == 0
+    assert len(load(path).trials) == 2

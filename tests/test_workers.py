@@ -162,7 +162,7 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     path = write_study(tmp_path, f"journal:///{tmp_path / 'first.journal'}")
     study = yaml.safe_load(path.read_text())
     study.update(objective="systems_only", probe="none", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2})
-    study["space"]["accumulation_steps"] = [1, 2, 4]
+    study["space"].update(accumulation_steps=[1, 2, 4], fused_optimizer=False)  # one setting per split
     path.write_text(yaml.safe_dump(study))
     result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -138,11 +138,11 @@ def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
                 "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.")
 
 
-def optimizer_note(summary: Summary, lr: float, *, trainer: str, then: str) -> dict[str, Any]:
+def optimizer_note(summary: Summary, lr: float, *, trainer: str, then: str, fused: bool = False) -> dict[str, Any]:
     """The note for a task optimizer other than the built-in SGD, which `trainer` cannot name:
-    build it as autotune did, `then` (what to do with it)."""
+    build it as autotune did (with fused=True where `fused`), `then` (what to do with it)."""
     reference = summary.optimizer
-    call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names)"
+    call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names{', fused=True' if fused else ''})"
     if reference is None:
         return note("optimizer", None, NO_EQUIVALENT,
                     f"the study did not record its task's optimizer (a command task builds its own; a lambda or local "

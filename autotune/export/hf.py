@@ -5,7 +5,8 @@
 beside the user's parameters that are not TrainingArguments fields (`params`) and a note for
 every setting TrainingArguments cannot take or takes only approximately (`notes`).
 Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio). compile
-is `torch_compile`; channels_last and cudnn_benchmark have no field, so their notes say what to do.
+is `torch_compile` and tf32 `tf32`; channels_last, cudnn_benchmark and fused_optimizer have no field,
+so their notes say what to do.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     # transformers turns TF32 on with torch_compile unless fp16 (TrainingArguments.__post_init__),
     # and accelerate again for fp32 (AcceleratorState, on CUDA). tf32=False is no fix: it turns TF32
     # off for cuDNN convolutions too, which torch's default, and so the trial, allowed.
-    if knobs["compile"] and knobs["precision"] != "fp16":
+    if knobs["compile"] and knobs["precision"] != "fp16" and not knobs["tf32"]:
         notes.append(note("compile", True, APPROXIMATION,
                           "torch_compile compiles the model as autotune did (torch.compile, backend inductor, default mode; "
                           "compile time on the training clock). But on an NVIDIA GPU with TF32 (Ampere or newer), transformers "
@@ -129,6 +130,10 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
                  if k in loader})
     notes = [threads_note(knobs)]
     args["torch_compile"] = knobs["compile"]  # backend inductor, default mode: autotune's torch.compile(model)
+    # Off, tf32 is left out: TrainingArguments then keeps torch's default, as the trial did (tf32=False
+    # would turn TF32 off for cuDNN's convolutions too, which torch's default allows).
+    if knobs["tf32"]:
+        args["tf32"] = True  # TF32 matmuls; cuDNN's convolutions allow TF32 already by torch's default, as in the trial
     notes += systems_notes(knobs)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
     if device == "cpu":
@@ -146,10 +151,16 @@ def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any
     if built_in_optimizer(summary):
         momentum, nesterov, decay = SGD_ARGS["momentum"], SGD_ARGS["nesterov"], SGD_ARGS["weight_decay"]
         args.update(optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay)
-        return args, [note("optimizer", summary.optimizer, APPROXIMATION,
-                           f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
-                           "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.")]
-    notes = [optimizer_note(summary, knobs["lr"], trainer="TrainingArguments(optim=)", then=(
+        notes = [note("optimizer", summary.optimizer, APPROXIMATION,
+                      f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
+                      "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.")]
+        if knobs["fused_optimizer"]:
+            notes.append(note("fused_optimizer", True, NO_EQUIVALENT,
+                              "optim sgd builds torch.optim.SGD without fused=True. To step as autotune did, build "
+                              f"torch.optim.SGD(model.parameters(), lr={knobs['lr']!r}, momentum={momentum}, nesterov={nesterov}, "
+                              f"weight_decay={decay}, fused=True) and pass transformers.Trainer(optimizers=(optimizer, None))."))
+        return args, notes
+    notes = [optimizer_note(summary, knobs["lr"], trainer="TrainingArguments(optim=)", fused=knobs["fused_optimizer"], then=(
         "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
         "(left at the default, AdamW) goes unused"))]
     for name in [k for k in params if k in OPTIMIZER_FIELDS]:

@@ -11,8 +11,8 @@ sections, and `usage` spells out the lines above for this winner. The scheduler'
 depend on the run's length are fractions of its optimizer steps (Lightning's
 `trainer.estimated_stepping_batches`): autotune steps the schedule once per optimizer step.
 OneCycle's warm-up, a function of those steps rather than a fraction, is computed in `usage`.
-cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to the model, as
-their notes (and, when on, `usage`) say.
+cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to the model, tf32
+to the process and fused_optimizer to the optimizer, as their notes (and, when on, `usage`) say.
 """
 
 from __future__ import annotations
@@ -66,8 +66,15 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     else:
         compiled = ("lightning.Trainer has no compile argument; autotune trained the model uncompiled, as Lightning does: "
                     "don't torch.compile it.")
+    if knobs["tf32"]:
+        matmul = ("lightning.Trainer has no TF32 argument. autotune ran float32 matrix products on TF32 tensor cores: call "
+                  "torch.set_float32_matmul_precision('high') before trainer.fit (it holds for the whole process).")
+    else:
+        matmul = ("lightning.Trainer has no TF32 argument; autotune ran float32 matrix products in full float32, torch's "
+                  "default (torch.set_float32_matmul_precision('highest')): leave it so, whatever Lightning's hint says.")
     return [note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
-            note("compile", knobs["compile"], NO_EQUIVALENT, compiled)]
+            note("compile", knobs["compile"], NO_EQUIVALENT, compiled),
+            note("tf32", knobs["tf32"], NO_EQUIVALENT, matmul)]
 
 
 def scheduler_section(name: str, lr: float) -> tuple[dict[str, Any], str, list[str]]:
@@ -99,13 +106,21 @@ def render(summary: Summary) -> str:
         usage.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in on_after_batch_transfer: see notes")
     if knobs["compile"]:
         usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
+    if knobs["tf32"]:
+        usage.append("torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matrix products")
     usage.append("# and in your LightningModule's configure_optimizers(self):")
+    fused = {"fused": True} if knobs["fused_optimizer"] else {}
     if built_in_optimizer(summary):
-        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS})
+        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS, **fused})
         usage.append("optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])")
     else:
-        notes.append(optimizer_note(summary, lr, trainer="lightning.Trainer", then="return it from configure_optimizers()"))
-        usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params)")
+        notes.append(optimizer_note(summary, lr, trainer="lightning.Trainer", then="return it from configure_optimizers()",
+                                    fused=knobs["fused_optimizer"]))
+        usage.append("optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params"
+                     + (", fused=True)" if fused else ")"))
+    notes.append(note("fused_optimizer", knobs["fused_optimizer"], MOVED,
+                      "lightning.Trainer has no optimizer argument: " + ("fused=True is in `optimizer`" if fused else
+                      "autotune built the optimizer without fused=True (torch's default step)") + "."))
     notes.append(note("lr", lr, MOVED, "lightning.Trainer has no learning-rate argument: it is in `optimizer`."))
 
     lr_scheduler, text, lines = scheduler_section(knobs["scheduler"], lr)

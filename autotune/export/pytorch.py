@@ -3,7 +3,7 @@
 The generated module defines the settings as constants, `make_training(model, train_dataset,
 *, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.train.trial.run
 builds them; the model channels-last and compiled as autotune.train.systems.prepare_model makes it;
-cuDNN's algorithm search set), `to_device(inputs, device)` (autotune.train.systems.to_device) and
+cuDNN's algorithm search and TF32 set), `to_device(inputs, device)` (autotune.train.systems.to_device) and
 `train_step(training, loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
 autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the task's
 own optimizer lives there; the built-in SGD is written out.
@@ -68,7 +68,8 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
     steps compile, on your clock as on the trial's). `training.module` is the uncompiled module with
     the same parameters: evaluate and save that one, as autotune evaluated it (eval mode would make
     a compiled module compile a second graph, and a compiled state_dict's keys start with _orig_mod.).
-    It sets torch.backends.cudnn.benchmark for the whole process (the trial set it for its run).
+    It sets torch.backends.cudnn.benchmark and the float32 matmul precision (TF32 or not) for the
+    whole process (the trial set them for its run).
     """
     if max_epochs is None:
         raise ValueError("the study did not record max_epochs, the length of the LR schedule: pass max_epochs=")
@@ -83,7 +84,8 @@ def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=N
         model = model.to(memory_format=torch.channels_last)  # its 4-D weights; to_device lays out 4-D inputs
     model.train()
     torch.backends.cudnn.benchmark = CUDNN_BENCHMARK  # set either way, as the trial set it
-    optimizer = make_optimizer(model.parameters(), LR)
+    torch.set_float32_matmul_precision("high" if TF32 else "highest")  # "high": TF32 tensor cores
+    optimizer = make_optimizer(model.parameters(), LR, **({"fused": True} if FUSED_OPTIMIZER else {}))
     # The schedule runs over every optimizer step of max_epochs, stepped once per optimizer step.
     total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
 $scheduler_comment    scheduler = $scheduler
@@ -123,14 +125,15 @@ def train_step(training, *, loss_fn):
 ''')
 
 SGD = Template('''\
-def make_optimizer(parameters, lr):
-    """The task's optimizer, $reference: SGD with Nesterov momentum."""
-    return torch.optim.SGD(parameters, lr=lr$sgd_args)''')
+def make_optimizer(parameters, lr, **fused):
+    """The task's optimizer, $reference: SGD with Nesterov momentum; `fused`: fused=True or nothing."""
+    return torch.optim.SGD(parameters, lr=lr$sgd_args, **fused)''')
 
 FACTORY = Template('''\
-def make_optimizer(parameters, lr):
-    """The task's optimizer, $reference, given the PARAMS it names, as autotune called it."""
-    return $factory(parameters, lr, **_takes($factory, PARAMS, after=2))
+def make_optimizer(parameters, lr, **fused):
+    """The task's optimizer, $reference, given the PARAMS it names (and fused=True where
+    FUSED_OPTIMIZER), as autotune called it."""
+    return $factory(parameters, lr, **_takes($factory, PARAMS, after=2), **fused)
 
 
 def _takes(function, params, *, after=0):
@@ -146,10 +149,11 @@ def _takes(function, params, *, after=0):
     return {k: v for k, v in params.items() if k in names}''')
 
 UNKNOWN = '''\
-def make_optimizer(parameters, lr):
+def make_optimizer(parameters, lr, **fused):
     """The study did not record its task's optimizer (a command task builds its own; a lambda has no importable name)."""
     raise NotImplementedError("pass make_training(..., make_optimizer=) the optimizer your task used: "
-                              "(parameters, lr) -> torch.optim.Optimizer, given the PARAMS it names")'''
+                              "(parameters, lr, **fused) -> torch.optim.Optimizer, given the PARAMS it names "
+                              "(fused: fused=True where FUSED_OPTIMIZER, else nothing)")'''
 
 
 def _optimizer(summary: Summary) -> tuple[str, str]:

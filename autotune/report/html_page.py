@@ -209,7 +209,8 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
                "peak_memory_mb": "peak MiB", "lr": "lr", "scheduler": "scheduler", "batch_size": "batch",
                "accumulation_steps": "accum", "num_workers": "workers", "prefetch_factor": "prefetch",
                "pin_memory": "pin", "precision": "precision", "schedule_epochs": "schedule",
-               "channels_last": "channels last", "compile": "compile", "cudnn_benchmark": "cudnn"}
+               "channels_last": "channels last", "compile": "compile", "cudnn_benchmark": "cudnn",
+               "tf32": "tf32", "fused_optimizer": "fused"}
     table = top[list(columns)].rename(columns=columns)
     table["input wait"] = table["input wait"].map(lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %")
     return table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")

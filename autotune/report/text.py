@@ -13,7 +13,8 @@ from autotune.study import objective as objective_
 
 TABLE_ROWS = 5
 SHORT_NAMES = {"number": "trial", "samples_per_second": "samples/s", "accumulation_steps": "accum",
-               "prefetch_factor": "prefetch", "schedule_epochs": "schedule", "cudnn_benchmark": "cudnn"}
+               "prefetch_factor": "prefetch", "schedule_epochs": "schedule", "cudnn_benchmark": "cudnn",
+               "fused_optimizer": "fused"}
 
 
 def render(summary: Summary, records: pd.DataFrame) -> str:

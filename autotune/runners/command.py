@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import os
 import selectors
 import signal
@@ -128,8 +129,8 @@ def _watch(group: _Group, read_fd: int, *, started: float, limits: Limits, hang_
             if now >= limits.max_seconds:  # what is read from here on is past the budget
                 if tally.best_metric is None:
                     raise TrialFailure(f"timeout: no metric reported within the budget's max_seconds of "
-                                       f"{limits.max_seconds:g} s ({tally.reports} report(s) without one); the "
-                                       f"command's process group was killed")
+                                       f"{limits.max_seconds:g} s ({tally.reports} report(s) without one"
+                                       f"{tally.malformed_note()}); the command's process group was killed")
                 return tally.result(stop_reason="max_seconds", elapsed=now, memory=group.stop())
             exited = group.poll()  # before reading: all it wrote before exiting is then in the pipes
             if exited:
@@ -143,8 +144,15 @@ def _watch(group: _Group, read_fd: int, *, started: float, limits: Limits, hang_
             for line in reports.take():
                 seconds = time.perf_counter() - started
                 report = protocol.parse(line, metric_name=metric_name)
-                if report is None or seconds >= limits.max_seconds:
+                if report is None:
+                    tally.malformed(line)
                     continue
+                if seconds >= limits.max_seconds:
+                    continue
+                if report.metric is not None and not math.isfinite(report.metric):  # as a task's NaN: diverged
+                    at = f" at step {report.step}" if report.step is not None else ""
+                    raise TrialFailure(f"diverged: the command reported {metric_name} {report.metric}{at}: its outputs or "
+                                       f"its metric are not finite numbers", diverged=True)
                 tally.add(report, seconds=seconds)
                 if progress is not None:
                     progress(tally.steps, tally.total_steps, tally.last_metric, seconds)
@@ -168,7 +176,7 @@ def _after_exit(group: _Group, tally: Tally, tail: Sequence[str], *, elapsed: fl
                            + (f"\nlast lines of its stderr:{lines}" if lines else " and wrote nothing to stderr"))
     if tally.best_metric is None:
         raise TrialFailure(f"no metric: the command exited with status 0 after {elapsed:.1f} s but never called "
-                           f"autotune.report with a metric (received {tally.reports} report(s))")
+                           f"autotune.report with a metric (received {tally.reports} report(s)){tally.malformed_note()}")
     return tally.result(stop_reason="max_epochs", elapsed=elapsed, memory=group.stop())
 
 

@@ -138,12 +138,13 @@ def in_process(task: Task) -> RunTrial:
 
 
 def _as_failure(call: Any) -> Any:
-    """`call()`, with any exception but Pruned raised as the TrialFailure it stands for."""
+    """`call()`, with any exception but Pruned raised as the TrialFailure it stands for; a
+    SystemExit too (sys.exit in the user's code ends the trial, not the study), as in a child."""
     try:
         return call()
     except Pruned:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         failure = TrialFailure.of(exc)
     # Out of the except block, the traceback and with it the trial's tensors are gone.
     oom.free_memory()

@@ -142,12 +142,23 @@ def parse(line: str | bytes, *, metric_name: str) -> Report | None:
         metric = data.get(metric_name)
     return Report(
         step=_whole(data.get("step")),
-        metric=_number(metric),
+        metric=_metric(metric),
         epoch=_number(data.get("epoch")),
         samples=_whole(data.get("samples")),
         total_steps=_whole(data.get("total_steps")),
         peak_memory_bytes=_whole(data.get("peak_memory_bytes")),
     )
+
+
+def _metric(value: Any) -> float | None:
+    """A number, NaN and infinities included (a run that diverged reports them: the caller says
+    so, as for a task's), or None for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer too large for a float
+            return math.inf
+    return None
 
 
 def _number(value: Any) -> float | None:

@@ -32,6 +32,21 @@ class Tally:
         self._stepped = False  # whether any report carried a step
         self._samples: list[tuple[float, int, int]] = []  # (seconds, step, samples) per report with samples
         self._peak_memory: int | None = None
+        self._malformed = 0  # lines on the report channel that were not a JSON object
+        self._first_malformed = ""
+
+    def malformed(self, line: str | bytes) -> None:
+        """A line on the report channel that was not a report: counted, to say so if no metric came."""
+        if not self._malformed:
+            self._first_malformed = (line.decode(errors="replace") if isinstance(line, bytes) else line).strip()[:120]
+        self._malformed += 1
+
+    def malformed_note(self) -> str:
+        """'; N line(s) ... were not JSON objects ..., the first: ...', or nothing."""
+        if not self._malformed:
+            return ""
+        return (f"; {self._malformed} line(s) on the report channel were not JSON objects and were skipped, "
+                f"the first: {self._first_malformed!r}")
 
     def add(self, report: Report, *, seconds: float) -> None:
         """One report, read `seconds` after the command was launched."""

@@ -14,16 +14,22 @@ def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
 
 
 def unsupported_switches(*, cuda: bool, compile_problem: str | None = None,
-                         channels_last_problem: str | None = None) -> dict[str, str]:
+                         channels_last_problem: str | None = None, tf32_problem: str | None = None,
+                         fused_optimizer_problem: str | None = None) -> dict[str, str]:
     """The on/off knobs that cannot be on here, each with the reason."""
     unsupported = {}
     if not cuda:
         unsupported["pin_memory"] = "page-locked memory only helps CUDA copies"
         unsupported["cudnn_benchmark"] = "cuDNN runs only on CUDA"
+        unsupported["tf32"] = "TF32 tensor cores are on NVIDIA GPUs only"
+    if tf32_problem:
+        unsupported["tf32"] = tf32_problem
     if compile_problem:
         unsupported["compile"] = compile_problem
     if channels_last_problem:
         unsupported["channels_last"] = channels_last_problem
+    if fused_optimizer_problem:
+        unsupported["fused_optimizer"] = fused_optimizer_problem
     return unsupported
 
 
@@ -35,7 +41,7 @@ CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (gi
 
 def restrict_to_device(
     space: Space, *, cuda: bool, bf16: bool, compile_problem: str | None = None,
-    channels_last_problem: str | None = None,
+    channels_last_problem: str | None = None, tf32_problem: str | None = None, fused_optimizer_problem: str | None = None,
 ) -> tuple[Space, list[str], dict[str, str]]:
     """Remove what the device (or the install, or the task's model) cannot run.
 
@@ -56,7 +62,8 @@ def restrict_to_device(
     elif kept != precision.values:
         space = space.replace("precision", Choices(kept))
 
-    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem,
+                                    tf32_problem=tf32_problem, fused_optimizer_problem=fused_optimizer_problem)
     if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
         switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
     for knob, reason in switches.items():

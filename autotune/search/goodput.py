@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.search.probe import load_note
-from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space, formats_for
 
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
 # are per micro-batch).
@@ -105,8 +105,7 @@ def settings_to_measure(space: Space, baseline: Mapping[str, Any], *, precisions
     loader = loader_setting(space, baseline)
     batches = sorted(set(batches if batches is not None else values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)))
     precisions = list(precisions if precisions is not None else space["precision"].values)
-    formats = [dict(zip(FORMAT, v)) for v in itertools.product(*(values_of(space[k]) for k in FORMAT))]
-    return [{"batch_size": b, "precision": p, **loader, **f} for p, f, b in itertools.product(precisions, formats, batches)]
+    return [{"batch_size": b, "precision": p, **loader, **f} for p in precisions for f in formats_for(space, p) for b in batches]
 
 
 def splits(effective: int, space: Space, *, micro_batch: int | None = None) -> list[tuple[int, int]]:

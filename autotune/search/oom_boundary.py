@@ -19,7 +19,9 @@ from autotune.search.space import FORMAT_KNOBS, KNOBS, PRECISIONS
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
-SAME_LAYOUT = FORMAT_KNOBS
+# TF32 changes the arithmetic's precision, not its tensors, and the fused step the kernels that
+# update the parameters, not what they hold: a bound holds across them.
+SAME_LAYOUT = tuple(k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimizer"))
 
 
 def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

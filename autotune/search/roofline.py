@@ -89,6 +89,31 @@ def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Predicti
     return max(measured, key=lambda pair: pair[1])
 
 
+@dataclasses.dataclass(frozen=True)
+class Payback:
+    """A cost paid once a run (torch.compile's) against the time it saves each sample after."""
+
+    once_seconds: float  # its start-up beyond the setting's without it
+    speed: float  # samples a second of the setting without it, predicted
+    faster: float  # ... and with it
+
+    @property
+    def samples(self) -> float | None:
+        """Samples after which the run has won it back; None: never (it saves nothing)."""
+        saved = 1.0 / self.speed - 1.0 / self.faster
+        return max(0.0, self.once_seconds) / saved if saved > 0 else None
+
+    def pays_within(self, samples: float) -> bool:
+        return self.samples is not None and self.samples <= samples
+
+
+def payback(chosen: Prediction, *, compute_rate: float, once_seconds: float) -> Payback:
+    """What compiling `chosen` costs and saves, at its loader: a faster step on an input-bound
+    setting saves nothing."""
+    faster = dataclasses.replace(chosen, compute_rate=compute_rate)
+    return Payback(once_seconds, chosen.samples_per_second, faster.samples_per_second)
+
+
 def what_moves_it(best: Prediction) -> str:
     """What would raise the limit, in numbers: the other rate's headroom."""
     if best.bottleneck == INPUT:
@@ -105,7 +130,8 @@ def _setting_text(setting: Mapping[str, Any]) -> str:
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")
     shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
-    shown += [knob.replace("_", "-") for knob in ("channels_last", "cudnn_benchmark") if setting.get(knob)]
+    shown += [knob.replace("_", "-") for knob in ("channels_last", "cudnn_benchmark", "tf32", "fused_optimizer")
+              if setting.get(knob)]
     return ", ".join(shown)
 
 
@@ -131,7 +157,23 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
         f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
     ]
+    compiled = outcome.get("compile")
+    if compiled:
+        lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
     if outcome.get("shared_cores"):
         lines.append("On a CPU the loader and the step share the same cores, so what runs together differs from "
                      "their rates apart: the end-to-end measurement decided")
     return "\n".join(lines)
+
+
+def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
+    """torch.compile weighed once against the longest trial, in optimizer steps at the probe's batch."""
+    if compiled.get("failed"):
+        return f"torch.compile fixed off: {compiled['failed']}"
+    head = (f"torch.compile measured once: {compiled['once_seconds']:.1f} s to compile, then "
+            f"{_rate(compiled['faster'])} against {_rate(compiled['speed'])} predicted")
+    longest = f"a trial runs at most {compiled['longest_samples'] / batch:,.0f} steps"
+    if compiled["samples"] is None:
+        return f"{head}: it never pays back, so it is fixed off"
+    steps = f"it pays back after {compiled['samples'] / batch:,.0f} steps of batch {batch}"
+    return f"{head}: {steps}; {longest}, so it " + ("stays in the search" if compiled["kept"] else "is fixed off")

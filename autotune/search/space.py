@@ -10,6 +10,7 @@ duck-types, so this module does not import Optuna.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any, Protocol, Union
@@ -93,13 +94,27 @@ KNOBS: dict[str, Knob] = {
         Knob("compile", bool, doc="torch.compile the model; compile time counts on the training clock", absent=False),
         Knob("cudnn_benchmark", bool, doc="cuDNN searches the fastest convolution algorithms for fixed shapes (CUDA only)",
              absent=False),
+        Knob("tf32", bool, doc="float32 matrix products on TF32 tensor cores (torch.set_float32_matmul_precision('high'); "
+                               "CUDA, compute capability 8.0 or more)", absent=False),
+        Knob("fused_optimizer", bool, doc="the optimizer's fused step: one kernel for every parameter, where the task's "
+                                          "optimizer has one", absent=False),
     )
 }
 
 # Knobs that change speed and memory, never what a step computes (float noise aside): the
-# DataLoader's, and the memory format, compilation and cuDNN's search.
+# DataLoader's, and the memory format, compilation, cuDNN's search, TF32 matrix products (a
+# 10-bit mantissa inside float32 products, accumulated in float32) and the fused optimizer step.
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory")
-FORMAT_KNOBS = ("channels_last", "compile", "cudnn_benchmark")
+FORMAT_KNOBS = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
+
+def formats_for(space: "Space", precision: str, knobs: tuple[str, ...] = FORMAT_KNOBS) -> list[dict[str, Any]]:
+    """Every combination of the space's values of the format `knobs` for `precision`, TF32 on only
+    with fp32 (unless the space fixes it on): under autocast the matrix products run in the
+    narrower type whatever it says, so both of its values would measure alike."""
+    combos = [dict(zip(knobs, values)) for values in itertools.product(*(space[k].values for k in knobs))]
+    both = "tf32" in knobs and False in space["tf32"].values
+    return [c for c in combos if not (both and c["tf32"] and precision != "fp32")]
+
 
 # Optional in presets and study files: without one, the schedule is the budget's max_epochs
 # (time_to_target) or a range up to it (fixed_schedule, spec/study_file.py).
@@ -119,6 +134,8 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "channels_last": False,
     "compile": False,
     "cudnn_benchmark": False,
+    "tf32": False,
+    "fused_optimizer": False,
 }
 
 

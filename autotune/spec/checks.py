@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,23 @@ from autotune.search.space import finite
 OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
 
 
+MAX_FILE_BYTES = 1 << 20  # a study file or preset is a page of YAML; this is a thousand pages
+
+
 def read_yaml(path: Path) -> Any:
+    """The YAML of a regular file of at most MAX_FILE_BYTES: a device (/dev/zero), a FIFO or a
+    directory is refused before it is opened, as reading one would never end or block forever."""
     try:
-        text = path.read_text()
+        mode = path.stat().st_mode  # through symbolic links
+        if not stat.S_ISREG(mode):
+            raise SpecError(path, "(file)", str(path), f"is {_kind(mode)}, not a regular file; give the path of a "
+                            "study .yaml file")
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise SpecError(path, "(file)", str(path), f"is larger than {MAX_FILE_BYTES >> 20} MiB; a study file is a "
+                            "page of YAML")
+        text = data.decode()
     except FileNotFoundError:
         raise SpecError(path, "(file)", str(path), "no such file; give the path of a study .yaml file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -34,6 +49,12 @@ def read_yaml(path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(path, "(yaml)", where, f"not valid YAML: {problem}") from None
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -66,16 +87,20 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive: bool = False) -> float:
-    """A finite number above `minimum`; strings like "1e-3" (which YAML reads as text) are accepted."""
+def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive: bool = False,
+           maximum: float = math.inf) -> float:
+    """A finite number above `minimum` and at most `maximum`; strings like "1e-3" (which YAML
+    reads as text) are accepted."""
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             pass
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
-    ok = ok and (value >= minimum if inclusive else value > minimum)
+    ok = ok and (value >= minimum if inclusive else value > minimum) and value <= maximum
     relation = "a finite number" if minimum == -math.inf else f"a finite number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    if maximum < math.inf:
+        relation += f" and at most {maximum:,.0f}"
     require(path, key, value, ok, relation)
     return float(value)
 

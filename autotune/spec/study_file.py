@@ -92,7 +92,8 @@ class StudySpec:
     # both together from rates measured apart (study/roofline_probe.py); none
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
-    first_trial: str = "sampled"  # baseline: a new study's first trial is the baseline (where it lies in the space)
+    first_trial: str = "sampled"  # baseline: a new study's first trial is the baseline (where it lies in the space);
+    # prior: its first few trials are a larger batch, a scaled lr and an annealing schedule (search/prior.py)
 
 
 TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "device", "baseline", "confirm",
@@ -100,12 +101,30 @@ TOP_KEYS = ("name", "task", "target", "space", "budget", "storage", "seed", "dev
 REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2, GOODPUT: 1, SYSTEMS_ONLY: 1}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "joint", "none")
-FIRST_TRIAL_MODES = ("sampled", "baseline")
+ACCURACY = "accuracy"  # a fraction of the validation set, by every route
+PYTHON_API = Path("autotune.tune()")  # the path of a study given to autotune.tune(): there is no file
+# Every seed a study derives from its own (trials', the sampler's, the confirmation's) fits the
+# 32-bit seeds numpy and Optuna's samplers take, and the 64-bit ones torch takes.
+MAX_SEED = 2**31 - 1
+FIRST_TRIAL_MODES = ("sampled", "baseline", "prior")
 ISOLATION_MODES = ("auto", "process", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
                    "trial_timeout": None}
+# The largest budget each value may take: beyond them a trial's loop would count past what floats
+# and the clock's waits hold (1e308 epochs overflow; a wait longer than ~292 years is refused).
+MAX_TRIALS = 1_000_000
+MAX_EPOCHS = 1_000_000.0
+MAX_SECONDS = 10_000_000.0  # about 116 days
 CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all"}
 CONFIRM_BASELINE = ("all", "until_resolved")
+
+
+def options(spec: StudySpec) -> tuple[str, str]:
+    """How the user gives the study a new name, and how they allow changes to it: the study file's
+    key and the command line's option, or tune()'s arguments."""
+    if spec.path == PYTHON_API:
+        return "name=", "call tune() again with allow_changes=True"
+    return "name:", "run with --allow-changes"
 
 
 def load(path: str | Path, *, storage: str | None = None, isolation: str | None = None, trials: int | None = None,
@@ -124,8 +143,10 @@ MODES = {
     "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
     "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings, then precision, by short runs before the search), "
               "joint (choose them together from the loader's and the compute's rates, measured apart) or none"),
-    "first_trial": (FIRST_TRIAL_MODES, "sampled", "sampled (the sampler chooses every trial) or baseline (a new study's first "
-                    "trial is the baseline, so the search starts from a known time)"),
+    "first_trial": (FIRST_TRIAL_MODES, "sampled", "sampled (the sampler chooses every trial), baseline (a new "
+                    "study's first trial is the baseline, so the search starts from a known time) or prior (a new "
+                    "study's first trials use the largest batch with enough steps an epoch, the baseline's lr scaled "
+                    "to it and an annealing schedule)"),
     "objective": (OBJECTIVES, TIME_TO_TARGET, "time_to_target (stop each run at the target; its time is the time to get there), "
                   "fixed_schedule (run each whole schedule, feasible when the mean final metric over seeds reaches the target), "
                   "goodput (the samples each run needs to reach the target, timed by the fastest systems setting measured "
@@ -162,12 +183,13 @@ def from_mapping(raw: Any, *, path: Path, storage: str | None = None, isolation:
             raise SpecError(path, key, None, f"{key} is required")
 
     name = raw.get("name", path.stem)
-    require(path, "name", name, isinstance(name, str) and name.strip() != "", "a non-empty string")
+    require(path, "name", name, isinstance(name, str) and name.strip() != "" and name.isprintable(),
+            "a non-empty string of printable characters (no NUL, tab or newline)")
     task = raw["task"]
     require(path, "task", task, (isinstance(task, str) and task.strip() != "") or isinstance(task, Mapping),
             "a built-in task name, package.module:callable, or a mapping {command: ...}")
     seed = raw.get("seed", 0)
-    require(path, "seed", seed, is_int(seed) and seed >= 0, "a whole number of at least 0")
+    require(path, "seed", seed, is_int(seed) and 0 <= seed <= MAX_SEED, f"a whole number from 0 to {MAX_SEED}")
     device = raw.get("device", "auto")
     require(path, "device", device, isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
              "auto, cpu, cuda or cuda:N")
@@ -231,24 +253,31 @@ def _target(path: Path, raw: Any) -> Target:
     raw = mapping(path, "target", raw, ("metric", "value"))
     metric = raw.get("metric")
     require(path, "target.metric", metric, isinstance(metric, str) and metric != "", "the name of the task's metric, e.g. accuracy")
-    return Target(metric=metric, value=number(path, "target.value", raw.get("value"), minimum=-math.inf))
+    value = number(path, "target.value", raw.get("value"), minimum=-math.inf)
+    # Whoever measures it (a task, a command, an objective function): a target no run could reach
+    # would fail every trial as short of it.
+    require(path, "target.value", value, metric != ACCURACY or 0 < value <= 1,
+            "accuracy is a fraction: a target above 0 and at most 1")
+    return Target(metric=metric, value=value)
 
 
 def _budget(path: Path, raw: Any) -> Budget:
     raw = {**BUDGET_DEFAULTS, **mapping(path, "budget", raw, tuple(BUDGET_DEFAULTS))}
     trials = raw["trials"]
-    require(path, "budget.trials", trials, is_int(trials) and trials >= 1, "a whole number of at least 1")
+    require(path, "budget.trials", trials, is_int(trials) and 1 <= trials <= MAX_TRIALS,
+            f"a whole number from 1 to {MAX_TRIALS:,}")
     timeout = raw["timeout"]
-    max_seconds = number(path, "budget.max_seconds", raw["max_seconds"])
+    max_seconds = number(path, "budget.max_seconds", raw["max_seconds"], maximum=MAX_SECONDS)
     trial_timeout = raw["trial_timeout"]
     return Budget(
         trials=trials,
-        timeout=None if timeout is None else number(path, "budget.timeout", timeout),
-        max_epochs=number(path, "budget.max_epochs", raw["max_epochs"]),
+        timeout=None if timeout is None else number(path, "budget.timeout", timeout, maximum=MAX_SECONDS),
+        max_epochs=number(path, "budget.max_epochs", raw["max_epochs"], maximum=MAX_EPOCHS),
         max_seconds=max_seconds,
-        eval_every=number(path, "budget.eval_every", raw["eval_every"]),
+        eval_every=number(path, "budget.eval_every", raw["eval_every"], maximum=MAX_EPOCHS),
         # Training stops at max_seconds; start-up and evaluations come on top, so leave room.
-        trial_timeout=2 * max_seconds + 60 if trial_timeout is None else number(path, "budget.trial_timeout", trial_timeout),
+        trial_timeout=2 * max_seconds + 60 if trial_timeout is None else number(path, "budget.trial_timeout", trial_timeout,
+                                                                             maximum=3 * MAX_SECONDS),
     )
 
 

@@ -18,8 +18,9 @@ from autotune.study import definition as definition_, objective as objective_, s
 from autotune.search import devices, space as space_
 from autotune.train import systems
 from autotune.errors import AutotuneError, SpecError
+from autotune.spec import study_file as spec_
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec
-from autotune.train.tasks import Task, accuracy, load_task, takes
+from autotune.train.tasks import Task, load_task, takes
 from autotune.train.config import Limits
 from autotune.train.measure import cpu_count
 
@@ -112,6 +113,9 @@ def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:
                         f"add {name}=... to one of their signatures (or **kwargs)")
     if spec.target.metric != task.metric_name:
         raise SpecError(spec.path, "target.metric", spec.target.metric, f"task {spec.task} measures {task.metric_name!r}")
+    if len(task.val) == 0:  # every evaluation would fail, inside the training loop
+        raise SpecError(spec.path, "task", spec.task, "the task's validation set is empty: the target is measured on it; "
+                        "give it at least one sample")
 
 
 MAX_WORKERS_PER_CORE = 4  # loader workers beyond this only queue for the cores (and each holds memory)
@@ -163,8 +167,6 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
         notices.append(f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
                        f"the task has {samples} training samples")
         space = space.replace("batch_size", space_.Choices(kept))
-    if task.metric is accuracy and not 0 < spec.target.value <= 1:
-        raise SpecError(spec.path, "target.value", spec.target.value, "accuracy is a fraction: a target above 0 and at most 1")
     return space
 
 
@@ -174,25 +176,27 @@ def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> t
     cuda = device.type == "cuda"
     bf16 = torch.cuda.is_bf16_supported() if cuda else True
     baseline = dict(spec.baseline)
-    wanted = {knob for knob in ("compile", "channels_last") if True in spec.space[knob].values or baseline[knob]}
-    compile_problem = systems.compile_problem(device) if "compile" in wanted else None
-    channels_last_problem = None
+    wanted = {knob for knob in ("compile", "channels_last", "fused_optimizer")
+              if True in spec.space[knob].values or baseline[knob]}
+    problems = {"compile_problem": systems.compile_problem(device) if "compile" in wanted else None,
+                "tf32_problem": systems.tf32_problem(device)}
+    params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
     if "channels_last" in wanted and task is not None:
-        params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
         try:
             model = task.model(**takes(task.model, params))
         except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
             model = None
-        channels_last_problem = systems.channels_last_problem(model) if model is not None else None
-    space, notices, impossible = devices.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, compile_problem=compile_problem,
-                                                           channels_last_problem=channels_last_problem)
+        problems["channels_last_problem"] = systems.channels_last_problem(model) if model is not None else None
+    if "fused_optimizer" in wanted and task is not None:
+        problems["fused_optimizer_problem"] = systems.fused_optimizer_problem(task.optimizer, params, device)
+    space, notices, impossible = devices.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, **problems)
     for knob, reason in impossible.items():
         raise SpecError(spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})")
     unsupported = devices.unsupported_precisions(cuda=cuda, bf16=bf16)
     if baseline["precision"] in unsupported:
         reason = unsupported[baseline["precision"]]
         raise SpecError(spec.path, "baseline.precision", baseline["precision"], f"{reason}; choose a precision this {device.type} device runs")
-    switches = devices.unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem)
+    switches = devices.unsupported_switches(cuda=cuda, **problems)
     for knob, reason in switches.items():
         if baseline[knob]:
             baseline[knob] = False
@@ -216,7 +220,7 @@ def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
         if knob.absent is not None and name not in stored and space[name] != fixed:
             space = space.replace(name, fixed)
             notices.append(f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
-                           f"searched it (give the study a new name: to search it)")
+                           f"searched it (give the study a new {spec_.options(spec)[0]} to search it)")
     if space is prepared.space:
         return prepared
     return dataclasses.replace(prepared, space=space, notices=notices,
@@ -236,13 +240,14 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
         raise AutotuneError(
             f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
             f"began in {spec.storage} ({'; '.join(c for c in changed if c.split(':')[0].removeprefix('space.') in unmixable)}); "
-            f"one Optuna study cannot mix trials over different choices: give the study a new name: to start afresh")
+            f"one Optuna study cannot mix trials over different choices: give the study a new {spec_.options(spec)[0]} "
+            f"to start afresh")
     if changed and not allow_changes:
         count = len(study.get_trials(deepcopy=False))
         raise AutotuneError(
             f"{spec.path}: the study file changed since study {spec.name!r} began in {spec.storage}: "
             f"{'; '.join(changed)}. The {count} trial(s) stored were measured under the old settings; "
-            f"run with --allow-changes to add trials under the new ones, or give the study a new name:")
+            f"{spec_.options(spec)[1]} to add trials under the new ones, or give the study a new {spec_.options(spec)[0]}")
     return changed
 
 

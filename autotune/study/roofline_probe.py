@@ -20,7 +20,7 @@ adds both rates, predicted beside measured, the bottleneck and the limit.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import time
 from typing import Any
 
@@ -37,15 +37,14 @@ LOADER_GROUP = 8  # loader settings measured side by side at once: each holds it
 # compute settings measured side by side at once: each holds a model, its optimizer and a few
 # batches on the device, and an out-of-memory error among too many would be taken for the setting's
 COMPUTE_GROUP = 4
-FORMAT_KNOBS = ("channels_last", "cudnn_benchmark")  # change speed, never the maths
+# Change speed, never the maths; compilation is left to the search (its cost is paid once a
+# trial, which a rate does not show).
+FORMAT_KNOBS = tuple(k for k in space_.FORMAT_KNOBS if k != "compile")
 
 
 def compute_settings(space: Space) -> list[dict[str, Any]]:
-    """Every precision x format of the space, compilation left to the search (its cost is paid once
-    a trial, which a rate does not show)."""
-    knobs = ("precision", *FORMAT_KNOBS)
-    values = [list(space[k].values) for k in knobs]
-    return [dict(zip(knobs, combo)) for combo in itertools.product(*values)]
+    """Every precision x format of the space (TF32 only with fp32: space_.formats_for)."""
+    return [{"precision": p, **f} for p in space["precision"].values for f in space_.formats_for(space, p, FORMAT_KNOBS)]
 
 
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
@@ -109,15 +108,48 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     if not any(speed for _, speed in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
+    fixed = {k: chosen.compute[k] for k in FORMAT_KNOBS}
+    compiled = None
+    if set(space["compile"].values) == {False, True}:
+        compiled = _weigh_compile(spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed)
+        bar.update(2)
+        if not compiled["kept"]:
+            fixed["compile"] = False
     return {
         "kind": "joint", "batch_size": batch, "shared_cores": device.type == "cpu",
         "loader": chosen.loader, "probed_loader": len(loaders) > 1,
-        "precisions": _precisions_kept(chosen, speeds, space), "fixed": {k: chosen.compute[k] for k in FORMAT_KNOBS},
+        "precisions": _precisions_kept(chosen, speeds, space), "fixed": fixed,
         "speed": {}, "runs": [], **figures,
         "checked": [{**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds],
         "limit": _figures(predictions[0]), "chosen": {**_figures(chosen), "measured": speed},
-        "moves": roofline.what_moves_it(predictions[0]),
+        "moves": roofline.what_moves_it(predictions[0]), **({"compile": compiled} if compiled else {}),
     }
+
+
+def _weigh_compile(spec: StudySpec, prepared: Prepared, chosen: roofline.Prediction, plain: TrialConfig, *,
+                   seed: int) -> dict[str, Any]:
+    """torch.compile measured once, on the chosen setting's step beside the same step uncompiled:
+    what it costs at start-up and what it saves a sample at the chosen loader. It stays in the
+    search only where it pays back within the longest trial the budget allows (a trial that
+    reaches the target sooner may still not win it back: the search weighs that, compile time
+    being on its clock); elsewhere every trial that sampled it would pay the compile for nothing."""
+    assert prepared.task is not None and prepared.measure is not None
+    longest = spec.budget.max_epochs * len(prepared.task.train)
+    try:
+        figures = prepared.measure(rates.measure, {}, {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
+                                   device=prepared.device, seed=seed)
+    except isolation.TrialFailure as failure:
+        return {"kept": False, "failed": failure.reason, "longest_samples": longest}
+    rate, base = figures["compiled"], figures["plain"]
+    if not (rate.samples_per_second and base.samples_per_second):
+        why = rate.reason or base.reason or "no figure"
+        return {"kept": False, "failed": f"its step could not be measured ({why})", "longest_samples": longest}
+    # The chosen setting's loader with each step rate: both from this pair, measured side by side.
+    at_loader = dataclasses.replace(chosen, compute_rate=base.samples_per_second)
+    payback = roofline.payback(at_loader, compute_rate=rate.samples_per_second,
+                               once_seconds=rate.fixed_seconds - base.fixed_seconds)
+    return {"once_seconds": payback.once_seconds, "speed": payback.speed, "faster": payback.faster,
+            "samples": payback.samples, "longest_samples": longest, "kept": payback.pays_within(longest)}
 
 
 def _figures(prediction: roofline.Prediction) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from autotune import progress, signals
 from autotune.runners import isolation
 from autotune.study import (budget as budget_, confirm, definition as definition_, goodput, objective as objective_, one_trial,
                             roofline_probe, runner_lock, schema, storage)
-from autotune.search import probe, space as space_
+from autotune.search import prior, probe, space as space_
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.train.tasks import reference
 from autotune.study.preparation import Prepared, as_begun, check_unchanged, limits_for, print_notices
@@ -33,7 +33,7 @@ from autotune.train.config import Limits, TrialConfig
 def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:
     """autotune's sampler, reseeded past the trials already stored: a resumed study must not
     replay its first random configurations."""
-    return tpe_sampler(seed=spec.seed + seed_offset, trials=spec.budget.trials)
+    return tpe_sampler(seed=(spec.seed + seed_offset) % 2**32, trials=spec.budget.trials)  # numpy's seeds are 32-bit
 
 
 def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
@@ -45,10 +45,15 @@ def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group` is experimental
         return optuna.samplers.TPESampler(
             seed=seed,
-            n_startup_trials=max(3, min(10, trials // 3)),  # random trials before TPE models
+            n_startup_trials=startup_trials(trials),
             multivariate=True,  # knobs interact (lr with batch size and schedule)
             group=True,  # prefetch_factor exists only with workers
         )
+
+
+def startup_trials(trials: int) -> int:
+    """The random trials TPE draws in a study of `trials` trials before it models them."""
+    return max(3, min(10, trials // 3))
 
 
 def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
@@ -78,11 +83,14 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it, so quiet hides it
     probed = with_probe(spec, prepared, study).space
     goodput.ensure_phase(spec, prepared, study, probed)
-    if spec.first_trial == "baseline" and not study.get_trials(deepcopy=False) and spec.objective != SYSTEMS_ONLY:
+    if spec.first_trial != "sampled" and not study.get_trials(deepcopy=False) and spec.objective != SYSTEMS_ONLY:
         plan, space = goodput.plan_for(spec, prepared, study, probed)
-        # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
-        baseline = prepared.baseline if plan is None else {**prepared.baseline, **goodput.chosen_systems(space)}
-        enqueue_baseline(study, space, baseline)
+        if spec.first_trial == "prior":
+            enqueue_prior(study, space, prepared, trials=spec.budget.trials)
+        else:
+            # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
+            baseline = prepared.baseline if plan is None else {**prepared.baseline, **goodput.chosen_systems(space)}
+            enqueue_baseline(study, space, baseline)
     return study
 
 
@@ -96,6 +104,15 @@ def enqueue_baseline(study: optuna.Study, space: space_.Space, baseline: dict[st
                      "the confirmation still measures the baseline")
         return
     study.enqueue_trial(values, user_attrs=schema.baseline_marker())
+
+
+def enqueue_prior(study: optuna.Study, space: space_.Space, prepared: Prepared, *, trials: int) -> None:
+    """Make a new study's first trials the prior's (search/prior.py), marked as such. At most as
+    many as TPE's random start-up trials: they take those trials' place, not its model's."""
+    count = min(len(prior.LR_FACTORS), trials, startup_trials(trials))
+    samples = len(prepared.task.train) if prepared.task is not None else None  # unknown for a command task
+    for params in prior.first_trials(space, prepared.baseline, train_samples=samples, count=count):
+        study.enqueue_trial(params, user_attrs=schema.prior_marker())
 
 
 def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:

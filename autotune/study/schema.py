@@ -43,6 +43,7 @@ PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
+PRIOR = "prior"  # one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
 # Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
 
@@ -211,6 +212,16 @@ def baseline_marker() -> dict[str, Any]:
 
 def is_baseline(trial: Any) -> bool:
     return bool(trial.user_attrs.get(BASELINE))
+
+
+def prior_marker() -> dict[str, Any]:
+    """The user attrs of a queued trial drawn from the prior."""
+    return {PRIOR: True}
+
+
+def queue_marks(trial: Any) -> dict[str, Any]:
+    """The marks of how a queued trial came to be (the baseline, the prior), for its retry."""
+    return {key: True for key in (BASELINE, PRIOR) if trial.user_attrs.get(key)}
 
 
 def prediction(trial: Any) -> dict[str, Any] | None:

@@ -70,6 +70,10 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
     if path is not None and path.exists() and spec.path.exists() and os.path.samefile(path, spec.path):
         raise StorageError(f"{spec.path}: storage: {spec.storage} is the study file itself; "
                            f"choose another file with --storage or storage:")
+    if path is not None and path.is_dir():
+        scheme = url.partition(":///")[0]
+        raise StorageError(f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
+                           f"--storage {scheme}:///{path / (spec.name + ('.journal' if scheme == 'journal' else '.db'))}")
     if path is not None and not create and not path.is_file():
         # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
         raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
@@ -195,7 +199,7 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
     Written as Optuna's RetryHeartbeatStaleTrialCallback(max_retry=1) writes its retries (system
     attrs `failed_trial`, `retry_history`), so both kinds of retry read alike; unlike it, the
     interrupted trial's own user attrs (its reason) are not copied onto the retry, but for the
-    baseline's mark.
+    marks of the baseline and the prior.
     """
     trials = study.get_trials(deepcopy=False)
     retried = {schema.retried_from(t) for t in trials}
@@ -210,7 +214,7 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
             continue  # stopped while its configuration was being chosen: a fresh trial takes its place
         study.add_trial(optuna.trial.create_trial(
             state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, system_attrs=retry,
-            user_attrs=schema.baseline_marker() if schema.is_baseline(trial) else {}))
+            user_attrs=schema.queue_marks(trial)))
         queued.append(trial.number)
     return queued
 

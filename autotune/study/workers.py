@@ -25,7 +25,7 @@ from autotune.train.measure import cpu_count
 from autotune.spec.study_file import StudySpec
 
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
-PARENT = "AUTOTUNE_WORKERS_PARENT"  # the pid of the `autotune run` that started a worker
+PARENT = signals.WORKERS_PARENT
 WATCH_SECONDS = 0.5  # how often a worker checks that its parent still runs
 
 
@@ -78,7 +78,10 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequ
                "--trials", str(budget), *(["--timeout", repr(timeout)] if timeout is not None else []), *options]
     processes = []
     for index in range(workers):
-        process = subprocess.Popen([*command, "--as-worker", str(index)], env=worker_env(spec, index))
+        # A session of its own: Ctrl-C at the terminal reaches this process alone, which passes it
+        # on (_stop), so that K workers starting up do not each answer it.
+        process = subprocess.Popen([*command, "--as-worker", str(index)], env=worker_env(spec, index),
+                                   start_new_session=True)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(process.pid, core_share(index, workers, cores))
         processes.append(process)

@@ -31,6 +31,8 @@ class TrialConfig:
     channels_last: bool = False
     compile: bool = False
     cudnn_benchmark: bool = False
+    tf32: bool = False
+    fused_optimizer: bool = False
     params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs: hashable, in the study file's order
 
     @classmethod

@@ -29,7 +29,7 @@ import torch
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, threads_for
-from autotune.train.systems import to_device
+from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
 from autotune.train.throughput import WINDOW_STEPS, measure_sessions, spread
 from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
@@ -161,14 +161,15 @@ class _ComputeSession(_Session):
 
     def _steps(self, count: int) -> int:
         samples = 0
-        for _ in range(count):
-            group = []
-            for _ in range(self.config.accumulation_steps):
-                group.append(self.kept[self.next % len(self.kept)])
-                self.next += 1
-            self.training.step(group)
-            self.training.scheduler.step()
-            samples += sum(len(targets) for _, targets in group)
+        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):  # the sessions differ in them
+            for _ in range(count):
+                group = []
+                for _ in range(self.config.accumulation_steps):
+                    group.append(self.kept[self.next % len(self.kept)])
+                    self.next += 1
+                self.training.step(group)
+                self.training.scheduler.step()
+                samples += sum(len(targets) for _, targets in group)
         return samples
 
     def window(self) -> float | None:

@@ -1,5 +1,6 @@
 """The GPU systems knobs in torch terms: channels-last memory format, torch.compile, cuDNN's
-algorithm search. Whether each can run here, and what a trial does with it.
+algorithm search, TF32 matrix products, the fused optimizer step. Whether each can run here, and
+what a trial does with it.
 
 None of them changes the maths (float noise aside); each changes speed, and channels_last and
 compile change memory too.
@@ -9,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
 from autotune.train import oom
+from autotune.train.tasks import takes
 
 # The exceptions torch.compile raises live in these modules; the first forward pass is where a
 # compiled model compiles, so they surface there, inside the trial.
@@ -40,6 +44,30 @@ def compile_problem(device: torch.device) -> str | None:
             return "torch.compile needs a C++ compiler on CPU (g++, or the one $CXX names), and none works here"
     except ImportError as error:  # a torch build without the compiler stack
         return f"torch.compile is not available in this torch build ({error})"
+    return None
+
+
+def tf32_problem(device: torch.device) -> str | None:
+    """Why TF32 matrix products cannot run on `device`, or None (not CUDA: devices.py says so)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return "TF32 tensor cores are on NVIDIA GPUs of compute capability 8.0 (Ampere) or more only"
+    return None
+
+
+def fused_optimizer_problem(optimizer: Callable[..., torch.optim.Optimizer], params: Mapping[str, Any],
+                            device: torch.device) -> str | None:
+    """Why the task's optimizer factory has no fused step on `device`, or None: it must take a
+    `fused` argument, and build with fused=True for a parameter on the device (torch's own check
+    of dtype and device support runs when the optimizer is built). `params`: the study's own
+    parameters, passed as a trial passes them."""
+    if "fused" not in takes(optimizer, {"fused": True}, after=2):
+        return "the task's optimizer factory takes no `fused` argument"
+    parameter = torch.zeros(1, device=device, requires_grad=True)
+    try:
+        optimizer([parameter], 0.01, **takes(optimizer, params, after=2), fused=True)
+    except Exception as error:  # noqa: BLE001 - whatever the factory raises is the reason
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"the task's optimizer has no fused step on {device.type} ({type(error).__name__}: {detail})"[:300]
     return None
 
 
@@ -77,15 +105,22 @@ def to_device(inputs: torch.Tensor, device: torch.device, *, non_blocking: bool,
 
 
 @contextlib.contextmanager
-def cudnn_benchmark(enabled: bool) -> Iterator[None]:
-    """cuDNN's algorithm search on for the trial and as it was after, whatever else cuDNN is set to."""
+def process_settings(*, cudnn_benchmark: bool, tf32: bool) -> Iterator[None]:
+    """The knobs that are torch's process-wide settings, on for the trial and as they were after:
+    cuDNN's algorithm search (whatever else cuDNN is set to) and float32 matrix products on TF32
+    ('high') or in full float32 ('highest', torch's default)."""
     cudnn = torch.backends.cudnn
-    previous = cudnn.benchmark
-    cudnn.benchmark = enabled
+    benchmark, matmul, wanted = cudnn.benchmark, torch.get_float32_matmul_precision(), "high" if tf32 else "highest"
+    cudnn.benchmark = cudnn_benchmark
+    # Set only where it differs: setting it pins torch's finer per-backend settings too.
+    if matmul != wanted:
+        torch.set_float32_matmul_precision(wanted)
     try:
         yield
     finally:
-        cudnn.benchmark = previous
+        cudnn.benchmark = benchmark
+        if matmul != wanted:
+            torch.set_float32_matmul_precision(matmul)
 
 
 def compile_failure(exc: BaseException) -> str | None:

@@ -27,6 +27,7 @@ from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.loader import endless
 from autotune.train.measure import Clock, threads_for
+from autotune.train.systems import process_settings
 from autotune.train.tasks import Task
 from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
 
@@ -156,12 +157,13 @@ class _Session:
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
         samples, epoch_began = 0, False
-        for _ in range(count):
-            group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
-            self.training.step([batch for _, batch in group])
-            self.training.scheduler.step()
-            samples += sum(len(batch[1]) for _, batch in group)
-            epoch_began = epoch_began or any(first for first, _ in group)
+        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):  # the sessions differ in them
+            for _ in range(count):
+                group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
+                self.training.step([batch for _, batch in group])
+                self.training.scheduler.step()
+                samples += sum(len(batch[1]) for _, batch in group)
+                epoch_began = epoch_began or any(first for first, _ in group)
         return samples, epoch_began
 
     def window(self) -> float | None:

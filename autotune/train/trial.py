@@ -85,7 +85,7 @@ def run(
     confusion = None
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
     try:
-        with warnings.catch_warnings(), systems.cudnn_benchmark(config.cudnn_benchmark):
+        with warnings.catch_warnings(), systems.process_settings(cudnn_benchmark=config.cudnn_benchmark, tf32=config.tf32):
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
@@ -171,7 +171,8 @@ def build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.devi
     model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
                                              channels_last=config.channels_last, compile=config.compile)
     model.train()
-    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2))
+    fused = {"fused": True} if config.fused_optimizer else {}  # a factory without one never gets it (fit_to_device)
+    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2), **fused)
     schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
     schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
     total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))

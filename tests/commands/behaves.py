@@ -73,10 +73,16 @@ def main() -> None:
         time.sleep(600)
     elif mode == "garbage":  # what a careless script might put on the descriptor, then the target
         for line in ("loading data...", "[1, 2]", '{"step": ', '{"step": "one", "metric": "high"}',
-                     '{"step": 1, "metric": NaN}', '{"step": 2, "metric": Infinity}', '{"step": 3, "metric": true}',
-                     '{"step": 4}', '{"step": 5, "metric": null, "accuracy": 0.4}'):
+                     '{"step": 3, "metric": true}', '{"step": 4}', '{"step": 5, "metric": null, "accuracy": 0.4}'):
             send(line)
         report(step=6, metric=0.9)
+        time.sleep(600)
+    elif mode == "malformed":  # only lines that are no report, then a clean exit
+        for line in ("epoch 1: accuracy 0.93", "{'metric': 0.93}"):
+            send(line)
+    elif mode == "diverges":  # a finite metric, then NaN, as a diverging run reports it
+        report(step=1, metric=0.3)
+        send('{"step": 2, "metric": NaN}')
         time.sleep(600)
     elif mode == "chatty":  # megabytes on stdout and stderr, a progress bar's carriage returns, then the target
         for i in range(2000):

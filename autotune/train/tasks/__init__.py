@@ -47,9 +47,10 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     return (outputs.argmax(dim=1) == targets).float().mean().item()
 
 
-def sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum (recipe.SGD_ARGS): the usual choice for small CNNs."""
-    return torch.optim.SGD(params, lr=lr, **SGD_ARGS)
+def sgd(params: Iterable[nn.Parameter], lr: float, *, fused: bool | None = None) -> torch.optim.Optimizer:
+    """SGD with Nesterov momentum (recipe.SGD_ARGS): the usual choice for small CNNs. `fused`:
+    torch's fused step (the fused_optimizer knob); None, torch's default."""
+    return torch.optim.SGD(params, lr=lr, fused=fused, **SGD_ARGS)
 
 
 @dataclasses.dataclass(frozen=True)
