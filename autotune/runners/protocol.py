@@ -163,9 +163,8 @@ def _metric(value: Any) -> float | None:
 
 def _number(value: Any) -> float | None:
     """A finite number, or None for anything else (null, a string, true, NaN, Infinity)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    number = _metric(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _whole(value: Any) -> int | None:

@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.search.space import FORMAT_KNOBS
+
 CHECKED = 3  # the best predicted settings measured end to end
 INPUT, COMPUTE = "input", "compute"
 
@@ -130,8 +132,7 @@ def _setting_text(setting: Mapping[str, Any]) -> str:
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")
     shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
-    shown += [knob.replace("_", "-") for knob in ("channels_last", "cudnn_benchmark", "tf32", "fused_optimizer")
-              if setting.get(knob)]
+    shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]  # compile is never in a setting
     return ", ".join(shown)
 
 
