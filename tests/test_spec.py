@@ -370,8 +370,11 @@ def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tm
         path = tmp_path / "study.yaml"
         os.mkfifo(path)
         # Were the FIFO opened for reading, this writer would unblock it after a while: the test then fails, not hangs.
-        unblock = threading.Timer(5, lambda: contextlib.suppress(OSError)(
-            lambda: os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK)))())
+        def open_the_writing_end() -> None:
+            with contextlib.suppress(OSError):  # ENXIO: no reader has it open, as it should be
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+        unblock = threading.Timer(5, open_the_writing_end)
         unblock.daemon = True
         unblock.start()
     elif kind == "directory":
@@ -380,8 +383,12 @@ def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tm
         path = tmp_path / "study.yaml"
         path.write_text(HEAD + "#" * (2 << 20) + "\n")
     started = time.monotonic()
-    with pytest.raises(SpecError) as info:
-        load(path)
+    try:
+        with pytest.raises(SpecError) as info:
+            load(path)
+    finally:
+        if kind == "FIFO":
+            unblock.cancel()
     assert time.monotonic() - started < 2
     assert info.value.key == "(file)" and (kind in str(info.value) or "larger than 1 MiB" in str(info.value))
 
