@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, StorageError
-from autotune.spec.study_file import MAX_SECONDS, MAX_TRIALS
+from autotune.spec.study_file import ISOLATION_MODES, MAX_SECONDS, MAX_TRIALS
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
@@ -56,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", metavar="URL", help="database URL (default: the study file's, or a SQLite file beside it)")
     run.add_argument("--workers", type=_positive_int, default=1, metavar="K",
                      help="worker processes on this machine (needs a journal:/// or database-server storage)")
-    run.add_argument("--isolation", choices=("auto", "process", "none"),
-                     help="run each trial in a child process (killed when it hangs past budget.trial_timeout), "
-                          "or in this one; auto: process on CUDA, none on CPU")
+    run.add_argument("--isolation", choices=ISOLATION_MODES,
+                     help="run each trial in a fresh child process (killed when it hangs past budget.trial_timeout), "
+                          "in a child kept warm between trials, or in this one; auto: process on CUDA, none on CPU")
     run.add_argument("--as-worker", type=int, metavar="I", help=argparse.SUPPRESS)  # set by --workers
     run.add_argument("--allow-changes", action="store_true",
                      help="go on with a study whose task, target, space, limits or device changed since it began")

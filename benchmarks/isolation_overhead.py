@@ -1,7 +1,7 @@
 """Per-trial cost of running a trial in a child process, against running it in this process.
 
-Runs one configuration of a task alternately in-process and in a child (isolation: process),
-interleaved so both see the same machine load, and reports the median wall time each spends
+Runs one configuration of a task alternately in-process, in a fresh child (isolation: process)
+and in a child kept warm between trials (isolation: warm), interleaved so both see the same machine load, and reports the median wall time each spends
 outside the training clock. Usage:
 
     .venv/bin/python benchmarks/isolation_overhead.py [--task digits] [--runs 7] [--device cpu]
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.runners import isolation
+from autotune.runners import isolation, warm
 from autotune.train.measure import device_name
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.tasks import load_task
@@ -45,6 +45,8 @@ def main() -> None:
     runners = {
         "in-process": isolation.in_process(load_task(args.task)),
         "child process": isolation.in_child(args.task, study_path=Path("benchmark.yaml"), hang_after=600),
+        "warm child": warm.WarmChild(args.task, study_path=Path("benchmark.yaml"), hang_after=600,
+                                     measure_hang_after=600).run_trial,
     }
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
     for run_index in range(args.runs + 1):  # the first round warms up both (and starts the fork server)
@@ -59,15 +61,17 @@ def main() -> None:
         name: {key: statistics.median(s[key] for s in runs) for key in ("wall", "train", "outside")}
         for name, runs in samples.items()
     }
-    child, here = summary["child process"], summary["in-process"]
-    extra = child["wall"] - here["wall"]
+    here = summary["in-process"]
+    extra = {name: row["wall"] - here["wall"] for name, row in summary.items() if name != "in-process"}
     print(f"task {args.task}, {args.epochs:g} epoch(s) of the baseline, {device_name(device)}, median of {args.runs}")
     print(f"{'':<14} {'wall s':>8} {'training s':>11} {'outside training s':>19}")
     for name, row in summary.items():
         print(f"{name:<14} {row['wall']:>8.3f} {row['train']:>11.3f} {row['outside']:>19.3f}")
-    print(f"a child process adds {extra:.3f} s of wall time a trial ({extra / here['wall']:.0%} of an in-process trial): "
-          f"{child['outside'] - here['outside']:.3f} s outside training (fork, task build) and "
-          f"{child['train'] - here['train']:.3f} s on the training clock (a fresh process's first steps are cold)")
+    for name, added in extra.items():
+        row = summary[name]
+        print(f"a {name} adds {added:.3f} s of wall time a trial ({added / here['wall']:.0%} of an in-process trial): "
+              f"{row['outside'] - here['outside']:.3f} s outside training and "
+              f"{row['train'] - here['train']:.3f} s on the training clock")
 
     RESULTS.mkdir(exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

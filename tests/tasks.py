@@ -134,6 +134,18 @@ def exits() -> Task:
     return Task(model=lambda: Misbehaves("exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+def _starts_a_process() -> nn.Module:
+    """Builds the blobs MLP and starts a process it never waits for, as a careless model might."""
+    import subprocess
+
+    subprocess.Popen(["sleep", "300"])
+    return _mlp()
+
+
+def leaves_a_process() -> Task:
+    return Task(model=_starts_a_process, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
 def no_validation_samples() -> Task:
     return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(0, 1))
 

@@ -123,7 +123,7 @@ CASES = [
     Case("storage folder missing", HEAD + "storage: sqlite:///no/such/folder/study.db\n", ("storage", "cannot write")),
     Case("storage folder is a file", HEAD + "storage: sqlite:///study.yaml/study.db\n", ("storage", "cannot write")),
     Case("journal folder missing", HEAD + "storage: journal:///no/such/folder/study.journal\n", ("storage", "cannot write")),
-    Case("unknown isolation", HEAD + "isolation: thread\n", ("isolation: got 'thread'", "process or none")),
+    Case("unknown isolation", HEAD + "isolation: thread\n", ("isolation: got 'thread'", "warm (a child kept between trials")),
     Case("negative trial timeout", HEAD + "budget: {trial_timeout: -1}\n", ("budget.trial_timeout: got -1",)),
     Case("workers on a SQLite file", HEAD, ("--workers 2", "SQLite", "journal:///"), options=("--workers", "2"),
          storage=GARBAGE),

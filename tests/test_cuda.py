@@ -73,6 +73,25 @@ def test_a_trial_in_a_child_gives_all_its_gpu_memory_back() -> None:
     assert gpu_memory_used() - before < 64 * 2**20, (before, gpu_memory_used())
 
 
+def test_a_warm_child_keeps_its_context_between_trials_and_goes_with_its_memory_after_an_oom() -> None:
+    from autotune.runners import warm
+
+    before = gpu_memory_used()
+    child = warm.WarmChild("tests.tasks:allocator_oom", study_path=REPO / "study.yaml", hang_after=120,
+                           measure_hang_after=120)
+    for _ in range(2):
+        assert child.run_trial(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0).reached
+    assert child.replaced == []  # nothing left on the device: the same process serves the next trial
+    first = child.pid
+    with pytest.raises(isolation.TrialFailure) as failure:
+        child.run_trial(config(batch_size=OOM_BATCH), limits=LIMITS, device=CUDA, seed=0)
+    assert failure.value.oom and child.pid is None and child.replaced
+    assert gpu_memory_used() - before < 64 * 2**20, (before, gpu_memory_used())
+    assert child.run_trial(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0).reached
+    assert child.pid != first
+    child.close()
+
+
 def test_nvml_sees_the_gpu_torch_uses() -> None:
     import pynvml
 

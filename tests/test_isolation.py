@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from autotune.runners import isolation
+from autotune.runners import isolation, reasons
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
@@ -218,7 +218,7 @@ def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     try:
         users_code()
     except Exception as exc:  # noqa: BLE001 - any error torch raises here
-        reason = isolation.error_reason(exc)
+        reason = reasons.error_reason(exc)
     line = users_code.__code__.co_firstlineno + 1
     assert reason.endswith(f"(at {Path(__file__).resolve()}:{line})") and "Target 7 is out of bounds" in reason
 

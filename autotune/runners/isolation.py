@@ -11,11 +11,8 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-import re
 import signal
-import sysconfig
 import time
-import traceback
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -23,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from autotune.train import oom
-from autotune.runners import watchdog
+from autotune.runners import reasons, watchdog
 from autotune.train.tasks import BUILT_IN, Task, load_task
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.trial import run
@@ -51,7 +48,7 @@ class TrialFailure(Exception):
     @classmethod
     def of(cls, exc: BaseException) -> TrialFailure:
         """The failure an exception raised by a trial stands for."""
-        return cls(error_reason(exc), oom=oom.is_oom(exc), diverged=isinstance(exc, Diverged))
+        return cls(reasons.error_reason(exc), oom=oom.is_oom(exc), diverged=isinstance(exc, Diverged))
 
 
 class Pruned(Exception):
@@ -82,42 +79,6 @@ def resolve(mode: str, device: torch.device) -> str:
     if mode == "auto":
         return "process" if device.type == "cuda" else "none"
     return mode
-
-
-def error_reason(exc: BaseException) -> str:
-    """`Type: first line (at file:line)`, for the trial's stored reason."""
-    if oom.is_oom(exc):
-        return oom.oom_reason(exc)
-    if isinstance(exc, Diverged):  # not an error in anyone's code: where it was noticed says nothing
-        return f"diverged: {exc}"
-    text = str(exc).strip()
-    worker, marker, original = text.partition(WORKER_TRACEBACK)
-    if marker:  # re-raised by the DataLoader from a worker process: the worker's own error is in the text
-        lines = [line.strip() for line in original.strip().splitlines() if line.strip()]
-        last = lines[-1] if lines else exc.__class__.__name__  # "IndexError: list index out of range"
-        process = re.search(r"in (DataLoader worker process \d+)", worker)
-        where = _where([(path, int(line)) for path, line in re.findall(r'File "([^"]+)", line (\d+)', original)])
-        context = ", ".join(part for part in (f"in {process.group(1)}" if process else "", f"at {where}" if where else "") if part)
-        return last[:400] + (f" ({context})" if context else "")
-    where = _where([(frame.filename, frame.lineno) for frame in traceback.extract_tb(exc.__traceback__)])
-    first_line = (text.splitlines() or [""])[0]
-    return f"{exc.__class__.__name__}: {first_line}"[:400] + (f" (at {where})" if where else "")
-
-
-WORKER_TRACEBACK = "Original Traceback (most recent call last):"
-# Where a user's error is not: torch's, autotune's and Python's own code, and installed packages.
-_NOT_THE_USERS = tuple(str(Path(p).resolve()) + os.sep for p in (
-    Path(torch.__file__).parent, Path(__file__).parent, sysconfig.get_paths()["stdlib"]))
-
-
-def _where(places: list[tuple[str, int]]) -> str:
-    """`file:line` of the innermost place in the user's code, else of the innermost place."""
-    if not places:
-        return ""
-    users = [(path, line) for path, line in places
-             if not str(Path(path).resolve()).startswith(_NOT_THE_USERS) and "site-packages" not in path]
-    path, line = (users or places)[-1]
-    return f"{path}:{line}"
 
 
 def warm_up() -> None:
@@ -167,7 +128,7 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
 
     def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
                   progress: Progress | None = None) -> TrialResult:
-        return start(_train, (config, limits, device, seed), progress=progress)
+        return start(train_trial, (config, limits, device, seed), progress=progress)
 
     return run_trial
 
@@ -177,17 +138,24 @@ def measure_in_child(task_name: str, *, study_path: Path, hang_after: float) -> 
     start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
 
     def measure(work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
-        return start(_measurement, (work, args, device, seed), progress=None)
+        return start(take_measurement, (work, args, device, seed), progress=None)
 
     return measure
 
 
-def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> Any:
-    """Runs `work(task, progress, *args)` in a fresh child of a fork server and returns its result."""
+def fork_server(task_name: str) -> Any:
+    """The multiprocessing context whose children fork from a server that imported torch, what
+    torch imports lazily, the training loop and the task's module (digits' imports scikit-learn,
+    0.9 s) once: each child then only builds the task."""
     context = multiprocessing.get_context("forkserver")
-    # The task's module too (digits' imports scikit-learn, 0.9 s): each child then only builds the task.
     task_module = BUILT_IN.get(task_name, task_name).partition(":")[0]
     context.set_forkserver_preload(["torch", *LAZY_IMPORTS, "autotune.train.trial", task_module])
+    return context
+
+
+def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> Any:
+    """Runs `work(task, progress, *args)` in a fresh child of a fork server and returns its result."""
+    context = fork_server(task_name)
 
     def start(work: Any, args: tuple[Any, ...], *, progress: Progress | None) -> Any:
         receiver, sender = context.Pipe(duplex=False)
@@ -196,24 +164,35 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
         child.start()
         sender.close()  # so that the child's death reads as end-of-file here
         try:
-            return _await(child, receiver, hang_after=hang_after, progress=progress)
+            kind, value = await_reply(child, receiver, hang_after=hang_after, progress=progress)
+            child.join(EXIT_GRACE_SECONDS)  # its memory is back before the next trial starts
+            if kind == "error":
+                raise value
+            return value
         finally:
             receiver.close()
-            if child.is_alive():  # a timeout, or this process stopped by a signal
-                _kill_group(child.pid)
-                child.kill()  # if it had not yet made its group
-            child.join()
-            _kill_group(child.pid)  # its DataLoader workers, had it died without shutting them down
+            end(child)
 
     return start
 
 
-def _train(task: Task, progress: Progress, config: TrialConfig, limits: Limits, device: torch.device,
+def end(child: Any) -> None:
+    """Kill a trial's process if it still runs (a timeout, or this process stopped by a signal),
+    then what is left of its process group: its DataLoader workers, had it died without shutting
+    them down."""
+    if child.is_alive():
+        _kill_group(child.pid)
+        child.kill()  # if it had not yet made its group
+    child.join()
+    _kill_group(child.pid)
+
+
+def train_trial(task: Task, progress: Progress, config: TrialConfig, limits: Limits, device: torch.device,
            seed: int) -> TrialResult:
     return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
 
 
-def _measurement(task: Task, progress: Progress, work: Callable[..., Any], args: tuple[Any, ...], device: torch.device,
+def take_measurement(task: Task, progress: Progress, work: Callable[..., Any], args: tuple[Any, ...], device: torch.device,
                  seed: int) -> Any:
     return work(task, *args, device=device, seed=seed)
 
@@ -226,7 +205,10 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> Any:
+def await_reply(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> tuple[Any, ...]:
+    """The child's last word on its work: ("result", value) or ("error", TrialFailure), and what
+    else it sent with it; the progress it reports meanwhile goes to `progress`. A child that says
+    nothing within `hang_after` seconds, or dies first, is a TrialFailure."""
     deadline = time.monotonic() + hang_after
     while True:
         remaining = deadline - time.monotonic()
@@ -236,18 +218,14 @@ def _await(child: Any, receiver: Any, *, hang_after: float, progress: Progress |
             continue
         try:
             kind, *payload = receiver.recv()
-        except EOFError:  # the child is gone without a word
+        except (EOFError, ConnectionResetError):  # the child is gone without a word
             child.join()
             raise TrialFailure(f"crashed: {_exit_description(child.exitcode)}") from None
-        if kind == "progress" and progress is not None:
-            progress(*payload)
-        elif kind == "result":
-            child.join(EXIT_GRACE_SECONDS)  # its memory is back before the next trial starts
-            return payload[0]
-        elif kind == "error":
-            failure = payload[0]
-            child.join(EXIT_GRACE_SECONDS)
-            raise failure
+        if kind == "progress":
+            if progress is not None:
+                progress(*payload)
+        else:
+            return (kind, *payload)
 
 
 def _exit_description(code: int | None) -> str:
@@ -260,6 +238,20 @@ def _child_main(sender: Any, study_pid: int, start_method: str, task_name: str, 
                 args: tuple[Any, ...]) -> None:
     """The child: build the task, run `work` (a trial, the throughput phase), send back the result
     or the failure."""
+    become_trial_process(study_pid, start_method)
+    try:
+        task = load_task(task_name, study_path=study_path)
+        result = work(task, reporter(sender), *args)
+    except BaseException as exc:
+        sender.send(("error", TrialFailure.of(exc)))
+    else:
+        sender.send(("result", result))
+    finally:
+        sender.close()
+
+
+def become_trial_process(study_pid: int, start_method: str) -> None:
+    """What a child of the fork server does first, before it builds the task."""
     # A fork server's child inherits "forkserver" as its start method, and its DataLoader workers
     # would then start through a fork server of their own: each importing torch and unpickling the
     # whole dataset, seconds a trial that the user's own training (the study's start method) never
@@ -270,23 +262,22 @@ def _child_main(sender: Any, study_pid: int, start_method: str, task_name: str, 
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
     _die_with(study_pid)
+
+
+def reporter(sender: Any, *, stop: Callable[[], bool] | None = None) -> Progress:
+    """A child's progress callback: sends the trial's progress at most every PROGRESS_SECONDS
+    (and at every evaluation); raises Pruned where `stop()` says the study asked it to stop."""
     last = 0.0
 
     def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
         nonlocal last
+        if stop is not None and stop():
+            raise Pruned("stopped by the study")
         if metric is not None or time.monotonic() - last >= PROGRESS_SECONDS:
             last = time.monotonic()
             sender.send(("progress", steps, total, metric, seconds))
 
-    try:
-        task = load_task(task_name, study_path=study_path)
-        result = work(task, progress, *args)
-    except BaseException as exc:
-        sender.send(("error", TrialFailure.of(exc)))
-    else:
-        sender.send(("result", result))
-    finally:
-        sender.close()
+    return progress
 
 
 def _die_with(study_pid: int) -> None:

@@ -107,7 +107,7 @@ PYTHON_API = Path("autotune.tune()")  # the path of a study given to autotune.tu
 # 32-bit seeds numpy and Optuna's samplers take, and the 64-bit ones torch takes.
 MAX_SEED = 2**31 - 1
 FIRST_TRIAL_MODES = ("sampled", "baseline", "prior")
-ISOLATION_MODES = ("auto", "process", "none")
+ISOLATION_MODES = ("auto", "process", "warm", "none")
 BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_seconds": 60.0, "eval_every": 0.25,
                    "trial_timeout": None}
 # The largest budget each value may take: beyond them a trial's loop would count past what floats
@@ -139,7 +139,7 @@ def load(path: str | Path, *, storage: str | None = None, isolation: str | None 
 
 # The one-word settings: key -> (accepted values, default, what each means).
 MODES = {
-    "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process or none"),
+    "isolation": (ISOLATION_MODES, "auto", "auto (a child process per trial on CUDA, none on CPU), process (a fresh child per trial), warm (a child kept between trials, replaced after a failure or a leak) or none"),
     "prune": (PRUNE_MODES, "incumbent", "incumbent (stop a trial once its training time passes the best time to target so far) or none"),
     "probe": (PROBE_MODES, "systems", "systems (settle DataLoader settings, then precision, by short runs before the search), "
               "joint (choose them together from the loader's and the compute's rates, measured apart) or none"),

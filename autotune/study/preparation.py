@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autotune.runners import command, isolation
+from autotune.runners import command, isolation, warm
 from autotune.study import definition as definition_, objective as objective_, schema, storage
 from autotune.search import devices, space as space_
 from autotune.train import systems
@@ -37,7 +37,7 @@ class Prepared:
     baseline: dict[str, Any]
     notices: list[str]
     definition: dict[str, Any]  # what the stored trials are measured under (definition.py)
-    isolation: str  # process or none, as resolved for the device
+    isolation: str  # process, warm or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
     knobs: tuple[str, ...] = tuple(space_.KNOBS)  # the knobs its training reads; reports show only these
     measure: isolation.Measure | None = None  # the throughput phase and the probe's rates, where the task is autotune's to train
@@ -77,7 +77,7 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
         return prepared(task=None, isolation="process", run_trial=command.command_trial(
             spec.task.command, cwd=spec.path.resolve().parent, hang_after=spec.budget.trial_timeout,
             metric_name=spec.target.metric, env=dict(spec.task.env)))
-    if in_memory and spec.isolation == "process":
+    if in_memory and spec.isolation in ("process", "warm"):
         raise SpecError(spec.path, "isolation", spec.isolation,
                         "a task or objective given as a Python object runs in this process: use none or auto")
     if objective is not None:
@@ -86,11 +86,15 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
                             "function: autotune can measure throughput only of a task whose training it runs")
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
+    # The phase measures every setting in one process: a trial's limit for each group of them.
+    measure_hang_after = PHASE_HANG_FACTOR * spec.budget.trial_timeout
     if mode == "process":
         run_trial = isolation.in_child(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout)
-        # The phase measures every setting in one process: a trial's limit for each group of them.
-        measure = isolation.measure_in_child(spec.task, study_path=spec.path,
-                                             hang_after=PHASE_HANG_FACTOR * spec.budget.trial_timeout)
+        measure = isolation.measure_in_child(spec.task, study_path=spec.path, hang_after=measure_hang_after)
+    elif mode == "warm":
+        kept = warm.WarmChild(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout,
+                              measure_hang_after=measure_hang_after)
+        run_trial, measure = kept.run_trial, kept.measure
     else:
         run_trial, measure = isolation.in_process(task), isolation.measure_in_process(task)
     return prepared(task=task, isolation=mode, run_trial=run_trial, measure=measure,

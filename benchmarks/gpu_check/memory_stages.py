@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.runners import isolation
+from autotune.runners import isolation, warm
 from autotune.study import one_trial, preparation, run as study_
 from autotune.report import results
 from autotune.spec import study_file as spec_
@@ -113,8 +113,11 @@ def isolation_overhead(setting: Setting, *, rounds: int = 5) -> tuple[dict[str, 
     """Wall time per trial in this process and in a child process of its own, interleaved."""
     config = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
     limits = Limits(target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0)
+    study_path = setting.results / "gpu-check.yaml"
     runners = {"in-process": isolation.in_process(load_task(setting.task)),
-               "child process": isolation.in_child(setting.task, study_path=setting.results / "gpu-check.yaml", hang_after=300)}
+               "child process": isolation.in_child(setting.task, study_path=study_path, hang_after=300),
+               "warm child": warm.WarmChild(setting.task, study_path=study_path, hang_after=300,
+                                            measure_hang_after=300).run_trial}
 
     def timed(run_trial: isolation.RunTrial) -> Any:
         def run(index: int) -> dict[str, float]:
@@ -126,8 +129,8 @@ def isolation_overhead(setting: Setting, *, rounds: int = 5) -> tuple[dict[str, 
 
     samples = interleaved({name: timed(run) for name, run in runners.items()}, rounds=rounds if setting.cuda else 1)
     summary = {name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")} for name, runs in samples.items()}
-    extra = summary["child process"]["wall"] - summary["in-process"]["wall"]
+    extra = {name: row["wall"] - summary["in-process"]["wall"] for name, row in summary.items() if name != "in-process"}
     lines = ["| where | wall s | training s | outside training s |", "|---|---|---|---|"]
     lines += [f"| {name} | {row['wall']:.3f} | {row['train']:.3f} | {row['outside']:.3f} |" for name, row in summary.items()]
-    lines.append(f"A child process adds {extra:.3f} s a trial (median of {len(samples['in-process'])}).")
+    lines += [f"A {name} adds {added:.3f} s a trial (median of {len(samples['in-process'])})." for name, added in extra.items()]
     return {"summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples}, lines, True
