@@ -105,10 +105,13 @@ def test_a_pruned_trial_is_stopped_inside_the_child_which_then_runs_the_next() -
 
 
 def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_process_killed() -> None:
-    child = kept("leaves_a_process")
+    told: list[str] = []
+    child = warm.WarmChild("tests.tasks:leaves_a_process", study_path=REPO / "study.yaml", hang_after=60,
+                           measure_hang_after=60, notice=told.append)
     child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
     assert child.pid is None and len(child.replaced) == 1, child.replaced
     assert "left 1 process(es) running" in child.replaced[0]
+    assert told == [f"the warm trial process was replaced: {child.replaced[0]}"]  # the user hears of it
     left = [int(pid) for pid in re.findall(r"\d+", child.replaced[0].split("pid", 1)[1])]
     assert still_alive(left) == []  # killed with the child's process group
     child.close()

@@ -46,9 +46,11 @@ class WarmChild:
     `run_trial` and `measure` are a RunTrial and a Measure. A trial gets `hang_after` seconds of
     wall time, a measurement `measure_hang_after`."""
 
-    def __init__(self, task_name: str, *, study_path: Path, hang_after: float, measure_hang_after: float) -> None:
+    def __init__(self, task_name: str, *, study_path: Path, hang_after: float, measure_hang_after: float,
+                 notice: Callable[[str], None] | None = None) -> None:
         self.task_name, self.study_path = task_name, study_path
         self.hang_after, self.measure_hang_after = hang_after, measure_hang_after
+        self.notice = notice  # told why a child that served well was replaced (a failed trial says so itself)
         self.replaced: list[str] = []  # why each earlier child was let go, oldest first
         self._held = _Held()
         # Dropping the runners ends the child (a study run from the Python API, a test); the
@@ -91,7 +93,7 @@ class WarmChild:
             self._replace(f"its trial failed: {value.reason}")
             raise value
         if left:
-            self._replace(left)
+            self._replace(left, tell=True)
         return value
 
     def _stop_trial(self) -> None:
@@ -103,18 +105,20 @@ class WarmChild:
             # Its result may already be on the way: that ends the trial as well.
             kind, value, left = isolation.await_reply(held.child, held.connection, hang_after=STOP_SECONDS, progress=None)
         except (TrialFailure, OSError) as exc:
-            self._replace(f"a pruned trial did not stop: {exc}")
+            self._replace(f"a pruned trial did not stop: {exc}", tell=True)
             return
         if kind == "error":
-            self._replace(f"a pruned trial failed as it stopped: {value.reason}")
+            self._replace(f"a pruned trial failed as it stopped: {value.reason}", tell=True)
         elif left:
-            self._replace(left)
+            self._replace(left, tell=True)
 
-    def _replace(self, reason: str | None) -> None:
+    def _replace(self, reason: str | None, *, tell: bool = False) -> None:
         """End the child; the next trial starts a new one."""
         self._held.end()
         if reason:
             self.replaced.append(reason)
+            if tell and self.notice is not None:
+                self.notice(f"the warm trial process was replaced: {reason}")
 
 
 class _Held:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from autotune import progress
 from autotune.runners import command, isolation, warm
 from autotune.study import definition as definition_, objective as objective_, schema, storage
 from autotune.search import devices, space as space_
@@ -93,7 +94,7 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
         measure = isolation.measure_in_child(spec.task, study_path=spec.path, hang_after=measure_hang_after)
     elif mode == "warm":
         kept = warm.WarmChild(spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout,
-                              measure_hang_after=measure_hang_after)
+                              measure_hang_after=measure_hang_after, notice=progress.tell)
         run_trial, measure = kept.run_trial, kept.measure
     else:
         run_trial, measure = isolation.in_process(task), isolation.measure_in_process(task)
