@@ -101,6 +101,17 @@ def test_a_command_short_of_the_target_is_killed_with_its_group_at_max_seconds(t
     assert group_members(pid) == []
 
 
+@pytest.mark.parametrize("mode", ["daemons", "daemons_exit"])
+def test_processes_a_command_started_outside_its_group_end_with_the_trial(tmp_path: Path, mode: str) -> None:
+    """A helper that called setsid() is in no group of the command's, and one whose parent exited
+    at once belongs to nobody: both are found and ended with the trial, whether autotune stops
+    the command or it exits on its own."""
+    result = run(mode, tmp_path)
+    assert result.reached
+    started = info(tmp_path)
+    assert still_alive([started["setsid"], started["orphan"]]) == [], started
+
+
 def test_a_command_that_exits_short_of_the_target_is_infeasible(tmp_path: Path) -> None:
     result = run("short", tmp_path)
     assert not result.reached and result.stop_reason == "max_epochs"

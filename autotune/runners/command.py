@@ -4,7 +4,8 @@ Each trial launches the command (its arguments filled from the configuration, co
 process group of its own, reads its reports (protocol.py) as they come, and keeps the
 time-to-target clock itself: from just before the launch to the moment a report reaching the
 target is read. Then the whole group (the script, its DataLoader workers, anything it started)
-is stopped: SIGTERM, a short grace, SIGKILL. The command's stdout is discarded; its stderr is
+is stopped: SIGTERM, a short grace, SIGKILL; and so is any process under it that left the group
+(descendants.py). The command's stdout is discarded; its stderr is
 read as it comes (so that it cannot fill a pipe) and its last lines kept for a failure's reason.
 
 Outcomes: a report reaching the target -> reached. The clock at `limits.max_seconds` -> killed,
@@ -35,6 +36,7 @@ import torch
 from autotune.spec import command_line
 from autotune.train import oom, telemetry
 from autotune.runners import protocol
+from autotune.runners.descendants import Descendants
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.runners.tally import Tally
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
@@ -193,9 +195,11 @@ class _Group:
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self.process, self.max_rss, self._stopped = process, 0, False
+        self.descendants = Descendants(process.pid)  # those that leave the group (setsid) too
 
     def poll(self) -> bool:
         """True once the command's process has exited (reaped here, to read its peak memory)."""
+        self.descendants.sample()
         if self.process.returncode is None:
             pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
             if pid == 0:
@@ -206,7 +210,8 @@ class _Group:
 
     def stop(self) -> int:
         """SIGTERM the group, a grace, then SIGKILL whatever is left of it (workers a script
-        leaves behind too); returns the command's peak resident memory in bytes."""
+        leaves behind too) and every process found under the command that left the group;
+        returns the command's peak resident memory in bytes."""
         if self._stopped:
             return self.max_rss
         self._stopped = True
@@ -224,6 +229,7 @@ class _Group:
                     self.max_rss = usage.ru_maxrss * 1024
         else:
             self._signal(signal.SIGKILL)
+        self.descendants.end()
         return self.max_rss
 
     def _signal(self, signum: int) -> None:

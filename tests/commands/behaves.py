@@ -34,6 +34,13 @@ def main() -> None:
         mode, emit = "plateau", autotune.report
     if mode == "plateau":  # a helper process in the same group, as DataLoader workers are
         info["helper"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+    if mode in ("daemons", "daemons_exit"):  # helpers that leave the command's group: setsid(), and a double fork
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        info["setsid"] = subprocess.Popen(sleeper, start_new_session=True).pid
+        middle = subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+                                 f"{sleeper!r}, start_new_session=True, stdout=subprocess.DEVNULL).pid)"],
+                                stdout=subprocess.PIPE, text=True)
+        info["orphan"] = int(middle.stdout)  # its parent has exited: it is nobody's child now
     if mode == "echo":
         info.update(argv=args, config=json.loads(open(os.environ["AUTOTUNE_CONFIG"]).read()),
                     config_file=os.environ["AUTOTUNE_CONFIG"], env=os.environ.get("WIDTH_FROM_ENV"), unset=os.environ.get("UNSET_FROM_ENV"))
@@ -95,6 +102,11 @@ def main() -> None:
     elif mode == "echo":
         report(step=1, metric=1.0)
         time.sleep(600)
+    elif mode == "daemons":  # the target, then on training (it is stopped)
+        report(step=1, metric=1.0)
+        time.sleep(600)
+    elif mode == "daemons_exit":  # the target, then an exit of its own, its helpers left behind
+        report(step=1, metric=1.0)
     elif mode == "plain":  # no autotune around: report must do nothing
         import autotune
 

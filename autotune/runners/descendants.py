@@ -1,0 +1,115 @@
+"""Every process a training command started, found and ended, even one that left its group.
+
+A command runs in a process group of its own, and stopping the group stops what it started; a
+process that called setsid() (a daemonising helper, a server a script starts) is in a group of
+its own and would outlive the trial. On Linux the processes under the command are listed from
+/proc while it runs, and this process is made a child subreaper (prctl), so that a descendant
+whose parent exits is handed here, not to init, and is still found. Each is ended with the trial.
+Elsewhere (no /proc) only the group is stopped, as the README says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import time
+
+PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+SAMPLE_SECONDS = 0.2  # how often the processes under a running command are listed
+REAP_SECONDS = 2.0  # how long an ended orphan handed to this process gets to be reaped
+
+
+def adopt_orphans() -> bool:
+    """Make this process the one Linux hands a descendant whose parent has exited; False where
+    that is not possible."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every process: pid -> (parent pid, start time in clock ticks since boot)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        entries = os.scandir("/proc")
+    except OSError:
+        return found
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            found[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    return found
+
+
+class Descendants:
+    """The processes under `root` (a command's process), as seen while it runs, and the orphans
+    handed to this process since it started."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.seen, self._last = root, {}, 0.0
+        self._adopting = adopt_orphans()
+        started = _processes().get(root)
+        self._since = started[1] if started else 0  # orphans handed here began no earlier than the command
+
+    def sample(self, *, now: bool = False) -> None:
+        """Note the processes under the command; at most every SAMPLE_SECONDS unless `now`."""
+        if not now and time.monotonic() - self._last < SAMPLE_SECONDS:
+            return
+        self._last = time.monotonic()
+        table = _processes()
+        under, frontier = set(), {self.root}
+        while frontier:
+            frontier = {pid for pid, (parent, _) in table.items() if parent in frontier and pid not in under}
+            under |= frontier
+        here = os.getpid()
+        if self._adopting:  # orphans of the command, handed to this process
+            under |= {pid for pid, (parent, start) in table.items()
+                      if parent == here and pid != self.root and start >= self._since and _not_ours(pid)}
+        self.seen.update({pid: table[pid][1] for pid in under})
+
+    def end(self) -> list[int]:
+        """SIGKILL every process noted (and any under them now) that still runs; returns their pids."""
+        self.sample(now=True)
+        table, ended = _processes(), []
+        for pid, start in self.seen.items():
+            if pid == self.root or table.get(pid, (0, -1))[1] != start:
+                continue  # the command itself (its group is stopped apart), or gone, or its pid reused
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        self._reap(ended)
+        return ended
+
+    @staticmethod
+    def _reap(pids: list[int]) -> None:
+        """Wait for those handed to this process, so that none is left a zombie here."""
+        deadline = time.monotonic() + REAP_SECONDS
+        waiting = [pid for pid in pids if _processes().get(pid, (0, 0))[0] == os.getpid()]
+        while waiting and time.monotonic() < deadline:
+            for pid in list(waiting):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    waiting.remove(pid)
+            time.sleep(0.01)
+
+
+def _not_ours(pid: int) -> bool:
+    """A child of this process that it did not start itself through multiprocessing."""
+    import multiprocessing
+
+    return pid not in {child.pid for child in multiprocessing.active_children()}
