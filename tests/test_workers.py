@@ -71,6 +71,7 @@ def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
     study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
     assert_exact_budget(study, result.stdout)
+    assert not (tmp_path / "study.journal.runner.lock").exists()  # the run and its workers are over: nothing beside it
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:

@@ -9,6 +9,10 @@ recovered.
 The locks are the kernel's, so they go with the process even after `kill -9`. Record locks
 (lockf), not flock: a process forked while one is held (a DataLoader worker, the probe's) does not
 inherit it, so a lock goes the moment its process dies, not when the last of its children notices.
+
+A run that ends with no worker left removes the lock file, holding both bytes as it does. Whoever
+takes a lock checks afterwards that the file it locked is still the one at the path (and starts
+again if not): a lock taken on a file that was removed meanwhile guards nothing.
 """
 
 from __future__ import annotations
@@ -37,16 +41,15 @@ def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    with _runner_lock(spec, path) as lock:
-        try:
-            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, RUNNER_BYTE)
-        except OSError:  # EAGAIN or EACCES: held by another process
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            several = ("to run several workers on it, give one command --workers K" if spec.storage.startswith("journal")
-                       else "to run several workers, use a journal file or a database server and --workers K")
-            raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish "
-                               f"({several})") from None
+    def refuse(lock: Any) -> None:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        several = ("to run several workers on it, give one command --workers K" if spec.storage.startswith("journal")
+                   else "to run several workers, use a journal file or a database server and --workers K")
+        raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish "
+                           f"({several})") from None
+
+    with _runner_lock(spec, path, RUNNER_BYTE, fcntl.LOCK_EX | fcntl.LOCK_NB, busy=refuse) as lock:
         try:
             _wait_for_earlier_workers(spec, path, lock)
             lock.seek(0)
@@ -55,6 +58,7 @@ def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
             lock.flush()
             yield
         finally:
+            _remove_when_alone(lock)
             fcntl.lockf(lock, fcntl.LOCK_UN, 1, RUNNER_BYTE)
 
 
@@ -65,8 +69,7 @@ def as_worker(spec: StudySpec, path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    with _runner_lock(spec, path) as lock:
-        fcntl.lockf(lock, fcntl.LOCK_SH, 1, WORKERS_BYTE)
+    with _runner_lock(spec, path, WORKERS_BYTE, fcntl.LOCK_SH) as lock:
         try:
             yield
         finally:
@@ -74,14 +77,48 @@ def as_worker(spec: StudySpec, path: Path | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _runner_lock(spec: StudySpec, path: Path) -> Iterator[Any]:
+def _runner_lock(spec: StudySpec, path: Path, byte: int, how: int, *, busy: Any = None) -> Iterator[Any]:
+    """The lock file beside `path`, open, with `byte` locked `how`; `busy(lock)` is called where
+    a non-blocking lock is held by another process."""
+    name = path.with_name(path.name + SUFFIX)
+    while True:
+        try:
+            lock = open(name, "a+")
+        except OSError as exc:
+            raise StorageError(f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
+                               f"choose a writable place with --storage or storage:") from None
+        with lock:
+            try:
+                fcntl.lockf(lock, how, 1, byte)
+            except OSError:  # EAGAIN or EACCES: held by another process
+                busy(lock)
+                raise
+            if _still_at(lock, name):
+                yield lock
+                return
+            # Removed (and perhaps made anew) by the run that held it, between our open and our lock.
+
+
+def _still_at(lock: Any, name: Path) -> bool:
     try:
-        lock = open(path.with_name(path.name + SUFFIX), "a+")
-    except OSError as exc:
-        raise StorageError(f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
-                           f"choose a writable place with --storage or storage:") from None
-    with lock:
-        yield lock
+        return os.path.samestat(os.fstat(lock.fileno()), os.stat(name))
+    except FileNotFoundError:
+        return False
+
+
+def _remove_when_alone(lock: Any) -> None:
+    """Remove the lock file if no worker holds its byte; a worker still running keeps it (the next
+    run waits on it)."""
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, WORKERS_BYTE)
+    except OSError:
+        return
+    try:
+        os.unlink(lock.name)
+    except FileNotFoundError:
+        pass
+    finally:
+        fcntl.lockf(lock, fcntl.LOCK_UN, 1, WORKERS_BYTE)
 
 
 def _wait_for_earlier_workers(spec: StudySpec, path: Path, lock: Any) -> None:
