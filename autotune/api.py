@@ -59,7 +59,7 @@ def tune(
     allow_changes: bool = False,
 ) -> Summary:
     """Run (or resume) a study and return its Summary (autotune.report.summary): `.best.params`,
-    `.best.time_to_target`, `.speedup`, ...; `.to_json()` is what `autotune report --json` prints.
+    `.best.time_to_target`, `.speedup`, ...; `.as_dict()` is what `autotune report --json` prints.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
     or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates`,

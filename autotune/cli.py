@@ -211,7 +211,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for option, path, _ in wanted:
         outputs.write(path, records.to_csv(index=False) if option == "--csv" else _html(study, records, summary),
                       option=option)
-    print(json.dumps(summary.to_json(), indent=2) if args.json else text.render(summary, records))
+    print(json.dumps(summary.as_dict(), indent=2) if args.json else text.render(summary, records))
     return 0
 
 

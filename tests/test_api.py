@@ -101,7 +101,7 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
     assert best is not None and best.metric >= 0.7
     feasible = [t for t in trials if measured(t)["reached"]]
     assert best.time_to_target == pytest.approx(min(measured(t)["time_to_target"] for t in feasible))
-    assert summary.to_json()["target"] == {"metric": "score", "value": 0.7}
+    assert summary.as_dict()["target"] == {"metric": "score", "value": 0.7}
     assert len(calls) == 12 + 2 * 3  # every trial, then 2 runs of the top 2 and of the baseline
 
 

@@ -753,7 +753,7 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
     printed = json.loads(capsys.readouterr().out)
     spec = study_file.load(path)
     summary = of_study(spec, storage.open_study(spec, create=False))[1]
-    assert json.loads(json.dumps(summary.to_json())) == printed  # --json is the typed summary, as JSON
+    assert json.loads(json.dumps(summary.as_dict())) == printed  # --json is the typed summary, as JSON
     params = summary.best.params
     assert set(params) == {*KNOBS, "width"} and summary.optimizer == BUILT_IN and summary.device == "cpu"
     assert (params["channels_last"], params["compile"], params["cudnn_benchmark"]) == (True, False, False)

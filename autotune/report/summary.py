@@ -1,7 +1,7 @@
 """What a study found, as typed values: the Summary that every report and export is made from.
 
 report/summarize.py makes it from the storage; report/text.py, report/html_page.py and export/
-read it; `to_json()` is `autotune report --json`. It imports neither pandas, torch nor Optuna, so
+read it; `as_dict()` is `autotune report --json`. It imports neither pandas, torch nor Optuna, so
 the exports can take it without them.
 """
 
@@ -68,7 +68,7 @@ class Winner:
     def confirmed(self) -> bool:
         return self.source == "confirmed"
 
-    def to_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         reached = {} if self.reached is None else {"reached": self.reached}
         return {"trial": self.trial, "label": self.label, "params": dict(self.params), "time_to_target": self.time_to_target,
                 "metric": self.metric, "runs": self.runs, **reached, "min": self.min, "max": self.max,
@@ -88,7 +88,7 @@ class Baseline:
     min: float | None
     max: float | None
 
-    def to_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "params": dict(self.params)}
 
 
@@ -103,7 +103,7 @@ class Confirmation:
     predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)  # goodput: label -> the search's predicted time
     baseline_resolved_by: float | None = None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
 
-    def to_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
         resolved = {"baseline_resolved_by": self.baseline_resolved_by} if self.baseline_resolved_by else {}
         return {"seeds": list(self.seeds), "after_trials": self.after_trials,
@@ -127,7 +127,7 @@ class StaleConfirmation:
     after_trials: int
     trials: tuple[int, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"after_trials": self.after_trials, "trials": list(self.trials)}
 
 
@@ -159,7 +159,7 @@ class Summary:
     def fixed_schedule(self) -> bool:
         return self.objective == FIXED_SCHEDULE
 
-    def to_json(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
         `stale_confirmation`, `knobs` and `throughput`, there only when they apply."""
         out: dict[str, Any] = {
@@ -169,7 +169,7 @@ class Summary:
             "device": self.device, "probe": _plain_mapping(self.probe), "objective": self.objective,
         }
         if self.stale_confirmation is not None:
-            out["stale_confirmation"] = self.stale_confirmation.to_json()
+            out["stale_confirmation"] = self.stale_confirmation.as_dict()
         if self.knobs is not None:
             out["knobs"] = list(self.knobs)
         if self.throughput is not None:
@@ -178,7 +178,7 @@ class Summary:
 
 
 def _json(value: Any) -> Any:
-    return None if value is None else value.to_json()
+    return None if value is None else value.as_dict()
 
 
 def _plain_mapping(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
