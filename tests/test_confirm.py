@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -108,3 +110,21 @@ def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go
     assert [r["label"] for r in records].count("baseline") == 3
     records = confirm.measure(slow, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu"))
     assert [r["label"] for r in records].count("baseline") == 3  # the default: every seed
+
+
+def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_to_change(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its learning rate is too small to reach 0.9 within max_epochs: no speedup can be given, and
+    the report says where its runs stopped and which budget key to raise."""
+    import yaml
+
+    from tests.test_study import run_cli, write_study
+
+    path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": 2})
+    study = yaml.safe_load(path.read_text())
+    study["baseline"] = {"lr": 1e-5, "batch_size": 64}
+    path.write_text(yaml.safe_dump(study))
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0
+    assert ("the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs (4) short of it, "
+            "so it has no time to compare with; raise budget.max_epochs") in out, out

@@ -53,10 +53,12 @@ def with_first_trial(path: Path, **extra: object) -> Path:
 def test_a_new_study_starts_with_its_baseline_as_trial_0_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = with_first_trial(write_study(tmp_path, trials=3, confirm={"top": 3, "runs": 1}),
                             baseline={"lr": 0.05, "batch_size": 64})
-    code, _, _ = run_cli("run", str(path), capsys=capsys)
+    code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
+    assert "trial 0 (the baseline): " in err and "trial 1 (the baseline)" not in err  # the user is told which it is
     study = load(path)
     first = study.trials[0]
+    assert schema.is_feasible(first) and "\n0 (baseline) " in out  # in the table of the fastest, too
     assert schema.is_baseline(first) and first.state.name == "COMPLETE"
     confirmation = schema.confirmation(study.user_attrs)
     baseline = confirmation["configs"]["baseline"]

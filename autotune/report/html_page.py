@@ -20,7 +20,7 @@ import pandas as pd
 
 from autotune.report import plots
 from autotune.search import goodput, probe
-from autotune.report.summary import Counts, Summary
+from autotune.report.summary import Counts, Summary, counted
 from autotune.report.text import TABLE_ROWS
 from autotune.report.results import best_feasible
 
@@ -139,7 +139,7 @@ def _winner(summary: Summary) -> str:
     timing = (f"{_number('best.time_to_target', best.time_to_target)} s to the target "
               f"({_e(best.source)}")
     if best.min is not None:
-        timing += (f", median of {_number('best.runs', best.runs, '.0f')} runs, range "
+        timing += (f", median of {_number('best.runs', best.runs, '.0f')} {_runs(best.runs)}, range "
                    f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s")
     timing += ")"
     lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
@@ -149,10 +149,11 @@ def _winner(summary: Summary) -> str:
         speed = (f' &rarr; the winner is <b>{_number("speedup", summary.speedup)}x faster</b>'
                  if summary.speedup and not best.is_baseline else "")
         lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
-                     f"(median of {_number('baseline.runs', base.runs, '.0f')} runs){speed}.</p>")
+                     f"(median of {_number('baseline.runs', base.runs, '.0f')} {_runs(base.runs)}){speed}.</p>")
     elif base:
         lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
-                     f"of {_number('baseline.runs', base.runs, '.0f')} runs on fresh seeds.</p>")
+                     f"of {_number('baseline.runs', base.runs, '.0f')} {_runs(base.runs)} on fresh seeds"
+                     f"{_e(base.why_missed(summary.limits))}.</p>")
     if best.is_baseline:
         lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
     settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best.params.items())
@@ -166,7 +167,7 @@ def _winner(summary: Summary) -> str:
 def _telemetry(figures: Mapping[str, Any] | None) -> str:
     if not figures:
         return ""
-    where = (f"median of {figures['runs']} confirmation runs" if figures["source"] == "confirmation"
+    where = (f"median of {counted(figures['runs'], 'confirmation run')}" if figures["source"] == "confirmation"
              else f"{figures['source']}'s run")
     rows = [("samples / s (after warm-up)", _number("best.telemetry.samples_per_second", figures["samples_per_second"], ".0f")),
             ("waiting for input", _number("best.telemetry.input_wait", figures["input_wait"], ".1f", scale=100, unit=" %")),
@@ -188,7 +189,7 @@ def _telemetry(figures: Mapping[str, Any] | None) -> str:
 def _per_class(per_class: Mapping[str, Any] | None) -> str:
     if not per_class:
         return ""
-    where = (f"{per_class['runs']} confirmation runs pooled" if per_class["source"] == "confirmation"
+    where = (f"{counted(per_class['runs'], 'confirmation run')} pooled" if per_class["source"] == "confirmation"
              else "the trial's run")
     rows = []
     for i, row in enumerate(per_class["classes"]):
@@ -214,3 +215,7 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     table = top[list(columns)].rename(columns=columns)
     table["input wait"] = table["input wait"].map(lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %")
     return table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")
+
+
+def _runs(n: int | None) -> str:
+    return "run" if n == 1 else "runs"

@@ -21,7 +21,7 @@ GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
 COLUMNS = (
     "number", "state", "feasible", "seconds", "runs", "time_to_target", "samples_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
     "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound", "diverged",
-    "interrupted", "reason",
+    "interrupted", "reason", "baseline",
 )
 
 
@@ -78,6 +78,7 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
             "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
             "interrupted": interrupted,
             "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
+            "baseline": schema.is_baseline(trial),  # the baseline, queued as the first trial (first_trial: baseline)
             **config,
         })
     table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])

@@ -80,9 +80,12 @@ def _confirmed(confirmation: Mapping[str, Any], records: pd.DataFrame
                            predicted=dict(confirmation.get("predicted", {})),
                            baseline_resolved_by=confirmation.get("baseline_resolved_by"))
     base = stats.get(confirm.BASELINE)
+    missed = [r.get("stop_reason") for r in confirmation["runs"]
+              if r["label"] == confirm.BASELINE and not r.get("reached")]
     baseline = None if not base else Baseline(
         params=complete(confirmation["configs"][confirm.BASELINE]), time_to_target=base["median"],
-        runs=base["runs"], reached=base["reached"], min=base["min"], max=base["max"])
+        runs=base["runs"], reached=base["reached"], min=base["min"], max=base["max"],
+        missed_at=tuple(sorted({reason for reason in missed if reason})))
     label = confirm.winner(stats)
     if label is None:
         return figures, baseline, None, None

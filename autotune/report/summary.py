@@ -87,9 +87,30 @@ class Baseline:
     reached: int
     min: float | None
     max: float | None
+    missed_at: tuple[str, ...] = ()  # where the runs that missed the target stopped: max_seconds, max_epochs
 
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "params": dict(self.params)}
+        return {**dataclasses.asdict(self), "params": dict(self.params), "missed_at": list(self.missed_at)}
+
+    def why_missed(self, limits: Mapping[str, Any] | None) -> str:
+        """Why its runs that missed the target did, and what to change: `` (each stopped at ...)``."""
+        limits = limits or {}
+        if "max_seconds" in self.missed_at:
+            seconds = limits.get("max_seconds")
+            at = f" ({seconds:g} s)" if isinstance(seconds, (int, float)) else ""
+            return (f": {self._the_missed()} stopped at budget.max_seconds{at} first, so it has no time to compare with; raise "
+                    f"budget.max_seconds (a busy machine trains slower) and run again")
+        if "max_epochs" in self.missed_at:
+            epochs = limits.get("max_epochs")
+            at = f" ({epochs:g})" if isinstance(epochs, (int, float)) else ""
+            return (f": {self._the_missed()} trained all of budget.max_epochs{at} short of it, so it has no time to compare "
+                    f"with; raise budget.max_epochs, or give a baseline that reaches the target")
+        return ""
+
+    def _the_missed(self) -> str:
+        if self.reached == 0:
+            return "its run" if self.runs == 1 else "its runs"
+        return "the other" if self.runs - self.reached == 1 else "the others"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,3 +209,8 @@ def _plain_mapping(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def speedup_phrase(ratio: float) -> str:
     """`1.72x faster`, or `1.15x slower` when the baseline won: never `0.87x faster`."""
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 run`, `3 runs`: a count and its noun, in the number the count needs."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

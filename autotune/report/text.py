@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import results, winner
-from autotune.report.summary import Baseline, Summary, Winner, speedup_phrase
+from autotune.report.summary import Baseline, Summary, Winner, counted, speedup_phrase
 from autotune.search import goodput, probe
 from autotune.study import objective as objective_
 
@@ -37,11 +37,18 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     if summary.confirmation:
         lines += ["", *_confirmation(summary)]
     best = summary.best
-    lines += ["", f"Winner: {'the baseline' if best.is_baseline else best.label} ({best.source})"]
-    lines += [f"  {k}: {v}" for k, v in best.params.items()]
+    lines += ["", f"Winner: {_winner_name(best, records)} ({best.source})"]
+    lines += [f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()]  # as the table shows a knob that does not apply
     lines.append(_verdict(summary, best, summary.baseline))
     lines += winner.describe(best.telemetry, best.per_class)
     return "\n".join(lines)
+
+
+def _winner_name(best: Winner, records: pd.DataFrame) -> str:
+    if best.is_baseline:
+        return "the baseline"
+    queued = records.loc[records["number"] == best.trial, "baseline"]
+    return best.label + (", the baseline's configuration, queued first" if queued.any() else "")
 
 
 def _counts(summary: Summary) -> str:
@@ -58,6 +65,8 @@ def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
     columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *results.knob_names(top),
                *results.param_names(top)]
     table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
+    if top["baseline"].eq(True).any():  # first_trial: baseline
+        table["trial"] = [f"{n} (baseline)" if queued is True else str(n) for n, queued in zip(top["number"], top["baseline"])]
     for column in table.columns:
         if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
             table[column] = table[column].map(_cell)
@@ -73,7 +82,7 @@ def _confirmation(summary: Summary) -> list[str]:
     confirmation, metric = summary.confirmation, summary.target.metric
     judged = (" (median time of the whole schedule, mean final metric)" if summary.fixed_schedule
               else " (median, range of runs that reached the target)")
-    lines = [f"Re-measured side by side on {len(confirmation.seeds)} fresh seeds{judged}:"]
+    lines = [f"Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}{judged}:"]
     for label, stats in confirmation.configs.items():
         spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
         head = f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, "
@@ -109,18 +118,18 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
     if best.is_baseline and base:
         return (f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
                 f"luck): keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
-                f"(median of {best.runs} runs, range {best.min:.2f}-{best.max:.2f} s).")
+                f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s).")
     if not (best.confirmed and base):
         return f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s ({best.source}, not confirmed on fresh seeds)."
     claim = (f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
-             f"(median of {best.runs} runs, range {best.min:.2f}-{best.max:.2f} s); ")
+             f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s); ")
     if summary.speedup:
         baseline_is = f"the baseline's {_epochs(base.params)} schedule" if fixed else "the baseline"
-        return (claim + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {base.runs} runs, range "
+        return (claim + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {counted(base.runs, 'run')}, range "
                 f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}.")
     if fixed:
         return claim + f"the baseline's {_epochs(base.params)} schedule does not reach a mean {goal}."
-    return claim + f"the baseline reached it in only {base.reached} of {base.runs} runs."
+    return claim + f"the baseline reached it in only {base.reached} of {counted(base.runs, 'run')}{base.why_missed(summary.limits)}."
 
 
 def _capital(phrase: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from autotune.train import class_figures
 from autotune.report.results import GPU_FIGURES
+from autotune.report.summary import counted
 
 
 def telemetry(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -59,7 +60,7 @@ def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | Non
     the text report."""
     lines = []
     if figures:
-        where = (f"median of {figures['runs']} confirmation runs" if figures["source"] == "confirmation"
+        where = (f"median of {counted(figures['runs'], 'confirmation run')}" if figures["source"] == "confirmation"
                  else f"{figures['source']}'s run")
         parts = []
         if figures["samples_per_second"] is not None:
@@ -77,7 +78,7 @@ def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | Non
             lines.append(f"Hardware ({where}): {', '.join(parts)}.")
     if quality:
         scored = [c for c in quality["classes"] if c["f1"] is not None]
-        where = f"{quality['runs']} runs pooled" if quality["source"] == "confirmation" else "the trial's run"
+        where = f"{counted(quality['runs'], 'run')} pooled" if quality["source"] == "confirmation" else "the trial's run"
         if scored:
             low, high = min(scored, key=lambda c: c["f1"]), max(scored, key=lambda c: c["f1"])
             lines.append(f"Per class on the validation set ({where}): F1 from {low['f1']:.3f} (class {low['class']}) "

@@ -126,7 +126,7 @@ def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, A
     reason = oom_boundary.reason(config, bound, before.ran_out[bound])
     schema.record_oom_bound(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    progress.tell(f"trial {trial.number}: pruned: {reason}", standing=_where(study, policy, before, before.incumbent))
+    progress.tell(f"{schema.trial_label(trial)}: pruned: {reason}", standing=_where(study, policy, before, before.incumbent))
     return True
 
 
@@ -188,14 +188,14 @@ def _tell_failure(study: optuna.Study, trial: optuna.Trial, failure: isolation.T
     if isinstance(failure, isolation.Pruned):
         schema.record_pruned(trial, reason=failure.reason, seconds=failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(f"trial {trial.number}: {failure.reason}", standing=_where(study, policy, before, before.incumbent))
+        progress.tell(f"{schema.trial_label(trial)}: {failure.reason}", standing=_where(study, policy, before, before.incumbent))
         return
     schema.record_failure(trial, reason=failure.reason, oom=failure.oom, diverged=failure.diverged)
     # Out of memory and divergence are the configuration's fault, not the code's: PRUNED, so
     # the sampler learns to avoid them (Optuna's TPE ignores FAILED trials).
     cannot_win = failure.oom or failure.diverged
     study.tell(trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL)
-    progress.tell(f"trial {trial.number}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
+    progress.tell(f"{schema.trial_label(trial)}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
                   standing=_where(study, policy, before, before.incumbent))
 
 
@@ -226,6 +226,6 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
     if feasible and (best is None or outcome.value < best[0]):
         best = (outcome.value, trial.number)
     timed = "predicted" if policy.plan is not None and feasible else "complete in"
-    progress.tell(f"trial {trial.number}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
+    progress.tell(f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
                   f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
                   standing=_where(study, policy, before, best), routine=True)

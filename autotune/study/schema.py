@@ -214,6 +214,11 @@ def is_baseline(trial: Any) -> bool:
     return bool(trial.user_attrs.get(BASELINE))
 
 
+def trial_label(trial: Any) -> str:
+    """`trial 3`, or `trial 0 (the baseline)` for the baseline queued as a study's first trial."""
+    return f"trial {trial.number}" + (" (the baseline)" if is_baseline(trial) else "")
+
+
 def prior_marker() -> dict[str, Any]:
     """The user attrs of a queued trial drawn from the prior."""
     return {PRIOR: True}

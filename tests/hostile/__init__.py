@@ -1,0 +1,1 @@
+"""Helpers for tests/test_hostile_round.py: broken tasks and misbehaving training commands."""

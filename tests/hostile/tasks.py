@@ -1,0 +1,150 @@
+"""Tasks that are broken on purpose, each in one way, for tests/test_hostile_round.py.
+
+Small (the blobs data of tests/tasks.py), so a study of them trains in well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+from autotune import Task
+from tests.tasks import _blobs, _mlp
+
+STARTED = "AUTOTUNE_HOSTILE_STARTED"  # env: a file the slow task creates when a trial starts training
+
+
+def returns_none():
+    return None
+
+
+def returns_a_dict():
+    return {"model": _mlp, "train": _blobs(256, 0), "val": _blobs(128, 1)}
+
+
+NOT_CALLABLE = 5  # named as a task: `tests.hostile.tasks:NOT_CALLABLE`
+
+
+def needs_an_argument(data_folder):
+    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+def _load_weights() -> nn.Module:
+    raise FileNotFoundError("weights.pt is missing")  # the line a failed trial's reason must name
+
+
+def model_raises() -> Task:
+    return Task(model=_load_weights, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+def no_parameters() -> Task:
+    """A model with nothing to train: the optimizer gets an empty parameter list."""
+    return Task(model=nn.Identity, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+def model_is_a_function() -> Task:
+    """The factory returns a plain function, not an nn.Module."""
+    return Task(model=lambda: (lambda x: x @ torch.ones(8, 4)), train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+class _Broken(TensorDataset):
+    def __getitem__(self, index: int):
+        raise KeyError(f"no sample {index} in the index file")
+
+
+def every_item_raises() -> Task:
+    data = _blobs(256, 0)
+    return Task(model=_mlp, train=_Broken(*data.tensors), val=_blobs(128, 1))
+
+
+def wrong_input_shape() -> Task:
+    """Inputs of 5 features for a model that takes 8."""
+    g = torch.Generator().manual_seed(0)
+    return Task(model=_mlp, train=TensorDataset(torch.randn(256, 5, generator=g), torch.randint(0, 4, (256,), generator=g)),
+                val=TensorDataset(torch.randn(128, 5, generator=g), torch.randint(0, 4, (128,), generator=g)))
+
+
+def labels_out_of_range() -> Task:
+    """Labels 0..9 for a model with 4 outputs."""
+    data = _blobs(256, 0)
+    return Task(model=_mlp, train=TensorDataset(data.tensors[0], data.tensors[1] + 6), val=_blobs(128, 1))
+
+
+def empty_training_set() -> Task:
+    return Task(model=_mlp, train=_blobs(0, 0), val=_blobs(128, 1))
+
+
+class _NaN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * float("nan")
+
+
+def outputs_nan() -> Task:
+    return Task(model=_NaN, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(_blobs(256, 0))
+
+
+def iterable_training_set() -> Task:
+    """An IterableDataset: no length, no indexing."""
+    return Task(model=_mlp, train=_Stream(), val=_blobs(128, 1))
+
+
+def no_validation_set() -> Task:
+    return Task(model=_mlp, train=_blobs(256, 0), val=None)
+
+
+def metric_returns_text() -> Task:
+    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), metric=lambda outputs, targets: "high")
+
+
+def loss_not_scalar() -> Task:
+    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1),
+                loss=lambda outputs, targets: nn.functional.cross_entropy(outputs, targets, reduction="none"))
+
+
+def optimizer_returns_none() -> Task:
+    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), optimizer=lambda params, lr: None)
+
+
+def _chatty() -> nn.Module:
+    sys.stdout.write(("x" * 1023 + "\n") * 2048)  # 2 MiB on stdout, every model built
+    sys.stdout.flush()
+    return _mlp()
+
+
+def prints_megabytes() -> Task:
+    return Task(model=_chatty, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+class _Slow(nn.Module):
+    """The blobs MLP at 20 ms a training step; notes that training began in $AUTOTUNE_HOSTILE_STARTED."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            marker = os.environ.get(STARTED)
+            if marker:
+                Path(marker).touch()
+            time.sleep(0.02)
+        return self.net(x)
+
+
+def slow() -> Task:
+    return Task(model=_Slow, train=_blobs(1024, 0), val=_blobs(256, 1))
