@@ -282,3 +282,19 @@ def test_a_trials_loader_workers_are_forked_from_the_trial_as_in_the_users_own_t
     notes = [p.read_text().split() for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
     assert len(notes) == 2  # both workers loaded
     assert all(len(note) == 2 and note[0] == note[1] for note in notes), notes  # forked by the process that started them
+
+
+@pytest.mark.parametrize(("isolation_mode", "told"), [("auto", True), ("none", True), ("warm", False)])
+def test_a_trial_timeout_that_cannot_apply_is_said_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        isolation_mode: str, told: bool) -> None:
+    """In the study's process (the CPU default) a hung trial cannot be stopped: a trial_timeout the
+    user set is then said not to apply, rather than ignored in silence."""
+    from tests.test_study import run_cli
+
+    path = write_study(tmp_path, "tests.tasks:blobs", batch_sizes=(16,), trial_timeout=30)
+    path.write_text(path.read_text().replace("isolation: process", f"isolation: {isolation_mode}")
+                    .replace("trials: 4", "trials: 1"))
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0
+    notice = "budget.trial_timeout (30 s) does not apply: trials run in this process"
+    assert (err.count(notice) == 1) if told else (notice not in err), err

@@ -50,6 +50,7 @@ class Budget:
     max_seconds: float  # per trial, on the training clock
     eval_every: float  # epochs between evaluations: often enough that the clock stops near the crossing
     trial_timeout: float  # wall seconds after which a trial in a child process is killed as hung
+    trial_timeout_given: bool = False  # set in the file, not the default: worth a notice where it cannot apply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +279,7 @@ def _budget(path: Path, raw: Any) -> Budget:
         # Training stops at max_seconds; start-up and evaluations come on top, so leave room.
         trial_timeout=2 * max_seconds + 60 if trial_timeout is None else number(path, "budget.trial_timeout", trial_timeout,
                                                                              maximum=3 * MAX_SECONDS),
+        trial_timeout_given=trial_timeout is not None,
     )
 
 

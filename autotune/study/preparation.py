@@ -87,6 +87,10 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
                             "function: autotune can measure throughput only of a task whose training it runs")
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
+    if mode == "none" and spec.budget.trial_timeout_given:
+        notices.append(f"budget.trial_timeout ({spec.budget.trial_timeout:g} s) does not apply: trials run in this process "
+                       f"({'a task given as a Python object' if in_memory else 'isolation: ' + spec.isolation}), where a "
+                       f"hung trial cannot be stopped; isolation: warm or process runs each in a child that can be")
     # The phase measures every setting in one process: a trial's limit for each group of them.
     measure_hang_after = PHASE_HANG_FACTOR * spec.budget.trial_timeout
     if mode == "process":
