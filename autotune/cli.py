@@ -66,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no progress on stderr (bars on a terminal, else a line per trial); notices, errors and the report still print")
 
     report = commands.add_parser("report", help="summarize a study from its storage, without training")
-    report.add_argument("study", help="study file (.yaml)")
+    report.add_argument("study", nargs="?", help="study file (.yaml); or, for a study with none, --storage and --study")
     report.add_argument("--json", action="store_true", help="print the summary as JSON")
     report.add_argument("--html", metavar="PATH", help="also write the report as one self-contained HTML page with plots")
     report.add_argument("--csv", metavar="PATH", help="also write every trial, its parameters and measurements, as CSV")
     report.add_argument("--storage", metavar="URL", help="database URL")
+    report.add_argument("--study", dest="study_name", metavar="NAME",
+                        help="with --storage and no study file: the study of that name (one autotune.tune() ran)")
     report.add_argument("--force", action="store_true",
                         help="let --csv and --html write over a file autotune did not write (never the study file or its storage)")
 
@@ -82,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                                              "optimizer and LR scheduler; hf: JSON keyword arguments for "
                                              "transformers.TrainingArguments; torch: a plain PyTorch module; args: one line "
                                              "of command-line flags. What a trainer has no equivalent for is named in notes.")
-    export.add_argument("study", help="study file (.yaml)")
+    export.add_argument("study", nargs="?", help="study file (.yaml); or, for a study with none, --storage and --study")
     export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
     export.add_argument("--storage", metavar="URL", help="database URL")
+    export.add_argument("--study", dest="study_name", metavar="NAME",
+                        help="with --storage and no study file: the study of that name (one autotune.tune() ran)")
     export.add_argument("--force", action="store_true",
                         help="let -o write over a file that is not an earlier export (never the study file or its storage)")
 
@@ -197,11 +201,10 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune import outputs
-    from autotune.spec import study_file as spec_
     from autotune.study import storage
     from autotune.report import html_page, results, text
 
-    spec = spec_.load(args.study, storage=args.storage)
+    spec = _reported_spec(args)
     study = storage.open_study(spec, create=False)
     wanted = [(option, Path(path), ours) for option, path, ours in (
         ("--csv", args.csv, results.looks_like_trials_csv), ("--html", args.html, html_page.looks_like_page)) if path]
@@ -229,10 +232,9 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune import export, outputs
-    from autotune.spec import study_file as spec_
     from autotune.study import storage
 
-    spec = spec_.load(args.study, storage=args.storage)
+    spec = _reported_spec(args)
     _, summary = _summary(spec, storage.open_study(spec, create=False))
     if summary.best is None:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
@@ -256,6 +258,30 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)  # Ctrl-C is how a dashboard ends: no traceback
     return 0
+
+
+def _reported_spec(args: argparse.Namespace) -> StudySpec:
+    """The study a report or an export is of: its study file's, or (--storage and --study, for a
+    study with no file) the one its storage describes. A file that no longer says what the stored
+    study began with gets a notice: the report reads the stored trials by the file's target."""
+    from autotune.spec import study_file as spec_
+    from autotune.study import definition, schema, storage
+
+    where = f"autotune {args.command}"
+    if args.study is None:
+        if not (args.storage and args.study_name):
+            raise AutotuneError(f"{where}: give a study file, or --storage URL with --study NAME for a study that "
+                                f"has none (one that autotune.tune() ran)")
+        return storage.spec_of_stored(args.storage, args.study_name)
+    if args.study_name is not None:
+        raise AutotuneError(f"{where}: --study {args.study_name} is for a stored study that has no study file; "
+                            f"with a study file, its name: key says which study it is")
+    spec = spec_.load(args.study, storage=args.storage)
+    stored = storage.read_study(spec)
+    for change in definition.drifted(schema.definition(stored.user_attrs) if stored else None, spec):
+        print(f"autotune: notice: {spec.path}: differs from the stored study {spec.name!r} in {change}; "
+              f"its trials are read by the file's target and limits", file=sys.stderr)
+    return spec
 
 
 def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, Summary]:

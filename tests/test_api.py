@@ -132,6 +132,37 @@ def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(t
         export.render(summary, "lightning")
 
 
+def test_a_study_tune_ran_is_reported_and_exported_from_its_storage_without_a_study_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.cli import main
+
+    storage = f"sqlite:///{tmp_path / 'rings.db'}"
+    summary = autotune.tune(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.9, name="rings",
+                            storage=storage, space=SPACE, budget=BUDGET, confirm={"top": 1, "runs": 1})
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--storage", storage, "--study", "rings", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(summary.as_dict()))  # what tune() returned
+    assert main(["export", "--storage", storage, "--study", "rings", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lr"] == summary.best.params["lr"]
+
+    before = (tmp_path / "rings.db").read_bytes()
+    for argv, said in ((["report", "--storage", storage, "--study", "ring"], "no study named 'ring' in"),
+                       (["report", "--storage", storage], "give a study file, or --storage URL with --study NAME"),
+                       (["export", "--format", "json", "--study", "rings"], "give a study file, or --storage URL")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+    assert (tmp_path / "rings.db").read_bytes() == before
+
+    # A study file written afterwards to reach it, naming another task: read, and told so.
+    (tmp_path / "rings.yaml").write_text(f"name: rings\ntask: digits\ntarget: {{metric: accuracy, value: 0.9}}\n"
+                                         f"storage: {storage}\nbudget: {{max_epochs: 4, max_seconds: 10, eval_every: 0.5}}\n")
+    assert main(["report", "rings.yaml"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("autotune: notice: rings.yaml: differs from the stored study 'rings' in task: ") and "digits" in err
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_path: Path, signum: int) -> None:
     """As `autotune run` does: the trial stopped is marked interrupted with its reason and queued

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.report.summary import Summary, speedup_phrase
+from autotune.report.summary import Summary, counted, speedup_phrase
 from autotune.search.space import KNOBS, SCHEDULE
 from autotune.study.schema import current_reference
 from autotune.train import recipe
@@ -165,7 +165,7 @@ def provenance(summary: Summary) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
     best, target = summary.best, summary.target
     which = "the baseline" if best.is_baseline else f"trial {best.trial}"
-    text = (f"autotune study {summary.study}, {which} ({best.source}, {best.runs} run(s)): "
+    text = (f"autotune study {summary.study}, {which} ({best.source}, {counted(best.runs, 'run')}): "
             f"{target.metric} >= {target.value} in {best.time_to_target:.3f} s")
     if best.epochs is not None:
         text += f" after {best.epochs:.2f} epochs"

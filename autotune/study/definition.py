@@ -46,6 +46,19 @@ def _domain(domain: Any) -> Any:
     return fields["values"] if set(fields) == {"values"} else fields
 
 
+def drifted(stored: dict[str, Any] | None, spec: StudySpec) -> list[str]:
+    """How the study file's task, target and limits differ from those the stored study began with
+    (`task: 'python:train:model' -> 'digits'`): what a report needs no device or space to check."""
+    if stored is None:
+        return []
+    budget = spec.budget
+    current = {"task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
+               "target": {"metric": spec.target.metric, "value": spec.target.value},
+               "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds,
+                          "eval_every": budget.eval_every}}
+    return changes({key: stored.get(key) for key in current}, json.loads(json.dumps(current)))
+
+
 def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Each difference as `key: old -> new`, keys dotted as in the study file."""
     found: list[str] = []

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from autotune.errors import StorageError
 from autotune.study import runner_lock, schema
 from autotune.spec.study_file import StudySpec
+from autotune.spec import study_file as spec_
 
 
 
@@ -152,6 +153,34 @@ def open_study(spec: StudySpec, *, sampler: optuna.samplers.BaseSampler | None =
         raise StorageError(f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first") from None
     except Exception as exc:
         raise cannot_open(spec, exc) from None
+
+
+def spec_of_stored(url: str, name: str) -> StudySpec:
+    """The study `name` in the storage at `url`, as the definition it stored when it began says:
+    for a report or an export of a study that has no study file (one `autotune.tune()` ran)."""
+    where = Path(f"--study {name}")  # what its errors are about
+    path = local_path(url)
+    if path is not None and not path.is_file():
+        raise StorageError(f"{where}: storage: no study database at {path}")
+    bare = spec_.from_mapping({"name": name, "task": "stored", "target": {"metric": "stored", "value": 1}}, path=where,
+                              storage=url)
+    try:
+        names = optuna.get_all_study_names(make_storage(bare, create=False))
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise cannot_open(bare, exc) from None
+    if name not in names:
+        raise StorageError(f"{where}: no study named {name!r} in {url}; it holds {', '.join(map(repr, names)) or 'none'}")
+    stored = schema.definition(open_study(bare, create=False).user_attrs)
+    if stored is None:
+        raise StorageError(f"{where}: study {name!r} in {url} has no stored definition (it was not made by autotune); "
+                           f"give its study file instead")
+    task, objective = stored["task"], stored.get("objective", {})
+    raw = {"name": name, "task": task if isinstance(task, str) else f"command: {task.get('command')}",
+           "target": stored["target"], "budget": stored["limits"],
+           **({"objective": objective["name"], "replicates": objective["replicates"]} if objective else {})}
+    return spec_.from_mapping(raw, path=where, storage=url)
 
 
 def read_study(spec: StudySpec) -> optuna.Study | None:

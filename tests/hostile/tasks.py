@@ -131,7 +131,8 @@ def prints_megabytes() -> Task:
 
 
 class _Slow(nn.Module):
-    """The blobs MLP at 20 ms a training step; notes that training began in $AUTOTUNE_HOSTILE_STARTED."""
+    """The blobs MLP at 20 ms a training step; notes that a trial (or a confirmation run, `.confirm`)
+    began training in the file $AUTOTUNE_HOSTILE_STARTED names."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,8 +141,8 @@ class _Slow(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             marker = os.environ.get(STARTED)
-            if marker:
-                Path(marker).touch()
+            if marker:  # the confirmation's fresh seeds are x50,000 and up (study/confirm.py)
+                Path(marker + (".confirm" if torch.initial_seed() % 100_000 >= 50_000 else "")).touch()
             time.sleep(0.02)
         return self.net(x)
 
