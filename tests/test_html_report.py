@@ -121,6 +121,22 @@ def test_every_number_in_the_winners_section_is_the_one_report_json_gives(
         assert path in shown, f"{path} is not in the winner's section"
 
 
+def test_the_page_has_the_side_by_side_confirmation_and_cautions_about_importances_from_few_trials(
+        study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = summary_json(study, capsys)
+    text = (study.parent / "report.html").read_text()
+    table = text[text.index('<table id="confirmation">'):]
+    table = table[:table.index("</table>")]
+    for label, stats in summary["confirmation"]["configs"].items():
+        median = "not reached" if stats["median"] is None else f"{stats['median']:.2f} s"
+        assert f'<td class="key">{label}</td><td>{median}</td>' in table, (label, table)
+        assert f"<td>{stats['reached']}/{stats['runs']}</td>" in table
+    complete = summary["counts"]["complete"]
+    assert 0 < complete < html_page.IMPORTANCE_TRIALS
+    assert f"From only {complete} complete trials: a rough guide" in text
+    assert '<div class="wide"><table' in text and ".wide { max-width: 100%; overflow-x: auto; }" in text
+
+
 def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import optuna
 
@@ -189,11 +205,14 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
             page.on("requestfailed", lambda r: problems.append(f"failed to load {r.url[:80]}"))
             page.goto((study.parent / "report.html").as_uri(), wait_until="load")
             images = page.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])")
+            page.set_viewport_size({"width": 1280, "height": 800})  # a laptop's window: nothing may be cut off
+            overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "html-report.png"), full_page=True)
         finally:
             browser.close()
     assert len(images) == len(html_page.PLOTS)
+    assert overflow <= 0, f"the page is {overflow} px wider than a 1280-pixel window"
     unloaded = [alt for alt, complete, width in images if not complete or width == 0]
     assert not unloaded, f"images that did not load: {unloaded}"
     assert not problems, "\n".join(problems)

@@ -38,7 +38,9 @@ th { background: #f0f0f0; } td.key, th.key { text-align: left; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1rem; }
 figure { margin: 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .8rem; color: #555; }
+.wide { max-width: 100%; overflow-x: auto; }
 """
+IMPORTANCE_TRIALS = 20  # fewer complete trials than this: fANOVA's figures are a rough guide
 
 PLOTS = ("best_so_far", "time_against_metric", "importances", "learning_curves", "oom_map", "throughput")
 
@@ -60,8 +62,7 @@ def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequ
                         "Every complete trial's time; the line is the best feasible so far."),
         "time_against_metric": (plots.time_against_metric(records, target=target.value, metric=target.metric),
                                 "Filled: reached the target (its time to target). Hollow: missed it (how long it ran)."),
-        "importances": (plots.importances(importances, why_not=importances_missing),
-                        "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."),
+        "importances": (plots.importances(importances, why_not=importances_missing), _importance_caption(records)),
         "learning_curves": (plots.learning_curves(curves, target=target.value, metric=target.metric),
                             "The fastest trials' runs, and the baseline's first confirmation run (dashed)."),
         "oom_map": (plots.oom_map(records), "Where trials ran out of memory: batch size against precision."),
@@ -79,6 +80,7 @@ def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequ
 {_device(summary)} &middot; report made {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>
 {_probe(summary)}
 {_winner(summary)}
+{_confirmation(summary)}
 <h2>Plots</h2>
 <div class="plots">
 {images}
@@ -214,7 +216,42 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
                "tf32": "tf32", "fused_optimizer": "fused"}
     table = top[list(columns)].rename(columns=columns)
     table["input wait"] = table["input wait"].map(lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %")
-    return table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")
+    # Every knob a column: wider than a laptop's window, so it scrolls inside the page, not the page.
+    page = table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")
+    return f'<div class="wide">{page}</div>'
+
+
+def _importance_caption(records: pd.DataFrame) -> str:
+    caption = "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."
+    complete = int((records["state"] == "COMPLETE").sum()) if "state" in records else 0
+    if 0 < complete < IMPORTANCE_TRIALS:
+        caption += (f" From only {counted(complete, 'complete trial')}: a rough guide, which more trials can "
+                    f"reorder; below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength.")
+    return caption
+
+
+def _confirmation(summary: Summary) -> str:
+    """The side-by-side re-measurement on fresh seeds, one row per configuration, as in the text report."""
+    confirmation = summary.confirmation
+    if not confirmation:
+        return ""
+    rows = []
+    for label, stats in confirmation.configs.items():
+        spread = f"{stats['min']:.2f}&ndash;{stats['max']:.2f} s" if stats.get("min") is not None else "-"
+        median = "not reached" if stats.get("median") is None else f"{stats['median']:.2f} s"
+        if summary.fixed_schedule:
+            final = stats.get("mean_final_metric")
+            last = "-" if final is None else f"{final:.4f}"
+        else:
+            last = f"{stats['reached']}/{stats['runs']}"
+        predicted = confirmation.predicted.get(label)
+        rows.append(f'<tr><td class="key">{_e(label)}</td><td>{median}</td><td>{spread}</td><td>{last}</td>'
+                    f'<td>{"-" if predicted is None else f"{predicted:.2f} s"}</td></tr>')
+    last_head = f"mean final {_e(summary.target.metric)}" if summary.fixed_schedule else "reached"
+    judged = "median time of the whole schedule" if summary.fixed_schedule else "median time to the target"
+    return (f"<h2>Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}</h2>"
+            f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
+            f'<th>{last_head}</th><th>predicted</th></tr>{"".join(rows)}</table>')
 
 
 def _runs(n: int | None) -> str:
