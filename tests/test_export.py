@@ -770,3 +770,11 @@ def test_every_format_for_a_real_digits_study(tmp_path: Path, monkeypatch: pytes
     check_hf(files["hf"].read_text(), summary, dataset=train, model=digits_model(summary), tmp_path=tmp_path)
     check_torch(files["torch"].read_text(), summary, dataset=train, model_factory=digits_model, steps=2)
     check_args(files["args"].read_text(), params)
+
+
+@pytest.mark.parametrize(("device", "shown"), [("cpu", 'device=torch.device("cpu")'), ("cuda", 'device=torch.device("cuda")'),
+                                               (None, 'device=torch.device("cuda")')])
+def test_the_torch_modules_usage_names_the_device_the_study_trained_on(device: str | None, shown: str) -> None:
+    summary = summary_for(knobs(0.1, "constant", 16, 1, 0, "fp32"), device=device)
+    usage = render(summary, "torch").split('"""', 2)[1]
+    assert f"training = make_training(model, train_dataset, {shown})" in usage

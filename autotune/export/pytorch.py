@@ -26,7 +26,7 @@ MODULE = Template('''\
 
 The winning training settings in plain PyTorch, built as autotune's trial built them:
 
-    training = make_training(model, train_dataset, device=torch.device("cuda"))
+    training = make_training(model, train_dataset, device=torch.device("$device"))
     for _ in range(training.total_steps):
         train_step(training, loss_fn=torch.nn.functional.cross_entropy)
 
@@ -188,6 +188,7 @@ def render(summary: Summary) -> str:
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
         imports=imports, constants=constants, loader=repr(loader), params=repr(params), make_optimizer=make_optimizer,
         worker_threads=WORKER_THREADS, scheduler_comment=comment,
+        device="cuda" if summary.device in (None, "cuda") else "cpu",  # where the study trained (cuda when unrecorded)
         scheduler=scheduler_code(knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16),
         dtype="torch." + precision.dtype, autocast_enabled=precision.autocast, scaler_enabled=precision.grad_scaler,
     )
