@@ -137,6 +137,13 @@ def bar(desc: str, *, total: float | None = None, unit: str = "it", leave: bool 
     return Lines(desc, total=total, unit=unit, announce=announce and not quiet, every=None if quiet else every)
 
 
+def restart(bar: Bar, *, note: str = "") -> None:
+    """Count a bar from zero for the next run, with `note` in place of what the last run showed
+    (its metric is not the next one's)."""
+    bar.reset()
+    bar.set_postfix_str(note, refresh=False)
+
+
 def say(message: str) -> None:
     """A message shown in every mode (a notice, a recovered trial): above the bars in bars mode."""
     if mode() == "bars":

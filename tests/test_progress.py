@@ -77,12 +77,24 @@ def test_lines_announce_once_then_count_at_most_every_interval(monkeypatch: pyte
     bar.refresh()  # 5 s after the last line: too soon
     assert (bar.n, bar.total) == (121, 400)
     assert capsys.readouterr().err == "trial 3: 121/400 steps, accuracy=0.9512\n"
-    bar.reset()
+    progress.restart(bar, note="seed 2 of 3")  # the next run of the trial: the last one's metric is not its own
     assert bar.n == 0
     now[0] += 10
     bar.update(1)
     bar.close()
-    assert capsys.readouterr().err == "trial 3: 1/400 steps, accuracy=0.9512\n"
+    assert capsys.readouterr().err == "trial 3: 1/400 steps, seed 2 of 3\n"
+
+
+def test_a_restarted_tqdm_bar_drops_the_last_runs_metric() -> None:
+    progress.set_mode("bars")
+    bar = progress.bar("trial 3", total=400, unit="step")
+    try:
+        bar.update(120)
+        bar.set_postfix_str("accuracy=0.9512", refresh=False)
+        progress.restart(bar)
+        assert bar.n == 0 and "accuracy" not in str(bar)
+    finally:
+        bar.close()
 
 
 def test_messages_by_mode(capsys: pytest.CaptureFixture[str]) -> None:

@@ -168,7 +168,7 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
     try:
         with signals.interruptible():
             while len(runs) < planned:
-                bar.reset()
+                progress.restart(bar, note=f"seed {len(runs) + 1} of {planned}" if planned > 1 else "")
                 runs.append(policy.run_trial(TrialConfig.from_mapping(config), limits=limits, device=policy.device,
                                              seed=seeds[len(runs)], progress=on_progress))
                 done += clock(runs[-1].optimizer_steps or 0, runs[-1].train_seconds)
