@@ -243,6 +243,7 @@ FILE_CASES = [
     Bad("a mapping key that is a list", HEAD + "? [lr, batch_size]\n: 0.1\n", ("(yaml)",)),
     Bad("a mapping key that is a mapping, in space", HEAD + "space: {{lr: 1}: 0.1}\n", ("(yaml)",)),
     Bad("two documents", HEAD + "---\n" + HEAD, ("(yaml)", "not valid YAML")),
+    Bad("a tab between a key and its value", HEAD + "budget: {trials:\t2}\n", ("(yaml)", "line 3", "not valid YAML")),
     Bad("a Latin-1 byte in a comment", HEAD.encode() + b"# caf\xe9 au lait\n", ("(file)", "UTF-8")),
     Bad("UTF-16 with its byte order mark", HEAD.encode("utf-16"), ("(file)", "UTF-8")),
     Bad("a NUL byte inside a value", HEAD + "name: a\x00b\n", ("(yaml)", "not valid YAML")),
@@ -786,8 +787,10 @@ def test_a_signal_while_torch_imports_is_one_line(tmp_path: Path, tag: str, sign
     ends it as SIGTERM does (143 to the shell); no traceback, no storage."""
     (tmp_path / "study.yaml").write_text(SLOW)
     run = spawn(tmp_path, tag, "run", "study.yaml")
-    time.sleep(0.6)  # past Python's own start-up, well inside torch's import
-    assert run.poll() is None
+    deadline = time.monotonic() + 60
+    while b"libtorch" not in Path(f"/proc/{run.pid}/maps").read_bytes():  # torch's import has begun
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1]
+        time.sleep(0.005)
     run.send_signal(signum)
     out, err = run.communicate(timeout=60)
     assert "Traceback" not in err, err
@@ -806,13 +809,13 @@ def test_a_second_run_of_a_running_study_is_refused_and_the_first_ends_at_its_bu
     monkeypatch.chdir(tmp_path)
     (tmp_path / "study.yaml").write_text(SLOW)
     marker = tmp_path / "started"
-    first = spawn(tmp_path, tag, "run", "study.yaml", "--quiet", **{STARTED: str(marker)})
+    first = spawn(tmp_path, tag, "run", "study.yaml", "--quiet", "--trials", "5", **{STARTED: str(marker)})
     wait_for(marker, first)
-    second = cli(capsys, "run", "study.yaml", "--trials", "5")
+    second = cli(capsys, "run", "study.yaml")
     out, err = first.communicate(timeout=120)
     assert_refused(second, "study.yaml", "is being run by", f"pid {first.pid}")
     assert first.returncode == 0 and "Traceback" not in err, err
-    assert finished(trials_of(tmp_path)) == 3
+    assert finished(trials_of(tmp_path)) == 5
 
 
 # ---------------------------------------------------------------------------------------------

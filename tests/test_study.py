@@ -565,7 +565,7 @@ def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported
             f"{confirmed['trials'][0]}, and the study's fastest trials have changed since") in out
     assert "Re-measured side by side" not in out
     code, out, _ = run_cli("export", str(path), "--format", "yaml", capsys=capsys)
-    assert code == 0 and f"trial {number} (single run, not confirmed, 1 run(s))" in out.splitlines()[0]
+    assert code == 0 and f"trial {number} (single run, not confirmed, 1 run)" in out.splitlines()[0]
 
 
 def test_a_trial_killed_before_its_configuration_was_stored_is_replaced_not_promised_again(
