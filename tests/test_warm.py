@@ -14,13 +14,12 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-import yaml
 
 from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
-from tests.test_isolation import alive, children, still_alive
+from tests.test_isolation import alive, children, still_alive, write_study as write_process_study
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)
@@ -164,17 +163,10 @@ def test_dropping_the_warm_child_ends_its_process() -> None:
     assert still_alive([pid]) == []
 
 
-def write_study(folder: Path, task: str, **budget: float) -> Path:
-    study = {
-        "task": task,
-        "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"batch_size": [16, OOM_BATCH], "num_workers": 0, "precision": "fp32"},
-        "budget": {"trials": 4, "max_epochs": 2, "max_seconds": 5, "eval_every": 0.5, **budget},
-        "confirm": {"top": 1, "runs": 1},
-        "isolation": "warm",
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
+def write_study(folder: Path, task: str, **kwargs: object) -> Path:
+    """test_isolation's study, its trials in a warm child."""
+    path = write_process_study(folder, task, **kwargs)
+    path.write_text(path.read_text().replace("isolation: process", "isolation: warm"))
     return path
 
 
@@ -194,8 +186,7 @@ def test_a_warm_study_goes_on_past_crashed_trials(tmp_path: Path) -> None:
 
 
 def test_killing_a_warm_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
-    path = write_study(tmp_path, "tests.tasks:hangs")
-    path.write_text(path.read_text().replace("- 16\n", ""))  # every trial hangs
+    path = write_study(tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,))  # every trial hangs
     study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline, descendants = time.monotonic() + 120, []
