@@ -14,7 +14,16 @@ class SpecError(AutotuneError):
 
     def __init__(self, path: object, key: str, value: object, accepted: str) -> None:
         self.path, self.key, self.value, self.accepted = path, key, value, accepted
-        super().__init__(f"{path}: {key}: got {value!r}; {accepted}")
+        super().__init__(f"{path}: {key}: got {shown(value)}; {accepted}")
+
+
+SHOWN_CHARS = 200  # of a value quoted in an error: a YAML alias can make one of millions
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, cut to SHOWN_CHARS with the length it had."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
 class TaskError(AutotuneError):

@@ -105,7 +105,7 @@ isolation: process
 
     assert (spec.name, spec.storage, spec.seed, spec.device) == ("mine", "sqlite:///elsewhere.db", 7, "cuda:1")
     assert spec.budget == Budget(trials=3, timeout=30.0, max_epochs=2.0, max_seconds=5.0, eval_every=0.5,
-                                 trial_timeout=20.0)
+                                 trial_timeout=20.0, trial_timeout_given=True)
     assert spec.isolation == "process"
     assert spec.confirm == Confirm(top=0, runs=5)
     baseline = dict(spec.baseline)

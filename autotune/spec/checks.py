@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from autotune.errors import SpecError
+from autotune.errors import SpecError, shown
 from autotune.search.space import finite
 
 OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
@@ -37,10 +37,18 @@ def read_yaml(path: Path) -> Any:
         text = data.decode()
     except FileNotFoundError:
         raise SpecError(path, "(file)", str(path), "no such file; give the path of a study .yaml file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "(file)", str(path), f"is not UTF-8 text (byte {exc.start + 1} cannot be read as UTF-8); "
+                        "save the study file as UTF-8") from None
+    except OSError as exc:
         raise SpecError(path, "(file)", str(path), f"cannot be read ({exc.__class__.__name__}); a readable text file") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise SpecError(path, "(yaml)", "(nesting)", "nested too deeply to read; a study file nests a few levels") from None
+    except NotAName as exc:
+        raise SpecError(path, "(yaml)", exc.where, f"a key is a name (or a number), not a list or a mapping such as "
+                        f"{shown(exc.key)}") from None
     except DuplicateKey as exc:
         raise SpecError(path, f"{exc.key} ({exc.where})", exc.key,
                         "this key is given twice in its mapping; give it once (YAML would keep the last silently)") from None
@@ -63,13 +71,23 @@ class DuplicateKey(yaml.YAMLError):
         self.key, self.where = key, where
 
 
+class NotAName(yaml.YAMLError):
+    def __init__(self, key: Any, where: str) -> None:
+        super().__init__(str(key))
+        self.key, self.where = key, where
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names a key twice."""
+    """YAML's safe loader, refusing a mapping that names a key twice, or a key that is a list or a
+    mapping (`? [lr, batch_size]`), which no study file means."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                mark = key_node.start_mark
+                raise NotAName(key, f"line {mark.line + 1}")
             if key in seen:
                 mark = key_node.start_mark
                 raise DuplicateKey(str(key), f"line {mark.line + 1}")
