@@ -170,6 +170,11 @@ def _storage(path: Path, storage: Any) -> str:
     require(path, "storage", storage, scheme in STORAGE_SCHEMES and "://" in storage,
             "a storage URL: sqlite:///study.db (one process), journal:///study.journal (several local workers) "
             "or postgresql://user@host/db (several machines)")
+    if scheme in ("sqlite", "journal"):
+        file = storage.split(":///", 1)[1] if ":///" in storage else ""
+        require(path, "storage", storage, file not in ("", ":memory:") and not file.startswith("?"),
+                f"a file to keep the study in, as {scheme}:///study.{'db' if scheme == 'sqlite' else 'journal'} "
+                f"(an in-memory database would end with the run, and the study could not resume)")
     return storage
 
 

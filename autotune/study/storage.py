@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import socket
 import sqlite3
@@ -75,6 +76,9 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
         scheme = url.partition(":///")[0]
         raise StorageError(f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
                            f"--storage {scheme}:///{path / (spec.name + ('.journal' if scheme == 'journal' else '.db'))}")
+    if path is not None and path.exists() and not path.is_file():
+        raise StorageError(f"{spec.path}: storage: {path} is not a regular file (a device or a socket, say); "
+                           f"name a database file with --storage or storage:")
     if path is not None and not create and not path.is_file():
         # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
         raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
@@ -82,6 +86,8 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
         raise StorageError(f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:")
     if url.startswith("sqlite:///") and path.is_file():
         _refuse_foreign_sqlite(spec, path)
+    if url.startswith("journal:///") and path.is_file():
+        _refuse_foreign_journal(spec, path)
     try:
         if url.startswith("journal:///"):
             return JournalStorage(JournalFileBackend(str(path)))
@@ -110,6 +116,22 @@ def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise StorageError(f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
                            f"not an autotune study; choose another file with --storage or storage:")
+
+
+def _refuse_foreign_journal(spec: StudySpec, path: Path) -> None:
+    """A journal file whose first line is no journal record is something else (or corrupt):
+    Optuna would append to it. Read only its first line."""
+    with path.open("rb") as file:
+        first = file.readline(1 << 20)
+    if not first.strip():
+        return  # empty: a journal not yet written
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not (isinstance(record, dict) and "op_code" in record):
+        raise StorageError(f"{spec.path}: storage: {path} is not an Optuna journal (its first line is no journal "
+                           f"record), so it is left as it is; choose another file with --storage or storage:")
 
 
 def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
