@@ -34,7 +34,10 @@ def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)  # device and inode: a hard link, a symbolic link, another spelling
     except OSError:  # one of them is not there: only the names can say
-        return a.resolve() == b.resolve()
+        try:
+            return a.resolve() == b.resolve()
+        except (OSError, RuntimeError):  # a symbolic link loop on the way: no file of the study lies there
+            return False
 
 
 def check(spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], bool], force: bool) -> None:
@@ -66,6 +69,8 @@ def write(output: Path, text: str, *, option: str) -> None:
             _replace(target, text)
     except OSError as exc:
         raise AutotuneError(f"{option} {output}: cannot write ({exc.strerror or exc})") from None
+    except RuntimeError as exc:  # Path.resolve on Python 3.11: a loop of symbolic links
+        raise AutotuneError(f"{option} {output}: cannot write ({exc})") from None
     print(f"autotune: wrote {output}", file=sys.stderr)
 
 
