@@ -626,3 +626,22 @@ def test_the_largest_seed_runs_and_resumes(tmp_path: Path, capsys: pytest.Captur
     assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
     assert run_cli("run", str(path), "--trials", "2", "--quiet", capsys=capsys)[0] == 0
     assert len(load(path).trials) == 2
+
+
+def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_without_running(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """batch_size and accumulation_steps are drawn apart: 512 x 4 asks for 2048 of the 1024 training
+    samples. Such a trial is PRUNED before it trains (the sampler learns it), not FAILED in the loop."""
+    path = write_study(tmp_path, trials=6, batch_sizes=(512,), confirm={"top": 0})
+    study = yaml.safe_load(path.read_text())
+    study["space"]["accumulation_steps"] = [1, 4]
+    path.write_text(yaml.safe_dump(study))
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    too_large = [t for t in load(path).trials if t.params["accumulation_steps"] == 4]
+    assert too_large, "the seed drew no 512 x 4 trial"
+    for trial in too_large:
+        assert trial.state.name == "PRUNED" and "result" not in trial.user_attrs
+        assert trial.user_attrs["reason"] == ("pruned: an effective batch of 2048 (512 x 4) is larger than the 1024 "
+                                              "training samples; it cannot take one optimizer step an epoch")
+    assert all(t.state.name != "FAIL" for t in load(path).trials)

@@ -37,6 +37,7 @@ class Policy:
     objective: objective_.Objective = objective_.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
     plan: goodput.Plan | None = None  # goodput: how a trial's maths trains, and its time from its samples
+    train_samples: int | None = None  # the task's training set, where autotune trains it: no effective batch may exceed it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +119,15 @@ def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, A
     # Alone, the read before the ask is current: another read would cost a storage round trip.
     if budget_.slots_before(study, trial.number, before.current) >= policy.budget:
         budget_.mark_surplus(study, trial)
+        return True
+    effective = config["batch_size"] * config["accumulation_steps"]
+    if policy.train_samples is not None and effective > policy.train_samples:
+        # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than one epoch a step
+        reason = (f"pruned: an effective batch of {effective} ({config['batch_size']} x {config['accumulation_steps']}) "
+                  f"is larger than the {policy.train_samples} training samples; it cannot take one optimizer step an epoch")
+        schema.record_pruned(trial, reason=reason, seconds=None)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        progress.tell(f"{schema.trial_label(trial)}: {reason}", standing=_where(study, policy, before, before.incumbent))
         return True
     bound = oom_boundary.bound_by(config, before.ran_out.items())
     if bound is None:

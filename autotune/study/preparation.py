@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import torch
+from torch import nn
 
 from autotune import progress
 from autotune.runners import command, isolation, warm
@@ -68,6 +69,7 @@ def prepare(spec: StudySpec, *, task: Task | None = None, objective: isolation.R
     in_memory = task is not None or objective is not None
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
+        check_datasets(spec, task)
     space, baseline, notices = fit_to_device(spec, device, task)
     if task is not None and objective is None:
         check_task(spec, space, task)
@@ -112,6 +114,15 @@ PHASE_HANG_FACTOR = 4  # a group of the throughput phase may take this many tria
 def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
     params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
     return systems.has_batch_norm(task.model(**takes(task.model, params)))
+
+
+def check_datasets(spec: StudySpec, task: Task) -> None:
+    """Both sets map-style Datasets: autotune counts them (epochs, the largest batch) and samples
+    them by index (seeded shuffles, the validation pass)."""
+    for which, data in (("training", task.train), ("validation", task.val)):
+        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise SpecError(spec.path, "task", spec.task, f"the task's {which} set is {type(data).__name__}; autotune "
+                            f"needs a map-style Dataset (with __len__ and __getitem__), such as a TensorDataset")
 
 
 def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:
@@ -176,6 +187,12 @@ def check_feasible(spec: StudySpec, space: space_.Space, baseline: dict[str, Any
         notices.append(f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
                        f"the task has {samples} training samples")
         space = space.replace("batch_size", space_.Choices(kept))
+    elif isinstance(batches, space_.Range) and batches.high * steps > samples:
+        high = samples // steps
+        notices.append(f"batch_size {high + 1} to {batches.high:g} removed from the search space: the task has {samples} "
+                       f"training samples")
+        space = space.replace("batch_size", dataclasses.replace(batches, high=high) if high > batches.low
+                              else space_.Choices((int(batches.low),)))
     return space
 
 
@@ -195,7 +212,8 @@ def fit_to_device(spec: StudySpec, device: torch.device, task: Task | None) -> t
             model = task.model(**takes(task.model, params))
         except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
             model = None
-        problems["channels_last_problem"] = systems.channels_last_problem(model) if model is not None else None
+        # Nor is a factory that returns something else (a function): its trials fail, and say so.
+        problems["channels_last_problem"] = systems.channels_last_problem(model) if isinstance(model, nn.Module) else None
     if "fused_optimizer" in wanted and task is not None:
         problems["fused_optimizer_problem"] = systems.fused_optimizer_problem(task.optimizer, params, device)
     space, notices, impossible = devices.restrict_to_device(spec.space, cuda=cuda, bf16=bf16, **problems)

@@ -198,7 +198,8 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
     policy = one_trial.Policy(space=space, run_trial=prepared.run_trial, device=prepared.device,
                               limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
                               prune=spec.prune == "incumbent", objective=objective_.of(spec.objective),
-                              replicates=spec.replicates, plan=plan)
+                              replicates=spec.replicates, plan=plan,
+                              train_samples=len(prepared.task.train) if prepared.task is not None else None)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the

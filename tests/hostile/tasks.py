@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, IterableDataset, TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 from autotune import Task
 from tests.tasks import _blobs, _mlp

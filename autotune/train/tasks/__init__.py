@@ -111,12 +111,12 @@ def load_task(name: str, *, study_path: Path | str = "study") -> Task:
         raise SpecError(study_path, "task", name, f"unknown task; {hint}expected {accepted}")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # the user's module may fail in any way; show its last line
+    except (Exception, SystemExit) as exc:  # the user's module may fail in any way (sys.exit too); show its last line
         last = (str(exc).strip().splitlines() or [""])[-1]
         raise SpecError(study_path, "task", name, f"cannot be imported ({exc.__class__.__name__}: {last}); expected {accepted}") from None
     try:
         task = factory()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         last = (str(exc).strip().splitlines() or [""])[-1]
         raise SpecError(study_path, "task", name, f"failed while building ({exc.__class__.__name__}: {last})") from None
     if not isinstance(task, Task):
