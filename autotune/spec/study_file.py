@@ -245,11 +245,19 @@ def _command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTa
     env = raw.get("env") or {}
     require(path, "task.env", env, isinstance(env, Mapping), "a mapping of environment variable names to values")
     for key, value in env.items():
-        require(path, f"task.env.{key}", value, isinstance(key, str) and isinstance(value, (str, int, float)) and not isinstance(value, bool),
-                "a string or a number")
+        # What the operating system takes as a variable's name and value: no '=' in a name, no NUL anywhere.
+        require(path, f"task.env.{key}", key, isinstance(key, str) and key != "" and "=" not in key and "\0" not in key,
+                "a variable's name: text without '=' or NUL")
+        require(path, f"task.env.{key}", value, isinstance(value, (str, int, float)) and not isinstance(value, bool)
+                and "\0" not in str(value), "a string or a number (with no NUL character)")
     env = {key: str(value) for key, value in env.items()}
+    for key, value in env.items():  # a placeholder is named where it is written
+        try:
+            command_line.validate((value,), known=[*KNOBS, *dict(space.params)], cwd=None)
+        except ValueError as exc:
+            raise SpecError(path, f"task.env.{key}", value, str(exc).replace("the command names", "it names")) from None
     try:
-        command_line.validate(command, known=[*KNOBS, *dict(space.params)], env=env, cwd=path.resolve().parent)
+        command_line.validate(command, known=[*KNOBS, *dict(space.params)], cwd=path.resolve().parent)
     except ValueError as exc:
         raise SpecError(path, "task.command", command if isinstance(command, str) else list(command), str(exc)) from None
     return CommandTask(command=command, env=tuple(env.items()))
