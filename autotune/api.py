@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from autotune.errors import SpecError
 from autotune.train import oom
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.train.measure import device_name
@@ -73,6 +74,9 @@ def tune(
     from autotune.study import preparation, run as study_
     from autotune.report import summarize
 
+    for key, value in (("space", space), ("budget", budget), ("baseline", baseline), ("confirm", confirm)):
+        if value is not None and not isinstance(value, Mapping):
+            raise SpecError(WHERE, key, value, f"a mapping (a dict) of the study file's {key} keys")
     task = _task(model=model, train=train, val=val, task=task, objective=objective)
     function = objective if objective is not None else task.model
     label = reference(function) or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
@@ -103,6 +107,13 @@ def _task(*, model: Callable[..., torch.nn.Module] | None, train: Dataset | None
     given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
     if len(given) != 1:
         raise TypeError(f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}")
+    if task is not None and not isinstance(task, Task):
+        raise TypeError(f"tune(task=...) takes an autotune.Task, not {type(task).__name__}; a study file names a task "
+                        f"by its name")
+    for route, value in (("model", model), ("objective", objective)):
+        if value is not None and not callable(value):
+            raise TypeError(f"tune({route}=...) takes a callable ({'a model factory' if route == 'model' else 'a function'} "
+                            f"of the configuration), not {type(value).__name__}")
     if model is None:
         return task
     if train is None or val is None:
