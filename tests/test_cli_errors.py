@@ -85,7 +85,7 @@ CASES = [
     Case("bad device", HEAD + "device: gpu\n", ("device: got 'gpu'", "cuda:N")),
     Case("bad storage url", HEAD + "storage: study.db\n", ("storage: got 'study.db'", "sqlite:///")),
     Case("unknown baseline key", HEAD + "baseline: {batchsize: 64}\n", ("baseline.batchsize", "batch_size")),
-    Case("confirm runs negative", HEAD + "confirm: {runs: -1}\n", ("confirm.runs: got -1", "at least 0")),
+    Case("confirm runs negative", HEAD + "confirm: {runs: -1}\n", ("confirm.runs: got -1", "from 0 to 1000")),
     Case("unknown task name", "task: nosuch\n" + TARGET, ("task: got 'nosuch'", "digits")),
     Case("task module missing", "task: nosuchmodule_xyz:task\n" + TARGET,
          ("task", "ModuleNotFoundError: No module named 'nosuchmodule_xyz'"), storage=GARBAGE),

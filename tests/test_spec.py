@@ -286,7 +286,8 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("bad baseline precision", HEAD + "baseline: {precision: half}\n", "baseline.precision", "half",
      "fp32, fp16, bf16"),
     ("baseline is a list", HEAD + "baseline: [lr]\n", "baseline", ["lr"], "a mapping"),
-    ("confirm runs negative", HEAD + "confirm: {runs: -1}\n", "confirm.runs", -1, "at least 0"),
+    ("confirm runs negative", HEAD + "confirm: {runs: -1}\n", "confirm.runs", -1, "from 0 to 1000"),
+    ("confirm runs a trillion", HEAD + "confirm: {runs: 1000000000000}\n", "confirm.runs", 10**12, "from 0 to 1000"),
     ("unknown key in confirm", HEAD + "confirm: {seeds: 3}\n", "confirm.seeds", "seeds", "top, runs"),
     ("missing study file", None, "(file)", NO_VALUE, "no such file"),
     # A training command as the task.

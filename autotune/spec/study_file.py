@@ -114,6 +114,7 @@ BUDGET_DEFAULTS = {"trials": 20, "timeout": None, "max_epochs": 10.0, "max_secon
 # The largest budget each value may take: beyond them a trial's loop would count past what floats
 # and the clock's waits hold (1e308 epochs overflow; a wait longer than ~292 years is refused).
 MAX_TRIALS = 1_000_000
+MAX_CONFIRM = 1000  # confirm.top and confirm.runs: fresh seeds are listed, and each run trains
 MAX_EPOCHS = 1_000_000.0
 MAX_SECONDS = 10_000_000.0  # about 116 days
 CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all"}
@@ -298,8 +299,9 @@ def _budget(path: Path, raw: Any) -> Budget:
 
 def _confirm(path: Path, raw: Any) -> Confirm:
     raw = {**CONFIRM_DEFAULTS, **mapping(path, "confirm", raw, tuple(CONFIRM_DEFAULTS))}
-    for key in ("top", "runs"):
-        require(path, f"confirm.{key}", raw[key], is_int(raw[key]) and raw[key] >= 0, "a whole number of at least 0")
+    for key in ("top", "runs"):  # each run is a whole training run: a hundred is hours already
+        require(path, f"confirm.{key}", raw[key], is_int(raw[key]) and 0 <= raw[key] <= MAX_CONFIRM,
+                f"a whole number from 0 to {MAX_CONFIRM}")
     require(path, "confirm.baseline", raw["baseline"], raw["baseline"] in CONFIRM_BASELINE,
             "all (the baseline on every fresh seed) or until_resolved (on at least two, then only until its runs "
             "are told apart from every candidate's)")
