@@ -10,7 +10,11 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
   as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
   (each as the device allows);
 - `limit`: the knob space's limit, the joint probe's best predicted rate, times the samples the
-  joint winner needed to reach the target (as the judge measured them).
+  joint winner needed to reach the target (as the judge measured them);
+- `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
+  a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
+  `isolation: warm` (one trial process kept between trials). Each against `joint` decides a
+  default.
 
 The judge is not autotune's training loop: it trains each arm's winner, and the baseline, with
 the plain-PyTorch module `autotune export --format torch` writes for it (what a user's own trainer
@@ -21,9 +25,9 @@ Stages, each under 8 minutes on an H100 and each writing its figures as it goes 
 still tells something); the arms' studies and winners are kept in --work for the judge:
 
     .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR] [--study FILE]
-                                            [joint systems tpe judge]
+                                            [joint systems tpe prior warm judge]
 
-With no stage, all of them in that order. --small: 3 trials, confirmation on 1 seed, 1 judge seed.
+With no stage, joint, systems, tpe and judge, in that order. --small: 3 trials, confirmation on 1 seed, 1 judge seed.
 --study: another study file (the test suite's is smaller still). Writes
 benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another folder).
 """
@@ -60,21 +64,24 @@ from autotune.train.measure import cpu_count  # noqa: E402
 from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
-STAGES = ("joint", "systems", "tpe", "judge")
+# What each searching arm sets in the study file (tpe: Optuna alone, no autotune settings).
+ARMS: dict[str, dict[str, str]] = {"joint": {"probe": "joint"}, "systems": {"probe": "systems"}, "tpe": {},
+                                   "prior": {"probe": "joint", "first_trial": "prior"},
+                                   "warm": {"probe": "joint", "isolation": "warm"}}
+STAGES = (*ARMS, "judge")
+DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
 JUDGE_SEED = 8_000_000  # far from every seed a study uses
 EXPERT = {"precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "pin_memory": True,
           "scheduler": "onecycle", "lr": 0.2, "accumulation_steps": 1, "compile": False}
 EXPERT_BATCH = 512
 
 
-def study_spec(path: Path, *, probe: str | None, work: Path, small: bool) -> spec_.StudySpec:
-    raw = read_yaml(path)
-    if probe is not None:
-        raw["probe"] = probe
+def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> spec_.StudySpec:
+    raw = {**read_yaml(path), **ARMS[arm]}
     if small:
         raw["budget"] = {**raw.get("budget", {}), "trials": 3}
         raw["confirm"] = {"top": 1, "runs": 1}
-    name = f"{path.stem}-{probe or 'tpe'}"
+    name = f"{path.stem}-{arm}"
     return dataclasses.replace(spec_.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"), name=name)
 
 
@@ -169,7 +176,7 @@ def main() -> None:
     unknown = [s for s in args.stages if s not in STAGES]
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; the stages are {', '.join(STAGES)}")
-    args.stages = args.stages or list(STAGES)
+    args.stages = args.stages or list(DEFAULT_STAGES)
     study = args.study or REPO / "studies" / ("paced.yaml" if args.cpu else "shapes.yaml")
     seeds = 1 if args.small else args.seeds
     args.work.mkdir(parents=True, exist_ok=True)
@@ -183,7 +190,7 @@ def main() -> None:
         if stage == "judge":
             judge(record, study, args.work, small=args.small, cpu=args.cpu, seeds=seeds, save=save)
             continue
-        spec = study_spec(study, probe=None if stage == "tpe" else stage, work=args.work, small=args.small)
+        spec = study_spec(study, arm=stage, work=args.work, small=args.small)
         if args.cpu:
             spec = dataclasses.replace(spec, device="cpu")
         for suffix in ("", "-journal", ".runner.lock"):
@@ -191,7 +198,7 @@ def main() -> None:
         prepared = preparation.prepare(spec)
         record["provenance"] = provenance(prepared.device)
         found = (plain_tpe_study if stage == "tpe" else autotune_study)(spec, prepared, False)
-        if stage == "joint":
+        if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
         record["arms"][stage] = {**found, "gpu_seconds": found["tuning_wall"]}
         print(f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s: {found['params']}", flush=True)
@@ -201,7 +208,7 @@ def main() -> None:
 def judge(record: dict[str, Any], study: Path, work: Path, *, small: bool, cpu: bool, seeds: int, save: Any) -> None:
     """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
     interleaved; then the limit and the goals."""
-    spec = study_spec(study, probe="joint", work=work, small=small)
+    spec = study_spec(study, arm="joint", work=work, small=small)
     if cpu:
         spec = dataclasses.replace(spec, device="cpu")
     prepared = preparation.prepare(spec)

@@ -37,3 +37,17 @@ def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> No
         assert record["limit"]["seconds"] == runs["joint"][0]["samples"] / record["limit"]["predicted"]
     assert set(record["goals"]) == {"joint_vs_best_peer", "joint_vs_limit", "gpu_vs_tpe", "joint_study_seconds"}
     assert record["provenance"]["commit"]
+
+
+def test_the_arms_run_only_when_named_set_what_they_are_to_decide(tmp_path: Path) -> None:
+    """prior and warm are the joint arm with one setting changed, so that each, judged beside joint,
+    decides its default (first_trial, isolation); they are not among the stages run by default."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import roofline
+
+    assert "prior" not in roofline.DEFAULT_STAGES and "warm" not in roofline.DEFAULT_STAGES
+    specs = {arm: roofline.study_spec(REPO / "studies" / "paced.yaml", arm=arm, work=tmp_path, small=True)
+             for arm in ("joint", "prior", "warm")}
+    assert {arm: (s.probe, s.first_trial, s.isolation) for arm, s in specs.items()} == {
+        "joint": ("joint", "sampled", "auto"), "prior": ("joint", "prior", "auto"), "warm": ("joint", "sampled", "warm")}
+    assert len({s.storage for s in specs.values()}) == 3  # each arm a study of its own
