@@ -431,3 +431,12 @@ def test_importing_autotune_for_report_does_not_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "autotune.train.tasks.Task" in result.stdout  # the rest of the API is still there, imported when used
+
+
+def test_orphans_are_handed_to_autotune_only_while_a_command_runs(tmp_path: Path) -> None:
+    """After the trial, a process a shell leaves behind is nobody's child here again (the other
+    load measurement tells this process's own work from others' by its children)."""
+    from autotune.runners import descendants
+
+    run("daemons_exit", tmp_path)
+    assert descendants.adopt_orphans(False) is False  # it was no subreaper after the trial

@@ -3,8 +3,9 @@
 A command runs in a process group of its own, and stopping the group stops what it started; a
 process that called setsid() (a daemonising helper, a server a script starts) is in a group of
 its own and would outlive the trial. On Linux the processes under the command are listed from
-/proc while it runs, and this process is made a child subreaper (prctl), so that a descendant
-whose parent exits is handed here, not to init, and is still found. Each is ended with the trial.
+/proc while it runs, and this process is made a child subreaper (prctl) until the trial ends, so
+that a descendant whose parent exits is handed here, not to init, and is still found. Each is
+ended with the trial.
 Elsewhere (no /proc) only the group is stopped, as the README says.
 """
 
@@ -16,19 +17,22 @@ import os
 import signal
 import time
 
-PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # from <linux/prctl.h>
 SAMPLE_SECONDS = 0.2  # how often the processes under a running command are listed
 REAP_SECONDS = 2.0  # how long an ended orphan handed to this process gets to be reaped
 
 
-def adopt_orphans() -> bool:
-    """Make this process the one Linux hands a descendant whose parent has exited; False where
-    that is not possible."""
+def adopt_orphans(adopt: bool = True) -> bool | None:
+    """Make this process the one Linux hands a descendant whose parent has exited (or, with
+    `adopt` False, no longer); returns whether it was before, None where that is not possible."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        was = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+            return None
+        return bool(was.value) if libc.prctl(PR_SET_CHILD_SUBREAPER, int(adopt), 0, 0, 0) == 0 else None
     except (OSError, AttributeError):
-        return False
+        return None
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -57,7 +61,9 @@ class Descendants:
 
     def __init__(self, root: int) -> None:
         self.root, self.seen, self._last = root, {}, 0.0
-        self._adopting = adopt_orphans()
+        # Only while the command runs: other orphans (a process a shell left behind) are no trial's.
+        self._adopted_before = adopt_orphans()
+        self._adopting = self._adopted_before is not None
         started = _processes().get(root)
         self._since = started[1] if started else 0  # orphans handed here began no earlier than the command
 
@@ -90,6 +96,9 @@ class Descendants:
             except (ProcessLookupError, PermissionError):
                 continue
         self._reap(ended)
+        if self._adopting and not self._adopted_before:
+            adopt_orphans(False)
+            self._adopting = False
         return ended
 
     @staticmethod
