@@ -128,3 +128,40 @@ def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_
     assert code == 0
     assert ("the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs (4) short of it, "
             "so it has no time to compare with; raise budget.max_epochs") in out, out
+
+
+def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins() -> None:
+    runs = [{"label": "trial 4", "seed": s, "reached": True, "samples_to_target": n} for s, n in ((1, 1100), (2, 1000), (3, 900))]
+    runs += [{"label": "trial 4 in fp32", "seed": s, "reached": r, "samples_to_target": n}
+             for s, r, n in ((1, True, 1000), (2, True, 1000), (3, False, None))]
+    effect = confirm.precision_effect(runs, "trial 4", "bf16")
+    assert effect == {"trial": "trial 4", "precision": "bf16", "samples": 1050, "fp32_samples": 1000, "ratio": 1.05,
+                      "pairs": 2}  # seed 3: the twin missed, so that pair says nothing
+    assert confirm.fp32_twin("trial 4", {"precision": "fp32", "tf32": True}) is None
+    assert confirm.fp32_twin("trial 4", {"precision": "bf16", "tf32": False, "lr": 0.1}) == (
+        "trial 4 in fp32", {"precision": "fp32", "tf32": False, "lr": 0.1})
+    stats = {"baseline": {"median": 3.0, "runs": 2, "reached": 2}, "trial 4": {"median": 2.0, "runs": 2, "reached": 2},
+             "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2}}
+    assert confirm.winner(stats) == "trial 4"  # the twin measures; it is no configuration the study found
+
+
+def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_reports_the_samples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from tests.test_study import load, run_cli, write_study
+
+    path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": 2, "precision": True})
+    study = yaml.safe_load(path.read_text())
+    study["space"]["precision"] = "bf16"
+    path.write_text(yaml.safe_dump(study))
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    stored = load(path).user_attrs["confirmation"]
+    (fastest,) = [label for label in stored["configs"] if label.startswith("trial ") and "fp32" not in label]
+    assert stored["configs"][fastest + " in fp32"] == {**stored["configs"][fastest], "precision": "fp32", "tf32": False}
+    assert len([r for r in stored["runs"] if r["label"] == fastest + " in fp32"]) == 2  # on the same two seeds
+    effect = stored["precision_effect"]
+    assert effect is not None and effect["precision"] == "bf16" and effect["pairs"] >= 1
+    assert f"Precision, measured: {fastest} in bf16 needed {effect['ratio']:.2f}x the samples" in out
+    assert "Winner: " in out and "in fp32 (" not in out.split("Winner: ")[1].splitlines()[0]

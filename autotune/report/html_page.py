@@ -251,7 +251,8 @@ def _confirmation(summary: Summary) -> str:
     judged = "median time of the whole schedule" if summary.fixed_schedule else "median time to the target"
     return (f"<h2>Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}</h2>"
             f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
-            f'<th>{last_head}</th><th>predicted</th></tr>{"".join(rows)}</table>')
+            f'<th>{last_head}</th><th>predicted</th></tr>{"".join(rows)}</table>'
+            + (f"<p>{_e(confirmation.precision_sentence())}</p>" if confirmation.precision_sentence() else ""))
 
 
 def _runs(n: int | None) -> str:

@@ -78,7 +78,8 @@ def _confirmed(confirmation: Mapping[str, Any], records: pd.DataFrame
     stats = confirm.summarize(confirmation["runs"], objective=objective, target=confirmation.get("target"))
     figures = Confirmation(seeds=tuple(confirmation["seeds"]), after_trials=confirmation["after_trials"], configs=stats,
                            predicted=dict(confirmation.get("predicted", {})),
-                           baseline_resolved_by=confirmation.get("baseline_resolved_by"))
+                           baseline_resolved_by=confirmation.get("baseline_resolved_by"),
+                           precision_effect=confirmation.get("precision_effect"))
     base = stats.get(confirm.BASELINE)
     missed = [r.get("stop_reason") for r in confirmation["runs"]
               if r["label"] == confirm.BASELINE and not r.get("reached")]

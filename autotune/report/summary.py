@@ -123,12 +123,25 @@ class Confirmation:
     configs: Mapping[str, Mapping[str, Any]]
     predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)  # goodput: label -> the search's predicted time
     baseline_resolved_by: float | None = None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
+    # confirm.precision: the fastest trial's samples to target over its fp32 twin's (confirm.precision_effect)
+    precision_effect: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
         resolved = {"baseline_resolved_by": self.baseline_resolved_by} if self.baseline_resolved_by else {}
+        effect = {"precision_effect": dict(self.precision_effect)} if self.precision_effect else {}
         return {"seeds": list(self.seeds), "after_trials": self.after_trials,
-                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted, **resolved}
+                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted, **resolved,
+                **effect}
+
+    def precision_sentence(self) -> str:
+        """What the precision did to convergence, measured, as one sentence; empty where not measured."""
+        effect = self.precision_effect
+        if not effect:
+            return ""
+        return (f"Precision, measured: {effect['trial']} in {effect['precision']} needed {effect['ratio']:.2f}x the "
+                f"samples its maths needed in fp32 to reach the target ({effect['samples']:,.0f} against "
+                f"{effect['fp32_samples']:,.0f}, median of {counted(effect['pairs'], 'seed')} where both reached it).")
 
     def baseline_stopped_early(self) -> bool:
         """Whether the baseline ran on fewer seeds than the others, being told apart by then."""

@@ -91,6 +91,8 @@ def _confirmation(summary: Summary) -> list[str]:
             lines.append(head + f"mean final {metric} {'-' if final is None else f'{final:.4f}'}")
         else:
             lines.append(head + f"reached in {stats['reached']}/{stats['runs']} runs" + _predicted(confirmation, label))
+    if confirmation.precision_sentence():
+        lines.append("  " + confirmation.precision_sentence())
     if confirmation.baseline_stopped_early():
         lines.append(f"  The baseline ran on {confirmation.configs['baseline']['runs']} of the {len(confirmation.seeds)} seeds: "
                      f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x the slowest run of every other "

@@ -58,6 +58,7 @@ class Confirm:
     top: int  # best trials re-run on fresh seeds before the winner is named
     runs: int  # fresh seeds per confirmed configuration, and for the baseline
     baseline: str = "all"  # all: the baseline on every seed; until_resolved: until it is told apart (confirm.py)
+    precision: bool = False  # beside the fastest trial in a narrower precision, its maths in fp32: samples to target compared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,7 @@ MAX_TRIALS = 1_000_000
 MAX_CONFIRM = 1000  # confirm.top and confirm.runs: fresh seeds are listed, and each run trains
 MAX_EPOCHS = 1_000_000.0
 MAX_SECONDS = 10_000_000.0  # about 116 days
-CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all"}
+CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all", "precision": False}
 CONFIRM_BASELINE = ("all", "until_resolved")
 
 
@@ -305,6 +306,9 @@ def _confirm(path: Path, raw: Any) -> Confirm:
     require(path, "confirm.baseline", raw["baseline"], raw["baseline"] in CONFIRM_BASELINE,
             "all (the baseline on every fresh seed) or until_resolved (on at least two, then only until its runs "
             "are told apart from every candidate's)")
-    return Confirm(top=raw["top"], runs=raw["runs"], baseline=raw["baseline"])
+    require(path, "confirm.precision", raw["precision"], isinstance(raw["precision"], bool),
+            "true (also run the fastest trial's maths in fp32 where its precision is narrower, on the same seeds, "
+            "and compare the samples each needed to reach the target) or false")
+    return Confirm(top=raw["top"], runs=raw["runs"], baseline=raw["baseline"], precision=raw["precision"])
 
 

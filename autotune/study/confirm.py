@@ -45,6 +45,33 @@ def label(number: int) -> str:
     return f"trial {number}"
 
 
+IN_FP32 = " in fp32"  # a twin's label: a trial's maths in float32 (confirm.precision), never a winner itself
+
+
+def fp32_twin(label_: str, config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """`trial 4 in fp32` and trial 4's configuration in full float32 (TF32 off), where trial 4
+    trains in a narrower precision: its samples to target beside the trial's measure what the
+    precision does to convergence. None where it already trains in fp32."""
+    if config["precision"] == "fp32":
+        return None
+    return label_ + IN_FP32, {**config, "precision": "fp32", "tf32": False}
+
+
+def precision_effect(records: Sequence[Mapping[str, Any]], label_: str, precision: str) -> dict[str, Any] | None:
+    """The samples `label_` needed to reach the target over those its fp32 twin needed, on the seeds
+    where both reached it: the median of the two medians' ratio, with the pairs it rests on."""
+    by_seed: dict[int, dict[str, int]] = {}
+    for record in records:
+        if record["label"] in (label_, label_ + IN_FP32) and record.get("reached") and record.get("samples_to_target"):
+            by_seed.setdefault(record["seed"], {})[record["label"]] = record["samples_to_target"]
+    pairs = [(both[label_], both[label_ + IN_FP32]) for both in by_seed.values() if len(both) == 2]
+    if not pairs:
+        return None
+    narrow, full = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    return {"trial": label_, "precision": precision, "samples": narrow, "fp32_samples": full, "ratio": narrow / full,
+            "pairs": len(pairs)}
+
+
 def fresh_seeds(study_seed: int, runs: int) -> list[int]:
     """Seeds no study trial uses (those are study_seed * 100_000 + trial number)."""
     return [study_seed * 100_000 + 50_000 + i for i in range(runs)]
@@ -129,7 +156,7 @@ def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
     median can be the same run's time) go to the one that missed the target less often, then to
     the baseline, which the user already has.
     """
-    timed = {k: v for k, v in summary.items() if v["median"] is not None}
+    timed = {k: v for k, v in summary.items() if v["median"] is not None and not k.endswith(IN_FP32)}
     if not timed:
         return None
     return min(timed, key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE))

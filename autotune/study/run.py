@@ -262,13 +262,18 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     stored = schema.confirmation(study.user_attrs)
     numbers = [t.number for t in top]
     if stored and stored.get("after_trials") == after and stored.get("trials") == numbers \
-            and stored.get("objective", TIME_TO_TARGET) == spec.objective:
+            and stored.get("objective", TIME_TO_TARGET) == spec.objective \
+            and stored.get("precision_checked", False) == spec.confirm.precision:
         return stored
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     # A trial that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline.
     candidates = {confirm.label(n): space_.complete(configs[n]) for n in numbers
                   if space_.complete(configs[n]) != space_.complete(prepared.baseline)}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
+    twin = confirm.fp32_twin(confirm.label(numbers[0]), candidates[confirm.label(numbers[0])]) \
+        if spec.confirm.precision and confirm.label(numbers[0]) in candidates else None
+    if twin is not None:
+        candidates[twin[0]] = twin[1]
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)
     # Told apart by time to target only: a fixed schedule's runs all take about as long.
@@ -279,11 +284,15 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
                                    on_run=lambda: (bar.update(1), signals.check()), until_resolved=until_resolved)
     outcome = {"after_trials": after, "trials": numbers, "configs": candidates, "seeds": seeds, "runs": runs,
                "objective": spec.objective, "target": spec.target.value,
-               "baseline_resolved_by": confirm.RESOLVED_BY if until_resolved else None}
+               "baseline_resolved_by": confirm.RESOLVED_BY if until_resolved else None,
+               "precision_checked": spec.confirm.precision}
     predicted = {confirm.label(t.number): t.value for t in top
                  if schema.prediction(t) is not None and confirm.label(t.number) in candidates}
     if predicted:  # goodput: the search's predicted times, to set beside the measured ones
         outcome["predicted"] = predicted
+    if twin is not None:
+        outcome["precision_effect"] = confirm.precision_effect(runs, confirm.label(numbers[0]),
+                                                               candidates[confirm.label(numbers[0])]["precision"])
     schema.record_confirmation(study, json.loads(json.dumps(outcome)))
     return outcome
 
