@@ -73,9 +73,12 @@ def write_study(folder: Path, task: str, *, batch_sizes: tuple[int, ...] = (16, 
     return path
 
 
-@pytest.mark.parametrize(("task", "reason"), [("segfaults", "crashed: "), ("hangs", "timeout: ")])
-def test_a_study_goes_on_past_crashed_and_hung_trials(tmp_path: Path, task: str, reason: str) -> None:
+@pytest.mark.parametrize(("task", "reason", "mode"), [("segfaults", "crashed: ", "process"), ("hangs", "timeout: ", "process"),
+                                                      ("segfaults", "crashed: ", "warm")])
+def test_a_study_goes_on_past_crashed_and_hung_trials(tmp_path: Path, task: str, reason: str, mode: str) -> None:
+    """In a fresh child per trial, or in a warm one that the crash makes the study replace."""
     path = write_study(tmp_path, f"tests.tasks:{task}", trial_timeout=3)
+    path.write_text(path.read_text().replace("isolation: process", f"isolation: {mode}"))
     result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

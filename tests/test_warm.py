@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 import torch
 
@@ -168,21 +167,6 @@ def write_study(folder: Path, task: str, **kwargs: object) -> Path:
     path = write_process_study(folder, task, **kwargs)
     path.write_text(path.read_text().replace("isolation: process", "isolation: warm"))
     return path
-
-
-def test_a_warm_study_goes_on_past_crashed_trials(tmp_path: Path) -> None:
-    path = write_study(tmp_path, "tests.tasks:segfaults", trial_timeout=30)
-    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    trials = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}").get_trials()
-    assert len(trials) == 4
-    for trial in trials:
-        if trial.params["batch_size"] == OOM_BATCH:
-            assert trial.state == optuna.trial.TrialState.FAIL
-            assert trial.user_attrs["reason"].startswith("crashed: the trial's process was killed by SIGSEGV")
-    assert any(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert "Winner: " in result.stdout
 
 
 def test_killing_a_warm_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
