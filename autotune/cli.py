@@ -201,11 +201,9 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune import outputs
-    from autotune.study import storage
     from autotune.report import html_page, results, text
 
-    spec = _reported_spec(args)
-    study = storage.open_study(spec, create=False)
+    spec, study = _reported(args)
     wanted = [(option, Path(path), ours) for option, path, ours in (
         ("--csv", args.csv, results.looks_like_trials_csv), ("--html", args.html, html_page.looks_like_page)) if path]
     for option, path, ours in wanted:  # every output checked before anything is written
@@ -232,10 +230,9 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune import export, outputs
-    from autotune.study import storage
 
-    spec = _reported_spec(args)
-    _, summary = _summary(spec, storage.open_study(spec, create=False))
+    spec, study = _reported(args)
+    _, summary = _summary(spec, study)
     if summary.best is None:
         raise AutotuneError(f"{spec.path}: no trial has reached the target yet, so there is nothing to export")
     text = export.render(summary, args.format)
@@ -260,10 +257,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reported_spec(args: argparse.Namespace) -> StudySpec:
-    """The study a report or an export is of: its study file's, or (--storage and --study, for a
-    study with no file) the one its storage describes. A file that no longer says what the stored
-    study began with gets a notice: the report reads the stored trials by the file's target."""
+def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
+    """The study a report or an export is of, opened: its study file's, or (--storage and --study,
+    for a study with no file) the one its storage describes. A file that no longer says what the
+    stored study began with gets a notice: the report reads the stored trials by the file's target."""
     from autotune.spec import study_file as spec_
     from autotune.study import definition, schema, storage
 
@@ -272,16 +269,17 @@ def _reported_spec(args: argparse.Namespace) -> StudySpec:
         if not (args.storage and args.study_name):
             raise AutotuneError(f"{where}: give a study file, or --storage URL with --study NAME for a study that "
                                 f"has none (one that autotune.tune() ran)")
-        return storage.spec_of_stored(args.storage, args.study_name)
+        spec = storage.spec_of_stored(args.storage, args.study_name)
+        return spec, storage.open_study(spec, create=False)
     if args.study_name is not None:
         raise AutotuneError(f"{where}: --study {args.study_name} is for a stored study that has no study file; "
                             f"with a study file, its name: key says which study it is")
     spec = spec_.load(args.study, storage=args.storage)
-    stored = storage.read_study(spec)
-    for change in definition.drifted(schema.definition(stored.user_attrs) if stored else None, spec):
+    study = storage.open_study(spec, create=False)
+    for change in definition.drifted(schema.definition(study.user_attrs), spec):
         print(f"autotune: notice: {spec.path}: differs from the stored study {spec.name!r} in {change}; "
               f"its trials are read by the file's target and limits", file=sys.stderr)
-    return spec
+    return spec, study
 
 
 def _summary(spec: StudySpec, study: optuna.Study) -> tuple[pd.DataFrame, Summary]:

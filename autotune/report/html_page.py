@@ -20,7 +20,7 @@ import pandas as pd
 
 from autotune.report import plots
 from autotune.search import goodput, probe
-from autotune.report.summary import Counts, Summary, counted
+from autotune.report.summary import Counts, Summary, counted, plural
 from autotune.report.text import TABLE_ROWS
 from autotune.report.results import best_feasible
 
@@ -141,7 +141,7 @@ def _winner(summary: Summary) -> str:
     timing = (f"{_number('best.time_to_target', best.time_to_target)} s to the target "
               f"({_e(best.source)}")
     if best.min is not None:
-        timing += (f", median of {_number('best.runs', best.runs, '.0f')} {_runs(best.runs)}, range "
+        timing += (f", median of {_number('best.runs', best.runs, '.0f')} {plural('run', best.runs)}, range "
                    f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s")
     timing += ")"
     lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
@@ -151,10 +151,10 @@ def _winner(summary: Summary) -> str:
         speed = (f' &rarr; the winner is <b>{_number("speedup", summary.speedup)}x faster</b>'
                  if summary.speedup and not best.is_baseline else "")
         lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
-                     f"(median of {_number('baseline.runs', base.runs, '.0f')} {_runs(base.runs)}){speed}.</p>")
+                     f"(median of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)}){speed}.</p>")
     elif base:
         lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
-                     f"of {_number('baseline.runs', base.runs, '.0f')} {_runs(base.runs)} on fresh seeds"
+                     f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} on fresh seeds"
                      f"{_e(base.why_missed(summary.limits))}.</p>")
     if best.is_baseline:
         lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
@@ -253,7 +253,3 @@ def _confirmation(summary: Summary) -> str:
             f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
             f'<th>{last_head}</th><th>predicted</th></tr>{"".join(rows)}</table>'
             + (f"<p>{_e(confirmation.precision_sentence())}</p>" if confirmation.precision_sentence() else ""))
-
-
-def _runs(n: int | None) -> str:
-    return "run" if n == 1 else "runs"

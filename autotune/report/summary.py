@@ -224,6 +224,11 @@ def speedup_phrase(ratio: float) -> str:
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
 
 
+def plural(noun: str, n: int | None) -> str:
+    """`run` for one, `runs` for any other count."""
+    return noun if n == 1 else noun + "s"
+
+
 def counted(n: int, noun: str) -> str:
     """`1 run`, `3 runs`: a count and its noun, in the number the count needs."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+    return f"{n} {plural(noun, n)}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import signal
 import time
@@ -53,6 +54,11 @@ def _processes() -> dict[int, tuple[int, int]]:
                 continue
             found[int(entry.name)] = (int(fields[1]), int(fields[19]))
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [child for child, (parent, _) in _processes().items() if parent == pid]
 
 
 class Descendants:
@@ -119,6 +125,4 @@ class Descendants:
 
 def _not_ours(pid: int) -> bool:
     """A child of this process that it did not start itself through multiprocessing."""
-    import multiprocessing
-
     return pid not in {child.pid for child in multiprocessing.active_children()}

@@ -21,14 +21,14 @@ import multiprocessing
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch._dynamo
 
-from autotune.runners import isolation
+from autotune.runners import descendants, isolation
 from autotune.runners.isolation import Pruned, TrialFailure
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 from autotune.train.tasks import Task, load_task
@@ -153,8 +153,7 @@ def _serve(connection: Any, study_pid: int, start_method: str, task_name: str, s
     isolation.become_trial_process(study_pid, start_method)
     progress = isolation.reporter(connection, stop=lambda: connection.poll() and connection.recv()[0] == "stop")
     task: Task | None = None
-    before: _Footprint | None = None  # before the first trial, the task built
-    first: _Footprint | None = None  # after the first trial
+    before = first = None  # the footprint before the first trial (the task built), and after it
     served = 0
     while True:
         try:
@@ -178,7 +177,7 @@ def _serve(connection: Any, study_pid: int, start_method: str, task_name: str, s
             connection.send(("error", TrialFailure.of(exc), None))
             return  # a failed trial's process is not used again
         served += 1
-        after = _Footprint.now(device, known=before.children if before else None)
+        after = _Footprint.now(device, known=before.children)
         first = first or after
         left = left_behind(before, first, after) or (
             f"it had run {served} trials, the most one process runs" if served >= TRIALS_PER_CHILD else None)
@@ -194,7 +193,7 @@ class _Footprint:
         self.device_bytes, self.rss_bytes, self.children = device_bytes, rss_bytes, children
 
     @classmethod
-    def now(cls, device: torch.device, *, known: list[int] | None = None) -> _Footprint:
+    def now(cls, device: torch.device, *, known: Sequence[int] = ()) -> _Footprint:
         """Taken once what the last trial dropped is collected, and processes it started other
         than `known` had a moment to exit."""
         gc.collect()  # a pruned trial's frames, its DataLoader iterator among them
@@ -205,35 +204,23 @@ class _Footprint:
             torch.cuda.empty_cache()
             device_bytes = torch.cuda.memory_allocated(device)
         deadline = time.monotonic() + SETTLE_SECONDS
-        while set(children := child_processes()) - set(known or []) and time.monotonic() < deadline:
+        while set(children := descendants.children(os.getpid())) - set(known) and time.monotonic() < deadline:
             time.sleep(0.05)  # DataLoader workers that were told to exit
         return cls(device_bytes, _rss_bytes(), children)
 
 
-def left_behind(before: _Footprint | None, first: _Footprint, after: _Footprint) -> str | None:
+def left_behind(before: _Footprint, first: _Footprint, after: _Footprint) -> str | None:
     """Why a child should not run another trial after one that left `after`, or None."""
-    held = after.device_bytes - (before.device_bytes if before else 0)
+    held = after.device_bytes - before.device_bytes
     if held > DEVICE_LEAK_BYTES:
         return f"a trial left {held / 2**20:.0f} MiB of device memory allocated"
-    started = [pid for pid in after.children if pid not in (before.children if before else [])]
+    started = [pid for pid in after.children if pid not in before.children]
     if started:
         return f"a trial left {len(started)} process(es) running (pid {', '.join(map(str, started))})"
     grown = after.rss_bytes - first.rss_bytes
     if grown > RSS_GROWTH_BYTES:
         return f"its resident memory grew by {grown / 2**20:.0f} MiB since its first trial"
     return None
-
-
-def child_processes() -> list[int]:
-    """This process's children, as Linux lists them."""
-    found: list[int] = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as listing:
-                found += [int(pid) for pid in listing.read().split()]
-        except OSError:  # a thread that has just ended
-            continue
-    return found
 
 
 def _rss_bytes() -> int:

@@ -45,6 +45,11 @@ class Prepared:
     measure: isolation.Measure | None = None  # the throughput phase and the probe's rates, where the task is autotune's to train
     batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
+    @property
+    def train_samples(self) -> int | None:
+        """The task's training samples; None where autotune does not train it (a command, an objective)."""
+        return len(self.task.train) if self.task is not None else None
+
 
 def resolve_device(spec: StudySpec) -> torch.device:
     if spec.device == "auto":

@@ -110,8 +110,7 @@ def enqueue_prior(study: optuna.Study, space: space_.Space, prepared: Prepared, 
     """Make a new study's first trials the prior's (search/prior.py), marked as such. At most as
     many as TPE's random start-up trials: they take those trials' place, not its model's."""
     count = min(len(prior.LR_FACTORS), trials, startup_trials(trials))
-    samples = len(prepared.task.train) if prepared.task is not None else None  # unknown for a command task
-    for params in prior.first_trials(space, prepared.baseline, train_samples=samples, count=count):
+    for params in prior.first_trials(space, prepared.baseline, train_samples=prepared.train_samples, count=count):
         study.enqueue_trial(params, user_attrs=schema.prior_marker())
 
 
@@ -199,7 +198,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                               limits=limits_for(spec), seed=spec.seed, metric_name=spec.target.metric, budget=budget,
                               prune=spec.prune == "incumbent", objective=objective_.of(spec.objective),
                               replicates=spec.replicates, plan=plan,
-                              train_samples=len(prepared.task.train) if prepared.task is not None else None)
+                              train_samples=prepared.train_samples)
     started = time.monotonic()
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
@@ -270,8 +269,8 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     candidates = {confirm.label(n): space_.complete(configs[n]) for n in numbers
                   if space_.complete(configs[n]) != space_.complete(prepared.baseline)}
     candidates = {confirm.BASELINE: prepared.baseline, **candidates}
-    twin = confirm.fp32_twin(confirm.label(numbers[0]), candidates[confirm.label(numbers[0])]) \
-        if spec.confirm.precision and confirm.label(numbers[0]) in candidates else None
+    fastest = confirm.label(numbers[0])
+    twin = confirm.fp32_twin(fastest, candidates[fastest]) if spec.confirm.precision and fastest in candidates else None
     if twin is not None:
         candidates[twin[0]] = twin[1]
     seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
@@ -291,8 +290,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     if predicted:  # goodput: the search's predicted times, to set beside the measured ones
         outcome["predicted"] = predicted
     if twin is not None:
-        outcome["precision_effect"] = confirm.precision_effect(runs, confirm.label(numbers[0]),
-                                                               candidates[confirm.label(numbers[0])]["precision"])
+        outcome["precision_effect"] = confirm.precision_effect(runs, fastest, candidates[fastest]["precision"])
     schema.record_confirmation(study, json.loads(json.dumps(outcome)))
     return outcome
 

@@ -186,15 +186,14 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
         raise StorageError(f"{where}: storage: no study database at {path}")
     bare = spec_.from_mapping({"name": name, "task": "stored", "target": {"metric": "stored", "value": 1}}, path=where,
                               storage=url)
+    opened = make_storage(bare, create=False)
     try:
-        names = optuna.get_all_study_names(make_storage(bare, create=False))
-    except StorageError:
-        raise
+        stored = schema.definition(optuna.load_study(study_name=name, storage=opened).user_attrs)
+    except KeyError:
+        names = ", ".join(map(repr, optuna.get_all_study_names(opened))) or "none"
+        raise StorageError(f"{where}: no study named {name!r} in {url}; it holds {names}") from None
     except Exception as exc:
         raise cannot_open(bare, exc) from None
-    if name not in names:
-        raise StorageError(f"{where}: no study named {name!r} in {url}; it holds {', '.join(map(repr, names)) or 'none'}")
-    stored = schema.definition(open_study(bare, create=False).user_attrs)
     if stored is None:
         raise StorageError(f"{where}: study {name!r} in {url} has no stored definition (it was not made by autotune); "
                            f"give its study file instead")
