@@ -16,8 +16,13 @@ __all__ = ["Summary", "Task", "accuracy", "augmentation_rng", "report", "tune", 
 
 # Imported when first used: a training script run by autotune imports it for `report` alone, and
 # its import time is on the trial's clock, so it must not pay for torch here.
-_LAZY = {"tune": "autotune.api", "Summary": "autotune.report.summary", "Task": "autotune.train.tasks",
-         "accuracy": "autotune.train.tasks", "augmentation_rng": "autotune.train.tasks"}
+_LAZY = {
+    "tune": "autotune.api",
+    "Summary": "autotune.report.summary",
+    "Task": "autotune.train.tasks",
+    "accuracy": "autotune.train.tasks",
+    "augmentation_rng": "autotune.train.tasks",
+}
 
 
 def __getattr__(name: str) -> Any:

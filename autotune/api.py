@@ -22,17 +22,19 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune.errors import SpecError
-from autotune.train import oom
-from autotune.runners.isolation import RunTrial, TrialFailure
-from autotune.train.measure import device_name
 from autotune.report.summary import Summary
+from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE, PYTHON_API
-from autotune.train.tasks import Task, reference, takes
+from autotune.train import oom
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
+from autotune.train.measure import device_name
+from autotune.train.tasks import Task, reference, takes
 
 WHERE = PYTHON_API  # how errors name the study: there is no file
-Objective = Callable[..., Any]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
+Objective = Callable[
+    ..., Any
+]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
 
 
 def tune(
@@ -70,50 +72,105 @@ def tune(
     and storage resumes the study.
     """
     from autotune import signals
-    from autotune.spec import study_file as spec_
-    from autotune.study import preparation, run as study_
     from autotune.report import summarize
+    from autotune.spec import study_file as spec_
+    from autotune.study import preparation
+    from autotune.study import run as study_
 
-    for key, value in (("space", space), ("budget", budget), ("baseline", baseline), ("confirm", confirm)):
+    for key, value in (
+        ("space", space),
+        ("budget", budget),
+        ("baseline", baseline),
+        ("confirm", confirm),
+    ):
         if value is not None and not isinstance(value, Mapping):
             raise SpecError(WHERE, key, value, f"a mapping (a dict) of the study file's {key} keys")
     task = _task(model=model, train=train, val=val, task=task, objective=objective)
     function = objective if objective is not None else task.model
-    label = reference(function) or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
-    knobs = tuple(KNOBS) if objective is None else objective_knobs(space or {}, baseline or {}, objective_kind)
+    label = (
+        reference(function)
+        or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
+    )
+    knobs = (
+        tuple(KNOBS)
+        if objective is None
+        else objective_knobs(space or {}, baseline or {}, objective_kind)
+    )
     raw_space = dict(space or {})
     if objective is not None:  # what the function never reads is neither searched nor shown
         raw_space.update(unread_fixed(knobs, baseline or {}))
-    raw = {"name": name, "task": f"python:{label}", "target": {"metric": metric, "value": target},
-           "space": raw_space, "budget": dict(budget or {}), "baseline": dict(baseline or {}),
-           "confirm": dict(confirm or {}), "seed": seed, "device": device}
-    raw.update({key: value for key, value in (("prune", prune), ("probe", probe), ("objective", objective_kind),
-                                              ("replicates", replicates), ("first_trial", first_trial)) if value is not None})
+    raw = {
+        "name": name,
+        "task": f"python:{label}",
+        "target": {"metric": metric, "value": target},
+        "space": raw_space,
+        "budget": dict(budget or {}),
+        "baseline": dict(baseline or {}),
+        "confirm": dict(confirm or {}),
+        "seed": seed,
+        "device": device,
+    }
+    raw.update(
+        {
+            key: value
+            for key, value in (
+                ("prune", prune),
+                ("probe", probe),
+                ("objective", objective_kind),
+                ("replicates", replicates),
+                ("first_trial", first_trial),
+            )
+            if value is not None
+        }
+    )
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
-    prepared = dataclasses.replace(preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs)
+    prepared = dataclasses.replace(
+        preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs
+    )
     try:
         study = study_.run_sequence(spec, prepared, allow_changes=allow_changes)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole
-        print(f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}; "
-              f"call tune() again with the same name and storage to go on", file=sys.stderr)
+    except (
+        KeyboardInterrupt
+    ) as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole
+        print(
+            f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}; "
+            f"call tune() again with the same name and storage to go on",
+            file=sys.stderr,
+        )
         raise
     return summarize.of_study(spec, study)[1]
 
 
-def _task(*, model: Callable[..., torch.nn.Module] | None, train: Dataset | None, val: Dataset | None,
-          task: Task | None, objective: Objective | None) -> Task | None:
+def _task(
+    *,
+    model: Callable[..., torch.nn.Module] | None,
+    train: Dataset | None,
+    val: Dataset | None,
+    task: Task | None,
+    objective: Objective | None,
+) -> Task | None:
     """The task that tune() was given (None: an objective), after checking that it got exactly one route."""
-    given = [route for route, value in (("model", model), ("task", task), ("objective", objective)) if value is not None]
+    given = [
+        route
+        for route, value in (("model", model), ("task", task), ("objective", objective))
+        if value is not None
+    ]
     if len(given) != 1:
-        raise TypeError(f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}")
+        raise TypeError(
+            f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}"
+        )
     if task is not None and not isinstance(task, Task):
-        raise TypeError(f"tune(task=...) takes an autotune.Task, not {type(task).__name__}; a study file names a task "
-                        f"by its name")
+        raise TypeError(
+            f"tune(task=...) takes an autotune.Task, not {type(task).__name__}; a study file names a task "
+            f"by its name"
+        )
     for route, value in (("model", model), ("objective", objective)):
         if value is not None and not callable(value):
-            raise TypeError(f"tune({route}=...) takes a callable ({'a model factory' if route == 'model' else 'a function'} "
-                            f"of the configuration), not {type(value).__name__}")
+            raise TypeError(
+                f"tune({route}=...) takes a callable ({'a model factory' if route == 'model' else 'a function'} "
+                f"of the configuration), not {type(value).__name__}"
+            )
     if model is None:
         return task
     if train is None or val is None:
@@ -121,7 +178,9 @@ def _task(*, model: Callable[..., torch.nn.Module] | None, train: Dataset | None
     return Task(model=model, train=train, val=val)
 
 
-def objective_knobs(space: Mapping[str, Any], baseline: Mapping[str, Any], objective_kind: str | None) -> tuple[str, ...]:
+def objective_knobs(
+    space: Mapping[str, Any], baseline: Mapping[str, Any], objective_kind: str | None
+) -> tuple[str, ...]:
     """The knobs an objective function reads: those its caller names in `space` or `baseline`
     (every knob, with a preset named), and schedule_epochs under a fixed schedule, which the
     function trains for. autotune cannot see inside the function: searching what it ignores
@@ -135,7 +194,9 @@ def objective_knobs(space: Mapping[str, Any], baseline: Mapping[str, Any], objec
 def unread_fixed(knobs: tuple[str, ...], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """Each knob the function does not read, fixed at the baseline's value (the schedule aside:
     unsearched, it is max_epochs long)."""
-    fixed = {k: baseline.get(k, DEFAULT_BASELINE[k]) for k in KNOBS if k not in knobs and k != SCHEDULE}
+    fixed = {
+        k: baseline.get(k, DEFAULT_BASELINE[k]) for k in KNOBS if k not in knobs and k != SCHEDULE
+    }
     if fixed.get("prefetch_factor") is None and "prefetch_factor" in fixed:
         fixed["prefetch_factor"] = 2  # torch's default; it means nothing unless num_workers is read
     return fixed
@@ -150,21 +211,40 @@ def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOB
     trial (an out-of-memory one prunes it), as a task's would.
     """
 
-    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                  progress: Progress | None = None) -> TrialResult:
+    def run_trial(
+        config: TrialConfig,
+        *,
+        limits: Limits,
+        device: torch.device,
+        seed: int,
+        progress: Progress | None = None,
+    ) -> TrialResult:
         try:
             given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
-            returned = objective(given, **takes(objective, {"seed": seed, "device": device}, after=1))
-        except (Exception, SystemExit) as exc:  # sys.exit in the function ends its trial, not the study
+            returned = objective(
+                given, **takes(objective, {"seed": seed, "device": device}, after=1)
+            )
+        except (
+            Exception,
+            SystemExit,
+        ) as exc:  # sys.exit in the function ends its trial, not the study
             failure = TrialFailure.of(exc)
         else:
             seconds, metric = _seconds_and_metric(returned)
             reached = metric >= limits.target
             return TrialResult(
-                reached=reached, time_to_target=seconds if reached else None, best_metric=metric,
-                train_seconds=seconds, epochs=None, optimizer_steps=None, samples_per_second=None,
-                peak_memory_bytes=None, device_name=device_name(device), torch_version=torch.__version__,
-                stop_reason="target" if reached else "objective", curve=((seconds, None, metric),),
+                reached=reached,
+                time_to_target=seconds if reached else None,
+                best_metric=metric,
+                train_seconds=seconds,
+                epochs=None,
+                optimizer_steps=None,
+                samples_per_second=None,
+                peak_memory_bytes=None,
+                device_name=device_name(device),
+                torch_version=torch.__version__,
+                stop_reason="target" if reached else "objective",
+                curve=((seconds, None, metric),),
             )
         oom.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
         raise failure
@@ -179,13 +259,18 @@ def _seconds_and_metric(returned: Any) -> tuple[float, float]:
     elif isinstance(returned, (tuple, list)) and len(returned) == 2:
         pair = tuple(returned)
     else:
-        raise TrialFailure(f"the objective returned {returned!r}; expected (seconds, metric) or "
-                           f"{{'seconds': ..., 'metric': ...}}")
+        raise TrialFailure(
+            f"the objective returned {returned!r}; expected (seconds, metric) or "
+            f"{{'seconds': ..., 'metric': ...}}"
+        )
     try:
         seconds, metric = float(pair[0]), float(pair[1])
     except (TypeError, ValueError):
-        raise TrialFailure(f"the objective returned {returned!r}; seconds and metric must be numbers") from None
+        raise TrialFailure(
+            f"the objective returned {returned!r}; seconds and metric must be numbers"
+        ) from None
     if not (math.isfinite(seconds) and seconds >= 0 and math.isfinite(metric)):
-        raise TrialFailure(f"the objective returned {returned!r}; seconds must be >= 0 and both finite")
+        raise TrialFailure(
+            f"the objective returned {returned!r}; seconds must be >= 0 and both finite"
+        )
     return seconds, metric
-

@@ -23,7 +23,9 @@ SHOWN_CHARS = 200  # of a value quoted in an error: a YAML alias can make one of
 def shown(value: object) -> str:
     """`repr(value)`, cut to SHOWN_CHARS with the length it had."""
     text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
+    return (
+        text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
+    )
 
 
 class TaskError(AutotuneError):

@@ -32,15 +32,22 @@ def study_files(spec: StudySpec) -> dict[Path, str]:
 
 def _same_file(a: Path, b: Path) -> bool:
     try:
-        return os.path.samefile(a, b)  # device and inode: a hard link, a symbolic link, another spelling
+        return os.path.samefile(
+            a, b
+        )  # device and inode: a hard link, a symbolic link, another spelling
     except OSError:  # one of them is not there: only the names can say
         try:
             return a.resolve() == b.resolve()
-        except (OSError, RuntimeError):  # a symbolic link loop on the way: no file of the study lies there
+        except (
+            OSError,
+            RuntimeError,
+        ):  # a symbolic link loop on the way: no file of the study lies there
             return False
 
 
-def check(spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], bool], force: bool) -> None:
+def check(
+    spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], bool], force: bool
+) -> None:
     """Refuse `output` if it is one of the study's files, or (unless `force`) an existing file that
     `ours` does not recognise as an earlier output of the same kind."""
     for own, what in study_files(spec).items():
@@ -54,8 +61,10 @@ def check(spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], b
     except OSError:
         return  # unreadable: the write will say why
     if head.strip() and not ours(head):
-        raise AutotuneError(f"{option} {output}: the file exists and was not written by autotune; "
-                            f"choose another name, or pass --force to replace it")
+        raise AutotuneError(
+            f"{option} {output}: the file exists and was not written by autotune; "
+            f"choose another name, or pass --force to replace it"
+        )
 
 
 def write(output: Path, text: str, *, option: str) -> None:
@@ -63,7 +72,9 @@ def write(output: Path, text: str, *, option: str) -> None:
     try:
         target = output.resolve()
         if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            with open(target, "w") as stream:  # a terminal, a pipe, /dev/null: written through, not replaced
+            with open(
+                target, "w"
+            ) as stream:  # a terminal, a pipe, /dev/null: written through, not replaced
                 stream.write(text)
         else:
             _replace(target, text)
@@ -76,7 +87,9 @@ def write(output: Path, text: str, *, option: str) -> None:
 
 def _replace(target: Path, text: str) -> None:
     mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+    )
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)

@@ -70,8 +70,15 @@ class Lines:
     `every`: seconds between lines about the count; None: no such lines.
     """
 
-    def __init__(self, desc: str, *, total: float | None = None, unit: str = "it", announce: bool = True,
-                 every: float | None = None) -> None:
+    def __init__(
+        self,
+        desc: str,
+        *,
+        total: float | None = None,
+        unit: str = "it",
+        announce: bool = True,
+        every: float | None = None,
+    ) -> None:
         if every is not None and not every > 0:
             raise ValueError(f"every must be greater than 0 seconds or None, but got {every=}.")
         self.desc, self.total, self.unit, self.every = desc, total, unit, every
@@ -103,7 +110,11 @@ class Lines:
 
     def line(self) -> str:
         """The count as one line, e.g. "trial 3: 120/400 steps, accuracy=0.9512"."""
-        count = f"{self.n:g}/{_count(self.total, self.unit)}" if self.total else _count(self.n, self.unit)
+        count = (
+            f"{self.n:g}/{_count(self.total, self.unit)}"
+            if self.total
+            else _count(self.n, self.unit)
+        )
         return f"{self.desc}: {count}" + (f", {self.postfix}" if self.postfix else "")
 
     def _maybe_write(self) -> None:
@@ -115,7 +126,9 @@ class Lines:
     def __enter__(self) -> Lines:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -126,15 +139,35 @@ def _count(number: float | None, unit: str) -> str:
     return f"{number:g} {unit}{'' if number == 1 else 's'}"
 
 
-def bar(desc: str, *, total: float | None = None, unit: str = "it", leave: bool = True, announce: bool = True,
-        every: float | None = None) -> Bar:
+def bar(
+    desc: str,
+    *,
+    total: float | None = None,
+    unit: str = "it",
+    leave: bool = True,
+    announce: bool = True,
+    every: float | None = None,
+) -> Bar:
     """A progress bar for one phase: a tqdm bar in bars mode; otherwise `Lines` (see there),
     which prints nothing when quiet. `leave`: keep the finished bar on screen (bars mode)."""
     current = mode()
     if current == "bars":
-        return tqdm(desc=desc, total=total, unit=unit, leave=leave, dynamic_ncols=True, disable=_bars_disabled())
+        return tqdm(
+            desc=desc,
+            total=total,
+            unit=unit,
+            leave=leave,
+            dynamic_ncols=True,
+            disable=_bars_disabled(),
+        )
     quiet = current == "quiet"
-    return Lines(desc, total=total, unit=unit, announce=announce and not quiet, every=None if quiet else every)
+    return Lines(
+        desc,
+        total=total,
+        unit=unit,
+        announce=announce and not quiet,
+        every=None if quiet else every,
+    )
 
 
 def restart(bar: Bar, *, note: str = "") -> None:

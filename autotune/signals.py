@@ -37,7 +37,9 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
 
 def name(interrupt: KeyboardInterrupt) -> str:
     """SIGTERM, or SIGINT for Ctrl-C."""
-    return signal.Signals(interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT).name
+    return signal.Signals(
+        interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT
+    ).name
 
 
 class _State:
@@ -96,7 +98,9 @@ def ignore_in_worker() -> None:
     # worker's multiprocessing resource sharer would print that as a traceback.
     previous = sys.excepthook
 
-    def quiet_when_parent_hangs_up(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
+    def quiet_when_parent_hangs_up(
+        kind: type[BaseException], value: BaseException, trace: TracebackType | None
+    ) -> None:
         if not issubclass(kind, (BrokenPipeError, ConnectionResetError)):
             previous(kind, value, trace)
 

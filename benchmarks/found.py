@@ -68,7 +68,18 @@ from autotune.search import space as space_  # noqa: E402
 from autotune.spec import study_file as spec_  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY  # noqa: E402
-from autotune.study import confirm, objective as objective_, preparation, run as study_, schema, storage  # noqa: E402
+from autotune.study import (
+    confirm,
+    preparation,
+    schema,
+    storage,
+)  # noqa: E402
+from autotune.study import (
+    objective as objective_,
+)
+from autotune.study import (
+    run as study_,
+)
 from autotune.train.config import TrialConfig  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.search import load_grid, true_time  # noqa: E402
@@ -81,10 +92,17 @@ ORACLE = "oracle"
 SYSTEMS = (*space_.LOADER_KNOBS, *space_.FORMAT_KNOBS)
 
 
-def load(path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None) -> spec_.StudySpec:
+def load(
+    path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None
+) -> spec_.StudySpec:
     """The study file, under `objective` and with `replicates` where they are given."""
     raw = read_yaml(path)
-    raw = {**raw, **{k: v for k, v in (("objective", objective), ("replicates", replicates)) if v is not None}}
+    raw = {
+        **raw,
+        **{
+            k: v for k, v in (("objective", objective), ("replicates", replicates)) if v is not None
+        },
+    }
     return spec_.from_mapping(raw, path=path, storage=storage)
 
 
@@ -109,14 +127,23 @@ def busy(on: bool):
 
 
 # found-<study>-<strategy>[-r<replicates>][-load][-regret]-<device>.json: what results_name writes
-RESULTS_NAME = re.compile(r"found-(?P<study>.+?)-(?P<strategy>[a-z_]+)(?:-r(?P<replicates>\d+))?(?P<load>-load)?"
-                          r"(?P<regret>-regret)?-(?P<device>[a-z]+)\.json")
+RESULTS_NAME = re.compile(
+    r"found-(?P<study>.+?)-(?P<strategy>[a-z_]+)(?:-r(?P<replicates>\d+))?(?P<load>-load)?"
+    r"(?P<regret>-regret)?-(?P<device>[a-z]+)\.json"
+)
 
 
-def results_name(study: str, strategy: str, *, replicates: int | None, load: bool, regret: bool, device: str) -> str:
+def results_name(
+    study: str, strategy: str, *, replicates: int | None, load: bool, regret: bool, device: str
+) -> str:
     """The results file of one study file and strategy (replicates where not the objective's default)."""
-    return (f"found-{study}-{strategy}" + (f"-r{replicates}" if replicates else "") + ("-load" if load else "")
-            + ("-regret" if regret else "") + f"-{device}.json")
+    return (
+        f"found-{study}-{strategy}"
+        + (f"-r{replicates}" if replicates else "")
+        + ("-load" if load else "")
+        + ("-regret" if regret else "")
+        + f"-{device}.json"
+    )
 
 
 NONE_FOUND = "none found"  # the winner of a study in which no configuration reached the target
@@ -128,7 +155,9 @@ def keeps_baseline(row: dict) -> bool:
     return row["winner"] in (confirm.BASELINE, NONE_FOUND)
 
 
-def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
+def autotune_study(
+    spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool
+) -> dict:
     """Run the study as `autotune run` would; its winner and what it spent."""
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
@@ -136,16 +165,33 @@ def autotune_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_m
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
     _, summary = summarize.of_study(spec, study)
-    label, params = (summary.best.label, summary.best.params) if summary.best else (NONE_FOUND, prepared.baseline)
+    label, params = (
+        (summary.best.label, summary.best.params)
+        if summary.best
+        else (NONE_FOUND, prepared.baseline)
+    )
     # training seconds the trials spent: a pruned one up to where it was stopped
     compute = sum(schema.training_seconds(t) for t in study.get_trials(deepcopy=False))
     phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
     probe = (summary.probe or {}).get("seconds")
-    error = summary.confirmation.prediction_error(label) if summary.confirmation and summary.best else None
-    return {"winner": label, "params": dict(params), "study_says": summary.speedup, "tuning_wall": tuning_wall,
-            "trial_compute": compute, "probe_seconds": probe, "phase_seconds": phase,
-            "compute": compute + phase + (probe or 0.0), "counts": dataclasses.asdict(summary.counts),
-            "prediction_error": error, "trial_prediction_error": trial_prediction_error(study)}
+    error = (
+        summary.confirmation.prediction_error(label)
+        if summary.confirmation and summary.best
+        else None
+    )
+    return {
+        "winner": label,
+        "params": dict(params),
+        "study_says": summary.speedup,
+        "tuning_wall": tuning_wall,
+        "trial_compute": compute,
+        "probe_seconds": probe,
+        "phase_seconds": phase,
+        "compute": compute + phase + (probe or 0.0),
+        "counts": dataclasses.asdict(summary.counts),
+        "prediction_error": error,
+        "trial_prediction_error": trial_prediction_error(study),
+    }
 
 
 def trial_prediction_error(study: optuna.Study) -> float | None:
@@ -162,7 +208,9 @@ def trial_prediction_error(study: optuna.Study) -> float | None:
     return statistics.median(errors) if errors else None
 
 
-def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
+def plain_tpe_study(
+    spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool
+) -> dict:
     """What a user writes instead of autotune: Optuna's default TPE over the same knobs, one
     training run per trial, the study's trial budget; the fastest trial wins."""
     limits = preparation.limits_for(spec)
@@ -171,8 +219,12 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
     def objective(trial: optuna.Trial) -> float:
         config = space_.suggest(prepared.space, trial)
         try:
-            result = prepared.run_trial(TrialConfig.from_mapping(config), limits=limits, device=prepared.device,
-                                        seed=objective_.trial_seed(spec.seed, trial.number))
+            result = prepared.run_trial(
+                TrialConfig.from_mapping(config),
+                limits=limits,
+                device=prepared.device,
+                seed=objective_.trial_seed(spec.seed, trial.number),
+            )
         except TrialFailure:
             return math.inf
         spent.append(result.train_seconds)
@@ -186,11 +238,23 @@ def plain_tpe_study(spec: spec_.StudySpec, prepared: preparation.Prepared, load_
     tuning_wall = time.perf_counter() - started
     reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
     best = min(reached, key=lambda t: t.value) if reached else None
-    params = space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
-    return {"winner": confirm.label(best.number) if best else NONE_FOUND, "params": params, "study_says": None,
-            "tuning_wall": tuning_wall, "trial_compute": sum(spent), "probe_seconds": None, "phase_seconds": 0.0,
-            "compute": sum(spent), "counts": {"trials": len(study.trials), "reached": len(reached)},
-            "prediction_error": None}
+    params = (
+        space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params))
+        if best
+        else prepared.baseline
+    )
+    return {
+        "winner": confirm.label(best.number) if best else NONE_FOUND,
+        "params": params,
+        "study_says": None,
+        "tuning_wall": tuning_wall,
+        "trial_compute": sum(spent),
+        "probe_seconds": None,
+        "phase_seconds": 0.0,
+        "compute": sum(spent),
+        "counts": {"trials": len(study.trials), "reached": len(reached)},
+        "prediction_error": None,
+    }
 
 
 def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float]:
@@ -198,8 +262,11 @@ def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float
     `same_maths`, the fastest of those with the baseline's maths)."""
     _, runs = load_grid(grid)
     if same_maths:
-        runs = {k: r for k, r in runs.items()
-                if all(v == baseline[name] for name, v in r[0]["config"].items() if name not in SYSTEMS)}
+        runs = {
+            k: r
+            for k, r in runs.items()
+            if all(v == baseline[name] for name, v in r[0]["config"].items() if name not in SYSTEMS)
+        }
     best = min(runs, key=lambda k: true_time(runs[k]))
     return dict(runs[best][0]["config"]), true_time(runs[best])
 
@@ -207,154 +274,297 @@ def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float
 def oracle_variants(config: dict, space: space_.Space) -> dict[str, dict]:
     """The grid's oracle under every value of the knobs the study searches and the grid leaves out
     (channels_last, on digits): a winner may use them, so the oracle may too. Labelled by them."""
-    left_out = [(name, d.values) for name, d in space.domains
-                if name not in config and isinstance(d, space_.Choices) and len(d.values) > 1]
+    left_out = [
+        (name, d.values)
+        for name, d in space.domains
+        if name not in config and isinstance(d, space_.Choices) and len(d.values) > 1
+    ]
     names = [name for name, _ in left_out]
-    return {ORACLE + "".join(f" {k}={v}" for k, v in zip(names, values)): {**config, **dict(zip(names, values))}
-            for values in itertools.product(*(v for _, v in left_out))}
+    return {
+        ORACLE + "".join(f" {k}={v}" for k, v in zip(names, values)): {
+            **config,
+            **dict(zip(names, values)),
+        }
+        for values in itertools.product(*(v for _, v in left_out))
+    }
 
 
-def one_study(path: Path, *, seed: int, seeds: int, folder: Path, objective: str | None = None,
-              replicates: int | None = None, load_machine: bool = False, plain_tpe: bool = False,
-              grid: Path | None = None, to_target: bool = False) -> dict:
+def one_study(
+    path: Path,
+    *,
+    seed: int,
+    seeds: int,
+    folder: Path,
+    objective: str | None = None,
+    replicates: int | None = None,
+    load_machine: bool = False,
+    plain_tpe: bool = False,
+    grid: Path | None = None,
+    to_target: bool = False,
+) -> dict:
     """Run the study with `seed` (beside a busy process with `load_machine`); re-measure its
     winner against the baseline (and the grid's oracle) on fresh seeds, on a quiet machine."""
-    spec = load(path, objective=objective, replicates=replicates, storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}")
+    spec = load(
+        path,
+        objective=objective,
+        replicates=replicates,
+        storage=f"sqlite:///{folder / f'{path.stem}-{seed}.db'}",
+    )
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
     prepared = preparation.prepare(spec)
     found = (plain_tpe_study if plain_tpe else autotune_study)(spec, prepared, load_machine)
     candidates = {confirm.BASELINE: prepared.baseline, "winner": dict(found["params"])}
     if grid is not None:
-        fastest, grid_median = oracle(grid, prepared.baseline, same_maths=spec.objective == SYSTEMS_ONLY)
+        fastest, grid_median = oracle(
+            grid, prepared.baseline, same_maths=spec.objective == SYSTEMS_ONLY
+        )
         variants = oracle_variants(fastest, prepared.space)
         candidates.update(variants)
     # Every run trains its whole schedule and notes when it first reached the target: the same
     # runs give both objectives' yardsticks, whatever the study's objective was (--to-target: the first only).
     whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=to_target)
-    runs = confirm.measure(prepared.run_trial, candidates, device=prepared.device, limits=whole,
-                           seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)])
+    runs = confirm.measure(
+        prepared.run_trial,
+        candidates,
+        device=prepared.device,
+        limits=whole,
+        seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)],
+    )
     stats = confirm.summarize(runs)
     base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
     kept_baseline = keeps_baseline(found)  # re-measuring it against itself shows only the noise
-    row = {"seed": seed, **found, "baseline_median": base, "winner_median": won,
-           "speedup": base / won if base and won else None,
-           "beats_baseline": bool(not kept_baseline and won is not None and (base is None or won < base)),
-           # never worse: the winner's median at or below the baseline's (keeping the baseline counts)
-           "not_worse": bool(kept_baseline or (won is not None and (base is None or won <= base))),
-           "loaded": load_machine, "stats": stats, "runs": runs}
+    row = {
+        "seed": seed,
+        **found,
+        "baseline_median": base,
+        "winner_median": won,
+        "speedup": base / won if base and won else None,
+        "beats_baseline": bool(
+            not kept_baseline and won is not None and (base is None or won < base)
+        ),
+        # never worse: the winner's median at or below the baseline's (keeping the baseline counts)
+        "not_worse": bool(kept_baseline or (won is not None and (base is None or won <= base))),
+        "loaded": load_machine,
+        "stats": stats,
+        "runs": runs,
+    }
     if grid is not None:
         medians = {label: stats[label]["median"] for label in variants}
         label = min(medians, key=lambda v: math.inf if medians[v] is None else medians[v])
         best = medians[label]
-        row.update(oracle=candidates[label], oracle_median=best, oracle_grid_median=grid_median, oracle_variants=medians,
-                   regret=won / best if won and best else None if best is None else math.inf)
+        row.update(
+            oracle=candidates[label],
+            oracle_median=best,
+            oracle_grid_median=grid_median,
+            oracle_variants=medians,
+            regret=won / best if won and best else None if best is None else math.inf,
+        )
     if not to_target:
         # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
         fixed = confirm.summarize(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
         fixed_base, fixed_won = fixed[confirm.BASELINE]["median"], fixed["winner"]["median"]
-        row.update(fixed_stats=fixed, fixed_speedup=fixed_base / fixed_won if fixed_base and fixed_won else None)
+        row.update(
+            fixed_stats=fixed,
+            fixed_speedup=fixed_base / fixed_won if fixed_base and fixed_won else None,
+        )
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("studies_files", nargs="*", type=Path, default=[REPO / "studies" / "digits.yaml"])
-    parser.add_argument("--studies", type=int, default=10, help="independent studies (study seeds 1..N) per file")
-    parser.add_argument("--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement")
-    parser.add_argument("--objective", choices=spec_.OBJECTIVES, help="run the studies under this objective")
+    parser.add_argument(
+        "studies_files", nargs="*", type=Path, default=[REPO / "studies" / "digits.yaml"]
+    )
+    parser.add_argument(
+        "--studies", type=int, default=10, help="independent studies (study seeds 1..N) per file"
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement"
+    )
+    parser.add_argument(
+        "--objective", choices=spec_.OBJECTIVES, help="run the studies under this objective"
+    )
     parser.add_argument("--replicates", type=int, help="run the studies with this many replicates")
     parser.add_argument("--first", type=int, default=1, help="the first study seed")
-    parser.add_argument("--fresh", action="store_true", help="discard the studies already in the results file")
-    parser.add_argument("--load", action="store_true", help="run each study beside a process spinning on one core")
-    parser.add_argument("--plain-tpe", action="store_true", help="a hand-written loop over Optuna's TPE instead of autotune")
-    parser.add_argument("--oracle", type=Path, metavar="GRID", help="re-measure the grid's fastest configuration too")
-    parser.add_argument("--to-target", action="store_true", help="re-measurement runs stop at the target")
+    parser.add_argument(
+        "--fresh", action="store_true", help="discard the studies already in the results file"
+    )
+    parser.add_argument(
+        "--load", action="store_true", help="run each study beside a process spinning on one core"
+    )
+    parser.add_argument(
+        "--plain-tpe",
+        action="store_true",
+        help="a hand-written loop over Optuna's TPE instead of autotune",
+    )
+    parser.add_argument(
+        "--oracle",
+        type=Path,
+        metavar="GRID",
+        help="re-measure the grid's fastest configuration too",
+    )
+    parser.add_argument(
+        "--to-target", action="store_true", help="re-measurement runs stop at the target"
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = preparation.resolve_device(spec)
-        replicated = spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
-        out = RESULTS / results_name(path.stem, PLAIN_TPE if args.plain_tpe else spec.objective,
-                                     replicates=spec.replicates if replicated else None, load=args.load,
-                                     regret=args.oracle is not None, device=device.type)
+        replicated = (
+            spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
+        )
+        out = RESULTS / results_name(
+            path.stem,
+            PLAIN_TPE if args.plain_tpe else spec.objective,
+            replicates=spec.replicates if replicated else None,
+            load=args.load,
+            regret=args.oracle is not None,
+            device=device.type,
+        )
         # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
         # the commit that produced it; --fresh starts over.
-        kept = json.loads(out.read_text()).get("studies", []) if out.exists() and not args.fresh else []
-        rows = {r["seed"]: r for r in kept if r.get("fresh_seeds", args.seeds) == args.seeds
-                and (not args.oracle or "oracle_variants" in r)}
+        kept = (
+            json.loads(out.read_text()).get("studies", [])
+            if out.exists() and not args.fresh
+            else []
+        )
+        rows = {
+            r["seed"]: r
+            for r in kept
+            if r.get("fresh_seeds", args.seeds) == args.seeds
+            and (not args.oracle or "oracle_variants" in r)
+        }
         with tempfile.TemporaryDirectory() as tmp:
             for seed in range(args.first, args.first + args.studies):
                 if seed in rows:
                     continue
-                row = one_study(path, seed=seed, seeds=args.seeds, folder=Path(tmp), objective=args.objective,
-                                replicates=args.replicates, load_machine=args.load, plain_tpe=args.plain_tpe,
-                                grid=args.oracle, to_target=args.to_target)
-                rows[seed] = {**row, "fresh_seeds": args.seeds, "commit": provenance(device)["commit"]}
+                row = one_study(
+                    path,
+                    seed=seed,
+                    seeds=args.seeds,
+                    folder=Path(tmp),
+                    objective=args.objective,
+                    replicates=args.replicates,
+                    load_machine=args.load,
+                    plain_tpe=args.plain_tpe,
+                    grid=args.oracle,
+                    to_target=args.to_target,
+                )
+                rows[seed] = {
+                    **row,
+                    "fresh_seeds": args.seeds,
+                    "commit": provenance(device)["commit"],
+                }
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-                print(f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
-                      f"winner {row['winner_median']} s, {speed}"
-                      + (f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)" if "regret" in row else "")
-                      + f", study took {row['tuning_wall']:.0f} s, compute {row['compute']:.0f} s", flush=True)
+                print(
+                    f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
+                    f"winner {row['winner_median']} s, {speed}"
+                    + (
+                        f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)"
+                        if "regret" in row
+                        else ""
+                    )
+                    + f", study took {row['tuning_wall']:.0f} s, compute {row['compute']:.0f} s",
+                    flush=True,
+                )
                 write(out, path, spec, device, args, sorted(rows.values(), key=lambda r: r["seed"]))
         results = sorted(rows.values(), key=lambda r: r["seed"])
         summary = write(out, path, spec, device, args, results)
-        print(f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
-              f"fresh seeds beside the baseline, by time to target")
-        print(f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} {'speedup':>8} "
-              f"{'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}")
+        print(
+            f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
+            f"fresh seeds beside the baseline, by time to target"
+        )
+        print(
+            f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} {'speedup':>8} "
+            f"{'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}"
+        )
         for r in results:
             reached = f"{r['stats']['winner']['reached']}/{r['stats']['winner']['runs']}"
-            print(f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} {_s(r['winner_median']):>11} "
-                  f"{reached:>8} {_x(r['speedup']):>8} {_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
-                  f"{r['trial_compute']:>12.0f}")
-        print(f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}), by the "
-              f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
-              f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
-              f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
-              f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)")
+            print(
+                f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} {_s(r['winner_median']):>11} "
+                f"{reached:>8} {_x(r['speedup']):>8} {_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
+                f"{r['trial_compute']:>12.0f}"
+            )
+        print(
+            f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}), by the "
+            f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
+            f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
+            f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
+            f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)"
+        )
         if args.oracle:
-            print(f"regret (winner's median over the oracle's, side by side): median {_x(summary['median_regret'])}, "
-                  f"within 10% of the oracle in {summary['within_10']} of {len(results)}; winner at or below the "
-                  f"baseline's median in {summary['not_worse']} of {len(results)}; predicted vs measured, median "
-                  f"|error| {summary['median_prediction_error']}")
+            print(
+                f"regret (winner's median over the oracle's, side by side): median {_x(summary['median_regret'])}, "
+                f"within 10% of the oracle in {summary['within_10']} of {len(results)}; winner at or below the "
+                f"baseline's median in {summary['not_worse']} of {len(results)}; predicted vs measured, median "
+                f"|error| {summary['median_prediction_error']}"
+            )
         print(f"written: {out.relative_to(REPO)}")
 
 
 def summarize_rows(results: list[dict]) -> dict:
     """The benchmark's figures over its studies' rows."""
-    speedups = [r["speedup"] or 0.0 for r in results]  # a winner that missed the target is no speedup
+    speedups = [
+        r["speedup"] or 0.0 for r in results
+    ]  # a winner that missed the target is no speedup
     fixed = [r.get("fixed_speedup") or 0.0 for r in results if "fixed_stats" in r]
-    summary = {"median_speedup": statistics.median(speedups) if speedups else None,
-               "median_fixed_speedup": statistics.median(fixed) if fixed else None,
-               "min_speedup": min(speedups) if speedups else None,
-               "beats_baseline": sum(r["beats_baseline"] for r in results), "studies": len(results),
-               "kept_baseline": sum(keeps_baseline(r) for r in results),
-               "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
-               "median_trial_compute": statistics.median(r["trial_compute"] for r in results),
-               "median_compute": statistics.median(r.get("compute", r["trial_compute"]) for r in results)}
+    summary = {
+        "median_speedup": statistics.median(speedups) if speedups else None,
+        "median_fixed_speedup": statistics.median(fixed) if fixed else None,
+        "min_speedup": min(speedups) if speedups else None,
+        "beats_baseline": sum(r["beats_baseline"] for r in results),
+        "studies": len(results),
+        "kept_baseline": sum(keeps_baseline(r) for r in results),
+        "median_tuning_wall": statistics.median(r["tuning_wall"] for r in results),
+        "median_trial_compute": statistics.median(r["trial_compute"] for r in results),
+        "median_compute": statistics.median(r.get("compute", r["trial_compute"]) for r in results),
+    }
     regrets = [r["regret"] for r in results if "regret" in r]
     if regrets:
-        errors = [abs(r["prediction_error"]) for r in results if r.get("prediction_error") is not None]
-        summary.update(median_regret=statistics.median(math.inf if x is None else x for x in regrets),
-                       within_10=sum(x is not None and x <= 1.10 for x in regrets),
-                       not_worse=sum(r["not_worse"] or keeps_baseline(r) for r in results),
-                       median_prediction_error=statistics.median(errors) if errors else None)
-    phase_errors = [r["trial_prediction_error"] for r in results if r.get("trial_prediction_error") is not None]
+        errors = [
+            abs(r["prediction_error"]) for r in results if r.get("prediction_error") is not None
+        ]
+        summary.update(
+            median_regret=statistics.median(math.inf if x is None else x for x in regrets),
+            within_10=sum(x is not None and x <= 1.10 for x in regrets),
+            not_worse=sum(r["not_worse"] or keeps_baseline(r) for r in results),
+            median_prediction_error=statistics.median(errors) if errors else None,
+        )
+    phase_errors = [
+        r["trial_prediction_error"] for r in results if r.get("trial_prediction_error") is not None
+    ]
     if phase_errors:  # signed: above 0, the trials' own runs were slower than predicted
         summary["median_trial_prediction_error"] = statistics.median(phase_errors)
     return summary
 
 
-def write(out: Path, path: Path, spec: spec_.StudySpec, device: object, args: argparse.Namespace,
-          results: list[dict]) -> dict:
+def write(
+    out: Path,
+    path: Path,
+    spec: spec_.StudySpec,
+    device: object,
+    args: argparse.Namespace,
+    results: list[dict],
+) -> dict:
     """Write the results so far with their summary and provenance; return the summary."""
     summary = summarize_rows(results)
-    record = {"benchmark": "found", "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
-              "args": {"seeds": args.seeds, "objective": spec.objective, "replicates": spec.replicates, "load": args.load,
-                       "plain_tpe": args.plain_tpe, "oracle": str(args.oracle) if args.oracle else None,
-                       "to_target": args.to_target},
-              **provenance(device), "summary": summary, "studies": results}
+    record = {
+        "benchmark": "found",
+        "study": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
+        "args": {
+            "seeds": args.seeds,
+            "objective": spec.objective,
+            "replicates": spec.replicates,
+            "load": args.load,
+            "plain_tpe": args.plain_tpe,
+            "oracle": str(args.oracle) if args.oracle else None,
+            "to_target": args.to_target,
+        },
+        **provenance(device),
+        "summary": summary,
+        "studies": results,
+    }
     out.write_text(json.dumps(record, indent=1))
     return summary
 

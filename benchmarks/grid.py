@@ -35,8 +35,8 @@ import torch  # noqa: E402
 from autotune.runners import isolation  # noqa: E402
 from autotune.spec import study_file as spec_
 from autotune.study.preparation import limits_for  # noqa: E402
-from autotune.train.tasks import load_task  # noqa: E402
 from autotune.train.config import TrialConfig
+from autotune.train.tasks import load_task  # noqa: E402
 from autotune.train.trial import run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
@@ -70,7 +70,13 @@ def key(config: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
-    parser.add_argument("--seed", type=int, nargs="+", default=[SEED], help="each seed adds a run of every configuration")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=[SEED],
+        help="each seed adds a run of every configuration",
+    )
     args = parser.parse_args()
     spec = spec_.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
@@ -84,26 +90,51 @@ def main() -> None:
         done = {(row.get("seed", SEED), key(row["config"])) for row in map(json.loads, lines[1:])}
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        header = {"benchmark": "grid", "task": "digits", "study": "studies/digits.yaml", "grid": GRID, "seed": args.seed,
-                  "limits": dataclasses.asdict(limits),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), **provenance(device)}
+        header = {
+            "benchmark": "grid",
+            "task": "digits",
+            "study": "studies/digits.yaml",
+            "grid": GRID,
+            "seed": args.seed,
+            "limits": dataclasses.asdict(limits),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **provenance(device),
+        }
         args.out.write_text(json.dumps(header) + "\n")
     commit = provenance(device)["commit"]
 
     for seed in args.seed:
         todo = [c for c in configurations() if (seed, key(c)) not in done]
         random.Random(ORDER_SEED).shuffle(todo)
-        print(f"seed {seed}: {len(configurations()) - len(todo)} configurations measured, {len(todo)} to go", flush=True)
+        print(
+            f"seed {seed}: {len(configurations()) - len(todo)} configurations measured, {len(todo)} to go",
+            flush=True,
+        )
         for index, config in enumerate(todo, 1):
-            result = run(task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
-            row = {"config": config, "seed": seed, "reached": result.reached, "time_to_target": result.time_to_target,
-                   "train_seconds": result.train_seconds, "best_metric": result.best_metric, "epochs": result.epochs,
-                   "samples_to_target": result.samples_to_target, "samples_per_second": result.samples_per_second,
-                   "stop_reason": result.stop_reason, "curve": [list(point) for point in result.curve], "commit": commit}
+            result = run(
+                task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed
+            )
+            row = {
+                "config": config,
+                "seed": seed,
+                "reached": result.reached,
+                "time_to_target": result.time_to_target,
+                "train_seconds": result.train_seconds,
+                "best_metric": result.best_metric,
+                "epochs": result.epochs,
+                "samples_to_target": result.samples_to_target,
+                "samples_per_second": result.samples_per_second,
+                "stop_reason": result.stop_reason,
+                "curve": [list(point) for point in result.curve],
+                "commit": commit,
+            }
             with args.out.open("a") as out:
                 out.write(json.dumps(row) + "\n")
-            print(f"{index}/{len(todo)} {key(config)} -> "
-                  f"{f'{result.time_to_target:.2f} s' if result.reached else f'missed ({result.best_metric:.3f})'}", flush=True)
+            print(
+                f"{index}/{len(todo)} {key(config)} -> "
+                f"{f'{result.time_to_target:.2f} s' if result.reached else f'missed ({result.best_metric:.3f})'}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

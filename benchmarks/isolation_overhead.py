@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from autotune.runners import isolation, warm
-from autotune.train.measure import device_name
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.train.tasks import load_task
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.measure import device_name
+from autotune.train.tasks import load_task
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -44,43 +44,75 @@ def main() -> None:
     limits = Limits(target=2.0, max_epochs=args.epochs, max_seconds=600, eval_every=0.25)
     runners = {
         "in-process": isolation.in_process(load_task(args.task)),
-        "child process": isolation.in_child(args.task, study_path=Path("benchmark.yaml"), hang_after=600),
-        "warm child": warm.WarmChild(args.task, study_path=Path("benchmark.yaml"), hang_after=600,
-                                     measure_hang_after=600).run_trial,
+        "child process": isolation.in_child(
+            args.task, study_path=Path("benchmark.yaml"), hang_after=600
+        ),
+        "warm child": warm.WarmChild(
+            args.task, study_path=Path("benchmark.yaml"), hang_after=600, measure_hang_after=600
+        ).run_trial,
     }
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
-    for run_index in range(args.runs + 1):  # the first round warms up both (and starts the fork server)
+    for run_index in range(
+        args.runs + 1
+    ):  # the first round warms up both (and starts the fork server)
         for name, run_trial in runners.items():
             started = time.perf_counter()
             result = run_trial(config, limits=limits, device=device, seed=run_index)
             wall = time.perf_counter() - started
             if run_index > 0:
-                samples[name].append({"wall": wall, "train": result.train_seconds, "outside": wall - result.train_seconds})
+                samples[name].append(
+                    {
+                        "wall": wall,
+                        "train": result.train_seconds,
+                        "outside": wall - result.train_seconds,
+                    }
+                )
 
     summary = {
         name: {key: statistics.median(s[key] for s in runs) for key in ("wall", "train", "outside")}
         for name, runs in samples.items()
     }
     here = summary["in-process"]
-    extra = {name: row["wall"] - here["wall"] for name, row in summary.items() if name != "in-process"}
-    print(f"task {args.task}, {args.epochs:g} epoch(s) of the baseline, {device_name(device)}, median of {args.runs}")
+    extra = {
+        name: row["wall"] - here["wall"] for name, row in summary.items() if name != "in-process"
+    }
+    print(
+        f"task {args.task}, {args.epochs:g} epoch(s) of the baseline, {device_name(device)}, median of {args.runs}"
+    )
     print(f"{'':<14} {'wall s':>8} {'training s':>11} {'outside training s':>19}")
     for name, row in summary.items():
         print(f"{name:<14} {row['wall']:>8.3f} {row['train']:>11.3f} {row['outside']:>19.3f}")
     for name, added in extra.items():
         row = summary[name]
-        print(f"a {name} adds {added:.3f} s of wall time a trial ({added / here['wall']:.0%} of an in-process trial): "
-              f"{row['outside'] - here['outside']:.3f} s outside training and "
-              f"{row['train'] - here['train']:.3f} s on the training clock")
+        print(
+            f"a {name} adds {added:.3f} s of wall time a trial ({added / here['wall']:.0%} of an in-process trial): "
+            f"{row['outside'] - here['outside']:.3f} s outside training and "
+            f"{row['train'] - here['train']:.3f} s on the training clock"
+        )
 
     RESULTS.mkdir(exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     out = RESULTS / f"isolation_overhead-{device.type}-{args.epochs:g}ep.json"
-    out.write_text(json.dumps({
-        "task": args.task, "epochs": args.epochs, "runs": args.runs, "device": device_name(device),
-        "machine": platform.node(), "torch": torch.__version__, "commit": commit,
-        "summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "task": args.task,
+                "epochs": args.epochs,
+                "runs": args.runs,
+                "device": device_name(device),
+                "machine": platform.node(),
+                "torch": torch.__version__,
+                "commit": commit,
+                "summary": summary,
+                "extra_wall_seconds_per_trial": extra,
+                "samples": samples,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

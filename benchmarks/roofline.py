@@ -65,14 +65,26 @@ from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 # What each searching arm sets in the study file (tpe: Optuna alone, no autotune settings).
-ARMS: dict[str, dict[str, str]] = {"joint": {"probe": "joint"}, "systems": {"probe": "systems"}, "tpe": {},
-                                   "prior": {"probe": "joint", "first_trial": "prior"},
-                                   "warm": {"probe": "joint", "isolation": "warm"}}
+ARMS: dict[str, dict[str, str]] = {
+    "joint": {"probe": "joint"},
+    "systems": {"probe": "systems"},
+    "tpe": {},
+    "prior": {"probe": "joint", "first_trial": "prior"},
+    "warm": {"probe": "joint", "isolation": "warm"},
+}
 STAGES = (*ARMS, "judge")
 DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
 JUDGE_SEED = 8_000_000  # far from every seed a study uses
-EXPERT = {"precision": "bf16", "channels_last": True, "cudnn_benchmark": True, "pin_memory": True,
-          "scheduler": "onecycle", "lr": 0.2, "accumulation_steps": 1, "compile": False}
+EXPERT = {
+    "precision": "bf16",
+    "channels_last": True,
+    "cudnn_benchmark": True,
+    "pin_memory": True,
+    "scheduler": "onecycle",
+    "lr": 0.2,
+    "accumulation_steps": 1,
+    "compile": False,
+}
 EXPERT_BATCH = 512
 
 
@@ -82,14 +94,21 @@ def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> spec_.StudyS
         raw["budget"] = {**raw.get("budget", {}), "trials": 3}
         raw["confirm"] = {"top": 1, "runs": 1}
     name = f"{path.stem}-{arm}"
-    return dataclasses.replace(spec_.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"), name=name)
+    return dataclasses.replace(
+        spec_.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"), name=name
+    )
 
 
 def expert(prepared: preparation.Prepared) -> dict[str, Any]:
     """The expert recipe, each knob as the space (fitted to the device) allows it."""
     space = prepared.space
     config = {**prepared.baseline, **EXPERT}
-    for knob in ("precision", "channels_last", "cudnn_benchmark", "pin_memory"):  # what the device can run
+    for knob in (
+        "precision",
+        "channels_last",
+        "cudnn_benchmark",
+        "pin_memory",
+    ):  # what the device can run
         if config[knob] not in space[knob].values:
             config[knob] = prepared.baseline[knob]
     workers = space["num_workers"]
@@ -97,13 +116,22 @@ def expert(prepared: preparation.Prepared) -> dict[str, Any]:
     config["num_workers"] = min(most, cpu_count())
     config["prefetch_factor"] = config.get("prefetch_factor") or 2
     batches = space["batch_size"]
-    sizes = batches.values if isinstance(batches, space_.Choices) else [int(batches.low), int(batches.high)]
+    sizes = (
+        batches.values
+        if isinstance(batches, space_.Choices)
+        else [int(batches.low), int(batches.high)]
+    )
     config["batch_size"] = max([b for b in sizes if b <= EXPERT_BATCH] or [min(sizes)])
     return space_.complete(config)
 
 
-def judge_run(template: Any, config: dict[str, Any], prepared: preparation.Prepared, spec: spec_.StudySpec,
-              seed: int) -> dict[str, Any]:
+def judge_run(
+    template: Any,
+    config: dict[str, Any],
+    prepared: preparation.Prepared,
+    spec: spec_.StudySpec,
+    seed: int,
+) -> dict[str, Any]:
     """Train `config` with the exported plain-PyTorch module to the target: its time to target
     (evaluation off the clock) and the samples it took."""
     winner = dataclasses.replace(template.best, params=dict(config))
@@ -116,8 +144,13 @@ def judge_run(template: Any, config: dict[str, Any], prepared: preparation.Prepa
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
     started, paused = time.perf_counter(), 0.0
-    training = module.make_training(model, task.train, device=device, seed=seed,
-                                    max_epochs=config.get("schedule_epochs") or budget.max_epochs)
+    training = module.make_training(
+        model,
+        task.train,
+        device=device,
+        seed=seed,
+        max_epochs=config.get("schedule_epochs") or budget.max_epochs,
+    )
     per_epoch = len(training.loader) / config["accumulation_steps"]
     every = max(1, round(budget.eval_every * per_epoch))
     samples, reached, metric = 0, False, None
@@ -143,8 +176,13 @@ def judge_run(template: Any, config: dict[str, Any], prepared: preparation.Prepa
             iterator._shutdown_workers()  # its persistent workers, now
         del training
         gc.collect()
-    return {"reached": reached, "time_to_target": seconds if reached else None, "samples": samples,
-            "seconds": seconds, "metric": metric}
+    return {
+        "reached": reached,
+        "time_to_target": seconds if reached else None,
+        "samples": samples,
+        "seconds": seconds,
+        "metric": metric,
+    }
 
 
 def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> float:
@@ -165,12 +203,27 @@ def median_time(runs: list[dict[str, Any]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stages", nargs="*", metavar="STAGE", help=f"of {', '.join(STAGES)} (default: all, in that order)")
-    parser.add_argument("--cpu", action="store_true", help="the paced study on the CPU (the CPU twin)")
-    parser.add_argument("--small", action="store_true", help="3 trials, 1 confirmation and judge seed")
+    parser.add_argument(
+        "stages",
+        nargs="*",
+        metavar="STAGE",
+        help=f"of {', '.join(STAGES)} (default: all, in that order)",
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="the paced study on the CPU (the CPU twin)"
+    )
+    parser.add_argument(
+        "--small", action="store_true", help="3 trials, 1 confirmation and judge seed"
+    )
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "autotune-roofline")
-    parser.add_argument("--study", type=Path, help="the study file (default: studies/shapes.yaml, or paced.yaml with --cpu)")
+    parser.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "autotune-roofline"
+    )
+    parser.add_argument(
+        "--study",
+        type=Path,
+        help="the study file (default: studies/shapes.yaml, or paced.yaml with --cpu)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     unknown = [s for s in args.stages if s not in STAGES]
@@ -180,7 +233,10 @@ def main() -> None:
     study = args.study or REPO / "studies" / ("paced.yaml" if args.cpu else "shapes.yaml")
     seeds = 1 if args.small else args.seeds
     args.work.mkdir(parents=True, exist_ok=True)
-    out = args.results / f"roofline-{study.stem}{'-small' if args.small else ''}-{'cpu' if args.cpu else 'cuda'}.json"
+    out = (
+        args.results
+        / f"roofline-{study.stem}{'-small' if args.small else ''}-{'cpu' if args.cpu else 'cuda'}.json"
+    )
     record = json.loads(out.read_text()) if out.exists() else {"arms": {}}
 
     def save() -> None:
@@ -194,18 +250,32 @@ def main() -> None:
         if args.cpu:
             spec = dataclasses.replace(spec, device="cpu")
         for suffix in ("", "-journal", ".runner.lock"):
-            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(missing_ok=True)  # a fresh study
+            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(
+                missing_ok=True
+            )  # a fresh study
         prepared = preparation.prepare(spec)
         record["provenance"] = provenance(prepared.device)
         found = (plain_tpe_study if stage == "tpe" else autotune_study)(spec, prepared, False)
         if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
         record["arms"][stage] = {**found, "gpu_seconds": found["tuning_wall"]}
-        print(f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s: {found['params']}", flush=True)
+        print(
+            f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s: {found['params']}",
+            flush=True,
+        )
         save()
 
 
-def judge(record: dict[str, Any], study: Path, work: Path, *, small: bool, cpu: bool, seeds: int, save: Any) -> None:
+def judge(
+    record: dict[str, Any],
+    study: Path,
+    work: Path,
+    *,
+    small: bool,
+    cpu: bool,
+    seeds: int,
+    save: Any,
+) -> None:
     """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
     interleaved; then the limit and the goals."""
     spec = study_spec(study, arm="joint", work=work, small=small)
@@ -214,9 +284,14 @@ def judge(record: dict[str, Any], study: Path, work: Path, *, small: bool, cpu: 
     prepared = preparation.prepare(spec)
     _, template = summarize.of_study(spec, storage.open_study(spec, create=False))
     if template.best is None:
-        raise SystemExit("the joint arm found no winner to take the export's shape from: run the joint stage first")
-    candidates = {"baseline": space_.complete(prepared.baseline), "expert": expert(prepared),
-                  **{arm: space_.complete(found["params"]) for arm, found in record["arms"].items()}}
+        raise SystemExit(
+            "the joint arm found no winner to take the export's shape from: run the joint stage first"
+        )
+    candidates = {
+        "baseline": space_.complete(prepared.baseline),
+        "expert": expert(prepared),
+        **{arm: space_.complete(found["params"]) for arm, found in record["arms"].items()},
+    }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in candidates}
     record["judge"] = {"candidates": candidates, "runs": runs}
     for index in range(seeds):
@@ -231,12 +306,21 @@ def judge(record: dict[str, Any], study: Path, work: Path, *, small: bool, cpu: 
     if limit and joint_runs:
         samples = statistics.median(r["samples"] for r in joint_runs)
         record["limit"] = {**limit, "samples": samples, "seconds": samples / limit["predicted"]}
-    joint, peers = medians.get("joint", math.inf), [medians.get(k, math.inf) for k in ("tpe", "expert")]
+    joint, peers = (
+        medians.get("joint", math.inf),
+        [medians.get(k, math.inf) for k in ("tpe", "expert")],
+    )
     gpu = {arm: found["gpu_seconds"] for arm, found in record["arms"].items()}
     record["goals"] = {
-        "joint_vs_best_peer": min(peers) / joint if joint and math.isfinite(joint) else None,  # goal: >= 1.5
-        "joint_vs_limit": joint / record["limit"]["seconds"] if "limit" in record else None,  # goal: <= 1.15
-        "gpu_vs_tpe": gpu["joint"] / gpu["tpe"] if {"joint", "tpe"} <= set(gpu) else None,  # goal: <= 0.5
+        "joint_vs_best_peer": min(peers) / joint
+        if joint and math.isfinite(joint)
+        else None,  # goal: >= 1.5
+        "joint_vs_limit": joint / record["limit"]["seconds"]
+        if "limit" in record
+        else None,  # goal: <= 1.15
+        "gpu_vs_tpe": gpu["joint"] / gpu["tpe"]
+        if {"joint", "tpe"} <= set(gpu)
+        else None,  # goal: <= 0.5
         "joint_study_seconds": gpu.get("joint"),  # goal: < 360 on an H100
     }
     save()

@@ -28,20 +28,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from autotune.runners import isolation  # noqa: E402
-from autotune.spec import study_file as spec_
 from autotune.search.space import DEFAULT_BASELINE  # noqa: E402
+from autotune.spec import study_file as spec_
 from autotune.study.preparation import limits_for  # noqa: E402
-from autotune.train.tasks import load_task  # noqa: E402
 from autotune.train.config import TrialConfig
+from autotune.train.tasks import load_task  # noqa: E402
 from autotune.train.trial import run  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
 SEED = 3_000_000  # seeds no study uses
 CANDIDATES = {  # label: (changes to the baseline, schedule length in epochs)
     "baseline (constant, 8 epochs)": ({}, None),
-    **{f"onecycle lr 0.2 batch 32, {e} epochs": ({"lr": 0.2, "scheduler": "onecycle"}, e) for e in (1, 2, 3)},
-    **{f"onecycle lr 0.3 batch 64, {e} epochs": ({"lr": 0.3, "batch_size": 64, "scheduler": "onecycle"}, e) for e in (1, 2, 3)},
-    **{f"cosine lr 0.3 batch 64, {e} epochs": ({"lr": 0.3, "batch_size": 64, "scheduler": "cosine"}, e) for e in (2, 3)},
+    **{
+        f"onecycle lr 0.2 batch 32, {e} epochs": ({"lr": 0.2, "scheduler": "onecycle"}, e)
+        for e in (1, 2, 3)
+    },
+    **{
+        f"onecycle lr 0.3 batch 64, {e} epochs": (
+            {"lr": 0.3, "batch_size": 64, "scheduler": "onecycle"},
+            e,
+        )
+        for e in (1, 2, 3)
+    },
+    **{
+        f"cosine lr 0.3 batch 64, {e} epochs": (
+            {"lr": 0.3, "batch_size": 64, "scheduler": "cosine"},
+            e,
+        )
+        for e in (2, 3)
+    },
 }
 
 
@@ -58,7 +73,13 @@ def main() -> None:
     for seed in range(SEED, SEED + args.seeds):
         for label, (changes, epochs) in CANDIDATES.items():
             mine = limits if epochs is None else dataclasses.replace(limits, max_epochs=epochs)
-            result = run(task, TrialConfig.from_mapping({**DEFAULT_BASELINE, **changes}), limits=mine, device=device, seed=seed)
+            result = run(
+                task,
+                TrialConfig.from_mapping({**DEFAULT_BASELINE, **changes}),
+                limits=mine,
+                device=device,
+                seed=seed,
+            )
             times[label].append(result.time_to_target if result.reached else math.inf)
     base = statistics.median(times[next(iter(CANDIDATES))])
     summary = {}
@@ -67,13 +88,25 @@ def main() -> None:
     for label, values in times.items():
         median = statistics.median(values)
         reached = sum(math.isfinite(v) for v in values)
-        summary[label] = {"median": median if math.isfinite(median) else None, "reached": reached,
-                          "times": [v if math.isfinite(v) else None for v in values]}
+        summary[label] = {
+            "median": median if math.isfinite(median) else None,
+            "reached": reached,
+            "times": [v if math.isfinite(v) else None for v in values],
+        }
         ratio = f"{base / median:.2f}x" if math.isfinite(median) else "-"
         print(f"{label:<36} {median:>10.2f} {reached:>5}/{args.seeds} {ratio:>12}")
     out = RESULTS / "schedule_length-digits-cpu.json"
-    out.write_text(json.dumps({"benchmark": "schedule_length", "seeds": args.seeds, **provenance(device),
-                               "summary": summary}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "schedule_length",
+                "seeds": args.seeds,
+                **provenance(device),
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
     print(f"written: {out.relative_to(REPO)}")
 
 

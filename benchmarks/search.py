@@ -53,7 +53,10 @@ from autotune.study.run import tpe_sampler  # noqa: E402
 from benchmarks.grid import GRID, key  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS  # noqa: E402
 
-WITHIN = (0.10, 0.25)  # "near the optimum": a time to target at most this much above the grid's best
+WITHIN = (
+    0.10,
+    0.25,
+)  # "near the optimum": a time to target at most this much above the grid's best
 
 
 def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -81,15 +84,25 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "random": {"sampler": lambda seed, trials: optuna.samplers.RandomSampler(seed=seed)},
     "tpe-default": {"sampler": lambda seed, trials: optuna.samplers.TPESampler(seed=seed)},
     "autotune-sampler": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials)},
-    "autotune+incumbent": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials), "incumbent": True},
-    "autotune+incumbent+probe": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
-                                 "incumbent": True, "probe": True},
-    "autotune+incumbent+median": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
-                                  "incumbent": True,
-                                  "pruner": lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)},
-    "autotune+incumbent+sha": {"sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
-                               "incumbent": True,
-                               "pruner": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=2)},
+    "autotune+incumbent": {
+        "sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+        "incumbent": True,
+    },
+    "autotune+incumbent+probe": {
+        "sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+        "incumbent": True,
+        "probe": True,
+    },
+    "autotune+incumbent+median": {
+        "sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+        "incumbent": True,
+        "pruner": lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2),
+    },
+    "autotune+incumbent+sha": {
+        "sampler": lambda seed, trials: tpe_sampler(seed=seed, trials=trials),
+        "incumbent": True,
+        "pruner": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=2),
+    },
 }
 
 
@@ -98,16 +111,21 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     and precisions: what it settles and what it costs (the replay charges its seconds); and the
     task's baseline configuration."""
     from autotune.spec import study_file as spec_
-    from autotune.study import preparation, run as study_
+    from autotune.study import preparation
+    from autotune.study import run as study_
 
     raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
-    spec = spec_.from_mapping(raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:")
+    spec = spec_.from_mapping(
+        raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:"
+    )
     prepared = preparation.prepare(spec)
     return study_.run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
 
 
-def searched_space(strategy: dict[str, Any], probed: dict[str, Any] | None) -> tuple[float, dict[str, list]]:
+def searched_space(
+    strategy: dict[str, Any], probed: dict[str, Any] | None
+) -> tuple[float, dict[str, list]]:
     """The compute a search starts with and the grid space it searches: after a probe (with a
     strategy that probes), its seconds spent and the loader setting and precisions it settled."""
     space = dict(GRID)
@@ -118,8 +136,14 @@ def searched_space(strategy: dict[str, Any], probed: dict[str, Any] | None) -> t
     return probed["seconds"], space
 
 
-def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,
-           probed: dict[str, Any] | None = None) -> dict[str, Any]:
+def replay(
+    grid: dict[str, list[dict[str, Any]]],
+    *,
+    strategy: dict[str, Any],
+    seed: int,
+    trials: int,
+    probed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One search of `trials` trials: its compute, and each change of the configuration it would
     report as (trials so far, compute so far, that configuration's true time). A trial sees one
     of its configuration's measured runs, drawn at random, as a study sees one noisy run. With
@@ -127,7 +151,9 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
     loader setting and precisions it settled."""
     draw = random.Random(seed)
     pruner = strategy.get("pruner", lambda: optuna.pruners.NopPruner())()
-    study = optuna.create_study(direction="minimize", sampler=strategy["sampler"](seed, trials), pruner=pruner)
+    study = optuna.create_study(
+        direction="minimize", sampler=strategy["sampler"](seed, trials), pruner=pruner
+    )
     incumbent = math.inf
     compute, space = searched_space(strategy, probed)
     improvements: list[tuple[int, float, float]] = []
@@ -143,7 +169,9 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
             continue
         stopped_at = None
         for step, (at, _, metric) in enumerate(row["curve"]):
-            trial.report(1.0 - metric, step)  # an error, so that lower is better like the study's value
+            trial.report(
+                1.0 - metric, step
+            )  # an error, so that lower is better like the study's value
             if trial.should_prune():
                 stopped_at = at
                 break
@@ -157,8 +185,12 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
         if row["reached"] and seconds < incumbent:
             incumbent = seconds
             improvements.append((number + 1, compute, true_time(runs)))
-    return {"seed": seed, "compute": compute, "best": improvements[-1][2] if improvements else None,
-            "improvements": improvements}
+    return {
+        "seed": seed,
+        "compute": compute,
+        "best": improvements[-1][2] if improvements else None,
+        "improvements": improvements,
+    }
 
 
 # Whole studies at the shipped budget, replayed: the search above, then the study's choice of a
@@ -167,17 +199,35 @@ def replay(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], s
 # baseline each run `CONFIRM_RUNS` more times and the lowest median wins, else the fastest trial does.
 CONFIRM_RUNS = 3
 STUDIES: dict[str, dict[str, Any]] = {
-    "plain TPE": {"sampler": lambda seed, trials: optuna.samplers.TPESampler(seed=seed), "plain": True},
+    "plain TPE": {
+        "sampler": lambda seed, trials: optuna.samplers.TPESampler(seed=seed),
+        "plain": True,
+    },
     "autotune, one run per trial": {**STRATEGIES["autotune+incumbent+probe"], "confirm": 3},
-    "autotune as shipped (replicates 3)": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3, "confirm": 3},
+    "autotune as shipped (replicates 3)": {
+        **STRATEGIES["autotune+incumbent+probe"],
+        "replicates": 3,
+        "confirm": 3,
+    },
     "as shipped, no confirmation": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3},
-    "as shipped + first_trial: baseline": {**STRATEGIES["autotune+incumbent+probe"], "replicates": 3, "confirm": 3,
-                                           "first_trial": "baseline"},
+    "as shipped + first_trial: baseline": {
+        **STRATEGIES["autotune+incumbent+probe"],
+        "replicates": 3,
+        "confirm": 3,
+        "first_trial": "baseline",
+    },
 }
 
 
-def replay_study(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, Any], seed: int, trials: int,
-                 baseline: dict[str, Any], probed: dict[str, Any] | None = None) -> dict[str, Any]:
+def replay_study(
+    grid: dict[str, list[dict[str, Any]]],
+    *,
+    strategy: dict[str, Any],
+    seed: int,
+    trials: int,
+    baseline: dict[str, Any],
+    probed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One study of `trials` trials as `strategy` runs it, to its reported winner: the winner's
     configuration key, its compute (trials, replicates and confirmation runs), and whether the
     baseline was kept. Runs are drawn from the grid as in `replay`."""
@@ -195,7 +245,7 @@ def replay_study(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, A
         # as the study does: one run, and the others only for a first run that beats the best so far;
         # pruned once the runs' time passes the planned runs' share of the best
         planned = replicates if first["reached"] and outcome(first) < incumbent else 1
-        taken = [first, *others[:planned - 1]]
+        taken = [first, *others[: planned - 1]]
         spent = sum(outcome(row) for row in taken)
         if prune and spent > incumbent * planned:
             compute += incumbent * planned
@@ -211,13 +261,22 @@ def replay_study(grid: dict[str, list[dict[str, Any]]], *, strategy: dict[str, A
         study.tell(trial, spent / len(taken))
         if reached:
             incumbent = min(incumbent, spent / len(taken))
-    feasible = sorted((t for t in study.trials if t.value is not None and t.user_attrs["reached"]),
-                      key=lambda t: (t.value, t.number))
+    feasible = sorted(
+        (t for t in study.trials if t.value is not None and t.user_attrs["reached"]),
+        key=lambda t: (t.value, t.number),
+    )
     top = [key(t.params) for t in feasible]
     found = {"seed": seed, "first": key(study.trials[0].params)}
     if not strategy.get("confirm"):
-        return {**found, "compute": compute, "winner": top[0] if top else key(baseline), "kept_baseline": not top}
-    candidates = [key(baseline)] + [k for k in dict.fromkeys(top[:strategy["confirm"]]) if k != key(baseline)]
+        return {
+            **found,
+            "compute": compute,
+            "winner": top[0] if top else key(baseline),
+            "kept_baseline": not top,
+        }
+    candidates = [key(baseline)] + [
+        k for k in dict.fromkeys(top[: strategy["confirm"]]) if k != key(baseline)
+    ]
     medians = {}
     for k in candidates:
         rows = draw.sample(grid[k], min(CONFIRM_RUNS, len(grid[k])))
@@ -231,7 +290,9 @@ def median_or_inf(values: list[float | None]) -> float:
     return statistics.median(math.inf if v is None else v for v in values)
 
 
-def first_within(improvements: list[tuple[int, float, float]], limit: float) -> tuple[int, float] | None:
+def first_within(
+    improvements: list[tuple[int, float, float]], limit: float
+) -> tuple[int, float] | None:
     """(trials, compute) when the configuration the search would report first came within `limit`
     seconds (by its true time); None if never."""
     return next(((n, c) for n, c, best in improvements if best <= limit), None)
@@ -242,8 +303,12 @@ def main() -> None:
     parser.add_argument("--grid", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument("--studies", type=int, default=200, help="whole studies replayed per variant")
-    parser.add_argument("--study-trials", type=int, default=20, help="their budget (the shipped study's)")
+    parser.add_argument(
+        "--studies", type=int, default=200, help="whole studies replayed per variant"
+    )
+    parser.add_argument(
+        "--study-trials", type=int, default=20, help="their budget (the shipped study's)"
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     header, grid = load_grid(args.grid)
@@ -251,7 +316,9 @@ def main() -> None:
     for values in GRID.values():
         configs *= len(values)
     if len(grid) < configs:
-        sys.exit(f"{args.grid} holds {len(grid)} of the grid's {configs} configurations: run benchmarks/grid.py to finish it")
+        sys.exit(
+            f"{args.grid} holds {len(grid)} of the grid's {configs} configurations: run benchmarks/grid.py to finish it"
+        )
     seeds = sorted({row.get("seed") for runs in grid.values() for row in runs}, key=str)
     truth = {k: true_time(runs) for k, runs in grid.items()}
     reached = [t for t in truth.values() if math.isfinite(t)]
@@ -259,59 +326,110 @@ def main() -> None:
     grid_compute = sum(outcome(row) for runs in grid.values() for row in runs)
 
     probed, baseline = measure_probe()
-    runs = {name: [replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
-                   for seed in range(args.seeds)]
-            for name, strategy in STRATEGIES.items()}
+    runs = {
+        name: [
+            replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
+            for seed in range(args.seeds)
+        ]
+        for name, strategy in STRATEGIES.items()
+    }
     summary = {}
     for name, searches in runs.items():
-        summary[name] = {"compute": statistics.median(s["compute"] for s in searches),
-                         "best": median_or_inf([s["best"] for s in searches])}
+        summary[name] = {
+            "compute": statistics.median(s["compute"] for s in searches),
+            "best": median_or_inf([s["best"] for s in searches]),
+        }
         for within in WITHIN:
             near = [first_within(s["improvements"], optimum * (1 + within)) for s in searches]
-            summary[name][f"trials_{within:.0%}"] = median_or_inf([n[0] if n else None for n in near])
-            summary[name][f"compute_{within:.0%}"] = median_or_inf([n[1] if n else None for n in near])
+            summary[name][f"trials_{within:.0%}"] = median_or_inf(
+                [n[0] if n else None for n in near]
+            )
+            summary[name][f"compute_{within:.0%}"] = median_or_inf(
+                [n[1] if n else None for n in near]
+            )
             summary[name][f"reached_{within:.0%}"] = sum(n is not None for n in near)
 
-    print(f"grid: {len(grid)} configurations x {len(seeds)} seed(s); {len(reached)} reach the target by their median; "
-          f"optimum {optimum:.2f} s (median); measuring all of it took {grid_compute:.0f} s of training")
+    print(
+        f"grid: {len(grid)} configurations x {len(seeds)} seed(s); {len(reached)} reach the target by their median; "
+        f"optimum {optimum:.2f} s (median); measuring all of it took {grid_compute:.0f} s of training"
+    )
     best = min(truth, key=truth.get)
     times = sorted(r["time_to_target"] for r in grid[best] if r["reached"])
-    print(f"the optimum: {best}, runs {', '.join(f'{t:.2f}' for t in times)} s; "
-          f"{sum(t <= optimum * 1.1 for t in truth.values())} configurations within 10% of it")
+    print(
+        f"the optimum: {best}, runs {', '.join(f'{t:.2f}' for t in times)} s; "
+        f"{sum(t <= optimum * 1.1 for t in truth.values())} configurations within 10% of it"
+    )
     from autotune.search.probe import describe
 
     print(describe(probed))
-    print(f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "
-          f"(inf: the median search did not get within that much of the optimum in {args.trials} trials)")
-    head = "".join(f" {'trials to ' + format(w, '.0%'):>14} {'compute to ' + format(w, '.0%'):>15} {'got there':>9}" for w in WITHIN)
+    print(
+        f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "
+        f"(inf: the median search did not get within that much of the optimum in {args.trials} trials)"
+    )
+    head = "".join(
+        f" {'trials to ' + format(w, '.0%'):>14} {'compute to ' + format(w, '.0%'):>15} {'got there':>9}"
+        for w in WITHIN
+    )
     print(f"{'strategy':<27} {'compute (s)':>11} {'best (s)':>9}{head}")
     for name, s in summary.items():
-        cells = "".join(f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} {s[f'reached_{w:.0%}']:>6}/{args.seeds}"
-                        for w in WITHIN)
+        cells = "".join(
+            f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} {s[f'reached_{w:.0%}']:>6}/{args.seeds}"
+            for w in WITHIN
+        )
         print(f"{name:<27} {s['compute']:>11.0f} {s['best']:>9.2f}{cells}")
-    studies = {name: [replay_study(grid, strategy=strategy, seed=seed, trials=args.study_trials, baseline=baseline,
-                                   probed=probed) for seed in range(args.studies)]
-               for name, strategy in STUDIES.items()}
+    studies = {
+        name: [
+            replay_study(
+                grid,
+                strategy=strategy,
+                seed=seed,
+                trials=args.study_trials,
+                baseline=baseline,
+                probed=probed,
+            )
+            for seed in range(args.studies)
+        ]
+        for name, strategy in STUDIES.items()
+    }
     base = truth[key(baseline)]
-    print(f"\n{args.studies} whole studies of {args.study_trials} trials per variant, to the winner each reports; "
-          f"regret: the winner's median over the optimum's (the baseline's {base / optimum:.2f}x)")
-    print(f"{'variant':<36} {'regret':>7} {'within 10%':>10} {'not worse':>9} {'kept baseline':>13} {'compute (s)':>11}")
+    print(
+        f"\n{args.studies} whole studies of {args.study_trials} trials per variant, to the winner each reports; "
+        f"regret: the winner's median over the optimum's (the baseline's {base / optimum:.2f}x)"
+    )
+    print(
+        f"{'variant':<36} {'regret':>7} {'within 10%':>10} {'not worse':>9} {'kept baseline':>13} {'compute (s)':>11}"
+    )
     study_summary = {}
     for name, found in studies.items():
         regrets = [truth[s["winner"]] / optimum for s in found]
         study_summary[name] = {
-            "median_regret": statistics.median(regrets), "within_10": sum(r <= 1.1 for r in regrets),
+            "median_regret": statistics.median(regrets),
+            "within_10": sum(r <= 1.1 for r in regrets),
             "not_worse": sum(truth[s["winner"]] <= base for s in found),
             "kept_baseline": sum(s["kept_baseline"] for s in found),
-            "median_compute": statistics.median(s["compute"] for s in found)}
+            "median_compute": statistics.median(s["compute"] for s in found),
+        }
         row = study_summary[name]
-        print(f"{name:<36} {row['median_regret']:>6.2f}x {row['within_10']:>6}/{args.studies} "
-              f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} {row['median_compute']:>11.0f}")
-    record = {"benchmark": "search", "args": {k: str(v) for k, v in vars(args).items()}, "grid": header,
-              "optimum": optimum, "grid_compute": grid_compute, "probe": probed, "within": list(WITHIN),
-              "summary": {n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
-                          for n, s in summary.items()},
-              "runs": runs, "baseline": baseline, "studies": study_summary}
+        print(
+            f"{name:<36} {row['median_regret']:>6.2f}x {row['within_10']:>6}/{args.studies} "
+            f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} {row['median_compute']:>11.0f}"
+        )
+    record = {
+        "benchmark": "search",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "grid": header,
+        "optimum": optimum,
+        "grid_compute": grid_compute,
+        "probe": probed,
+        "within": list(WITHIN),
+        "summary": {
+            n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
+            for n, s in summary.items()
+        },
+        "runs": runs,
+        "baseline": baseline,
+        "studies": study_summary,
+    }
     out = RESULTS / args.grid.name.replace("grid-", "search-").replace(".jsonl", ".json")
     out.write_text(json.dumps(record, indent=1))
     print(f"written: {out.relative_to(REPO)}")

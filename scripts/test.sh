@@ -134,6 +134,9 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# The code's form first: ruff's formatter and linter (pyproject.toml holds their settings).
+.venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . || exit 1
+
 # Not exec: the EXIT trap must still stop the server. `|| rc=$?` keeps set -e from exiting early.
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?

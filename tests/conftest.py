@@ -23,7 +23,9 @@ def _server_url() -> str:
     if not url:
         why = f"{POSTGRES_ENV} is not set: run the tests with `bash scripts/test.sh`, which starts a PostgreSQL server"
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {why}; CI must run the PostgreSQL tests, not skip them", pytrace=False)
+            pytest.fail(
+                f"CI=true and {why}; CI must run the PostgreSQL tests, not skip them", pytrace=False
+            )
         pytest.skip(why)
     # libpq does not know SQLAlchemy's driver suffixes (postgresql+psycopg://).
     return "postgresql://" + url.split("://", 1)[1]
@@ -37,7 +39,9 @@ def postgres_url() -> Iterator[str]:
 
     server = _server_url()
     name = f"autotune_test_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(server, autocommit=True)  # CREATE/DROP DATABASE cannot run in a transaction
+    admin = psycopg.connect(
+        server, autocommit=True
+    )  # CREATE/DROP DATABASE cannot run in a transaction
     try:
         with admin.cursor() as cursor:
             cursor.execute(f'CREATE DATABASE "{name}"')

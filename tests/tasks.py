@@ -37,7 +37,9 @@ def _tunable_mlp(width: int = 32, dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, 4))
 
 
-def _tunable_optimizer(parameters, lr: float, *, weight_decay: float = 0.0, kind: str = "sgd") -> torch.optim.Optimizer:
+def _tunable_optimizer(
+    parameters, lr: float, *, weight_decay: float = 0.0, kind: str = "sgd"
+) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(parameters, lr=lr, momentum=0.9, weight_decay=weight_decay)
@@ -46,7 +48,9 @@ def _tunable_optimizer(parameters, lr: float, *, weight_decay: float = 0.0, kind
 def tunable() -> Task:
     """The blobs task with a model and an optimizer that take study parameters: width, dropout,
     weight_decay and kind (sgd or adamw)."""
-    return Task(model=_tunable_mlp, optimizer=_tunable_optimizer, train=_blobs(1024, 0), val=_blobs(512, 1))
+    return Task(
+        model=_tunable_mlp, optimizer=_tunable_optimizer, train=_blobs(1024, 0), val=_blobs(512, 1)
+    )
 
 
 def _blind_on_trial_zero() -> nn.Module:
@@ -161,7 +165,12 @@ def segfaults() -> Task:
 
 def nan_metric() -> Task:
     """Trains like blobs; its metric is NaN, as a metric over non-finite outputs is."""
-    return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(512, 1), metric=lambda outputs, targets: float("nan"))
+    return Task(
+        model=_mlp,
+        train=_blobs(1024, 0),
+        val=_blobs(512, 1),
+        metric=lambda outputs, targets: float("nan"),
+    )
 
 
 class _Unreadable(TensorDataset):
@@ -178,7 +187,9 @@ def bad_sample() -> Task:
     return Task(model=_mlp, train=_Unreadable(*data.tensors), val=_blobs(512, 1))
 
 
-WORKER_PIDS = "autotune-test-loader-worker-*"  # in the temporary folder: one file per worker that loaded
+WORKER_PIDS = (
+    "autotune-test-loader-worker-*"  # in the temporary folder: one file per worker that loaded
+)
 
 
 class _Noting(TensorDataset):
@@ -205,7 +216,11 @@ def notes_workers() -> Task:
 
 def hangs_with_workers() -> Task:
     """Hangs in its first large batch while its DataLoader workers are alive and loading."""
-    return Task(model=lambda: Misbehaves("hang"), train=_Noting(*_blobs(1024, 0).tensors), val=_blobs(512, 1))
+    return Task(
+        model=lambda: Misbehaves("hang"),
+        train=_Noting(*_blobs(1024, 0).tensors),
+        val=_blobs(512, 1),
+    )
 
 
 def lrs_of(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list[float]:
@@ -222,7 +237,9 @@ def paced_quick() -> Task:
     """The paced task at a quarter of its default costs, in the same proportions."""
     from autotune.train.tasks import paced
 
-    return paced.make(load_seconds=paced.LOAD_SECONDS / 4, compute_seconds=paced.COMPUTE_SECONDS / 4)
+    return paced.make(
+        load_seconds=paced.LOAD_SECONDS / 4, compute_seconds=paced.COMPUTE_SECONDS / 4
+    )
 
 
 def paced_input_bound() -> Task:

@@ -20,12 +20,18 @@ from torch.utils.data import TensorDataset
 import autotune
 from autotune.errors import AutotuneError, SpecError
 from autotune.report.results import trial_records
-from autotune.study.schema import measured
-from autotune.search.space import KNOBS
 from autotune.report.text import render
+from autotune.search.space import KNOBS
+from autotune.study.schema import measured
 
-SPACE = {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"], "batch_size": [16, 32],
-         "accumulation_steps": 1, "num_workers": 0, "precision": "fp32"}
+SPACE = {
+    "lr": {"low": 0.02, "high": 0.3, "log": True},
+    "scheduler": ["constant", "cosine"],
+    "batch_size": [16, 32],
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "precision": "fp32",
+}
 BUDGET = {"trials": 3, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.5}
 
 
@@ -48,13 +54,25 @@ class RingNet(nn.Module):
 
 
 def stored(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in optuna.load_study(study_name=name, storage=storage).get_trials() if t.state.is_finished()]
+    return [
+        t
+        for t in optuna.load_study(study_name=name, storage=storage).get_trials()
+        if t.state.is_finished()
+    ]
 
 
 def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'rings.db'}"
-    kwargs = dict(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.9, name="rings", storage=storage,
-                  space={**SPACE, "params": {"width": [8, 32]}}, confirm={"top": 1, "runs": 1})
+    kwargs = dict(
+        model=RingNet,
+        train=rings(1024, 0),
+        val=rings(512, 1),
+        target=0.9,
+        name="rings",
+        storage=storage,
+        space={**SPACE, "params": {"width": [8, 32]}},
+        confirm={"top": 1, "runs": 1},
+    )
     summary = autotune.tune(**kwargs, budget=BUDGET)
 
     assert summary.counts.total == 3 and summary.best is not None
@@ -63,7 +81,9 @@ def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
     first = {t.number: t.params for t in stored(storage, "rings")}
     assert {p["width"] for p in first.values()} <= {8, 32}
 
-    again = autotune.tune(**kwargs, budget={**BUDGET, "trials": 5})  # the same call with a bigger budget
+    again = autotune.tune(
+        **kwargs, budget={**BUDGET, "trials": 5}
+    )  # the same call with a bigger budget
     after = {t.number: t.params for t in stored(storage, "rings")}
     assert again.counts.total == 5 and {n: after[n] for n in first} == first
 
@@ -77,13 +97,27 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
         calls.append((config, seed))
         # A made-up but deterministic response: bigger batches and wider layers are faster here,
         # and the accuracy needs a learning rate near 0.1.
-        seconds = 10.0 / config["batch_size"] + 1.0 / config["width"] + (0.5 if config["activation"] == "tanh" else 0)
+        seconds = (
+            10.0 / config["batch_size"]
+            + 1.0 / config["width"]
+            + (0.5 if config["activation"] == "tanh" else 0)
+        )
         return seconds, 1.0 - abs(math.log10(config["lr"] / 0.1))
 
-    space = {**SPACE, "params": {"width": {"low": 4, "high": 64, "log": True}, "activation": ["relu", "tanh"]}}
-    summary = autotune.tune(objective=objective, target=0.7, metric="score", name="made_up",
-                            storage=f"sqlite:///{tmp_path / 'made_up.db'}", space=space,
-                            budget={**BUDGET, "trials": 12}, confirm={"top": 2, "runs": 2})
+    space = {
+        **SPACE,
+        "params": {"width": {"low": 4, "high": 64, "log": True}, "activation": ["relu", "tanh"]},
+    }
+    summary = autotune.tune(
+        objective=objective,
+        target=0.7,
+        metric="score",
+        name="made_up",
+        storage=f"sqlite:///{tmp_path / 'made_up.db'}",
+        space=space,
+        budget={**BUDGET, "trials": 12},
+        confirm={"top": 2, "runs": 2},
+    )
 
     trials = stored(f"sqlite:///{tmp_path / 'made_up.db'}", "made_up")
     assert len(trials) == 12
@@ -91,16 +125,39 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
     for config, seed in calls:
         assert set(config) == {*named, "width", "activation"} and isinstance(config["width"], int)
         assert 4 <= config["width"] <= 64 and config["activation"] in ("relu", "tanh") and seed >= 0
-    assert {name for t in trials for name in t.params} == {"lr", "scheduler", "batch_size", "width", "activation"}
+    assert {name for t in trials for name in t.params} == {
+        "lr",
+        "scheduler",
+        "batch_size",
+        "width",
+        "activation",
+    }
     best = summary.best
-    assert list(best.params) == [*named, "width", "activation"] and list(summary.baseline.params) == list(best.params)
+    assert list(best.params) == [*named, "width", "activation"] and list(
+        summary.baseline.params
+    ) == list(best.params)
     records = trial_records(trials, knobs=summary.knobs)
     table = render(summary, records).split("Fastest trials")[1].splitlines()[1].split()
-    assert table == ["trial", "seconds", "score", "epochs", "samples/s", "lr", "scheduler", "batch_size", "accum",
-                     "num_workers", "precision", "width", "activation"]
+    assert table == [
+        "trial",
+        "seconds",
+        "score",
+        "epochs",
+        "samples/s",
+        "lr",
+        "scheduler",
+        "batch_size",
+        "accum",
+        "num_workers",
+        "precision",
+        "width",
+        "activation",
+    ]
     assert best is not None and best.metric >= 0.7
     feasible = [t for t in trials if measured(t)["reached"]]
-    assert best.time_to_target == pytest.approx(min(measured(t)["time_to_target"] for t in feasible))
+    assert best.time_to_target == pytest.approx(
+        min(measured(t)["time_to_target"] for t in feasible)
+    )
     assert summary.as_dict()["target"] == {"metric": "score", "value": 0.7}
     assert len(calls) == 12 + 2 * 3  # every trial, then 2 runs of the top 2 and of the baseline
 
@@ -112,59 +169,100 @@ def test_an_objective_gets_every_knob_when_its_caller_names_a_preset(tmp_path: P
         seen.append(config)
         return 1.0 / config["batch_size"], 0.95
 
-    autotune.tune(objective=objective, target=0.9, name="all", storage=f"sqlite:///{tmp_path / 'all.db'}",
-                  space={"preset": "default", "num_workers": 0}, budget={**BUDGET, "trials": 2}, confirm={"top": 0})
+    autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="all",
+        storage=f"sqlite:///{tmp_path / 'all.db'}",
+        space={"preset": "default", "num_workers": 0},
+        budget={**BUDGET, "trials": 2},
+        confirm={"top": 0},
+    )
     assert seen and all(set(config) == set(KNOBS) for config in seen)
 
 
-def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(tmp_path: Path) -> None:
+def test_an_objective_study_exports_what_it_tuned_and_refuses_a_trainer_format(
+    tmp_path: Path,
+) -> None:
     from autotune import export
 
     def objective(config: dict) -> tuple[float, float]:
         return 1.0 / config["batch_size"], 0.95
 
-    summary = autotune.tune(objective=objective, target=0.9, name="some", storage=f"sqlite:///{tmp_path / 'some.db'}",
-                            space={"batch_size": [16, 64]}, baseline={"lr": 0.05}, budget={**BUDGET, "trials": 3},
-                            confirm={"top": 0})
+    summary = autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="some",
+        storage=f"sqlite:///{tmp_path / 'some.db'}",
+        space={"batch_size": [16, 64]},
+        baseline={"lr": 0.05},
+        budget={**BUDGET, "trials": 3},
+        confirm={"top": 0},
+    )
     assert summary.knobs == ("lr", "batch_size")
     assert list(json.loads(export.render(summary, "json"))) == ["lr", "batch_size"]
-    with pytest.raises(autotune.errors.AutotuneError, match="reads only lr, batch_size of autotune's knobs"):
+    with pytest.raises(
+        autotune.errors.AutotuneError, match="reads only lr, batch_size of autotune's knobs"
+    ):
         export.render(summary, "lightning")
 
 
 def test_a_study_tune_ran_is_reported_and_exported_from_its_storage_without_a_study_file(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autotune.cli import main
 
     storage = f"sqlite:///{tmp_path / 'rings.db'}"
-    summary = autotune.tune(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.9, name="rings",
-                            storage=storage, space=SPACE, budget=BUDGET, confirm={"top": 1, "runs": 1})
+    summary = autotune.tune(
+        model=RingNet,
+        train=rings(1024, 0),
+        val=rings(512, 1),
+        target=0.9,
+        name="rings",
+        storage=storage,
+        space=SPACE,
+        budget=BUDGET,
+        confirm={"top": 1, "runs": 1},
+    )
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--storage", storage, "--study", "rings", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(summary.as_dict()))  # what tune() returned
+    assert json.loads(capsys.readouterr().out) == json.loads(
+        json.dumps(summary.as_dict())
+    )  # what tune() returned
     assert main(["export", "--storage", storage, "--study", "rings", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["lr"] == summary.best.params["lr"]
 
     before = (tmp_path / "rings.db").read_bytes()
-    for argv, said in ((["report", "--storage", storage, "--study", "ring"], "no study named 'ring' in"),
-                       (["report", "--storage", storage], "give a study file, or --storage URL with --study NAME"),
-                       (["export", "--format", "json", "--study", "rings"], "give a study file, or --storage URL")):
+    for argv, said in (
+        (["report", "--storage", storage, "--study", "ring"], "no study named 'ring' in"),
+        (["report", "--storage", storage], "give a study file, or --storage URL with --study NAME"),
+        (["export", "--format", "json", "--study", "rings"], "give a study file, or --storage URL"),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
     assert (tmp_path / "rings.db").read_bytes() == before
 
     # A study file written afterwards to reach it, naming another task: read, and told so.
-    (tmp_path / "rings.yaml").write_text(f"name: rings\ntask: digits\ntarget: {{metric: accuracy, value: 0.9}}\n"
-                                         f"storage: {storage}\nbudget: {{max_epochs: 4, max_seconds: 10, eval_every: 0.5}}\n")
+    (tmp_path / "rings.yaml").write_text(
+        f"name: rings\ntask: digits\ntarget: {{metric: accuracy, value: 0.9}}\n"
+        f"storage: {storage}\nbudget: {{max_epochs: 4, max_seconds: 10, eval_every: 0.5}}\n"
+    )
     assert main(["report", "rings.yaml"]) == 0
     err = capsys.readouterr().err
-    assert err.startswith("autotune: notice: rings.yaml: differs from the stored study 'rings' in task: ") and "digits" in err
+    assert (
+        err.startswith(
+            "autotune: notice: rings.yaml: differs from the stored study 'rings' in task: "
+        )
+        and "digits" in err
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_path: Path, signum: int) -> None:
+def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(
+    tmp_path: Path, signum: int
+) -> None:
     """As `autotune run` does: the trial stopped is marked interrupted with its reason and queued
     again, the finished one kept, and one line says where they are and how to go on."""
     marker = tmp_path / "second-trial-started"
@@ -178,20 +276,32 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_
         "        time.sleep(120)\n"
         "    return 1.0 / config['batch_size'], 0.95\n\n"
         "autotune.tune(objective=objective, target=0.9, name='stopped', space={'batch_size': [16, 32]},\n"
-        "              budget={'trials': 4}, confirm={'top': 0})\n")
-    run = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        "              budget={'trials': 4}, confirm={'top': 0})\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
-        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() is not None else "slow"
+        assert run.poll() is None and time.monotonic() < deadline, (
+            run.stderr.read() if run.poll() is not None else "slow"
+        )
         time.sleep(0.05)
     run.send_signal(signum)
     _, err = run.communicate(timeout=60)
     assert run.returncode != -signal.SIGTERM, err  # not killed by the signal's default action
     name = signal.Signals(signum).name
-    assert (f"autotune: interrupted ({name}); every finished trial is saved in sqlite:///stopped.db; call tune() "
-            "again with the same name and storage to go on") in err, err
-    trials = optuna.load_study(study_name="stopped", storage=f"sqlite:///{tmp_path / 'stopped.db'}").get_trials()
+    assert (
+        f"autotune: interrupted ({name}); every finished trial is saved in sqlite:///stopped.db; call tune() "
+        "again with the same name and storage to go on"
+    ) in err, err
+    trials = optuna.load_study(
+        study_name="stopped", storage=f"sqlite:///{tmp_path / 'stopped.db'}"
+    ).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
     assert trials[1].user_attrs["reason"] == f"interrupted: stopped by {name}"
 
@@ -199,31 +309,50 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(tmp_
 def test_a_changed_study_is_told_what_tune_takes_to_go_on(tmp_path: Path) -> None:
     """Not the command line's --allow-changes or the study file's name: key: tune()'s own arguments."""
     storage = f"sqlite:///{tmp_path / 'changed.db'}"
-    kwargs = dict(objective=lambda c: (1.0, 0.95), name="changed", storage=storage, space=SPACE, budget={**BUDGET, "trials": 1},
-                  confirm={"top": 0})
+    kwargs = dict(
+        objective=lambda c: (1.0, 0.95),
+        name="changed",
+        storage=storage,
+        space=SPACE,
+        budget={**BUDGET, "trials": 1},
+        confirm={"top": 0},
+    )
     autotune.tune(target=0.9, **kwargs)
     with pytest.raises(AutotuneError) as refused:
         autotune.tune(target=0.8, **kwargs)
     message = str(refused.value)
-    assert "allow_changes=True" in message and "name=" in message and "--allow-changes" not in message
+    assert (
+        "allow_changes=True" in message and "name=" in message and "--allow-changes" not in message
+    )
     assert autotune.tune(target=0.8, allow_changes=True, **kwargs).target.value == 0.8
 
 
 def test_an_objective_that_calls_sys_exit_fails_its_trial_only(tmp_path: Path) -> None:
     """sys.exit in the function ends its trial (FAILED "SystemExit: 3"), not the caller's program."""
+
     def objective(config: dict) -> object:
         if config["scheduler"] == "cosine":
             sys.exit(3)
         return 1.0, 0.99
 
     storage = f"sqlite:///{tmp_path / 'exits.db'}"
-    autotune.tune(objective=objective, target=0.9, name="exits", storage=storage, space=SPACE,
-                  budget={**BUDGET, "trials": 4}, confirm={"top": 0})
+    autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="exits",
+        storage=storage,
+        space=SPACE,
+        budget={**BUDGET, "trials": 4},
+        confirm={"top": 0},
+    )
     trials = stored(storage, "exits")
     assert len(trials) == 4 and not any(t.state.name == "RUNNING" for t in trials)
     exited = [t for t in trials if t.params.get("scheduler") == "cosine"]
     assert exited, "the sampler never tried cosine; pick another seed"
-    assert all(t.state.name == "FAIL" and t.user_attrs["reason"].startswith("SystemExit: 3") for t in exited)
+    assert all(
+        t.state.name == "FAIL" and t.user_attrs["reason"].startswith("SystemExit: 3")
+        for t in exited
+    )
 
 
 def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_path: Path) -> None:
@@ -233,42 +362,75 @@ def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_p
         return "fast" if config["scheduler"] == "cosine" else (1.0, 0.99)
 
     storage = f"sqlite:///{tmp_path / 'odd.db'}"
-    autotune.tune(objective=objective, target=0.9, name="odd", storage=storage, space=SPACE,
-                  budget={**BUDGET, "trials": 8}, confirm={"top": 0})
+    autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="odd",
+        storage=storage,
+        space=SPACE,
+        budget={**BUDGET, "trials": 8},
+        confirm={"top": 0},
+    )
     trials = stored(storage, "odd")
     assert len(trials) == 8
     for t in trials:
         if t.params.get("batch_size") == 32:
             # the first one ran out of memory; later ones are known to and never run (OOM boundary)
-            assert t.state.name == "PRUNED" and (t.user_attrs.get("oom") or "oom_bound" in t.user_attrs)
+            assert t.state.name == "PRUNED" and (
+                t.user_attrs.get("oom") or "oom_bound" in t.user_attrs
+            )
         elif t.params.get("scheduler") == "cosine":
-            assert t.state.name == "FAIL" and "the objective returned 'fast'" in t.user_attrs["reason"]
+            assert (
+                t.state.name == "FAIL" and "the objective returned 'fast'" in t.user_attrs["reason"]
+            )
         else:
             assert t.state.name == "COMPLETE" and t.value == 1.0
 
 
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match="exactly one of"):
-        autotune.tune(target=0.9, model=RingNet, objective=lambda c: (1, 1), train=rings(8, 0), val=rings(8, 1))
+        autotune.tune(
+            target=0.9,
+            model=RingNet,
+            objective=lambda c: (1, 1),
+            train=rings(8, 0),
+            val=rings(8, 1),
+        )
     with pytest.raises(TypeError, match="train= and val="):
         autotune.tune(target=0.9, model=RingNet)
-    with pytest.raises(SpecError, match=r"autotune.tune\(\): space.batchsize: .*did you mean 'batch_size'"):
+    with pytest.raises(
+        SpecError, match=r"autotune.tune\(\): space.batchsize: .*did you mean 'batch_size'"
+    ):
         autotune.tune(target=0.9, objective=lambda c: (1, 1), space={"batchsize": [8]})
     with pytest.raises(SpecError, match="space.params.depth: .*neither the task's model factory"):
-        autotune.tune(target=0.9, model=RingNet, train=rings(8, 0), val=rings(8, 1), space={"params": {"depth": [2]}})
+        autotune.tune(
+            target=0.9,
+            model=RingNet,
+            train=rings(8, 0),
+            val=rings(8, 1),
+            space={"params": {"depth": [2]}},
+        )
 
 
 @pytest.mark.parametrize("route", ["model", "objective"])
-def test_an_accuracy_target_no_run_could_reach_is_refused_by_every_route(route: str, tmp_path: Path) -> None:
+def test_an_accuracy_target_no_run_could_reach_is_refused_by_every_route(
+    route: str, tmp_path: Path
+) -> None:
     """As the study file refuses it: accuracy is a fraction, whoever measures it; nothing is stored."""
-    given = dict(model=RingNet, train=rings(64, 0), val=rings(32, 1)) if route == "model" else dict(objective=lambda c: (1, 0.5))
+    given = (
+        dict(model=RingNet, train=rings(64, 0), val=rings(32, 1))
+        if route == "model"
+        else dict(objective=lambda c: (1, 0.5))
+    )
     storage = tmp_path / "refused.db"
     with pytest.raises(SpecError, match=r"target.value: got 2.0; .*accuracy is a fraction"):
         autotune.tune(target=2, name="refused", storage=f"sqlite:///{storage}", **given)
     assert not storage.exists()
 
 
-def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_baseline(tmp_path: Path) -> None:
+def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_baseline(
+    tmp_path: Path,
+) -> None:
     """batch_size 16 is fast only on the study's own seeds (a lucky draw); on the fresh seeds of
     the confirmation it is slower than the baseline, so the baseline is what the study recommends."""
     seeds: list[tuple[int, int]] = []
@@ -280,21 +442,35 @@ def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_bas
 
     space = {**SPACE, "batch_size": [16, 64]}
     storage = f"sqlite:///{tmp_path / 'lucky.db'}"
-    summary = autotune.tune(objective=objective, target=0.9, name="lucky", storage=storage, space=space,
-                            baseline={"batch_size": 64}, budget={**BUDGET, "trials": 6}, confirm={"top": 1, "runs": 3})
+    summary = autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="lucky",
+        storage=storage,
+        space=space,
+        baseline={"batch_size": 64},
+        budget={**BUDGET, "trials": 6},
+        confirm={"top": 1, "runs": 3},
+    )
 
     trials = stored(storage, "lucky")
-    fastest = min((t for t in trials if measured(t)["reached"]), key=lambda t: measured(t)["time_to_target"])
+    fastest = min(
+        (t for t in trials if measured(t)["reached"]), key=lambda t: measured(t)["time_to_target"]
+    )
     assert fastest.params["batch_size"] == 16 and measured(fastest)["time_to_target"] == 0.5
     fresh = [(b, s) for b, s in seeds if s >= 50_000]
-    assert sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3  # the top trial and the baseline, 3 fresh seeds each
+    assert (
+        sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3
+    )  # the top trial and the baseline, 3 fresh seeds each
     best = summary.best
     assert best.trial is None and best.label == "baseline" and best.params["batch_size"] == 64
     assert best.time_to_target == 2.0 and summary.speedup == 1.0
     assert summary.confirmation.configs[f"trial {fastest.number}"]["median"] == 3.0
 
 
-def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_the_whole_schedule(tmp_path: Path) -> None:
+def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_the_whole_schedule(
+    tmp_path: Path,
+) -> None:
     """A 1-epoch schedule ends over the target on the trial's own seed only (one lucky replicate):
     infeasible on the mean. A 2-epoch one ends over it on every seed: the winner, twice as fast as
     the baseline's whole 4-epoch schedule."""
@@ -308,10 +484,22 @@ def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_t
         return float(epochs), 0.95
 
     storage = f"sqlite:///{tmp_path / 'fixed.db'}"
-    summary = autotune.tune(objective=objective, target=0.9, name="fixed", storage=storage,
-                            space={**SPACE, "lr": 0.1, "scheduler": "cosine", "batch_size": 16, "schedule_epochs": [1, 2]},
-                            objective_kind="fixed_schedule", budget={**BUDGET, "trials": 6},
-                            confirm={"top": 1, "runs": 2})
+    summary = autotune.tune(
+        objective=objective,
+        target=0.9,
+        name="fixed",
+        storage=storage,
+        space={
+            **SPACE,
+            "lr": 0.1,
+            "scheduler": "cosine",
+            "batch_size": 16,
+            "schedule_epochs": [1, 2],
+        },
+        objective_kind="fixed_schedule",
+        budget={**BUDGET, "trials": 6},
+        confirm={"top": 1, "runs": 2},
+    )
 
     trials = [t for t in stored(storage, "fixed") if t.state == optuna.trial.TrialState.COMPLETE]
     assert {t.params["schedule_epochs"] for t in trials} == {1, 2}
@@ -323,34 +511,59 @@ def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_t
         assert feasible == (t.params["schedule_epochs"] == 2)
     assert summary.objective == "fixed_schedule"
     best = summary.best
-    assert best.params["schedule_epochs"] == 2 and best.time_to_target == 2.0 and best.metric == 0.95
-    assert summary.baseline.params["schedule_epochs"] == 4.0 and summary.baseline.time_to_target == 4.0
+    assert (
+        best.params["schedule_epochs"] == 2 and best.time_to_target == 2.0 and best.metric == 0.95
+    )
+    assert (
+        summary.baseline.params["schedule_epochs"] == 4.0 and summary.baseline.time_to_target == 4.0
+    )
     assert summary.speedup == 2.0
-    assert [e for e, s in calls if s >= 50_000 and s < 10**12].count(4.0) == 2  # the baseline's whole schedule, 2 fresh seeds
+    assert [e for e, s in calls if s >= 50_000 and s < 10**12].count(
+        4.0
+    ) == 2  # the baseline's whole schedule, 2 fresh seeds
     text = render(summary, trial_records(stored(storage, "fixed")))
     assert "Fastest trials (whole schedules, mean of 2 runs each)" in text
-    assert ("Trains its whole 2-epoch schedule to a mean accuracy >= 0.9 in 2.00 s (median of 2 runs, range 2.00-2.00 s); "
-            "the baseline's 4-epoch schedule takes 4.00 s") in text and text.endswith("2.00x faster.")
+    assert (
+        "Trains its whole 2-epoch schedule to a mean accuracy >= 0.9 in 2.00 s (median of 2 runs, range 2.00-2.00 s); "
+        "the baseline's 4-epoch schedule takes 4.00 s"
+    ) in text and text.endswith("2.00x faster.")
 
 
 def test_fixed_schedule_runs_train_every_step_of_their_schedule(tmp_path: Path) -> None:
     """With a real training loop: no run stops at the target, the study's or the confirmation's."""
     storage = f"sqlite:///{tmp_path / 'whole.db'}"
-    summary = autotune.tune(model=RingNet, train=rings(1024, 0), val=rings(512, 1), target=0.8, name="whole",
-                            storage=storage, space={**SPACE, "schedule_epochs": [1, 2], "fused_optimizer": False},
-                            objective_kind="fixed_schedule",
-                            budget={**BUDGET, "trials": 2}, confirm={"top": 1, "runs": 1}, probe="none")
+    summary = autotune.tune(
+        model=RingNet,
+        train=rings(1024, 0),
+        val=rings(512, 1),
+        target=0.8,
+        name="whole",
+        storage=storage,
+        space={**SPACE, "schedule_epochs": [1, 2], "fused_optimizer": False},
+        objective_kind="fixed_schedule",
+        budget={**BUDGET, "trials": 2},
+        confirm={"top": 1, "runs": 1},
+        probe="none",
+    )
     for t in stored(storage, "whole"):
         result = measured(t)
-        steps = int(t.user_attrs["config"]["schedule_epochs"] * 1024 // t.user_attrs["config"]["batch_size"])
+        steps = int(
+            t.user_attrs["config"]["schedule_epochs"] * 1024 // t.user_attrs["config"]["batch_size"]
+        )
         assert result["stop_reason"] == "max_epochs" and result["optimizer_steps"] == steps
         assert len(result["replicates"]) == 2
     confirmation = summary.confirmation
-    assert confirmation is not None and all(r["stop_reason"] == "max_epochs" for r in
-                                            optuna.load_study(study_name="whole", storage=storage).user_attrs["confirmation"]["runs"])
+    assert confirmation is not None and all(
+        r["stop_reason"] == "max_epochs"
+        for r in optuna.load_study(study_name="whole", storage=storage).user_attrs["confirmation"][
+            "runs"
+        ]
+    )
 
 
-def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_on_them(tmp_path: Path) -> None:
+def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_on_them(
+    tmp_path: Path,
+) -> None:
     """batch_size 16 is fast only on a trial's own seed. Alone, its lucky run wins the study;
     with replicates: 3 it beats the best on its first run, so it runs two more seeds and its
     mean loses to batch_size 64."""
@@ -362,17 +575,27 @@ def test_a_first_run_that_beats_the_best_gets_more_seeds_and_a_lucky_one_loses_o
 
     space = {**SPACE, "batch_size": [16, 64]}
     storage = f"sqlite:///{tmp_path / 'contenders.db'}"
-    common = dict(objective=objective, target=0.9, storage=storage, space=space, budget={**BUDGET, "trials": 6},
-                  confirm={"top": 0})
+    common = dict(
+        objective=objective,
+        target=0.9,
+        storage=storage,
+        space=space,
+        budget={**BUDGET, "trials": 6},
+        confirm={"top": 0},
+    )
     lucky = autotune.tune(**common, name="one_seed")
     assert lucky.best.params["batch_size"] == 16 and lucky.best.time_to_target == 0.5
 
     summary = autotune.tune(**common, name="three_seeds", replicates=3)
-    trials = [t for t in stored(storage, "three_seeds") if t.state == optuna.trial.TrialState.COMPLETE]
+    trials = [
+        t for t in stored(storage, "three_seeds") if t.state == optuna.trial.TrialState.COMPLETE
+    ]
     sixteen = [t for t in trials if t.params["batch_size"] == 16]
     assert sixteen
     for t in sixteen:
-        assert [r["seed"] for r in measured(t)["replicates"]] == [t.user_attrs["seed"] + k * 10**12 for k in range(3)]
+        assert [r["seed"] for r in measured(t)["replicates"]] == [
+            t.user_attrs["seed"] + k * 10**12 for k in range(3)
+        ]
         assert t.value == pytest.approx((0.5 + 3.0 + 3.0) / 3)
     best = summary.best
     assert best.params["batch_size"] == 64 and best.time_to_target == 2.0

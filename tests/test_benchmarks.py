@@ -22,8 +22,15 @@ def made_up_grid() -> dict[str, list[dict]]:
         seconds = 2.0 if config["lr"] == 0.3 else 4.0
         reached = config["precision"] == "fp32"
         curve = [[seconds / 2, 1.0, 0.5], [seconds, 2.0, 0.99 if reached else 0.6]]
-        grid[key(config)] = [{"config": config, "reached": reached, "time_to_target": seconds if reached else None,
-                              "train_seconds": seconds, "curve": curve}]
+        grid[key(config)] = [
+            {
+                "config": config,
+                "reached": reached,
+                "time_to_target": seconds if reached else None,
+                "train_seconds": seconds,
+                "curve": curve,
+            }
+        ]
     return grid
 
 
@@ -32,7 +39,9 @@ def run(name: str, **kwargs) -> dict:
 
 
 def test_a_configuration_is_judged_by_its_median_run_and_a_miss_is_infinitely_slow() -> None:
-    runs = [{"reached": True, "time_to_target": t} for t in (1.0, 3.0)] + [{"reached": False, "time_to_target": None}]
+    runs = [{"reached": True, "time_to_target": t} for t in (1.0, 3.0)] + [
+        {"reached": False, "time_to_target": None}
+    ]
     assert true_time(runs) == 3.0
     assert true_time(runs[1:]) == math.inf  # one of two runs missed: the median is a miss
 
@@ -66,8 +75,14 @@ def test_every_strategy_spends_its_budget_and_finds_the_fast_configurations(name
     assert result["best"] == 2.0 and result["compute"] >= 2.0
 
 
-BASELINE = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
-            "precision": "fp32"}
+BASELINE = {
+    "lr": 0.01,
+    "scheduler": "constant",
+    "batch_size": 32,
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "precision": "fp32",
+}
 PROBED = {"seconds": 1.0, "loader": {"num_workers": 0}, "precisions": ["fp32", "bf16"]}
 
 
@@ -78,19 +93,36 @@ def lucky_grid() -> dict[str, list[dict]]:
     for values in itertools.product(*GRID.values()):
         config = dict(zip(GRID, values))
         times = [4.0] * 3 if config == BASELINE else [0.5, 9.0, 9.0]
-        grid[key(config)] = [{"config": config, "reached": True, "time_to_target": t, "train_seconds": t,
-                              "curve": [[t, 1.0, 0.99]]} for t in times]
+        grid[key(config)] = [
+            {
+                "config": config,
+                "reached": True,
+                "time_to_target": t,
+                "train_seconds": t,
+                "curve": [[t, 1.0, 0.99]],
+            }
+            for t in times
+        ]
     return grid
 
 
 def study(name: str, grid: dict | None = None, seed: int = 0, probed: dict = PROBED) -> dict:
-    return replay_study(grid or lucky_grid(), strategy=STUDIES[name], seed=seed, trials=20, baseline=BASELINE,
-                        probed=probed)
+    return replay_study(
+        grid or lucky_grid(),
+        strategy=STUDIES[name],
+        seed=seed,
+        trials=20,
+        baseline=BASELINE,
+        probed=probed,
+    )
 
 
 def test_a_replayed_study_reports_the_fast_configuration_and_pays_for_its_confirmation() -> None:
     grid = made_up_grid()
-    shipped, unconfirmed = study("autotune as shipped (replicates 3)", grid), study("as shipped, no confirmation", grid)
+    shipped, unconfirmed = (
+        study("autotune as shipped (replicates 3)", grid),
+        study("as shipped, no confirmation", grid),
+    )
     for found in (shipped, unconfirmed, study("plain TPE", grid)):
         winner = json.loads(found["winner"])
         assert winner["lr"] == 0.3 and winner["precision"] == "fp32" and not found["kept_baseline"]
@@ -101,55 +133,96 @@ def test_a_replayed_study_reports_the_fast_configuration_and_pays_for_its_confir
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_lucky_run_wins_a_plain_search_but_not_a_confirmed_study(seed: int) -> None:
     plain = study("plain TPE", seed=seed)
-    assert json.loads(plain["winner"]) != BASELINE  # a 0.5 s run won: its configuration's median is 9 s
+    assert (
+        json.loads(plain["winner"]) != BASELINE
+    )  # a 0.5 s run won: its configuration's median is 9 s
     for name in ("autotune, one run per trial", "autotune as shipped (replicates 3)"):
         found = study(name, seed=seed)
         assert found["kept_baseline"] and json.loads(found["winner"]) == BASELINE, name
 
 
-def test_first_trial_baseline_starts_the_replayed_study_at_the_baseline_where_the_probe_left_it() -> None:
+def test_first_trial_baseline_starts_the_replayed_study_at_the_baseline_where_the_probe_left_it() -> (
+    None
+):
     assert json.loads(study("as shipped + first_trial: baseline")["first"]) == BASELINE
     assert json.loads(study("autotune as shipped (replicates 3)")["first"]) != BASELINE
-    elsewhere = {**PROBED, "loader": {"num_workers": 1}}  # the baseline's loader is outside the probed space
-    assert json.loads(study("as shipped + first_trial: baseline", probed=elsewhere)["first"]) != BASELINE
+    elsewhere = {
+        **PROBED,
+        "loader": {"num_workers": 1},
+    }  # the baseline's loader is outside the probed space
+    assert (
+        json.loads(study("as shipped + first_trial: baseline", probed=elsewhere)["first"])
+        != BASELINE
+    )
 
 
-def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baselines_maths(tmp_path) -> None:
+def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baselines_maths(
+    tmp_path,
+) -> None:
     from benchmarks.found import oracle
 
     grid = made_up_grid()
     path = tmp_path / "grid.jsonl"
     rows = [{**run, "seed": 1} for runs in grid.values() for run in runs]
     # one more seed: a configuration whose single lucky run would win on its fastest run loses on its median
-    lucky = dict(rows[0]["config"], lr=0.01, scheduler="cosine", batch_size=16, accumulation_steps=1,
-                 num_workers=0, precision="fp32")
+    lucky = dict(
+        rows[0]["config"],
+        lr=0.01,
+        scheduler="cosine",
+        batch_size=16,
+        accumulation_steps=1,
+        num_workers=0,
+        precision="fp32",
+    )
     for row in rows:
         if row["config"] == lucky:
             row.update(time_to_target=0.5)
-    rows += [{**row, "seed": 2, "time_to_target": 9.0} if row["config"] == lucky else {**row, "seed": 2} for row in rows]
+    rows += [
+        {**row, "seed": 2, "time_to_target": 9.0} if row["config"] == lucky else {**row, "seed": 2}
+        for row in rows
+    ]
     rows += [{**row, "seed": 3} for row in rows if row["seed"] == 2]
     path.write_text("{}\n" + "\n".join(json.dumps(r) for r in rows))
     best, median = oracle(path, {}, same_maths=False)
     assert median == 2.0 and best["lr"] == 0.3 and best["precision"] == "fp32"
-    baseline = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "precision": "fp32"}
+    baseline = {
+        "lr": 0.01,
+        "scheduler": "constant",
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "precision": "fp32",
+    }
     best, median = oracle(path, baseline, same_maths=True)
     assert median == 4.0 and {k: best[k] for k in baseline} == baseline
 
 
-def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machine_state(tmp_path, monkeypatch) -> None:
+def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machine_state(
+    tmp_path, monkeypatch
+) -> None:
     from benchmarks import regret
     from benchmarks.found import results_name
 
     def write(name: str, compute: float, regrets: list[float]) -> None:
         studies = [{"baseline_median": 2.0, "oracle_median": 1.0, "regret": x} for x in regrets]
-        summary = {"median_regret": sorted(regrets)[len(regrets) // 2], "within_10": sum(x <= 1.1 for x in regrets),
-                   "not_worse": len(regrets), "median_speedup": 1.5, "median_compute": compute,
-                   "median_prediction_error": None}
+        summary = {
+            "median_regret": sorted(regrets)[len(regrets) // 2],
+            "within_10": sum(x <= 1.1 for x in regrets),
+            "not_worse": len(regrets),
+            "median_speedup": 1.5,
+            "median_compute": compute,
+            "median_prediction_error": None,
+        }
         (tmp_path / name).write_text(json.dumps({"summary": summary, "studies": studies}))
 
     def name(strategy: str, load: bool, regret: bool = True, study: str = "digits") -> str:
-        return results_name(study, strategy, replicates=3 if strategy == "goodput" else None, load=load,
-                            regret=regret, device="cpu")  # the names found.py writes
+        return results_name(
+            study,
+            strategy,
+            replicates=3 if strategy == "goodput" else None,
+            load=load,
+            regret=regret,
+            device="cpu",
+        )  # the names found.py writes
 
     write(name("plain_tpe", False), 100.0, [1.3, 1.4, 1.5])
     write(name("goodput", False), 40.0, [1.0, 1.05, 1.2])
@@ -159,10 +232,16 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
     write(name("goodput", False, study="digits-large"), 1.0, [1.0])  # another study file: left out
     monkeypatch.setattr(regret, "RESULTS", tmp_path)
     found = regret.rows("digits", "cpu")
-    assert [(r["strategy"], r["loaded"]) for r in found] == [("goodput", False), ("plain_tpe", False),
-                                                             ("goodput", True), ("plain_tpe", True)]
+    assert [(r["strategy"], r["loaded"]) for r in found] == [
+        ("goodput", False),
+        ("plain_tpe", False),
+        ("goodput", True),
+        ("plain_tpe", True),
+    ]
     lines = regret.table(found).splitlines()[2:]
-    assert "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]  # oracle 2x the baseline
+    assert (
+        "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]
+    )  # oracle 2x the baseline
     assert "| 2.00 |" in lines[2]  # loaded goodput against loaded plain TPE, not the quiet one
 
 
@@ -170,14 +249,25 @@ def test_the_oracle_is_remeasured_under_each_value_of_a_searched_knob_the_grid_l
     from autotune.search.space import Choices, Range, Space
     from benchmarks.found import oracle_variants
 
-    space = Space(domains=(("lr", Range(0.001, 0.3, log=True)), ("channels_last", Choices((False, True))),
-                           ("compile", Choices((False,)))))
-    assert oracle_variants({"lr": 0.3}, space) == {"oracle channels_last=False": {"lr": 0.3, "channels_last": False},
-                                                   "oracle channels_last=True": {"lr": 0.3, "channels_last": True}}
-    assert oracle_variants({"lr": 0.3, "channels_last": True}, space) == {"oracle": {"lr": 0.3, "channels_last": True}}
+    space = Space(
+        domains=(
+            ("lr", Range(0.001, 0.3, log=True)),
+            ("channels_last", Choices((False, True))),
+            ("compile", Choices((False,))),
+        )
+    )
+    assert oracle_variants({"lr": 0.3}, space) == {
+        "oracle channels_last=False": {"lr": 0.3, "channels_last": False},
+        "oracle channels_last=True": {"lr": 0.3, "channels_last": True},
+    }
+    assert oracle_variants({"lr": 0.3, "channels_last": True}, space) == {
+        "oracle": {"lr": 0.3, "channels_last": True}
+    }
 
 
-def test_the_trials_prediction_error_sets_their_own_runs_against_their_prediction_and_skips_told_ones() -> None:
+def test_the_trials_prediction_error_sets_their_own_runs_against_their_prediction_and_skips_told_ones() -> (
+    None
+):
     import optuna
 
     from autotune.study import schema
@@ -188,10 +278,19 @@ def test_the_trials_prediction_error_sets_their_own_runs_against_their_predictio
     def add(result: dict) -> None:
         study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={schema.RESULT: result}))
 
-    add({"time_to_target": 1.2, "replicates": [{"time_to_target": 1.2}, {"time_to_target": 1.0}],
-         schema.PREDICTION: {"seconds": 1.0, "trained": {"batch_size": 32}}})  # mean 1.1: +10%
-    add({"time_to_target": 3.0, schema.PREDICTION: {"seconds": 2.0, "trained": {"batch_size": 64}}})  # +50%
-    add({"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}})  # told, not trained
+    add(
+        {
+            "time_to_target": 1.2,
+            "replicates": [{"time_to_target": 1.2}, {"time_to_target": 1.0}],
+            schema.PREDICTION: {"seconds": 1.0, "trained": {"batch_size": 32}},
+        }
+    )  # mean 1.1: +10%
+    add(
+        {"time_to_target": 3.0, schema.PREDICTION: {"seconds": 2.0, "trained": {"batch_size": 64}}}
+    )  # +50%
+    add(
+        {"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}}
+    )  # told, not trained
     add({"time_to_target": 5.0})  # not a goodput trial
     assert trial_prediction_error(study) == pytest.approx(0.3)
 
@@ -200,10 +299,27 @@ def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
     from benchmarks.found import NONE_FOUND, summarize_rows
 
     def row(winner: str, won: float, not_worse: bool) -> dict:
-        return {"winner": winner, "speedup": 2.0 / won, "beats_baseline": won < 2.0 and winner.startswith("trial"),
-                "not_worse": not_worse, "tuning_wall": 1.0, "trial_compute": 1.0, "regret": won, "baseline_median": 2.0}
+        return {
+            "winner": winner,
+            "speedup": 2.0 / won,
+            "beats_baseline": won < 2.0 and winner.startswith("trial"),
+            "not_worse": not_worse,
+            "tuning_wall": 1.0,
+            "trial_compute": 1.0,
+            "regret": won,
+            "baseline_median": 2.0,
+        }
 
     # the same configuration as the baseline, re-measured 10% slower: noise, and still the user's own
-    rows = [row("trial 3", 1.5, True), row("trial 4", 2.5, False), row(NONE_FOUND, 2.2, False), row("baseline", 2.1, True)]
+    rows = [
+        row("trial 3", 1.5, True),
+        row("trial 4", 2.5, False),
+        row(NONE_FOUND, 2.2, False),
+        row("baseline", 2.1, True),
+    ]
     summary = summarize_rows(rows)
-    assert summary["kept_baseline"] == 2 and summary["not_worse"] == 3 and summary["beats_baseline"] == 1
+    assert (
+        summary["kept_baseline"] == 2
+        and summary["not_worse"] == 3
+        and summary["beats_baseline"] == 1
+    )

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.study import confirm
 from autotune.runners import isolation
+from autotune.study import confirm
 from autotune.train.config import Limits
 from tests.tasks import cuda_oom
 
@@ -18,7 +18,10 @@ def record(label: str, time: float | None) -> dict:
 def test_median_counts_a_missed_target_as_slowest() -> None:
     stats = confirm.summarize([record("a", 1.0), record("a", None), record("a", 3.0)])
     assert stats["a"] == {"median": 3.0, "min": 1.0, "max": 3.0, "runs": 3, "reached": 2}
-    assert confirm.summarize([record("b", None), record("b", None), record("b", 2.0)])["b"]["median"] is None
+    assert (
+        confirm.summarize([record("b", None), record("b", None), record("b", 2.0)])["b"]["median"]
+        is None
+    )
 
 
 def test_winner_is_the_lowest_median_and_speedup_is_against_the_baseline() -> None:
@@ -31,7 +34,9 @@ def test_winner_is_the_lowest_median_and_speedup_is_against_the_baseline() -> No
 
 
 def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> None:
-    runs = [record("trial 1", t) for t in (1.0, 2.0, None)] + [record("trial 2", t) for t in (2.0, 2.0, 2.5)]
+    runs = [record("trial 1", t) for t in (1.0, 2.0, None)] + [
+        record("trial 2", t) for t in (2.0, 2.0, 2.5)
+    ]
     stats = confirm.summarize(runs)
     assert stats["trial 1"]["median"] == stats["trial 2"]["median"] == 2.0
     assert confirm.winner(stats) == "trial 2"
@@ -43,7 +48,10 @@ def test_the_baseline_wins_when_no_candidate_beats_it_on_fresh_seeds() -> None:
     runs += [record("trial 4", t) for t in (0.9, 3.1, 3.3)]  # its study run was 0.9 s: luck
     stats = confirm.summarize(runs)
     assert confirm.winner(stats) == "baseline" and confirm.speedup(stats, "baseline") == 1.0
-    assert confirm.winner(confirm.summarize([record("baseline", 1.0), record("trial 3", None)])) == "baseline"
+    assert (
+        confirm.winner(confirm.summarize([record("baseline", 1.0), record("trial 3", None)]))
+        == "baseline"
+    )
     tie = confirm.summarize([record("baseline", 2.0), record("trial 3", 2.0)])
     assert confirm.winner(tie) == "baseline"
 
@@ -54,14 +62,37 @@ def test_no_winner_when_nothing_reaches_the_target() -> None:
 
 
 def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
-    base = {"lr": 0.05, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
-            "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+    base = {
+        "lr": 0.05,
+        "scheduler": "constant",
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+        "precision": "fp32",
+    }
     candidates = {"baseline": base, "trial 7": {**base, "batch_size": 256}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
-    records = confirm.measure(isolation.in_process(cuda_oom()), candidates, seeds=[11, 12], limits=limits, device=torch.device("cpu"))
-    assert [(r["label"], r["seed"]) for r in records] == [("baseline", 11), ("trial 7", 11), ("baseline", 12), ("trial 7", 12)]
+    records = confirm.measure(
+        isolation.in_process(cuda_oom()),
+        candidates,
+        seeds=[11, 12],
+        limits=limits,
+        device=torch.device("cpu"),
+    )
+    assert [(r["label"], r["seed"]) for r in records] == [
+        ("baseline", 11),
+        ("trial 7", 11),
+        ("baseline", 12),
+        ("trial 7", 12),
+    ]
     assert all(r["reached"] for r in records if r["label"] == "baseline")
-    assert all(not r["reached"] and "out of memory" in r["reason"] for r in records if r["label"] == "trial 7")
+    assert all(
+        not r["reached"] and "out of memory" in r["reason"]
+        for r in records
+        if r["label"] == "trial 7"
+    )
 
 
 def test_fresh_seeds_differ_from_every_trial_seed() -> None:
@@ -69,13 +100,23 @@ def test_fresh_seeds_differ_from_every_trial_seed() -> None:
     assert len(set(seeds)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in seeds)
 
 
-def test_the_baseline_is_resolved_once_every_run_of_it_is_clearly_slower_than_every_candidates() -> None:
+def test_the_baseline_is_resolved_once_every_run_of_it_is_clearly_slower_than_every_candidates() -> (
+    None
+):
     fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
-    assert not confirm.baseline_resolved(fast + [record("baseline", 9.0)])  # one run tells nothing yet
-    assert confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", None)])  # a miss is slower still
-    assert not confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.8)])  # within 1.25x of 1.5
+    assert not confirm.baseline_resolved(
+        fast + [record("baseline", 9.0)]
+    )  # one run tells nothing yet
+    assert confirm.baseline_resolved(
+        fast + [record("baseline", 9.0), record("baseline", None)]
+    )  # a miss is slower still
+    assert not confirm.baseline_resolved(
+        fast + [record("baseline", 9.0), record("baseline", 1.8)]
+    )  # within 1.25x of 1.5
     assert confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.9)])
-    assert not confirm.baseline_resolved(fast + [record("trial 2", None), record("baseline", 9.0), record("baseline", 9.0)])
+    assert not confirm.baseline_resolved(
+        fast + [record("trial 2", None), record("baseline", 9.0), record("baseline", 9.0)]
+    )
 
 
 class Timed:
@@ -89,31 +130,72 @@ class Timed:
         from autotune.train.config import TrialResult
 
         t = self.seconds[config.lr]
-        return TrialResult(reached=True, time_to_target=t, best_metric=0.95, train_seconds=t, epochs=1.0,
-                           optimizer_steps=10, samples_per_second=None, peak_memory_bytes=None, device_name="cpu",
-                           torch_version=torch.__version__, stop_reason="target", curve=((t, 1.0, 0.95),))
+        return TrialResult(
+            reached=True,
+            time_to_target=t,
+            best_metric=0.95,
+            train_seconds=t,
+            epochs=1.0,
+            optimizer_steps=10,
+            samples_per_second=None,
+            peak_memory_bytes=None,
+            device_name="cpu",
+            torch_version=torch.__version__,
+            stop_reason="target",
+            curve=((t, 1.0, 0.95),),
+        )
 
 
 def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go_on() -> None:
-    base = {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1, "num_workers": 0,
-            "prefetch_factor": None, "pin_memory": False, "precision": "fp32"}
+    base = {
+        "lr": 0.01,
+        "scheduler": "constant",
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+        "precision": "fp32",
+    }
     candidates = {"baseline": base, "trial 3": {**base, "lr": 0.1}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
     slow = Timed({0.01: 10.0, 0.1: 1.0})
-    records = confirm.measure(slow, candidates, seeds=[1, 2, 3, 4, 5], limits=limits, device=torch.device("cpu"),
-                              until_resolved=True)
+    records = confirm.measure(
+        slow,
+        candidates,
+        seeds=[1, 2, 3, 4, 5],
+        limits=limits,
+        device=torch.device("cpu"),
+        until_resolved=True,
+    )
     assert [(r["label"], r["seed"]) for r in records] == [
-        ("baseline", 1), ("trial 3", 1), ("baseline", 2), ("trial 3", 2), ("trial 3", 3), ("trial 3", 4), ("trial 3", 5)]
+        ("baseline", 1),
+        ("trial 3", 1),
+        ("baseline", 2),
+        ("trial 3", 2),
+        ("trial 3", 3),
+        ("trial 3", 4),
+        ("trial 3", 5),
+    ]
     close = Timed({0.01: 1.1, 0.1: 1.0})  # never told apart: the baseline runs on every seed
-    records = confirm.measure(close, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu"),
-                              until_resolved=True)
+    records = confirm.measure(
+        close,
+        candidates,
+        seeds=[1, 2, 3],
+        limits=limits,
+        device=torch.device("cpu"),
+        until_resolved=True,
+    )
     assert [r["label"] for r in records].count("baseline") == 3
-    records = confirm.measure(slow, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu"))
+    records = confirm.measure(
+        slow, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu")
+    )
     assert [r["label"] for r in records].count("baseline") == 3  # the default: every seed
 
 
 def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_to_change(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Its learning rate is too small to reach 0.9 within max_epochs: no speedup can be given, and
     the report says where its runs stopped and which budget key to raise."""
     import yaml
@@ -126,27 +208,48 @@ def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_
     path.write_text(yaml.safe_dump(study))
     code, out, _ = run_cli("run", str(path), capsys=capsys)
     assert code == 0
-    assert ("the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs (4) short of it, "
-            "so it has no time to compare with; raise budget.max_epochs") in out, out
+    assert (
+        "the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs (4) short of it, "
+        "so it has no time to compare with; raise budget.max_epochs"
+    ) in out, out
 
 
 def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins() -> None:
-    runs = [{"label": "trial 4", "seed": s, "reached": True, "samples_to_target": n} for s, n in ((1, 1100), (2, 1000), (3, 900))]
-    runs += [{"label": "trial 4 in fp32", "seed": s, "reached": r, "samples_to_target": n}
-             for s, r, n in ((1, True, 1000), (2, True, 1000), (3, False, None))]
+    runs = [
+        {"label": "trial 4", "seed": s, "reached": True, "samples_to_target": n}
+        for s, n in ((1, 1100), (2, 1000), (3, 900))
+    ]
+    runs += [
+        {"label": "trial 4 in fp32", "seed": s, "reached": r, "samples_to_target": n}
+        for s, r, n in ((1, True, 1000), (2, True, 1000), (3, False, None))
+    ]
     effect = confirm.precision_effect(runs, "trial 4", "bf16")
-    assert effect == {"trial": "trial 4", "precision": "bf16", "samples": 1050, "fp32_samples": 1000, "ratio": 1.05,
-                      "pairs": 2}  # seed 3: the twin missed, so that pair says nothing
+    assert effect == {
+        "trial": "trial 4",
+        "precision": "bf16",
+        "samples": 1050,
+        "fp32_samples": 1000,
+        "ratio": 1.05,
+        "pairs": 2,
+    }  # seed 3: the twin missed, so that pair says nothing
     assert confirm.fp32_twin("trial 4", {"precision": "fp32", "tf32": True}) is None
     assert confirm.fp32_twin("trial 4", {"precision": "bf16", "tf32": False, "lr": 0.1}) == (
-        "trial 4 in fp32", {"precision": "fp32", "tf32": False, "lr": 0.1})
-    stats = {"baseline": {"median": 3.0, "runs": 2, "reached": 2}, "trial 4": {"median": 2.0, "runs": 2, "reached": 2},
-             "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2}}
-    assert confirm.winner(stats) == "trial 4"  # the twin measures; it is no configuration the study found
+        "trial 4 in fp32",
+        {"precision": "fp32", "tf32": False, "lr": 0.1},
+    )
+    stats = {
+        "baseline": {"median": 3.0, "runs": 2, "reached": 2},
+        "trial 4": {"median": 2.0, "runs": 2, "reached": 2},
+        "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2},
+    }
+    assert (
+        confirm.winner(stats) == "trial 4"
+    )  # the twin measures; it is no configuration the study found
 
 
 def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_reports_the_samples(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import yaml
 
     from tests.test_study import load, run_cli, write_study
@@ -158,10 +261,20 @@ def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_r
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     stored = load(path).user_attrs["confirmation"]
-    (fastest,) = [label for label in stored["configs"] if label.startswith("trial ") and "fp32" not in label]
-    assert stored["configs"][fastest + " in fp32"] == {**stored["configs"][fastest], "precision": "fp32", "tf32": False}
-    assert len([r for r in stored["runs"] if r["label"] == fastest + " in fp32"]) == 2  # on the same two seeds
+    (fastest,) = [
+        label for label in stored["configs"] if label.startswith("trial ") and "fp32" not in label
+    ]
+    assert stored["configs"][fastest + " in fp32"] == {
+        **stored["configs"][fastest],
+        "precision": "fp32",
+        "tf32": False,
+    }
+    assert (
+        len([r for r in stored["runs"] if r["label"] == fastest + " in fp32"]) == 2
+    )  # on the same two seeds
     effect = stored["precision_effect"]
     assert effect is not None and effect["precision"] == "bf16" and effect["pairs"] >= 1
-    assert f"Precision, measured: {fastest} in bf16 needed {effect['ratio']:.2f}x the samples" in out
+    assert (
+        f"Precision, measured: {fastest} in bf16 needed {effect['ratio']:.2f}x the samples" in out
+    )
     assert "Winner: " in out and "in fp32 (" not in out.split("Winner: ")[1].splitlines()[0]

@@ -14,7 +14,10 @@ from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, allocator_oom, blobs
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu-check.sh runs these on one)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (scripts/gpu-check.sh runs these on one)",
+)
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = Limits(target=0.9, max_epochs=4, max_seconds=30, eval_every=0.5)
@@ -45,8 +48,12 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("pin_memory", [False, True])
 def test_each_precision_trains_to_the_target_on_cuda(precision: str, pin_memory: bool) -> None:
     run_trial = isolation.in_process(blobs())
-    result = run_trial(config(precision=precision, pin_memory=pin_memory, num_workers=1, prefetch_factor=2),
-                       limits=LIMITS, device=CUDA, seed=0)
+    result = run_trial(
+        config(precision=precision, pin_memory=pin_memory, num_workers=1, prefetch_factor=2),
+        limits=LIMITS,
+        device=CUDA,
+        seed=0,
+    )
     assert result.reached, (precision, result.best_metric)
     assert result.peak_memory_bytes > 0 and result.device_name == torch.cuda.get_device_name(CUDA)
 
@@ -54,16 +61,22 @@ def test_each_precision_trains_to_the_target_on_cuda(precision: str, pin_memory:
 def test_a_real_cuda_oom_is_an_oom_and_its_memory_is_freed() -> None:
     before = torch.cuda.memory_allocated()
     with pytest.raises(isolation.TrialFailure) as failure:
-        isolation.in_process(allocator_oom())(config(batch_size=OOM_BATCH), limits=LIMITS, device=CUDA, seed=0)
+        isolation.in_process(allocator_oom())(
+            config(batch_size=OOM_BATCH), limits=LIMITS, device=CUDA, seed=0
+        )
     assert failure.value.oom and "CUDA out of memory" in failure.value.reason, failure.value.reason
     assert torch.cuda.memory_allocated() == before  # the trial's tensors went with it
-    result = isolation.in_process(blobs())(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0)
+    result = isolation.in_process(blobs())(
+        config(batch_size=32), limits=LIMITS, device=CUDA, seed=0
+    )
     assert result.reached  # and the next trial runs on the same GPU
 
 
 def test_a_trial_in_a_child_gives_all_its_gpu_memory_back() -> None:
     before = gpu_memory_used()
-    run_trial = isolation.in_child("tests.tasks:allocator_oom", study_path=REPO / "study.yaml", hang_after=120)
+    run_trial = isolation.in_child(
+        "tests.tasks:allocator_oom", study_path=REPO / "study.yaml", hang_after=120
+    )
     result = run_trial(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0)
     assert result.reached and result.peak_memory_bytes > 0
     with pytest.raises(isolation.TrialFailure) as failure:
@@ -73,15 +86,23 @@ def test_a_trial_in_a_child_gives_all_its_gpu_memory_back() -> None:
     assert gpu_memory_used() - before < 64 * 2**20, (before, gpu_memory_used())
 
 
-def test_a_warm_child_keeps_its_context_between_trials_and_goes_with_its_memory_after_an_oom() -> None:
+def test_a_warm_child_keeps_its_context_between_trials_and_goes_with_its_memory_after_an_oom() -> (
+    None
+):
     from autotune.runners import warm
 
     before = gpu_memory_used()
-    child = warm.WarmChild("tests.tasks:allocator_oom", study_path=REPO / "study.yaml", hang_after=120,
-                           measure_hang_after=120)
+    child = warm.WarmChild(
+        "tests.tasks:allocator_oom",
+        study_path=REPO / "study.yaml",
+        hang_after=120,
+        measure_hang_after=120,
+    )
     for _ in range(2):
         assert child.run_trial(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0).reached
-    assert child.replaced == []  # nothing left on the device: the same process serves the next trial
+    assert (
+        child.replaced == []
+    )  # nothing left on the device: the same process serves the next trial
     first = child.pid
     with pytest.raises(isolation.TrialFailure) as failure:
         child.run_trial(config(batch_size=OOM_BATCH), limits=LIMITS, device=CUDA, seed=0)

@@ -32,16 +32,29 @@ def free_port() -> int:
 
 def test_without_optuna_dashboard_the_error_names_the_fix(tmp_path: Path) -> None:
     path = write_study(tmp_path)
-    code = ("import sys; sys.modules['optuna_dashboard'] = None; from autotune.cli import main; "
-            f"sys.exit(main(['dashboard', {str(path)!r}]))")
-    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; sys.modules['optuna_dashboard'] = None; from autotune.cli import main; "
+        f"sys.exit(main(['dashboard', {str(path)!r}]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2, run.stderr
-    assert "pip install 'autotune[dashboard]'" in run.stderr and "pip install optuna-dashboard" in run.stderr
+    assert (
+        "pip install 'autotune[dashboard]'" in run.stderr
+        and "pip install optuna-dashboard" in run.stderr
+    )
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
-def test_a_missing_study_is_the_error_report_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_study_is_the_error_report_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(REPO)
     path = write_study(tmp_path)
     assert main(["report", str(path)]) == 2
@@ -56,13 +69,21 @@ def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
     path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
     assert main(["run", str(path), "--quiet"]) == 0  # the storage exactly as a real run leaves it
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
-                              cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         names, deadline = None, time.monotonic() + 60
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as response:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/studies", timeout=5
+                ) as response:
                     names = [s["study_name"] for s in json.load(response)["study_summaries"]]
                 break
             except (urllib.error.URLError, ConnectionError):

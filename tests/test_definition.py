@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from autotune.study import definition
 from autotune.search.space import Choices, Range
 from autotune.spec.study_file import load
+from autotune.study import definition
 
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 
@@ -30,11 +30,18 @@ def test_param_changes_are_listed_and_new_choices_cannot_mix(tmp_path: Path) -> 
     assert definition.changes(old, wider) == ["params.width.high: 32 -> 64"]
     assert definition.unmixable(old, wider) == []  # a wider range is the same kind of parameter
 
-    other_choices = describe(tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adam]}}\n")
-    assert definition.changes(old, other_choices) == ['params.kind: ["sgd", "adamw"] -> ["sgd", "adam"]']
+    other_choices = describe(
+        tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adam]}}\n"
+    )
+    assert definition.changes(old, other_choices) == [
+        'params.kind: ["sgd", "adamw"] -> ["sgd", "adam"]'
+    ]
     assert definition.unmixable(old, other_choices) == ["params.kind"]
 
-    added = describe(tmp_path, "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adamw], depth: [2, 3]}}\n")
+    added = describe(
+        tmp_path,
+        "space: {params: {width: {low: 8, high: 32}, kind: [sgd, adamw], depth: [2, 3]}}\n",
+    )
     assert definition.changes(old, added) == ["params.depth: (none) -> [2, 3]"]
     assert definition.unmixable(old, added) == []  # a new parameter: old trials simply lack it
 
@@ -43,9 +50,13 @@ def test_the_definition_reads_params_from_the_space_it_is_given(tmp_path: Path) 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD)
     spec = load(path)
-    space = dataclasses.replace(spec.space, params=(("width", Range(8, 16)), ("act", Choices(("relu",)))))
+    space = dataclasses.replace(
+        spec.space, params=(("width", Range(8, 16)), ("act", Choices(("relu",))))
+    )
     assert definition.describe(spec, space=space, device="cpu")["params"] == {
-        "width": {"low": 8, "high": 16, "log": False}, "act": ["relu"]}
+        "width": {"low": 8, "high": 16, "log": False},
+        "act": ["relu"],
+    }
 
 
 def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: Path) -> None:
@@ -61,12 +72,18 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     spec = load(path)
     fresh = preparation.prepare(spec)
     assert fresh.space["channels_last"] == Choices((False, True))  # searched in a new study
-    old = {**fresh.definition, "space": {k: v for k, v in fresh.definition["space"].items() if k != "channels_last"}}
+    old = {
+        **fresh.definition,
+        "space": {k: v for k, v in fresh.definition["space"].items() if k != "channels_last"},
+    }
     stored = optuna.create_study(study_name=spec.name, storage=spec.storage)
     stored.set_user_attr("definition", old)
 
     resumed = preparation.as_begun(spec, preparation.prepare(spec))
     assert resumed.space["channels_last"] == Choices((False,))
-    assert any(n.startswith("channels_last fixed to false: study 'study' began before") for n in resumed.notices)
+    assert any(
+        n.startswith("channels_last fixed to false: study 'study' began before")
+        for n in resumed.notices
+    )
     assert resumed.definition == old
     assert preparation.check_unchanged(spec, resumed, allow_changes=False) == []

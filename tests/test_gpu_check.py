@@ -18,8 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def gpu_check(*args: str, cache: Path) -> subprocess.CompletedProcess:
     """The command as a user runs it, with the drawn shapes cached in `cache`, not in the user's cache."""
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), *args], capture_output=True, text=True,
-                          cwd=REPO, env={**os.environ, "PYTHON": sys.executable, "AUTOTUNE_CACHE": str(cache)}, timeout=600)
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu-check.sh"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable, "AUTOTUNE_CACHE": str(cache)},
+        timeout=600,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the check runs for real")
@@ -33,7 +39,10 @@ def test_without_a_gpu_it_says_so_and_checks_nothing(tmp_path: Path) -> None:
 def test_confirm_before_the_study_is_finished_says_so_and_fails(tmp_path: Path) -> None:
     ran = gpu_check("confirm", "--cpu", "--results", str(tmp_path), cache=tmp_path / "cache")
     assert ran.returncode == 1, ran.stdout + ran.stderr
-    assert "## confirm: FAILED" in ran.stdout and "The study has 0 of its 2 trials: run the study stage" in ran.stdout
+    assert (
+        "## confirm: FAILED" in ran.stdout
+        and "The study has 0 of its 2 trials: run the study stage" in ran.stdout
+    )
     assert not (tmp_path / "gpu-check-shapes-cpu.db").exists()  # nothing was run
 
 
@@ -44,39 +53,77 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
     for stage in stages:
         assert f"## {stage}: ok" in ran.stdout
         record = json.loads((tmp_path / f"gpu-check-{stage}-cpu.json").read_text())
-        assert record["ok"] and record["stage"] == stage and record["torch"] == torch.__version__ and record["commit"]
+        assert (
+            record["ok"]
+            and record["stage"] == stage
+            and record["torch"] == torch.__version__
+            and record["commit"]
+        )
 
     oom = json.loads((tmp_path / "gpu-check-oom-cpu.json").read_text())
-    outcomes = {(t["batch_size"], t["precision"]): (t["state"], t["oom"], t["oom_bound"]) for t in oom["trials"]}
+    outcomes = {
+        (t["batch_size"], t["precision"]): (t["state"], t["oom"], t["oom_bound"])
+        for t in oom["trials"]
+    }
     assert outcomes[(64, "fp32")] == ("COMPLETE", False, False)
     assert outcomes[(128, "bf16")] == ("PRUNED", True, False)  # ran, and really ran out
     assert outcomes[(256, "fp32")] == ("PRUNED", False, True)  # known to run out: never ran
     assert len(oom["memory_after_each_run"]) == 5  # every trial that ran, the OOM included
 
     precision = json.loads((tmp_path / "gpu-check-precision-cpu.json").read_text())
-    assert set(precision["settings"]) == {"fp32", "fp32 channels_last", "bf16", "bf16 channels_last"}
+    assert set(precision["settings"]) == {
+        "fp32",
+        "fp32 channels_last",
+        "bf16",
+        "bf16 channels_last",
+    }
     assert precision["settings"]["fp32"]["vs_fp32"] == 1.0
 
     study = json.loads((tmp_path / "gpu-check-study-cpu.json").read_text())
     assert study["exit_status"] == 0 and study["summary"]["counts"]["total"] == 2
-    assert study["summary"]["confirmation"] is None  # the confirm stage's, so each stage stays short
+    assert (
+        study["summary"]["confirmation"] is None
+    )  # the confirm stage's, so each stage stays short
     assert study["command"][study["command"].index("--isolation") + 1] == "process"
     confirmed = json.loads((tmp_path / "gpu-check-confirm-cpu.json").read_text())
-    assert confirmed["summary"]["confirmation"] is not None and confirmed["summary"]["counts"]["total"] == 2
+    assert (
+        confirmed["summary"]["confirmation"] is not None
+        and confirmed["summary"]["counts"]["total"] == 2
+    )
     assert "winner: " in ran.stdout and "speedup" in ran.stdout
 
     tests = json.loads((tmp_path / "gpu-check-tests-cpu.json").read_text())
-    assert tests["exit_status"] == 0 and tests["skipped"] >= 4 and tests["passed"] == 0  # tests/test_cuda.py needs a GPU
+    assert (
+        tests["exit_status"] == 0 and tests["skipped"] >= 4 and tests["passed"] == 0
+    )  # tests/test_cuda.py needs a GPU
 
 
 @pytest.mark.parametrize("objective", ["systems_only", "goodput"])
 def test_the_study_stages_run_the_shapes_study_with_another_objective_as_a_study_of_its_own(
-        tmp_path: Path, objective: str) -> None:
-    ran = gpu_check("study", "confirm", "--cpu", "--objective", objective, "--results", str(tmp_path), cache=tmp_path / "cache")
+    tmp_path: Path, objective: str
+) -> None:
+    ran = gpu_check(
+        "study",
+        "confirm",
+        "--cpu",
+        "--objective",
+        objective,
+        "--results",
+        str(tmp_path),
+        cache=tmp_path / "cache",
+    )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    assert "## study: ok" in ran.stdout and "## confirm: ok" in ran.stdout and "winner: " in ran.stdout
+    assert (
+        "## study: ok" in ran.stdout and "## confirm: ok" in ran.stdout and "winner: " in ran.stdout
+    )
     confirmed = json.loads((tmp_path / f"gpu-check-confirm-{objective}-cpu.json").read_text())
-    assert confirmed["summary"]["objective"] == objective and confirmed["summary"]["confirmation"] is not None
+    assert (
+        confirmed["summary"]["objective"] == objective
+        and confirmed["summary"]["confirmation"] is not None
+    )
     assert confirmed["summary"]["throughput"]["table"]  # the throughput phase ran and is reported
     assert (tmp_path / f"gpu-check-shapes-{objective}-cpu.db").exists()
-    assert not (tmp_path / "gpu-check-shapes-cpu.db").exists() and not (tmp_path / "gpu-check-confirm-cpu.json").exists()
+    assert (
+        not (tmp_path / "gpu-check-shapes-cpu.db").exists()
+        and not (tmp_path / "gpu-check-confirm-cpu.json").exists()
+    )

@@ -16,14 +16,21 @@ import matplotlib.image
 import pytest
 import yaml
 
-from autotune.report import html_page, importance, plots, results, summarize
 from autotune.cli import main
+from autotune.report import html_page, importance, plots, results, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 # Where the browser test keeps its screenshot of the page, for a person to look at.
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS", REPO / "test-artifacts"))
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]  # this machine's closed network refuses the rest
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]  # this machine's closed network refuses the rest
 
 
 class Page(HTMLParser):
@@ -33,7 +40,9 @@ class Page(HTMLParser):
         super().__init__()
         self.figure: str | None = None
         self.images: dict[str, str] = {}  # figure id -> its img's src
-        self.numbers: list[tuple[dict[str, str], str]] = []  # (attributes, text) of each data-json span
+        self.numbers: list[
+            tuple[dict[str, str], str]
+        ] = []  # (attributes, text) of each data-json span
         self.addresses: list[str] = []  # every src and href
         self._span: dict[str, str] | None = None
         self.feed(text)
@@ -60,25 +69,50 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exception, raised on CPU), with workers and two precisions, confirmed on fresh seeds."""
     folder = tmp_path_factory.mktemp("html")
     path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump({
-        "task": "tests.tasks:cuda_oom",
-        "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"lr": {"low": 0.02, "high": 0.3, "log": True}, "scheduler": ["constant", "cosine"],
-                  "batch_size": [32, 128], "accumulation_steps": 1, "num_workers": [0, 1], "precision": ["fp32", "bf16"],
-                  "fused_optimizer": False},
-        "budget": {"trials": 10, "max_epochs": 12, "max_seconds": 60, "eval_every": 2.0},
-        "confirm": {"top": 2, "runs": 2}, "probe": "none", "seed": 0,
-        "prune": "none",  # every trial that fits in memory trains to its end: enough for importances
-        # a slow baseline (3-8 epochs to the target, where the trials take 1), so that a trial wins
-        # and the winner's section shows a speedup every time, also on a loaded machine. Evaluations
-        # every 2 epochs: the first comes after warm-up (10% of 384 steps), so throughput is measured
-        "baseline": {"lr": 0.001, "batch_size": 32, "num_workers": 0, "precision": "fp32"},
-    }, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "task": "tests.tasks:cuda_oom",
+                "target": {"metric": "accuracy", "value": 0.9},
+                "space": {
+                    "lr": {"low": 0.02, "high": 0.3, "log": True},
+                    "scheduler": ["constant", "cosine"],
+                    "batch_size": [32, 128],
+                    "accumulation_steps": 1,
+                    "num_workers": [0, 1],
+                    "precision": ["fp32", "bf16"],
+                    "fused_optimizer": False,
+                },
+                "budget": {"trials": 10, "max_epochs": 12, "max_seconds": 60, "eval_every": 2.0},
+                "confirm": {"top": 2, "runs": 2},
+                "probe": "none",
+                "seed": 0,
+                "prune": "none",  # every trial that fits in memory trains to its end: enough for importances
+                # a slow baseline (3-8 epochs to the target, where the trials take 1), so that a trial wins
+                # and the winner's section shows a speedup every time, also on a loaded machine. Evaluations
+                # every 2 epochs: the first comes after warm-up (10% of 384 steps), so throughput is measured
+                "baseline": {"lr": 0.001, "batch_size": 32, "num_workers": 0, "precision": "fp32"},
+            },
+            sort_keys=False,
+        )
+    )
     cwd = os.getcwd()
     os.chdir(REPO)  # so that tests.tasks imports
     try:
         assert main(["run", str(path)]) == 0
-        assert main(["report", str(path), "--html", str(folder / "report.html"), "--csv", str(folder / "trials.csv")]) == 0
+        assert (
+            main(
+                [
+                    "report",
+                    str(path),
+                    "--html",
+                    str(folder / "report.html"),
+                    "--csv",
+                    str(folder / "trials.csv"),
+                ]
+            )
+            == 0
+        )
     finally:
         os.chdir(cwd)
     return path
@@ -96,14 +130,19 @@ def test_every_plot_is_in_the_page_as_an_embedded_png(study: Path) -> None:
     for name, src in page.images.items():
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix), name
-        image = matplotlib.image.imread(io.BytesIO(base64.b64decode(src[len(prefix):])), format="png")
+        image = matplotlib.image.imread(
+            io.BytesIO(base64.b64decode(src[len(prefix) :])), format="png"
+        )
         assert image.shape[0] >= 300 and image.shape[1] >= 500, (name, image.shape)
         assert image.std() > 0.05, f"{name} is blank"
-    assert all(a.startswith(("data:", "#")) for a in page.addresses), "the page must load nothing from elsewhere"
+    assert all(a.startswith(("data:", "#")) for a in page.addresses), (
+        "the page must load nothing from elsewhere"
+    )
 
 
 def test_every_number_in_the_winners_section_is_the_one_report_json_gives(
-        study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     summary = summary_json(study, capsys)
     page = Page((study.parent / "report.html").read_text())
     shown = {}
@@ -111,22 +150,41 @@ def test_every_number_in_the_winners_section_is_the_one_report_json_gives(
         value = summary
         for key in attrs["data-json"].split("."):
             value = value[int(key)] if isinstance(value, list) else value[key]
-        assert format(value * float(attrs.get("data-scale", 1)), attrs["data-format"]) == text, attrs
+        assert format(value * float(attrs.get("data-scale", 1)), attrs["data-format"]) == text, (
+            attrs
+        )
         shown[attrs["data-json"]] = text
-    assert summary["best"]["source"] == "confirmed" and summary["best"]["trial"] is not None  # the section in full
-    for path in ("best.time_to_target", "best.min", "best.max", "best.runs", "baseline.time_to_target", "speedup",
-                 "best.params.lr", "best.params.batch_size", "best.telemetry.samples_per_second",
-                 "best.telemetry.input_wait", "best.telemetry.peak_memory_mb",
-                 *(f"best.per_class.classes.{k}.{f}" for k in range(4) for f in ("precision", "recall", "f1", "support"))):
+    assert (
+        summary["best"]["source"] == "confirmed" and summary["best"]["trial"] is not None
+    )  # the section in full
+    for path in (
+        "best.time_to_target",
+        "best.min",
+        "best.max",
+        "best.runs",
+        "baseline.time_to_target",
+        "speedup",
+        "best.params.lr",
+        "best.params.batch_size",
+        "best.telemetry.samples_per_second",
+        "best.telemetry.input_wait",
+        "best.telemetry.peak_memory_mb",
+        *(
+            f"best.per_class.classes.{k}.{f}"
+            for k in range(4)
+            for f in ("precision", "recall", "f1", "support")
+        ),
+    ):
         assert path in shown, f"{path} is not in the winner's section"
 
 
 def test_the_page_has_the_side_by_side_confirmation_and_cautions_about_importances_from_few_trials(
-        study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     summary = summary_json(study, capsys)
     text = (study.parent / "report.html").read_text()
-    table = text[text.index('<table id="confirmation">'):]
-    table = table[:table.index("</table>")]
+    table = text[text.index('<table id="confirmation">') :]
+    table = table[: table.index("</table>")]
     for label, stats in summary["confirmation"]["configs"].items():
         median = "not reached" if stats["median"] is None else f"{stats['median']:.2f} s"
         assert f'<td class="key">{label}</td><td>{median}</td>' in table, (label, table)
@@ -134,13 +192,18 @@ def test_the_page_has_the_side_by_side_confirmation_and_cautions_about_importanc
     complete = summary["counts"]["complete"]
     assert 0 < complete < html_page.IMPORTANCE_TRIALS
     assert f"From only {complete} complete trials: a rough guide" in text
-    assert '<div class="wide"><table' in text and ".wide { max-width: 100%; overflow-x: auto; }" in text
+    assert (
+        '<div class="wide"><table' in text
+        and ".wide { max-width: 100%; overflow-x: auto; }" in text
+    )
 
 
 def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import optuna
 
-    trials = optuna.load_study(study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}").get_trials()
+    trials = optuna.load_study(
+        study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}"
+    ).get_trials()
     records = results.trial_records(trials)
     counts = results.counts(records)
     assert counts["oom"] >= 1  # the map has something to mark
@@ -149,37 +212,69 @@ def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFi
     assert "out of memory" in labels and "ran" in labels
     assert ("known to run out (not run)" in labels) == (counts["oom_bound"] > 0)
 
-    values, why_not = importance.param_importances(optuna.load_study(
-        study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}"))
-    assert values and set(values) <= {"lr", "scheduler", "batch_size", "num_workers", "precision"}, why_not
+    values, why_not = importance.param_importances(
+        optuna.load_study(study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}")
+    )
+    assert values and set(values) <= {
+        "lr",
+        "scheduler",
+        "batch_size",
+        "num_workers",
+        "precision",
+    }, why_not
     bars = [t.get_text() for t in plots.importances(values).axes[0].get_yticklabels()]
     assert bars == list(values)[::-1]  # the most important on top
 
     summary = summary_json(study, capsys)
     top = [int(n) for n in results.best_feasible(records, count=3)["number"]]
-    curves = results.learning_curves(trials, top, confirmation=optuna.load_study(
-        study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}").user_attrs["confirmation"])
+    curves = results.learning_curves(
+        trials,
+        top,
+        confirmation=optuna.load_study(
+            study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}"
+        ).user_attrs["confirmation"],
+    )
     assert list(curves) == [*(f"trial {n}" for n in top), "baseline (confirmation run)"]
-    drawn = [line.get_label() for line in plots.learning_curves(curves, target=0.9, metric="accuracy").axes[0].get_lines()]
-    assert drawn[:len(curves)] == list(curves)
+    drawn = [
+        line.get_label()
+        for line in plots.learning_curves(curves, target=0.9, metric="accuracy").axes[0].get_lines()
+    ]
+    assert drawn[: len(curves)] == list(curves)
     assert summary["counts"]["total"] == len(records)
 
 
 def test_csv_holds_every_trial_with_its_settings_and_measurements(study: Path) -> None:
     rows = list(csv.DictReader((study.parent / "trials.csv").open()))
     assert len(rows) == 10
-    assert {"number", "state", "seconds", "samples_per_second", "input_wait", "peak_memory_mb", "lr",
-            "batch_size", "num_workers", "precision", "reason"} <= set(rows[0])
+    assert {
+        "number",
+        "state",
+        "seconds",
+        "samples_per_second",
+        "input_wait",
+        "peak_memory_mb",
+        "lr",
+        "batch_size",
+        "num_workers",
+        "precision",
+        "reason",
+    } <= set(rows[0])
     oom = [r for r in rows if r["oom"] == "True"]
     assert oom and all("out of memory" in r["reason"].lower() for r in oom)
 
 
 def test_a_study_with_no_winner_yet_still_gets_a_page() -> None:
     records = results.trial_records([])
-    summary = summarize.summarize("empty", records, target={"metric": "accuracy", "value": 0.9}, confirmation=None)
-    text = html_page.render(summary, records, curves={}, importances=None, importances_missing="no trials yet")
+    summary = summarize.summarize(
+        "empty", records, target={"metric": "accuracy", "value": 0.9}, confirmation=None
+    )
+    text = html_page.render(
+        summary, records, curves={}, importances=None, importances_missing="no trials yet"
+    )
     page = Page(text)
-    assert "No trial has reached the target yet" in text and len(page.images) == len(html_page.PLOTS)
+    assert "No trial has reached the target yet" in text and len(page.images) == len(
+        html_page.PLOTS
+    )
 
 
 def _chromium() -> str | None:
@@ -200,13 +295,26 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on(
+                "console",
+                lambda m: (
+                    problems.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "warning")
+                    else None
+                ),
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: problems.append(f"failed to load {r.url[:80]}"))
             page.goto((study.parent / "report.html").as_uri(), wait_until="load")
-            images = page.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])")
-            page.set_viewport_size({"width": 1280, "height": 800})  # a laptop's window: nothing may be cut off
-            overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            images = page.evaluate(
+                "Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
+            )
+            page.set_viewport_size(
+                {"width": 1280, "height": 800}
+            )  # a laptop's window: nothing may be cut off
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "html-report.png"), full_page=True)
         finally:
@@ -219,10 +327,14 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
     assert (ARTIFACTS / "html-report.png").stat().st_size > 50_000
 
 
-def test_a_page_that_cannot_be_written_is_a_clear_error(study: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_page_that_cannot_be_written_is_a_clear_error(
+    study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     capsys.readouterr()
     target = tmp_path / "no such folder" / "report.html"
     assert main(["report", str(study), "--html", str(target)]) == 2
     err = capsys.readouterr().err
-    assert f"--html {target}: cannot write (No such file or directory)" in err and "Traceback" not in err
+    assert (
+        f"--html {target}: cannot write (No such file or directory)" in err
+        and "Traceback" not in err
+    )

@@ -25,7 +25,9 @@ CPU = torch.device("cpu")
 
 
 def config(batch_size: int) -> TrialConfig:
-    return TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "batch_size": batch_size, "lr": 0.1}))
+    return TrialConfig.from_mapping(
+        complete({**DEFAULT_BASELINE, "batch_size": batch_size, "lr": 0.1})
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -33,14 +35,21 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports in the child
 
 
-@pytest.mark.parametrize(("task", "reason", "oom"), [
-    ("hangs", "timeout: no result after 3 s", False),
-    ("exits", "crashed: the trial's process exited with status 3", False),
-    ("segfaults", "crashed: the trial's process was killed by SIGSEGV", False),
-    ("allocator_oom", "out of memory: RuntimeError", True),
-])
-def test_a_child_that_misbehaves_becomes_a_reasoned_failure(task: str, reason: str, oom: bool) -> None:
-    run_trial = isolation.in_child(f"tests.tasks:{task}", study_path=REPO / "study.yaml", hang_after=3)
+@pytest.mark.parametrize(
+    ("task", "reason", "oom"),
+    [
+        ("hangs", "timeout: no result after 3 s", False),
+        ("exits", "crashed: the trial's process exited with status 3", False),
+        ("segfaults", "crashed: the trial's process was killed by SIGSEGV", False),
+        ("allocator_oom", "out of memory: RuntimeError", True),
+    ],
+)
+def test_a_child_that_misbehaves_becomes_a_reasoned_failure(
+    task: str, reason: str, oom: bool
+) -> None:
+    run_trial = isolation.in_child(
+        f"tests.tasks:{task}", study_path=REPO / "study.yaml", hang_after=3
+    )
     started = time.monotonic()
     with pytest.raises(isolation.TrialFailure) as failure:
         run_trial(config(OOM_BATCH), limits=LIMITS, device=CPU, seed=1)
@@ -51,15 +60,27 @@ def test_a_child_that_misbehaves_becomes_a_reasoned_failure(task: str, reason: s
 
 def test_a_child_trains_the_same_trial_as_this_process() -> None:
     steps: list[int] = []
-    in_child = isolation.in_child("tests.tasks:blobs", study_path=REPO / "study.yaml", hang_after=60)
-    there = in_child(config(32), limits=LIMITS, device=CPU, seed=7, progress=lambda s, t, m, seconds: steps.append(s))
+    in_child = isolation.in_child(
+        "tests.tasks:blobs", study_path=REPO / "study.yaml", hang_after=60
+    )
+    there = in_child(
+        config(32),
+        limits=LIMITS,
+        device=CPU,
+        seed=7,
+        progress=lambda s, t, m, seconds: steps.append(s),
+    )
     here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
-    assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]  # same metric at the same epochs
+    assert [point[1:] for point in there.curve] == [
+        point[1:] for point in here.curve
+    ]  # same metric at the same epochs
     assert there.best_metric == here.best_metric and there.optimizer_steps == here.optimizer_steps
     assert steps and steps[-1] <= there.optimizer_steps  # progress came back from the child
 
 
-def write_study(folder: Path, task: str, *, batch_sizes: tuple[int, ...] = (16, OOM_BATCH), **budget: float) -> Path:
+def write_study(
+    folder: Path, task: str, *, batch_sizes: tuple[int, ...] = (16, OOM_BATCH), **budget: float
+) -> Path:
     study = {
         "task": task,
         "target": {"metric": "accuracy", "value": 0.9},
@@ -73,23 +94,42 @@ def write_study(folder: Path, task: str, *, batch_sizes: tuple[int, ...] = (16, 
     return path
 
 
-@pytest.mark.parametrize(("task", "reason", "mode"), [("segfaults", "crashed: ", "process"), ("hangs", "timeout: ", "process"),
-                                                      ("segfaults", "crashed: ", "warm")])
-def test_a_study_goes_on_past_crashed_and_hung_trials(tmp_path: Path, task: str, reason: str, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("task", "reason", "mode"),
+    [
+        ("segfaults", "crashed: ", "process"),
+        ("hangs", "timeout: ", "process"),
+        ("segfaults", "crashed: ", "warm"),
+    ],
+)
+def test_a_study_goes_on_past_crashed_and_hung_trials(
+    tmp_path: Path, task: str, reason: str, mode: str
+) -> None:
     """In a fresh child per trial, or in a warm one that the crash makes the study replace."""
     path = write_study(tmp_path, f"tests.tasks:{task}", trial_timeout=3)
     path.write_text(path.read_text().replace("isolation: process", f"isolation: {mode}"))
-    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
-    trials = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}").get_trials()
+    trials = optuna.load_study(
+        study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}"
+    ).get_trials()
     assert len(trials) == 4
     for trial in trials:
         if trial.params["batch_size"] == OOM_BATCH:
-            assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["reason"].startswith(reason)
+            assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs[
+                "reason"
+            ].startswith(reason)
         else:  # trained, or stopped once it could no longer beat the best (prune: incumbent)
             assert trial.state == optuna.trial.TrialState.COMPLETE or (
-                trial.state == optuna.trial.TrialState.PRUNED and trial.user_attrs["reason"].startswith("pruned: "))
+                trial.state == optuna.trial.TrialState.PRUNED
+                and trial.user_attrs["reason"].startswith("pruned: ")
+            )
     assert any(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert "Winner: " in result.stdout
 
@@ -125,12 +165,22 @@ def still_alive(pids: list[int], *, within: float = 20.0) -> list[int]:
 
 
 def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
-    path = write_study(tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,))  # every trial hangs, for minutes
-    study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = write_study(
+        tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,)
+    )  # every trial hangs, for minutes
+    study = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline, descendants = time.monotonic() + 120, []
-    while time.monotonic() < deadline and not descendants:  # the fork server, and under it the trial
-        descendants = [grandchild for child in children(study.pid) for grandchild in children(child)]
+    while (
+        time.monotonic() < deadline and not descendants
+    ):  # the fork server, and under it the trial
+        descendants = [
+            grandchild for child in children(study.pid) for grandchild in children(child)
+        ]
         time.sleep(0.2)
     assert descendants, "no trial process appeared"
     time.sleep(1.0)
@@ -145,11 +195,18 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> Non
 
 def test_what_torch_imports_lazily_is_imported_before_the_first_trial_clock() -> None:
     """The first optimizer built imports torch._dynamo (about 2 s): that must not be trial time."""
-    code = ("import sys; from autotune.runners import isolation; from tests.tasks import blobs; "
-            "assert 'torch._dynamo' not in sys.modules; isolation.in_process(blobs()); "
-            "assert all(name in sys.modules for name in isolation.LAZY_IMPORTS)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys; from autotune.runners import isolation; from tests.tasks import blobs; "
+        "assert 'torch._dynamo' not in sys.modules; isolation.in_process(blobs()); "
+        "assert all(name in sys.modules for name in isolation.LAZY_IMPORTS)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -159,37 +216,55 @@ def test_a_loader_workers_error_keeps_its_message_and_the_users_line(where: str)
     reason gives the worker's own last line and the line of the user's dataset that raised it."""
     from tests import tasks
 
-    run_trial = (isolation.in_process(tasks.bad_sample()) if where == "in process" else
-                 isolation.in_child("tests.tasks:bad_sample", study_path=REPO / "study.yaml", hang_after=60))
-    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "num_workers": 1, "prefetch_factor": 2}))
+    run_trial = (
+        isolation.in_process(tasks.bad_sample())
+        if where == "in process"
+        else isolation.in_child(
+            "tests.tasks:bad_sample", study_path=REPO / "study.yaml", hang_after=60
+        )
+    )
+    loading = TrialConfig.from_mapping(
+        complete({**DEFAULT_BASELINE, "num_workers": 1, "prefetch_factor": 2})
+    )
     with pytest.raises(isolation.TrialFailure) as failure:
         run_trial(loading, limits=LIMITS, device=CPU, seed=1)
-    line = next(n for n, text in enumerate(Path(tasks.__file__).read_text().splitlines(), 1) if "is unreadable" in text)
-    assert failure.value.reason == (f"IndexError: sample 100 is unreadable (in DataLoader worker process 0, "
-                                    f"at {Path(tasks.__file__).resolve()}:{line})")
+    line = next(
+        n
+        for n, text in enumerate(Path(tasks.__file__).read_text().splitlines(), 1)
+        if "is unreadable" in text
+    )
+    assert failure.value.reason == (
+        f"IndexError: sample 100 is unreadable (in DataLoader worker process 0, "
+        f"at {Path(tasks.__file__).resolve()}:{line})"
+    )
 
 
 def test_a_trial_whose_loader_worker_raised_leaves_no_worker_and_its_process_exits() -> None:
     """The error's traceback keeps the trial's loader alive; its other workers must still be shut
     down, or the process that ran the trial waits for them at exit (they put SIGTERM off)."""
-    code = ("import multiprocessing, torch\n"
-            "from autotune.runners import isolation\n"
-            "from autotune.search.space import DEFAULT_BASELINE, complete\n"
-            "from autotune.train.trial import Limits, TrialConfig\n"
-            "from tests import tasks\n"
-            "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, 'prefetch_factor': 2}))\n"
-            "limits = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)\n"
-            "try:\n"
-            "    isolation.in_process(tasks.bad_sample())(config, limits=limits, device=torch.device('cpu'), seed=1)\n"
-            "except isolation.TrialFailure as exc:\n"
-            "    kept = exc  # as a caller that reports it later does\n"
-            "print(len(multiprocessing.active_children()))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    code = (
+        "import multiprocessing, torch\n"
+        "from autotune.runners import isolation\n"
+        "from autotune.search.space import DEFAULT_BASELINE, complete\n"
+        "from autotune.train.trial import Limits, TrialConfig\n"
+        "from tests import tasks\n"
+        "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, 'prefetch_factor': 2}))\n"
+        "limits = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)\n"
+        "try:\n"
+        "    isolation.in_process(tasks.bad_sample())(config, limits=limits, device=torch.device('cpu'), seed=1)\n"
+        "except isolation.TrialFailure as exc:\n"
+        "    kept = exc  # as a caller that reports it later does\n"
+        "print(len(multiprocessing.active_children()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert result.returncode == 0 and result.stdout.split() == ["0"], result.stderr
 
 
 def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_down(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """What multiprocessing does to leftover workers at interpreter exit: SIGTERM, then wait. The
     worker waits a grace period for its trial to shut it down in order, then exits with status 0
     (which torch does not report as a failed worker)."""
@@ -199,8 +274,13 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     from autotune.train import loader as loader_
 
     monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
-    loader = DataLoader(blobs().train, batch_size=64, num_workers=2, persistent_workers=True,
-                        worker_init_fn=loader_._worker_init)
+    loader = DataLoader(
+        blobs().train,
+        batch_size=64,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=loader_._worker_init,
+    )
     batches = loader_.endless(loader)  # as a trial starts them: forked with the signals held back
     next(batches)
     workers = list(loader._iterator._workers)
@@ -216,26 +296,43 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
 
 def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     def users_code() -> None:
-        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))  # class 7 of 3: torch raises
+        torch.nn.functional.cross_entropy(
+            torch.zeros(2, 3), torch.tensor([0, 7])
+        )  # class 7 of 3: torch raises
 
     try:
         users_code()
     except Exception as exc:  # noqa: BLE001 - any error torch raises here
         reason = reasons.error_reason(exc)
     line = users_code.__code__.co_firstlineno + 1
-    assert reason.endswith(f"(at {Path(__file__).resolve()}:{line})") and "Target 7 is out of bounds" in reason
+    assert (
+        reason.endswith(f"(at {Path(__file__).resolve()}:{line})")
+        and "Target 7 is out of bounds" in reason
+    )
 
 
-def test_no_process_outlives_a_study_whose_trials_with_loader_workers_hit_their_timeout(tmp_path: Path) -> None:
+def test_no_process_outlives_a_study_whose_trials_with_loader_workers_hit_their_timeout(
+    tmp_path: Path,
+) -> None:
     """Every process the study started, the fork server, trial processes and their DataLoader
     workers included, is gone once `autotune run` has exited."""
-    path = write_study(tmp_path, "tests.tasks:hangs_with_workers", batch_sizes=(OOM_BATCH,), trial_timeout=3, trials=2)
+    path = write_study(
+        tmp_path,
+        "tests.tasks:hangs_with_workers",
+        batch_sizes=(OOM_BATCH,),
+        trial_timeout=3,
+        trials=2,
+    )
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=2, prefetch_factor=2)
     raw["confirm"] = {"top": 0}
     path.write_text(yaml.safe_dump(raw))
-    study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    study = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     seen: set[int] = set()
     while study.poll() is None:  # every descendant, as they come and go
         frontier = [study.pid]
@@ -258,9 +355,14 @@ def test_a_trial_killed_at_its_timeout_takes_its_loader_workers_with_it() -> Non
 
     for old in Path(tempfile.gettempdir()).glob(WORKER_PIDS):
         old.unlink()
-    run_trial = isolation.in_child("tests.tasks:hangs_with_workers", study_path=REPO / "study.yaml", hang_after=5)
-    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "batch_size": OOM_BATCH, "num_workers": 2,
-                                                 "prefetch_factor": 2}))
+    run_trial = isolation.in_child(
+        "tests.tasks:hangs_with_workers", study_path=REPO / "study.yaml", hang_after=5
+    )
+    loading = TrialConfig.from_mapping(
+        complete(
+            {**DEFAULT_BASELINE, "batch_size": OOM_BATCH, "num_workers": 2, "prefetch_factor": 2}
+        )
+    )
     with pytest.raises(isolation.TrialFailure, match="^timeout: "):
         run_trial(loading, limits=LIMITS, device=CPU, seed=1)
     workers = [int(p.name.rsplit("-", 1)[1]) for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
@@ -279,24 +381,36 @@ def test_a_trials_loader_workers_are_forked_from_the_trial_as_in_the_users_own_t
 
     for old in Path(tempfile.gettempdir()).glob(WORKER_PIDS):
         old.unlink()
-    run_trial = isolation.in_child("tests.tasks:notes_workers", study_path=REPO / "study.yaml", hang_after=60)
-    loading = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "num_workers": 2, "prefetch_factor": 2, "lr": 0.1}))
+    run_trial = isolation.in_child(
+        "tests.tasks:notes_workers", study_path=REPO / "study.yaml", hang_after=60
+    )
+    loading = TrialConfig.from_mapping(
+        complete({**DEFAULT_BASELINE, "num_workers": 2, "prefetch_factor": 2, "lr": 0.1})
+    )
     run_trial(loading, limits=LIMITS, device=CPU, seed=1)
     notes = [p.read_text().split() for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
     assert len(notes) == 2  # both workers loaded
-    assert all(len(note) == 2 and note[0] == note[1] for note in notes), notes  # forked by the process that started them
+    assert all(len(note) == 2 and note[0] == note[1] for note in notes), (
+        notes
+    )  # forked by the process that started them
 
 
-@pytest.mark.parametrize(("isolation_mode", "told"), [("auto", True), ("none", True), ("warm", False)])
-def test_a_trial_timeout_that_cannot_apply_is_said_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        isolation_mode: str, told: bool) -> None:
+@pytest.mark.parametrize(
+    ("isolation_mode", "told"), [("auto", True), ("none", True), ("warm", False)]
+)
+def test_a_trial_timeout_that_cannot_apply_is_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], isolation_mode: str, told: bool
+) -> None:
     """In the study's process (the CPU default) a hung trial cannot be stopped: a trial_timeout the
     user set is then said not to apply, rather than ignored in silence."""
     from tests.test_study import run_cli
 
     path = write_study(tmp_path, "tests.tasks:blobs", batch_sizes=(16,), trial_timeout=30)
-    path.write_text(path.read_text().replace("isolation: process", f"isolation: {isolation_mode}")
-                    .replace("trials: 4", "trials: 1"))
+    path.write_text(
+        path.read_text()
+        .replace("isolation: process", f"isolation: {isolation_mode}")
+        .replace("trials: 4", "trials: 1")
+    )
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     notice = "budget.trial_timeout (30 s) does not apply: trials run in this process"

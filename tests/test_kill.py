@@ -52,8 +52,14 @@ def env() -> dict[str, str]:
 
 
 def autotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @dataclass
@@ -78,7 +84,8 @@ def peek(db: Path, after_id: int) -> Live | None:
             running: dict[int, set[str]] = {}
             for trial_id, key in conn.execute(
                 "select t.trial_id, a.key from trials t left join trial_user_attributes a on a.trial_id = t.trial_id "
-                "where t.state = 'RUNNING' and t.trial_id > ?", (after_id,)
+                "where t.state = 'RUNNING' and t.trial_id > ?",
+                (after_id,),
             ):
                 running.setdefault(trial_id, set()).update([key] if key else [])
             return Live(done, running)
@@ -104,8 +111,13 @@ class Run:
         err = self.path.parent / f"run{self.index}.err"
         self.out_path, self.err_path = out, err
         with open(out, "w") as o, open(err, "w") as e:
-            self.proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(self.path)], cwd=REPO,
-                                         env=env(), stdout=o, stderr=e)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune", "run", str(self.path)],
+                cwd=REPO,
+                env=env(),
+                stdout=o,
+                stderr=e,
+            )
         self.started = time.monotonic()
 
     def alive(self) -> bool:
@@ -129,7 +141,9 @@ class Killer:
         self.path, self.db = path, path.with_suffix(".db")
         self.rng = random.Random(SEED)
         self.log: list[str] = []
-        self.seen: dict[int, tuple] = {}  # every finished trial any snapshot saw: number -> (params, values, state)
+        self.seen: dict[
+            int, tuple
+        ] = {}  # every finished trial any snapshot saw: number -> (params, values, state)
         self.kills = 0
         self.completed_runs = 0
         self.confirmation: dict[str, Any] | None = None  # as the last snapshot found it
@@ -155,7 +169,9 @@ class Killer:
             live = peek(self.db, run.after_id)
             if ready(live):
                 return True
-            assert time.monotonic() < deadline, f"run {run.index}: no {what} within {timeout} s\n{self.why()}"
+            assert time.monotonic() < deadline, (
+                f"run {run.index}: no {what} within {timeout} s\n{self.why()}"
+            )
             time.sleep(poll)
         return False
 
@@ -167,7 +183,9 @@ class Killer:
         while run.alive():
             if run.check_confirming():
                 return True
-            assert time.monotonic() < deadline, f"run {run.index}: no confirmation within {timeout} s\n{self.why()}"
+            assert time.monotonic() < deadline, (
+                f"run {run.index}: no confirmation within {timeout} s\n{self.why()}"
+            )
             time.sleep(0.002)
         return False
 
@@ -175,10 +193,14 @@ class Killer:
         """Wait for the moment `kind` names, then return what was waited for."""
         budget_done = lambda live: live is not None and live.finished >= BUDGET  # noqa: E731
         came = True  # False: the run ended before the moment came
-        if kind == "storage":  # the database file appears, the schema and the study are being created
+        if (
+            kind == "storage"
+        ):  # the database file appears, the schema and the study are being created
             came = self.wait(run, "database file", lambda live: self.db.exists(), poll=0.002)
             delay = 0.3 * u
-        elif kind == "start-up":  # importing torch, loading the task, opening the storage, marking, queueing
+        elif (
+            kind == "start-up"
+        ):  # importing torch, loading the task, opening the storage, marking, queueing
             delay = 3.5 * u
         elif kind == "confirm":
             came = self.wait_confirming(run)
@@ -186,8 +208,11 @@ class Killer:
         else:
             # let k trials (k + 1 for "between") finish in this run first, unless the budget is done
             need = base + k + (kind == "between")
-            came = self.wait(run, f"{need - base} finished trials",
-                             lambda live: live is not None and live.finished >= need or budget_done(live))
+            came = self.wait(
+                run,
+                f"{need - base} finished trials",
+                lambda live: live is not None and live.finished >= need or budget_done(live),
+            )
             live = peek(self.db, run.after_id)
             if live is not None and live.finished >= BUDGET:
                 came = self.wait_confirming(run)
@@ -195,23 +220,41 @@ class Killer:
             elif kind == "between":  # just after a tell: in ask, suggest, writing the config
                 delay = 0.02 * u
             elif kind == "trial":  # the trial has its configuration and is training
-                came = self.wait(run, "a trial training",
-                                 lambda live: live is not None and any("config" in keys for keys in live.running.values())
-                                 or budget_done(live), poll=0.005)
+                came = self.wait(
+                    run,
+                    "a trial training",
+                    lambda live: (
+                        live is not None
+                        and any("config" in keys for keys in live.running.values())
+                        or budget_done(live)
+                    ),
+                    poll=0.005,
+                )
                 delay = 0.4 * u
             else:  # "writing": the trial's results are going into the storage, before its tell
-                came = self.wait(run, "a trial's results being written",
-                                 lambda live: live is not None and any("result" in keys for keys in live.running.values())
-                                 or budget_done(live), poll=0.001)
+                came = self.wait(
+                    run,
+                    "a trial's results being written",
+                    lambda live: (
+                        live is not None
+                        and any("result" in keys for keys in live.running.values())
+                        or budget_done(live)
+                    ),
+                    poll=0.001,
+                )
                 delay = 0.004 * u
         time.sleep(delay)
-        return f"{kind} k={k} +{delay:.3f}s" + ("" if came else " (the run ended before that moment)")
+        return f"{kind} k={k} +{delay:.3f}s" + (
+            "" if came else " (the run ended before that moment)"
+        )
 
     # -- after a kill ----------------------------------------------------------------------------
 
     def study(self) -> optuna.Study | None:
         """The study, once its database holds it (loading it earlier would create Optuna's tables)."""
-        if not self.db.exists() or not sqlite_rows(self.db, "select name from sqlite_master where name = 'studies'"):
+        if not self.db.exists() or not sqlite_rows(
+            self.db, "select name from sqlite_master where name = 'studies'"
+        ):
             return None
         if not sqlite_rows(self.db, "select 1 from studies where study_name = 'study'"):
             return None
@@ -222,16 +265,29 @@ class Killer:
         mid = " (mid-transaction: journal left)" if journal else ""
         study = self.study()
         if study is None:
-            return ("before the study existed" if self.db.exists() else "before the database existed") + mid
+            return (
+                "before the study existed" if self.db.exists() else "before the database existed"
+            ) + mid
         mine = [t for t in study.get_trials() if t._trial_id > run.after_id]
         running = [t for t in mine if t.state == TrialState.RUNNING]
         if running:
             t = running[-1]
-            return ("writing the results of" if "result" in t.user_attrs else
-                    "training" if "config" in t.user_attrs else "asking for") + f" trial {t.number}" + mid
+            return (
+                (
+                    "writing the results of"
+                    if "result" in t.user_attrs
+                    else "training"
+                    if "config" in t.user_attrs
+                    else "asking for"
+                )
+                + f" trial {t.number}"
+                + mid
+            )
         if run.check_confirming():
             stored = study.user_attrs.get("confirmation") != self.confirmation
-            return ("after confirming: the confirmation is stored" if stored else "confirming") + mid
+            return (
+                "after confirming: the confirmation is stored" if stored else "confirming"
+            ) + mid
         return ("between trials" if mine else "start-up, before the first trial") + mid
 
     def snapshot(self) -> dict[int, tuple]:
@@ -241,8 +297,12 @@ class Killer:
             return {}
         now = {t.number: (t.params, t.values, t.state) for t in finished(study)}
         lost = {n: v for n, v in self.seen.items() if now.get(n) != v}
-        assert not lost, f"finished trials lost or changed: {lost} -> {[now.get(n) for n in lost]}\n{self.why()}"
-        assert len(now) <= BUDGET, f"{len(now)} finished trials, over the budget of {BUDGET}\n{self.why()}"
+        assert not lost, (
+            f"finished trials lost or changed: {lost} -> {[now.get(n) for n in lost]}\n{self.why()}"
+        )
+        assert len(now) <= BUDGET, (
+            f"{len(now)} finished trials, over the budget of {BUDGET}\n{self.why()}"
+        )
         self.seen.update(now)
         self.confirmation = study.user_attrs.get("confirmation")
         return now
@@ -250,7 +310,9 @@ class Killer:
     def integrity(self) -> None:
         if not self.db.exists():
             return
-        with sqlite3.connect(self.db) as conn:  # rolls back a transaction the kill left, as the next run would
+        with sqlite3.connect(
+            self.db
+        ) as conn:  # rolls back a transaction the kill left, as the next run would
             check = conn.execute("pragma integrity_check").fetchall()
             keys = conn.execute("pragma foreign_key_check").fetchall()
         assert check == [("ok",)] and keys == [], f"integrity: {check} {keys}\n{self.why()}"
@@ -283,12 +345,18 @@ class Killer:
                 self.completed_runs += 1
                 landed = "it had finished (exit 0) before the kill"
             else:
-                raise AssertionError(f"run {attempt} exited {code} before its kill:\n{run.stderr()[-3000:]}\n{self.why()}")
+                raise AssertionError(
+                    f"run {attempt} exited {code} before its kill:\n{run.stderr()[-3000:]}\n{self.why()}"
+                )
             self.integrity()
             done = len(self.snapshot())
-            self.log.append(f"run {attempt}: {what} after {time.monotonic() - run.started:.2f}s -> "
-                            f"{'kill ' + str(self.kills) if code else 'no kill'}: {landed}; {done}/{BUDGET} finished")
-        raise AssertionError(f"only {self.kills} of {KILLS} kills in {MAX_ATTEMPTS} runs\n{self.why()}")
+            self.log.append(
+                f"run {attempt}: {what} after {time.monotonic() - run.started:.2f}s -> "
+                f"{'kill ' + str(self.kills) if code else 'no kill'}: {landed}; {done}/{BUDGET} finished"
+            )
+        raise AssertionError(
+            f"only {self.kills} of {KILLS} kills in {MAX_ATTEMPTS} runs\n{self.why()}"
+        )
 
 
 def sqlite_rows(db: Path, sql: str) -> list[tuple]:
@@ -296,8 +364,12 @@ def sqlite_rows(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(tmp_path: Path) -> None:
-    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8})  # 32 runs: a window to see and kill in
+def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(
+    tmp_path: Path,
+) -> None:
+    path = write_study(
+        tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8}
+    )  # 32 runs: a window to see and kill in
     # Every trial runs to the end: the kill schedule is paced by whole trials, and with trials cut
     # short past the incumbent the budget can be done before a kill has landed in the confirmation.
     # Pruned trials' storage writes are those of an out-of-memory trial, which kills do meet.
@@ -307,9 +379,12 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
     killer.kill_until_done()
     why = killer.why()
     assert killer.kills == KILLS, why
-    assert any(": confirming" in line for line in killer.log), f"no kill landed in the confirmation\n{why}"
-    assert any(": training trial" in line or ": writing the results" in line for line in killer.log), \
-        f"no kill landed during a trial\n{why}"
+    assert any(": confirming" in line for line in killer.log), (
+        f"no kill landed in the confirmation\n{why}"
+    )
+    assert any(
+        ": training trial" in line or ": writing the results" in line for line in killer.log
+    ), f"no kill landed during a trial\n{why}"
 
     final = autotune("run", str(path))
     why += f"\nfinal run (exit {final.returncode}):\n{final.stderr[-3000:]}"
@@ -324,29 +399,58 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
     assert set(killer.seen) == set(counted), why
     numbers = [t.number for t in trials]
     assert sorted(numbers) == list(range(len(trials))), f"trial numbers {sorted(numbers)}\n{why}"
-    assert sqlite_rows(db, "select number, count(*) from trials group by study_id, number having count(*) > 1") == [], why
-    left = {t.number: t.state.name for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    assert (
+        sqlite_rows(
+            db, "select number, count(*) from trials group by study_id, number having count(*) > 1"
+        )
+        == []
+    ), why
+    left = {
+        t.number: t.state.name
+        for t in trials
+        if t.state in (TrialState.RUNNING, TrialState.WAITING)
+    }
     assert not left, f"trials left unfinished: {left}\n{why}"
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in trials), why
+    assert all(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in trials
+    ), why
 
     # every interrupted configuration ran again once, and only once; a trial killed while its
     # configuration was being chosen (no `config` stored yet) has none to rerun: a fresh trial
     # takes its place
-    interrupted = {t.number: t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("interrupted")}
+    interrupted = {
+        t.number: t
+        for t in trials
+        if t.state == TrialState.FAIL and t.user_attrs.get("interrupted")
+    }
     assert interrupted, f"no kill interrupted a trial\n{why}"
     retries = [t for t in trials if "failed_trial" in t.system_attrs]
     by_original = Counter(t.system_attrs["failed_trial"] for t in retries)
-    assert all(n == 1 for n in by_original.values()), f"retried more than once: {by_original}\n{why}"
+    assert all(n == 1 for n in by_original.values()), (
+        f"retried more than once: {by_original}\n{why}"
+    )
     for retry in retries:
         original = interrupted.get(retry.system_attrs["failed_trial"])
-        assert original is not None, f"trial {retry.number} retries a trial that was not interrupted\n{why}"
-        assert "failed_trial" not in original.system_attrs, \
+        assert original is not None, (
+            f"trial {retry.number} retries a trial that was not interrupted\n{why}"
+        )
+        assert "failed_trial" not in original.system_attrs, (
             f"trial {retry.number} retries trial {original.number}, itself a retry: run a third time\n{why}"
-        assert retry.params == original.params and "config" in original.user_attrs, \
+        )
+        assert retry.params == original.params and "config" in original.user_attrs, (
             f"trial {retry.number} did not rerun trial {original.number}'s whole configuration\n{why}"
-    first_time = [n for n, t in interrupted.items() if "failed_trial" not in t.system_attrs and "config" in t.user_attrs]
-    assert sorted(by_original) == sorted(first_time), f"interrupted {first_time}, retried {sorted(by_original)}\n{why}"
-    for t in finished(study):  # a failure of autotune's own says why; an interrupted one is not counted
+        )
+    first_time = [
+        n
+        for n, t in interrupted.items()
+        if "failed_trial" not in t.system_attrs and "config" in t.user_attrs
+    ]
+    assert sorted(by_original) == sorted(first_time), (
+        f"interrupted {first_time}, retried {sorted(by_original)}\n{why}"
+    )
+    for t in finished(
+        study
+    ):  # a failure of autotune's own says why; an interrupted one is not counted
         assert t.state != TrialState.FAIL or t.user_attrs.get("reason"), f"trial {t.number}\n{why}"
 
     # the storage is sound, and the confirmation covers the whole budget
@@ -364,8 +468,9 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
     assert best["trial"] == printed, f"run printed {winner.group(0)!r}, report says {best}\n{why}"
     if printed is not None:  # the baseline can win the confirmation: then no trial is named
         trial = study.trials[best["trial"]]
-        assert trial.state == TrialState.COMPLETE and max(trial.constraints.values()) <= 0, \
+        assert trial.state == TrialState.COMPLETE and max(trial.constraints.values()) <= 0, (
             f"winner {trial.number}: {trial.state.name}, constraints {trial.constraints}\n{why}"
+        )
         assert not trial.user_attrs.get("interrupted"), why
     print(why)  # with -s: where every kill landed
 
@@ -384,19 +489,28 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(tmp_path: Path) -> None:
+def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(
+    tmp_path: Path,
+) -> None:
     """Killed with SIGKILL while its DataLoader workers run, `autotune run` is not refused by the
     runner lock when started again at once: forked workers do not hold it."""
     path = write_study(tmp_path, trials=2, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"]["num_workers"] = 2
-    raw["space"]["lr"] = 0.0001  # too slow to reach the target: each trial trains, workers up, for its 3 s
+    raw["space"]["lr"] = (
+        0.0001  # too slow to reach the target: each trial trains, workers up, for its 3 s
+    )
     raw["probe"] = "none"
     raw["budget"] = {"trials": 2, "max_epochs": 40, "max_seconds": 3, "eval_every": 0.5}
     path.write_text(yaml.safe_dump(raw))
     for _ in range(3):  # a kill just as a trial ends finds its workers already shut down: again
-        run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO, env=env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "run", str(path)],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while len(children_of(run.pid)) < 2:  # a trial is training, its loader workers forked
             assert run.poll() is None and time.monotonic() < deadline, "no loader workers appeared"
@@ -404,7 +518,9 @@ def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(
         workers = children_of(run.pid)
         run.kill()
         run.wait()
-        if any(Path(f"/proc/{pid}").exists() for pid in workers):  # the workers outlive it for a moment
+        if any(
+            Path(f"/proc/{pid}").exists() for pid in workers
+        ):  # the workers outlive it for a moment
             break
     assert any(Path(f"/proc/{pid}").exists() for pid in workers)
     again = autotune("run", str(path))
@@ -417,7 +533,9 @@ def small_disk(tmp_path: Path):
     """A 200 KiB filesystem of its own (tmpfs), enough for Optuna's tables and a few dozen trials."""
     folder = tmp_path / "disk"
     folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True
+    ).returncode:
         pytest.skip("mounting a small tmpfs needs root with CAP_SYS_ADMIN")
     try:
         yield folder
@@ -426,15 +544,21 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
-def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_is_room(small_disk: Path) -> None:
+def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_is_room(
+    small_disk: Path,
+) -> None:
     path = small_disk / "study.yaml"
-    path.write_text("task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\nprobe: none\n"
-                    "space: {num_workers: 0, batch_size: [16, 32, 64]}\n"
-                    "budget: {trials: 120, max_epochs: 1, max_seconds: 5}\nconfirm: {top: 0}\n")
+    path.write_text(
+        "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\nprobe: none\n"
+        "space: {num_workers: 0, batch_size: [16, 32, 64]}\n"
+        "budget: {trials: 120, max_epochs: 1, max_seconds: 5}\nconfirm: {top: 0}\n"
+    )
     full = autotune("run", str(path), "--quiet")
     assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr
     last = full.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"autotune: error: {path}: storage sqlite:///{small_disk}/study.db: no space left on the device")
+    assert last.startswith(
+        f"autotune: error: {path}: storage sqlite:///{small_disk}/study.db: no space left on the device"
+    )
     db = small_disk / "study.db"
     assert sqlite_rows(db, "pragma integrity_check") == [("ok",)]
     stored = len(finished(load(path)))
@@ -444,7 +568,9 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_i
     again = autotune("run", str(path), "--quiet")
     assert again.returncode == 0, again.stderr
     study = load(path)
-    assert len(finished(study)) == 120 and not [t for t in study.get_trials() if t.state.name == "RUNNING"]
+    assert len(finished(study)) == 120 and not [
+        t for t in study.get_trials() if t.state.name == "RUNNING"
+    ]
 
 
 def descendants(pid: int) -> list[int]:
@@ -457,22 +583,36 @@ def descendants(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_readme_says(tmp_path: Path, workers: int) -> None:
+def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_readme_says(
+    tmp_path: Path, workers: int
+) -> None:
     """What `timeout`, systemd and Slurm do: SIGTERM to every process of the group, DataLoader
     workers included. Exit 143, no traceback, the Resume-with line last; every trial that was
     running is marked interrupted with its reason and queued again; no process left behind."""
     path = write_study(tmp_path, trials=4, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=2, prefetch_factor=2)
-    raw.update(probe="none", budget={"trials": 4, "max_epochs": 200, "max_seconds": 60, "eval_every": 0.5},
-               target={"metric": "accuracy", "value": 0.999})  # trials that train until they are stopped
+    raw.update(
+        probe="none",
+        budget={"trials": 4, "max_epochs": 200, "max_seconds": 60, "eval_every": 0.5},
+        target={"metric": "accuracy", "value": 0.999},
+    )  # trials that train until they are stopped
     path.write_text(yaml.safe_dump(raw))
     storage = f"journal:///{tmp_path / 'study.journal'}"
     extra = ["--storage", storage, "--workers", "2"] if workers > 1 else []
-    run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path), *extra], cwd=REPO, env=env(),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path), *extra],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
-    while len(descendants(run.pid)) < 2 + 3 * (workers > 1):  # loader workers (and the study's workers) up
+    while len(descendants(run.pid)) < 2 + 3 * (
+        workers > 1
+    ):  # loader workers (and the study's workers) up
         assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
         time.sleep(0.05)
     time.sleep(1.0)  # batches in flight
@@ -482,15 +622,25 @@ def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_readme_sa
     assert run.returncode == 143 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1].startswith(f"Resume with: autotune run {path}"), stderr
     if workers > 1:
-        study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(
-            optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal"))))
+        study = optuna.load_study(
+            study_name="study",
+            storage=optuna.storages.JournalStorage(
+                optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal"))
+            ),
+        )
     else:
         study = load(path)
     trials = study.get_trials()
     stopped = [t for t in trials if t.state == TrialState.FAIL]
     assert stopped and not [t for t in trials if t.state == TrialState.RUNNING]
-    assert all(t.user_attrs.get("interrupted") and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM" for t in stopped)
-    assert len([t for t in trials if t.state == TrialState.WAITING]) == len(stopped)  # each queued to run again
+    assert all(
+        t.user_attrs.get("interrupted")
+        and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
+        for t in stopped
+    )
+    assert len([t for t in trials if t.state == TrialState.WAITING]) == len(
+        stopped
+    )  # each queued to run again
     time.sleep(1.0)
     assert not [pid for pid in everyone if running(pid)]
 

@@ -62,14 +62,22 @@ def _ambient(seconds: float) -> float:
     return load.cores
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="other processes' load is read from Linux's /proc")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="other processes' load is read from Linux's /proc"
+)
 def test_other_load_sees_another_process_busy_and_not_this_process_or_its_children() -> None:
     ambient = _ambient(1.0)
     if ambient > cpu_count() - 1.2:
-        pytest.skip(f"other processes already keep {ambient:.1f} of {cpu_count()} cores busy: no core left to load")
+        pytest.skip(
+            f"other processes already keep {ambient:.1f} of {cpu_count()} cores busy: no core left to load"
+        )
     # Another process: started through a shell that exits at once, so it is no descendant of ours.
-    shell = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                           capture_output=True, text=True, check=True)
+    shell = subprocess.run(
+        ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     other = int(shell.stdout.strip())
     try:
         time.sleep(0.2)  # running

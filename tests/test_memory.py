@@ -22,15 +22,28 @@ def real_allocator_oom() -> RuntimeError:
     "exc",
     [
         torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
-        RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 79.10 GiB total capacity)"),
+        RuntimeError(
+            "CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 79.10 GiB total capacity)"
+        ),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
         RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
-        RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
+        RuntimeError(
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+        ),
         RuntimeError("MPS backend out of memory (MPS allocated: 1.00 GB)"),
         MemoryError(),
         real_allocator_oom(),
     ],
-    ids=["cuda-oom-error", "cuda-runtime", "cublas", "cudnn-alloc", "cudnn-not-supported", "mps", "memoryerror", "cpu-allocator"],
+    ids=[
+        "cuda-oom-error",
+        "cuda-runtime",
+        "cublas",
+        "cudnn-alloc",
+        "cudnn-not-supported",
+        "mps",
+        "memoryerror",
+        "cpu-allocator",
+    ],
 )
 def test_allocation_failures_are_oom(exc: BaseException) -> None:
     assert is_oom(exc)

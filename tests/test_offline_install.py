@@ -33,18 +33,38 @@ probe: none
 """
 # Whatever reaches for the network through pip or requests fails at once.
 NOWHERE = "http://127.0.0.1:9"
-OFFLINE = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_RETRIES": "0", "PIP_TIMEOUT": "5",
-           **{key: NOWHERE for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")}}
+OFFLINE = {
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_NO_INDEX": "1",
+    "PIP_RETRIES": "0",
+    "PIP_TIMEOUT": "5",
+    **{
+        key: NOWHERE
+        for key in (
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        )
+    },
+}
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or platform.machine() != "x86_64",
-    reason="the script's default wheel tags are x86-64 Linux's (manylinux)")
+    reason="the script's default wheel tags are x86-64 Linux's (manylinux)",
+)
 
 
 def offline_env() -> dict[str, str]:
     """This process's environment without pip's settings, index or the checkout on the path."""
-    keep = {k: v for k, v in os.environ.items()
-            if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "NO_PROXY", "no_proxy")}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PIP_")
+        and k not in ("PYTHONPATH", "VIRTUAL_ENV", "NO_PROXY", "no_proxy")
+    }
     return {**keep, **OFFLINE}
 
 
@@ -60,23 +80,38 @@ def lend(names: list[str], site: Path) -> None:
             if not (site / top).exists():
                 (site / top).symlink_to(Path(dist.locate_file(top)))
         requires = map(Requirement, dist.requires or [])
-        todo += [req.name for req in requires if req.marker is None or req.marker.evaluate({"extra": ""})]
+        todo += [
+            req.name for req in requires if req.marker is None or req.marker.evaluate({"extra": ""})
+        ]
 
 
-def run(args: list[str | Path], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(arg) for arg in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+def run(
+    args: list[str | Path], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(arg) for arg in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, (
+        f"{args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    )
     return result
 
 
 def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
-    out = run(["bash", REPO / "scripts" / "offline-wheels.sh", wheels, "--python-version", PYTHON], tmp_path,
-              {**os.environ, "PYTHON": sys.executable}).stdout
+    out = run(
+        ["bash", REPO / "scripts" / "offline-wheels.sh", wheels, "--python-version", PYTHON],
+        tmp_path,
+        {**os.environ, "PYTHON": sys.executable},
+    ).stdout
     assert f"python -m pip install --no-index --find-links {wheels} autotune" in out
     names = {path.name.split("-")[0].lower() for path in wheels.glob("*.whl")}
     assert {"autotune", "optuna", "psycopg_binary"} <= names
-    assert not [n for n in names if n in ("torch", "triton") or n.startswith(("nvidia", "cuda")) and n != "nvidia_ml_py"]
+    assert not [
+        n
+        for n in names
+        if n in ("torch", "triton") or n.startswith(("nvidia", "cuda")) and n != "nvidia_ml_py"
+    ]
 
     # A GPU machine's environment: its own torch, no autotune, and pip (which brings no index).
     env_dir, lent = tmp_path / "env", tmp_path / "lent"
@@ -88,7 +123,17 @@ def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Pa
     python = env_dir / "bin" / "python"
 
     # The README's line; --no-compile spares 20 s of byte-compiling that says nothing about the folder.
-    install = [python, "-m", "pip", "install", "--no-index", "--find-links", wheels, "autotune", "--no-compile"]
+    install = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        wheels,
+        "autotune",
+        "--no-compile",
+    ]
     out = run(install, tmp_path, offline_env()).stdout
     assert f"Looking in links: {wheels}" in out and "Looking in indexes" not in out, out
     assert "Downloading" not in out and "Requirement already satisfied: torch" in out, out
@@ -97,12 +142,20 @@ def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Pa
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = run([python, "-c", "import autotune; print(autotune.__file__)"], work, offline_env()).stdout
-    assert Path(where.strip()).is_relative_to(site), where  # the installed autotune, not the checkout's
+    where = run(
+        [python, "-c", "import autotune; print(autotune.__file__)"], work, offline_env()
+    ).stdout
+    assert Path(where.strip()).is_relative_to(site), (
+        where
+    )  # the installed autotune, not the checkout's
 
     (work / "study.yaml").write_text(STUDY)
     autotune = env_dir / "bin" / "autotune"
     # A preset it could not find would stop it with status 2; it ends with the report.
-    assert "Study study: 2 trials" in run([autotune, "run", "study.yaml"], work, offline_env()).stdout
-    counts = json.loads(run([autotune, "report", "study.yaml", "--json"], work, offline_env()).stdout)["counts"]
+    assert (
+        "Study study: 2 trials" in run([autotune, "run", "study.yaml"], work, offline_env()).stdout
+    )
+    counts = json.loads(
+        run([autotune, "report", "study.yaml", "--json"], work, offline_env()).stdout
+    )["counts"]
     assert counts["total"] == 2 and counts["complete"] + counts["pruned"] == 2, counts

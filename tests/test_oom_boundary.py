@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from autotune.search.oom_boundary import bound_by, needs_at_least, reason
 
-BASE = {"lr": 0.1, "scheduler": "cosine", "batch_size": 128, "accumulation_steps": 1, "num_workers": 0,
-        "prefetch_factor": None, "pin_memory": False, "precision": "bf16"}
+BASE = {
+    "lr": 0.1,
+    "scheduler": "cosine",
+    "batch_size": 128,
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "prefetch_factor": None,
+    "pin_memory": False,
+    "precision": "bf16",
+}
 
 
 def test_a_larger_or_equal_micro_batch_in_a_precision_as_wide_needs_at_least_as_much() -> None:
@@ -21,10 +29,19 @@ def test_a_smaller_micro_batch_or_a_narrower_precision_may_fit() -> None:
 
 
 def test_knobs_that_do_not_change_memory_are_ignored_and_parameters_must_match() -> None:
-    other = {**BASE, "lr": 0.01, "scheduler": "constant", "accumulation_steps": 4, "num_workers": 2,
-             "prefetch_factor": 4, "pin_memory": True}
+    other = {
+        **BASE,
+        "lr": 0.01,
+        "scheduler": "constant",
+        "accumulation_steps": 4,
+        "num_workers": 2,
+        "prefetch_factor": 4,
+        "pin_memory": True,
+    }
     assert needs_at_least(other, BASE)
-    assert not needs_at_least({**BASE, "width": 16}, {**BASE, "width": 64})  # a narrower model may fit
+    assert not needs_at_least(
+        {**BASE, "width": 16}, {**BASE, "width": 64}
+    )  # a narrower model may fit
     assert needs_at_least({**BASE, "width": 64}, {**BASE, "width": 64})
 
 

@@ -16,7 +16,9 @@ def test_two_workers_share_a_study_on_postgres(postgres_url: str) -> None:
     def worker(name: str, n_trials: int) -> None:
         try:
             # Each worker has its own storage, so its own engine and connections, as a machine would.
-            study = optuna.load_study(study_name="harness", storage=optuna.storages.RDBStorage(postgres_url))
+            study = optuna.load_study(
+                study_name="harness", storage=optuna.storages.RDBStorage(postgres_url)
+            )
             start.wait(timeout=30)
 
             def objective(trial: optuna.Trial) -> float:
@@ -27,7 +29,10 @@ def test_two_workers_share_a_study_on_postgres(postgres_url: str) -> None:
         except BaseException as error:  # noqa: BLE001 - re-raised by the test below
             errors.append(error)
 
-    threads = [threading.Thread(target=worker, args=("a", 2)), threading.Thread(target=worker, args=("b", 1))]
+    threads = [
+        threading.Thread(target=worker, args=("a", 2)),
+        threading.Thread(target=worker, args=("b", 1)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -20,12 +20,14 @@ import torch
 from tqdm import tqdm
 
 from autotune import progress
-from autotune.study import one_trial
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
+from autotune.study import one_trial
 from autotune.train.config import Limits, TrialResult
 from tests.test_study import REPO, write_study
 
-OUTCOME = re.compile(r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M)
+OUTCOME = re.compile(
+    r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M
+)
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +45,14 @@ def env() -> dict[str, str]:
 
 def autotune(*args: str) -> subprocess.CompletedProcess[str]:
     """`python -m autotune ...` with stdout and stderr piped, as in a CI log."""
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_choose_quiet_wins_then_a_terminal_gets_bars_and_anything_else_lines() -> None:
@@ -55,8 +63,9 @@ def test_choose_quiet_wins_then_a_terminal_gets_bars_and_anything_else_lines() -
         progress.set_mode("fancy")
 
 
-def test_lines_announce_once_then_count_at_most_every_interval(monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_lines_announce_once_then_count_at_most_every_interval(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     now = [100.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     progress.set_mode("lines")
@@ -77,7 +86,9 @@ def test_lines_announce_once_then_count_at_most_every_interval(monkeypatch: pyte
     bar.refresh()  # 5 s after the last line: too soon
     assert (bar.n, bar.total) == (121, 400)
     assert capsys.readouterr().err == "trial 3: 121/400 steps, accuracy=0.9512\n"
-    progress.restart(bar, note="seed 2 of 3")  # the next run of the trial: the last one's metric is not its own
+    progress.restart(
+        bar, note="seed 2 of 3"
+    )  # the next run of the trial: the last one's metric is not its own
     assert bar.n == 0
     now[0] += 10
     bar.update(1)
@@ -100,16 +111,22 @@ def test_a_restarted_tqdm_bar_drops_the_last_runs_metric() -> None:
 def test_messages_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
     progress.set_mode("lines")
     progress.say("autotune: trial 2 was interrupted")
-    progress.tell("trial 1: complete in 0.50 s", standing="2/4 finished; best 0.50 s, trial 1", routine=True)
-    assert capsys.readouterr().err == ("autotune: trial 2 was interrupted\n"
-                                       "trial 1: complete in 0.50 s (2/4 finished; best 0.50 s, trial 1)\n")
+    progress.tell(
+        "trial 1: complete in 0.50 s", standing="2/4 finished; best 0.50 s, trial 1", routine=True
+    )
+    assert capsys.readouterr().err == (
+        "autotune: trial 2 was interrupted\n"
+        "trial 1: complete in 0.50 s (2/4 finished; best 0.50 s, trial 1)\n"
+    )
     progress.set_mode("quiet")
     progress.bar("study", total=4, unit="trial").update(4)
     progress.tell("trial 1: pruned: out of memory", standing="2/4 finished")
     progress.say("autotune: trial 2 was interrupted")  # a notice: quiet keeps it
     assert capsys.readouterr().err == "autotune: trial 2 was interrupted\n"
     progress.set_mode("bars")
-    progress.tell("trial 1: complete in 0.50 s", standing="2/4 finished", routine=True)  # the bar shows it
+    progress.tell(
+        "trial 1: complete in 0.50 s", standing="2/4 finished", routine=True
+    )  # the bar shows it
     progress.tell("trial 2: pruned: out of memory", standing="2/4 finished")
     assert capsys.readouterr().err == "trial 2: pruned: out of memory\n"
 
@@ -133,42 +150,82 @@ def test_a_log_gets_a_line_per_trial_and_no_carriage_returns(tmp_path: Path) -> 
     assert sorted(int(number) for number, *_ in outcomes) == [0, 1, 2], run.stderr
     assert [finished for *_, finished, _ in outcomes] == ["1", "2", "3"], run.stderr
     assert "autotune: study: 3 trials\n" in run.stderr
-    assert "autotune: confirming on fresh seeds: 2 runs\n" in run.stderr  # the baseline and the best
+    assert (
+        "autotune: confirming on fresh seeds: 2 runs\n" in run.stderr
+    )  # the baseline and the best
     assert "Winner: " in run.stdout
 
     quiet = autotune("run", str(path), "--trials", "5", "--quiet")
     assert quiet.returncode == 0, quiet.stderr
-    assert not re.search(r"^(trial \d+|autotune: study|autotune: confirming)", quiet.stderr, re.M), quiet.stderr
+    assert not re.search(
+        r"^(trial \d+|autotune: study|autotune: confirming)", quiet.stderr, re.M
+    ), quiet.stderr
     assert "Study study: 5 trials" in quiet.stdout and "Winner: " in quiet.stdout
 
 
 def test_quiet_reaches_the_workers(tmp_path: Path) -> None:
     path = write_study(tmp_path, trials=3, confirm={"top": 0, "runs": 0})
-    run = autotune("run", str(path), "--workers", "2", "--storage", f"journal:///{tmp_path / 'study.journal'}", "--quiet")
+    run = autotune(
+        "run",
+        str(path),
+        "--workers",
+        "2",
+        "--storage",
+        f"journal:///{tmp_path / 'study.journal'}",
+        "--quiet",
+    )
     assert run.returncode == 0, run.stderr
-    assert not re.search(r"^(trial \d+|autotune: study)|study created", run.stderr, re.M), run.stderr
+    assert not re.search(r"^(trial \d+|autotune: study)|study created", run.stderr, re.M), (
+        run.stderr
+    )
     assert "Study study: 3 trials" in run.stdout
 
 
 def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it_ends(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Another worker finishes a faster trial while this one trains: this trial's line gives the
     count and the best as they are when it ends, not as they were read before its ask."""
     progress.set_mode("lines")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
-    space = Space(tuple((name, Choices((value,))) for name, value in complete(DEFAULT_BASELINE).items() if name in KNOBS))
+    space = Space(
+        tuple(
+            (name, Choices((value,)))
+            for name, value in complete(DEFAULT_BASELINE).items()
+            if name in KNOBS
+        )
+    )
 
     def result(seconds: float) -> TrialResult:
-        return TrialResult(reached=True, time_to_target=seconds, best_metric=0.95, train_seconds=seconds, epochs=1.0,
-                           optimizer_steps=10, samples_per_second=None, peak_memory_bytes=None, device_name="cpu",
-                           torch_version=torch.__version__, stop_reason="target", curve=((seconds, 1.0, 0.95),))
+        return TrialResult(
+            reached=True,
+            time_to_target=seconds,
+            best_metric=0.95,
+            train_seconds=seconds,
+            epochs=1.0,
+            optimizer_steps=10,
+            samples_per_second=None,
+            peak_memory_bytes=None,
+            device_name="cpu",
+            torch_version=torch.__version__,
+            stop_reason="target",
+            curve=((seconds, 1.0, 0.95),),
+        )
 
     def run(run_trial, *, alone: bool = False) -> None:
-        policy = one_trial.Policy(space=space, run_trial=run_trial, device=torch.device("cpu"),
-                                  limits=Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5), seed=0,
-                                  metric_name="accuracy", budget=4)
-        one_trial.run_one(study, policy, asked=[], known=study.get_trials(deepcopy=False), alone=alone)
+        policy = one_trial.Policy(
+            space=space,
+            run_trial=run_trial,
+            device=torch.device("cpu"),
+            limits=Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5),
+            seed=0,
+            metric_name="accuracy",
+            budget=4,
+        )
+        one_trial.run_one(
+            study, policy, asked=[], known=study.get_trials(deepcopy=False), alone=alone
+        )
 
     def slow_while_another_worker_finishes(config, **_) -> TrialResult:
         run(lambda config, **_: result(0.5))
@@ -176,19 +233,33 @@ def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it
 
     run(slow_while_another_worker_finishes)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["trial 1: complete in 0.50 s, accuracy 0.9500 (1/4 finished; best 0.50 s, trial 1)",
-                     "trial 0: complete in 2.00 s, accuracy 0.9500 (2/4 finished; best 0.50 s, trial 1)"]
+    assert lines == [
+        "trial 1: complete in 0.50 s, accuracy 0.9500 (1/4 finished; best 0.50 s, trial 1)",
+        "trial 0: complete in 2.00 s, accuracy 0.9500 (2/4 finished; best 0.50 s, trial 1)",
+    ]
 
-    run(lambda config, **_: result(1.0), alone=True)  # alone: what was read before the ask is current
-    assert capsys.readouterr().err == "trial 2: complete in 1.00 s, accuracy 0.9500 (3/4 finished; best 0.50 s, trial 1)\n"
+    run(
+        lambda config, **_: result(1.0), alone=True
+    )  # alone: what was read before the ask is current
+    assert (
+        capsys.readouterr().err
+        == "trial 2: complete in 1.00 s, accuracy 0.9500 (3/4 finished; best 0.50 s, trial 1)\n"
+    )
 
 
 def test_a_terminal_gets_bars(tmp_path: Path) -> None:
     path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
     controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # tqdm draws nothing 0 wide
-    process = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO, env=env(),
-                               stdout=subprocess.PIPE, stderr=terminal)
+    fcntl.ioctl(
+        terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0)
+    )  # tqdm draws nothing 0 wide
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+    )
     os.close(terminal)
     seen = b""
     try:

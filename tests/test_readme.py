@@ -22,8 +22,9 @@ def block_after(label: str) -> str:
     return match.group(1)
 
 
-def test_the_custom_task_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_custom_task_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "my_task.py").write_text(block_after("my_task.py"))
     (tmp_path / "my_study.yaml").write_text(block_after("my_study.yaml"))
     monkeypatch.chdir(tmp_path)
@@ -32,12 +33,17 @@ def test_the_custom_task_example_runs_as_written(tmp_path: Path, monkeypatch: py
     assert main(["report", "my_study.yaml", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     counts = summary["counts"]
-    assert counts["complete"] + counts["pruned"] == 6 and counts["complete"] >= 1 and (tmp_path / "my_study.db").is_file()
+    assert (
+        counts["complete"] + counts["pruned"] == 6
+        and counts["complete"] >= 1
+        and (tmp_path / "my_study.db").is_file()
+    )
     assert set(summary["best"]["params"]) == set(KNOBS) and summary["best"]["metric"] >= 0.95
 
 
-def test_the_params_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_params_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for name in ("my_task.py", "my_params_task.py", "my_params_study.yaml"):
         (tmp_path / name).write_text(block_after(name))
     monkeypatch.chdir(tmp_path)
@@ -46,22 +52,33 @@ def test_the_params_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.
     assert main(["report", "my_params_study.yaml", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     params = summary["best"]["params"]
-    assert summary["counts"]["complete"] + summary["counts"]["past_incumbent"] == 6 and list(params) == [*KNOBS, "width", "dropout", "weight_decay", "kind"]
+    assert summary["counts"]["complete"] + summary["counts"]["past_incumbent"] == 6 and list(
+        params
+    ) == [*KNOBS, "width", "dropout", "weight_decay", "kind"]
     assert 8 <= params["width"] <= 64 and params["kind"] in ("sgd", "adamw")
-    assert summary["baseline"]["params"]["width"] == 23  # round(sqrt(8 * 64)): the log range's middle
+    assert (
+        summary["baseline"]["params"]["width"] == 23
+    )  # round(sqrt(8 * 64)): the log range's middle
 
 
-def test_the_python_api_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_python_api_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
-    exec(compile(block_after("tune_example.py"), "tune_example.py", "exec"), {"__name__": "__main__"})
+    exec(
+        compile(block_after("tune_example.py"), "tune_example.py", "exec"), {"__name__": "__main__"}
+    )
     out = capsys.readouterr().out
     assert re.search(r"^model: \{.*'width': (8|32)\}", out, re.M), out
-    assert re.search(r"^loop: \{'lr': [\d.e-]+, 'batch_size': \d+, 'width': \d+\}", out, re.M), out  # what it reads
+    assert re.search(r"^loop: \{'lr': [\d.e-]+, 'batch_size': \d+, 'width': \d+\}", out, re.M), (
+        out
+    )  # what it reads
     assert (tmp_path / "rings.db").is_file() and (tmp_path / "rings_loop.db").is_file()
 
 
-def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(tmp_path: Path) -> None:
+def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(
+    tmp_path: Path,
+) -> None:
     from autotune.spec.study_file import CommandTask, load
 
     block = block_after("studies/lightning_digits.yaml")
@@ -71,7 +88,9 @@ def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(tmp
         spec = load(study)
     finally:
         study.unlink()
-    assert isinstance(spec.task, CommandTask) and dict(spec.task.env) == {"PYTHONHASHSEED": "{seed}"}
+    assert isinstance(spec.task, CommandTask) and dict(spec.task.env) == {
+        "PYTHONHASHSEED": "{seed}"
+    }
     assert spec.task.command.split()[:2] == ["python", "lightning/train.py"]
 
 

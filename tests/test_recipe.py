@@ -19,16 +19,23 @@ from autotune.train import recipe, tasks, trial
 def test_each_schedule_is_sized_by_the_runs_optimizer_steps(total: int) -> None:
     """The rules as stated: step decays at 1/2 and 3/4 of the steps, cosine anneals over all of
     them, OneCycle warms up over a quarter but at least 1.5 steps, and 1 step keeps the peak lr."""
+
     def args(name: str) -> tuple[str, dict]:
         return recipe.scheduler_args(name, total_steps=total, lr=0.1)
 
     assert args("constant") == ("ConstantLR", {"factor": 1.0, "total_iters": 0})
-    assert args("step") == ("MultiStepLR", {"gamma": 0.1, "milestones": [total // 2, total * 3 // 4]})
+    assert args("step") == (
+        "MultiStepLR",
+        {"gamma": 0.1, "milestones": [total // 2, total * 3 // 4]},
+    )
     assert args("cosine") == ("CosineAnnealingLR", {"T_max": total})
     if total == 1:
         assert args("onecycle") == args("constant")
     else:
-        assert args("onecycle") == ("OneCycleLR", {"total_steps": total, "max_lr": 0.1, "pct_start": max(0.25, 1.5 / total)})
+        assert args("onecycle") == (
+            "OneCycleLR",
+            {"total_steps": total, "max_lr": 0.1, "pct_start": max(0.25, 1.5 / total)},
+        )
 
 
 @pytest.mark.parametrize("total", range(2, 40))
@@ -53,11 +60,16 @@ def test_the_recipe_has_a_schedule_for_each_value_of_the_knob() -> None:
 
 
 def test_an_unknown_scheduler_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="scheduler must be one of constant, step, cosine, onecycle, but got name='linear'"):
+    with pytest.raises(
+        ValueError,
+        match="scheduler must be one of constant, step, cosine, onecycle, but got name='linear'",
+    ):
         recipe.scheduler_args("linear", total_steps=10, lr=0.1)
 
 
-def test_the_built_in_optimizer_is_sgd_with_the_recipes_arguments_under_the_name_a_study_records() -> None:
+def test_the_built_in_optimizer_is_sgd_with_the_recipes_arguments_under_the_name_a_study_records() -> (
+    None
+):
     assert tasks.Task.__dataclass_fields__["optimizer"].default is tasks.sgd
     assert tasks.reference(tasks.sgd) == recipe.BUILT_IN_OPTIMIZER
     group = tasks.sgd([nn.Parameter(torch.zeros(1))], 0.1).param_groups[0]
@@ -66,10 +78,20 @@ def test_the_built_in_optimizer_is_sgd_with_the_recipes_arguments_under_the_name
 
 def test_loader_arguments_exist_only_where_workers_do() -> None:
     knobs = {"batch_size": 32, "num_workers": 0, "prefetch_factor": None, "pin_memory": False}
-    assert recipe.loader_kwargs(knobs) == {"batch_size": 32, "shuffle": True, "drop_last": True, "num_workers": 0,
-                                           "persistent_workers": False, "pin_memory": False}
-    workers = recipe.loader_kwargs({**knobs, "num_workers": 2, "prefetch_factor": 4, "pin_memory": True})
-    assert workers["prefetch_factor"] == 4 and workers["persistent_workers"] and workers["pin_memory"]
+    assert recipe.loader_kwargs(knobs) == {
+        "batch_size": 32,
+        "shuffle": True,
+        "drop_last": True,
+        "num_workers": 0,
+        "persistent_workers": False,
+        "pin_memory": False,
+    }
+    workers = recipe.loader_kwargs(
+        {**knobs, "num_workers": 2, "prefetch_factor": 4, "pin_memory": True}
+    )
+    assert (
+        workers["prefetch_factor"] == 4 and workers["persistent_workers"] and workers["pin_memory"]
+    )
 
 
 def test_training_takes_the_cores_the_loader_workers_leave() -> None:
@@ -78,7 +100,11 @@ def test_training_takes_the_cores_the_loader_workers_leave() -> None:
 
 def test_the_recipe_and_the_exports_import_no_torch() -> None:
     """Exports read the recipe without paying for torch."""
-    code = ("import sys, autotune.train.recipe, autotune.export; "
-            "assert not [m for m in sys.modules if m.split('.')[0] == 'torch'], 'torch imported'")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys, autotune.train.recipe, autotune.export; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'torch'], 'torch imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr

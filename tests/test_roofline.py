@@ -36,20 +36,36 @@ def compute(precision: str) -> dict:
 
 def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without() -> None:
     rates_of = {"fp32": 1000.0, "bf16": 4000.0}
-    predictions = roofline.predict([(loader(0), 1000.0), (loader(2), 2000.0), (loader(4), 3000.0)],
-                                   [compute("fp32"), compute("bf16")], lambda _, c: rates_of[c["precision"]])
+    predictions = roofline.predict(
+        [(loader(0), 1000.0), (loader(2), 2000.0), (loader(4), 3000.0)],
+        [compute("fp32"), compute("bf16")],
+        lambda _, c: rates_of[c["precision"]],
+    )
     best = predictions[0]
     assert (best.loader["num_workers"], best.compute["precision"]) == (4, "bf16")
     assert best.samples_per_second == 3000.0 and best.bottleneck == roofline.INPUT
     assert best.idle_share == pytest.approx(0.25)  # the step waits a quarter of the time
-    serial = next(p for p in predictions if p.loader["num_workers"] == 0 and p.compute["precision"] == "fp32")
-    assert serial.samples_per_second == pytest.approx(500.0) and serial.idle_share == pytest.approx(0.5)
-    fp32 = next(p for p in predictions if p.loader["num_workers"] == 4 and p.compute["precision"] == "fp32")
+    serial = next(
+        p for p in predictions if p.loader["num_workers"] == 0 and p.compute["precision"] == "fp32"
+    )
+    assert serial.samples_per_second == pytest.approx(500.0) and serial.idle_share == pytest.approx(
+        0.5
+    )
+    fp32 = next(
+        p for p in predictions if p.loader["num_workers"] == 4 and p.compute["precision"] == "fp32"
+    )
     assert fp32.bottleneck == roofline.COMPUTE and fp32.samples_per_second == 1000.0
     checked = roofline.to_check(predictions, count=2)
-    assert len(checked) == 3 and not checked[-1].overlapped  # the best with no workers is checked too
-    assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (checked[1], 2700.0)
-    assert "input pipeline" in roofline.what_moves_it(best) and "1.33x" in roofline.what_moves_it(best)
+    assert (
+        len(checked) == 3 and not checked[-1].overlapped
+    )  # the best with no workers is checked too
+    assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (
+        checked[1],
+        2700.0,
+    )
+    assert "input pipeline" in roofline.what_moves_it(best) and "1.33x" in roofline.what_moves_it(
+        best
+    )
 
 
 def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() -> None:
@@ -60,15 +76,26 @@ def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() ->
 
 
 def config(**settings) -> TrialConfig:
-    base = {"lr": 0.05, "scheduler": "constant", "batch_size": 128, "accumulation_steps": 1, **loader(0), **compute("fp32")}
+    base = {
+        "lr": 0.05,
+        "scheduler": "constant",
+        "batch_size": 128,
+        "accumulation_steps": 1,
+        **loader(0),
+        **compute("fp32"),
+    }
     return TrialConfig.from_mapping(complete({**base, **settings}))
 
 
 def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> None:
-    load_seconds = paced.LOAD_SECONDS  # smaller costs let the step's own arithmetic and hand-overs show
+    load_seconds = (
+        paced.LOAD_SECONDS
+    )  # smaller costs let the step's own arithmetic and hand-overs show
     task = paced.make(load_seconds=load_seconds, compute_seconds=paced.COMPUTE_SECONDS)
     loaders = {f"w{w}": config(**loader(w)) for w in (0, 2, 4)}
-    computes = {f"{p}@{w}": config(**compute(p), num_workers=w) for p in ("fp32", "bf16") for w in (0, 4)}
+    computes = {
+        f"{p}@{w}": config(**compute(p), num_workers=w) for p in ("fp32", "bf16") for w in (0, 4)
+    }
     measured = rates.measure(task, loaders, computes, device=CPU, seed=1)
     speed = {k: v.samples_per_second for k, v in measured.items()}
     # the loader: workers / load cost; the step: 1 / compute cost, half that under bf16
@@ -79,21 +106,39 @@ def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> 
     assert all(v.spread is not None and v.windows >= 3 for v in measured.values())
     assert measured["w4"].fixed_seconds > measured["w0"].fixed_seconds  # four workers to start
 
-    combos = {(w, p): config(**loader(w), **compute(p)) for w, p in ((0, "fp32"), (2, "fp32"), (2, "bf16"), (4, "bf16"))}
-    end_to_end = throughput.measure(task, {f"{w}-{p}": c for (w, p), c in combos.items()}, device=CPU, seed=1)
+    combos = {
+        (w, p): config(**loader(w), **compute(p))
+        for w, p in ((0, "fp32"), (2, "fp32"), (2, "bf16"), (4, "bf16"))
+    }
+    end_to_end = throughput.measure(
+        task, {f"{w}-{p}": c for (w, p), c in combos.items()}, device=CPU, seed=1
+    )
     for w, p in combos:
-        predicted = roofline.Prediction(loader(w), compute(p), speed[f"w{w}"], speed[f"{p}@{0 if w == 0 else 4}"])
-        assert end_to_end[f"{w}-{p}"].samples_per_second == pytest.approx(predicted.samples_per_second, rel=TOLERANCE), (w, p)
+        predicted = roofline.Prediction(
+            loader(w), compute(p), speed[f"w{w}"], speed[f"{p}@{0 if w == 0 else 4}"]
+        )
+        assert end_to_end[f"{w}-{p}"].samples_per_second == pytest.approx(
+            predicted.samples_per_second, rel=TOLERANCE
+        ), (w, p)
 
 
 def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quick") -> Path:
     study = {
-        "task": task, "target": {"metric": "accuracy", "value": 0.5},
-        "space": {"lr": 0.05, "scheduler": "constant", "batch_size": [32, 128], "accumulation_steps": 1,
-                  "num_workers": [0, 2, 4], "prefetch_factor": 2, "precision": ["fp32", "bf16"],
-                  "fused_optimizer": False},  # the paced step's cost is a wait: nothing for a fused step to save
+        "task": task,
+        "target": {"metric": "accuracy", "value": 0.5},
+        "space": {
+            "lr": 0.05,
+            "scheduler": "constant",
+            "batch_size": [32, 128],
+            "accumulation_steps": 1,
+            "num_workers": [0, 2, 4],
+            "prefetch_factor": 2,
+            "precision": ["fp32", "bf16"],
+            "fused_optimizer": False,
+        },  # the paced step's cost is a wait: nothing for a fused step to save
         "baseline": {"lr": 0.05, "batch_size": 32},
-        "probe": probe, "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
+        "probe": probe,
+        "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
         "confirm": {"top": 0},
     }
     path = folder / f"{probe}.yaml"
@@ -111,7 +156,8 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """On the paced task the loader chosen at fp32 stops at two workers; together, bf16 with four."""
     for probe in ("systems", "joint"):
         assert main(["run", str(write_study(tmp_path, probe=probe)), "--quiet"]) == 0
@@ -123,15 +169,23 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     assert joint["chosen"]["bottleneck"] == "compute" and joint["limit"]["num_workers"] == 4
     chosen = joint["chosen"]
     assert chosen["measured"] == pytest.approx(chosen["predicted"], rel=TOLERANCE)
-    assert {(c["num_workers"], c["precision"]) for c in joint["checked"]} >= {(4, "bf16"), (2, "bf16")}
+    assert {(c["num_workers"], c["precision"]) for c in joint["checked"]} >= {
+        (4, "bf16"),
+        (2, "bf16"),
+    }
     assert "Joint systems probe (batch 128: 3 loader and 4 compute settings measured apart" in out
     assert "compute-bound" in out and "Limit of the knob space: " in out
     assert "the end-to-end measurement decided" in out  # a CPU: loader and step share the cores
     trial = load(tmp_path / "joint.yaml").trials[0]
-    assert (trial.params.get("num_workers", 4), trial.params.get("precision", "bf16")) == (4, "bf16")
+    assert (trial.params.get("num_workers", 4), trial.params.get("precision", "bf16")) == (
+        4,
+        "bf16",
+    )
 
 
-def test_the_report_names_an_input_bound_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_report_names_an_input_bound_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, probe="joint", task="tests.tasks:paced_input_bound")
     assert main(["run", str(path), "--quiet"]) == 0
     capsys.readouterr()
@@ -144,12 +198,15 @@ def test_the_report_names_an_input_bound_limit(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, probe="joint", task="tests.tasks:bad_sample")
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=[0, 1], precision="fp32")
     path.write_text(yaml.safe_dump(raw))
-    assert main(["run", str(path), "--quiet"]) == 0  # its trial reaches the target before the bad sample
+    assert (
+        main(["run", str(path), "--quiet"]) == 0
+    )  # its trial reaches the target before the bad sample
     outcome = load(path).user_attrs["probe"]
     assert outcome["chosen"] is None and outcome["unsettled"].startswith("a measurement failed: ")
     out = capsys.readouterr().out
@@ -161,18 +218,27 @@ def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
 def test_a_compile_pays_back_only_where_the_step_holds_the_setting() -> None:
     """Compiling costs once and saves a share of each step's time: after once / (1/plain - 1/faster)
     samples. On an input-bound setting a faster step saves nothing, so it never pays back."""
-    compute_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=4000.0, compute_rate=1000.0)
+    compute_bound = roofline.Prediction(
+        loader(4), compute("fp32"), loader_rate=4000.0, compute_rate=1000.0
+    )
     paid = roofline.payback(compute_bound, compute_rate=2000.0, once_seconds=10.0)
     assert paid.samples == pytest.approx(10.0 / (1 / 1000 - 1 / 2000))  # 20,000 samples
     assert paid.pays_within(20_000) and not paid.pays_within(19_000)
-    input_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=800.0, compute_rate=1000.0)
+    input_bound = roofline.Prediction(
+        loader(4), compute("fp32"), loader_rate=800.0, compute_rate=1000.0
+    )
     assert roofline.payback(input_bound, compute_rate=2000.0, once_seconds=10.0).samples is None
-    serial = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1000.0, compute_rate=1000.0)
-    assert roofline.payback(serial, compute_rate=2000.0, once_seconds=1.0).samples == pytest.approx(1.0 / (1 / 500 - 1 / 667),
-                                                                                                     rel=0.01)
+    serial = roofline.Prediction(
+        loader(0), compute("fp32"), loader_rate=1000.0, compute_rate=1000.0
+    )
+    assert roofline.payback(serial, compute_rate=2000.0, once_seconds=1.0).samples == pytest.approx(
+        1.0 / (1 / 500 - 1 / 667), rel=0.01
+    )
 
 
-def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longest_trial(tmp_path: Path) -> None:
+def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longest_trial(
+    tmp_path: Path,
+) -> None:
     """torch.compile of the chosen step, really compiled on this CPU beside the same step
     uncompiled: its start-up is its cost; a budget too short to win it back fixes it off, and the
     report says after how many steps it would pay back."""
@@ -183,17 +249,32 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     if systems.compile_problem(CPU):
         pytest.skip(systems.compile_problem(CPU))
     path = tmp_path / "compiled.yaml"
-    path.write_text(yaml.safe_dump({"task": "tests.tasks:blobs", "target": {"metric": "accuracy", "value": 0.9},
-                                    "budget": {"trials": 1, "max_epochs": 1}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "task": "tests.tasks:blobs",
+                "target": {"metric": "accuracy", "value": 0.9},
+                "budget": {"trials": 1, "max_epochs": 1},
+            }
+        )
+    )
     spec = study_file.load(path)
     prepared = preparation.prepare(spec)
     plain = config(batch_size=64)
-    chosen = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0)  # the step holds it
+    chosen = roofline.Prediction(
+        loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0
+    )  # the step holds it
     weighed = roofline_probe._weigh_compile(spec, prepared, chosen, plain, seed=0)
-    assert weighed["once_seconds"] > 0.5  # compiling takes seconds; the plain step starts in milliseconds
+    assert (
+        weighed["once_seconds"] > 0.5
+    )  # compiling takes seconds; the plain step starts in milliseconds
     assert weighed["longest_samples"] == len(prepared.task.train)  # one epoch
-    assert weighed["kept"] is (weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"])
+    assert weighed["kept"] is (
+        weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"]
+    )
     text = roofline._compile_text(weighed, batch=64)
-    assert text.startswith(f"torch.compile measured once: {weighed['once_seconds']:.1f} s to compile")
+    assert text.startswith(
+        f"torch.compile measured once: {weighed['once_seconds']:.1f} s to compile"
+    )
     assert ("is fixed off" in text) is not weighed["kept"]
     assert not weighed["kept"]  # a few milliseconds a step cannot win back seconds within 16 steps

@@ -16,13 +16,31 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> None:
     study = yaml.safe_load((REPO / "studies" / "paced.yaml").read_text())
-    study.update(task="tests.tasks:paced_quick", budget={"trials": 2, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.25})
+    study.update(
+        task="tests.tasks:paced_quick",
+        budget={"trials": 2, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.25},
+    )
     study["space"].update(batch_size=[64, 128], lr=0.1)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run([sys.executable, "benchmarks/roofline.py", "--cpu", "--small", "--study", str(path),
-                             "--work", str(tmp_path / "work"), "--results", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/roofline.py",
+            "--cpu",
+            "--small",
+            "--study",
+            str(path),
+            "--work",
+            str(tmp_path / "work"),
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
     assert set(record["arms"]) == {"joint", "systems", "tpe"}
@@ -34,8 +52,15 @@ def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> No
     assert record["judge"]["candidates"]["expert"]["precision"] == "bf16"
     assert record["judge"]["candidates"]["expert"]["scheduler"] == "onecycle"
     if runs["joint"][0]["reached"]:
-        assert record["limit"]["seconds"] == runs["joint"][0]["samples"] / record["limit"]["predicted"]
-    assert set(record["goals"]) == {"joint_vs_best_peer", "joint_vs_limit", "gpu_vs_tpe", "joint_study_seconds"}
+        assert (
+            record["limit"]["seconds"] == runs["joint"][0]["samples"] / record["limit"]["predicted"]
+        )
+    assert set(record["goals"]) == {
+        "joint_vs_best_peer",
+        "joint_vs_limit",
+        "gpu_vs_tpe",
+        "joint_study_seconds",
+    }
     assert record["provenance"]["commit"]
 
 
@@ -46,8 +71,15 @@ def test_the_arms_run_only_when_named_set_what_they_are_to_decide(tmp_path: Path
     from benchmarks import roofline
 
     assert "prior" not in roofline.DEFAULT_STAGES and "warm" not in roofline.DEFAULT_STAGES
-    specs = {arm: roofline.study_spec(REPO / "studies" / "paced.yaml", arm=arm, work=tmp_path, small=True)
-             for arm in ("joint", "prior", "warm")}
+    specs = {
+        arm: roofline.study_spec(
+            REPO / "studies" / "paced.yaml", arm=arm, work=tmp_path, small=True
+        )
+        for arm in ("joint", "prior", "warm")
+    }
     assert {arm: (s.probe, s.first_trial, s.isolation) for arm, s in specs.items()} == {
-        "joint": ("joint", "sampled", "auto"), "prior": ("joint", "prior", "auto"), "warm": ("joint", "sampled", "warm")}
+        "joint": ("joint", "sampled", "auto"),
+        "prior": ("joint", "prior", "auto"),
+        "warm": ("joint", "sampled", "warm"),
+    }
     assert len({s.storage for s in specs.values()}) == 3  # each arm a study of its own

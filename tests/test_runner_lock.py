@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -24,9 +23,13 @@ def spec_in(folder: Path) -> study_file.StudySpec:
 
 def hold(path: Path, byte: int, how: str) -> subprocess.Popen[str]:
     """Another process holding `byte` of the lock file at `path` until its stdin closes."""
-    code = (f"import fcntl, sys; f = open({str(path)!r}, 'a+'); f.write('autotune (pid 99)'); f.flush(); "
-            f"fcntl.lockf(f, fcntl.LOCK_{how}, 1, {byte}); print('held', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = (
+        f"import fcntl, sys; f = open({str(path)!r}, 'a+'); f.write('autotune (pid 99)'); f.flush(); "
+        f"fcntl.lockf(f, fcntl.LOCK_{how}, 1, {byte}); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline() == "held\n"
     return holder
 
@@ -51,11 +54,15 @@ def test_a_second_runner_is_refused_while_the_first_holds_the_lock(tmp_path: Pat
         holder.wait()
 
 
-def test_a_lock_file_a_worker_still_holds_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lock_file_a_worker_still_holds_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker of this run still running at its end (it outlived its parent's wait): the next
     run must find the file, and wait on its byte."""
     spec, lock = spec_in(tmp_path), tmp_path / "study.db.runner.lock"
-    monkeypatch.setattr(runner_lock, "_wait_for_earlier_workers", lambda *args: None)  # it is this run's own
+    monkeypatch.setattr(
+        runner_lock, "_wait_for_earlier_workers", lambda *args: None
+    )  # it is this run's own
     with runner_lock.sole_runner(spec, tmp_path / "study.db"):
         worker = hold(lock, runner_lock.WORKERS_BYTE, "SH")
     try:
@@ -66,7 +73,8 @@ def test_a_lock_file_a_worker_still_holds_is_kept(tmp_path: Path, monkeypatch: p
 
 
 def test_a_lock_taken_on_a_file_removed_meanwhile_is_taken_again_on_the_file_now_there(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Between this run's open and its lock, the run before removed the file and another made it
     anew and holds it: the lock on the removed file guards nothing, so this run must be refused."""
     spec, lock = spec_in(tmp_path), tmp_path / "study.db.runner.lock"

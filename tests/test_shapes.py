@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.train.tasks import BUILT_IN, Task, load_task, shapes
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.loader import make_loader
+from autotune.train.tasks import BUILT_IN, Task, load_task, shapes
 from autotune.train.trial import run
 
 N_TRAIN, N_VAL = 200, 100  # enough for every class many times over, drawn in a fraction of a second
@@ -43,7 +43,13 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Task:
 def drawn(seed: int = 0) -> list[np.ndarray]:
     """Everything the data is made of: the PNG bytes, offsets, labels, decoded validation images."""
     train, val = shapes.datasets(N_TRAIN, N_VAL, seed)
-    return [train.images.data, train.images.offsets, train.images.labels, val.images.numpy(), val.labels.numpy()]
+    return [
+        train.images.data,
+        train.images.offsets,
+        train.images.labels,
+        val.images.numpy(),
+        val.labels.numpy(),
+    ]
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -54,7 +60,9 @@ def config(**overrides: object) -> TrialConfig:
     return TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, **overrides}))
 
 
-def test_the_same_call_draws_byte_identical_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_same_call_draws_byte_identical_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = drawn()
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "elsewhere"))  # drawn again, not read back
     shapes.datasets.cache_clear()
@@ -62,10 +70,12 @@ def test_the_same_call_draws_byte_identical_data(tmp_path: Path, monkeypatch: py
     assert not same(first, drawn(seed=1))
 
 
-def test_the_images_are_the_same_whatever_the_number_of_cores_drawing_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_images_are_the_same_whatever_the_number_of_cores_drawing_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     drawn = {}
     for cores in (1, 3):  # 2,500 images: three blocks, drawn here, then by three processes
-        monkeypatch.setattr(shapes, "cpu_count", lambda: cores)
+        monkeypatch.setattr(shapes, "cpu_count", lambda cores=cores: cores)
         drawn[cores] = shapes._generate(2500, 0)
     (serial, serial_moments), (parallel, parallel_moments) = drawn[1], drawn[3]
     for field in ("data", "offsets", "labels"):
@@ -77,7 +87,9 @@ def test_the_images_are_the_same_whatever_the_number_of_cores_drawing_them(monke
 def test_images_are_stored_as_png_and_every_class_is_in_both_splits_in_equal_numbers() -> None:
     train, val = shapes.datasets(N_TRAIN, N_VAL)
     data, offsets = train.images.data, train.images.offsets
-    assert len(offsets) == N_TRAIN + 1 and all(data[a:a + 8].tobytes() == PNG_SIGNATURE for a in offsets[:-1])
+    assert len(offsets) == N_TRAIN + 1 and all(
+        data[a : a + 8].tobytes() == PNG_SIGNATURE for a in offsets[:-1]
+    )
     assert train.images.image(0).shape == (32, 32, 3) and val.images.shape == (N_VAL, 3, 32, 32)
     for labels, n in ((train.labels, N_TRAIN), (val.labels, N_VAL)):
         assert torch.bincount(labels, minlength=10).tolist() == [n // 10] * 10
@@ -89,15 +101,22 @@ def test_a_training_sample_is_a_normalised_reflect_padded_crop_maybe_flipped() -
     image, label = train[3]
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32) and label.dtype == torch.long
     padded = np.pad(train.images.image(3), ((4, 4), (4, 4), (0, 0)), mode="reflect")
-    crops = {(dy, dx, flip): padded[dy:dy + 32, dx:dx + 32][:, ::(-1 if flip else 1)]
-             for dy in range(9) for dx in range(9) for flip in (0, 1)}
+    crops = {
+        (dy, dx, flip): padded[dy : dy + 32, dx : dx + 32][:, :: (-1 if flip else 1)]
+        for dy in range(9)
+        for dx in range(9)
+        for flip in (0, 1)
+    }
     seen = set()
     for _ in range(100):
         pixels = (train[3][0] * train.std + train.mean).round().byte().permute(1, 2, 0).numpy()
         seen |= {key for key, crop in crops.items() if np.array_equal(crop, pixels)}
     assert {flip for _, _, flip in seen} == {0, 1} and len({(dy, dx) for dy, dx, _ in seen}) > 20
     samples = torch.stack([train[i][0] for i in range(N_TRAIN)])
-    assert samples.mean(dim=(0, 2, 3)).abs().max() < 0.2 and (samples.std(dim=(0, 2, 3)) - 1).abs().max() < 0.2
+    assert (
+        samples.mean(dim=(0, 2, 3)).abs().max() < 0.2
+        and (samples.std(dim=(0, 2, 3)) - 1).abs().max() < 0.2
+    )
 
 
 def test_training_reads_differ_unless_seeded_and_validation_reads_repeat() -> None:
@@ -108,13 +127,21 @@ def test_training_reads_differ_unless_seeded_and_validation_reads_repeat() -> No
     torch.manual_seed(7)
     assert torch.equal(first, train[0][0])
     image, label = val[0]
-    assert image.dtype == torch.float32 and image.shape == (3, 32, 32) and torch.equal(image, val[0][0])
+    assert (
+        image.dtype == torch.float32
+        and image.shape == (3, 32, 32)
+        and torch.equal(image, val[0][0])
+    )
     assert label.dtype == torch.long
 
 
-def test_the_disk_cache_is_written_once_and_read_by_a_later_build(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_disk_cache_is_written_once_and_read_by_a_later_build(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = drawn()
-    assert [p.name for p in cache.iterdir()] == [f"shapes-v{shapes.VERSION}-{N_TRAIN}-{N_VAL}-seed0.npz"]  # no temporary left
+    assert [p.name for p in cache.iterdir()] == [
+        f"shapes-v{shapes.VERSION}-{N_TRAIN}-{N_VAL}-seed0.npz"
+    ]  # no temporary left
 
     def no_drawing(*args: object) -> None:
         raise AssertionError("drew the images again instead of reading the cache")
@@ -129,15 +156,27 @@ def test_a_damaged_cache_file_is_drawn_again(cache: Path, damage: str) -> None:
     first = drawn()
     (path,) = cache.iterdir()
     content = path.read_bytes()
-    path.write_bytes({"garbage": b"not a zip file" * 100, "truncated": content[: len(content) // 2], "empty": b""}[damage])
+    path.write_bytes(
+        {
+            "garbage": b"not a zip file" * 100,
+            "truncated": content[: len(content) // 2],
+            "empty": b"",
+        }[damage]
+    )
     shapes.datasets.cache_clear()
     assert same(first, drawn())
-    assert shapes._read(path, {"train": N_TRAIN, "val": N_VAL}) is not None  # and written again, whole
+    assert (
+        shapes._read(path, {"train": N_TRAIN, "val": N_VAL}) is not None
+    )  # and written again, whole
 
 
-def test_a_cache_folder_that_cannot_be_made_only_means_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_folder_that_cannot_be_made_only_means_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a file").write_text("")
-    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "a file" / "cache"))  # a folder inside a file: never
+    monkeypatch.setenv(
+        "AUTOTUNE_CACHE", str(tmp_path / "a file" / "cache")
+    )  # a folder inside a file: never
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(shapes.datasets(N_TRAIN, N_VAL)[0]) == N_TRAIN
@@ -149,7 +188,9 @@ def test_resnet9_takes_channels_last_and_bf16_and_its_width_is_a_parameter(small
     expected = model(inputs)
     assert expected.shape == (5, 10)
     model = model.to(memory_format=torch.channels_last)
-    torch.testing.assert_close(model(inputs.to(memory_format=torch.channels_last)), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        model(inputs.to(memory_format=torch.channels_last)), expected, rtol=1e-4, atol=1e-4
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(inputs).shape == (5, 10)
     assert small.unused(["width"]) == [] and small.model(width=4).head.in_features == 32
@@ -161,27 +202,47 @@ def test_shapes_is_a_built_in_task() -> None:
 
 
 def test_the_small_task_trains_to_its_target(small: Task) -> None:
-    result = run(small, config(lr=0.05), limits=Limits(target=shapes.SMALL_TARGET, max_epochs=8, max_seconds=60,
-                                                         eval_every=0.5), device=CPU, seed=0)
+    result = run(
+        small,
+        config(lr=0.05),
+        limits=Limits(target=shapes.SMALL_TARGET, max_epochs=8, max_seconds=60, eval_every=0.5),
+        device=CPU,
+        seed=0,
+    )
     assert result.reached and result.curve[0][2] < shapes.SMALL_TARGET
 
 
 def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) -> None:
     """Each sample's crop and flip follow from the run's seed alone: not from which process
     prepares it, nor from what else drew random numbers (the training's own draws, with no workers)."""
+
     def first_batches(workers: int, seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        batches = iter(make_loader(small.train, config(num_workers=workers, prefetch_factor=2), seed=seed, device=CPU))
-        return [next(batches) for _ in range(3)]  # the workers shut down as the loader goes out of scope
+        batches = iter(
+            make_loader(
+                small.train, config(num_workers=workers, prefetch_factor=2), seed=seed, device=CPU
+            )
+        )
+        return [
+            next(batches) for _ in range(3)
+        ]  # the workers shut down as the loader goes out of scope
 
     torch.manual_seed(0)
     in_workers, again = first_batches(2), first_batches(2)
     in_main = first_batches(0)
     torch.manual_seed(1)  # another global state: the main process's draws would follow it
     in_main_again = first_batches(0)
-    for (x, y), (x_again, y_again), (x_main, y_main), (x_main_again, _) in zip(in_workers, again, in_main, in_main_again):
-        assert x.shape == x_main.shape == (32, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (32,)
+    for (x, y), (x_again, y_again), (x_main, y_main), (x_main_again, _) in zip(
+        in_workers, again, in_main, in_main_again
+    ):
+        assert (
+            x.shape == x_main.shape == (32, 3, 32, 32)
+            and x.dtype == torch.float32
+            and y.shape == (32,)
+        )
         assert torch.equal(x, x_again) and torch.equal(y, y_again)
-        assert torch.equal(y, y_main) and torch.equal(x, x_main)  # the same samples, the same augmentation
+        assert torch.equal(y, y_main) and torch.equal(
+            x, x_main
+        )  # the same samples, the same augmentation
         assert torch.equal(x_main, x_main_again)
     other_seed = first_batches(0, seed=4)
     assert not torch.equal(other_seed[0][0], in_main[0][0])
@@ -190,9 +251,9 @@ def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) 
 def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     """studies/shapes.yaml is valid and its space prepares on this machine (the small task standing
     in for the full one): the knobs a CPU cannot run are fixed, with notices, and nothing else."""
+    from autotune.search.space import Choices
     from autotune.spec import study_file as spec_
     from autotune.study import preparation
-    from autotune.search.space import Choices
 
     spec = spec_.load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5
@@ -202,4 +263,6 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     if not torch.cuda.is_available():
         for knob in ("compile", "cudnn_benchmark", "pin_memory"):
             assert prepared.space[knob] == Choices((False,))
-        assert prepared.space["channels_last"] == Choices((False, True))  # a ResNet has 2-D convolutions
+        assert prepared.space["channels_last"] == Choices(
+            (False, True)
+        )  # a ResNet has 2-D convolutions

@@ -31,17 +31,23 @@ def _sigterm_during_a_weakref_callback() -> None:
     assert ref() is None
 
 
-def test_a_signal_dropped_inside_a_weakref_callback_still_stops_the_interruptible_block(dropped: list[BaseException]) -> None:
+def test_a_signal_dropped_inside_a_weakref_callback_still_stops_the_interruptible_block(
+    dropped: list[BaseException],
+) -> None:
     reached_the_end = False
     with signals.handled(), pytest.raises(signals.Stopped) as stopped:
         with signals.interruptible():
             _sigterm_during_a_weakref_callback()
             reached_the_end = True
     assert reached_the_end  # the signal's exception did not stop the block where it landed
-    assert stopped.value.signum == signal.SIGTERM and dropped == []  # stopped after all, and nothing printed
+    assert (
+        stopped.value.signum == signal.SIGTERM and dropped == []
+    )  # stopped after all, and nothing printed
 
 
-def test_a_dropped_signal_is_raised_by_the_next_check_as_a_trial_reports_progress(dropped: list[BaseException]) -> None:
+def test_a_dropped_signal_is_raised_by_the_next_check_as_a_trial_reports_progress(
+    dropped: list[BaseException],
+) -> None:
     with signals.handled(), signals.interruptible():
         _sigterm_during_a_weakref_callback()
         with pytest.raises(signals.Stopped):
@@ -78,8 +84,14 @@ def test_ctrl_c_while_autotune_starts_is_one_line_and_status_130(tmp_path, after
     repo = Path(__file__).resolve().parent.parent
     (tmp_path / "study.yaml").write_text("task: digits\ntarget: {metric: accuracy, value: 0.97}\n")
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    child = subprocess.Popen([sys.executable, "-m", "autotune", "run", "study.yaml"], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", "study.yaml"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(after)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
@@ -87,5 +99,7 @@ def test_ctrl_c_while_autotune_starts_is_one_line_and_status_130(tmp_path, after
     # interrupt landed inside an exec() of a string (scipy and dataclasses run some as they
     # import): CPython then remembers it as unhandled, though autotune caught it.
     assert child.returncode in (130, -signal.SIGINT), err
-    assert "Traceback" not in err and err.strip().splitlines() == ["autotune: interrupted (SIGINT)"], err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "autotune: interrupted (SIGINT)"
+    ], err
     assert not (tmp_path / "study.db").exists()

@@ -67,10 +67,22 @@ def test_fully_fixed_space_asks_nothing() -> None:
     trial = FakeTrial()
     config = suggest(make_space(), trial)
     assert trial.calls == []
-    assert config == {"lr": 0.01, "scheduler": "constant", "batch_size": 32, "accumulation_steps": 1,
-                      "num_workers": 0, "prefetch_factor": None, "pin_memory": False, "precision": "fp32",
-                      "schedule_epochs": 4.0, "channels_last": False, "compile": False, "cudnn_benchmark": False,
-                      "tf32": False, "fused_optimizer": False}
+    assert config == {
+        "lr": 0.01,
+        "scheduler": "constant",
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+        "precision": "fp32",
+        "schedule_epochs": 4.0,
+        "channels_last": False,
+        "compile": False,
+        "cudnn_benchmark": False,
+        "tf32": False,
+        "fused_optimizer": False,
+    }
 
 
 def test_prefetch_factor_not_suggested_without_workers() -> None:
@@ -87,7 +99,9 @@ def test_prefetch_factor_not_suggested_without_workers() -> None:
 def test_prefetch_factor_suggested_with_workers() -> None:
     """num_workers > 0: prefetch_factor is sampled from its domain."""
     trial = FakeTrial(num_workers=2, prefetch_factor=4)
-    config = suggest(make_space(num_workers=Choices((0, 2)), prefetch_factor=Choices((2, 4, 8))), trial)
+    config = suggest(
+        make_space(num_workers=Choices((0, 2)), prefetch_factor=Choices((2, 4, 8))), trial
+    )
     assert config["num_workers"] == 2 and config["prefetch_factor"] == 4
     assert ("categorical", "prefetch_factor", (2, 4, 8), {}) in trial.calls
 
@@ -111,8 +125,12 @@ def test_prefetch_factor_depends_on_a_ranged_num_workers() -> None:
 
 def test_ranges_call_suggest_int_or_float_with_log_passed_through() -> None:
     """Int knobs use suggest_int, float knobs suggest_float, each with its log flag, in knob order."""
-    space = make_space(lr=Range(1e-3, 0.5, log=True), batch_size=Range(16, 256, log=True),
-                       accumulation_steps=Range(1, 4), scheduler=Choices(("step", "cosine")))
+    space = make_space(
+        lr=Range(1e-3, 0.5, log=True),
+        batch_size=Range(16, 256, log=True),
+        accumulation_steps=Range(1, 4),
+        scheduler=Choices(("step", "cosine")),
+    )
     trial = FakeTrial()
     config = suggest(space, trial)
     assert trial.calls == [
@@ -128,7 +146,7 @@ def test_int_range_bounds_are_passed_as_ints() -> None:
     """suggest_int gets int bounds even if the range was stored with floats."""
     trial = FakeTrial()
     suggest(make_space(batch_size=Range(16.0, 64.0)), trial)
-    (_, _, (low, high), _), = trial.calls
+    ((_, _, (low, high), _),) = trial.calls
     assert (low, high) == (16, 64) and type(low) is int and type(high) is int
 
 
@@ -143,7 +161,8 @@ BOTH_PIN = Choices((False, True))
 def test_cpu_removes_fp16_and_fixes_pin_memory_with_notices() -> None:
     """Without CUDA: fp16 goes, pin_memory is fixed to false, one notice each."""
     space, notices, impossible = restrict_to_device(
-        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=False, bf16=True)
+        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=False, bf16=True
+    )
     assert space["precision"] == Choices(("fp32", "bf16"))
     assert space["pin_memory"] == Choices((False,))
     assert impossible == {}
@@ -154,14 +173,18 @@ def test_cpu_removes_fp16_and_fixes_pin_memory_with_notices() -> None:
 
 def test_cpu_only_fp16_is_impossible() -> None:
     """A space whose only precision cannot run reports it instead of emptying the knob."""
-    space, _, impossible = restrict_to_device(make_space(precision=Choices(("fp16",))), cuda=False, bf16=True)
+    space, _, impossible = restrict_to_device(
+        make_space(precision=Choices(("fp16",))), cuda=False, bf16=True
+    )
     assert set(impossible) == {"precision"}
     assert space["precision"] == Choices(("fp16",))  # left for the caller to turn into an error
 
 
 def test_cpu_pin_memory_fixed_true_is_impossible() -> None:
     """pin_memory: true alone cannot be honoured without CUDA."""
-    _, notices, impossible = restrict_to_device(make_space(pin_memory=Choices((True,))), cuda=False, bf16=True)
+    _, notices, impossible = restrict_to_device(
+        make_space(pin_memory=Choices((True,))), cuda=False, bf16=True
+    )
     assert set(impossible) == {"pin_memory"}
     assert not any("pin_memory" in n for n in notices)
 
@@ -169,7 +192,8 @@ def test_cpu_pin_memory_fixed_true_is_impossible() -> None:
 def test_cuda_without_bf16_removes_bf16() -> None:
     """On a GPU without bf16, bf16 goes with a notice; fp16 and pin_memory stay."""
     space, notices, impossible = restrict_to_device(
-        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=True, bf16=False)
+        make_space(precision=ALL_PRECISIONS, pin_memory=BOTH_PIN), cuda=True, bf16=False
+    )
     assert space["precision"] == Choices(("fp32", "fp16"))
     assert space["pin_memory"] == BOTH_PIN
     assert impossible == {}
@@ -195,8 +219,15 @@ def test_cpu_with_only_runnable_choices_is_unchanged() -> None:
 
 def test_complete_fills_prefetch_none_without_workers() -> None:
     """Stored params lack prefetch_factor when num_workers was 0; complete puts None back."""
-    stored = {"lr": 0.1, "scheduler": "cosine", "batch_size": 64, "accumulation_steps": 2,
-              "num_workers": 0, "pin_memory": False, "precision": "fp32"}
+    stored = {
+        "lr": 0.1,
+        "scheduler": "cosine",
+        "batch_size": 64,
+        "accumulation_steps": 2,
+        "num_workers": 0,
+        "pin_memory": False,
+        "precision": "fp32",
+    }
     full = complete(stored)
     assert list(full) == list(KNOBS)
     assert full["prefetch_factor"] is None
@@ -252,8 +283,9 @@ CHECKS: list[tuple[str, Any, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("knob", "value", "accepted"), CHECKS,
-                         ids=[f"{k}={v!r}" for k, v, _ in CHECKS])
+@pytest.mark.parametrize(
+    ("knob", "value", "accepted"), CHECKS, ids=[f"{k}={v!r}" for k, v, _ in CHECKS]
+)
 def test_knob_check(knob: str, value: Any, accepted: bool) -> None:
     """None for an acceptable value; otherwise a phrase naming the knob and what it takes."""
     problem = KNOBS[knob].check(value)
@@ -265,17 +297,26 @@ def test_knob_check(knob: str, value: Any, accepted: bool) -> None:
 
 def test_categorical_check_lists_the_accepted_names() -> None:
     """The rejection of a name says which names exist."""
-    assert KNOBS["scheduler"].check("linear") == "scheduler takes one of constant, step, cosine, onecycle"
+    assert (
+        KNOBS["scheduler"].check("linear")
+        == "scheduler takes one of constant, step, cosine, onecycle"
+    )
     assert KNOBS["precision"].check("fp8") == "precision takes one of fp32, fp16, bf16"
 
 
 def test_params_are_suggested_after_the_knobs_each_by_its_kind() -> None:
     """Integer ranges go to suggest_int, real ones to suggest_float (log kept), lists to
     suggest_categorical; a fixed value is not sampled at all."""
-    space = dataclasses.replace(make_space(), params=(
-        ("width", Range(16, 64)), ("dropout", Range(0.0, 0.5)), ("wd", Range(1e-5, 1e-3, log=True)),
-        ("act", Choices(("relu", "gelu"))), ("depth", Choices((3,))),
-    ))
+    space = dataclasses.replace(
+        make_space(),
+        params=(
+            ("width", Range(16, 64)),
+            ("dropout", Range(0.0, 0.5)),
+            ("wd", Range(1e-5, 1e-3, log=True)),
+            ("act", Choices(("relu", "gelu"))),
+            ("depth", Choices((3,))),
+        ),
+    )
     calls = []
 
     class Recorder:
@@ -292,28 +333,45 @@ def test_params_are_suggested_after_the_knobs_each_by_its_kind() -> None:
             return choices[-1]
 
     config = suggest(space, Recorder())
-    assert calls == [("int", "width", 16, 64, False), ("float", "dropout", 0.0, 0.5, False),
-                     ("float", "wd", 1e-5, 1e-3, True), ("categorical", "act", ("relu", "gelu"))]
-    assert list(config)[len(KNOBS):] == ["width", "dropout", "wd", "act", "depth"]
-    assert (config["width"], config["dropout"], config["act"], config["depth"]) == (16, 0.5, "gelu", 3)
+    assert calls == [
+        ("int", "width", 16, 64, False),
+        ("float", "dropout", 0.0, 0.5, False),
+        ("float", "wd", 1e-5, 1e-3, True),
+        ("categorical", "act", ("relu", "gelu")),
+    ]
+    assert list(config)[len(KNOBS) :] == ["width", "dropout", "wd", "act", "depth"]
+    assert (config["width"], config["dropout"], config["act"], config["depth"]) == (
+        16,
+        0.5,
+        "gelu",
+        3,
+    )
     assert complete(config) == config  # stored and completed, the parameters survive
 
 
 def test_restricting_to_the_device_keeps_the_params() -> None:
     space = dataclasses.replace(make_space(), params=(("width", Range(8, 32)),))
-    restricted, _, _ = restrict_to_device(space.replace("precision", Choices(("fp32", "fp16"))), cuda=False, bf16=True)
+    restricted, _, _ = restrict_to_device(
+        space.replace("precision", Choices(("fp32", "fp16"))), cuda=False, bf16=True
+    )
     assert restricted.params == space.params and restricted["precision"] == Choices(("fp32",))
 
 
 BOTH = Choices((False, True))
 
 
-def test_cpu_fixes_cudnn_benchmark_tf32_and_compile_but_keeps_channels_last_and_the_fused_step() -> None:
+def test_cpu_fixes_cudnn_benchmark_tf32_and_compile_but_keeps_channels_last_and_the_fused_step() -> (
+    None
+):
     """Without CUDA: cuDNN's search and TF32 are fixed off, and compile (a choice) too, each with a
     notice saying why; channels-last and the fused optimizer step run on CPU and stay choices."""
     space, notices, impossible = restrict_to_device(
-        make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, tf32=BOTH, fused_optimizer=BOTH),
-        cuda=False, bf16=True)
+        make_space(
+            channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, tf32=BOTH, fused_optimizer=BOTH
+        ),
+        cuda=False,
+        bf16=True,
+    )
     assert (space["cudnn_benchmark"], space["compile"], space["tf32"]) == (Choices((False,)),) * 3
     assert space["channels_last"] == space["fused_optimizer"] == BOTH
     assert impossible == {}
@@ -324,21 +382,44 @@ def test_cpu_fixes_cudnn_benchmark_tf32_and_compile_but_keeps_channels_last_and_
 
 def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
     """compile: true alone is the user's choice: kept on CPU when torch.compile can run there."""
-    space, notices, impossible = restrict_to_device(make_space(compile=Choices((True,))), cuda=False, bf16=True)
+    space, notices, impossible = restrict_to_device(
+        make_space(compile=Choices((True,))), cuda=False, bf16=True
+    )
     assert space["compile"] == Choices((True,)) and notices == [] and impossible == {}
 
 
-@pytest.mark.parametrize("knob, problem", [("compile", "compile_problem"), ("channels_last", "channels_last_problem"),
-                                           ("tf32", "tf32_problem"), ("fused_optimizer", "fused_optimizer_problem")])
+@pytest.mark.parametrize(
+    "knob, problem",
+    [
+        ("compile", "compile_problem"),
+        ("channels_last", "channels_last_problem"),
+        ("tf32", "tf32_problem"),
+        ("fused_optimizer", "fused_optimizer_problem"),
+    ],
+)
 def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem: str) -> None:
     """On CUDA too: a choice is fixed to false naming the reason; true alone is impossible."""
-    space, notices, impossible = restrict_to_device(make_space(**{knob: BOTH}), cuda=True, bf16=True, **{problem: "the reason"})
-    assert space[knob] == Choices((False,)) and notices == [f"{knob} fixed to false: the reason"] and impossible == {}
-    _, _, impossible = restrict_to_device(make_space(**{knob: Choices((True,))}), cuda=True, bf16=True, **{problem: "the reason"})
+    space, notices, impossible = restrict_to_device(
+        make_space(**{knob: BOTH}), cuda=True, bf16=True, **{problem: "the reason"}
+    )
+    assert (
+        space[knob] == Choices((False,))
+        and notices == [f"{knob} fixed to false: the reason"]
+        and impossible == {}
+    )
+    _, _, impossible = restrict_to_device(
+        make_space(**{knob: Choices((True,))}), cuda=True, bf16=True, **{problem: "the reason"}
+    )
     assert list(impossible) == [knob] and "the reason" in impossible[knob]
 
 
 def test_cuda_keeps_every_switch() -> None:
-    original = make_space(channels_last=BOTH, compile=BOTH, cudnn_benchmark=BOTH, pin_memory=BOTH, tf32=BOTH,
-                          fused_optimizer=BOTH)
+    original = make_space(
+        channels_last=BOTH,
+        compile=BOTH,
+        cudnn_benchmark=BOTH,
+        pin_memory=BOTH,
+        tf32=BOTH,
+        fused_optimizer=BOTH,
+    )
     assert restrict_to_device(original, cuda=True, bf16=True) == (original, [], {})

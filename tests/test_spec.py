@@ -32,7 +32,9 @@ def write(folder: Path, text: str, name: str = "study.yaml") -> Path:
 # A valid study file
 
 
-VALID = HEAD + """\
+VALID = (
+    HEAD
+    + """\
 space:
   preset: default
   lr: {low: "1e-3", high: 0.3, log: true}
@@ -41,6 +43,7 @@ space:
   batch_size: [32, 64]
 budget: {trials: 5}
 """
+)
 
 
 def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
@@ -51,13 +54,22 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
     assert spec.name == "study"  # the file's stem
     assert spec.task == "digits"
     assert spec.target == Target(metric="accuracy", value=0.97)
-    assert spec.budget == Budget(trials=5, timeout=None, max_epochs=10.0, max_seconds=60.0, eval_every=0.25,
-                                 trial_timeout=180.0)  # 2 x max_seconds + 60
+    assert spec.budget == Budget(
+        trials=5,
+        timeout=None,
+        max_epochs=10.0,
+        max_seconds=60.0,
+        eval_every=0.25,
+        trial_timeout=180.0,
+    )  # 2 x max_seconds + 60
     assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
     assert spec.seed == 0
     assert spec.device == "auto"
     assert spec.confirm == Confirm(top=3, runs=3)
-    assert dict(spec.baseline) == {**DEFAULT_BASELINE, "schedule_epochs": 10.0}  # the budget's max_epochs
+    assert dict(spec.baseline) == {
+        **DEFAULT_BASELINE,
+        "schedule_epochs": 10.0,
+    }  # the budget's max_epochs
     assert spec.objective == "time_to_target" and spec.replicates == 1
 
 
@@ -66,7 +78,9 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     space = load(write(tmp_path, VALID)).space
 
     assert [name for name, _ in space.domains] == list(KNOBS)
-    assert space["lr"] == Range(low=0.001, high=0.3, log=True)  # "1e-3" (text in YAML) read as a float
+    assert space["lr"] == Range(
+        low=0.001, high=0.3, log=True
+    )  # "1e-3" (text in YAML) read as a float
     assert space["num_workers"] == Choices((0, 1))
     assert space["precision"] == Choices(("fp32",))  # a scalar fixes the knob
     assert space["batch_size"] == Choices((32, 64))
@@ -75,12 +89,18 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     assert space["accumulation_steps"] == Choices((1, 2, 4))
     assert space["prefetch_factor"] == Choices((2, 4, 8))
     assert space["pin_memory"] == Choices((False, True))
-    assert space.fixed() == {"precision": "fp32", "schedule_epochs": 10.0}  # no schedule given: max_epochs
+    assert space.fixed() == {
+        "precision": "fp32",
+        "schedule_epochs": 10.0,
+    }  # no schedule given: max_epochs
 
 
 def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:
     """YAML reads 1e-3 as a string; float-valued keys accept it anyway."""
-    text = HEAD + 'space: {lr: ["1e-3", 0.01]}\nbudget: {timeout: "1e3", max_epochs: "2.5", eval_every: "5e-1"}\n'
+    text = (
+        HEAD
+        + 'space: {lr: ["1e-3", 0.01]}\nbudget: {timeout: "1e3", max_epochs: "2.5", eval_every: "5e-1"}\n'
+    )
     spec = load(write(tmp_path, text))
 
     assert spec.space["lr"] == Choices((0.001, 0.01))
@@ -91,7 +111,9 @@ def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:
 
 def test_explicit_values_override_defaults(tmp_path: Path) -> None:
     """Every top-level key given in the file is used as given."""
-    text = HEAD + """\
+    text = (
+        HEAD
+        + """\
 name: mine
 storage: sqlite:///elsewhere.db
 seed: 7
@@ -101,11 +123,24 @@ baseline: {num_workers: 2, batch_size: 64}
 confirm: {top: 0, runs: 5}
 isolation: process
 """
+    )
     spec = load(write(tmp_path, text))
 
-    assert (spec.name, spec.storage, spec.seed, spec.device) == ("mine", "sqlite:///elsewhere.db", 7, "cuda:1")
-    assert spec.budget == Budget(trials=3, timeout=30.0, max_epochs=2.0, max_seconds=5.0, eval_every=0.5,
-                                 trial_timeout=20.0, trial_timeout_given=True)
+    assert (spec.name, spec.storage, spec.seed, spec.device) == (
+        "mine",
+        "sqlite:///elsewhere.db",
+        7,
+        "cuda:1",
+    )
+    assert spec.budget == Budget(
+        trials=3,
+        timeout=30.0,
+        max_epochs=2.0,
+        max_seconds=5.0,
+        eval_every=0.5,
+        trial_timeout=20.0,
+        trial_timeout_given=True,
+    )
     assert spec.isolation == "process"
     assert spec.confirm == Confirm(top=0, runs=5)
     baseline = dict(spec.baseline)
@@ -144,7 +179,11 @@ def test_default_storage_is_beside_the_file_whatever_the_working_folder(
 
 def test_preset_by_path_relative_to_the_study_file(tmp_path: Path) -> None:
     """`preset: my.yaml` is read from beside the study file."""
-    preset = (REPO / "autotune" / "search" / "presets" / "default.yaml").read_text().replace("[16, 32, 64, 128, 256]", "[8]")
+    preset = (
+        (REPO / "autotune" / "search" / "presets" / "default.yaml")
+        .read_text()
+        .replace("[16, 32, 64, 128, 256]", "[8]")
+    )
     write(tmp_path, preset, "my.yaml")
     spec = load(write(tmp_path, HEAD + "space: {preset: my.yaml}\n"))
     assert spec.space["batch_size"] == Choices((8,))
@@ -162,14 +201,21 @@ def test_spec_is_frozen(tmp_path: Path) -> None:
     assert isinstance(spec.baseline, tuple) and isinstance(spec.space.domains, tuple)
 
 
-def test_fixed_schedule_searches_the_schedule_up_to_max_epochs_with_two_seeds(tmp_path: Path) -> None:
+def test_fixed_schedule_searches_the_schedule_up_to_max_epochs_with_two_seeds(
+    tmp_path: Path,
+) -> None:
     """Without a schedule_epochs domain: a log range from an eighth of max_epochs to all of it;
     the baseline keeps the whole max_epochs; replicates default to 2, and a study file's win."""
     spec = load(write(tmp_path, HEAD + "objective: fixed_schedule\nbudget: {max_epochs: 8}\n"))
     assert spec.objective == "fixed_schedule" and spec.replicates == 2
     assert spec.space["schedule_epochs"] == Range(low=1.0, high=8.0, log=True)
     assert dict(spec.baseline)["schedule_epochs"] == 8.0
-    spec = load(write(tmp_path, HEAD + "objective: fixed_schedule\nreplicates: 3\nspace: {schedule_epochs: [2, 4]}\n"))
+    spec = load(
+        write(
+            tmp_path,
+            HEAD + "objective: fixed_schedule\nreplicates: 3\nspace: {schedule_epochs: [2, 4]}\n",
+        )
+    )
     assert spec.replicates == 3 and spec.space["schedule_epochs"] == Choices((2, 4))
 
 
@@ -188,162 +234,576 @@ def test_shipped_digits_study_loads() -> None:
 
 BAD: list[tuple[str, str | None, str, Any, str]] = [
     ("malformed yaml", HEAD + "space: {lr: [0.1, 0.2}\n", "(yaml)", NO_VALUE, "not valid YAML"),
-    ("duplicate key", HEAD + "space:\n  lr: 0.1\n  batch_size: 32\n  lr: 0.2\n", "lr (line 6)", "lr", "given twice"),
-    ("duplicate top-level key", HEAD + "seed: 1\nseed: 2\n", "seed (line 4)", "seed", "given twice"),
-    ("tab indentation", HEAD + "space:\n\tlr: 0.1\n", "(yaml)", "line 4, column 1", "not valid YAML"),
+    (
+        "duplicate key",
+        HEAD + "space:\n  lr: 0.1\n  batch_size: 32\n  lr: 0.2\n",
+        "lr (line 6)",
+        "lr",
+        "given twice",
+    ),
+    (
+        "duplicate top-level key",
+        HEAD + "seed: 1\nseed: 2\n",
+        "seed (line 4)",
+        "seed",
+        "given twice",
+    ),
+    (
+        "tab indentation",
+        HEAD + "space:\n\tlr: 0.1\n",
+        "(yaml)",
+        "line 4, column 1",
+        "not valid YAML",
+    ),
     ("top level is a list", "- task: digits\n", "(top level)", [{"task": "digits"}], "mapping"),
     ("empty file", "", "(top level)", None, "mapping"),
     ("missing task", "target: {metric: accuracy, value: 0.97}\n", "task", None, "task is required"),
     ("missing target", "task: digits\n", "target", None, "target is required"),
-    ("task not a string", "task: 5\ntarget: {metric: accuracy, value: 0.97}\n", "task", 5, "package.module:callable"),
-    ("unknown top-level key", HEAD + "budjet: {trials: 3}\n", "budjet", "budjet", "did you mean 'budget'?"),
+    (
+        "task not a string",
+        "task: 5\ntarget: {metric: accuracy, value: 0.97}\n",
+        "task",
+        5,
+        "package.module:callable",
+    ),
+    (
+        "unknown top-level key",
+        HEAD + "budjet: {trials: 3}\n",
+        "budjet",
+        "budjet",
+        "did you mean 'budget'?",
+    ),
     ("target not a mapping", "task: digits\ntarget: 0.97\n", "target", 0.97, "metric, value"),
-    ("target value not a number", "task: digits\ntarget: {metric: accuracy, value: high}\n",
-     "target.value", "high", "a finite number"),
-    ("unknown key in target", "task: digits\ntarget: {metric: accuracy, valeu: 0.9}\n",
-     "target.valeu", "valeu", "did you mean 'value'?"),
-    ("unknown key in budget", HEAD + "budget: {max_epoch: 3}\n", "budget.max_epoch", "max_epoch",
-     "did you mean 'max_epochs'?"),
+    (
+        "target value not a number",
+        "task: digits\ntarget: {metric: accuracy, value: high}\n",
+        "target.value",
+        "high",
+        "a finite number",
+    ),
+    (
+        "unknown key in target",
+        "task: digits\ntarget: {metric: accuracy, valeu: 0.9}\n",
+        "target.valeu",
+        "valeu",
+        "did you mean 'value'?",
+    ),
+    (
+        "unknown key in budget",
+        HEAD + "budget: {max_epoch: 3}\n",
+        "budget.max_epoch",
+        "max_epoch",
+        "did you mean 'max_epochs'?",
+    ),
     ("budget not a mapping", HEAD + "budget: 10\n", "budget", 10, "a mapping"),
-    ("trials is text", HEAD + "budget: {trials: ten}\n", "budget.trials", "ten", "a whole number from 1 to 1,000,000"),
-    ("trials is zero", HEAD + "budget: {trials: 0}\n", "budget.trials", 0, "a whole number from 1 to 1,000,000"),
-    ("trials past what a study counts", HEAD + "budget: {trials: 10000000000}\n", "budget.trials", 10**10,
-     "a whole number from 1 to 1,000,000"),
+    (
+        "trials is text",
+        HEAD + "budget: {trials: ten}\n",
+        "budget.trials",
+        "ten",
+        "a whole number from 1 to 1,000,000",
+    ),
+    (
+        "trials is zero",
+        HEAD + "budget: {trials: 0}\n",
+        "budget.trials",
+        0,
+        "a whole number from 1 to 1,000,000",
+    ),
+    (
+        "trials past what a study counts",
+        HEAD + "budget: {trials: 10000000000}\n",
+        "budget.trials",
+        10**10,
+        "a whole number from 1 to 1,000,000",
+    ),
     # Values a float holds but a trial's loop cannot count with (1e308 epochs of steps overflow).
-    ("max_epochs overflows the loop", HEAD + "budget: {max_epochs: 1e308}\n", "budget.max_epochs", 1e308,
-     "at most 1,000,000"),
-    ("eval_every overflows the loop", HEAD + "budget: {eval_every: 1e308}\n", "budget.eval_every", 1e308,
-     "at most 1,000,000"),
-    ("max_seconds past what a wait holds", HEAD + "budget: {max_seconds: 1e300}\n", "budget.max_seconds", 1e300,
-     "at most 10,000,000"),
-    ("timeout past what a wait holds", HEAD + "budget: {timeout: 1e300}\n", "budget.timeout", 1e300, "at most"),
-    ("trial_timeout past what a wait holds", HEAD + "budget: {trial_timeout: 1e300}\n", "budget.trial_timeout", 1e300,
-     "at most"),
-    ("trials is a bool", HEAD + "budget: {trials: true}\n", "budget.trials", True, "a whole number"),
-    ("trials is a float", HEAD + "budget: {trials: 10.0}\n", "budget.trials", 10.0, "a whole number"),
-    ("max_epochs is zero", HEAD + "budget: {max_epochs: 0}\n", "budget.max_epochs", 0, "greater than 0"),
-    ("max_epochs is huge", HEAD + "budget: {max_epochs: " + "9" * 400 + "}\n", "budget.max_epochs",
-     NO_VALUE, "a finite number"),
-    ("max_seconds is infinite", HEAD + "budget: {max_seconds: .inf}\n", "budget.max_seconds",
-     float("inf"), "a finite number greater than 0"),
-    ("target value is nan", "task: digits\ntarget: {metric: accuracy, value: .nan}\n", "target.value", NO_VALUE,
-     "a finite number"),
-    ("eval_every is negative", HEAD + "budget: {eval_every: -1}\n", "budget.eval_every", -1, "greater than 0"),
-    ("timeout is negative", HEAD + "budget: {timeout: -5}\n", "budget.timeout", -5, "greater than 0"),
-    ("timeout is text", HEAD + "budget: {timeout: soon}\n", "budget.timeout", "soon", "a finite number"),
+    (
+        "max_epochs overflows the loop",
+        HEAD + "budget: {max_epochs: 1e308}\n",
+        "budget.max_epochs",
+        1e308,
+        "at most 1,000,000",
+    ),
+    (
+        "eval_every overflows the loop",
+        HEAD + "budget: {eval_every: 1e308}\n",
+        "budget.eval_every",
+        1e308,
+        "at most 1,000,000",
+    ),
+    (
+        "max_seconds past what a wait holds",
+        HEAD + "budget: {max_seconds: 1e300}\n",
+        "budget.max_seconds",
+        1e300,
+        "at most 10,000,000",
+    ),
+    (
+        "timeout past what a wait holds",
+        HEAD + "budget: {timeout: 1e300}\n",
+        "budget.timeout",
+        1e300,
+        "at most",
+    ),
+    (
+        "trial_timeout past what a wait holds",
+        HEAD + "budget: {trial_timeout: 1e300}\n",
+        "budget.trial_timeout",
+        1e300,
+        "at most",
+    ),
+    (
+        "trials is a bool",
+        HEAD + "budget: {trials: true}\n",
+        "budget.trials",
+        True,
+        "a whole number",
+    ),
+    (
+        "trials is a float",
+        HEAD + "budget: {trials: 10.0}\n",
+        "budget.trials",
+        10.0,
+        "a whole number",
+    ),
+    (
+        "max_epochs is zero",
+        HEAD + "budget: {max_epochs: 0}\n",
+        "budget.max_epochs",
+        0,
+        "greater than 0",
+    ),
+    (
+        "max_epochs is huge",
+        HEAD + "budget: {max_epochs: " + "9" * 400 + "}\n",
+        "budget.max_epochs",
+        NO_VALUE,
+        "a finite number",
+    ),
+    (
+        "max_seconds is infinite",
+        HEAD + "budget: {max_seconds: .inf}\n",
+        "budget.max_seconds",
+        float("inf"),
+        "a finite number greater than 0",
+    ),
+    (
+        "target value is nan",
+        "task: digits\ntarget: {metric: accuracy, value: .nan}\n",
+        "target.value",
+        NO_VALUE,
+        "a finite number",
+    ),
+    (
+        "eval_every is negative",
+        HEAD + "budget: {eval_every: -1}\n",
+        "budget.eval_every",
+        -1,
+        "greater than 0",
+    ),
+    (
+        "timeout is negative",
+        HEAD + "budget: {timeout: -5}\n",
+        "budget.timeout",
+        -5,
+        "greater than 0",
+    ),
+    (
+        "timeout is text",
+        HEAD + "budget: {timeout: soon}\n",
+        "budget.timeout",
+        "soon",
+        "a finite number",
+    ),
     ("seed is negative", HEAD + "seed: -1\n", "seed", -1, "from 0 to 2147483647"),
     # Derived seeds (the sampler's: seed + trials so far) must fit numpy's 32 bits on every resume.
     ("seed past 32 bits", HEAD + "seed: 4294967295\n", "seed", 4294967295, "from 0 to 2147483647"),
-    ("seed far past 64 bits", HEAD + "seed: 99999999999999999999999\n", "seed", 99999999999999999999999, "from 0 to"),
+    (
+        "seed far past 64 bits",
+        HEAD + "seed: 99999999999999999999999\n",
+        "seed",
+        99999999999999999999999,
+        "from 0 to",
+    ),
     ("seed is a float", HEAD + "seed: 1.5\n", "seed", 1.5, "a whole number"),
     ("empty name", HEAD + "name: ''\n", "name", "", "non-empty string"),
     ("name with a NUL", HEAD + 'name: "a\\0b"\n', "name", "a\0b", "printable characters"),
     ("name with a newline", HEAD + 'name: "a\\nb"\n', "name", "a\nb", "printable characters"),
-    ("unknown knob", HEAD + "space: {batchsize: [32]}\n", "space.batchsize", "batchsize",
-     "did you mean 'batch_size'?"),
+    (
+        "unknown knob",
+        HEAD + "space: {batchsize: [32]}\n",
+        "space.batchsize",
+        "batchsize",
+        "did you mean 'batch_size'?",
+    ),
     ("space not a mapping", HEAD + "space: [lr]\n", "space", ["lr"], "a mapping"),
-    ("inverted range", HEAD + "space: {lr: {low: 0.5, high: 0.1}}\n", "space.lr", {"low": 0.5, "high": 0.1},
-     "low < high"),
-    ("equal low and high", HEAD + "space: {lr: {low: 0.1, high: 0.1}}\n", "space.lr",
-     {"low": 0.1, "high": 0.1}, "low < high"),
-    ("log range from zero", HEAD + "space: {num_workers: {low: 0, high: 4, log: true}}\n",
-     "space.num_workers.low", 0, "log-scale range needs low > 0"),
-    ("lr range from zero", HEAD + "space: {lr: {low: 0, high: 0.1}}\n", "space.lr.low", 0, "greater than 0"),
-    ("log is not a bool", HEAD + "space: {lr: {low: 0.01, high: 0.1, log: 1}}\n", "space.lr.log", 1,
-     "true or false"),
-    ("unknown key in range", HEAD + "space: {batch_size: {low: 8, high: 64, step: 8}}\n",
-     "space.batch_size.step", "step", "low, high, log"),
-    ("range missing high", HEAD + "space: {lr: {low: 0.01}}\n", "space.lr.high", None, "both low and high"),
-    ("int range with float bound", HEAD + "space: {batch_size: {low: 16.0, high: 64}}\n",
-     "space.batch_size.low", 16.0, "whole number"),
-    ("range on a categorical knob", HEAD + "space: {scheduler: {low: 1, high: 2}}\n", "space.scheduler",
-     {"low": 1, "high": 2}, "not a range"),
-    ("empty choices", HEAD + "space: {batch_size: []}\n", "space.batch_size", [], "at least one value"),
-    ("repeated choices", HEAD + "space: {batch_size: [32, 64, 32]}\n", "space.batch_size", [32, 64, 32],
-     "must not repeat"),
-    ("unknown scheduler", HEAD + "space: {scheduler: [cosine, linear]}\n", "space.scheduler[1]", "linear",
-     "constant, step, cosine, onecycle"),
-    ("unknown precision", HEAD + "space: {precision: fp8}\n", "space.precision", "fp8", "fp32, fp16, bf16"),
+    (
+        "inverted range",
+        HEAD + "space: {lr: {low: 0.5, high: 0.1}}\n",
+        "space.lr",
+        {"low": 0.5, "high": 0.1},
+        "low < high",
+    ),
+    (
+        "equal low and high",
+        HEAD + "space: {lr: {low: 0.1, high: 0.1}}\n",
+        "space.lr",
+        {"low": 0.1, "high": 0.1},
+        "low < high",
+    ),
+    (
+        "log range from zero",
+        HEAD + "space: {num_workers: {low: 0, high: 4, log: true}}\n",
+        "space.num_workers.low",
+        0,
+        "log-scale range needs low > 0",
+    ),
+    (
+        "lr range from zero",
+        HEAD + "space: {lr: {low: 0, high: 0.1}}\n",
+        "space.lr.low",
+        0,
+        "greater than 0",
+    ),
+    (
+        "log is not a bool",
+        HEAD + "space: {lr: {low: 0.01, high: 0.1, log: 1}}\n",
+        "space.lr.log",
+        1,
+        "true or false",
+    ),
+    (
+        "unknown key in range",
+        HEAD + "space: {batch_size: {low: 8, high: 64, step: 8}}\n",
+        "space.batch_size.step",
+        "step",
+        "low, high, log",
+    ),
+    (
+        "range missing high",
+        HEAD + "space: {lr: {low: 0.01}}\n",
+        "space.lr.high",
+        None,
+        "both low and high",
+    ),
+    (
+        "int range with float bound",
+        HEAD + "space: {batch_size: {low: 16.0, high: 64}}\n",
+        "space.batch_size.low",
+        16.0,
+        "whole number",
+    ),
+    (
+        "range on a categorical knob",
+        HEAD + "space: {scheduler: {low: 1, high: 2}}\n",
+        "space.scheduler",
+        {"low": 1, "high": 2},
+        "not a range",
+    ),
+    (
+        "empty choices",
+        HEAD + "space: {batch_size: []}\n",
+        "space.batch_size",
+        [],
+        "at least one value",
+    ),
+    (
+        "repeated choices",
+        HEAD + "space: {batch_size: [32, 64, 32]}\n",
+        "space.batch_size",
+        [32, 64, 32],
+        "must not repeat",
+    ),
+    (
+        "unknown scheduler",
+        HEAD + "space: {scheduler: [cosine, linear]}\n",
+        "space.scheduler[1]",
+        "linear",
+        "constant, step, cosine, onecycle",
+    ),
+    (
+        "unknown precision",
+        HEAD + "space: {precision: fp8}\n",
+        "space.precision",
+        "fp8",
+        "fp32, fp16, bf16",
+    ),
     ("batch_size zero", HEAD + "space: {batch_size: 0}\n", "space.batch_size", 0, "at least 1"),
-    ("num_workers negative", HEAD + "space: {num_workers: [0, -1]}\n", "space.num_workers[1]", -1, "at least 0"),
-    ("pin_memory not a bool", HEAD + "space: {pin_memory: [0, 1]}\n", "space.pin_memory[0]", 0, "true or false"),
-    ("lr is huge", HEAD + "space: {lr: " + "9" * 400 + "}\n", "space.lr", NO_VALUE, "a finite number"),
+    (
+        "num_workers negative",
+        HEAD + "space: {num_workers: [0, -1]}\n",
+        "space.num_workers[1]",
+        -1,
+        "at least 0",
+    ),
+    (
+        "pin_memory not a bool",
+        HEAD + "space: {pin_memory: [0, 1]}\n",
+        "space.pin_memory[0]",
+        0,
+        "true or false",
+    ),
+    (
+        "lr is huge",
+        HEAD + "space: {lr: " + "9" * 400 + "}\n",
+        "space.lr",
+        NO_VALUE,
+        "a finite number",
+    ),
     ("lr is nan", HEAD + "space: {lr: .nan}\n", "space.lr", NO_VALUE, "lr takes a finite number"),
-    ("param bound is infinite", HEAD + "space: {params: {width: {low: 1, high: .inf}}}\n", "space.params.width.high",
-     float("inf"), "a finite number"),
-    ("unknown preset", HEAD + "space: {preset: huge}\n", "space.preset", "huge", "built-in presets: default"),
-    ("missing preset file", HEAD + "space: {preset: nowhere.yaml}\n", "space.preset", "nowhere.yaml",
-     "no such preset"),
+    (
+        "param bound is infinite",
+        HEAD + "space: {params: {width: {low: 1, high: .inf}}}\n",
+        "space.params.width.high",
+        float("inf"),
+        "a finite number",
+    ),
+    (
+        "unknown preset",
+        HEAD + "space: {preset: huge}\n",
+        "space.preset",
+        "huge",
+        "built-in presets: default",
+    ),
+    (
+        "missing preset file",
+        HEAD + "space: {preset: nowhere.yaml}\n",
+        "space.preset",
+        "nowhere.yaml",
+        "no such preset",
+    ),
     ("bad device", HEAD + "device: gpu\n", "device", "gpu", "auto, cpu, cuda or cuda:N"),
     ("bad device index", HEAD + "device: 'cuda:x'\n", "device", "cuda:x", "cuda:N"),
     ("storage without scheme", HEAD + "storage: study.db\n", "storage", "study.db", "sqlite:///"),
-    ("storage unknown scheme", HEAD + "storage: redis://localhost/0\n", "storage", "redis://localhost/0",
-     "storage URL"),
+    (
+        "storage unknown scheme",
+        HEAD + "storage: redis://localhost/0\n",
+        "storage",
+        "redis://localhost/0",
+        "storage URL",
+    ),
     ("storage not a string", HEAD + "storage: 5\n", "storage", 5, "storage URL"),
-    ("unknown key in baseline", HEAD + "baseline: {batchsize: 64}\n", "baseline.batchsize", "batchsize",
-     "did you mean 'batch_size'?"),
+    (
+        "unknown key in baseline",
+        HEAD + "baseline: {batchsize: 64}\n",
+        "baseline.batchsize",
+        "batchsize",
+        "did you mean 'batch_size'?",
+    ),
     ("bad baseline lr", HEAD + "baseline: {lr: -0.1}\n", "baseline.lr", -0.1, "greater than 0"),
-    ("bad baseline precision", HEAD + "baseline: {precision: half}\n", "baseline.precision", "half",
-     "fp32, fp16, bf16"),
+    (
+        "bad baseline precision",
+        HEAD + "baseline: {precision: half}\n",
+        "baseline.precision",
+        "half",
+        "fp32, fp16, bf16",
+    ),
     ("baseline is a list", HEAD + "baseline: [lr]\n", "baseline", ["lr"], "a mapping"),
     ("confirm runs negative", HEAD + "confirm: {runs: -1}\n", "confirm.runs", -1, "from 0 to 1000"),
-    ("confirm runs a trillion", HEAD + "confirm: {runs: 1000000000000}\n", "confirm.runs", 10**12, "from 0 to 1000"),
-    ("unknown key in confirm", HEAD + "confirm: {seeds: 3}\n", "confirm.seeds", "seeds", "top, runs"),
+    (
+        "confirm runs a trillion",
+        HEAD + "confirm: {runs: 1000000000000}\n",
+        "confirm.runs",
+        10**12,
+        "from 0 to 1000",
+    ),
+    (
+        "unknown key in confirm",
+        HEAD + "confirm: {seeds: 3}\n",
+        "confirm.seeds",
+        "seeds",
+        "top, runs",
+    ),
     ("missing study file", None, "(file)", NO_VALUE, "no such file"),
     # A training command as the task.
-    ("command task misspelt key", TARGET_ONLY + "task: {comand: python train.py}\n", "task.comand", "comand",
-     "did you mean 'command'?"),
-    ("command task without a command", TARGET_ONLY + "task: {env: {A: b}}\n", "task.command", None, "a command line"),
-    ("command names an unknown placeholder", TARGET_ONLY + "task: {command: 'python train.py --lr {lrr}'}\n",
-     "task.command", "python train.py --lr {lrr}", "unknown placeholder {lrr} (did you mean {lr}?)"),
-    ("command program missing", TARGET_ONLY + "task: {command: './nosuch.sh --lr {lr}'}\n", "task.command",
-     "./nosuch.sh --lr {lr}", "not an executable file"),
-    ("command env value is a list", TARGET_ONLY + "task: {command: 'python t.py', env: {A: [1]}}\n", "task.env.A", [1],
-     "a string or a number"),
+    (
+        "command task misspelt key",
+        TARGET_ONLY + "task: {comand: python train.py}\n",
+        "task.comand",
+        "comand",
+        "did you mean 'command'?",
+    ),
+    (
+        "command task without a command",
+        TARGET_ONLY + "task: {env: {A: b}}\n",
+        "task.command",
+        None,
+        "a command line",
+    ),
+    (
+        "command names an unknown placeholder",
+        TARGET_ONLY + "task: {command: 'python train.py --lr {lrr}'}\n",
+        "task.command",
+        "python train.py --lr {lrr}",
+        "unknown placeholder {lrr} (did you mean {lr}?)",
+    ),
+    (
+        "command program missing",
+        TARGET_ONLY + "task: {command: './nosuch.sh --lr {lr}'}\n",
+        "task.command",
+        "./nosuch.sh --lr {lr}",
+        "not an executable file",
+    ),
+    (
+        "command env value is a list",
+        TARGET_ONLY + "task: {command: 'python t.py', env: {A: [1]}}\n",
+        "task.env.A",
+        [1],
+        "a string or a number",
+    ),
     ("unknown prune mode", HEAD + "prune: median\n", "prune", "median", "incumbent (stop a trial"),
-    ("unknown probe mode", HEAD + "probe: all\n", "probe", "all", "systems (settle DataLoader settings"),
-    ("unknown objective", HEAD + "objective: accuracy\n", "objective", "accuracy", "time_to_target (stop each run"),
+    (
+        "unknown probe mode",
+        HEAD + "probe: all\n",
+        "probe",
+        "all",
+        "systems (settle DataLoader settings",
+    ),
+    (
+        "unknown objective",
+        HEAD + "objective: accuracy\n",
+        "objective",
+        "accuracy",
+        "time_to_target (stop each run",
+    ),
     ("replicates zero", HEAD + "replicates: 0\n", "replicates", 0, "a whole number from 1 to 20"),
-    ("replicates a fraction", HEAD + "replicates: 1.5\n", "replicates", 1.5, "a whole number from 1 to 20"),
-    ("fixed schedule for a command", TARGET_ONLY + "task: {command: 'python t.py'}\nobjective: fixed_schedule\n",
-     "objective", "fixed_schedule", "needs a built-in or Python task"),
-    ("schedule longer than max_epochs", HEAD + "budget: {max_epochs: 4}\nspace: {schedule_epochs: {low: 1, high: 6}}\n",
-     "space.schedule_epochs", {"low": 1, "high": 6}, "at most budget.max_epochs (4)"),
-    ("schedule of zero epochs", HEAD + "space: {schedule_epochs: [0, 2]}\n", "space.schedule_epochs[0]", 0,
-     "greater than 0"),
-    ("baseline schedule too long", HEAD + "budget: {max_epochs: 4}\nbaseline: {schedule_epochs: 5}\n",
-     "baseline.schedule_epochs", 5, "at most budget.max_epochs (4)"),
+    (
+        "replicates a fraction",
+        HEAD + "replicates: 1.5\n",
+        "replicates",
+        1.5,
+        "a whole number from 1 to 20",
+    ),
+    (
+        "fixed schedule for a command",
+        TARGET_ONLY + "task: {command: 'python t.py'}\nobjective: fixed_schedule\n",
+        "objective",
+        "fixed_schedule",
+        "needs a built-in or Python task",
+    ),
+    (
+        "schedule longer than max_epochs",
+        HEAD + "budget: {max_epochs: 4}\nspace: {schedule_epochs: {low: 1, high: 6}}\n",
+        "space.schedule_epochs",
+        {"low": 1, "high": 6},
+        "at most budget.max_epochs (4)",
+    ),
+    (
+        "schedule of zero epochs",
+        HEAD + "space: {schedule_epochs: [0, 2]}\n",
+        "space.schedule_epochs[0]",
+        0,
+        "greater than 0",
+    ),
+    (
+        "baseline schedule too long",
+        HEAD + "budget: {max_epochs: 4}\nbaseline: {schedule_epochs: 5}\n",
+        "baseline.schedule_epochs",
+        5,
+        "at most budget.max_epochs (4)",
+    ),
     # The user's own parameters (space.params).
-    ("params not a mapping", HEAD + "space: {params: [width]}\n", "space.params", ["width"], "a mapping"),
-    ("param name not an identifier", HEAD + "space: {params: {hidden-size: [8]}}\n", "space.params.hidden-size",
-     "hidden-size", "Python identifier"),
-    ("param named like a knob", HEAD + "space: {params: {lr: [0.1]}}\n", "space.params.lr", "lr", "one of the knobs"),
-    ("param named seed", HEAD + "space: {params: {seed: [1, 2]}}\n", "space.params.seed", "seed", "reserved"),
-    ("param inverted range", HEAD + "space: {params: {width: {low: 64, high: 16}}}\n", "space.params.width",
-     {"low": 64, "high": 16}, "low < high"),
-    ("param log range from zero", HEAD + "space: {params: {wd: {low: 0, high: 0.1, log: true}}}\n",
-     "space.params.wd.low", 0, "low > 0"),
-    ("param range bound is text", HEAD + "space: {params: {dropout: {low: none, high: 0.5}}}\n",
-     "space.params.dropout.low", "none", "a finite number"),
-    ("param range misspelt key", HEAD + "space: {params: {dropout: {low: 0, hihg: 0.5}}}\n",
-     "space.params.dropout.hihg", "hihg", "did you mean 'high'?"),
-    ("param empty choices", HEAD + "space: {params: {optimizer: []}}\n", "space.params.optimizer", [],
-     "at least one value"),
-    ("param choice is a list", HEAD + "space: {params: {sizes: [[8, 16]]}}\n", "space.params.sizes[0]", [8, 16],
-     "a number, a string or true/false"),
-    ("param repeated choices", HEAD + "space: {params: {act: [relu, relu]}}\n", "space.params.act",
-     ["relu", "relu"], "must not repeat"),
-    ("baseline of an unknown param", HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {widht: 8}\n",
-     "baseline.widht", "widht", "did you mean 'width'?"),
-    ("baseline param is a list", HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {width: [8]}\n",
-     "baseline.width", [8], "a number, a string or true/false"),
+    (
+        "params not a mapping",
+        HEAD + "space: {params: [width]}\n",
+        "space.params",
+        ["width"],
+        "a mapping",
+    ),
+    (
+        "param name not an identifier",
+        HEAD + "space: {params: {hidden-size: [8]}}\n",
+        "space.params.hidden-size",
+        "hidden-size",
+        "Python identifier",
+    ),
+    (
+        "param named like a knob",
+        HEAD + "space: {params: {lr: [0.1]}}\n",
+        "space.params.lr",
+        "lr",
+        "one of the knobs",
+    ),
+    (
+        "param named seed",
+        HEAD + "space: {params: {seed: [1, 2]}}\n",
+        "space.params.seed",
+        "seed",
+        "reserved",
+    ),
+    (
+        "param inverted range",
+        HEAD + "space: {params: {width: {low: 64, high: 16}}}\n",
+        "space.params.width",
+        {"low": 64, "high": 16},
+        "low < high",
+    ),
+    (
+        "param log range from zero",
+        HEAD + "space: {params: {wd: {low: 0, high: 0.1, log: true}}}\n",
+        "space.params.wd.low",
+        0,
+        "low > 0",
+    ),
+    (
+        "param range bound is text",
+        HEAD + "space: {params: {dropout: {low: none, high: 0.5}}}\n",
+        "space.params.dropout.low",
+        "none",
+        "a finite number",
+    ),
+    (
+        "param range misspelt key",
+        HEAD + "space: {params: {dropout: {low: 0, hihg: 0.5}}}\n",
+        "space.params.dropout.hihg",
+        "hihg",
+        "did you mean 'high'?",
+    ),
+    (
+        "param empty choices",
+        HEAD + "space: {params: {optimizer: []}}\n",
+        "space.params.optimizer",
+        [],
+        "at least one value",
+    ),
+    (
+        "param choice is a list",
+        HEAD + "space: {params: {sizes: [[8, 16]]}}\n",
+        "space.params.sizes[0]",
+        [8, 16],
+        "a number, a string or true/false",
+    ),
+    (
+        "param repeated choices",
+        HEAD + "space: {params: {act: [relu, relu]}}\n",
+        "space.params.act",
+        ["relu", "relu"],
+        "must not repeat",
+    ),
+    (
+        "baseline of an unknown param",
+        HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {widht: 8}\n",
+        "baseline.widht",
+        "widht",
+        "did you mean 'width'?",
+    ),
+    (
+        "baseline param is a list",
+        HEAD + "space: {params: {width: [8, 16]}}\nbaseline: {width: [8]}\n",
+        "baseline.width",
+        [8],
+        "a number, a string or true/false",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("text", "key", "value", "fragment"), [case[1:] for case in BAD],
-                         ids=[case[0] for case in BAD])
-def test_bad_study_file_raises_spec_error(tmp_path: Path, text: str | None, key: str, value: Any,
-                                          fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "key", "value", "fragment"), [case[1:] for case in BAD], ids=[case[0] for case in BAD]
+)
+def test_bad_study_file_raises_spec_error(
+    tmp_path: Path, text: str | None, key: str, value: Any, fragment: str
+) -> None:
     """The message names the file, the key, the value it got and what would be accepted."""
     path = tmp_path / "study.yaml"
     if text is not None:
@@ -362,7 +822,9 @@ def test_bad_study_file_raises_spec_error(tmp_path: Path, text: str | None, key:
 
 
 @pytest.mark.parametrize("kind", ["character device", "FIFO", "directory", "too large"])
-def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tmp_path: Path, kind: str) -> None:
+def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(
+    tmp_path: Path, kind: str
+) -> None:
     """/dev/zero would be read until memory runs out and a FIFO would block forever: each is
     refused from what the file is, at once, as is a regular file larger than a study file can be."""
     if kind == "character device":
@@ -370,6 +832,7 @@ def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tm
     elif kind == "FIFO":
         path = tmp_path / "study.yaml"
         os.mkfifo(path)
+
         # Were the FIFO opened for reading, this writer would unblock it after a while: the test then fails, not hangs.
         def open_the_writing_end() -> None:
             with contextlib.suppress(OSError):  # ENXIO: no reader has it open, as it should be
@@ -391,7 +854,9 @@ def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(tm
         if kind == "FIFO":
             unblock.cancel()
     assert time.monotonic() - started < 2
-    assert info.value.key == "(file)" and (kind in str(info.value) or "larger than 1 MiB" in str(info.value))
+    assert info.value.key == "(file)" and (
+        kind in str(info.value) or "larger than 1 MiB" in str(info.value)
+    )
 
 
 def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:
@@ -406,14 +871,21 @@ def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:
 def test_params_sit_beside_the_knobs_with_their_types(tmp_path: Path) -> None:
     """Whole-number bounds make an integer range, a list is choices, a value is fixed; the
     baseline takes the middle of each domain unless the file gives one."""
-    spec = load(write(tmp_path, HEAD + (
-        "space:\n  params:\n"
-        "    width: {low: 16, high: 64}\n"
-        "    dropout: {low: 0.0, high: 0.5}\n"
-        "    weight_decay: {low: 1.0e-5, high: 1.0e-3, log: true}\n"
-        "    optimizer: [sgd, adamw]\n"
-        "    depth: 3\n"
-        "baseline: {optimizer: adamw}\n")))
+    spec = load(
+        write(
+            tmp_path,
+            HEAD
+            + (
+                "space:\n  params:\n"
+                "    width: {low: 16, high: 64}\n"
+                "    dropout: {low: 0.0, high: 0.5}\n"
+                "    weight_decay: {low: 1.0e-5, high: 1.0e-3, log: true}\n"
+                "    optimizer: [sgd, adamw]\n"
+                "    depth: 3\n"
+                "baseline: {optimizer: adamw}\n"
+            ),
+        )
+    )
     params = dict(spec.space.params)
     assert list(params) == ["width", "dropout", "weight_decay", "optimizer", "depth"]
     assert params["width"] == Range(16, 64) and isinstance(params["width"].low, int)

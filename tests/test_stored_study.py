@@ -3,15 +3,15 @@
 tests/data/stored_study holds a small digits study (SQLite, with a confirmation) as autotune
 stored it, and what `autotune report` and `autotune export` said of it then.
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 import optuna
+import pytest
 
 from autotune.cli import main
 from autotune.study import schema
@@ -44,7 +44,9 @@ def test_export_reads_the_same(study: Path, fmt: str) -> None:
     assert out.read_text() == (STORED / f"export.{fmt}").read_text()
 
 
-def test_running_it_again_trains_nothing_and_keeps_its_version(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_running_it_again_trains_nothing_and_keeps_its_version(
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Its trials stay as stored (version 0, no `schema_version`); only the optimizer's reference
     is recorded again under its module's current name."""
     assert main(["run", str(study)]) == 0
@@ -54,7 +56,10 @@ def test_running_it_again_trains_nothing_and_keeps_its_version(study: Path, caps
     capsys.readouterr()
     assert main(["report", str(study), "--json"]) == 0
     expected = json.loads((STORED / "report.json").read_text())
-    assert json.loads(capsys.readouterr().out) == {**expected, "optimizer": "autotune.train.tasks:sgd"}
+    assert json.loads(capsys.readouterr().out) == {
+        **expected,
+        "optimizer": "autotune.train.tasks:sgd",
+    }
 
 
 def test_legacy_references_read_as_today() -> None:

@@ -16,16 +16,24 @@ import optuna
 import pytest
 import yaml
 
-from autotune.study import schema
 from autotune.cli import main
 from autotune.search.space import KNOBS
+from autotune.study import schema
 from tests import tasks
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def write_study(tmp_path: Path, *, task: str = "tests.tasks:blobs", trials: int = 4, batch_sizes=(16, 32, 64),
-                seed: int = 0, confirm: dict | None = None, params: dict | None = None) -> Path:
+def write_study(
+    tmp_path: Path,
+    *,
+    task: str = "tests.tasks:blobs",
+    trials: int = 4,
+    batch_sizes=(16, 32, 64),
+    seed: int = 0,
+    confirm: dict | None = None,
+    params: dict | None = None,
+) -> Path:
     study = {
         "task": task,
         "target": {"metric": "accuracy", "value": 0.9},
@@ -53,7 +61,11 @@ def load(path: Path) -> optuna.Study:
 
 
 def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials() if t.state.is_finished() and not t.user_attrs.get("interrupted")]
+    return [
+        t
+        for t in study.get_trials()
+        if t.state.is_finished() and not t.user_attrs.get("interrupted")
+    ]
 
 
 def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -67,7 +79,9 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
 
 
-def test_run_then_more_trials_keeps_every_earlier_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_then_more_trials_keeps_every_earlier_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, trials=3)
     code, out, _ = run_cli("run", str(path), capsys=capsys)
     assert code == 0 and "Winner: " in out and ("x faster" in out or "keep the baseline" in out)
@@ -81,7 +95,9 @@ def test_run_then_more_trials_keeps_every_earlier_trial(tmp_path: Path, capsys: 
     assert {n: after[n] for n in first} == first
 
 
-def test_running_a_finished_study_again_trains_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_running_a_finished_study_again_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, trials=2, confirm={"top": 1, "runs": 1})
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     before = load(path)
@@ -91,10 +107,14 @@ def test_running_a_finished_study_again_trains_nothing(tmp_path: Path, capsys: p
     assert code == 0 and "Winner" in out
     assert len(again.get_trials()) == len(before.get_trials()) == 2
     assert again.user_attrs["confirmation"] == stored  # not re-measured
-    assert again.user_attrs[schema.VERSION] == schema.SCHEMA_VERSION  # recorded when the study began
+    assert (
+        again.user_attrs[schema.VERSION] == schema.SCHEMA_VERSION
+    )  # recorded when the study began
 
 
-def test_timeout_stops_starting_trials_and_says_how_to_go_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_timeout_stops_starting_trials_and_says_how_to_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, trials=500, confirm={"top": 0, "runs": 0})
     code, out, err = run_cli("run", str(path), "--timeout", "0.5", capsys=capsys)
     done = len(finished(load(path)))
@@ -114,7 +134,9 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     assert best["runs"] == 2 and summary["baseline"]["runs"] == 2 and summary["speedup"] > 0
     assert {"complete", "pruned", "failed", "oom"} <= set(summary["counts"])
     counts = summary["counts"]
-    assert counts["complete"] >= 1 and counts["complete"] + counts["pruned"] == 3  # pruned: past the incumbent
+    assert (
+        counts["complete"] >= 1 and counts["complete"] + counts["pruned"] == 3
+    )  # pruned: past the incumbent
 
     code, out, _ = run_cli("export", str(path), "--format", "json", capsys=capsys)
     assert code == 0 and json.loads(out) == best["params"]
@@ -124,15 +146,27 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
         if trial.state == optuna.trial.TrialState.COMPLETE:
             result = trial.user_attrs["result"]
             # throughput is None when the target came before a step past warm-up
-            assert 0 <= result["input_wait_fraction"] <= 1 and (result["samples_per_second"] or 1) > 0
-            assert result["peak_memory_bytes"] > 0 and result["gpu"] is None  # no NVIDIA GPU: absent
+            assert (
+                0 <= result["input_wait_fraction"] <= 1 and (result["samples_per_second"] or 1) > 0
+            )
+            assert (
+                result["peak_memory_bytes"] > 0 and result["gpu"] is None
+            )  # no NVIDIA GPU: absent
     figures = best["telemetry"]
-    assert figures["source"] == "confirmation" and figures["runs"] == 2 and figures["samples_per_second"] > 0
+    assert (
+        figures["source"] == "confirmation"
+        and figures["runs"] == 2
+        and figures["samples_per_second"] > 0
+    )
     per_class = best["per_class"]
     assert [c["class"] for c in per_class["classes"]] == [0, 1, 2, 3]
-    assert sum(c["support"] for c in per_class["classes"]) == 2 * 512  # two runs over the validation set
+    assert (
+        sum(c["support"] for c in per_class["classes"]) == 2 * 512
+    )  # two runs over the validation set
     target = tmp_path / "best.yaml"
-    assert run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)[0] == 0
+    assert (
+        run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)[0] == 0
+    )
     assert yaml.safe_load(target.read_text()) == best["params"]
 
 
@@ -140,9 +174,15 @@ def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The user's own parameters are sampled, reach the task, and come back in every output."""
-    params = {"width": {"low": 8, "high": 48}, "dropout": {"low": 0.0, "high": 0.3},
-              "weight_decay": {"low": 1e-5, "high": 1e-3, "log": True}, "kind": ["sgd", "adamw"]}
-    path = write_study(tmp_path, task="tests.tasks:tunable", trials=4, params=params, confirm={"top": 1, "runs": 1})
+    params = {
+        "width": {"low": 8, "high": 48},
+        "dropout": {"low": 0.0, "high": 0.3},
+        "weight_decay": {"low": 1e-5, "high": 1e-3, "log": True},
+        "kind": ["sgd", "adamw"],
+    }
+    path = write_study(
+        tmp_path, task="tests.tasks:tunable", trials=4, params=params, confirm={"top": 1, "runs": 1}
+    )
     code, out, _ = run_cli("run", str(path), capsys=capsys)
     assert code == 0, out
     trials = finished(load(path))
@@ -157,24 +197,39 @@ def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
     summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
     best, baseline = summary["best"], summary["baseline"]
     assert list(best["params"]) == [*KNOBS, *params] and isinstance(best["params"]["width"], int)
-    assert (baseline["params"]["width"], baseline["params"]["kind"]) == (28, "sgd")  # middle, first choice
+    assert (baseline["params"]["width"], baseline["params"]["kind"]) == (
+        28,
+        "sgd",
+    )  # middle, first choice
     confirmed = load(path).user_attrs["confirmation"]["configs"][best["label"]]
     assert {k: confirmed[k] for k in params} == {k: best["params"][k] for k in params}
-    assert json.loads(run_cli("export", str(path), "--format", "json", capsys=capsys)[1]) == best["params"]
+    assert (
+        json.loads(run_cli("export", str(path), "--format", "json", capsys=capsys)[1])
+        == best["params"]
+    )
 
 
 def test_sys_exit_in_the_users_code_fails_its_trial_and_the_study_goes_on(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """In this process (the CPU default), as in a child: the trial is FAILED "SystemExit: 3", not
     left RUNNING with autotune gone; a rerun has nothing to retry."""
-    path = write_study(tmp_path, task="tests.tasks:calls_sys_exit", trials=4, batch_sizes=(32, 128),
-                       confirm={"top": 0, "runs": 0})
+    path = write_study(
+        tmp_path,
+        task="tests.tasks:calls_sys_exit",
+        trials=4,
+        batch_sizes=(32, 128),
+        confirm={"top": 0, "runs": 0},
+    )
     assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
     trials = load(path).trials
     exited = [t for t in trials if t.params["batch_size"] == 128]
     assert exited, "the sampler never tried batch 128; pick another seed"
-    assert all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["reason"].startswith("SystemExit: 3")
-               for t in exited)
+    assert all(
+        t.state == optuna.trial.TrialState.FAIL
+        and t.user_attrs["reason"].startswith("SystemExit: 3")
+        for t in exited
+    )
     assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
     assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
     assert len(load(path).trials) == len(trials)  # nothing to retry, the budget met
@@ -184,7 +239,9 @@ def test_sys_exit_in_the_users_code_fails_its_trial_and_the_study_goes_on(
 def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], task: str
 ) -> None:
-    path = write_study(tmp_path, task=task, trials=8, batch_sizes=(32, 64, 128, 256), confirm={"top": 1, "runs": 1})
+    path = write_study(
+        tmp_path, task=task, trials=8, batch_sizes=(32, 64, 128, 256), confirm={"top": 1, "runs": 1}
+    )
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     trials = finished(load(path))
@@ -194,7 +251,9 @@ def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     for t in oom:
         assert t.state == optuna.trial.TrialState.PRUNED
         assert t.params["batch_size"] >= 128 and "out of memory" in t.user_attrs["reason"]
-    assert all(t.params["batch_size"] < 128 for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert all(
+        t.params["batch_size"] < 128 for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+    )
     assert "pruned" in err
     summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
     assert summary["counts"]["oom"] == len(oom) and summary["best"]["params"]["batch_size"] < 128
@@ -205,8 +264,13 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
 ) -> None:
     """Once batch_size b ran out of memory, no batch of b or more (in fp32) is trained again."""
     tasks.OOM_RAISED.clear()
-    path = write_study(tmp_path, task="tests.tasks:cuda_oom", trials=12, batch_sizes=(32, 64, 128, 256),
-                       confirm={"top": 0})
+    path = write_study(
+        tmp_path,
+        task="tests.tasks:cuda_oom",
+        trials=12,
+        batch_sizes=(32, 64, 128, 256),
+        confirm={"top": 0},
+    )
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     trials = finished(load(path))
@@ -217,8 +281,14 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
     for t in skipped:
         bound = ran_out[t.user_attrs["oom_bound"]]
         assert t.state == optuna.trial.TrialState.PRUNED and bound.number < t.number
-        assert t.params["batch_size"] >= bound.params["batch_size"] and schema.RESULT not in t.user_attrs
-        assert f"trial {bound.number} (batch_size {bound.params['batch_size']} in fp32)" in t.user_attrs["reason"]
+        assert (
+            t.params["batch_size"] >= bound.params["batch_size"]
+            and schema.RESULT not in t.user_attrs
+        )
+        assert (
+            f"trial {bound.number} (batch_size {bound.params['batch_size']} in fp32)"
+            in t.user_attrs["reason"]
+        )
     sizes = [ran_out[n].params["batch_size"] for n in sorted(ran_out)]
     assert sizes == sorted(set(sizes), reverse=True)  # each real OOM was below every earlier one
     assert "not run: batch_size" in err
@@ -234,39 +304,62 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
     outcome = load(path).user_attrs["probe"]
-    assert len(outcome["runs"]) == 2 * 2 + 2 * 2  # two loader settings, then two precisions, twice each
-    assert outcome["cores"] >= 1 and outcome["other_cores"] >= 0  # the load it ran beside (test_measure.py)
+    assert (
+        len(outcome["runs"]) == 2 * 2 + 2 * 2
+    )  # two loader settings, then two precisions, twice each
+    assert (
+        outcome["cores"] >= 1 and outcome["other_cores"] >= 0
+    )  # the load it ran beside (test_measure.py)
     for t in finished(load(path)):
         config = t.user_attrs["config"]
-        assert config["num_workers"] == outcome["loader"]["num_workers"] and config["precision"] in outcome["precisions"]
+        assert (
+            config["num_workers"] == outcome["loader"]["num_workers"]
+            and config["precision"] in outcome["precisions"]
+        )
         assert "num_workers" not in t.params  # settled: not sampled
-    code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)  # resumed: not probed again
-    assert code == 0 and load(path).user_attrs["probe"] == outcome and "autotune: Systems probe (" not in err
+    code, _, err = run_cli(
+        "run", str(path), "--trials", "4", capsys=capsys
+    )  # resumed: not probed again
+    assert (
+        code == 0
+        and load(path).user_attrs["probe"] == outcome
+        and "autotune: Systems probe (" not in err
+    )
 
     raw.update(probe="none", name="unprobed")
     path.write_text(yaml.safe_dump(raw))
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     study = optuna.load_study(study_name="unprobed", storage=f"sqlite:///{path.with_suffix('.db')}")
-    assert "probe" not in study.user_attrs and all("num_workers" in t.params for t in finished(study))
+    assert "probe" not in study.user_attrs and all(
+        "num_workers" in t.params for t in finished(study)
+    )
 
 
-def test_a_failing_trial_is_recorded_and_the_study_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_trial_is_recorded_and_the_study_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, task="tests.tasks:broken_model", trials=2)
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 1 and "No trial reached the target" in out
     trials = load(path).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
     assert "this model cannot be built" in trials[0].user_attrs["reason"]
-    line = next(n for n, text in enumerate((REPO / "tests" / "tasks.py").read_text().splitlines(), 1) if "cannot be built" in text)
+    line = next(
+        n
+        for n, text in enumerate((REPO / "tests" / "tasks.py").read_text().splitlines(), 1)
+        if "cannot be built" in text
+    )
     assert err.strip().splitlines()[-1] == (
         "autotune: every one of the 2 trials failed, so nothing was tuned; the most common reason (2 of 2): "
-        f"ValueError: this model cannot be built (at {REPO / 'tests' / 'tasks.py'}:{line})")
+        f"ValueError: this model cannot be built (at {REPO / 'tests' / 'tasks.py'}:{line})"
+    )
     assert run_cli("export", str(path), "--format", "json", capsys=capsys)[0] == 2
 
 
 @pytest.mark.parametrize("isolation", ["none", "process"])
-def test_diverging_trials_are_pruned_as_diverged_and_the_study_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                       isolation: str) -> None:
+def test_diverging_trials_are_pruned_as_diverged_and_the_study_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], isolation: str
+) -> None:
     """A learning rate that blows the loss up: each trial stops within a few steps, PRUNED (so the
     sampler learns from it), reason and flag stored, counted apart from the other pruned trials;
     in a child process the same."""
@@ -281,8 +374,12 @@ def test_diverging_trials_are_pruned_as_diverged_and_the_study_goes_on(tmp_path:
     assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
     for trial in trials:
         assert trial.user_attrs["diverged"] is True and trial.user_attrs["oom"] is False
-        assert re.match(r"diverged: loss became (nan|inf) at step \d+ \(epoch ", trial.user_attrs["reason"])
-    assert "2 pruned (0 could no longer win, 0 out of memory, 0 known to run out, 2 diverged)" in out
+        assert re.match(
+            r"diverged: loss became (nan|inf) at step \d+ \(epoch ", trial.user_attrs["reason"]
+        )
+    assert (
+        "2 pruned (0 could no longer win, 0 out of memory, 0 known to run out, 2 diverged)" in out
+    )
     assert "pruned: diverged: loss became" in err
 
 
@@ -292,15 +389,23 @@ def count_states(db: Path, *states: str) -> int:
     marks = ", ".join("?" * len(states))
     try:
         with sqlite3.connect(db, timeout=1) as conn:
-            return conn.execute(f"select count(*) from trials where state in ({marks})", states).fetchone()[0]
+            return conn.execute(
+                f"select count(*) from trials where state in ({marks})", states
+            ).fetchone()[0]
     except sqlite3.Error:  # tables not created yet
         return 0
 
 
 def start_run(path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def training(db: Path) -> bool:
@@ -308,17 +413,25 @@ def training(db: Path) -> bool:
     configuration is being chosen is replaced by a fresh one, not retried)."""
     try:
         with sqlite3.connect(db, timeout=1) as conn:
-            return conn.execute(
-                "select count(*) from trials join trial_user_attributes using (trial_id) "
-                "where trials.state = 'RUNNING' and trial_user_attributes.key = 'config'").fetchone()[0] > 0
+            return (
+                conn.execute(
+                    "select count(*) from trials join trial_user_attributes using (trial_id) "
+                    "where trials.state = 'RUNNING' and trial_user_attributes.key = 'config'"
+                ).fetchone()[0]
+                > 0
+            )
     except sqlite3.Error:
         return False
 
 
-def wait_for_trials(db: Path, count: int, process: subprocess.Popen, *, running: bool = False, timeout: float = 120) -> None:
+def wait_for_trials(
+    db: Path, count: int, process: subprocess.Popen, *, running: bool = False, timeout: float = 120
+) -> None:
     """Until `count` trials have finished (and, with `running`, the next one is under way)."""
     deadline = time.monotonic() + timeout
-    while count_states(db, "COMPLETE", "PRUNED") < count or (running and not count_states(db, "RUNNING")):
+    while count_states(db, "COMPLETE", "PRUNED") < count or (
+        running and not count_states(db, "RUNNING")
+    ):
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the study made no progress"
         time.sleep(0.05)
@@ -334,52 +447,79 @@ def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path)
         process.send_signal(signal.SIGSTOP)
         if training(db):
             break
-        process.send_signal(signal.SIGCONT)  # between trials, or still choosing its configuration: again
+        process.send_signal(
+            signal.SIGCONT
+        )  # between trials, or still choosing its configuration: again
     process.kill()
     process.wait()
     before = {t.number: (t.params, t.value) for t in finished(load(path))}
-    running = [t.number for t in load(path).get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+    running = [
+        t.number for t in load(path).get_trials() if t.state == optuna.trial.TrialState.RUNNING
+    ]
     assert len(before) >= 2 and len(running) == 1
 
-    rerun = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rerun.returncode == 0, rerun.stderr
     study = load(path)
     after = {t.number: (t.params, t.value) for t in finished(study)}
     assert len(after) == 12
     assert {n: after[n] for n in before} == before
-    for number in running:  # the trial the kill interrupted: marked, and its configuration run again
+    for (
+        number
+    ) in running:  # the trial the kill interrupted: marked, and its configuration run again
         assert study.trials[number].state == optuna.trial.TrialState.FAIL
         assert study.trials[number].user_attrs["interrupted"]
         assert any(t.system_attrs.get("failed_trial") == number for t in study.trials)
         assert f"trial {number} was interrupted" in rerun.stderr
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_marks_the_trial_and_says_how_to_resume(tmp_path: Path, signum: int, status: int) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_signal_marks_the_trial_and_says_how_to_resume(
+    tmp_path: Path, signum: int, status: int
+) -> None:
     path = write_study(tmp_path, trials=6, confirm={"top": 1, "runs": 1})
     process = start_run(path)
     wait_for_trials(path.with_suffix(".db"), 1, process)
     process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert process.returncode == status, err
-    assert err.strip().splitlines()[-1] == f"Resume with: autotune run {path}" and "Traceback" not in err
+    assert (
+        err.strip().splitlines()[-1] == f"Resume with: autotune run {path}"
+        and "Traceback" not in err
+    )
     study = load(path)
     assert not [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
     with sqlite3.connect(path.with_suffix(".db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     interrupted = [t for t in study.get_trials() if t.user_attrs.get("interrupted")]
     for trial in interrupted:  # the trial the signal stopped says so, and is queued to run again
-        assert trial.user_attrs["reason"] == f"interrupted: stopped by {signal.Signals(signum).name}"
+        assert (
+            trial.user_attrs["reason"] == f"interrupted: stopped by {signal.Signals(signum).name}"
+        )
         assert any(t.system_attrs.get("failed_trial") == trial.number for t in study.get_trials())
 
-    rerun = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert len(finished(load(path))) == 6
 
 
-def test_a_changed_study_file_is_refused_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_changed_study_file_is_refused_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     before = path.with_suffix(".db").read_bytes()
@@ -396,7 +536,9 @@ def test_a_changed_study_file_is_refused_unless_allowed(tmp_path: Path, capsys: 
     assert path.with_suffix(".db").read_bytes() == before
 
     # Other choices for a sampled knob cannot share a study with the old ones, allowed or not.
-    path.write_text(yaml.safe_dump({**changed, "space": {**changed["space"], "batch_size": [16, 32]}}))
+    path.write_text(
+        yaml.safe_dump({**changed, "space": {**changed["space"], "batch_size": [16, 32]}})
+    )
     code, _, err = run_cli("run", str(path), "--allow-changes", capsys=capsys)
     assert code == 2 and "space.batch_size: [16, 32, 64] -> [16, 32]" in err and "new name" in err
     assert path.with_suffix(".db").read_bytes() == before
@@ -408,20 +550,30 @@ def test_a_changed_study_file_is_refused_unless_allowed(tmp_path: Path, capsys: 
     assert len(finished(study)) == 2
     assert study.user_attrs["definition"]["target"]["value"] == 0.95
     assert study.user_attrs["definition_changes"][0]["from_trial"] == 1
-    assert run_cli("run", str(path), capsys=capsys)[0] == 0  # the new definition is now the stored one
+    assert (
+        run_cli("run", str(path), capsys=capsys)[0] == 0
+    )  # the new definition is now the stored one
 
 
-def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Through the study file: trial 0 sets the time to beat; trial 1 passes it while still short of
     the target and is pruned, its process killed; trial 2 dies of CUDA OOM inside the command."""
     pids = tmp_path / "pids"
     pids.mkdir()
     study = {
-        "task": {"command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} --seed {{seed}} "
-                            f"--pids {pids}"},
+        "task": {
+            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} --seed {{seed}} "
+            f"--pids {pids}"
+        },
         "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32", "channels_last": False},
+        "space": {
+            "lr": {"low": 0.01, "high": 0.1},
+            "num_workers": 0,
+            "precision": "fp32",
+            "channels_last": False,
+        },
         "budget": {"trials": 4, "max_seconds": 30},
         "confirm": {"top": 0},
         "prune": "incumbent",
@@ -433,19 +585,34 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(tmp_path: 
     trials = sorted(load(path).get_trials(), key=lambda t: t.number)
     # trial 3 runs unless it needs at least the memory of trial 2, which ran out (the OOM boundary)
     bounded = trials[3].params["batch_size"] >= trials[2].params["batch_size"]
-    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED" if bounded else "COMPLETE"]
+    assert [t.state.name for t in trials] == [
+        "COMPLETE",
+        "PRUNED",
+        "PRUNED",
+        "PRUNED" if bounded else "COMPLETE",
+    ]
     assert trials[3].user_attrs.get("oom_bound") == (2 if bounded else None)
     fast = trials[0].value
     assert schema.measured(trials[0])["reached"] and fast < 5
     pruned = trials[1].user_attrs["reason"]
-    assert pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
-    assert fast < trials[1].user_attrs["pruned_at"] < 5  # stopped soon after passing trial 0's time, not at 5 s
+    assert (
+        pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
+    )
+    assert (
+        fast < trials[1].user_attrs["pruned_at"] < 5
+    )  # stopped soon after passing trial 0's time, not at 5 s
     assert not trials[1].user_attrs.get("oom")
-    assert trials[2].user_attrs["oom"] and "CUDA out of memory. Tried to allocate 20.00 GiB" in trials[2].user_attrs["reason"]
+    assert (
+        trials[2].user_attrs["oom"]
+        and "CUDA out of memory. Tried to allocate 20.00 GiB" in trials[2].user_attrs["reason"]
+    )
     for entry in pids.iterdir():  # every command's process is gone, the pruned one's included
         with pytest.raises(ProcessLookupError):
             os.kill(int(entry.name.split("-")[1]), 0)
-    assert "trial 1: pruned:" in err and f"Study study: 4 trials: {1 if bounded else 2} complete" in out
+    assert (
+        "trial 1: pruned:" in err
+        and f"Study study: 4 trials: {1 if bounded else 2} complete" in out
+    )
 
 
 def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Path) -> None:
@@ -455,7 +622,10 @@ def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Pat
     from autotune.study import preparation
 
     path = write_study(tmp_path, task="tests.tasks:no_validation_samples")
-    with pytest.raises(SpecError, match=r"task: got 'tests.tasks:no_validation_samples'; the task's validation set is empty"):
+    with pytest.raises(
+        SpecError,
+        match=r"task: got 'tests.tasks:no_validation_samples'; the task's validation set is empty",
+    ):
         preparation.prepare(spec_.load(path))
 
 
@@ -463,14 +633,20 @@ def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_
     from autotune.spec import study_file as spec_
     from autotune.study import preparation
 
-    path = write_study(tmp_path, batch_sizes=(64, 2048, 4096))  # tests.tasks:blobs trains on 1,024 samples
+    path = write_study(
+        tmp_path, batch_sizes=(64, 2048, 4096)
+    )  # tests.tasks:blobs trains on 1,024 samples
     prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["batch_size"].values == (64,)
-    assert "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples" in prepared.notices
+    assert (
+        "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples"
+        in prepared.notices
+    )
 
 
 def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A study written for a GPU node (16 workers) still runs on a 2-core machine, without them."""
     import yaml
 
@@ -484,15 +660,19 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     monkeypatch.setattr(preparation, "cpu_count", lambda: 2)
     prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["num_workers"].values == (0, 2, 8)
-    assert ("num_workers 16 removed from the search space: 2 CPU cores are available to autotune here "
-            "(at most 4 loader workers a core)") in prepared.notices
+    assert (
+        "num_workers 16 removed from the search space: 2 CPU cores are available to autotune here "
+        "(at most 4 loader workers a core)"
+    ) in prepared.notices
 
     raw["space"]["num_workers"] = {"low": 0, "high": 64}  # a range is cut at the limit
     path.write_text(yaml.safe_dump(raw))
     prepared = preparation.prepare(spec_.load(path))
     assert (prepared.space["num_workers"].low, prepared.space["num_workers"].high) == (0, 8)
-    assert ("num_workers 9 to 64 removed from the search space: 2 CPU cores are available to autotune here "
-            "(at most 4 loader workers a core)") in prepared.notices
+    assert (
+        "num_workers 9 to 64 removed from the search space: 2 CPU cores are available to autotune here "
+        "(at most 4 loader workers a core)"
+    ) in prepared.notices
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
@@ -515,18 +695,28 @@ def test_the_loader_worker_limit_counts_the_cores_this_process_may_use(tmp_path:
     finally:
         os.sched_setaffinity(0, allowed)
     assert prepared.space["num_workers"].values == (0, 2)
-    assert ("num_workers 8 removed from the search space: 1 CPU core is available to autotune here "
-            "(at most 4 loader workers a core)") in prepared.notices
+    assert (
+        "num_workers 8 removed from the search space: 1 CPU core is available to autotune here "
+        "(at most 4 loader workers a core)"
+    ) in prepared.notices
 
 
 def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_the_best(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Trial 1 reports once, then trains silently for 30 s: killed soon after trial 0's time, not
     recorded as complete when it finally speaks."""
     study = {
-        "task": {"command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'goes_silent.py'} --seed {{seed}}"},
+        "task": {
+            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'goes_silent.py'} --seed {{seed}}"
+        },
         "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"lr": {"low": 0.01, "high": 0.1}, "num_workers": 0, "precision": "fp32", "channels_last": False},
+        "space": {
+            "lr": {"low": 0.01, "high": 0.1},
+            "num_workers": 0,
+            "precision": "fp32",
+            "channels_last": False,
+        },
         "budget": {"trials": 2, "max_seconds": 60},
         "confirm": {"top": 0},
         "prune": "incumbent",
@@ -538,12 +728,15 @@ def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_th
     assert code == 0, err
     first, second = sorted(load(path).get_trials(), key=lambda t: t.number)
     assert first.state.name == "COMPLETE" and second.state.name == "PRUNED"
-    assert first.value < second.user_attrs["pruned_at"] < first.value + 2  # within a poll or two of passing it
+    assert (
+        first.value < second.user_attrs["pruned_at"] < first.value + 2
+    )  # within a poll or two of passing it
     assert time.monotonic() - started < 25  # the silent 30 s were not waited out
 
 
 def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported_as_confirmed(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A faster trial stored after the confirmation (a later run stopped before it confirmed
     again, or another worker): report and export name the fastest trial as not confirmed and
     say that `autotune run` redoes the confirmation."""
@@ -551,39 +744,61 @@ def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     study = load(path)
     confirmed = study.user_attrs["confirmation"]
-    best = min((t for t in study.get_trials() if t.state.name == "COMPLETE" and max(t.constraints.values()) <= 0),
-               key=lambda t: t.value)
-    faster = optuna.trial.create_trial(params=best.params, distributions=best.distributions, value=best.value / 2,
-                                       user_attrs=best.user_attrs, constraints=best.constraints)
+    best = min(
+        (
+            t
+            for t in study.get_trials()
+            if t.state.name == "COMPLETE" and max(t.constraints.values()) <= 0
+        ),
+        key=lambda t: t.value,
+    )
+    faster = optuna.trial.create_trial(
+        params=best.params,
+        distributions=best.distributions,
+        value=best.value / 2,
+        user_attrs=best.user_attrs,
+        constraints=best.constraints,
+    )
     study.add_trial(faster)
     number = max(t.number for t in study.get_trials())
 
     code, out, _ = run_cli("report", str(path), capsys=capsys)
     assert code == 0
     assert f"Winner: trial {number} (single run, not confirmed)" in out
-    assert (f"Not confirmed: the confirmation on fresh seeds was taken after {confirmed['after_trials']} trials, of trials "
-            f"{confirmed['trials'][0]}, and the study's fastest trials have changed since") in out
+    assert (
+        f"Not confirmed: the confirmation on fresh seeds was taken after {confirmed['after_trials']} trials, of trials "
+        f"{confirmed['trials'][0]}, and the study's fastest trials have changed since"
+    ) in out
     assert "Re-measured side by side" not in out
     code, out, _ = run_cli("export", str(path), "--format", "yaml", capsys=capsys)
     assert code == 0 and f"trial {number} (single run, not confirmed, 1 run)" in out.splitlines()[0]
 
 
 def test_a_trial_killed_before_its_configuration_was_stored_is_replaced_not_promised_again(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """What a kill between Optuna's ask and the configuration's write leaves: a RUNNING trial with
     no configuration. The next run says a new trial takes its place, and the budget is met."""
     path = write_study(tmp_path, trials=2, confirm={"top": 0})
-    optuna.create_study(study_name="study", storage=f"sqlite:///{path.with_suffix('.db')}").ask()  # then killed
+    optuna.create_study(
+        study_name="study", storage=f"sqlite:///{path.with_suffix('.db')}"
+    ).ask()  # then killed
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
-    assert ("autotune: trial 0 was interrupted; it is marked failed and a new trial takes its place "
-            "(it stopped before its configuration was chosen)") in err
+    assert (
+        "autotune: trial 0 was interrupted; it is marked failed and a new trial takes its place "
+        "(it stopped before its configuration was chosen)"
+    ) in err
     assert "will run again" not in err
     trials = load(path).get_trials()
-    assert trials[0].user_attrs["interrupted"] and len(finished(load(path))) == 2 and len(trials) == 3
+    assert (
+        trials[0].user_attrs["interrupted"] and len(finished(load(path))) == 2 and len(trials) == 3
+    )
 
 
-def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A kill during the budget's last trial: its retry waits in the queue, holding the last slot.
     The same command runs it, rather than finding the budget spent."""
     path = write_study(tmp_path, trials=3, confirm={"top": 0})
@@ -596,13 +811,19 @@ def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(tmp_path: Path
     assert code == 0, err
     assert f"trial {last.number} was interrupted; it is marked failed and will run again" in err
     trials = load(path).trials
-    assert len(finished(load(path))) == 3 and trials[-1].system_attrs.get("failed_trial") == last.number
+    assert (
+        len(finished(load(path))) == 3
+        and trials[-1].system_attrs.get("failed_trial") == last.number
+    )
 
 
 def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_report_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """confirm.baseline: until_resolved, with a baseline that learns too slowly to reach the target."""
-    path = write_study(tmp_path, trials=2, confirm={"top": 1, "runs": 4, "baseline": "until_resolved"})
+    path = write_study(
+        tmp_path, trials=2, confirm={"top": 1, "runs": 4, "baseline": "until_resolved"}
+    )
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(lr=0.1, scheduler="constant")
     raw["baseline"] = {"lr": 0.0001}
@@ -612,13 +833,17 @@ def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_re
     assert code == 0, err
     runs = load(path).user_attrs["confirmation"]["runs"]
     assert [r["label"] for r in runs].count("baseline") == 2 and len(runs) == 2 + 4
-    assert ("The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the slowest run of every "
-            "other configuration, so more could not change which is faster (confirm.baseline: until_resolved)") in out
+    assert (
+        "The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the slowest run of every "
+        "other configuration, so more could not change which is faster (confirm.baseline: until_resolved)"
+    ) in out
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
     assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 1.25
 
 
-def test_the_largest_seed_runs_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_largest_seed_runs_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every seed derived from the study's (the sampler's grows with the trials stored) still fits."""
     from autotune.spec.study_file import MAX_SEED
 
@@ -629,7 +854,8 @@ def test_the_largest_seed_runs_and_resumes(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_without_running(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """batch_size and accumulation_steps are drawn apart: 512 x 4 asks for 2048 of the 1024 training
     samples. Such a trial is PRUNED before it trains (the sampler learns it), not FAILED in the loop."""
     path = write_study(tmp_path, trials=6, batch_sizes=(512,), confirm={"top": 0})
@@ -642,6 +868,8 @@ def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_wi
     assert too_large, "the seed drew no 512 x 4 trial"
     for trial in too_large:
         assert trial.state.name == "PRUNED" and "result" not in trial.user_attrs
-        assert trial.user_attrs["reason"] == ("pruned: an effective batch of 2048 (512 x 4) is larger than the 1024 "
-                                              "training samples; it cannot take one optimizer step an epoch")
+        assert trial.user_attrs["reason"] == (
+            "pruned: an effective batch of 2048 (512 x 4) is larger than the 1024 "
+            "training samples; it cannot take one optimizer step an epoch"
+        )
     assert all(t.state.name != "FAIL" for t in load(path).trials)

@@ -11,18 +11,20 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from autotune.errors import SpecError
 from autotune.runners import isolation
+from autotune.search.space import DEFAULT_BASELINE, Choices, complete
 from autotune.spec import study_file as spec_
 from autotune.study import preparation
 from autotune.train import systems
-from autotune.errors import SpecError
-from autotune.search.space import DEFAULT_BASELINE, Choices, complete
-from autotune.train.tasks import Task
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.tasks import Task
 from autotune.train.trial import run
 
 CPU = torch.device("cpu")
-SHORT = Limits(target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0)  # accuracy never reaches 2: one epoch
+SHORT = Limits(
+    target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0
+)  # accuracy never reaches 2: one epoch
 
 
 class Recorder(nn.Module):
@@ -39,15 +41,22 @@ class Recorder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and not torch.compiler.is_compiling():
             layout = torch.channels_last
-            Recorder.seen.append((x.is_contiguous(memory_format=layout), self.conv.weight.is_contiguous(memory_format=layout),
-                                  torch.backends.cudnn.benchmark))
+            Recorder.seen.append(
+                (
+                    x.is_contiguous(memory_format=layout),
+                    self.conv.weight.is_contiguous(memory_format=layout),
+                    torch.backends.cudnn.benchmark,
+                )
+            )
         return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
 
 
 def images(n: int = 64, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, 2, (n,), generator=generator)
-    return TensorDataset(torch.randn(n, 3, 8, 8, generator=generator) + labels[:, None, None, None], labels)
+    return TensorDataset(
+        torch.randn(n, 3, 8, 8, generator=generator) + labels[:, None, None, None], labels
+    )
 
 
 def image_task() -> Task:
@@ -73,7 +82,10 @@ def test_channels_last_lays_out_the_model_and_every_input_batch(channels_last: b
 def test_channels_last_leaves_inputs_that_are_not_images_alone() -> None:
     """A 2-D batch has no channels-last layout: it goes to the device as it is."""
     batch = torch.randn(4, 3)
-    assert systems.to_device(batch, CPU, non_blocking=False, channels_last=True).stride() == batch.stride()
+    assert (
+        systems.to_device(batch, CPU, non_blocking=False, channels_last=True).stride()
+        == batch.stride()
+    )
 
 
 def test_cudnn_benchmark_is_set_for_the_trial_and_restored_after() -> None:
@@ -87,7 +99,11 @@ def test_cudnn_benchmark_is_set_for_the_trial_and_restored_after() -> None:
 
 def test_cudnn_benchmark_is_restored_when_the_trial_fails() -> None:
     before = torch.backends.cudnn.benchmark
-    task = Task(model=Recorder, train=TensorDataset(torch.randn(32, 5), torch.zeros(32, dtype=torch.long)), val=images())
+    task = Task(
+        model=Recorder,
+        train=TensorDataset(torch.randn(32, 5), torch.zeros(32, dtype=torch.long)),
+        val=images(),
+    )
     with pytest.raises(RuntimeError):  # a 2-D batch into a 2-D convolution
         run(task, config(cudnn_benchmark=not before), limits=SHORT, device=CPU, seed=0)
     assert torch.backends.cudnn.benchmark == before
@@ -109,9 +125,14 @@ def test_a_compile_failure_fails_the_trial_with_a_clear_reason() -> None:
 
     # A width no other test compiles, and no cache: inductor must generate and compile new code.
     task = Task(model=lambda: Recorder(width=5), train=images(), val=images(seed=1))
-    with inductor.patch({"cpp.cxx": ("/bin/false",), "fx_graph_cache": False}), pytest.raises(isolation.TrialFailure) as failure:
+    with (
+        inductor.patch({"cpp.cxx": ("/bin/false",), "fx_graph_cache": False}),
+        pytest.raises(isolation.TrialFailure) as failure,
+    ):
         isolation.in_process(task)(config(compile=True), limits=SHORT, device=CPU, seed=0)
-    assert failure.value.reason.startswith("CompileFailed: torch.compile failed: "), failure.value.reason
+    assert failure.value.reason.startswith("CompileFailed: torch.compile failed: "), (
+        failure.value.reason
+    )
     assert "compiler" in failure.value.reason and not failure.value.oom
 
 
@@ -125,7 +146,9 @@ def test_compile_problem_names_a_missing_compiler() -> None:
 
 def test_channels_last_problem_only_for_models_without_2d_convolutions() -> None:
     assert systems.channels_last_problem(Recorder()) is None
-    assert "no 2-D convolutions" in systems.channels_last_problem(nn.Sequential(nn.Conv1d(1, 4, 3), nn.Linear(4, 2)))
+    assert "no 2-D convolutions" in systems.channels_last_problem(
+        nn.Sequential(nn.Conv1d(1, 4, 3), nn.Linear(4, 2))
+    )
 
 
 STUDY = """\
@@ -148,24 +171,36 @@ def test_prepare_fits_the_switches_to_a_cpu(tmp_path: Path) -> None:
     assert prepared.space["compile"] == prepared.space["cudnn_benchmark"] == Choices((False,))
     assert prepared.space["channels_last"] == Choices((False, True))
     switches = ("compile", "cudnn_benchmark", "channels_last")
-    assert sorted(n.split(" fixed")[0] for n in prepared.notices if n.startswith(switches)) == ["compile", "cudnn_benchmark"]
+    assert sorted(n.split(" fixed")[0] for n in prepared.notices if n.startswith(switches)) == [
+        "compile",
+        "cudnn_benchmark",
+    ]
 
 
 def test_prepare_fixes_channels_last_for_a_model_without_images(tmp_path: Path) -> None:
     path = tmp_path / "study.yaml"
-    path.write_text("task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n")
+    path.write_text(
+        "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n"
+    )
     prepared = preparation.prepare(spec_.load(path))
     assert prepared.space["channels_last"] == Choices((False,))
-    assert any(n.startswith("channels_last fixed to false: the task's model has no 2-D convolutions") for n in prepared.notices)
+    assert any(
+        n.startswith("channels_last fixed to false: the task's model has no 2-D convolutions")
+        for n in prepared.notices
+    )
 
 
 def test_a_switch_fixed_on_that_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:
         preparation.prepare(spec_.load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
-    assert "space.cudnn_benchmark" in str(error.value) and "cuDNN runs only on CUDA" in str(error.value)
+    assert "space.cudnn_benchmark" in str(error.value) and "cuDNN runs only on CUDA" in str(
+        error.value
+    )
 
 
 def test_a_baseline_switch_that_cannot_run_is_turned_off_with_a_notice(tmp_path: Path) -> None:
-    prepared = preparation.prepare(spec_.load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n")))
+    prepared = preparation.prepare(
+        spec_.load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n"))
+    )
     assert prepared.baseline["cudnn_benchmark"] is False
     assert "baseline cudnn_benchmark set to false: cuDNN runs only on CUDA" in prepared.notices

@@ -9,16 +9,26 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune.train import class_figures, telemetry
+from autotune.train.config import Limits, TrialConfig
 from autotune.train.measure import peak_memory, reset_peak_memory
 from autotune.train.tasks import Task
-from autotune.train.config import Limits, TrialConfig
 from autotune.train.trial import run
 from tests.tasks import _blobs, _mlp, blobs
 
 CPU = torch.device("cpu")
-BASE = TrialConfig(lr=0.05, scheduler="constant", batch_size=32, accumulation_steps=1, num_workers=0,
-                   prefetch_factor=None, pin_memory=False, precision="fp32")
-TWO_EPOCHS = Limits(target=2.0, max_epochs=2, max_seconds=60, eval_every=1.0)  # accuracy never reaches 2
+BASE = TrialConfig(
+    lr=0.05,
+    scheduler="constant",
+    batch_size=32,
+    accumulation_steps=1,
+    num_workers=0,
+    prefetch_factor=None,
+    pin_memory=False,
+    precision="fp32",
+)
+TWO_EPOCHS = Limits(
+    target=2.0, max_epochs=2, max_seconds=60, eval_every=1.0
+)  # accuracy never reaches 2
 
 
 class SlowToLoad(Dataset):
@@ -36,9 +46,23 @@ class SlowToLoad(Dataset):
 
 
 def test_a_loader_that_cannot_keep_up_shows_as_input_wait() -> None:
-    slow = run(Task(model=_mlp, train=SlowToLoad(0.004), val=_blobs(128, 1)), BASE, limits=TWO_EPOCHS, device=CPU, seed=0)
-    fast = run(Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1)), BASE, limits=TWO_EPOCHS, device=CPU, seed=0)
-    assert slow.input_wait_fraction > 0.6  # 128 ms of sleep per batch against a step of about a millisecond
+    slow = run(
+        Task(model=_mlp, train=SlowToLoad(0.004), val=_blobs(128, 1)),
+        BASE,
+        limits=TWO_EPOCHS,
+        device=CPU,
+        seed=0,
+    )
+    fast = run(
+        Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1)),
+        BASE,
+        limits=TWO_EPOCHS,
+        device=CPU,
+        seed=0,
+    )
+    assert (
+        slow.input_wait_fraction > 0.6
+    )  # 128 ms of sleep per batch against a step of about a millisecond
     assert fast.input_wait_fraction < slow.input_wait_fraction
     assert 0 <= fast.input_wait_fraction <= 1
 
@@ -52,7 +76,9 @@ def test_input_wait_counts_the_time_spent_in_next() -> None:
             yield i
 
     assert list(waiting.timed(slow())) == [0, 1, 2]
-    assert waiting.seconds >= 0.15  # at least the sleeps; no upper bound: a loaded machine may take longer
+    assert (
+        waiting.seconds >= 0.15
+    )  # at least the sleeps; no upper bound: a loaded machine may take longer
     assert telemetry.wait_fraction(1.0, 4.0) == 0.25 and telemetry.wait_fraction(1.0, 0.0) is None
 
 
@@ -81,7 +107,9 @@ def test_no_nvml_reader_without_an_nvidia_gpu(capfd: pytest.CaptureFixture[str])
 
 
 def test_the_sampler_reads_in_the_background_until_stopped() -> None:
-    readings = iter([(10.0, 2**30, 100_000.0), (30.0, 3 * 2**30, 300_000.0)] + [(20.0, 2**30, 200_000.0)] * 1000)
+    readings = iter(
+        [(10.0, 2**30, 100_000.0), (30.0, 3 * 2**30, 300_000.0)] + [(20.0, 2**30, 200_000.0)] * 1000
+    )
     sampler = telemetry.Sampler(lambda: next(readings), every=0.01).start()
     time.sleep(0.2)
     figures = sampler.stop()
@@ -89,7 +117,11 @@ def test_the_sampler_reads_in_the_background_until_stopped() -> None:
     assert count >= 3 and len(sampler.readings) == count
     time.sleep(0.05)
     assert len(sampler.readings) == count  # stopped means stopped
-    assert figures["util_max"] == 30.0 and figures["memory_used_peak_mb"] == 3 * 1024 and figures["power_max_w"] == 300.0
+    assert (
+        figures["util_max"] == 30.0
+        and figures["memory_used_peak_mb"] == 3 * 1024
+        and figures["power_max_w"] == 300.0
+    )
     assert 10.0 < figures["util_mean"] < 30.0
 
 
@@ -111,26 +143,43 @@ def test_confusion_and_per_class_figures() -> None:
     zero, one, two = class_figures.per_class(matrix)
     assert zero == {"class": 0, "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
     assert one["precision"] == 0.5 and one["recall"] == 1.0 and one["f1"] == pytest.approx(2 / 3)
-    assert two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None  # never predicted
+    assert (
+        two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None
+    )  # never predicted
     assert class_figures.add([matrix, matrix])[0] == [2, 2, 0]
 
 
 def test_no_confusion_for_what_is_not_a_classifier() -> None:
     assert class_figures.confusion(torch.randn(4, 1), torch.randn(4)) is None  # regression
-    assert class_figures.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None  # a label past the outputs
-    assert class_figures.confusion(torch.randn(4, 3, 2), torch.zeros(4, 2, dtype=torch.long)) is None
+    assert (
+        class_figures.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None
+    )  # a label past the outputs
+    assert (
+        class_figures.confusion(torch.randn(4, 3, 2), torch.zeros(4, 2, dtype=torch.long)) is None
+    )
 
 
 def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bound() -> None:
     from autotune.report import winner
 
-    figures = {"samples_per_second": 812.4, "input_wait": 0.71, "peak_memory_mb": 300.0, "gpu": None,
-               "runs": 3, "source": "confirmation"}
-    per_class = {"runs": 3, "source": "confirmation",
-                 "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]])}
+    figures = {
+        "samples_per_second": 812.4,
+        "input_wait": 0.71,
+        "peak_memory_mb": 300.0,
+        "gpu": None,
+        "runs": 3,
+        "source": "confirmation",
+    }
+    per_class = {
+        "runs": 3,
+        "source": "confirmation",
+        "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]]),
+    }
     hardware, quality = winner.describe(figures, per_class)
-    assert hardware == ("Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training time "
-                        "waiting for input (input-bound), peak memory 300 MiB.")
+    assert hardware == (
+        "Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training time "
+        "waiting for input (input-bound), peak memory 300 MiB."
+    )
     assert "F1 from 0.667 (class 2) to 0.952 (class 1)" in quality
     figures["input_wait"] = 0.2
     assert "input-bound" not in winner.describe(figures, per_class)[0]

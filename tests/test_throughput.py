@@ -13,8 +13,17 @@ from autotune.train.config import TrialConfig
 from tests.tasks import OOM_BATCH, blobs, cuda_oom
 
 CPU = torch.device("cpu")
-BASE = TrialConfig(lr=0.05, scheduler="onecycle", batch_size=16, accumulation_steps=1, num_workers=0,
-                   prefetch_factor=None, pin_memory=False, precision="fp32", schedule_epochs=0.5)
+BASE = TrialConfig(
+    lr=0.05,
+    scheduler="onecycle",
+    batch_size=16,
+    accumulation_steps=1,
+    num_workers=0,
+    prefetch_factor=None,
+    pin_memory=False,
+    precision="fp32",
+    schedule_epochs=0.5,
+)
 
 
 def test_spread_is_the_interquartile_range_over_the_median() -> None:
@@ -31,8 +40,14 @@ def test_rounds_take_every_configuration_in_the_same_order_until_all_agree() -> 
         calls.append(name)
         return next(values)
 
-    figures = throughput.interleave({"steady": lambda: window("steady", itertools.repeat(50.0)),
-                                     "noisy": lambda: window("noisy", noisy)}, max_rounds=30, max_spread=0.1)
+    figures = throughput.interleave(
+        {
+            "steady": lambda: window("steady", itertools.repeat(50.0)),
+            "noisy": lambda: window("noisy", noisy),
+        },
+        max_rounds=30,
+        max_spread=0.1,
+    )
     rounds = len(calls) // 2
     assert calls == ["steady", "noisy"] * rounds  # interleaved: drift falls on both alike
     assert figures["steady"] == [50.0] * rounds
@@ -43,8 +58,12 @@ def test_rounds_take_every_configuration_in_the_same_order_until_all_agree() -> 
 def test_rounds_stop_at_the_cap_and_skip_windows_that_held_an_epochs_first_batch() -> None:
     every_other = itertools.cycle([None, 10.0])
     wild = itertools.cycle([1.0, 100.0])
-    figures = throughput.interleave({"half": lambda: next(every_other), "wild": lambda: next(wild)}, max_rounds=8)
-    assert figures["half"] == [10.0] * 4 and len(figures["wild"]) == 8  # never agreed: stopped at the cap
+    figures = throughput.interleave(
+        {"half": lambda: next(every_other), "wild": lambda: next(wild)}, max_rounds=8
+    )
+    assert (
+        figures["half"] == [10.0] * 4 and len(figures["wild"]) == 8
+    )  # never agreed: stopped at the cap
 
 
 def test_a_steady_configuration_stops_after_the_fewest_windows() -> None:
@@ -53,18 +72,27 @@ def test_a_steady_configuration_stops_after_the_fewest_windows() -> None:
 
 def test_real_training_gives_each_configuration_a_speed_and_its_start_up_apart() -> None:
     configs = {16: BASE, 64: dataclasses.replace(BASE, batch_size=64)}
-    measured = throughput.measure(blobs(), configs, device=CPU, seed=0, window_steps=4, max_rounds=6)
+    measured = throughput.measure(
+        blobs(), configs, device=CPU, seed=0, window_steps=4, max_rounds=6
+    )
     assert set(measured) == {16, 64}
     for batch, figure in measured.items():
         assert figure.samples_per_second > 0 and figure.windows >= 1 and not figure.oom
-        assert figure.startup_seconds > 0 and figure.warmup_samples == 3 * batch  # three warm-up steps
+        assert (
+            figure.startup_seconds > 0 and figure.warmup_samples == 3 * batch
+        )  # three warm-up steps
         assert 0 <= figure.fixed_seconds <= figure.startup_seconds
 
 
 @pytest.mark.parametrize("batch", [256, 512, 1024])  # 4, 2 and 1 steps an epoch of the 1024 samples
 def test_a_batch_that_makes_epochs_shorter_than_a_window_still_gets_a_speed(batch: int) -> None:
-    measured = throughput.measure(blobs(), {batch: dataclasses.replace(BASE, batch_size=batch)}, device=CPU, seed=0,
-                                  max_rounds=6)
+    measured = throughput.measure(
+        blobs(),
+        {batch: dataclasses.replace(BASE, batch_size=batch)},
+        device=CPU,
+        seed=0,
+        max_rounds=6,
+    )
     figure = measured[batch]
     assert figure.samples_per_second > 0 and figure.windows >= 1, figure.reason
     assert figure.window_steps == max(1, (1024 // batch) // 2)
@@ -72,7 +100,9 @@ def test_a_batch_that_makes_epochs_shorter_than_a_window_still_gets_a_speed(batc
 
 def test_running_out_of_memory_is_a_result_and_the_others_are_still_measured() -> None:
     configs = {"small": BASE, "large": dataclasses.replace(BASE, batch_size=OOM_BATCH)}
-    measured = throughput.measure(cuda_oom(), configs, device=CPU, seed=0, window_steps=2, max_rounds=3)
+    measured = throughput.measure(
+        cuda_oom(), configs, device=CPU, seed=0, window_steps=2, max_rounds=3
+    )
     assert measured["large"].oom and measured["large"].samples_per_second is None
     assert "out of memory" in measured["large"].reason.lower()
     assert not measured["small"].oom and measured["small"].samples_per_second > 0

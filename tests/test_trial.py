@@ -14,26 +14,49 @@ from torch import nn
 
 import autotune
 from autotune.search.space import PRECISIONS
-from autotune.train.tasks import Task, takes
 from autotune.train.config import Diverged, Limits, TrialConfig
 from autotune.train.loader import make_loader
-from autotune.train.trial import DTYPES, FINITE_CHECK_EVERY, FiniteLoss, make_scheduler, run, train_step
+from autotune.train.tasks import Task, takes
+from autotune.train.trial import (
+    DTYPES,
+    FINITE_CHECK_EVERY,
+    FiniteLoss,
+    make_scheduler,
+    run,
+    train_step,
+)
 from tests.tasks import blobs, nan_metric
 
 CPU = torch.device("cpu")
-BASE = TrialConfig(lr=0.05, scheduler="constant", batch_size=32, accumulation_steps=1, num_workers=0,
-                   prefetch_factor=None, pin_memory=False, precision="fp32")
+BASE = TrialConfig(
+    lr=0.05,
+    scheduler="constant",
+    batch_size=32,
+    accumulation_steps=1,
+    num_workers=0,
+    prefetch_factor=None,
+    pin_memory=False,
+    precision="fp32",
+)
 EASY = Limits(target=0.9, max_epochs=20, max_seconds=60, eval_every=0.25)
 NEVER = Limits(target=2.0, max_epochs=2, max_seconds=60, eval_every=0.5)  # accuracy never reaches 2
 
 
-def step_with(model: nn.Module, micro_batches: list, *, scaler_on: bool = False, dtype=torch.float32) -> None:
+def step_with(
+    model: nn.Module, micro_batches: list, *, scaler_on: bool = False, dtype=torch.float32
+) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     train_step(
-        model, micro_batches, loss_fn=nn.functional.cross_entropy, optimizer=optimizer,
+        model,
+        micro_batches,
+        loss_fn=nn.functional.cross_entropy,
+        optimizer=optimizer,
         scaler=torch.amp.GradScaler("cpu", enabled=scaler_on),
-        autocast=functools.partial(torch.autocast, "cpu", dtype=dtype, enabled=dtype != torch.float32),
-        device=CPU, non_blocking=False,
+        autocast=functools.partial(
+            torch.autocast, "cpu", dtype=dtype, enabled=dtype != torch.float32
+        ),
+        device=CPU,
+        non_blocking=False,
     )
 
 
@@ -58,7 +81,12 @@ def test_fp16_with_grad_scaler_takes_a_scaled_step() -> None:
     torch.manual_seed(0)
     model = nn.Linear(8, 4)
     before = model.weight.detach().clone()
-    step_with(model, [(torch.randn(16, 8), torch.randint(0, 4, (16,)))], scaler_on=True, dtype=torch.float16)
+    step_with(
+        model,
+        [(torch.randn(16, 8), torch.randint(0, 4, (16,)))],
+        scaler_on=True,
+        dtype=torch.float16,
+    )
     assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, before)
 
 
@@ -71,7 +99,9 @@ def test_reaches_the_target_and_records_every_figure() -> None:
     assert result.samples_per_second is None or result.samples_per_second > 0
     assert result.peak_memory_bytes > 0 and result.device_name.startswith("cpu")
     assert result.torch_version == torch.__version__
-    assert result.samples_to_target == round(result.epochs * len(blobs().train))  # it stopped at that evaluation
+    assert result.samples_to_target == round(
+        result.epochs * len(blobs().train)
+    )  # it stopped at that evaluation
 
 
 def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
@@ -80,7 +110,12 @@ def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
     assert result.stop_reason == "max_epochs"
     assert result.epochs == pytest.approx(2 * (1024 // 32) * 32 / 1024)
     assert result.best_metric == max(m for _, _, m in result.curve) > 0.5
-    assert [round(e, 6) for _, e, _ in result.curve] == [0.5, 1.0, 1.5, 2.0]  # every eval_every epochs
+    assert [round(e, 6) for _, e, _ in result.curve] == [
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+    ]  # every eval_every epochs
 
 
 def test_time_limit_stops_the_trial() -> None:
@@ -141,7 +176,10 @@ def test_every_schedule_survives_its_whole_budget(name: str, total: int) -> None
 def test_each_precision_autocasts_to_a_dtype_as_wide_as_the_table_says() -> None:
     """The search layer names the dtypes (it imports no torch) and sizes memory by their bytes."""
     for name, precision in PRECISIONS.items():
-        assert DTYPES[name] is getattr(torch, precision.dtype) and DTYPES[name].itemsize == precision.bytes, name
+        assert (
+            DTYPES[name] is getattr(torch, precision.dtype)
+            and DTYPES[name].itemsize == precision.bytes
+        ), name
     assert DTYPES == {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -157,7 +195,12 @@ def test_loader_follows_the_knobs() -> None:
     data = blobs().train
     plain = make_loader(data, BASE, seed=0, device=CPU)
     assert plain.num_workers == 0 and plain.prefetch_factor is None and not plain.pin_memory
-    workers = make_loader(data, dataclasses.replace(BASE, num_workers=2, prefetch_factor=4, pin_memory=True), seed=0, device=CPU)
+    workers = make_loader(
+        data,
+        dataclasses.replace(BASE, num_workers=2, prefetch_factor=4, pin_memory=True),
+        seed=0,
+        device=CPU,
+    )
     assert workers.num_workers == 2 and workers.prefetch_factor == 4 and workers.persistent_workers
     assert not workers.pin_memory  # pinning is only for CUDA copies
 
@@ -168,7 +211,10 @@ class Rolled(torch.utils.data.Dataset):
     keyed = True
 
     def __init__(self) -> None:
-        self.images, self.labels = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8), torch.arange(64) % 3
+        self.images, self.labels = (
+            torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8),
+            torch.arange(64) % 3,
+        )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -181,13 +227,21 @@ class Rolled(torch.utils.data.Dataset):
 
 def test_a_keyed_dataset_gets_the_same_batches_whatever_the_loader_settings() -> None:
     def batches(**knobs) -> list[torch.Tensor]:
-        loader = make_loader(Rolled(), dataclasses.replace(BASE, batch_size=8, **knobs), seed=5, device=CPU)
+        loader = make_loader(
+            Rolled(), dataclasses.replace(BASE, batch_size=8, **knobs), seed=5, device=CPU
+        )
         return [x for x, _ in loader]
 
     in_main = batches()
-    assert len(in_main) == 8 and any(bool((x.diff(dim=-1) < 0).any()) for x in in_main)  # some rows rolled
-    assert all(torch.equal(a, b) for a, b in zip(in_main, batches(num_workers=2, prefetch_factor=2)))
-    plain = next(iter(torch.utils.data.DataLoader(Rolled(), batch_size=8)))  # plain indices: global random numbers
+    assert len(in_main) == 8 and any(
+        bool((x.diff(dim=-1) < 0).any()) for x in in_main
+    )  # some rows rolled
+    assert all(
+        torch.equal(a, b) for a, b in zip(in_main, batches(num_workers=2, prefetch_factor=2))
+    )
+    plain = next(
+        iter(torch.utils.data.DataLoader(Rolled(), batch_size=8))
+    )  # plain indices: global random numbers
     assert plain[0].shape == (8, 8)
 
 
@@ -259,7 +313,10 @@ def test_samples_to_target_stay_the_same_on_a_loaded_machine() -> None:
     limits = dataclasses.replace(EASY, target=0.95)
     config = dataclasses.replace(BASE, lr=0.01)  # slow enough to need several evaluations
     quiet = run(blobs(), config, limits=limits, device=CPU, seed=5)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
     try:
         time.sleep(0.5)  # the spinners are running before the run starts
         loaded = run(blobs(), config, limits=limits, device=CPU, seed=5)
@@ -284,21 +341,33 @@ def test_schedule_epochs_sets_the_schedules_length_and_the_runs() -> None:
 def test_max_epochs_cuts_a_longer_schedule_short() -> None:
     """The probe's short runs: a schedule of 8 epochs stopped by a limit of half an epoch."""
     config = dataclasses.replace(BASE, scheduler="cosine", schedule_epochs=8.0)
-    result = run(blobs(), config, limits=dataclasses.replace(NEVER, max_epochs=0.5), device=CPU, seed=1)
+    result = run(
+        blobs(), config, limits=dataclasses.replace(NEVER, max_epochs=0.5), device=CPU, seed=1
+    )
     assert result.optimizer_steps == 1024 // 32 // 2
 
 
 def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss() -> None:
     seen: list[int] = []
     with pytest.raises(Diverged) as info:
-        run(blobs(), dataclasses.replace(BASE, lr=1e12), limits=NEVER, device=CPU, seed=0,
-            progress=lambda steps, total, metric, seconds: seen.append(steps))
-    match = re.fullmatch(r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): the learning rate is likely too high",
-                         str(info.value))
+        run(
+            blobs(),
+            dataclasses.replace(BASE, lr=1e12),
+            limits=NEVER,
+            device=CPU,
+            seed=0,
+            progress=lambda steps, total, metric, seconds: seen.append(steps),
+        )
+    match = re.fullmatch(
+        r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): the learning rate is likely too high",
+        str(info.value),
+    )
     assert match, str(info.value)
     step = int(match.group(2))
     assert 1 < step < 16 and float(match.group(3)) == round(step / 32, 2)  # 32 steps an epoch
-    assert max(seen) < step + FINITE_CHECK_EVERY  # stopped at the next look, far before its 64 steps
+    assert (
+        max(seen) < step + FINITE_CHECK_EVERY
+    )  # stopped at the next look, far before its 64 steps
 
 
 def test_the_finite_loss_watch_names_the_first_bad_step_and_its_value() -> None:

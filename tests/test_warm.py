@@ -18,7 +18,8 @@ from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
-from tests.test_isolation import alive, children, still_alive, write_study as write_process_study
+from tests.test_isolation import alive, children, still_alive
+from tests.test_isolation import write_study as write_process_study
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)
@@ -26,12 +27,18 @@ CPU = torch.device("cpu")
 
 
 def config(batch_size: int) -> TrialConfig:
-    return TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, "batch_size": batch_size, "lr": 0.1}))
+    return TrialConfig.from_mapping(
+        complete({**DEFAULT_BASELINE, "batch_size": batch_size, "lr": 0.1})
+    )
 
 
 def kept(task: str, *, hang_after: float = 60) -> warm.WarmChild:
-    return warm.WarmChild(f"tests.tasks:{task}", study_path=REPO / "study.yaml", hang_after=hang_after,
-                          measure_hang_after=hang_after)
+    return warm.WarmChild(
+        f"tests.tasks:{task}",
+        study_path=REPO / "study.yaml",
+        hang_after=hang_after,
+        measure_hang_after=hang_after,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -44,25 +51,37 @@ def test_one_warm_child_trains_trial_after_trial_as_this_process_would() -> None
     here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
     pids, steps = [], []
     for _ in range(3):
-        there = child.run_trial(config(32), limits=LIMITS, device=CPU, seed=7,
-                                progress=lambda s, t, m, seconds: steps.append(s))
+        there = child.run_trial(
+            config(32),
+            limits=LIMITS,
+            device=CPU,
+            seed=7,
+            progress=lambda s, t, m, seconds: steps.append(s),
+        )
         pids.append(child.pid)
         assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]
         assert there.optimizer_steps == here.optimizer_steps
-    assert len(set(pids)) == 1 and alive(pids[0]) and child.replaced == []  # one process served all three
+    assert (
+        len(set(pids)) == 1 and alive(pids[0]) and child.replaced == []
+    )  # one process served all three
     assert steps  # progress came back from the child
     child.close()
     assert still_alive(pids) == []
 
 
-@pytest.mark.parametrize(("task", "reason", "oom"), [
-    ("hangs", "timeout: no result after 3 s", False),
-    ("exits", "crashed: the trial's process exited with status 3", False),
-    ("segfaults", "crashed: the trial's process was killed by SIGSEGV", False),
-    ("allocator_oom", "out of memory: RuntimeError", True),
-    ("calls_sys_exit", "SystemExit: 3", False),
-])
-def test_a_trial_that_fails_is_reasoned_and_the_next_trial_gets_a_new_child(task: str, reason: str, oom: bool) -> None:
+@pytest.mark.parametrize(
+    ("task", "reason", "oom"),
+    [
+        ("hangs", "timeout: no result after 3 s", False),
+        ("exits", "crashed: the trial's process exited with status 3", False),
+        ("segfaults", "crashed: the trial's process was killed by SIGSEGV", False),
+        ("allocator_oom", "out of memory: RuntimeError", True),
+        ("calls_sys_exit", "SystemExit: 3", False),
+    ],
+)
+def test_a_trial_that_fails_is_reasoned_and_the_next_trial_gets_a_new_child(
+    task: str, reason: str, oom: bool
+) -> None:
     """What a fresh child per trial promises, kept: the failure is the same, and whatever the
     failed trial did to its process (a fragmented allocator, a half-built state) is gone."""
     child = kept(task, hang_after=3)
@@ -86,15 +105,21 @@ def test_a_pruned_trial_is_stopped_inside_the_child_which_then_runs_the_next() -
     child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
     pid, reports = child.pid, []
 
-    def prune_at_the_third_report(steps: int, total: int, metric: float | None, seconds: float) -> None:
+    def prune_at_the_third_report(
+        steps: int, total: int, metric: float | None, seconds: float
+    ) -> None:
         reports.append(steps)
         if len(reports) == 3:
             raise isolation.Pruned("pruned: slower than the best")
 
-    long = Limits(target=2.0, max_epochs=10_000, max_seconds=300, eval_every=1.0)  # minutes, were it not stopped
+    long = Limits(
+        target=2.0, max_epochs=10_000, max_seconds=300, eval_every=1.0
+    )  # minutes, were it not stopped
     started = time.monotonic()
     with pytest.raises(isolation.Pruned):
-        child.run_trial(config(32), limits=long, device=CPU, seed=1, progress=prune_at_the_third_report)
+        child.run_trial(
+            config(32), limits=long, device=CPU, seed=1, progress=prune_at_the_third_report
+        )
     assert time.monotonic() - started < 30
     assert child.pid == pid and child.replaced == []
     result = child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
@@ -102,14 +127,23 @@ def test_a_pruned_trial_is_stopped_inside_the_child_which_then_runs_the_next() -
     child.close()
 
 
-def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_process_killed() -> None:
+def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_process_killed() -> (
+    None
+):
     told: list[str] = []
-    child = warm.WarmChild("tests.tasks:leaves_a_process", study_path=REPO / "study.yaml", hang_after=60,
-                           measure_hang_after=60, notice=told.append)
+    child = warm.WarmChild(
+        "tests.tasks:leaves_a_process",
+        study_path=REPO / "study.yaml",
+        hang_after=60,
+        measure_hang_after=60,
+        notice=told.append,
+    )
     child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
     assert child.pid is None and len(child.replaced) == 1, child.replaced
     assert "left 1 process(es) running" in child.replaced[0]
-    assert told == [f"the warm trial process was replaced: {child.replaced[0]}"]  # the user hears of it
+    assert told == [
+        f"the warm trial process was replaced: {child.replaced[0]}"
+    ]  # the user hears of it
     left = [int(pid) for pid in re.findall(r"\d+", child.replaced[0].split("pid", 1)[1])]
     assert still_alive(left) == []  # killed with the child's process group
     child.close()
@@ -118,10 +152,14 @@ def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_p
 def test_what_a_trial_leaves_decides_whether_its_child_serves_again() -> None:
     footprint = warm._Footprint
     before, first = footprint(1 << 20, 500 << 20, [17]), footprint(1 << 20, 600 << 20, [17])
-    assert warm.left_behind(before, first, footprint(1 << 20, 700 << 20, [17])) is None  # 17 was there before
+    assert (
+        warm.left_behind(before, first, footprint(1 << 20, 700 << 20, [17])) is None
+    )  # 17 was there before
     assert "device memory" in warm.left_behind(before, first, footprint(200 << 20, 600 << 20, []))
     assert "process(es)" in warm.left_behind(before, first, footprint(1 << 20, 600 << 20, [4242]))
-    assert "resident memory grew by 2048 MiB" in warm.left_behind(before, first, footprint(1 << 20, 2648 << 20, []))
+    assert "resident memory grew by 2048 MiB" in warm.left_behind(
+        before, first, footprint(1 << 20, 2648 << 20, [])
+    )
 
 
 def test_a_child_serves_at_most_its_share_of_trials(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,7 +185,9 @@ def test_a_child_serves_at_most_its_share_of_trials(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(warm, "TRIALS_PER_CHILD", 2)
     monkeypatch.setattr(isolation, "become_trial_process", lambda pid, method: None)
     monkeypatch.setattr(warm, "load_task", lambda name, study_path: blobs())
-    monkeypatch.setattr(gc, "freeze", lambda: None)  # the test process's own objects stay collectable
+    monkeypatch.setattr(
+        gc, "freeze", lambda: None
+    )  # the test process's own objects stay collectable
     warm._serve(Connection(), 0, "fork", "blobs", REPO / "study.yaml")
     assert [reply[:2] for reply in replies] == [("result", "done"), ("result", "done")]
     assert replies[0][2] is None and "2 trials" in replies[1][2]
@@ -171,11 +211,19 @@ def write_study(folder: Path, task: str, **kwargs: object) -> Path:
 
 def test_killing_a_warm_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
     path = write_study(tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,))  # every trial hangs
-    study = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    study = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline, descendants = time.monotonic() + 120, []
-    while time.monotonic() < deadline and not descendants:  # the fork server, and under it the warm child
-        descendants = [grandchild for child in children(study.pid) for grandchild in children(child)]
+    while (
+        time.monotonic() < deadline and not descendants
+    ):  # the fork server, and under it the warm child
+        descendants = [
+            grandchild for child in children(study.pid) for grandchild in children(child)
+        ]
         time.sleep(0.2)
     assert descendants, "no trial process appeared"
     time.sleep(1.0)

@@ -26,8 +26,12 @@ def write_study(folder: Path, storage: str) -> Path:
     study = {
         "task": "tests.tasks:blobs",
         "target": {"metric": "accuracy", "value": 0.9},
-        "space": {"lr": {"low": 0.01, "high": 0.3, "log": True}, "batch_size": [16, 32, 64],
-                  "num_workers": 0, "precision": "fp32"},
+        "space": {
+            "lr": {"low": 0.01, "high": 0.3, "log": True},
+            "batch_size": [16, 32, 64],
+            "num_workers": 0,
+            "precision": "fp32",
+        },
         "budget": {"trials": BUDGET, "max_epochs": 2, "max_seconds": 5, "eval_every": 0.5},
         "confirm": {"top": 1, "runs": 1},
         "storage": storage,
@@ -41,8 +45,13 @@ def write_study(folder: Path, storage: str) -> Path:
 
 
 def run_workers(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", str(WORKERS)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", str(WORKERS)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def assert_exact_budget(study: optuna.Study, out: str) -> None:
@@ -50,14 +59,22 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
     counted = [t for t in trials if not t.user_attrs.get("surplus")]
     surplus = [t for t in trials if t.user_attrs.get("surplus")]
     assert len(counted) == BUDGET, Counter(t.state.name for t in trials)
-    assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in counted)
+    assert all(
+        t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        for t in counted
+    )
     assert len({t.number for t in trials}) == len(trials), "trial numbers repeat"
     assert not any("failed_trial" in t.system_attrs for t in trials), "a trial ran twice"
     # Every counted trial trained once, in one worker; the surplus ones (at most one a worker, asked
     # for in the same moment the last slot went) never trained.
     # trained to the end (result), stopped past the incumbent (pruned_at) or out of memory
-    assert all("result" in t.user_attrs or "pruned_at" in t.user_attrs or t.user_attrs.get("oom") for t in counted)
-    assert len(surplus) < WORKERS and not any("result" in t.user_attrs or "pruned_at" in t.user_attrs for t in surplus)
+    assert all(
+        "result" in t.user_attrs or "pruned_at" in t.user_attrs or t.user_attrs.get("oom")
+        for t in counted
+    )
+    assert len(surplus) < WORKERS and not any(
+        "result" in t.user_attrs or "pruned_at" in t.user_attrs for t in surplus
+    )
     workers = Counter(t.user_attrs["worker"] for t in counted)
     assert len(workers) == WORKERS, f"not every worker ran trials: {workers}"
     assert "Winner: " in out
@@ -71,7 +88,9 @@ def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
     study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
     assert_exact_budget(study, result.stdout)
-    assert not (tmp_path / "study.journal.runner.lock").exists()  # the run and its workers are over: nothing beside it
+    assert not (
+        tmp_path / "study.journal.runner.lock"
+    ).exists()  # the run and its workers are over: nothing beside it
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
@@ -81,7 +100,9 @@ def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> No
     assert_exact_budget(optuna.load_study(study_name="study", storage=postgres_url), result.stdout)
 
 
-def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(tmp_path: Path, postgres_url: str) -> None:
+def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
+    tmp_path: Path, postgres_url: str
+) -> None:
     """On a database server no lock says who is alive: a killed worker's trial goes stale (no
     heartbeat for the grace period), Optuna fails it and RetryHeartbeatStaleTrialCallback queues it."""
     path = write_study(tmp_path, postgres_url)
@@ -91,13 +112,17 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(tmp_path: 
     path.write_text(yaml.safe_dump(study_file))
     env = {**os.environ, "AUTOTUNE_HEARTBEAT": "1,3"}  # beat every second, stale after 3
     command = [sys.executable, "-m", "autotune", "run", str(path)]
-    worker = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline, running = time.monotonic() + 120, []
     while time.monotonic() < deadline and not running:
         time.sleep(0.3)
         with contextlib.suppress(KeyError):
             study = optuna.load_study(study_name="study", storage=postgres_url)
-            running = [t.number for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))]
+            running = [
+                t.number for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+            ]
     assert running, "no trial started"
     time.sleep(1.5)  # a heartbeat or two
     worker.send_signal(signal.SIGKILL)
@@ -121,8 +146,12 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
-    parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    parent = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         time.sleep(0.3)
@@ -135,13 +164,20 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     assert parent.returncode == 143, err
     assert err.strip().splitlines()[-1] == f"Resume with: autotune run {path} --workers 2"
     trials = optuna.load_study(study_name="study", storage=storage).get_trials()
-    assert len(trials) < BUDGET and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(trials) < BUDGET and not [
+        t for t in trials if t.state == optuna.trial.TrialState.RUNNING
+    ]
 
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     trials = optuna.load_study(study_name="study", storage=storage).get_trials()
-    counted = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("surplus")
-               and not t.user_attrs.get("interrupted")]
+    counted = [
+        t
+        for t in trials
+        if t.state.is_finished()
+        and not t.user_attrs.get("surplus")
+        and not t.user_attrs.get("interrupted")
+    ]
     assert len(counted) == BUDGET
 
 
@@ -153,20 +189,35 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
 
     def journal_study(journal: Path) -> optuna.Study:
         backend = optuna.storages.journal.JournalFileBackend(str(journal))
-        return optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
+        return optuna.load_study(
+            study_name="study", storage=optuna.storages.JournalStorage(backend)
+        )
 
     def timed_splits(trials: list) -> tuple[list, Counter]:
         timed = [t for t in trials if schema.prediction(t) is not None]
         trained = [t for t in timed if "from_trial" not in schema.prediction(t)]
-        return trained, Counter((schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in timed)
+        return trained, Counter(
+            (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in timed
+        )
 
     path = write_study(tmp_path, f"journal:///{tmp_path / 'first.journal'}")
     study = yaml.safe_load(path.read_text())
-    study.update(objective="systems_only", probe="none", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2})
-    study["space"].update(accumulation_steps=[1, 2, 4], fused_optimizer=False)  # one setting per split
+    study.update(
+        objective="systems_only",
+        probe="none",
+        baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2},
+    )
+    study["space"].update(
+        accumulation_steps=[1, 2, 4], fused_optimizer=False
+    )  # one setting per split
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     first = journal_study(tmp_path / "first.journal")
     trained, splits = timed_splits(first.get_trials())
@@ -174,8 +225,11 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
 
     resumed = tmp_path / "resumed.journal"
     backend = optuna.storages.journal.JournalFileBackend(str(resumed))
-    copy = optuna.create_study(study_name="study", storage=optuna.storages.JournalStorage(backend),
-                               directions=first.directions)
+    copy = optuna.create_study(
+        study_name="study",
+        storage=optuna.storages.JournalStorage(backend),
+        directions=first.directions,
+    )
     for name, value in first.user_attrs.items():
         copy.set_user_attr(name, value)
     for name, value in first._storage.get_study_system_attrs(first._study_id).items():
@@ -183,8 +237,13 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     copy.add_trial(trained[0])
     study["storage"] = f"journal:///{resumed}"
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     trained, splits = timed_splits(journal_study(resumed).get_trials())
     assert len(trained) == 1 and splits == {(16, 4): 1, (32, 2): 1, (64, 1): 1}, splits
@@ -200,7 +259,10 @@ def children_of(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError):
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if (
+                entry.name.isdigit()
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
                 found.append(int(entry.name))
     return found
 
@@ -212,7 +274,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(tmp_path: Path) -> None:
+def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
+    tmp_path: Path,
+) -> None:
     """`kill -9` of `autotune run --workers 2`: its workers do not train on as orphans; each marks
     its own trial interrupted and exits, and the same command, run at once, meets the budget."""
     journal = tmp_path / "study.journal"
@@ -222,7 +286,9 @@ def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
     study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=8)
     path.write_text(yaml.safe_dump(study_file))
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--quiet"]
-    parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline, running = time.monotonic() + 120, []
     while len(running) < 2:
         assert parent.poll() is None and time.monotonic() < deadline, "the workers never trained"
@@ -240,17 +306,29 @@ def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
 
     trials = journal_study(journal).get_trials()
     stopped = [t for t in trials if t.number in {r.number for r in running}]
-    assert all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
-               for t in stopped), [(t.state, t.user_attrs.get("reason")) for t in stopped]
+    assert all(
+        t.state == optuna.trial.TrialState.FAIL
+        and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
+        for t in stopped
+    ), [(t.state, t.user_attrs.get("reason")) for t in stopped]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     trials = journal_study(journal).get_trials()
-    counted = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("surplus")
-               and not t.user_attrs.get("interrupted")]
-    assert len(counted) == 4 and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    counted = [
+        t
+        for t in trials
+        if t.state.is_finished()
+        and not t.user_attrs.get("surplus")
+        and not t.user_attrs.get("interrupted")
+    ]
+    assert len(counted) == 4 and not [
+        t for t in trials if t.state == optuna.trial.TrialState.RUNNING
+    ]
 
 
-def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_trials(tmp_path: Path) -> None:
+def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_trials(
+    tmp_path: Path,
+) -> None:
     """While a worker of an earlier run still holds its share of the runner lock (as one does for
     the moment it takes to mark its trial), the next run waits and touches nothing; once it lets
     go, the run goes on."""
@@ -262,9 +340,16 @@ def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_t
     study_file["budget"]["trials"] = 1
     path.write_text(yaml.safe_dump(study_file))
     with open(tmp_path / "study.journal.runner.lock", "a+") as lock:
-        fcntl.lockf(lock, fcntl.LOCK_SH, 1, 1)  # the workers' byte, as runner_lock.as_worker takes it
-        run = subprocess.Popen([sys.executable, "-m", "autotune", "run", str(path), "--quiet"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        fcntl.lockf(
+            lock, fcntl.LOCK_SH, 1, 1
+        )  # the workers' byte, as runner_lock.as_worker takes it
+        run = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "run", str(path), "--quiet"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(8)
         assert run.poll() is None and not journal.exists()
     out, err = run.communicate(timeout=300)
@@ -279,11 +364,18 @@ def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_p
     study_file = yaml.safe_load(path.read_text())
     study_file["budget"]["trials"] = 2
     path.write_text(yaml.safe_dump(study_file))
-    result = subprocess.run([sys.executable, "-m", "autotune", "run", str(path), "--workers", "500", "--quiet"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "500", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     usable = min(2, len(os.sched_getaffinity(0)))
-    assert (f"autotune: --workers 500 is more than can be used (the budget has 2 trial(s), this process may use "
-            f"{len(os.sched_getaffinity(0))} CPU core(s)); starting {usable}") in result.stderr
+    assert (
+        f"autotune: --workers 500 is more than can be used (the budget has 2 trial(s), this process may use "
+        f"{len(os.sched_getaffinity(0))} CPU core(s)); starting {usable}"
+    ) in result.stderr
     trials = journal_study(journal).get_trials()
     assert len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}) <= usable

@@ -21,9 +21,11 @@ from autotune.train import recipe
 from autotune.train.recipe import Schedule
 
 # What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for, onecycle_pct_start).
-ONECYCLE = (f"OneCycleLR warms up over {recipe.ONECYCLE_PCT_START:.0%} of the optimizer steps but at least "
-            f"{recipe.ONECYCLE_MIN_WARMUP_STEPS} (it divides by the warm-up's steps less one); a run of fewer than "
-            f"{recipe.SCHEDULES['onecycle'].min_steps} steps keeps the peak lr")
+ONECYCLE = (
+    f"OneCycleLR warms up over {recipe.ONECYCLE_PCT_START:.0%} of the optimizer steps but at least "
+    f"{recipe.ONECYCLE_MIN_WARMUP_STEPS} (it divides by the warm-up's steps less one); a run of fewer than "
+    f"{recipe.SCHEDULES['onecycle'].min_steps} steps keeps the peak lr"
+)
 
 # Statuses of a note: the setting is in another section; carried only approximately; not carried.
 MOVED, APPROXIMATION, NO_EQUIVALENT = "moved", "approximation", "no equivalent"
@@ -41,7 +43,9 @@ def settings(summary: Summary) -> dict[str, Any]:
     out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
     """
     params = summary.best.params
-    read = KNOBS if summary.knobs is None else summary.knobs  # an objective function's study: the knobs it reads
+    read = (
+        KNOBS if summary.knobs is None else summary.knobs
+    )  # an objective function's study: the knobs it reads
     knobs = {}
     for name, knob in KNOBS.items():
         if name not in read:
@@ -60,12 +64,19 @@ def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
         raise AutotuneError(
             f"study {summary.study!r} ran an objective function that reads only "
             f"{', '.join(summary.knobs) or 'its own parameters'} of autotune's knobs, not a training autotune "
-            f"could write out for a trainer: --format json, yaml or args give what it tuned")
+            f"could write out for a trainer: --format json, yaml or args give what it tuned"
+        )
     values = settings(summary)
-    missing = [k for k in KNOBS if k not in values and k != SCHEDULE]  # nothing can stand in for these
+    missing = [
+        k for k in KNOBS if k not in values and k != SCHEDULE
+    ]  # nothing can stand in for these
     if missing:
-        raise AutotuneError(f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged")
-    return {k: values[k] for k in KNOBS if k != SCHEDULE}, {k: v for k, v in values.items() if k not in KNOBS}
+        raise AutotuneError(
+            f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged"
+        )
+    return {k: values[k] for k in KNOBS if k != SCHEDULE}, {
+        k: v for k, v in values.items() if k not in KNOBS
+    }
 
 
 def max_epochs(summary: Summary) -> float | int | None:
@@ -81,7 +92,9 @@ def lookup(fmt: str, knob: str, value: Any, table: Mapping[str, Any]) -> Any:
     try:
         return table[value]
     except (KeyError, TypeError):
-        raise AutotuneError(f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}") from None
+        raise AutotuneError(
+            f"--format {fmt}: {knob} {value!r} has no mapping; it takes one of {', '.join(table)}"
+        ) from None
 
 
 def built_in_optimizer(summary: Summary) -> bool:
@@ -90,14 +103,18 @@ def built_in_optimizer(summary: Summary) -> bool:
     return current_reference(summary.optimizer) == recipe.BUILT_IN_OPTIMIZER
 
 
-def scheduler_code(name: str, *, optimizer: str, total: str, lr: str, indent: str | None = None) -> str:
+def scheduler_code(
+    name: str, *, optimizer: str, total: str, lr: str, indent: str | None = None
+) -> str:
     """A Python expression that builds the LR schedule `name` as the trial does
     (recipe.scheduler_args); `optimizer`, `total` (the run's optimizer steps) and `lr` are
     expressions of the code it goes into. With `indent`, a two-way choice spans two lines."""
     schedule = recipe.SCHEDULES[name]
     code = _schedule_code(schedule, optimizer=optimizer, total=total, lr=lr)
     if schedule.min_steps > 1:  # a shorter run keeps the peak lr (recipe.schedule_for)
-        short = _schedule_code(recipe.SCHEDULES["constant"], optimizer=optimizer, total=total, lr=lr)
+        short = _schedule_code(
+            recipe.SCHEDULES["constant"], optimizer=optimizer, total=total, lr=lr
+        )
         choice = f"if {total} >= {schedule.min_steps} else {short}"
         code = f"{code} {choice}" if indent is None else f"({code}\n{indent} {choice})"
     return code
@@ -111,7 +128,11 @@ def pct_start_code(total: str) -> str:
 def _schedule_code(schedule: Schedule, *, optimizer: str, total: str, lr: str) -> str:
     args = [f"{schedule.peak_lr}={lr}"] if schedule.peak_lr else []
     for arg, fraction in schedule.of_total_steps.items():
-        steps = [_steps_code(f, total) for f in fraction] if isinstance(fraction, tuple) else _steps_code(fraction, total)
+        steps = (
+            [_steps_code(f, total) for f in fraction]
+            if isinstance(fraction, tuple)
+            else _steps_code(fraction, total)
+        )
         args.append(f"{arg}=[{', '.join(steps)}]" if isinstance(steps, list) else f"{arg}={steps}")
     args += [f"{arg}={value!r}" for arg, value in schedule.init_args.items()]
     if schedule.warmup:
@@ -128,45 +149,69 @@ def _steps_code(fraction: float, total: str) -> str:
         return total
     if ratio.denominator > 64:
         return f"math.floor({fraction!r} * {total})"
-    return f"{total} // {ratio.denominator}" if ratio.numerator == 1 else f"{total} * {ratio.numerator} // {ratio.denominator}"
+    return (
+        f"{total} // {ratio.denominator}"
+        if ratio.numerator == 1
+        else f"{total} * {ratio.numerator} // {ratio.denominator}"
+    )
 
 
 def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
-    return note("num_workers", knobs["num_workers"], NO_EQUIVALENT,
-                "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "
-                "in each loader worker (a worker_init_fn calling torch.set_num_threads(1)); oversubscribed cores slowed "
-                "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.")
+    return note(
+        "num_workers",
+        knobs["num_workers"],
+        NO_EQUIVALENT,
+        "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "
+        "in each loader worker (a worker_init_fn calling torch.set_num_threads(1)); oversubscribed cores slowed "
+        "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.",
+    )
 
 
-def optimizer_note(summary: Summary, lr: float, *, trainer: str, then: str, fused: bool = False) -> dict[str, Any]:
+def optimizer_note(
+    summary: Summary, lr: float, *, trainer: str, then: str, fused: bool = False
+) -> dict[str, Any]:
     """The note for a task optimizer other than the built-in SGD, which `trainer` cannot name:
     build it as autotune did (with fused=True where `fused`), `then` (what to do with it)."""
     reference = summary.optimizer
     call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names{', fused=True' if fused else ''})"
     if reference is None:
-        return note("optimizer", None, NO_EQUIVALENT,
-                    f"the study did not record its task's optimizer (a command task builds its own; a lambda or local "
-                    f"function has no importable name), and {trainer} cannot build it: build it as your task did, "
-                    f"optimizer = <your optimizer factory>{call}, then {then}.")
-    return note("optimizer", reference, NO_EQUIVALENT,
-                f"the task's own optimizer factory, which {trainer} cannot build: build it as autotune did, "
-                f"optimizer = {current_reference(reference).replace(':', '.')}{call}, then {then}.")
+        return note(
+            "optimizer",
+            None,
+            NO_EQUIVALENT,
+            f"the study did not record its task's optimizer (a command task builds its own; a lambda or local "
+            f"function has no importable name), and {trainer} cannot build it: build it as your task did, "
+            f"optimizer = <your optimizer factory>{call}, then {then}.",
+        )
+    return note(
+        "optimizer",
+        reference,
+        NO_EQUIVALENT,
+        f"the task's own optimizer factory, which {trainer} cannot build: build it as autotune did, "
+        f"optimizer = {current_reference(reference).replace(':', '.')}{call}, then {then}.",
+    )
 
 
 def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     if not params:
         return None
-    return note(", ".join(params), dict(params), MOVED,
-                f"your own parameters: {where} has no place for them. They are in `params`; autotune passed each "
-                f"by keyword to whichever of the task's model factory and optimizer names it: do the same.")
+    return note(
+        ", ".join(params),
+        dict(params),
+        MOVED,
+        f"your own parameters: {where} has no place for them. They are in `params`; autotune passed each "
+        f"by keyword to whichever of the task's model factory and optimizer names it: do the same.",
+    )
 
 
 def provenance(summary: Summary) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
     best, target = summary.best, summary.target
     which = "the baseline" if best.is_baseline else f"trial {best.trial}"
-    text = (f"autotune study {summary.study}, {which} ({best.source}, {counted(best.runs, 'run')}): "
-            f"{target.metric} >= {target.value} in {best.time_to_target:.3f} s")
+    text = (
+        f"autotune study {summary.study}, {which} ({best.source}, {counted(best.runs, 'run')}): "
+        f"{target.metric} >= {target.value} in {best.time_to_target:.3f} s"
+    )
     if best.epochs is not None:
         text += f" after {best.epochs:.2f} epochs"
     if summary.speedup:

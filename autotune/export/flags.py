@@ -13,8 +13,8 @@ import shlex
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.report.summary import Summary
 from autotune.export.common import settings
+from autotune.report.summary import Summary
 
 
 def flag(name: str, value: Any) -> list[str]:
@@ -22,12 +22,19 @@ def flag(name: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [option if value else "--no-" + name.replace("_", "-")]
     if isinstance(value, (int, float, str)):
-        text = repr(value) if isinstance(value, float) else str(value)  # repr round-trips: 0.1 stays 0.1
+        text = (
+            repr(value) if isinstance(value, float) else str(value)
+        )  # repr round-trips: 0.1 stays 0.1
         # argparse would read a value starting with "-" as an option of its own: attach it.
         return [f"{option}={text}"] if text.startswith("-") else [option, text]
     raise AutotuneError(f"--format args: {name} is {value!r}, which has no command-line form")
 
 
 def render(summary: Summary) -> str:
-    words = [w for name, value in settings(summary).items() if value is not None for w in flag(name, value)]
+    words = [
+        w
+        for name, value in settings(summary).items()
+        if value is not None
+        for w in flag(name, value)
+    ]
     return shlex.join(words) + "\n"

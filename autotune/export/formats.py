@@ -8,9 +8,9 @@ from collections.abc import Callable
 import yaml
 
 from autotune.errors import AutotuneError
-from autotune.report.summary import Summary
 from autotune.export import flags, hf, lightning, pytorch
 from autotune.export.common import provenance, settings
+from autotune.report.summary import Summary
 
 
 def flat_json(summary: Summary) -> str:

@@ -15,21 +15,41 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.report.summary import Summary
 from autotune.export.common import (
-    APPROXIMATION, MOVED, NO_EQUIVALENT, ONECYCLE, built_in_optimizer, lookup, max_epochs, note, optimizer_note,
-    params_note, pct_start_code, provenance, scheduler_code, split, threads_note,
+    APPROXIMATION,
+    MOVED,
+    NO_EQUIVALENT,
+    ONECYCLE,
+    built_in_optimizer,
+    lookup,
+    max_epochs,
+    note,
+    optimizer_note,
+    params_note,
+    pct_start_code,
+    provenance,
+    scheduler_code,
+    split,
+    threads_note,
 )
+from autotune.report.summary import Summary
 from autotune.search.space import PRECISIONS
 from autotune.train.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
 
 # lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
-SCHEDULERS = {"constant": ("constant", 0), "cosine": ("cosine", 0), "onecycle": ("cosine", ONECYCLE_PCT_START), "step": None}
+SCHEDULERS = {
+    "constant": ("constant", 0),
+    "cosine": ("cosine", 0),
+    "onecycle": ("cosine", ONECYCLE_PCT_START),
+    "step": None,
+}
 # TrainingArguments fields for the optimizer HF builds; a user's parameter of that name goes there
 # when the task's optimizer took it (the built-in SGD takes none: they went to the model).
 OPTIMIZER_FIELDS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
-CREATE_SCHEDULER = ("subclass transformers.Trainer and override create_scheduler(self, num_training_steps, optimizer=None) "
-                    "to set and return self.lr_scheduler = {}")
+CREATE_SCHEDULER = (
+    "subclass transformers.Trainer and override create_scheduler(self, num_training_steps, optimizer=None) "
+    "to set and return self.lr_scheduler = {}"
+)
 
 
 def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -37,48 +57,76 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     whatever their value: a note for every setting it cannot take), and for what torch_compile
     does beyond compiling."""
     if knobs["channels_last"]:
-        layout = ("TrainingArguments has no memory-format field. autotune laid the model out channels-last and moved each 4-D "
-                  "input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
-                  "before transformers.Trainer(model=model, ...), and have your data_collator return each 4-D input tensor as "
-                  "t.contiguous(memory_format=torch.channels_last) (the Trainer's copy to the device keeps the layout).")
+        layout = (
+            "TrainingArguments has no memory-format field. autotune laid the model out channels-last and moved each 4-D "
+            "input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
+            "before transformers.Trainer(model=model, ...), and have your data_collator return each 4-D input tensor as "
+            "t.contiguous(memory_format=torch.channels_last) (the Trainer's copy to the device keeps the layout)."
+        )
     else:
-        layout = ("TrainingArguments has no memory-format field; autotune trained the model and its inputs in the default "
-                  "(contiguous) memory format, as HF does: convert neither to channels-last.")
+        layout = (
+            "TrainingArguments has no memory-format field; autotune trained the model and its inputs in the default "
+            "(contiguous) memory format, as HF does: convert neither to channels-last."
+        )
     if knobs["cudnn_benchmark"]:
-        search = ("TrainingArguments has no field for cuDNN's algorithm search; autotune set torch.backends.cudnn.benchmark = "
-                  "True for the trial: set it before trainer.train() (it holds for the whole process).")
+        search = (
+            "TrainingArguments has no field for cuDNN's algorithm search; autotune set torch.backends.cudnn.benchmark = "
+            "True for the trial: set it before trainer.train() (it holds for the whole process)."
+        )
     else:
-        search = ("TrainingArguments has no field for cuDNN's algorithm search; autotune ran with torch.backends.cudnn.benchmark "
-                  "= False, torch's default: leave it so.")
-    notes = [note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
-             note("cudnn_benchmark", knobs["cudnn_benchmark"], NO_EQUIVALENT, search)]
+        search = (
+            "TrainingArguments has no field for cuDNN's algorithm search; autotune ran with torch.backends.cudnn.benchmark "
+            "= False, torch's default: leave it so."
+        )
+    notes = [
+        note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
+        note("cudnn_benchmark", knobs["cudnn_benchmark"], NO_EQUIVALENT, search),
+    ]
     # transformers turns TF32 on with torch_compile unless fp16 (TrainingArguments.__post_init__),
     # and accelerate again for fp32 (AcceleratorState, on CUDA). tf32=False is no fix: it turns TF32
     # off for cuDNN convolutions too, which torch's default, and so the trial, allowed.
     if knobs["compile"] and knobs["precision"] != "fp16" and not knobs["tf32"]:
-        notes.append(note("compile", True, APPROXIMATION,
-                          "torch_compile compiles the model as autotune did (torch.compile, backend inductor, default mode; "
-                          "compile time on the training clock). But on an NVIDIA GPU with TF32 (Ampere or newer), transformers "
-                          "turns TF32 on for float32 matmuls when it builds TrainingArguments(torch_compile=True) without fp16, "
-                          "and accelerate does again when transformers.Trainer is built for fp32; autotune's trial kept torch's "
-                          "default, full-precision float32 matmuls. To train as it did, after building the Trainer: "
-                          "torch.backends.fp32_precision = 'none'; torch.set_float32_matmul_precision('highest') (the first for "
-                          "torch 2.9 or later)."))
+        notes.append(
+            note(
+                "compile",
+                True,
+                APPROXIMATION,
+                "torch_compile compiles the model as autotune did (torch.compile, backend inductor, default mode; "
+                "compile time on the training clock). But on an NVIDIA GPU with TF32 (Ampere or newer), transformers "
+                "turns TF32 on for float32 matmuls when it builds TrainingArguments(torch_compile=True) without fp16, "
+                "and accelerate does again when transformers.Trainer is built for fp32; autotune's trial kept torch's "
+                "default, full-precision float32 matmuls. To train as it did, after building the Trainer: "
+                "torch.backends.fp32_precision = 'none'; torch.set_float32_matmul_precision('highest') (the first for "
+                "torch 2.9 or later).",
+            )
+        )
     return notes
 
 
 def render(summary: Summary) -> str:
     knobs, params = split(summary)
-    args: dict[str, Any] = {"per_device_train_batch_size": knobs["batch_size"],
-                            "gradient_accumulation_steps": knobs["accumulation_steps"], "learning_rate": knobs["lr"]}
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": knobs["batch_size"],
+        "gradient_accumulation_steps": knobs["accumulation_steps"],
+        "learning_rate": knobs["lr"],
+    }
     notes: list[dict[str, Any]] = []
-    for part in (_schedule(knobs, max_epochs(summary)), _systems(knobs, summary.device), _optimizer(summary, knobs, params)):
+    for part in (
+        _schedule(knobs, max_epochs(summary)),
+        _systems(knobs, summary.device),
+        _optimizer(summary, knobs, params),
+    ):
         args.update(part[0])
         notes += part[1]
     extras = params_note(params, "TrainingArguments")
     if extras:
         notes.append(extras)
-    export = {"source": provenance(summary), "training_arguments": args, "params": params, "notes": notes}
+    export = {
+        "source": provenance(summary),
+        "training_arguments": args,
+        "params": params,
+        "notes": notes,
+    }
     return json.dumps(export, indent=2) + "\n"
 
 
@@ -91,56 +139,115 @@ def _schedule(knobs: Mapping[str, Any], epochs: float | int | None) -> Part:
     args: dict[str, Any] = {}
     notes: list[dict[str, Any]] = []
     schedule = lookup("hf", "scheduler", knobs["scheduler"], SCHEDULERS)
-    exact = CREATE_SCHEDULER.format(scheduler_code(knobs["scheduler"], optimizer="optimizer or self.optimizer",
-                                                   total="num_training_steps", lr=repr(lr)))
+    exact = CREATE_SCHEDULER.format(
+        scheduler_code(
+            knobs["scheduler"],
+            optimizer="optimizer or self.optimizer",
+            total="num_training_steps",
+            lr=repr(lr),
+        )
+    )
     if schedule is None:
-        notes.append(note("scheduler", "step", NO_EQUIVALENT,
-                          "TrainingArguments has no multi-step schedule (lr x0.1 at 1/2 and x0.01 at 3/4 of the optimizer steps: "
-                          "MultiStepLR, gamma 0.1), so lr_scheduler_type is left out and HF's default (linear decay) would apply. "
-                          f"To train as autotune did, {exact}."))
+        notes.append(
+            note(
+                "scheduler",
+                "step",
+                NO_EQUIVALENT,
+                "TrainingArguments has no multi-step schedule (lr x0.1 at 1/2 and x0.01 at 3/4 of the optimizer steps: "
+                "MultiStepLR, gamma 0.1), so lr_scheduler_type is left out and HF's default (linear decay) would apply. "
+                f"To train as autotune did, {exact}.",
+            )
+        )
     else:
         args["lr_scheduler_type"], args["warmup_steps"] = schedule
     if knobs["scheduler"] == "onecycle":
-        notes.append(note("scheduler", "onecycle", APPROXIMATION,
-                          f"approximated by lr_scheduler_type cosine with warmup_steps {ONECYCLE_PCT_START} (transformers 4.x: "
-                          f"warmup_ratio={ONECYCLE_PCT_START}). It differs from autotune's OneCycleLR(max_lr={lr!r}, "
-                          f"pct_start={pct_start_code('steps')}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) "
-                          "and anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
-                          f"between 0.95 and 0.85, against the lr). {ONECYCLE}. Exact: {exact}."))
+        notes.append(
+            note(
+                "scheduler",
+                "onecycle",
+                APPROXIMATION,
+                f"approximated by lr_scheduler_type cosine with warmup_steps {ONECYCLE_PCT_START} (transformers 4.x: "
+                f"warmup_ratio={ONECYCLE_PCT_START}). It differs from autotune's OneCycleLR(max_lr={lr!r}, "
+                f"pct_start={pct_start_code('steps')}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) "
+                "and anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
+                f"between 0.95 and 0.85, against the lr). {ONECYCLE}. Exact: {exact}.",
+            )
+        )
     if epochs is None:
-        notes.append(note("max_epochs", None, NO_EQUIVALENT, "the study did not record max_epochs (the length of the LR "
-                          "schedule); set num_train_epochs to it."))
+        notes.append(
+            note(
+                "max_epochs",
+                None,
+                NO_EQUIVALENT,
+                "the study did not record max_epochs (the length of the LR "
+                "schedule); set num_train_epochs to it.",
+            )
+        )
     else:
-        args["num_train_epochs"] = epochs  # the schedule's length; HF takes a fraction of an epoch too
+        args["num_train_epochs"] = (
+            epochs  # the schedule's length; HF takes a fraction of an epoch too
+        )
     if accumulation > 1:
-        notes.append(note("accumulation_steps", accumulation, APPROXIMATION,
-                          f"HF ends every epoch with an optimizer step over the micro-batches left (fewer than {accumulation} "
-                          f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
-                          f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
-                          f"floor(max_epochs * len / {accumulation}) steps."))
+        notes.append(
+            note(
+                "accumulation_steps",
+                accumulation,
+                APPROXIMATION,
+                f"HF ends every epoch with an optimizer step over the micro-batches left (fewer than {accumulation} "
+                f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
+                f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
+                f"floor(max_epochs * len / {accumulation}) steps.",
+            )
+        )
     return args, notes
 
 
 def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
     """Precision, the loader, compilation, clipping and the device."""
-    flag = lookup("hf", "precision", knobs["precision"], PRECISIONS).hf  # HF's fp16 is autocast + GradScaler, as autotune's
+    flag = lookup(
+        "hf", "precision", knobs["precision"], PRECISIONS
+    ).hf  # HF's fp16 is autocast + GradScaler, as autotune's
     args: dict[str, Any] = {p.hf: p.hf == flag for p in PRECISIONS.values() if p.hf}
     loader = loader_kwargs(knobs)
-    args.update({f"dataloader_{k}": loader[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "drop_last")
-                 if k in loader})
+    args.update(
+        {
+            f"dataloader_{k}": loader[k]
+            for k in (
+                "num_workers",
+                "prefetch_factor",
+                "pin_memory",
+                "persistent_workers",
+                "drop_last",
+            )
+            if k in loader
+        }
+    )
     notes = [threads_note(knobs)]
-    args["torch_compile"] = knobs["compile"]  # backend inductor, default mode: autotune's torch.compile(model)
+    args["torch_compile"] = knobs[
+        "compile"
+    ]  # backend inductor, default mode: autotune's torch.compile(model)
     # Off, tf32 is left out: TrainingArguments then keeps torch's default, as the trial did (tf32=False
     # would turn TF32 off for cuDNN's convolutions too, which torch's default allows).
     if knobs["tf32"]:
-        args["tf32"] = True  # TF32 matmuls; cuDNN's convolutions allow TF32 already by torch's default, as in the trial
+        args["tf32"] = (
+            True  # TF32 matmuls; cuDNN's convolutions allow TF32 already by torch's default, as in the trial
+        )
     notes += systems_notes(knobs)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
     if device == "cpu":
-        args["use_cpu"] = True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
+        args["use_cpu"] = (
+            True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
+        )
     elif device is None:
-        notes.append(note("device", None, NO_EQUIVALENT, "the study did not record its device; when you train on CPU, "
-                          "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise)."))
+        notes.append(
+            note(
+                "device",
+                None,
+                NO_EQUIVALENT,
+                "the study did not record its device; when you train on CPU, "
+                "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise).",
+            )
+        )
     return args, notes
 
 
@@ -149,23 +256,56 @@ def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any
     parameters that TrainingArguments names moved out of `params` into it."""
     args: dict[str, Any] = {}
     if built_in_optimizer(summary):
-        momentum, nesterov, decay = SGD_ARGS["momentum"], SGD_ARGS["nesterov"], SGD_ARGS["weight_decay"]
-        args.update(optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay)
-        notes = [note("optimizer", summary.optimizer, APPROXIMATION,
-                      f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
-                      "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.")]
+        momentum, nesterov, decay = (
+            SGD_ARGS["momentum"],
+            SGD_ARGS["nesterov"],
+            SGD_ARGS["weight_decay"],
+        )
+        args.update(
+            optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay
+        )
+        notes = [
+            note(
+                "optimizer",
+                summary.optimizer,
+                APPROXIMATION,
+                f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
+                "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.",
+            )
+        ]
         if knobs["fused_optimizer"]:
-            notes.append(note("fused_optimizer", True, NO_EQUIVALENT,
-                              "optim sgd builds torch.optim.SGD without fused=True. To step as autotune did, build "
-                              f"torch.optim.SGD(model.parameters(), lr={knobs['lr']!r}, momentum={momentum}, nesterov={nesterov}, "
-                              f"weight_decay={decay}, fused=True) and pass transformers.Trainer(optimizers=(optimizer, None))."))
+            notes.append(
+                note(
+                    "fused_optimizer",
+                    True,
+                    NO_EQUIVALENT,
+                    "optim sgd builds torch.optim.SGD without fused=True. To step as autotune did, build "
+                    f"torch.optim.SGD(model.parameters(), lr={knobs['lr']!r}, momentum={momentum}, nesterov={nesterov}, "
+                    f"weight_decay={decay}, fused=True) and pass transformers.Trainer(optimizers=(optimizer, None)).",
+                )
+            )
         return args, notes
-    notes = [optimizer_note(summary, knobs["lr"], trainer="TrainingArguments(optim=)", fused=knobs["fused_optimizer"], then=(
-        "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
-        "(left at the default, AdamW) goes unused"))]
+    notes = [
+        optimizer_note(
+            summary,
+            knobs["lr"],
+            trainer="TrainingArguments(optim=)",
+            fused=knobs["fused_optimizer"],
+            then=(
+                "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
+                "(left at the default, AdamW) goes unused"
+            ),
+        )
+    ]
     for name in [k for k in params if k in OPTIMIZER_FIELDS]:
         args[name] = params.pop(name)
-        notes.append(note(name, args[name], MOVED,
-                          f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
-                          f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did."))
+        notes.append(
+            note(
+                name,
+                args[name],
+                MOVED,
+                f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
+                f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did.",
+            )
+        )
     return args, notes

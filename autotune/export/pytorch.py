@@ -15,8 +15,16 @@ import textwrap
 from string import Template
 
 from autotune.errors import AutotuneError
+from autotune.export.common import (
+    ONECYCLE,
+    built_in_optimizer,
+    lookup,
+    max_epochs,
+    provenance,
+    scheduler_code,
+    split,
+)
 from autotune.report.summary import Summary
-from autotune.export.common import ONECYCLE, built_in_optimizer, lookup, max_epochs, provenance, scheduler_code, split
 from autotune.search.space import KNOBS, PRECISIONS
 from autotune.study.schema import current_reference
 from autotune.train.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
@@ -160,12 +168,16 @@ def _optimizer(summary: Summary) -> tuple[str, str]:
     """The import line and the make_optimizer function for the task's optimizer."""
     reference = summary.optimizer
     if built_in_optimizer(summary):
-        return "", SGD.substitute(reference=reference, sgd_args="".join(f", {k}={v!r}" for k, v in SGD_ARGS.items()))
+        return "", SGD.substitute(
+            reference=reference, sgd_args="".join(f", {k}={v!r}" for k, v in SGD_ARGS.items())
+        )
     if reference is None:
         return "", UNKNOWN
     module, _, qualname = current_reference(reference).partition(":")
     if not all(part.isidentifier() for part in (*module.split("."), *qualname.split("."))):
-        raise AutotuneError(f"--format torch: the study's optimizer {reference!r} is not an importable module:qualname")
+        raise AutotuneError(
+            f"--format torch: the study's optimizer {reference!r} is not an importable module:qualname"
+        )
     imports = f"\nimport {module} as _task_module  # where the task's optimizer factory lives\n"
     return imports, FACTORY.substitute(reference=reference, factory=f"_task_module.{qualname}")
 
@@ -175,20 +187,44 @@ def render(summary: Summary) -> str:
     precision = lookup("torch", "precision", knobs["precision"], PRECISIONS)
     epochs = max_epochs(summary)
     lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in knobs]
-    lines.append((f"MAX_EPOCHS = {epochs!r}", "length of the LR schedule in epochs: the winner's schedule_epochs"
-                  + ("; not recorded, so pass make_training(max_epochs=)" if epochs is None else "")))
+    lines.append(
+        (
+            f"MAX_EPOCHS = {epochs!r}",
+            "length of the LR schedule in epochs: the winner's schedule_epochs"
+            + ("; not recorded, so pass make_training(max_epochs=)" if epochs is None else ""),
+        )
+    )
     width = max(len(code) for code, _ in lines) + 2
     constants = "\n".join(f"{code:<{width}}# {doc}" for code, doc in lines)
     imports, make_optimizer = _optimizer(summary)
     schedule = lookup("torch", "scheduler", knobs["scheduler"], SCHEDULES)
-    comment = textwrap.indent(textwrap.fill(ONECYCLE + ".", 96, break_on_hyphens=False), "    # ") + "\n" if schedule.warmup else ""
-    loader = {k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"}  # pinned on CUDA only: make_training
+    comment = (
+        textwrap.indent(textwrap.fill(ONECYCLE + ".", 96, break_on_hyphens=False), "    # ") + "\n"
+        if schedule.warmup
+        else ""
+    )
+    loader = {
+        k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"
+    }  # pinned on CUDA only: make_training
     return MODULE.substitute(
-        provenance=provenance(summary).replace("\\", "\\\\").replace('"""', '\\"""'),  # safe in a docstring
+        provenance=provenance(summary)
+        .replace("\\", "\\\\")
+        .replace('"""', '\\"""'),  # safe in a docstring
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
-        imports=imports, constants=constants, loader=repr(loader), params=repr(params), make_optimizer=make_optimizer,
-        worker_threads=WORKER_THREADS, scheduler_comment=comment,
-        device="cuda" if summary.device in (None, "cuda") else "cpu",  # where the study trained (cuda when unrecorded)
-        scheduler=scheduler_code(knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16),
-        dtype="torch." + precision.dtype, autocast_enabled=precision.autocast, scaler_enabled=precision.grad_scaler,
+        imports=imports,
+        constants=constants,
+        loader=repr(loader),
+        params=repr(params),
+        make_optimizer=make_optimizer,
+        worker_threads=WORKER_THREADS,
+        scheduler_comment=comment,
+        device="cuda"
+        if summary.device in (None, "cuda")
+        else "cpu",  # where the study trained (cuda when unrecorded)
+        scheduler=scheduler_code(
+            knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16
+        ),
+        dtype="torch." + precision.dtype,
+        autocast_enabled=precision.autocast,
+        scaler_enabled=precision.grad_scaler,
     )

@@ -1,2 +1,1 @@
-"""A stored study read back and described: its trial table, the summary, text, JSON, HTML, plots.
-"""
+"""A stored study read back and described: its trial table, the summary, text, JSON, HTML, plots."""

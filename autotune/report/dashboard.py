@@ -9,22 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.study import storage
 from autotune.errors import AutotuneError
 from autotune.spec.study_file import StudySpec
+from autotune.study import storage
 
 
 def _run_server() -> Callable[..., None]:
     try:
         from optuna_dashboard import run_server
     except ImportError:
-        raise AutotuneError("autotune dashboard needs optuna-dashboard, which is not installed: "
-                            "pip install 'autotune[dashboard]' (or pip install optuna-dashboard)") from None
+        raise AutotuneError(
+            "autotune dashboard needs optuna-dashboard, which is not installed: "
+            "pip install 'autotune[dashboard]' (or pip install optuna-dashboard)"
+        ) from None
     return run_server
 
 
 def url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"  # an IPv6 address goes in brackets
+    return (
+        f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    )  # an IPv6 address goes in brackets
 
 
 def serve(spec: StudySpec, *, host: str, port: int) -> None:
@@ -36,12 +40,17 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     run_server = _run_server()
     storage.open_study(spec, create=False)  # raises StorageError when there is nothing to show
     store: Any = storage.make_storage(spec, create=False)
-    print(f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} (Ctrl-C to stop)", flush=True)
+    print(
+        f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} (Ctrl-C to stop)",
+        flush=True,
+    )
     try:
         run_server(store, host=host, port=port)
     except OSError as exc:  # the port is taken, or the host is not an address of this machine
-        raise AutotuneError(f"cannot serve the dashboard at {host}:{port} ({exc.strerror or exc}); "
-                            f"choose another --port or --host") from None
+        raise AutotuneError(
+            f"cannot serve the dashboard at {host}:{port} ({exc.strerror or exc}); "
+            f"choose another --port or --host"
+        ) from None
     # run_server serves until interrupted, and its server (bottle) swallows the KeyboardInterrupt:
     # returning means Ctrl-C stopped it.
     raise KeyboardInterrupt

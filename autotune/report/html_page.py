@@ -19,10 +19,10 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import plots
-from autotune.search import goodput, probe
+from autotune.report.results import best_feasible
 from autotune.report.summary import Counts, Summary, counted, plural
 from autotune.report.text import TABLE_ROWS
-from autotune.report.results import best_feasible
+from autotune.search import goodput, probe
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1340px;
@@ -42,34 +42,70 @@ figcaption { font-size: .8rem; color: #555; }
 """
 IMPORTANCE_TRIALS = 20  # fewer complete trials than this: fANOVA's figures are a rough guide
 
-PLOTS = ("best_so_far", "time_against_metric", "importances", "learning_curves", "oom_map", "throughput")
+PLOTS = (
+    "best_so_far",
+    "time_against_metric",
+    "importances",
+    "learning_curves",
+    "oom_map",
+    "throughput",
+)
 
 
-GENERATOR = '<meta name="generator" content="autotune">'  # how a page from `report --html` is known again
+GENERATOR = (
+    '<meta name="generator" content="autotune">'  # how a page from `report --html` is known again
+)
 
 
 def looks_like_page(text: str) -> bool:
     """Whether `text` is a page that `autotune report --html` wrote."""
-    return GENERATOR in text[:4096] or (text.lstrip().startswith("<!DOCTYPE html>") and "<title>autotune: " in text[:4096])
+    return GENERATOR in text[:4096] or (
+        text.lstrip().startswith("<!DOCTYPE html>") and "<title>autotune: " in text[:4096]
+    )
 
 
-def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequence[Sequence[Any]]],
-           importances: Mapping[str, float] | None, importances_missing: str = "") -> str:
+def render(
+    summary: Summary,
+    records: pd.DataFrame,
+    *,
+    curves: Mapping[str, Sequence[Sequence[Any]]],
+    importances: Mapping[str, float] | None,
+    importances_missing: str = "",
+) -> str:
     """The whole page as a string."""
     target = summary.target
     figures = {
-        "best_so_far": (plots.best_so_far(records, baseline=summary.baseline.time_to_target if summary.baseline else None),
-                        "Every complete trial's time; the line is the best feasible so far."),
-        "time_against_metric": (plots.time_against_metric(records, target=target.value, metric=target.metric),
-                                "Filled: reached the target (its time to target). Hollow: missed it (how long it ran)."),
-        "importances": (plots.importances(importances, why_not=importances_missing), _importance_caption(records)),
-        "learning_curves": (plots.learning_curves(curves, target=target.value, metric=target.metric),
-                            "The fastest trials' runs, and the baseline's first confirmation run (dashed)."),
-        "oom_map": (plots.oom_map(records), "Where trials ran out of memory: batch size against precision."),
-        "throughput": (plots.throughput(records), "Samples per second after warm-up, and the share of training time "
-                                                  "spent waiting for the next batch (high: input-bound)."),
+        "best_so_far": (
+            plots.best_so_far(
+                records, baseline=summary.baseline.time_to_target if summary.baseline else None
+            ),
+            "Every complete trial's time; the line is the best feasible so far.",
+        ),
+        "time_against_metric": (
+            plots.time_against_metric(records, target=target.value, metric=target.metric),
+            "Filled: reached the target (its time to target). Hollow: missed it (how long it ran).",
+        ),
+        "importances": (
+            plots.importances(importances, why_not=importances_missing),
+            _importance_caption(records),
+        ),
+        "learning_curves": (
+            plots.learning_curves(curves, target=target.value, metric=target.metric),
+            "The fastest trials' runs, and the baseline's first confirmation run (dashed).",
+        ),
+        "oom_map": (
+            plots.oom_map(records),
+            "Where trials ran out of memory: batch size against precision.",
+        ),
+        "throughput": (
+            plots.throughput(records),
+            "Samples per second after warm-up, and the share of training time "
+            "spent waiting for the next batch (high: input-bound).",
+        ),
     }
-    images = "\n".join(_figure(name, figure, caption) for name, (figure, caption) in figures.items())
+    images = "\n".join(
+        _figure(name, figure, caption) for name, (figure, caption) in figures.items()
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 {GENERATOR}
@@ -77,7 +113,7 @@ def render(summary: Summary, records: pd.DataFrame, *, curves: Mapping[str, Sequ
 <body>
 <h1>Study {_e(summary.study)}</h1>
 <p class="sub">Target: {_e(target.metric)} &ge; {target.value:g} &middot; {_counts(summary.counts)}
-{_device(summary)} &middot; report made {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>
+{_device(summary)} &middot; report made {datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}</p>
 {_probe(summary)}
 {_winner(summary)}
 {_confirmation(summary)}
@@ -97,13 +133,17 @@ def _e(value: Any) -> str:
 
 def _figure(name: str, figure: Any, caption: str) -> str:
     data = base64.b64encode(plots.png(figure)).decode()
-    return (f'<figure id="plot-{name}"><img src="data:image/png;base64,{data}" alt="{_e(name.replace("_", " "))}">'
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
+    return (
+        f'<figure id="plot-{name}"><img src="data:image/png;base64,{data}" alt="{_e(name.replace("_", " "))}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
 
 
 def _counts(c: Counts) -> str:
-    return (f"{c.total} trials: {c.feasible} reached the target, {c.complete - c.feasible} missed it, "
-            f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), {c.failed} failed")
+    return (
+        f"{c.total} trials: {c.feasible} reached the target, {c.complete - c.feasible} missed it, "
+        f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), {c.failed} failed"
+    )
 
 
 def _device(summary: Summary) -> str:
@@ -112,7 +152,9 @@ def _device(summary: Summary) -> str:
 
 def _probe(summary: Summary) -> str:
     """What the systems probe and the throughput phase settled, each in a line."""
-    lines = probe.describe(summary.probe).splitlines() if summary.probe else []  # the joint probe's are several
+    lines = (
+        probe.describe(summary.probe).splitlines() if summary.probe else []
+    )  # the joint probe's are several
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 
@@ -138,50 +180,96 @@ def _winner(summary: Summary) -> str:
     if best is None:
         return '<section class="winner" id="winner"><h2>Winner</h2><p>No trial has reached the target yet.</p></section>'
     who = "the baseline" if best.is_baseline else best.label
-    timing = (f"{_number('best.time_to_target', best.time_to_target)} s to the target "
-              f"({_e(best.source)}")
+    timing = (
+        f"{_number('best.time_to_target', best.time_to_target)} s to the target ({_e(best.source)}"
+    )
     if best.min is not None:
-        timing += (f", median of {_number('best.runs', best.runs, '.0f')} {plural('run', best.runs)}, range "
-                   f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s")
+        timing += (
+            f", median of {_number('best.runs', best.runs, '.0f')} {plural('run', best.runs)}, range "
+            f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s"
+        )
     timing += ")"
     lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
     base = summary.baseline
     if base and base.time_to_target is not None:
         # a trial wins only with a smaller median than the baseline's, so its speedup is above 1
-        speed = (f' &rarr; the winner is <b>{_number("speedup", summary.speedup)}x faster</b>'
-                 if summary.speedup and not best.is_baseline else "")
-        lines.append(f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
-                     f"(median of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)}){speed}.</p>")
+        speed = (
+            f" &rarr; the winner is <b>{_number('speedup', summary.speedup)}x faster</b>"
+            if summary.speedup and not best.is_baseline
+            else ""
+        )
+        lines.append(
+            f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
+            f"(median of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)}){speed}.</p>"
+        )
     elif base:
-        lines.append(f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
-                     f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} on fresh seeds"
-                     f"{_e(base.why_missed(summary.limits))}.</p>")
+        lines.append(
+            f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
+            f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} on fresh seeds"
+            f"{_e(base.why_missed(summary.limits))}.</p>"
+        )
     if best.is_baseline:
-        lines.append("<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>")
-    settings = "".join(f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>' for k, v in best.params.items())
+        lines.append(
+            "<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>"
+        )
+    settings = "".join(
+        f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>'
+        for k, v in best.params.items()
+    )
     columns = [f'<div><h3>Settings</h3><table id="winner-settings">{settings}</table></div>']
     columns.append(_telemetry(best.telemetry))
     columns.append(_per_class(best.per_class))
-    return (f'<section class="winner" id="winner"><h2>Winner</h2>{"".join(lines)}'
-            f'<div class="cols">{"".join(columns)}</div></section>')
+    return (
+        f'<section class="winner" id="winner"><h2>Winner</h2>{"".join(lines)}'
+        f'<div class="cols">{"".join(columns)}</div></section>'
+    )
 
 
 def _telemetry(figures: Mapping[str, Any] | None) -> str:
     if not figures:
         return ""
-    where = (f"median of {counted(figures['runs'], 'confirmation run')}" if figures["source"] == "confirmation"
-             else f"{figures['source']}'s run")
-    rows = [("samples / s (after warm-up)", _number("best.telemetry.samples_per_second", figures["samples_per_second"], ".0f")),
-            ("waiting for input", _number("best.telemetry.input_wait", figures["input_wait"], ".1f", scale=100, unit=" %")),
-            ("peak memory", _number("best.telemetry.peak_memory_mb", figures["peak_memory_mb"], ".0f", unit=" MiB"))]
+    where = (
+        f"median of {counted(figures['runs'], 'confirmation run')}"
+        if figures["source"] == "confirmation"
+        else f"{figures['source']}'s run"
+    )
+    rows = [
+        (
+            "samples / s (after warm-up)",
+            _number("best.telemetry.samples_per_second", figures["samples_per_second"], ".0f"),
+        ),
+        (
+            "waiting for input",
+            _number(
+                "best.telemetry.input_wait", figures["input_wait"], ".1f", scale=100, unit=" %"
+            ),
+        ),
+        (
+            "peak memory",
+            _number("best.telemetry.peak_memory_mb", figures["peak_memory_mb"], ".0f", unit=" MiB"),
+        ),
+    ]
     gpu = figures.get("gpu") or {}
     if gpu:
         path = "best.telemetry.gpu"
-        rows += [("GPU utilisation, mean / max", f"{_number(path + '.util_mean', gpu['util_mean'], '.0f')} / "
-                                                 f"{_number(path + '.util_max', gpu['util_max'], '.0f')} %"),
-                 ("GPU memory used, peak", _number(path + ".memory_used_peak_mb", gpu["memory_used_peak_mb"], ".0f", unit=" MiB")),
-                 ("GPU power, mean / max", f"{_number(path + '.power_mean_w', gpu['power_mean_w'], '.0f')} / "
-                                           f"{_number(path + '.power_max_w', gpu['power_max_w'], '.0f')} W")]
+        rows += [
+            (
+                "GPU utilisation, mean / max",
+                f"{_number(path + '.util_mean', gpu['util_mean'], '.0f')} / "
+                f"{_number(path + '.util_max', gpu['util_max'], '.0f')} %",
+            ),
+            (
+                "GPU memory used, peak",
+                _number(
+                    path + ".memory_used_peak_mb", gpu["memory_used_peak_mb"], ".0f", unit=" MiB"
+                ),
+            ),
+            (
+                "GPU power, mean / max",
+                f"{_number(path + '.power_mean_w', gpu['power_mean_w'], '.0f')} / "
+                f"{_number(path + '.power_max_w', gpu['power_max_w'], '.0f')} W",
+            ),
+        ]
     else:
         rows.append(("GPU figures", "none (no NVIDIA GPU)"))
     body = "".join(f'<tr><td class="key">{_e(k)}</td><td>{v}</td></tr>' for k, v in rows)
@@ -191,42 +279,76 @@ def _telemetry(figures: Mapping[str, Any] | None) -> str:
 def _per_class(per_class: Mapping[str, Any] | None) -> str:
     if not per_class:
         return ""
-    where = (f"{counted(per_class['runs'], 'confirmation run')} pooled" if per_class["source"] == "confirmation"
-             else "the trial's run")
+    where = (
+        f"{counted(per_class['runs'], 'confirmation run')} pooled"
+        if per_class["source"] == "confirmation"
+        else "the trial's run"
+    )
     rows = []
     for i, row in enumerate(per_class["classes"]):
         path = f"best.per_class.classes.{i}"
-        cells = "".join(f"<td>{_number(f'{path}.{k}', row[k], '.3f')}</td>" for k in ("precision", "recall", "f1"))
-        rows.append(f'<tr><td class="key">{_e(row["class"])}</td>{cells}<td>{_number(f"{path}.support", row["support"], ".0f")}</td></tr>')
+        cells = "".join(
+            f"<td>{_number(f'{path}.{k}', row[k], '.3f')}</td>"
+            for k in ("precision", "recall", "f1")
+        )
+        rows.append(
+            f'<tr><td class="key">{_e(row["class"])}</td>{cells}<td>{_number(f"{path}.support", row["support"], ".0f")}</td></tr>'
+        )
     head = '<tr><th class="key">class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>'
-    return (f'<div><h3>Validation set, per class ({_e(where)})</h3>'
-            f'<table id="winner-per-class">{head}{"".join(rows)}</table></div>')
+    return (
+        f"<div><h3>Validation set, per class ({_e(where)})</h3>"
+        f'<table id="winner-per-class">{head}{"".join(rows)}</table></div>'
+    )
 
 
 def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     top = best_feasible(records, count=TABLE_ROWS * 2)
     if top.empty:
         return "<p>No trial reached the target yet.</p>"
-    columns = {"number": "trial", "seconds": "seconds", "objective_metric": summary.target.metric,
-               "epochs": "epochs", "samples_per_second": "samples/s", "input_wait": "input wait",
-               "peak_memory_mb": "peak MiB", "lr": "lr", "scheduler": "scheduler", "batch_size": "batch",
-               "accumulation_steps": "accum", "num_workers": "workers", "prefetch_factor": "prefetch",
-               "pin_memory": "pin", "precision": "precision", "schedule_epochs": "schedule",
-               "channels_last": "channels last", "compile": "compile", "cudnn_benchmark": "cudnn",
-               "tf32": "tf32", "fused_optimizer": "fused"}
+    columns = {
+        "number": "trial",
+        "seconds": "seconds",
+        "objective_metric": summary.target.metric,
+        "epochs": "epochs",
+        "samples_per_second": "samples/s",
+        "input_wait": "input wait",
+        "peak_memory_mb": "peak MiB",
+        "lr": "lr",
+        "scheduler": "scheduler",
+        "batch_size": "batch",
+        "accumulation_steps": "accum",
+        "num_workers": "workers",
+        "prefetch_factor": "prefetch",
+        "pin_memory": "pin",
+        "precision": "precision",
+        "schedule_epochs": "schedule",
+        "channels_last": "channels last",
+        "compile": "compile",
+        "cudnn_benchmark": "cudnn",
+        "tf32": "tf32",
+        "fused_optimizer": "fused",
+    }
     table = top[list(columns)].rename(columns=columns)
-    table["input wait"] = table["input wait"].map(lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %")
+    table["input wait"] = table["input wait"].map(
+        lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %"
+    )
     # Every knob a column: wider than a laptop's window, so it scrolls inside the page, not the page.
-    page = table.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials")
+    page = table.to_html(
+        index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials"
+    )
     return f'<div class="wide">{page}</div>'
 
 
 def _importance_caption(records: pd.DataFrame) -> str:
-    caption = "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."
+    caption = (
+        "How much of the variation in the study's time each parameter explains (Optuna's fANOVA)."
+    )
     complete = int((records["state"] == "COMPLETE").sum()) if "state" in records else 0
     if 0 < complete < IMPORTANCE_TRIALS:
-        caption += (f" From only {counted(complete, 'complete trial')}: a rough guide, which more trials can "
-                    f"reorder; below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength.")
+        caption += (
+            f" From only {counted(complete, 'complete trial')}: a rough guide, which more trials can "
+            f"reorder; below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength."
+        )
     return caption
 
 
@@ -237,7 +359,11 @@ def _confirmation(summary: Summary) -> str:
         return ""
     rows = []
     for label, stats in confirmation.configs.items():
-        spread = f"{stats['min']:.2f}&ndash;{stats['max']:.2f} s" if stats.get("min") is not None else "-"
+        spread = (
+            f"{stats['min']:.2f}&ndash;{stats['max']:.2f} s"
+            if stats.get("min") is not None
+            else "-"
+        )
         median = "not reached" if stats.get("median") is None else f"{stats['median']:.2f} s"
         if summary.fixed_schedule:
             final = stats.get("mean_final_metric")
@@ -245,11 +371,23 @@ def _confirmation(summary: Summary) -> str:
         else:
             last = f"{stats['reached']}/{stats['runs']}"
         predicted = confirmation.predicted.get(label)
-        rows.append(f'<tr><td class="key">{_e(label)}</td><td>{median}</td><td>{spread}</td><td>{last}</td>'
-                    f'<td>{"-" if predicted is None else f"{predicted:.2f} s"}</td></tr>')
+        rows.append(
+            f'<tr><td class="key">{_e(label)}</td><td>{median}</td><td>{spread}</td><td>{last}</td>'
+            f"<td>{'-' if predicted is None else f'{predicted:.2f} s'}</td></tr>"
+        )
     last_head = f"mean final {_e(summary.target.metric)}" if summary.fixed_schedule else "reached"
-    judged = "median time of the whole schedule" if summary.fixed_schedule else "median time to the target"
-    return (f"<h2>Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}</h2>"
-            f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
-            f'<th>{last_head}</th><th>predicted</th></tr>{"".join(rows)}</table>'
-            + (f"<p>{_e(confirmation.precision_sentence())}</p>" if confirmation.precision_sentence() else ""))
+    judged = (
+        "median time of the whole schedule"
+        if summary.fixed_schedule
+        else "median time to the target"
+    )
+    return (
+        f"<h2>Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}</h2>"
+        f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
+        f"<th>{last_head}</th><th>predicted</th></tr>{''.join(rows)}</table>"
+        + (
+            f"<p>{_e(confirmation.precision_sentence())}</p>"
+            if confirmation.precision_sentence()
+            else ""
+        )
+    )

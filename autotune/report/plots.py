@@ -37,7 +37,16 @@ def _figure(title: str) -> tuple[Figure, Any]:
 
 def _note(axes: Any, text: str) -> None:
     """Say on the plot why it is empty, rather than leave a blank frame."""
-    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, color=BASELINE, wrap=True)
+    axes.text(
+        0.5,
+        0.5,
+        text,
+        ha="center",
+        va="center",
+        transform=axes.transAxes,
+        color=BASELINE,
+        wrap=True,
+    )
 
 
 def _complete(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -52,11 +61,25 @@ def best_so_far(records: pd.DataFrame, *, baseline: float | None = None) -> Figu
     baseline's median time on fresh seeds, where it was confirmed."""
     figure, axes = _figure("Best time to target so far")
     if baseline is not None:
-        axes.axhline(baseline, color=BASELINE, linestyle="--", label="baseline (median, fresh seeds)")
+        axes.axhline(
+            baseline, color=BASELINE, linestyle="--", label="baseline (median, fresh seeds)"
+        )
     feasible, infeasible = _complete(records)
-    axes.scatter(feasible["number"], feasible["seconds"], color=FEASIBLE, label="reached the target", zorder=3)
-    axes.scatter(infeasible["number"], infeasible["train_seconds"], facecolors="none", edgecolors=INFEASIBLE,
-                 label="missed it (time it ran)", zorder=3)
+    axes.scatter(
+        feasible["number"],
+        feasible["seconds"],
+        color=FEASIBLE,
+        label="reached the target",
+        zorder=3,
+    )
+    axes.scatter(
+        infeasible["number"],
+        infeasible["train_seconds"],
+        facecolors="none",
+        edgecolors=INFEASIBLE,
+        label="missed it (time it ran)",
+        zorder=3,
+    )
     if not feasible.empty:
         best = feasible.set_index("number")["seconds"].reindex(records["number"]).cummin().ffill()
         axes.step(best.index, best.to_numpy(), where="post", color=FEASIBLE, label="best so far")
@@ -73,9 +96,19 @@ def time_against_metric(records: pd.DataFrame, *, target: float, metric: str) ->
     """Time against the metric each complete trial reached: feasible ones left of nothing."""
     figure, axes = _figure(f"Time against {metric} reached")
     feasible, infeasible = _complete(records)
-    axes.scatter(feasible["objective_metric"], feasible["seconds"], color=FEASIBLE, label="reached: time to target")
-    axes.scatter(infeasible["objective_metric"], infeasible["train_seconds"], facecolors="none", edgecolors=INFEASIBLE,
-                 label="missed: time it ran")
+    axes.scatter(
+        feasible["objective_metric"],
+        feasible["seconds"],
+        color=FEASIBLE,
+        label="reached: time to target",
+    )
+    axes.scatter(
+        infeasible["objective_metric"],
+        infeasible["train_seconds"],
+        facecolors="none",
+        edgecolors=INFEASIBLE,
+        label="missed: time it ran",
+    )
     axes.axvline(target, color=BASELINE, linestyle="--", label=f"target {target:g}")
     axes.set_xlabel(f"best {metric}")
     axes.set_ylabel("seconds of training")
@@ -95,7 +128,9 @@ def importances(values: Mapping[str, float] | None, *, why_not: str = "") -> Fig
     return figure
 
 
-def learning_curves(curves: Mapping[str, Sequence[Sequence[Any]]], *, target: float, metric: str) -> Figure:
+def learning_curves(
+    curves: Mapping[str, Sequence[Sequence[Any]]], *, target: float, metric: str
+) -> Figure:
     """Metric against training time for each labelled run (the best trials, and the baseline)."""
     figure, axes = _figure(f"Learning curves: {metric} against training time")
     for label, curve in curves.items():
@@ -123,18 +158,30 @@ def oom_map(records: pd.DataFrame) -> Figure:
         return figure
     x = {b: i for i, b in enumerate(sizes)}
     y = {p: i for i, p in enumerate(precisions)}
-    kinds = (("ran", ~tried["oom"] & ~tried["oom_bound"], "o", FEASIBLE, -0.2),
-             ("out of memory", tried["oom"], "X", OOM, 0.0),
-             ("known to run out (not run)", tried["oom_bound"], "^", "#ff7f0e", 0.2))
+    kinds = (
+        ("ran", ~tried["oom"] & ~tried["oom_bound"], "o", FEASIBLE, -0.2),
+        ("out of memory", tried["oom"], "X", OOM, 0.0),
+        ("known to run out (not run)", tried["oom_bound"], "^", "#ff7f0e", 0.2),
+    )
     for label, mask, marker, color, offset in kinds:
         cells = tried[mask].groupby(["batch_size", "precision"]).size()
         if cells.empty:
             continue
         xs = [x[int(b)] + offset for b, _ in cells.index]
         ys = [y[p] for _, p in cells.index]
-        axes.scatter(xs, ys, s=[60 + 20 * n for n in cells], marker=marker, color=color, label=label, zorder=3)
+        axes.scatter(
+            xs,
+            ys,
+            s=[60 + 20 * n for n in cells],
+            marker=marker,
+            color=color,
+            label=label,
+            zorder=3,
+        )
         for xi, yi, n in zip(xs, ys, cells):
-            axes.annotate(str(n), (xi, yi), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=7)
+            axes.annotate(
+                str(n), (xi, yi), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=7
+            )
     axes.set_xticks(range(len(sizes)), [str(b) for b in sizes])
     axes.set_yticks(range(len(precisions)), precisions)
     axes.set_xlim(-0.6, len(sizes) - 0.4)
@@ -158,7 +205,9 @@ def throughput(records: pd.DataFrame) -> Figure:
     precisions = [p for p in PRECISIONS if p in set(measured["precision"])]
     for k, precision in enumerate(precisions):
         rows = measured[measured["precision"] == precision]
-        xs = [position[int(w)] + (k - (len(precisions) - 1) / 2) * 0.15 for w in rows["num_workers"]]
+        xs = [
+            position[int(w)] + (k - (len(precisions) - 1) / 2) * 0.15 for w in rows["num_workers"]
+        ]
         speed.scatter(xs, rows["samples_per_second"], label=precision, alpha=0.8)
         wait.scatter(xs, 100 * rows["input_wait"].astype(float), label=precision, alpha=0.8)
     speed.set_ylabel("samples / s (after warm-up)")

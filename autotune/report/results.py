@@ -19,9 +19,29 @@ from autotune.study import schema
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
 GPU_COLUMNS = tuple(f"gpu_{figure}" for figure in GPU_FIGURES)
 COLUMNS = (
-    "number", "state", "feasible", "seconds", "runs", "time_to_target", "samples_to_target", "best_metric", "final_metric", "objective_metric", "train_seconds", "epochs",
-    "optimizer_steps", "samples_per_second", "input_wait", "peak_memory_mb", *GPU_COLUMNS, "oom", "oom_bound", "diverged",
-    "interrupted", "reason", "baseline",
+    "number",
+    "state",
+    "feasible",
+    "seconds",
+    "runs",
+    "time_to_target",
+    "samples_to_target",
+    "best_metric",
+    "final_metric",
+    "objective_metric",
+    "train_seconds",
+    "epochs",
+    "optimizer_steps",
+    "samples_per_second",
+    "input_wait",
+    "peak_memory_mb",
+    *GPU_COLUMNS,
+    "oom",
+    "oom_bound",
+    "diverged",
+    "interrupted",
+    "reason",
+    "baseline",
 )
 
 
@@ -50,37 +70,49 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
         config = complete(stored) if stored is not None else {k: trial.params.get(k) for k in KNOBS}
         config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
-        rows.append({
-            "number": trial.number,
-            "state": trial.state.name,
-            "feasible": schema.is_feasible(trial),
-            # what the study minimized: the mean over the trial's runs of its time to target, or
-            # of its whole schedule (study/objective.py); the first run's own figures follow
-            "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
-            "runs": len(attrs.get("replicates") or ()) or (1 if attrs.get("train_seconds") is not None else None),
-            "time_to_target": attrs.get("time_to_target"),
-            # the training samples its first run needed to reach the target: not the machine's speed
-            "samples_to_target": attrs.get("samples_to_target"),
-            "best_metric": attrs.get("best_metric"),
-            "final_metric": attrs.get("final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]),
-            # the metric its feasibility was judged by: the worst best over its runs, or their mean final
-            "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
-            "train_seconds": attrs.get("train_seconds"),
-            "epochs": attrs.get("epochs"),
-            "optimizer_steps": attrs.get("optimizer_steps"),
-            "samples_per_second": attrs.get("samples_per_second"),
-            # share of training time (after warm-up) spent waiting for the next batch: input-bound when high
-            "input_wait": attrs.get("input_wait_fraction"),
-            "peak_memory_mb": None if peak is None else peak / 2**20,
-            **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
-            "oom": attrs["oom"],
-            "oom_bound": attrs["oom_bound"],  # pruned without running: a smaller one ran out of memory
-            "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
-            "interrupted": interrupted,
-            "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
-            "baseline": schema.is_baseline(trial),  # the baseline, queued as the first trial (first_trial: baseline)
-            **config,
-        })
+        rows.append(
+            {
+                "number": trial.number,
+                "state": trial.state.name,
+                "feasible": schema.is_feasible(trial),
+                # what the study minimized: the mean over the trial's runs of its time to target, or
+                # of its whole schedule (study/objective.py); the first run's own figures follow
+                "seconds": getattr(trial, "value", None)
+                if trial.state.name == "COMPLETE"
+                else None,
+                "runs": len(attrs.get("replicates") or ())
+                or (1 if attrs.get("train_seconds") is not None else None),
+                "time_to_target": attrs.get("time_to_target"),
+                # the training samples its first run needed to reach the target: not the machine's speed
+                "samples_to_target": attrs.get("samples_to_target"),
+                "best_metric": attrs.get("best_metric"),
+                "final_metric": attrs.get(
+                    "final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]
+                ),
+                # the metric its feasibility was judged by: the worst best over its runs, or their mean final
+                "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
+                "train_seconds": attrs.get("train_seconds"),
+                "epochs": attrs.get("epochs"),
+                "optimizer_steps": attrs.get("optimizer_steps"),
+                "samples_per_second": attrs.get("samples_per_second"),
+                # share of training time (after warm-up) spent waiting for the next batch: input-bound when high
+                "input_wait": attrs.get("input_wait_fraction"),
+                "peak_memory_mb": None if peak is None else peak / 2**20,
+                **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
+                "oom": attrs["oom"],
+                "oom_bound": attrs[
+                    "oom_bound"
+                ],  # pruned without running: a smaller one ran out of memory
+                "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
+                "interrupted": interrupted,
+                "reason": attrs["reason"]
+                or ("interrupted: its worker stopped" if interrupted else None),
+                "baseline": schema.is_baseline(
+                    trial
+                ),  # the baseline, queued as the first trial (first_trial: baseline)
+                **config,
+            }
+        )
     table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])
     for name in (*shown, *params):
         # As stored: a column with a gap (a trial that failed before its configuration was chosen)
@@ -117,7 +149,11 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "oom_bound": int(records["oom_bound"].sum()),
         # stopped once they could no longer beat the best time to target (prune: incumbent)
         "diverged": int(records["diverged"].sum()),
-        "past_incumbent": int(((state == "PRUNED") & ~records["oom"] & ~records["oom_bound"] & ~records["diverged"]).sum()),
+        "past_incumbent": int(
+            (
+                (state == "PRUNED") & ~records["oom"] & ~records["oom_bound"] & ~records["diverged"]
+            ).sum()
+        ),
         "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),
         "interrupted": int(records["interrupted"].sum()),
         "running": int((state == "RUNNING").sum()),
@@ -130,13 +166,18 @@ def all_failed(trials: Iterable[Any]) -> str | None:
     finished = [t for t in trials if t.state.is_finished() and not schema.is_interrupted(t)]
     if not finished or any(t.state.name != "FAIL" for t in finished):
         return None
-    reason, count = collections.Counter(schema.reason(t) or "no reason recorded" for t in finished).most_common(1)[0]
-    return (f"every one of the {len(finished)} trials failed, so nothing was tuned; the most common reason "
-            f"({count} of {len(finished)}): {reason}")
+    reason, count = collections.Counter(
+        schema.reason(t) or "no reason recorded" for t in finished
+    ).most_common(1)[0]
+    return (
+        f"every one of the {len(finished)} trials failed, so nothing was tuned; the most common reason "
+        f"({count} of {len(finished)}): {reason}"
+    )
 
 
-def learning_curves(trials: Iterable[Any], numbers: Iterable[int], *,
-                    confirmation: Mapping[str, Any] | None = None) -> dict[str, list[list[Any]]]:
+def learning_curves(
+    trials: Iterable[Any], numbers: Iterable[int], *, confirmation: Mapping[str, Any] | None = None
+) -> dict[str, list[list[Any]]]:
     """`trial N` -> the curve (train seconds, epochs, metric per evaluation) of each trial in
     `numbers` that stored one, in that order; and `baseline` -> the baseline's first confirmation
     run's curve, where the confirmation kept one."""

@@ -10,17 +10,34 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import results, winner
-from autotune.report.summary import Baseline, Confirmation, Counts, StaleConfirmation, Summary, Target, Winner
+from autotune.report.summary import (
+    Baseline,
+    Confirmation,
+    Counts,
+    StaleConfirmation,
+    Summary,
+    Target,
+    Winner,
+)
 from autotune.search.space import KNOBS, complete
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import confirm, objective as objective_, schema
+from autotune.study import confirm, schema
+from autotune.study import objective as objective_
 
 
 def summarize(
-    name: str, records: pd.DataFrame, *, target: Mapping[str, Any], confirmation: Mapping[str, Any] | None,
-    limits: Mapping[str, Any] | None = None, optimizer: str | None = None, device: str | None = None,
-    probe_outcome: Mapping[str, Any] | None = None, objective: str = TIME_TO_TARGET,
-    confusions: Mapping[int, Any] | None = None, throughput: Mapping[str, Any] | None = None,
+    name: str,
+    records: pd.DataFrame,
+    *,
+    target: Mapping[str, Any],
+    confirmation: Mapping[str, Any] | None,
+    limits: Mapping[str, Any] | None = None,
+    optimizer: str | None = None,
+    device: str | None = None,
+    probe_outcome: Mapping[str, Any] | None = None,
+    objective: str = TIME_TO_TARGET,
+    confusions: Mapping[int, Any] | None = None,
+    throughput: Mapping[str, Any] | None = None,
 ) -> Summary:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
 
@@ -40,19 +57,33 @@ def summarize(
     if best is not None:
         best = _with_detail(best, records, confirmation, confusions or {})
     return Summary(
-        study=name, target=Target(metric=target["metric"], value=target["value"]), counts=Counts(**results.counts(records)),
-        objective=objective, best=best, baseline=baseline, speedup=speedup, confirmation=confirmed,
-        limits=dict(limits) if limits else None, optimizer=optimizer, device=device,
-        probe=dict(probe_outcome) if probe_outcome else None, stale_confirmation=stale,
+        study=name,
+        target=Target(metric=target["metric"], value=target["value"]),
+        counts=Counts(**results.counts(records)),
+        objective=objective,
+        best=best,
+        baseline=baseline,
+        speedup=speedup,
+        confirmation=confirmed,
+        limits=dict(limits) if limits else None,
+        optimizer=optimizer,
+        device=device,
+        probe=dict(probe_outcome) if probe_outcome else None,
+        stale_confirmation=stale,
         throughput=dict(throughput) if throughput else None,
     )
 
 
-def _stale(records: pd.DataFrame, confirmation: Mapping[str, Any] | None) -> StaleConfirmation | None:
+def _stale(
+    records: pd.DataFrame, confirmation: Mapping[str, Any] | None
+) -> StaleConfirmation | None:
     """The confirmation, when it was taken before faster trials came (the run that would redo it
     was stopped): then the best is reported as unconfirmed."""
     covered = confirmation.get("trials") if confirmation else None
-    if covered is None or [int(n) for n in results.best_feasible(records, count=len(covered))["number"]] == covered:
+    if (
+        covered is None
+        or [int(n) for n in results.best_feasible(records, count=len(covered))["number"]] == covered
+    ):
         return None
     return StaleConfirmation(after_trials=confirmation["after_trials"], trials=tuple(covered))
 
@@ -65,52 +96,101 @@ def _best_trial(records: pd.DataFrame, *, stale: bool) -> Winner | None:
     row = best.iloc[0]
     number, runs = int(row["number"]), int(row["runs"])
     source = "single run" if runs == 1 else f"mean of {runs} runs"
-    return Winner(trial=number, label=confirm.label(number), params=_params(row, results.param_names(records)),
-                  time_to_target=float(row["seconds"]), metric=float(row["objective_metric"]), runs=runs,
-                  source=source + (", not confirmed" if stale else ""), epochs=_plain(row["epochs"]))
+    return Winner(
+        trial=number,
+        label=confirm.label(number),
+        params=_params(row, results.param_names(records)),
+        time_to_target=float(row["seconds"]),
+        metric=float(row["objective_metric"]),
+        runs=runs,
+        source=source + (", not confirmed" if stale else ""),
+        epochs=_plain(row["epochs"]),
+    )
 
 
-def _confirmed(confirmation: Mapping[str, Any], records: pd.DataFrame
-               ) -> tuple[Confirmation, Baseline | None, Winner | None, float | None]:
+def _confirmed(
+    confirmation: Mapping[str, Any], records: pd.DataFrame
+) -> tuple[Confirmation, Baseline | None, Winner | None, float | None]:
     """The confirmation's figures, the baseline's, the configuration that won it (None when none
     reached the target) and its speedup over the baseline."""
     objective = confirmation.get("objective", TIME_TO_TARGET)
-    stats = confirm.summarize(confirmation["runs"], objective=objective, target=confirmation.get("target"))
-    figures = Confirmation(seeds=tuple(confirmation["seeds"]), after_trials=confirmation["after_trials"], configs=stats,
-                           predicted=dict(confirmation.get("predicted", {})),
-                           baseline_resolved_by=confirmation.get("baseline_resolved_by"),
-                           precision_effect=confirmation.get("precision_effect"))
+    stats = confirm.summarize(
+        confirmation["runs"], objective=objective, target=confirmation.get("target")
+    )
+    figures = Confirmation(
+        seeds=tuple(confirmation["seeds"]),
+        after_trials=confirmation["after_trials"],
+        configs=stats,
+        predicted=dict(confirmation.get("predicted", {})),
+        baseline_resolved_by=confirmation.get("baseline_resolved_by"),
+        precision_effect=confirmation.get("precision_effect"),
+    )
     base = stats.get(confirm.BASELINE)
-    missed = [r.get("stop_reason") for r in confirmation["runs"]
-              if r["label"] == confirm.BASELINE and not r.get("reached")]
-    baseline = None if not base else Baseline(
-        params=complete(confirmation["configs"][confirm.BASELINE]), time_to_target=base["median"],
-        runs=base["runs"], reached=base["reached"], min=base["min"], max=base["max"],
-        missed_at=tuple(sorted({reason for reason in missed if reason})))
+    missed = [
+        r.get("stop_reason")
+        for r in confirmation["runs"]
+        if r["label"] == confirm.BASELINE and not r.get("reached")
+    ]
+    baseline = (
+        None
+        if not base
+        else Baseline(
+            params=complete(confirmation["configs"][confirm.BASELINE]),
+            time_to_target=base["median"],
+            runs=base["runs"],
+            reached=base["reached"],
+            min=base["min"],
+            max=base["max"],
+            missed_at=tuple(sorted({reason for reason in missed if reason})),
+        )
+    )
     label = confirm.winner(stats)
     if label is None:
         return figures, baseline, None, None
     trial = {confirm.label(n): n for n in confirmation["trials"]}.get(label)  # None: the baseline
     metric = objective_.of(objective).metric
-    metrics = [r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None]
+    metrics = [
+        r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None
+    ]
     epochs = records.loc[records["number"] == trial, "epochs"]
     won = Winner(
-        trial=trial, label=label, params=complete(confirmation["configs"][label]), time_to_target=stats[label]["median"],
-        metric=statistics.fmean(metrics) if metric == "final_metric" else statistics.median(metrics),
-        runs=stats[label]["runs"], reached=stats[label]["reached"], min=stats[label]["min"], max=stats[label]["max"],
-        source="confirmed", epochs=_plain(epochs.iloc[0]) if len(epochs) else None)  # of the study's own run of it
+        trial=trial,
+        label=label,
+        params=complete(confirmation["configs"][label]),
+        time_to_target=stats[label]["median"],
+        metric=statistics.fmean(metrics)
+        if metric == "final_metric"
+        else statistics.median(metrics),
+        runs=stats[label]["runs"],
+        reached=stats[label]["reached"],
+        min=stats[label]["min"],
+        max=stats[label]["max"],
+        source="confirmed",
+        epochs=_plain(epochs.iloc[0]) if len(epochs) else None,
+    )  # of the study's own run of it
     return figures, baseline, won, confirm.speedup(stats, label)
 
 
-def _with_detail(best: Winner, records: pd.DataFrame, confirmation: Mapping[str, Any] | None,
-                 confusions: Mapping[int, Any]) -> Winner:
+def _with_detail(
+    best: Winner,
+    records: pd.DataFrame,
+    confirmation: Mapping[str, Any] | None,
+    confusions: Mapping[int, Any],
+) -> Winner:
     """The winner with its hardware figures and per-class quality, from its confirmation runs
     where it was confirmed, else from its trial."""
-    runs = [r for r in confirmation["runs"] if r["label"] == best.label] if best.confirmed and confirmation else []
+    runs = (
+        [r for r in confirmation["runs"] if r["label"] == best.label]
+        if best.confirmed and confirmation
+        else []
+    )
     rows = records[records["number"] == best.trial]
     row = {k: _plain(v) for k, v in rows.iloc[0].items()} if len(rows) else None
-    return dataclasses.replace(best, telemetry=winner.telemetry(runs, row),
-                               per_class=winner.per_class(runs, confusions.get(best.trial)))
+    return dataclasses.replace(
+        best,
+        telemetry=winner.telemetry(runs, row),
+        per_class=winner.per_class(runs, confusions.get(best.trial)),
+    )
 
 
 def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
@@ -122,12 +202,22 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
     records = results.trial_records(trials, knobs=knobs)
     b = spec.budget
     summary = summarize(
-        spec.name, records, target={"metric": spec.target.metric, "value": spec.target.value},
+        spec.name,
+        records,
+        target={"metric": spec.target.metric, "value": spec.target.value},
         confirmation=schema.confirmation(attrs),
-        limits={"max_epochs": b.max_epochs, "max_seconds": b.max_seconds, "eval_every": b.eval_every},
-        optimizer=schema.optimizer(attrs), device=schema.device(attrs), probe_outcome=schema.probe(attrs),
-        objective=spec.objective, confusions={t.number: schema.measured(t).get("confusion") for t in trials},
-        throughput=schema.throughput(attrs))
+        limits={
+            "max_epochs": b.max_epochs,
+            "max_seconds": b.max_seconds,
+            "eval_every": b.eval_every,
+        },
+        optimizer=schema.optimizer(attrs),
+        device=schema.device(attrs),
+        probe_outcome=schema.probe(attrs),
+        objective=spec.objective,
+        confusions={t.number: schema.measured(t).get("confusion") for t in trials},
+        throughput=schema.throughput(attrs),
+    )
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)
     return records, summary
@@ -136,11 +226,20 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
 def _show_only(summary: Summary, knobs: Sequence[str]) -> Summary:
     """A study whose function reads only some knobs: its configurations show only those (and
     the parameters), and `knobs` tells exports not to invent the rest."""
+
     def shown(params: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in params.items() if k in knobs or k not in KNOBS}
 
-    best = None if summary.best is None else dataclasses.replace(summary.best, params=shown(summary.best.params))
-    base = None if summary.baseline is None else dataclasses.replace(summary.baseline, params=shown(summary.baseline.params))
+    best = (
+        None
+        if summary.best is None
+        else dataclasses.replace(summary.best, params=shown(summary.best.params))
+    )
+    base = (
+        None
+        if summary.baseline is None
+        else dataclasses.replace(summary.baseline, params=shown(summary.baseline.params))
+    )
     return dataclasses.replace(summary, knobs=tuple(knobs), best=best, baseline=base)
 
 

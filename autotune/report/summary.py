@@ -70,10 +70,21 @@ class Winner:
 
     def as_dict(self) -> dict[str, Any]:
         reached = {} if self.reached is None else {"reached": self.reached}
-        return {"trial": self.trial, "label": self.label, "params": dict(self.params), "time_to_target": self.time_to_target,
-                "metric": self.metric, "runs": self.runs, **reached, "min": self.min, "max": self.max,
-                "source": self.source, "epochs": self.epochs,
-                "telemetry": _plain_mapping(self.telemetry), "per_class": _plain_mapping(self.per_class)}
+        return {
+            "trial": self.trial,
+            "label": self.label,
+            "params": dict(self.params),
+            "time_to_target": self.time_to_target,
+            "metric": self.metric,
+            "runs": self.runs,
+            **reached,
+            "min": self.min,
+            "max": self.max,
+            "source": self.source,
+            "epochs": self.epochs,
+            "telemetry": _plain_mapping(self.telemetry),
+            "per_class": _plain_mapping(self.per_class),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +98,16 @@ class Baseline:
     reached: int
     min: float | None
     max: float | None
-    missed_at: tuple[str, ...] = ()  # where the runs that missed the target stopped: max_seconds, max_epochs
+    missed_at: tuple[
+        str, ...
+    ] = ()  # where the runs that missed the target stopped: max_seconds, max_epochs
 
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "params": dict(self.params), "missed_at": list(self.missed_at)}
+        return {
+            **dataclasses.asdict(self),
+            "params": dict(self.params),
+            "missed_at": list(self.missed_at),
+        }
 
     def why_missed(self, limits: Mapping[str, Any] | None) -> str:
         """Why its runs that missed the target did, and what to change: `` (each stopped at ...)``."""
@@ -98,13 +115,17 @@ class Baseline:
         if "max_seconds" in self.missed_at:
             seconds = limits.get("max_seconds")
             at = f" ({seconds:g} s)" if isinstance(seconds, (int, float)) else ""
-            return (f": {self._the_missed()} stopped at budget.max_seconds{at} first, so it has no time to compare with; raise "
-                    f"budget.max_seconds (a busy machine trains slower) and run again")
+            return (
+                f": {self._the_missed()} stopped at budget.max_seconds{at} first, so it has no time to compare with; raise "
+                f"budget.max_seconds (a busy machine trains slower) and run again"
+            )
         if "max_epochs" in self.missed_at:
             epochs = limits.get("max_epochs")
             at = f" ({epochs:g})" if isinstance(epochs, (int, float)) else ""
-            return (f": {self._the_missed()} trained all of budget.max_epochs{at} short of it, so it has no time to compare "
-                    f"with; raise budget.max_epochs, or give a baseline that reaches the target")
+            return (
+                f": {self._the_missed()} trained all of budget.max_epochs{at} short of it, so it has no time to compare "
+                f"with; raise budget.max_epochs, or give a baseline that reaches the target"
+            )
         return ""
 
     def _the_missed(self) -> str:
@@ -121,27 +142,40 @@ class Confirmation:
     seeds: tuple[int, ...]
     after_trials: int
     configs: Mapping[str, Mapping[str, Any]]
-    predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)  # goodput: label -> the search's predicted time
-    baseline_resolved_by: float | None = None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
+    predicted: Mapping[str, float] = dataclasses.field(
+        default_factory=dict
+    )  # goodput: label -> the search's predicted time
+    baseline_resolved_by: float | None = (
+        None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
+    )
     # confirm.precision: the fastest trial's samples to target over its fp32 twin's (confirm.precision_effect)
     precision_effect: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
-        resolved = {"baseline_resolved_by": self.baseline_resolved_by} if self.baseline_resolved_by else {}
+        resolved = (
+            {"baseline_resolved_by": self.baseline_resolved_by} if self.baseline_resolved_by else {}
+        )
         effect = {"precision_effect": dict(self.precision_effect)} if self.precision_effect else {}
-        return {"seeds": list(self.seeds), "after_trials": self.after_trials,
-                "configs": {label: dict(stats) for label, stats in self.configs.items()}, **predicted, **resolved,
-                **effect}
+        return {
+            "seeds": list(self.seeds),
+            "after_trials": self.after_trials,
+            "configs": {label: dict(stats) for label, stats in self.configs.items()},
+            **predicted,
+            **resolved,
+            **effect,
+        }
 
     def precision_sentence(self) -> str:
         """What the precision did to convergence, measured, as one sentence; empty where not measured."""
         effect = self.precision_effect
         if not effect:
             return ""
-        return (f"Precision, measured: {effect['trial']} in {effect['precision']} needed {effect['ratio']:.2f}x the "
-                f"samples its maths needed in fp32 to reach the target ({effect['samples']:,.0f} against "
-                f"{effect['fp32_samples']:,.0f}, median of {counted(effect['pairs'], 'seed')} where both reached it).")
+        return (
+            f"Precision, measured: {effect['trial']} in {effect['precision']} needed {effect['ratio']:.2f}x the "
+            f"samples its maths needed in fp32 to reach the target ({effect['samples']:,.0f} against "
+            f"{effect['fp32_samples']:,.0f}, median of {counted(effect['pairs'], 'seed')} where both reached it)."
+        )
 
     def baseline_stopped_early(self) -> bool:
         """Whether the baseline ran on fewer seeds than the others, being told apart by then."""
@@ -187,7 +221,9 @@ class Summary:
     probe: Mapping[str, Any] | None = None
     stale_confirmation: StaleConfirmation | None = None
     knobs: tuple[str, ...] | None = None
-    throughput: Mapping[str, Any] | None = None  # goodput: the throughput phase's table and cost (search/goodput.py)
+    throughput: Mapping[str, Any] | None = (
+        None  # goodput: the throughput phase's table and cost (search/goodput.py)
+    )
 
     @property
     def fixed_schedule(self) -> bool:
@@ -197,10 +233,18 @@ class Summary:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
         `stale_confirmation`, `knobs` and `throughput`, there only when they apply."""
         out: dict[str, Any] = {
-            "study": self.study, "target": dataclasses.asdict(self.target), "counts": dataclasses.asdict(self.counts),
-            "best": _json(self.best), "baseline": _json(self.baseline), "speedup": self.speedup,
-            "confirmation": _json(self.confirmation), "limits": _plain_mapping(self.limits), "optimizer": self.optimizer,
-            "device": self.device, "probe": _plain_mapping(self.probe), "objective": self.objective,
+            "study": self.study,
+            "target": dataclasses.asdict(self.target),
+            "counts": dataclasses.asdict(self.counts),
+            "best": _json(self.best),
+            "baseline": _json(self.baseline),
+            "speedup": self.speedup,
+            "confirmation": _json(self.confirmation),
+            "limits": _plain_mapping(self.limits),
+            "optimizer": self.optimizer,
+            "device": self.device,
+            "probe": _plain_mapping(self.probe),
+            "objective": self.objective,
         }
         if self.stale_confirmation is not None:
             out["stale_confirmation"] = self.stale_confirmation.as_dict()

@@ -12,9 +12,15 @@ from autotune.search import goodput, probe
 from autotune.study import objective as objective_
 
 TABLE_ROWS = 5
-SHORT_NAMES = {"number": "trial", "samples_per_second": "samples/s", "accumulation_steps": "accum",
-               "prefetch_factor": "prefetch", "schedule_epochs": "schedule", "cudnn_benchmark": "cudnn",
-               "fused_optimizer": "fused"}
+SHORT_NAMES = {
+    "number": "trial",
+    "samples_per_second": "samples/s",
+    "accumulation_steps": "accum",
+    "prefetch_factor": "prefetch",
+    "schedule_epochs": "schedule",
+    "cudnn_benchmark": "cudnn",
+    "fused_optimizer": "fused",
+}
 
 
 def render(summary: Summary, records: pd.DataFrame) -> str:
@@ -31,14 +37,19 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     lines += ["", *_fastest(summary, top)]
     stale = summary.stale_confirmation
     if stale:
-        lines += ["", f"Not confirmed: the confirmation on fresh seeds was taken after {stale.after_trials} trials, of "
-                      f"trials {', '.join(str(n) for n in stale.trials)}, and the study's fastest trials have changed since. "
-                      f"`autotune run` with the same study file redoes it."]
+        lines += [
+            "",
+            f"Not confirmed: the confirmation on fresh seeds was taken after {stale.after_trials} trials, of "
+            f"trials {', '.join(str(n) for n in stale.trials)}, and the study's fastest trials have changed since. "
+            f"`autotune run` with the same study file redoes it.",
+        ]
     if summary.confirmation:
         lines += ["", *_confirmation(summary)]
     best = summary.best
     lines += ["", f"Winner: {_winner_name(best, records)} ({best.source})"]
-    lines += [f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()]  # as the table shows a knob that does not apply
+    lines += [
+        f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()
+    ]  # as the table shows a knob that does not apply
     lines.append(_verdict(summary, best, summary.baseline))
     lines += winner.describe(best.telemetry, best.per_class)
     return "\n".join(lines)
@@ -54,35 +65,61 @@ def _winner_name(best: Winner, records: pd.DataFrame) -> str:
 def _counts(summary: Summary) -> str:
     c = summary.counts
     diverged = f", {c.diverged} diverged" if c.diverged else ""
-    return (f"Study {summary.study}: {c.total} trials: {c.complete} complete ({c.feasible} reached the target), "
-            f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
-            f"{c.oom_bound} known to run out{diverged}), {c.failed} failed, {c.interrupted} interrupted")
+    return (
+        f"Study {summary.study}: {c.total} trials: {c.complete} complete ({c.feasible} reached the target), "
+        f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
+        f"{c.oom_bound} known to run out{diverged}), {c.failed} failed, {c.interrupted} interrupted"
+    )
 
 
 def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
     """The fastest feasible trials as a table, with how many runs each time is the mean of."""
     metric_label = objective_.of(summary.objective).metric_label + summary.target.metric
-    columns = ["number", "seconds", "objective_metric", "epochs", "samples_per_second", *results.knob_names(top),
-               *results.param_names(top)]
+    columns = [
+        "number",
+        "seconds",
+        "objective_metric",
+        "epochs",
+        "samples_per_second",
+        *results.knob_names(top),
+        *results.param_names(top),
+    ]
     table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
     if top["baseline"].eq(True).any():  # first_trial: baseline
-        table["trial"] = [f"{n} (baseline)" if queued is True else str(n) for n, queued in zip(top["number"], top["baseline"])]
+        table["trial"] = [
+            f"{n} (baseline)" if queued is True else str(n)
+            for n, queued in zip(top["number"], top["baseline"])
+        ]
     for column in table.columns:
-        if table[column].dtype == object:  # knobs and parameters, kept as stored: na_rep skips None there
+        if (
+            table[column].dtype == object
+        ):  # knobs and parameters, kept as stored: na_rep skips None there
             table[column] = table[column].map(_cell)
     runs = {int(n) for n in top["runs"].dropna()} or {1}
-    each = ("one run each" if runs == {1} else f"mean of {max(runs)} runs each" if len(runs) == 1
-            else f"mean of {min(runs)}-{max(runs)} runs each")
-    return [f"Fastest trials ({'whole schedules, ' if summary.fixed_schedule else ''}{each}):",
-            table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")]
+    each = (
+        "one run each"
+        if runs == {1}
+        else f"mean of {max(runs)} runs each"
+        if len(runs) == 1
+        else f"mean of {min(runs)}-{max(runs)} runs each"
+    )
+    return [
+        f"Fastest trials ({'whole schedules, ' if summary.fixed_schedule else ''}{each}):",
+        table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-"),
+    ]
 
 
 def _confirmation(summary: Summary) -> list[str]:
     """One line per configuration re-measured on fresh seeds."""
     confirmation, metric = summary.confirmation, summary.target.metric
-    judged = (" (median time of the whole schedule, mean final metric)" if summary.fixed_schedule
-              else " (median, range of runs that reached the target)")
-    lines = [f"Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}{judged}:"]
+    judged = (
+        " (median time of the whole schedule, mean final metric)"
+        if summary.fixed_schedule
+        else " (median, range of runs that reached the target)"
+    )
+    lines = [
+        f"Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}{judged}:"
+    ]
     for label, stats in confirmation.configs.items():
         spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"
         head = f"  {label:<10} {_seconds(stats['median']):>12}  range {spread}, "
@@ -90,18 +127,24 @@ def _confirmation(summary: Summary) -> list[str]:
             final = stats.get("mean_final_metric")
             lines.append(head + f"mean final {metric} {'-' if final is None else f'{final:.4f}'}")
         else:
-            lines.append(head + f"reached in {stats['reached']}/{stats['runs']} runs" + _predicted(confirmation, label))
+            lines.append(
+                head
+                + f"reached in {stats['reached']}/{stats['runs']} runs"
+                + _predicted(confirmation, label)
+            )
     if confirmation.precision_sentence():
         lines.append("  " + confirmation.precision_sentence())
     if confirmation.baseline_stopped_early():
-        lines.append(f"  The baseline ran on {confirmation.configs['baseline']['runs']} of the {len(confirmation.seeds)} seeds: "
-                     f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x the slowest run of every other "
-                     f"configuration, so more could not change which is faster (confirm.baseline: until_resolved)")
+        lines.append(
+            f"  The baseline ran on {confirmation.configs['baseline']['runs']} of the {len(confirmation.seeds)} seeds: "
+            f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x the slowest run of every other "
+            f"configuration, so more could not change which is faster (confirm.baseline: until_resolved)"
+        )
     return lines
 
 
 def _predicted(confirmation: Any, label: str) -> str:
-    """", predicted 1.20 s (measured +5%)": the goodput search's prediction beside the measurement."""
+    """ ", predicted 1.20 s (measured +5%)": the goodput search's prediction beside the measurement."""
     predicted = confirmation.predicted.get(label)
     if predicted is None:
         return ""
@@ -114,24 +157,44 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
     goal = f"{summary.target.metric} >= {summary.target.value}"
     fixed = summary.fixed_schedule
 
-    def reaches(params: Any) -> str:  # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
-        return f"trains its whole {_epochs(params)} schedule to a mean {goal}" if fixed else f"reaches {goal}"
+    def reaches(
+        params: Any,
+    ) -> (
+        str
+    ):  # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
+        return (
+            f"trains its whole {_epochs(params)} schedule to a mean {goal}"
+            if fixed
+            else f"reaches {goal}"
+        )
 
     if best.is_baseline and base:
-        return (f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
-                f"luck): keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
-                f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s).")
+        return (
+            f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
+            f"luck): keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
+            f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s)."
+        )
     if not (best.confirmed and base):
         return f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s ({best.source}, not confirmed on fresh seeds)."
-    claim = (f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
-             f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s); ")
+    claim = (
+        f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
+        f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s); "
+    )
     if summary.speedup:
         baseline_is = f"the baseline's {_epochs(base.params)} schedule" if fixed else "the baseline"
-        return (claim + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {counted(base.runs, 'run')}, range "
-                f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}.")
+        return (
+            claim
+            + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {counted(base.runs, 'run')}, range "
+            f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}."
+        )
     if fixed:
-        return claim + f"the baseline's {_epochs(base.params)} schedule does not reach a mean {goal}."
-    return claim + f"the baseline reached it in only {base.reached} of {counted(base.runs, 'run')}{base.why_missed(summary.limits)}."
+        return (
+            claim + f"the baseline's {_epochs(base.params)} schedule does not reach a mean {goal}."
+        )
+    return (
+        claim
+        + f"the baseline reached it in only {base.reached} of {counted(base.runs, 'run')}{base.why_missed(summary.limits)}."
+    )
 
 
 def _capital(phrase: str) -> str:

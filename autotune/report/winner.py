@@ -11,48 +11,67 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.train import class_figures
 from autotune.report.results import GPU_FIGURES
 from autotune.report.summary import counted
+from autotune.train import class_figures
 
 
-def telemetry(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def telemetry(
+    runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
     """Throughput, input wait, peak memory (and GPU figures where measured) of the winner: medians
     over `runs` (its confirmation runs) when they carry them, else the study's trial `row` (its
     record with plain Python values, None where not measured)."""
-    measured = [r for r in runs if r.get("samples_per_second") is not None or r.get("input_wait_fraction") is not None]
+    measured = [
+        r
+        for r in runs
+        if r.get("samples_per_second") is not None or r.get("input_wait_fraction") is not None
+    ]
     if measured:
         gpus = [r["gpu"] for r in measured if r.get("gpu")]
         return {
             "samples_per_second": _median(r.get("samples_per_second") for r in measured),
             "input_wait": _median(r.get("input_wait_fraction") for r in measured),
-            "peak_memory_mb": _median(None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**20
-                                      for r in measured),
+            "peak_memory_mb": _median(
+                None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**20
+                for r in measured
+            ),
             "gpu": {k: _median(g.get(k) for g in gpus) for k in GPU_FIGURES} if gpus else None,
-            "runs": len(measured), "source": "confirmation",
+            "runs": len(measured),
+            "source": "confirmation",
         }
     if row is None:
         return None
     gpu = {k: row.get(f"gpu_{k}") for k in GPU_FIGURES}
     return {
-        "samples_per_second": row.get("samples_per_second"), "input_wait": row.get("input_wait"),
+        "samples_per_second": row.get("samples_per_second"),
+        "input_wait": row.get("input_wait"),
         "peak_memory_mb": row.get("peak_memory_mb"),
         "gpu": gpu if any(v is not None for v in gpu.values()) else None,
-        "runs": 1, "source": f"trial {int(row['number'])}",
+        "runs": 1,
+        "source": f"trial {int(row['number'])}",
     }
 
 
-def per_class(runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Sequence[int]] | None) -> dict[str, Any] | None:
+def per_class(
+    runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Sequence[int]] | None
+) -> dict[str, Any] | None:
     """Per-class figures from the confusion matrices of `runs` added up, else the trial's own; None
     where the task is no classifier (no matrix was kept)."""
     matrices = [r["confusion"] for r in runs if r.get("confusion")]
     matrix = class_figures.add(matrices) if matrices else trial_confusion
     if not matrix:
         return None
-    return {"runs": len(matrices) or 1, "source": "confirmation" if matrices else "trial", "classes": class_figures.per_class(matrix)}
+    return {
+        "runs": len(matrices) or 1,
+        "source": "confirmation" if matrices else "trial",
+        "classes": class_figures.per_class(matrix),
+    }
 
 
-INPUT_BOUND = 0.5  # share of training time spent waiting for batches above which the run is input-bound
+INPUT_BOUND = (
+    0.5  # share of training time spent waiting for batches above which the run is input-bound
+)
 
 
 def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | None) -> list[str]:
@@ -60,29 +79,42 @@ def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | Non
     the text report."""
     lines = []
     if figures:
-        where = (f"median of {counted(figures['runs'], 'confirmation run')}" if figures["source"] == "confirmation"
-                 else f"{figures['source']}'s run")
+        where = (
+            f"median of {counted(figures['runs'], 'confirmation run')}"
+            if figures["source"] == "confirmation"
+            else f"{figures['source']}'s run"
+        )
         parts = []
         if figures["samples_per_second"] is not None:
             parts.append(f"{figures['samples_per_second']:.0f} samples/s after warm-up")
         if figures["input_wait"] is not None:
-            parts.append(f"{100 * figures['input_wait']:.0f}% of training time waiting for input"
-                         + (" (input-bound)" if figures["input_wait"] > INPUT_BOUND else ""))
+            parts.append(
+                f"{100 * figures['input_wait']:.0f}% of training time waiting for input"
+                + (" (input-bound)" if figures["input_wait"] > INPUT_BOUND else "")
+            )
         if figures["peak_memory_mb"] is not None:
             parts.append(f"peak memory {figures['peak_memory_mb']:.0f} MiB")
         gpu = figures.get("gpu")
         if gpu:
-            parts.append(f"GPU {gpu['util_mean']:.0f}% busy on average (max {gpu['util_max']:.0f}%), "
-                         f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, {gpu['power_mean_w']:.0f} W on average")
+            parts.append(
+                f"GPU {gpu['util_mean']:.0f}% busy on average (max {gpu['util_max']:.0f}%), "
+                f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, {gpu['power_mean_w']:.0f} W on average"
+            )
         if parts:
             lines.append(f"Hardware ({where}): {', '.join(parts)}.")
     if quality:
         scored = [c for c in quality["classes"] if c["f1"] is not None]
-        where = f"{counted(quality['runs'], 'run')} pooled" if quality["source"] == "confirmation" else "the trial's run"
+        where = (
+            f"{counted(quality['runs'], 'run')} pooled"
+            if quality["source"] == "confirmation"
+            else "the trial's run"
+        )
         if scored:
             low, high = min(scored, key=lambda c: c["f1"]), max(scored, key=lambda c: c["f1"])
-            lines.append(f"Per class on the validation set ({where}): F1 from {low['f1']:.3f} (class {low['class']}) "
-                         f"to {high['f1']:.3f} (class {high['class']}); `report --html` shows every class.")
+            lines.append(
+                f"Per class on the validation set ({where}): F1 from {low['f1']:.3f} (class {low['class']}) "
+                f"to {high['f1']:.3f} (class {high['class']}); `report --html` shows every class."
+            )
     return lines
 
 

@@ -31,7 +31,11 @@ def adopt_orphans(adopt: bool = True) -> bool | None:
         was = ctypes.c_int(0)
         if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
             return None
-        return bool(was.value) if libc.prctl(PR_SET_CHILD_SUBREAPER, int(adopt), 0, 0, 0) == 0 else None
+        return (
+            bool(was.value)
+            if libc.prctl(PR_SET_CHILD_SUBREAPER, int(adopt), 0, 0, 0) == 0
+            else None
+        )
     except (OSError, AttributeError):
         return None
 
@@ -71,7 +75,9 @@ class Descendants:
         self._adopted_before = adopt_orphans()
         self._adopting = self._adopted_before is not None
         started = _processes().get(root)
-        self._since = started[1] if started else 0  # orphans handed here began no earlier than the command
+        self._since = (
+            started[1] if started else 0
+        )  # orphans handed here began no earlier than the command
 
     def sample(self, *, now: bool = False) -> None:
         """Note the processes under the command; at most every SAMPLE_SECONDS unless `now`."""
@@ -81,12 +87,17 @@ class Descendants:
         table = _processes()
         under, frontier = set(), {self.root}
         while frontier:
-            frontier = {pid for pid, (parent, _) in table.items() if parent in frontier and pid not in under}
+            frontier = {
+                pid for pid, (parent, _) in table.items() if parent in frontier and pid not in under
+            }
             under |= frontier
         here = os.getpid()
         if self._adopting:  # orphans of the command, handed to this process
-            under |= {pid for pid, (parent, start) in table.items()
-                      if parent == here and pid != self.root and start >= self._since and _not_ours(pid)}
+            under |= {
+                pid
+                for pid, (parent, start) in table.items()
+                if parent == here and pid != self.root and start >= self._since and _not_ours(pid)
+            }
         self.seen.update({pid: table[pid][1] for pid in under})
 
     def end(self) -> list[int]:

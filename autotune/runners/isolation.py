@@ -13,16 +13,16 @@ import multiprocessing
 import os
 import signal
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-from autotune.train import oom
 from autotune.runners import reasons, watchdog
-from autotune.train.tasks import BUILT_IN, Task, load_task
+from autotune.train import oom
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
+from autotune.train.tasks import BUILT_IN, Task, load_task
 from autotune.train.trial import run
 
 T = TypeVar("T")
@@ -48,7 +48,9 @@ class TrialFailure(Exception):
     @classmethod
     def of(cls, exc: BaseException) -> TrialFailure:
         """The failure an exception raised by a trial stands for."""
-        return cls(reasons.error_reason(exc), oom=oom.is_oom(exc), diverged=isinstance(exc, Diverged))
+        return cls(
+            reasons.error_reason(exc), oom=oom.is_oom(exc), diverged=isinstance(exc, Diverged)
+        )
 
 
 class Pruned(Exception):
@@ -57,12 +59,22 @@ class Pruned(Exception):
 
     def __init__(self, reason: str, *, seconds: float | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.seconds = reason, seconds  # seconds: the training clock when it was stopped
+        self.reason, self.seconds = (
+            reason,
+            seconds,
+        )  # seconds: the training clock when it was stopped
 
 
 class RunTrial(Protocol):
-    def __call__(self, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                 progress: Progress | None = None) -> TrialResult: ...
+    def __call__(
+        self,
+        config: TrialConfig,
+        *,
+        limits: Limits,
+        device: torch.device,
+        seed: int,
+        progress: Progress | None = None,
+    ) -> TrialResult: ...
 
 
 class Measure(Protocol):
@@ -70,7 +82,9 @@ class Measure(Protocol):
     module-level function such as throughput.measure (the throughput phase) or rates.measure
     (the systems probe), here or in a child process."""
 
-    def __call__(self, work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T: ...
+    def __call__(
+        self, work: Callable[..., T], *args: Any, device: torch.device, seed: int
+    ) -> T: ...
 
 
 def resolve(mode: str, device: torch.device) -> str:
@@ -91,9 +105,17 @@ def in_process(task: Task) -> RunTrial:
     """Trials run here; any exception becomes a TrialFailure with its reason."""
     warm_up()
 
-    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                  progress: Progress | None = None) -> TrialResult:
-        return _as_failure(lambda: run(task, config, limits=limits, device=device, seed=seed, progress=progress))
+    def run_trial(
+        config: TrialConfig,
+        *,
+        limits: Limits,
+        device: torch.device,
+        seed: int,
+        progress: Progress | None = None,
+    ) -> TrialResult:
+        return _as_failure(
+            lambda: run(task, config, limits=limits, device=device, seed=seed, progress=progress)
+        )
 
     return run_trial
 
@@ -126,8 +148,14 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
     """Each trial in a fresh child process, killed after `hang_after` seconds of wall time."""
     start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
 
-    def run_trial(config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                  progress: Progress | None = None) -> TrialResult:
+    def run_trial(
+        config: TrialConfig,
+        *,
+        limits: Limits,
+        device: torch.device,
+        seed: int,
+        progress: Progress | None = None,
+    ) -> TrialResult:
         return start(train_trial, (config, limits, device, seed), progress=progress)
 
     return run_trial
@@ -159,8 +187,19 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
 
     def start(work: Any, args: tuple[Any, ...], *, progress: Progress | None) -> Any:
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_child_main, name="autotune-trial",
-                                args=(sender, os.getpid(), multiprocessing.get_start_method(), task_name, study_path, work, args))
+        child = context.Process(
+            target=_child_main,
+            name="autotune-trial",
+            args=(
+                sender,
+                os.getpid(),
+                multiprocessing.get_start_method(),
+                task_name,
+                study_path,
+                work,
+                args,
+            ),
+        )
         child.start()
         sender.close()  # so that the child's death reads as end-of-file here
         try:
@@ -187,13 +226,25 @@ def end(child: Any) -> None:
     _kill_group(child.pid)
 
 
-def train_trial(task: Task, progress: Progress, config: TrialConfig, limits: Limits, device: torch.device,
-           seed: int) -> TrialResult:
+def train_trial(
+    task: Task,
+    progress: Progress,
+    config: TrialConfig,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+) -> TrialResult:
     return run(task, config, limits=limits, device=device, seed=seed, progress=progress)
 
 
-def take_measurement(task: Task, progress: Progress, work: Callable[..., Any], args: tuple[Any, ...], device: torch.device,
-                 seed: int) -> Any:
+def take_measurement(
+    task: Task,
+    progress: Progress,
+    work: Callable[..., Any],
+    args: tuple[Any, ...],
+    device: torch.device,
+    seed: int,
+) -> Any:
     return work(task, *args, device=device, seed=seed)
 
 
@@ -205,7 +256,9 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def await_reply(child: Any, receiver: Any, *, hang_after: float, progress: Progress | None) -> tuple[Any, ...]:
+def await_reply(
+    child: Any, receiver: Any, *, hang_after: float, progress: Progress | None
+) -> tuple[Any, ...]:
     """The child's last word on its work: ("result", value) or ("error", TrialFailure), and what
     else it sent with it; the progress it reports meanwhile goes to `progress`. A child that says
     nothing within `hang_after` seconds, or dies first, is a TrialFailure."""
@@ -213,7 +266,9 @@ def await_reply(child: Any, receiver: Any, *, hang_after: float, progress: Progr
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TrialFailure(f"timeout: no result after {hang_after:g} s of wall time; the trial's process was killed")
+            raise TrialFailure(
+                f"timeout: no result after {hang_after:g} s of wall time; the trial's process was killed"
+            )
         if not receiver.poll(min(remaining, 1.0)):
             continue
         try:
@@ -234,8 +289,15 @@ def _exit_description(code: int | None) -> str:
     return f"the trial's process exited with status {code} before it reported a result"
 
 
-def _child_main(sender: Any, study_pid: int, start_method: str, task_name: str, study_path: Path, work: Any,
-                args: tuple[Any, ...]) -> None:
+def _child_main(
+    sender: Any,
+    study_pid: int,
+    start_method: str,
+    task_name: str,
+    study_path: Path,
+    work: Any,
+    args: tuple[Any, ...],
+) -> None:
     """The child: build the task, run `work` (a trial, the throughput phase), send back the result
     or the failure."""
     become_trial_process(study_pid, start_method)
@@ -289,6 +351,6 @@ def _die_with(study_pid: int) -> None:
     so the kernel's parent-death signal would never come; a watchdog thread asks instead.
     """
 
-    watchdog.on_death(study_pid, lambda: os.killpg(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS)
-
-
+    watchdog.on_death(
+        study_pid, lambda: os.killpg(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS
+    )

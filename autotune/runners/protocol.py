@@ -59,7 +59,9 @@ from autotune.runners import watchdog
 
 REPORT_FD = "AUTOTUNE_REPORT_FD"
 CONFIG = "AUTOTUNE_CONFIG"
-STUDY_PID = "AUTOTUNE_STUDY_PID"  # the process running the study: the script ends itself when it is gone
+STUDY_PID = (
+    "AUTOTUNE_STUDY_PID"  # the process running the study: the script ends itself when it is gone
+)
 WATCH_SECONDS = 0.5
 
 
@@ -78,8 +80,10 @@ def report(*, step: int, metric: float | None = None, **more: Any) -> None:
     except BrokenPipeError:  # the study's end of the pipe is closed: nobody will read this trial
         _end_trial()
     except (OSError, ValueError) as exc:
-        raise RuntimeError(f"{REPORT_FD}={fd!r} is not a file descriptor open in this process ({exc}); "
-                           f"was the script started by a tool that closes inherited descriptors?") from None
+        raise RuntimeError(
+            f"{REPORT_FD}={fd!r} is not a file descriptor open in this process ({exc}); "
+            f"was the script started by a tool that closes inherited descriptors?"
+        ) from None
     return None
 
 
@@ -91,7 +95,7 @@ def _plain(value: Any) -> Any:
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 _watching = threading.Event()

@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from autotune.train.measure import device_name
 from autotune.runners.protocol import Report
 from autotune.train.config import Limits, TrialResult
+from autotune.train.measure import device_name
 from autotune.train.trial import MIN_WARMUP_STEPS, WARMUP_FRACTION
 
 
@@ -27,10 +27,14 @@ class Tally:
         self.last_metric: float | None = None
         self.best_metric: float | None = None
         self.reached = False
-        self.curve: list[tuple[float, float | None, float]] = []  # (seconds, epochs, metric) per metric report
+        self.curve: list[
+            tuple[float, float | None, float]
+        ] = []  # (seconds, epochs, metric) per metric report
         self._epoch: float | None = None
         self._stepped = False  # whether any report carried a step
-        self._samples: list[tuple[float, int, int]] = []  # (seconds, step, samples) per report with samples
+        self._samples: list[
+            tuple[float, int, int]
+        ] = []  # (seconds, step, samples) per report with samples
         self._peak_memory: int | None = None
         self._malformed = 0  # lines on the report channel that were not a JSON object
         self._first_malformed = ""
@@ -38,22 +42,28 @@ class Tally:
     def malformed(self, line: str | bytes) -> None:
         """A line on the report channel that was not a report: counted, to say so if no metric came."""
         if not self._malformed:
-            self._first_malformed = (line.decode(errors="replace") if isinstance(line, bytes) else line).strip()[:120]
+            self._first_malformed = (
+                line.decode(errors="replace") if isinstance(line, bytes) else line
+            ).strip()[:120]
         self._malformed += 1
 
     def malformed_note(self) -> str:
         """'; N line(s) ... were not JSON objects ..., the first: ...', or nothing."""
         if not self._malformed:
             return ""
-        return (f"; {self._malformed} line(s) on the report channel were not JSON objects and were skipped, "
-                f"the first: {self._first_malformed!r}")
+        return (
+            f"; {self._malformed} line(s) on the report channel were not JSON objects and were skipped, "
+            f"the first: {self._first_malformed!r}"
+        )
 
     def add(self, report: Report, *, seconds: float) -> None:
         """One report, read `seconds` after the command was launched."""
         self.reports += 1
         self.steps = max(self.steps, report.step or 0)
         self._stepped = self._stepped or report.step is not None
-        self.total_steps = report.total_steps if report.total_steps is not None else self.total_steps
+        self.total_steps = (
+            report.total_steps if report.total_steps is not None else self.total_steps
+        )
         self._epoch = report.epoch if report.epoch is not None else self._epoch
         if report.samples is not None:
             self._samples.append((seconds, self.steps, report.samples))
@@ -61,7 +71,9 @@ class Tally:
             self._peak_memory = max(self._peak_memory or 0, report.peak_memory_bytes)
         if report.metric is not None:
             self.last_metric = report.metric
-            self.best_metric = max(report.metric, self.best_metric if self.best_metric is not None else -math.inf)
+            self.best_metric = max(
+                report.metric, self.best_metric if self.best_metric is not None else -math.inf
+            )
             epochs = report.epoch if report.epoch is not None else self._estimated_epochs()
             self.curve.append((seconds, epochs, report.metric))
             self.reached = report.metric >= self.limits.target
@@ -85,7 +97,9 @@ class Tally:
     def result(self, *, stop_reason: str, elapsed: float, memory: int) -> TrialResult:
         """The trial's result, stopped for `stop_reason` after `elapsed` seconds on autotune's
         clock; `memory` is the command's peak resident memory in bytes."""
-        assert self.best_metric is not None, "a result needs at least one metric; the caller fails the trial"
+        assert self.best_metric is not None, (
+            "a result needs at least one metric; the caller fails the trial"
+        )
         reached = stop_reason == "target"
         return TrialResult(
             reached=reached,

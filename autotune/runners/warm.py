@@ -35,7 +35,9 @@ from autotune.train.tasks import Task, load_task
 
 T = TypeVar("T")
 TRIALS_PER_CHILD = 25  # a bound on what slow leaks no single trial shows can add up to
-DEVICE_LEAK_BYTES = 64 << 20  # device memory still allocated after a trial, beyond what the task holds
+DEVICE_LEAK_BYTES = (
+    64 << 20
+)  # device memory still allocated after a trial, beyond what the task holds
 RSS_GROWTH_BYTES = 1 << 30  # resident memory grown since the first trial ended
 STOP_SECONDS = 10.0  # how long a pruned trial's child gets to stop before it is killed
 SETTLE_SECONDS = 2.0  # how long a trial's DataLoader workers get to exit after it ends
@@ -46,25 +48,51 @@ class WarmChild:
     `run_trial` and `measure` are a RunTrial and a Measure. A trial gets `hang_after` seconds of
     wall time, a measurement `measure_hang_after`."""
 
-    def __init__(self, task_name: str, *, study_path: Path, hang_after: float, measure_hang_after: float,
-                 notice: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        task_name: str,
+        *,
+        study_path: Path,
+        hang_after: float,
+        measure_hang_after: float,
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
         self.task_name, self.study_path = task_name, study_path
         self.hang_after, self.measure_hang_after = hang_after, measure_hang_after
-        self.notice = notice  # told why a child that served well was replaced (a failed trial says so itself)
+        self.notice = (
+            notice  # told why a child that served well was replaced (a failed trial says so itself)
+        )
         self.replaced: list[str] = []  # why each earlier child was let go, oldest first
         self._held = _Held()
         # Dropping the runners ends the child (a study run from the Python API, a test); the
         # child's watchdog ends it anyway when this process is gone.
         weakref.finalize(self, self._held.end)
 
-    def run_trial(self, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int,
-                  progress: Progress | None = None) -> TrialResult:
-        return self._run(isolation.train_trial, (config, limits, device, seed), device=device,
-                         hang_after=self.hang_after, progress=progress)
+    def run_trial(
+        self,
+        config: TrialConfig,
+        *,
+        limits: Limits,
+        device: torch.device,
+        seed: int,
+        progress: Progress | None = None,
+    ) -> TrialResult:
+        return self._run(
+            isolation.train_trial,
+            (config, limits, device, seed),
+            device=device,
+            hang_after=self.hang_after,
+            progress=progress,
+        )
 
     def measure(self, work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
-        return self._run(isolation.take_measurement, (work, args, device, seed), device=device,
-                         hang_after=self.measure_hang_after, progress=None)
+        return self._run(
+            isolation.take_measurement,
+            (work, args, device, seed),
+            device=device,
+            hang_after=self.measure_hang_after,
+            progress=None,
+        )
 
     @property
     def pid(self) -> int | None:
@@ -74,15 +102,24 @@ class WarmChild:
     def close(self) -> None:
         self._held.end()
 
-    def _run(self, work: Callable[..., Any], args: tuple[Any, ...], *, device: torch.device, hang_after: float,
-             progress: Progress | None) -> Any:
+    def _run(
+        self,
+        work: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        device: torch.device,
+        hang_after: float,
+        progress: Progress | None,
+    ) -> Any:
         """`work(task, progress, *args)` in the warm child, started first where there is none."""
         held = self._held
         if held.child is None:
             held.start(isolation.fork_server(self.task_name), self.task_name, self.study_path)
         held.connection.send(("work", work, args, device))
         try:
-            kind, value, left = isolation.await_reply(held.child, held.connection, hang_after=hang_after, progress=progress)
+            kind, value, left = isolation.await_reply(
+                held.child, held.connection, hang_after=hang_after, progress=progress
+            )
         except Pruned:
             self._stop_trial()
             raise
@@ -103,7 +140,9 @@ class WarmChild:
         try:
             held.connection.send(("stop",))
             # Its result may already be on the way: that ends the trial as well.
-            kind, value, left = isolation.await_reply(held.child, held.connection, hang_after=STOP_SECONDS, progress=None)
+            kind, value, left = isolation.await_reply(
+                held.child, held.connection, hang_after=STOP_SECONDS, progress=None
+            )
         except (TrialFailure, OSError) as exc:
             self._replace(f"a pruned trial did not stop: {exc}", tell=True)
             return
@@ -130,8 +169,11 @@ class _Held:
 
     def start(self, context: Any, task_name: str, study_path: Path) -> None:
         here, there = context.Pipe(duplex=True)
-        child = context.Process(target=_serve, name="autotune-warm-trial",
-                                args=(there, os.getpid(), multiprocessing.get_start_method(), task_name, study_path))
+        child = context.Process(
+            target=_serve,
+            name="autotune-warm-trial",
+            args=(there, os.getpid(), multiprocessing.get_start_method(), task_name, study_path),
+        )
         try:
             child.start()
         finally:
@@ -147,11 +189,15 @@ class _Held:
         isolation.end(child)
 
 
-def _serve(connection: Any, study_pid: int, start_method: str, task_name: str, study_path: Path) -> None:
+def _serve(
+    connection: Any, study_pid: int, start_method: str, task_name: str, study_path: Path
+) -> None:
     """The warm child: build the task once, then run each piece of work the study sends, until
     one fails or leaves something behind, or the study closes the pipe."""
     isolation.become_trial_process(study_pid, start_method)
-    progress = isolation.reporter(connection, stop=lambda: connection.poll() and connection.recv()[0] == "stop")
+    progress = isolation.reporter(
+        connection, stop=lambda: connection.poll() and connection.recv()[0] == "stop"
+    )
     task: Task | None = None
     before = first = None  # the footprint before the first trial (the task built), and after it
     served = 0
@@ -180,7 +226,10 @@ def _serve(connection: Any, study_pid: int, start_method: str, task_name: str, s
         after = _Footprint.now(device, known=before.children)
         first = first or after
         left = left_behind(before, first, after) or (
-            f"it had run {served} trials, the most one process runs" if served >= TRIALS_PER_CHILD else None)
+            f"it had run {served} trials, the most one process runs"
+            if served >= TRIALS_PER_CHILD
+            else None
+        )
         connection.send((*reply, left))
         if left:
             return
@@ -204,7 +253,10 @@ class _Footprint:
             torch.cuda.empty_cache()
             device_bytes = torch.cuda.memory_allocated(device)
         deadline = time.monotonic() + SETTLE_SECONDS
-        while set(children := descendants.children(os.getpid())) - set(known) and time.monotonic() < deadline:
+        while (
+            set(children := descendants.children(os.getpid())) - set(known)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)  # DataLoader workers that were told to exit
         return cls(device_bytes, _rss_bytes(), children)
 
@@ -216,7 +268,9 @@ def left_behind(before: _Footprint, first: _Footprint, after: _Footprint) -> str
         return f"a trial left {held / 2**20:.0f} MiB of device memory allocated"
     started = [pid for pid in after.children if pid not in before.children]
     if started:
-        return f"a trial left {len(started)} process(es) running (pid {', '.join(map(str, started))})"
+        return (
+            f"a trial left {len(started)} process(es) running (pid {', '.join(map(str, started))})"
+        )
     grown = after.rss_bytes - first.rss_bytes
     if grown > RSS_GROWTH_BYTES:
         return f"its resident memory grew by {grown / 2**20:.0f} MiB since its first trial"

@@ -13,9 +13,14 @@ def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
     return unsupported
 
 
-def unsupported_switches(*, cuda: bool, compile_problem: str | None = None,
-                         channels_last_problem: str | None = None, tf32_problem: str | None = None,
-                         fused_optimizer_problem: str | None = None) -> dict[str, str]:
+def unsupported_switches(
+    *,
+    cuda: bool,
+    compile_problem: str | None = None,
+    channels_last_problem: str | None = None,
+    tf32_problem: str | None = None,
+    fused_optimizer_problem: str | None = None,
+) -> dict[str, str]:
     """The on/off knobs that cannot be on here, each with the reason."""
     unsupported = {}
     if not cuda:
@@ -40,8 +45,14 @@ CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (gi
 
 
 def restrict_to_device(
-    space: Space, *, cuda: bool, bf16: bool, compile_problem: str | None = None,
-    channels_last_problem: str | None = None, tf32_problem: str | None = None, fused_optimizer_problem: str | None = None,
+    space: Space,
+    *,
+    cuda: bool,
+    bf16: bool,
+    compile_problem: str | None = None,
+    channels_last_problem: str | None = None,
+    tf32_problem: str | None = None,
+    fused_optimizer_problem: str | None = None,
 ) -> tuple[Space, list[str], dict[str, str]]:
     """Remove what the device (or the install, or the task's model) cannot run.
 
@@ -62,8 +73,13 @@ def restrict_to_device(
     elif kept != precision.values:
         space = space.replace("precision", Choices(kept))
 
-    switches = unsupported_switches(cuda=cuda, compile_problem=compile_problem, channels_last_problem=channels_last_problem,
-                                    tf32_problem=tf32_problem, fused_optimizer_problem=fused_optimizer_problem)
+    switches = unsupported_switches(
+        cuda=cuda,
+        compile_problem=compile_problem,
+        channels_last_problem=channels_last_problem,
+        tf32_problem=tf32_problem,
+        fused_optimizer_problem=fused_optimizer_problem,
+    )
     if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
         switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
     for knob, reason in switches.items():

@@ -32,7 +32,9 @@ from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Sp
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
 # are per micro-batch).
 LOADER, FORMAT = LOADER_KNOBS, FORMAT_KNOBS
-MAX_MEASURED_BATCHES = 6  # micro-batches measured from a range; the step-time model fills in between
+MAX_MEASURED_BATCHES = (
+    6  # micro-batches measured from a range; the step-time model fills in between
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,9 @@ class Speed:
     """How fast one systems setting trains: what a prediction is made of."""
 
     samples_per_second: float
-    fixed_seconds: float  # start-up beyond its steps: loader start, compilation, first cuDNN searches
+    fixed_seconds: (
+        float  # start-up beyond its steps: loader start, compilation, first cuDNN searches
+    )
 
     def seconds(self, samples: float) -> float:
         return self.fixed_seconds + samples / self.samples_per_second
@@ -61,7 +65,9 @@ class Entry:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Entry:
         speed = data.get("speed")
-        return cls(data["settings"], None if speed is None else Speed(**speed), oom=bool(data.get("oom")))
+        return cls(
+            data["settings"], None if speed is None else Speed(**speed), oom=bool(data.get("oom"))
+        )
 
 
 def values_of(domain: Any, *, most: int | None = None) -> list[Any]:
@@ -71,8 +77,17 @@ def values_of(domain: Any, *, most: int | None = None) -> list[Any]:
         return list(domain.values)
     assert isinstance(domain, Range)
     low, high = int(domain.low), int(domain.high)
-    values = sorted({low, high, *(2**k for k in range(int(math.log2(max(low, 1))), int(math.log2(high)) + 1)
-                                  if low <= 2**k <= high)})
+    values = sorted(
+        {
+            low,
+            high,
+            *(
+                2**k
+                for k in range(int(math.log2(max(low, 1))), int(math.log2(high)) + 1)
+                if low <= 2**k <= high
+            ),
+        }
+    )
     if most is not None and len(values) > most:
         picks = {round(i * (len(values) - 1) / (most - 1)) for i in range(most)}
         values = [v for i, v in enumerate(values) if i in picks]
@@ -97,24 +112,47 @@ def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
     return setting
 
 
-def settings_to_measure(space: Space, baseline: Mapping[str, Any], *, precisions: Sequence[str] | None = None,
-                        batches: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def settings_to_measure(
+    space: Space,
+    baseline: Mapping[str, Any],
+    *,
+    precisions: Sequence[str] | None = None,
+    batches: Iterable[int] | None = None,
+) -> list[dict[str, Any]]:
     """The systems settings the throughput phase measures: every micro-batch (`batches`, else
     the space's) x precision (`precisions`, else the space's) x format choice, at one loader
     setting; in increasing micro-batch, so that one that runs out of memory rules out the larger."""
     loader = loader_setting(space, baseline)
-    batches = sorted(set(batches if batches is not None else values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)))
+    batches = sorted(
+        set(
+            batches
+            if batches is not None
+            else values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)
+        )
+    )
     precisions = list(precisions if precisions is not None else space["precision"].values)
-    return [{"batch_size": b, "precision": p, **loader, **f} for p in precisions for f in formats_for(space, p) for b in batches]
+    return [
+        {"batch_size": b, "precision": p, **loader, **f}
+        for p in precisions
+        for f in formats_for(space, p)
+        for b in batches
+    ]
 
 
-def splits(effective: int, space: Space, *, micro_batch: int | None = None) -> list[tuple[int, int]]:
+def splits(
+    effective: int, space: Space, *, micro_batch: int | None = None
+) -> list[tuple[int, int]]:
     """The (micro-batch, accumulation steps) pairs of the space that make `effective`; only
     `micro_batch` itself when it is fixed (BatchNorm)."""
     accumulation = space["accumulation_steps"]
     candidates = [micro_batch] if micro_batch is not None else range(1, effective + 1)
-    return [(m, effective // m) for m in candidates
-            if effective % m == 0 and contains(space["batch_size"], m) and contains(accumulation, effective // m)]
+    return [
+        (m, effective // m)
+        for m in candidates
+        if effective % m == 0
+        and contains(space["batch_size"], m)
+        and contains(accumulation, effective // m)
+    ]
 
 
 def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
@@ -125,7 +163,9 @@ def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | 
     xs = [m for m, _ in points]
     ys = [m / speed for m, speed in points]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    b = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
     return mean_y - b * mean_x, b
 
 
@@ -141,7 +181,9 @@ class Table:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Table:
-        return cls((Entry.from_json(e) for e in data["entries"]), batch_norm=bool(data["batch_norm"]))
+        return cls(
+            (Entry.from_json(e) for e in data["entries"]), batch_norm=bool(data["batch_norm"])
+        )
 
     def largest_fitting(self) -> dict[str, int]:
         """Per precision, the largest micro-batch measured without running out of memory."""
@@ -166,28 +208,48 @@ class Table:
         if any(e.oom and e.settings["batch_size"] <= batch for e in same) or not measured:
             return None
         batches = [e.settings["batch_size"] for e in measured]
-        model = fit_step_time([(e.settings["batch_size"], e.speed.samples_per_second) for e in measured])
-        if model is None or not min(batches) <= batch <= max(batches) or model[0] + model[1] * batch <= 0:
+        model = fit_step_time(
+            [(e.settings["batch_size"], e.speed.samples_per_second) for e in measured]
+        )
+        if (
+            model is None
+            or not min(batches) <= batch <= max(batches)
+            or model[0] + model[1] * batch <= 0
+        ):
             return None
         nearest = min(measured, key=lambda e: abs(e.settings["batch_size"] - batch))
         return Speed(batch / (model[0] + model[1] * batch), nearest.speed.fixed_seconds)
 
-    def options(self, config: Mapping[str, Any], space: Space) -> list[tuple[dict[str, Any], Speed]]:
+    def options(
+        self, config: Mapping[str, Any], space: Space
+    ) -> list[tuple[dict[str, Any], Speed]]:
         """Every measured way to train `config`'s maths: the systems knobs it would take, each
         with its speed."""
         effective = config["batch_size"] * config["accumulation_steps"]
         fixed_batch = config["batch_size"] if self.batch_norm else None
         loader = {k: self.entries[0].settings[k] for k in LOADER} if self.entries else {}
-        formats = {format_key(e.settings)[1:] for e in self.entries if e.settings["precision"] == config["precision"]}
+        formats = {
+            format_key(e.settings)[1:]
+            for e in self.entries
+            if e.settings["precision"] == config["precision"]
+        }
         found = []
-        for (micro, steps), form in itertools.product(splits(effective, space, micro_batch=fixed_batch), sorted(formats)):
-            settings = {"batch_size": micro, "precision": config["precision"], **dict(zip(FORMAT, form))}
+        for (micro, steps), form in itertools.product(
+            splits(effective, space, micro_batch=fixed_batch), sorted(formats)
+        ):
+            settings = {
+                "batch_size": micro,
+                "precision": config["precision"],
+                **dict(zip(FORMAT, form)),
+            }
             speed = self.speed_of(settings)
             if speed is not None:
                 found.append(({**settings, "accumulation_steps": steps, **loader}, speed))
         return found
 
-    def fastest(self, config: Mapping[str, Any], space: Space, *, samples: float | None) -> tuple[dict[str, Any], Speed] | None:
+    def fastest(
+        self, config: Mapping[str, Any], space: Space, *, samples: float | None
+    ) -> tuple[dict[str, Any], Speed] | None:
         """`config` trained by its fastest systems setting: the least predicted time for
         `samples` samples (None: the highest speed), as (the configuration, its speed); None
         when no measured setting trains its maths (each ran out of memory)."""
@@ -208,11 +270,16 @@ def describe(phase: Mapping[str, Any]) -> str:
     fastest = max(measured, key=lambda e: e.speed.samples_per_second, default=None)
     parts = [f"{len(measured)} of {len(table.entries)} systems settings measured"]
     if fastest is not None:
-        parts.append(f"fastest {fastest.speed.samples_per_second:,.0f} samples/s at batch {fastest.settings['batch_size']}, "
-                     f"{fastest.settings['precision']}")
+        parts.append(
+            f"fastest {fastest.speed.samples_per_second:,.0f} samples/s at batch {fastest.settings['batch_size']}, "
+            f"{fastest.settings['precision']}"
+        )
     ran_out = [e for e in table.entries if e.oom]
     if ran_out:
-        parts.append("largest micro-batch that fits: " + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items())))
+        parts.append(
+            "largest micro-batch that fits: "
+            + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items()))
+        )
     return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts) + load_note(phase)
 
 

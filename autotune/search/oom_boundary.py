@@ -16,7 +16,6 @@ from typing import Any
 
 from autotune.search.space import FORMAT_KNOBS, KNOBS, PRECISIONS
 
-
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
 # TF32 changes the arithmetic's precision, not its tensors, and the fused step the kernels that
@@ -26,13 +25,23 @@ SAME_LAYOUT = tuple(k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimize
 
 def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     """True when `config` needs at least the memory `other` needed."""
-    same_params = {k: v for k, v in config.items() if k not in KNOBS} == {k: v for k, v in other.items() if k not in KNOBS}
-    same_layout = all(config.get(k, KNOBS[k].absent) == other.get(k, KNOBS[k].absent) for k in SAME_LAYOUT)
-    return (same_params and same_layout and config["batch_size"] >= other["batch_size"]
-            and PRECISIONS[config["precision"]].bytes >= PRECISIONS[other["precision"]].bytes)
+    same_params = {k: v for k, v in config.items() if k not in KNOBS} == {
+        k: v for k, v in other.items() if k not in KNOBS
+    }
+    same_layout = all(
+        config.get(k, KNOBS[k].absent) == other.get(k, KNOBS[k].absent) for k in SAME_LAYOUT
+    )
+    return (
+        same_params
+        and same_layout
+        and config["batch_size"] >= other["batch_size"]
+        and PRECISIONS[config["precision"]].bytes >= PRECISIONS[other["precision"]].bytes
+    )
 
 
-def bound_by(config: Mapping[str, Any], ran_out: Iterable[tuple[int, Mapping[str, Any]]]) -> int | None:
+def bound_by(
+    config: Mapping[str, Any], ran_out: Iterable[tuple[int, Mapping[str, Any]]]
+) -> int | None:
     """The number of a trial that ran out of memory with no more than `config` needs, or None.
 
     `ran_out` holds (trial number, configuration) of the trials that really ran out of memory.
@@ -44,5 +53,7 @@ def bound_by(config: Mapping[str, Any], ran_out: Iterable[tuple[int, Mapping[str
 
 
 def reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
-    return (f"not run: batch_size {config['batch_size']} in {config['precision']} needs at least the memory of "
-            f"trial {number} (batch_size {other['batch_size']} in {other['precision']}), which ran out of memory")
+    return (
+        f"not run: batch_size {config['batch_size']} in {config['precision']} needs at least the memory of "
+        f"trial {number} (batch_size {other['batch_size']} in {other['precision']}), which ran out of memory"
+    )

@@ -30,27 +30,44 @@ from autotune.search.space import Choices, Domain, Range, Space, is_integer
 # the baseline's, where the best lr grows more slowly than the batch; above it when the baseline's
 # lr was a cautious hand-picked default), and keeps the trials apart on TPE's log-scaled lr.
 LR_FACTORS = (1.0, 1 / 3, 3.0)
-SCHEDULERS = ("onecycle", "cosine")  # in order of preference: schedules that anneal to the end of the run
+SCHEDULERS = (
+    "onecycle",
+    "cosine",
+)  # in order of preference: schedules that anneal to the end of the run
 
 
-def first_trials(space: Space, baseline: Mapping[str, Any], *, train_samples: int | None,
-                 count: int) -> list[dict[str, Any]]:
+def first_trials(
+    space: Space, baseline: Mapping[str, Any], *, train_samples: int | None, count: int
+) -> list[dict[str, Any]]:
     """Up to `count` partial trials (knob -> value, what the sampler would otherwise choose) from
     the prior, on `space` for a training set of `train_samples` (None: unknown, so the baseline's
     micro-batch); duplicates left out, as are knobs the space fixes."""
     accumulation = _smallest("accumulation_steps", space["accumulation_steps"])
     # An epoch has train_samples / accumulation / batch optimizer steps: probe_batch's rule with fewer samples.
     samples = None if train_samples is None else train_samples // accumulation
-    batch = _nearest("batch_size", space["batch_size"], probe.probe_batch(space, baseline, samples=samples))
-    lr = baseline["lr"] * batch * accumulation / (baseline["batch_size"] * baseline["accumulation_steps"])
+    batch = _nearest(
+        "batch_size", space["batch_size"], probe.probe_batch(space, baseline, samples=samples)
+    )
+    lr = (
+        baseline["lr"]
+        * batch
+        * accumulation
+        / (baseline["batch_size"] * baseline["accumulation_steps"])
+    )
     scheduler = next((s for s in SCHEDULERS if s in space["scheduler"].values), None)
-    common = {"batch_size": batch, "accumulation_steps": accumulation,
-              **({"scheduler": scheduler} if scheduler is not None else {})}
+    common = {
+        "batch_size": batch,
+        "accumulation_steps": accumulation,
+        **({"scheduler": scheduler} if scheduler is not None else {}),
+    }
     fixed = space.fixed()
     trials: list[dict[str, Any]] = []
     for factor in LR_FACTORS[:count]:
-        trial = {name: value for name, value in {**common, "lr": _nearest("lr", space["lr"], lr * factor)}.items()
-                 if name not in fixed}
+        trial = {
+            name: value
+            for name, value in {**common, "lr": _nearest("lr", space["lr"], lr * factor)}.items()
+            if name not in fixed
+        }
         if trial and trial not in trials:
             trials.append(trial)
     return trials

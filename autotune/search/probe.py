@@ -37,7 +37,9 @@ PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
 LOADER = LOADER_KNOBS
-MIN_STEPS = 20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
+MIN_STEPS = (
+    20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
+)
 
 
 def seed_for(study_seed: int) -> int:
@@ -55,9 +57,13 @@ def _values(domain: Any) -> list[Any]:
 def loader_settings(space: Space) -> list[dict[str, Any]]:
     """Every distinct loader setting the space allows (prefetch_factor only with workers)."""
     settings = []
-    for workers, pin in itertools.product(_values(space["num_workers"]), _values(space["pin_memory"])):
+    for workers, pin in itertools.product(
+        _values(space["num_workers"]), _values(space["pin_memory"])
+    ):
         prefetches = _values(space["prefetch_factor"]) if workers > 0 else [None]
-        settings += [{"num_workers": workers, "prefetch_factor": p, "pin_memory": pin} for p in prefetches]
+        settings += [
+            {"num_workers": workers, "prefetch_factor": p, "pin_memory": pin} for p in prefetches
+        ]
     return settings
 
 
@@ -67,20 +73,28 @@ def worth_probing(space: Space) -> bool:
     return (1 < len(loaders) <= MAX_LOADER_SETTINGS) or len(space["precision"].values) > 1
 
 
-RunProbe = Callable[[Mapping[str, Any]], float]  # a configuration -> training-clock seconds of a short run
+RunProbe = Callable[
+    [Mapping[str, Any]], float
+]  # a configuration -> training-clock seconds of a short run
 
 
 def probe_batch(space: Space, baseline: Mapping[str, Any], *, samples: int | None) -> int:
     """The micro-batch to probe at: the largest of the space with `MIN_STEPS` steps in a run of
     `samples` samples, and never below the baseline's."""
-    fitting = [b for b in _values(space["batch_size"]) if samples is not None and samples / b >= MIN_STEPS]
+    fitting = [
+        b for b in _values(space["batch_size"]) if samples is not None and samples / b >= MIN_STEPS
+    ]
     return max([baseline["batch_size"], *fitting])
 
 
-def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any], *, samples: int | None = None) -> dict[str, Any]:
+def run(
+    measure: RunProbe, space: Space, baseline: Mapping[str, Any], *, samples: int | None = None
+) -> dict[str, Any]:
     """Probe the space's loader settings and precisions with runs of `samples` samples (None:
     unknown, so at the baseline's batch); the outcome as plain JSON values."""
-    precisions = sorted(space["precision"].values, key=lambda p: -PRECISIONS[p].bytes)  # the widest is the reference
+    precisions = sorted(
+        space["precision"].values, key=lambda p: -PRECISIONS[p].bytes
+    )  # the widest is the reference
     reference = precisions[0]
     runs: list[dict[str, Any]] = []
     batch = probe_batch(space, baseline, samples=samples)
@@ -115,10 +129,19 @@ def run(measure: RunProbe, space: Space, baseline: Mapping[str, Any], *, samples
     if len(precisions) > 1:
         times = fastest([{**loader, "precision": p} for p in precisions])
         if math.isfinite(times[0]):
-            ratios = {p: times[0] / t for p, t in zip(precisions, times)}  # > 1: faster than the reference
+            ratios = {
+                p: times[0] / t for p, t in zip(precisions, times)
+            }  # > 1: faster than the reference
             kept = [p for p in precisions if p == reference or ratios[p] >= 1 + FASTER_BY]
-    return {"loader": loader, "precisions": kept, "speed": ratios, "probed_loader": 1 < len(loaders) <= MAX_LOADER_SETTINGS,
-            "batch_size": batch, "runs": runs, "seconds": sum(r["seconds"] for r in runs if math.isfinite(r["seconds"]))}
+    return {
+        "loader": loader,
+        "precisions": kept,
+        "speed": ratios,
+        "probed_loader": 1 < len(loaders) <= MAX_LOADER_SETTINGS,
+        "batch_size": batch,
+        "runs": runs,
+        "seconds": sum(r["seconds"] for r in runs if math.isfinite(r["seconds"])),
+    }
 
 
 def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
@@ -131,7 +154,10 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
             space = space.replace("prefetch_factor", Choices((loader["prefetch_factor"],)))
     for knob, value in outcome.get("fixed", {}).items():  # the joint probe's formats
         space = space.replace(knob, Choices((value,)))
-    return space.replace("precision", Choices(tuple(p for p in space["precision"].values if p in outcome["precisions"])))
+    return space.replace(
+        "precision",
+        Choices(tuple(p for p in space["precision"].values if p in outcome["precisions"])),
+    )
 
 
 def describe(outcome: Mapping[str, Any]) -> str:
@@ -141,16 +167,29 @@ def describe(outcome: Mapping[str, Any]) -> str:
     parts = []
     if outcome["probed_loader"]:
         loader = outcome["loader"]
-        parts.append(f"num_workers {loader['num_workers']}"
-                     + (f", prefetch_factor {loader['prefetch_factor']}" if loader["prefetch_factor"] is not None else "")
-                     + f", pin_memory {str(loader['pin_memory']).lower()}")
+        parts.append(
+            f"num_workers {loader['num_workers']}"
+            + (
+                f", prefetch_factor {loader['prefetch_factor']}"
+                if loader["prefetch_factor"] is not None
+                else ""
+            )
+            + f", pin_memory {str(loader['pin_memory']).lower()}"
+        )
     reference, *narrower = outcome["speed"] or [None]
     for precision in narrower:
         verdict = "kept" if precision in outcome["precisions"] else "removed"
-        parts.append(f"{precision} {verdict} ({outcome['speed'][precision]:.2f}x the speed of {reference})")
-    at = f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""  # older studies did not store it
-    return (f"Systems probe ({len(outcome['runs'])} short runs{at}, {outcome['seconds']:.1f} s of training): "
-            + ("; ".join(parts) if parts else "nothing to settle") + load_note(outcome))
+        parts.append(
+            f"{precision} {verdict} ({outcome['speed'][precision]:.2f}x the speed of {reference})"
+        )
+    at = (
+        f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""
+    )  # older studies did not store it
+    return (
+        f"Systems probe ({len(outcome['runs'])} short runs{at}, {outcome['seconds']:.1f} s of training): "
+        + ("; ".join(parts) if parts else "nothing to settle")
+        + load_note(outcome)
+    )
 
 
 BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so
@@ -162,5 +201,7 @@ def load_note(record: Mapping[str, Any]) -> str:
     cores, of = record.get("other_cores"), record.get("cores")
     if cores is None or cores < BUSY_CORES:
         return ""
-    return (f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, so these choices suit that load, "
-            f"not a quiet machine")
+    return (
+        f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, so these choices suit that load, "
+        f"not a quiet machine"
+    )

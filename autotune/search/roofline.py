@@ -57,18 +57,27 @@ class Prediction:
         return {**self.loader, **self.compute}
 
 
-ComputeRate = Callable[[Mapping[str, Any], Mapping[str, Any]], "float | None"]  # (loader, compute) -> rate
+ComputeRate = Callable[
+    [Mapping[str, Any], Mapping[str, Any]], "float | None"
+]  # (loader, compute) -> rate
 
 
-def predict(loader_rates: Sequence[tuple[Mapping[str, Any], float | None]], computes: Sequence[Mapping[str, Any]],
-            compute_rate: ComputeRate) -> list[Prediction]:
+def predict(
+    loader_rates: Sequence[tuple[Mapping[str, Any], float | None]],
+    computes: Sequence[Mapping[str, Any]],
+    compute_rate: ComputeRate,
+) -> list[Prediction]:
     """Every combination of a measured loader setting with a compute setting, fastest predicted
     first; `compute_rate(loader, compute)` is the compute's rate beside that loader (the same for
     every loader on a GPU; on a CPU its workers take cores from the step). Settings without a
     rate (out of memory, say) are left out."""
-    combined = [Prediction(dict(loader), dict(compute), loader_rate, rate)
-                for loader, loader_rate in loader_rates if loader_rate
-                for compute in computes if (rate := compute_rate(loader, compute))]
+    combined = [
+        Prediction(dict(loader), dict(compute), loader_rate, rate)
+        for loader, loader_rate in loader_rates
+        if loader_rate
+        for compute in computes
+        if (rate := compute_rate(loader, compute))
+    ]
     # Equal predictions: fewer workers and the simpler compute first, as the caller listed them.
     return sorted(combined, key=lambda p: -p.samples_per_second)
 
@@ -120,11 +129,15 @@ def what_moves_it(best: Prediction) -> str:
     """What would raise the limit, in numbers: the other rate's headroom."""
     if best.bottleneck == INPUT:
         headroom = best.compute_rate / best.loader_rate
-        return (f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
-                f"(more loader workers or cores, cheaper decoding, or decoding on the device)")
+        return (
+            f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
+            f"(more loader workers or cores, cheaper decoding, or decoding on the device)"
+        )
     headroom = best.loader_rate / best.compute_rate
-    return (f"the compute: the loader could deliver {headroom:.2f}x more "
-            f"(a narrower precision, channels-last, compilation or a larger batch raise the step's rate)")
+    return (
+        f"the compute: the loader could deliver {headroom:.2f}x more "
+        f"(a narrower precision, channels-last, compilation or a larger batch raise the step's rate)"
+    )
 
 
 def _setting_text(setting: Mapping[str, Any]) -> str:
@@ -132,7 +145,9 @@ def _setting_text(setting: Mapping[str, Any]) -> str:
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")
     shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
-    shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]  # compile is never in a setting
+    shown += [
+        knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)
+    ]  # compile is never in a setting
     return ", ".join(shown)
 
 
@@ -144,8 +159,10 @@ def describe(outcome: Mapping[str, Any]) -> str:
     """The joint probe's lines for the report: what it chose, measured beside predicted, the
     bottleneck, the knob space's limit and what would move it."""
     loaders, computes = len(outcome["loader_rates"]), len(outcome["compute_rates"])
-    head = (f"Joint systems probe (batch {outcome['batch_size']}: {loaders} loader and {computes} compute settings "
-            f"measured apart")
+    head = (
+        f"Joint systems probe (batch {outcome['batch_size']}: {loaders} loader and {computes} compute settings "
+        f"measured apart"
+    )
     chosen, limit = outcome.get("chosen"), outcome.get("limit")
     if chosen is None:
         return f"{head}, {outcome['seconds']:.1f} s): nothing settled, as {outcome.get('unsettled', 'no setting ran')}"
@@ -162,8 +179,10 @@ def describe(outcome: Mapping[str, Any]) -> str:
     if compiled:
         lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
     if outcome.get("shared_cores"):
-        lines.append("On a CPU the loader and the step share the same cores, so what runs together differs from "
-                     "their rates apart: the end-to-end measurement decided")
+        lines.append(
+            "On a CPU the loader and the step share the same cores, so what runs together differs from "
+            "their rates apart: the end-to-end measurement decided"
+        )
     return "\n".join(lines)
 
 
@@ -171,10 +190,14 @@ def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
     """torch.compile weighed once against the longest trial, in optimizer steps at the probe's batch."""
     if compiled.get("failed"):
         return f"torch.compile fixed off: {compiled['failed']}"
-    head = (f"torch.compile measured once: {compiled['once_seconds']:.1f} s to compile, then "
-            f"{_rate(compiled['faster'])} against {_rate(compiled['speed'])} predicted")
+    head = (
+        f"torch.compile measured once: {compiled['once_seconds']:.1f} s to compile, then "
+        f"{_rate(compiled['faster'])} against {_rate(compiled['speed'])} predicted"
+    )
     longest = f"a trial runs at most {compiled['longest_samples'] / batch:,.0f} steps"
     if compiled["samples"] is None:
         return f"{head}: it never pays back, so it is fixed off"
     steps = f"it pays back after {compiled['samples'] / batch:,.0f} steps of batch {batch}"
-    return f"{head}: {steps}; {longest}, so it " + ("stays in the search" if compiled["kept"] else "is fixed off")
+    return f"{head}: {steps}; {longest}, so it " + (
+        "stays in the search" if compiled["kept"] else "is fixed off"
+    )

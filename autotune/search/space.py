@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 SCHEDULERS = ("constant", "step", "cosine", "onecycle")
 
@@ -25,15 +25,25 @@ class Precision:
     dtype: str  # autocast's torch dtype, by name (torch.<dtype>): this layer imports no torch
     bytes: int  # per activation value: memory grows with it (oom_boundary); the widest is the probe's reference
     lightning: str  # lightning.Trainer(precision=)
-    hf: str | None  # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
+    hf: (
+        str | None
+    )  # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
     autocast: bool  # forward passes (training and evaluation) run under torch.autocast(dtype)
-    grad_scaler: bool  # the loss is scaled (torch.amp.GradScaler): fp16's small gradients would underflow
+    grad_scaler: (
+        bool  # the loss is scaled (torch.amp.GradScaler): fp16's small gradients would underflow
+    )
 
 
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision("float32", 4, lightning="32-true", hf=None, autocast=False, grad_scaler=False),
-    "fp16": Precision("float16", 2, lightning="16-mixed", hf="fp16", autocast=True, grad_scaler=True),
-    "bf16": Precision("bfloat16", 2, lightning="bf16-mixed", hf="bf16", autocast=True, grad_scaler=False),
+    "fp32": Precision(
+        "float32", 4, lightning="32-true", hf=None, autocast=False, grad_scaler=False
+    ),
+    "fp16": Precision(
+        "float16", 2, lightning="16-mixed", hf="fp16", autocast=True, grad_scaler=True
+    ),
+    "bf16": Precision(
+        "bfloat16", 2, lightning="bf16-mixed", hf="bf16", autocast=True, grad_scaler=False
+    ),
 }
 
 
@@ -59,7 +69,11 @@ class Knob:
         if self.type is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
             ok = ok and value > (self.minimum or 0.0)
-            return None if ok else f"{self.name} takes a finite number greater than {self.minimum or 0}"
+            return (
+                None
+                if ok
+                else f"{self.name} takes a finite number greater than {self.minimum or 0}"
+            )
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
             return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
@@ -81,23 +95,65 @@ def finite(value: float) -> bool:
 KNOBS: dict[str, Knob] = {
     knob.name: knob
     for knob in (
-        Knob("lr", float, 0.0, doc="peak learning rate of one optimizer step (per effective batch)"),
-        Knob("scheduler", str, names=SCHEDULERS, doc="LR schedule, stepped once per optimizer step"),
+        Knob(
+            "lr", float, 0.0, doc="peak learning rate of one optimizer step (per effective batch)"
+        ),
+        Knob(
+            "scheduler", str, names=SCHEDULERS, doc="LR schedule, stepped once per optimizer step"
+        ),
         Knob("batch_size", int, 1, doc="micro-batch: samples per forward/backward; drives memory"),
         Knob("accumulation_steps", int, 1, doc="micro-batches per optimizer step"),
         Knob("num_workers", int, 0, doc="DataLoader worker processes; 0 loads in the main process"),
-        Knob("prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"),
-        Knob("pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"),
-        Knob("precision", str, names=tuple(PRECISIONS), doc="fp32, fp16 (autocast + GradScaler), bf16"),
-        Knob("schedule_epochs", float, 0.0, doc="length of the LR schedule in epochs; at most the budget's max_epochs"),
-        Knob("channels_last", bool, doc="model and 4-D input batches in channels-last memory format", absent=False),
-        Knob("compile", bool, doc="torch.compile the model; compile time counts on the training clock", absent=False),
-        Knob("cudnn_benchmark", bool, doc="cuDNN searches the fastest convolution algorithms for fixed shapes (CUDA only)",
-             absent=False),
-        Knob("tf32", bool, doc="float32 matrix products on TF32 tensor cores (torch.set_float32_matmul_precision('high'); "
-                               "CUDA, compute capability 8.0 or more)", absent=False),
-        Knob("fused_optimizer", bool, doc="the optimizer's fused step: one kernel for every parameter, where the task's "
-                                          "optimizer has one", absent=False),
+        Knob(
+            "prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"
+        ),
+        Knob(
+            "pin_memory", bool, doc="page-locked host buffers and non_blocking copies (CUDA only)"
+        ),
+        Knob(
+            "precision",
+            str,
+            names=tuple(PRECISIONS),
+            doc="fp32, fp16 (autocast + GradScaler), bf16",
+        ),
+        Knob(
+            "schedule_epochs",
+            float,
+            0.0,
+            doc="length of the LR schedule in epochs; at most the budget's max_epochs",
+        ),
+        Knob(
+            "channels_last",
+            bool,
+            doc="model and 4-D input batches in channels-last memory format",
+            absent=False,
+        ),
+        Knob(
+            "compile",
+            bool,
+            doc="torch.compile the model; compile time counts on the training clock",
+            absent=False,
+        ),
+        Knob(
+            "cudnn_benchmark",
+            bool,
+            doc="cuDNN searches the fastest convolution algorithms for fixed shapes (CUDA only)",
+            absent=False,
+        ),
+        Knob(
+            "tf32",
+            bool,
+            doc="float32 matrix products on TF32 tensor cores (torch.set_float32_matmul_precision('high'); "
+            "CUDA, compute capability 8.0 or more)",
+            absent=False,
+        ),
+        Knob(
+            "fused_optimizer",
+            bool,
+            doc="the optimizer's fused step: one kernel for every parameter, where the task's "
+            "optimizer has one",
+            absent=False,
+        ),
     )
 }
 
@@ -107,11 +163,16 @@ KNOBS: dict[str, Knob] = {
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory")
 FORMAT_KNOBS = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
 
-def formats_for(space: "Space", precision: str, knobs: tuple[str, ...] = FORMAT_KNOBS) -> list[dict[str, Any]]:
+
+def formats_for(
+    space: Space, precision: str, knobs: tuple[str, ...] = FORMAT_KNOBS
+) -> list[dict[str, Any]]:
     """Every combination of the space's values of the format `knobs` for `precision`, TF32 on only
     with fp32 (unless the space fixes it on): under autocast the matrix products run in the
     narrower type whatever it says, so both of its values would measure alike."""
-    combos = [dict(zip(knobs, values)) for values in itertools.product(*(space[k].values for k in knobs))]
+    combos = [
+        dict(zip(knobs, values)) for values in itertools.product(*(space[k].values for k in knobs))
+    ]
     both = "tf32" in knobs and False in space["tf32"].values
     return [c for c in combos if not (both and c["tf32"] and precision != "fp32")]
 
@@ -155,7 +216,7 @@ class Choices:
     values: tuple[Any, ...]
 
 
-Domain = Union[Range, Choices]
+Domain = Range | Choices
 
 
 # Names the external-command task fills in beside the configuration; a parameter cannot take one.
@@ -173,7 +234,9 @@ class Space:
         return dict(self.domains)[name]
 
     def replace(self, name: str, domain: Domain) -> Space:
-        return dataclasses.replace(self, domains=tuple((k, domain if k == name else d) for k, d in self.domains))
+        return dataclasses.replace(
+            self, domains=tuple((k, domain if k == name else d) for k, d in self.domains)
+        )
 
     def fixed(self) -> dict[str, Any]:
         """The knobs that take one value, with that value."""
@@ -208,9 +271,13 @@ def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
             config[name] = None
         elif isinstance(domain, Choices):
             values = domain.values
-            config[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+            config[name] = (
+                values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+            )
         elif is_integer(name, domain):
-            config[name] = trial.suggest_int(name, int(domain.low), int(domain.high), log=domain.log)
+            config[name] = trial.suggest_int(
+                name, int(domain.low), int(domain.high), log=domain.log
+            )
         else:
             config[name] = trial.suggest_float(name, domain.low, domain.high, log=domain.log)
     return config
@@ -231,14 +298,27 @@ class _Replay:
 
     def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
         value = self.config.get(name)
-        return self._answer(name, isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high)
+        return self._answer(
+            name,
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and low <= value <= high,
+        )
 
     def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
         value = self.config.get(name)
-        return self._answer(name, isinstance(value, int) and not isinstance(value, bool) and low <= value <= high)
+        return self._answer(
+            name, isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        )
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
-        return self._answer(name, any(self.config.get(name) == c and type(self.config.get(name)) is type(c) for c in choices))
+        return self._answer(
+            name,
+            any(
+                self.config.get(name) == c and type(self.config.get(name)) is type(c)
+                for c in choices
+            ),
+        )
 
 
 def sampled_values(space: Space, config: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -27,31 +27,64 @@ def read_yaml(path: Path) -> Any:
     try:
         mode = path.stat().st_mode  # through symbolic links
         if not stat.S_ISREG(mode):
-            raise SpecError(path, "(file)", str(path), f"is {_kind(mode)}, not a regular file; give the path of a "
-                            "study .yaml file")
+            raise SpecError(
+                path,
+                "(file)",
+                str(path),
+                f"is {_kind(mode)}, not a regular file; give the path of a study .yaml file",
+            )
         with path.open("rb") as file:
             data = file.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
-            raise SpecError(path, "(file)", str(path), f"is larger than {MAX_FILE_BYTES >> 20} MiB; a study file is a "
-                            "page of YAML")
+            raise SpecError(
+                path,
+                "(file)",
+                str(path),
+                f"is larger than {MAX_FILE_BYTES >> 20} MiB; a study file is a page of YAML",
+            )
         text = data.decode()
     except FileNotFoundError:
-        raise SpecError(path, "(file)", str(path), "no such file; give the path of a study .yaml file") from None
+        raise SpecError(
+            path, "(file)", str(path), "no such file; give the path of a study .yaml file"
+        ) from None
     except UnicodeDecodeError as exc:
-        raise SpecError(path, "(file)", str(path), f"is not UTF-8 text (byte {exc.start + 1} cannot be read as UTF-8); "
-                        "save the study file as UTF-8") from None
+        raise SpecError(
+            path,
+            "(file)",
+            str(path),
+            f"is not UTF-8 text (byte {exc.start + 1} cannot be read as UTF-8); "
+            "save the study file as UTF-8",
+        ) from None
     except OSError as exc:
-        raise SpecError(path, "(file)", str(path), f"cannot be read ({exc.__class__.__name__}); a readable text file") from None
+        raise SpecError(
+            path,
+            "(file)",
+            str(path),
+            f"cannot be read ({exc.__class__.__name__}); a readable text file",
+        ) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except RecursionError:
-        raise SpecError(path, "(yaml)", "(nesting)", "nested too deeply to read; a study file nests a few levels") from None
+        raise SpecError(
+            path,
+            "(yaml)",
+            "(nesting)",
+            "nested too deeply to read; a study file nests a few levels",
+        ) from None
     except NotAName as exc:
-        raise SpecError(path, "(yaml)", exc.where, f"a key is a name (or a number), not a list or a mapping such as "
-                        f"{shown(exc.key)}") from None
+        raise SpecError(
+            path,
+            "(yaml)",
+            exc.where,
+            f"a key is a name (or a number), not a list or a mapping such as {shown(exc.key)}",
+        ) from None
     except DuplicateKey as exc:
-        raise SpecError(path, f"{exc.key} ({exc.where})", exc.key,
-                        "this key is given twice in its mapping; give it once (YAML would keep the last silently)") from None
+        raise SpecError(
+            path,
+            f"{exc.key} ({exc.where})",
+            exc.key,
+            "this key is given twice in its mapping; give it once (YAML would keep the last silently)",
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -60,8 +93,13 @@ def read_yaml(path: Path) -> Any:
 
 
 def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
@@ -105,8 +143,15 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive: bool = False,
-           maximum: float = math.inf) -> float:
+def number(
+    path: Path,
+    key: str,
+    value: Any,
+    *,
+    minimum: float = 0.0,
+    inclusive: bool = False,
+    maximum: float = math.inf,
+) -> float:
     """A finite number above `minimum` and at most `maximum`; strings like "1e-3" (which YAML
     reads as text) are accepted."""
     if isinstance(value, str):
@@ -116,7 +161,11 @@ def number(path: Path, key: str, value: Any, *, minimum: float = 0.0, inclusive:
             pass
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     ok = ok and (value >= minimum if inclusive else value > minimum) and value <= maximum
-    relation = "a finite number" if minimum == -math.inf else f"a finite number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    relation = (
+        "a finite number"
+        if minimum == -math.inf
+        else f"a finite number {'at least' if inclusive else 'greater than'} {minimum:g}"
+    )
     if maximum < math.inf:
         relation += f" and at most {maximum:,.0f}"
     require(path, key, value, ok, relation)
@@ -127,14 +176,27 @@ def mapping(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> Mappi
     """A section of the file; an empty one (`budget:` with nothing under it) means all defaults."""
     if value is None and key in OPTIONAL_SECTIONS:
         return {}
-    require(path, key, value, isinstance(value, Mapping), f"a mapping with keys among {', '.join(allowed)}")
+    require(
+        path,
+        key,
+        value,
+        isinstance(value, Mapping),
+        f"a mapping with keys among {', '.join(allowed)}",
+    )
     reject_unknown(path, key + ".", value, allowed)
     return value
 
 
-def reject_unknown(path: Path, prefix: str, raw: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+def reject_unknown(
+    path: Path, prefix: str, raw: Mapping[str, Any], allowed: tuple[str, ...]
+) -> None:
     for key in raw:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise SpecError(path, f"{prefix}{key}", key, f"unknown key; {hint}accepted keys: {', '.join(allowed)}")
+            raise SpecError(
+                path,
+                f"{prefix}{key}",
+                key,
+                f"unknown key; {hint}accepted keys: {', '.join(allowed)}",
+            )

@@ -42,7 +42,9 @@ from typing import Any
 
 from autotune.search.space import RESERVED
 
-FILLED = RESERVED  # seed, device, max_epochs, eval_every, config_file: filled beside the configuration
+FILLED = (
+    RESERVED  # seed, device, max_epochs, eval_every, config_file: filled beside the configuration
+)
 _FORMATTER = string.Formatter()
 
 
@@ -56,7 +58,9 @@ def split(command: str | Sequence[str]) -> tuple[str, ...]:
     else:
         args = tuple(command)
         if not all(isinstance(arg, str) for arg in args):
-            raise ValueError(f"every argument of the command must be a string, but got {list(args)!r}")
+            raise ValueError(
+                f"every argument of the command must be a string, but got {list(args)!r}"
+            )
     if not args:
         raise ValueError("the command is empty; give the program to run and its arguments")
     return args
@@ -70,8 +74,13 @@ def placeholders(command: str | Sequence[str], env: Mapping[str, str] | None = N
     return names
 
 
-def validate(command: str | Sequence[str], *, known: Collection[str], env: Mapping[str, str] | None = None,
-             cwd: Path | None = None) -> None:
+def validate(
+    command: str | Sequence[str],
+    *,
+    known: Collection[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> None:
     """Check the command before any trial runs: well-formed placeholders naming only `known` names
     (the configuration's; `FILLED` are added here) and, given `cwd`, a program that can be found.
 
@@ -81,12 +90,16 @@ def validate(command: str | Sequence[str], *, known: Collection[str], env: Mappi
     for name in sorted(placeholders(command, env) - allowed):
         close = difflib.get_close_matches(name, allowed, n=1)
         hint = f" (did you mean {{{close[0]}}}?)" if close else ""
-        raise ValueError(f"the command names an unknown placeholder {{{name}}}{hint}; "
-                         f"known names: {', '.join(sorted(allowed))}")
+        raise ValueError(
+            f"the command names an unknown placeholder {{{name}}}{hint}; "
+            f"known names: {', '.join(sorted(allowed))}"
+        )
     program = split(command)[0]
     if cwd is not None and not list(_fields(program)) and find_program(program, cwd=cwd) is None:
-        raise ValueError(f"the command's program {program!r} is not an executable file "
-                         f"({'relative to ' + str(cwd) if os.sep in program else 'on the PATH'})")
+        raise ValueError(
+            f"the command's program {program!r} is not an executable file "
+            f"({'relative to ' + str(cwd) if os.sep in program else 'on the PATH'})"
+        )
 
 
 def fill(template: str, values: Mapping[str, Any]) -> str | None:
@@ -138,17 +151,23 @@ def _parse(template: str) -> list[tuple[str, str | None, str]]:
     try:
         pieces = list(_FORMATTER.parse(template))
     except ValueError as exc:  # "Single '}' encountered", "expected '}' before end of string"
-        raise ValueError(f"malformed placeholder in {template!r}: {exc}; write {{{{ and }}}} for literal braces") from None
+        raise ValueError(
+            f"malformed placeholder in {template!r}: {exc}; write {{{{ and }}}} for literal braces"
+        ) from None
     parsed = []
     for literal, name, spec, conversion in pieces:
         if name is not None:
             if not name.isidentifier() or conversion or "{" in (spec or ""):
-                raise ValueError(f"malformed placeholder in {template!r}: a placeholder is {{name}} or "
-                                 f"{{name:IF_TRUE/IF_FALSE}}, but got {{{name}{'!' + conversion if conversion else ''}"
-                                 f"{':' + spec if spec else ''}}}")
+                raise ValueError(
+                    f"malformed placeholder in {template!r}: a placeholder is {{name}} or "
+                    f"{{name:IF_TRUE/IF_FALSE}}, but got {{{name}{'!' + conversion if conversion else ''}"
+                    f"{':' + spec if spec else ''}}}"
+                )
             if spec and spec.count("/") != 1:
-                raise ValueError(f"malformed placeholder {{{name}:{spec}}} in {template!r}: after the colon "
-                                 f"comes IF_TRUE/IF_FALSE, two texts split by one slash")
+                raise ValueError(
+                    f"malformed placeholder {{{name}:{spec}}} in {template!r}: after the colon "
+                    f"comes IF_TRUE/IF_FALSE, two texts split by one slash"
+                )
         parsed.append((literal, name, spec or ""))
     return parsed
 

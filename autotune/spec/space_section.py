@@ -7,11 +7,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require
 from autotune.errors import SpecError
-from autotune.search.space import DEFAULT_BASELINE, KNOBS, RESERVED, SCHEDULE, Choices, Domain, Range, Space, finite, middle
+from autotune.search.space import (
+    DEFAULT_BASELINE,
+    KNOBS,
+    RESERVED,
+    SCHEDULE,
+    Choices,
+    Domain,
+    Range,
+    Space,
+    finite,
+    middle,
+)
+from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require
 
-PRESET_DIR = Path(__file__).resolve().parents[1] / "search" / "presets"  # package data: installed with autotune
+PRESET_DIR = (
+    Path(__file__).resolve().parents[1] / "search" / "presets"
+)  # package data: installed with autotune
 
 
 def _knob_value(path: Path, key: str, name: str, value: Any) -> Any:
@@ -29,7 +42,9 @@ def _domain(path: Path, key: str, name: str, raw: Any) -> Domain:
     knob = KNOBS[name]
     if isinstance(raw, Mapping):
         if not knob.numeric:
-            raise SpecError(path, key, dict(raw), f"{name} takes a list of choices or one value, not a range")
+            raise SpecError(
+                path, key, dict(raw), f"{name} takes a list of choices or one value, not a range"
+            )
         reject_unknown(path, key + ".", raw, ("low", "high", "log"))
         for bound in ("low", "high"):
             if bound not in raw:
@@ -39,15 +54,19 @@ def _domain(path: Path, key: str, name: str, raw: Any) -> Domain:
         log = raw.get("log", False)
         require(path, f"{key}.log", log, isinstance(log, bool), "true or false")
         if low >= high:
-            raise SpecError(path, key, dict(raw), "a range needs low < high (give one value to fix the knob)")
+            raise SpecError(
+                path, key, dict(raw), "a range needs low < high (give one value to fix the knob)"
+            )
         if log and low <= 0:
             raise SpecError(path, f"{key}.low", low, "a log-scale range needs low > 0")
         return Range(low=low, high=high, log=log)
     values = raw if isinstance(raw, list) else [raw]
     if not values:
         raise SpecError(path, key, raw, f"an empty list; give at least one value for {name}")
-    checked = tuple(_knob_value(path, f"{key}[{i}]" if isinstance(raw, list) else key, name, v)
-                    for i, v in enumerate(values))
+    checked = tuple(
+        _knob_value(path, f"{key}[{i}]" if isinstance(raw, list) else key, name, v)
+        for i, v in enumerate(values)
+    )
     if len(set(checked)) != len(checked):
         raise SpecError(path, key, raw, "choices must not repeat")
     return Choices(checked)
@@ -63,14 +82,27 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
     """
     raw = mapping(path, "space", raw, ("preset", "params", *KNOBS))
     preset = raw.get("preset", "default")
-    require(path, "space.preset", preset, isinstance(preset, str) and preset != "", "a preset name or path")
+    require(
+        path,
+        "space.preset",
+        preset,
+        isinstance(preset, str) and preset != "",
+        "a preset name or path",
+    )
     preset_path = _preset_path(path, preset)
     preset_raw = read_yaml(preset_path)
     if not isinstance(preset_raw, Mapping):
-        raise SpecError(preset_path, "(top level)", preset_raw, "a preset maps each knob to a range, a list or a value")
+        raise SpecError(
+            preset_path,
+            "(top level)",
+            preset_raw,
+            "a preset maps each knob to a range, a list or a value",
+        )
     reject_unknown(preset_path, "", preset_raw, tuple(KNOBS))
     # The schedule and the on/off systems knobs may be left out: presets written before they existed.
-    missing = [k for k in KNOBS if k not in preset_raw and k != SCHEDULE and KNOBS[k].absent is None]
+    missing = [
+        k for k in KNOBS if k not in preset_raw and k != SCHEDULE and KNOBS[k].absent is None
+    ]
     if missing:
         raise SpecError(preset_path, missing[0], None, "a preset gives a domain for every knob")
     domains = []
@@ -82,14 +114,26 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
         elif name != SCHEDULE:
             domains.append((name, Choices((KNOBS[name].absent,))))
         else:
-            domains.append((name, Range(max_epochs / 8, max_epochs, log=True) if fixed_schedule else Choices((max_epochs,))))
+            domains.append(
+                (
+                    name,
+                    Range(max_epochs / 8, max_epochs, log=True)
+                    if fixed_schedule
+                    else Choices((max_epochs,)),
+                )
+            )
     schedule = dict(domains)[SCHEDULE]
     longest = schedule.high if isinstance(schedule, Range) else max(schedule.values)
     if longest > max_epochs:
         where, key = (path, f"space.{SCHEDULE}") if SCHEDULE in raw else (preset_path, SCHEDULE)
         value = raw.get(SCHEDULE, preset_raw.get(SCHEDULE))
-        raise SpecError(where, key, value, f"schedules of at most budget.max_epochs ({max_epochs:g}) epochs: "
-                        "raise max_epochs, or shorten the schedules")
+        raise SpecError(
+            where,
+            key,
+            value,
+            f"schedules of at most budget.max_epochs ({max_epochs:g}) epochs: "
+            "raise max_epochs, or shorten the schedules",
+        )
     return Space(tuple(domains), _params(path, raw.get("params")))
 
 
@@ -101,15 +145,29 @@ def _params(path: Path, raw: Any) -> tuple[tuple[str, Domain], ...]:
     a list of choices, or one value."""
     if raw is None:
         return ()
-    require(path, "space.params", raw, isinstance(raw, Mapping),
-             "a mapping of parameter names to a range {low, high, log}, a list of choices or one value")
+    require(
+        path,
+        "space.params",
+        raw,
+        isinstance(raw, Mapping),
+        "a mapping of parameter names to a range {low, high, log}, a list of choices or one value",
+    )
     params = []
     for name, domain in raw.items():
         key = f"space.params.{name}"
         if not (isinstance(name, str) and name.isidentifier()):
-            raise SpecError(path, key, name, "a parameter name is a Python identifier (letters, digits, _), e.g. width")
+            raise SpecError(
+                path,
+                key,
+                name,
+                "a parameter name is a Python identifier (letters, digits, _), e.g. width",
+            )
         if name in KNOBS or name in RESERVED:
-            what = "one of the knobs (set it under space: directly)" if name in KNOBS else "reserved for the command task"
+            what = (
+                "one of the knobs (set it under space: directly)"
+                if name in KNOBS
+                else "reserved for the command task"
+            )
             raise SpecError(path, key, name, f"{name} is {what}; give the parameter another name")
         params.append((name, _param_domain(path, key, domain)))
     return tuple(params)
@@ -129,7 +187,12 @@ def _param_domain(path: Path, key: str, raw: Any) -> Domain:
         log = raw.get("log", False)
         require(path, f"{key}.log", log, isinstance(log, bool), "true or false")
         if low >= high:
-            raise SpecError(path, key, dict(raw), "a range needs low < high (give one value to fix the parameter)")
+            raise SpecError(
+                path,
+                key,
+                dict(raw),
+                "a range needs low < high (give one value to fix the parameter)",
+            )
         if log and low <= 0:
             raise SpecError(path, f"{key}.low", raw["low"], "a log-scale range needs low > 0")
         return Range(low=low, high=high, log=log)
@@ -153,24 +216,44 @@ def _preset_path(path: Path, preset: str) -> Path:
     elif (PRESET_DIR / f"{preset}.yaml").is_file():
         return PRESET_DIR / f"{preset}.yaml"
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-    raise SpecError(path, "space.preset", preset, f"no such preset; built-in presets: {', '.join(names)}, or a path to a .yaml file")
+    raise SpecError(
+        path,
+        "space.preset",
+        preset,
+        f"no such preset; built-in presets: {', '.join(names)}, or a path to a .yaml file",
+    )
 
 
-def baseline(path: Path, raw: Any, space: Space, *, max_epochs: float) -> tuple[tuple[str, Any], ...]:
+def baseline(
+    path: Path, raw: Any, space: Space, *, max_epochs: float
+) -> tuple[tuple[str, Any], ...]:
     """The configuration the winner is compared with: knobs from DEFAULT_BASELINE (a schedule of
     `max_epochs`), parameters from the middle of their domains, each overridden by the study file."""
     params = dict(space.params)
     raw = mapping(path, "baseline", raw, (*KNOBS, *params))
-    config = {**DEFAULT_BASELINE, SCHEDULE: max_epochs, **{name: middle(name, domain) for name, domain in params.items()}}
+    config = {
+        **DEFAULT_BASELINE,
+        SCHEDULE: max_epochs,
+        **{name: middle(name, domain) for name, domain in params.items()},
+    }
     for name, value in raw.items():
         if name in params:
             ok = isinstance(value, (str, bool, int)) or (isinstance(value, float) and finite(value))
             require(path, f"baseline.{name}", value, ok, PARAM_VALUE)
             config[name] = value
         else:
-            config[name] = None if (name == "prefetch_factor" and value is None) else _knob_value(path, f"baseline.{name}", name, value)
+            config[name] = (
+                None
+                if (name == "prefetch_factor" and value is None)
+                else _knob_value(path, f"baseline.{name}", name, value)
+            )
     if config[SCHEDULE] > max_epochs:
-        raise SpecError(path, f"baseline.{SCHEDULE}", config[SCHEDULE], f"a schedule of at most budget.max_epochs ({max_epochs:g}) epochs")
+        raise SpecError(
+            path,
+            f"baseline.{SCHEDULE}",
+            config[SCHEDULE],
+            f"a schedule of at most budget.max_epochs ({max_epochs:g}) epochs",
+        )
     if config["num_workers"] == 0:
         config["prefetch_factor"] = None
     elif config["prefetch_factor"] is None:

@@ -32,7 +32,11 @@ def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] 
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
     """Every finished trial counts, except interrupted ones (their configuration runs again) and
     surplus ones (asked for by a worker after others had taken the whole budget; never run)."""
-    return trial.state in FINISHED and not schema.is_interrupted(trial) and not schema.is_surplus(trial)
+    return (
+        trial.state in FINISHED
+        and not schema.is_interrupted(trial)
+        and not schema.is_surplus(trial)
+    )
 
 
 def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
@@ -49,8 +53,9 @@ def slots_taken(trials: Iterable[optuna.trial.FrozenTrial]) -> int:
     return sum(1 for t in trials if _holds_slot(t))
 
 
-def slots_before(study: optuna.Study, number: int,
-                 trials: Iterable[optuna.trial.FrozenTrial] | None = None) -> int:
+def slots_before(
+    study: optuna.Study, number: int, trials: Iterable[optuna.trial.FrozenTrial] | None = None
+) -> int:
     """How many trials numbered before this one hold a slot of the budget.
 
     Workers each check the budget before they ask for a trial, so two of them can both take the

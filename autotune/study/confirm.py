@@ -57,19 +57,31 @@ def fp32_twin(label_: str, config: Mapping[str, Any]) -> tuple[str, dict[str, An
     return label_ + IN_FP32, {**config, "precision": "fp32", "tf32": False}
 
 
-def precision_effect(records: Sequence[Mapping[str, Any]], label_: str, precision: str) -> dict[str, Any] | None:
+def precision_effect(
+    records: Sequence[Mapping[str, Any]], label_: str, precision: str
+) -> dict[str, Any] | None:
     """The samples `label_` needed to reach the target over those its fp32 twin needed, on the seeds
     where both reached it: the median of the two medians' ratio, with the pairs it rests on."""
     by_seed: dict[int, dict[str, int]] = {}
     for record in records:
-        if record["label"] in (label_, label_ + IN_FP32) and record.get("reached") and record.get("samples_to_target"):
+        if (
+            record["label"] in (label_, label_ + IN_FP32)
+            and record.get("reached")
+            and record.get("samples_to_target")
+        ):
             by_seed.setdefault(record["seed"], {})[record["label"]] = record["samples_to_target"]
     pairs = [(both[label_], both[label_ + IN_FP32]) for both in by_seed.values() if len(both) == 2]
     if not pairs:
         return None
     narrow, full = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-    return {"trial": label_, "precision": precision, "samples": narrow, "fp32_samples": full, "ratio": narrow / full,
-            "pairs": len(pairs)}
+    return {
+        "trial": label_,
+        "precision": precision,
+        "samples": narrow,
+        "fp32_samples": full,
+        "ratio": narrow / full,
+        "pairs": len(pairs),
+    }
 
 
 def fresh_seeds(study_seed: int, runs: int) -> list[int]:
@@ -99,20 +111,37 @@ def measure(
                 continue
             record: dict[str, Any] = {"label": label, "seed": seed}
             try:
-                result = run_trial(TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed)
+                result = run_trial(
+                    TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed
+                )
             except TrialFailure as failure:
-                record.update(reached=False, time_to_target=None, best_metric=None, final_metric=None,
-                              reason=failure.reason)
+                record.update(
+                    reached=False,
+                    time_to_target=None,
+                    best_metric=None,
+                    final_metric=None,
+                    reason=failure.reason,
+                )
             else:
                 record.update(
-                    reached=result.reached, time_to_target=result.time_to_target, best_metric=result.best_metric,
-                    train_seconds=result.train_seconds, final_metric=result.final_metric, stop_reason=result.stop_reason,
+                    reached=result.reached,
+                    time_to_target=result.time_to_target,
+                    best_metric=result.best_metric,
+                    train_seconds=result.train_seconds,
+                    final_metric=result.final_metric,
+                    stop_reason=result.stop_reason,
                     samples_to_target=result.samples_to_target,
                 )
-                record.update(samples_per_second=result.samples_per_second, input_wait_fraction=result.input_wait_fraction,
-                              peak_memory_bytes=result.peak_memory_bytes, gpu=result.gpu,
-                              curve=[list(point) for point in result.curve])
-                if result.confusion is not None:  # the winner's per-class figures are pooled from these
+                record.update(
+                    samples_per_second=result.samples_per_second,
+                    input_wait_fraction=result.input_wait_fraction,
+                    peak_memory_bytes=result.peak_memory_bytes,
+                    gpu=result.gpu,
+                    curve=[list(point) for point in result.curve],
+                )
+                if (
+                    result.confusion is not None
+                ):  # the winner's per-class figures are pooled from these
                     record["confusion"] = result.confusion
             records.append(record)
             if on_run is not None:
@@ -120,8 +149,12 @@ def measure(
     return records
 
 
-def summarize(records: Sequence[Mapping[str, Any]], *, objective: str = TIME_TO_TARGET,
-              target: float | None = None) -> dict[str, dict[str, Any]]:
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    objective: str = TIME_TO_TARGET,
+    target: float | None = None,
+) -> dict[str, dict[str, Any]]:
     """Per label: median time (a run that missed counts as infinitely slow), spread, runs.
 
     time_to_target: a run's time to target; it missed when it did not reach the target.
@@ -156,10 +189,15 @@ def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
     median can be the same run's time) go to the one that missed the target less often, then to
     the baseline, which the user already has.
     """
-    timed = {k: v for k, v in summary.items() if v["median"] is not None and not k.endswith(IN_FP32)}
+    timed = {
+        k: v for k, v in summary.items() if v["median"] is not None and not k.endswith(IN_FP32)
+    }
     if not timed:
         return None
-    return min(timed, key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE))
+    return min(
+        timed,
+        key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE),
+    )
 
 
 def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:

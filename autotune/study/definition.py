@@ -25,11 +25,21 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
         "target": {"metric": spec.target.metric, "value": spec.target.value},
         # A knob fixed at what studies begun before it existed meant by its absence (a schedule of
         # max_epochs; a systems knob off) is left out, so that their stored definitions still match.
-        "space": {name: _domain(domain) for name, domain in space.domains if not _as_if_absent(name, domain, budget.max_epochs)},
-        "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds, "eval_every": budget.eval_every},
+        "space": {
+            name: _domain(domain)
+            for name, domain in space.domains
+            if not _as_if_absent(name, domain, budget.max_epochs)
+        },
+        "limits": {
+            "max_epochs": budget.max_epochs,
+            "max_seconds": budget.max_seconds,
+            "eval_every": budget.eval_every,
+        },
         "device": device,
     }
-    if space.params:  # absent when there are none, so studies begun before parameters existed still match
+    if (
+        space.params
+    ):  # absent when there are none, so studies begun before parameters existed still match
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
     if (spec.objective, spec.replicates) != (TIME_TO_TARGET, 1):  # likewise absent at the defaults
         definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
@@ -52,10 +62,15 @@ def drifted(stored: dict[str, Any] | None, spec: StudySpec) -> list[str]:
     if stored is None:
         return []
     budget = spec.budget
-    current = {"task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
-               "target": {"metric": spec.target.metric, "value": spec.target.value},
-               "limits": {"max_epochs": budget.max_epochs, "max_seconds": budget.max_seconds,
-                          "eval_every": budget.eval_every}}
+    current = {
+        "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
+        "target": {"metric": spec.target.metric, "value": spec.target.value},
+        "limits": {
+            "max_epochs": budget.max_epochs,
+            "max_seconds": budget.max_seconds,
+            "eval_every": budget.eval_every,
+        },
+    }
     return changes({key: stored.get(key) for key in current}, json.loads(json.dumps(current)))
 
 
@@ -83,10 +98,14 @@ def unmixable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     of choices, or choices turned into a range (a fixed value is not sampled, so it may change)."""
     found = []
     domains = [(name, stored["space"].get(name), new) for name, new in current["space"].items()]
-    domains += [(f"params.{name}", stored.get("params", {}).get(name), new)
-                for name, new in current.get("params", {}).items()]
+    domains += [
+        (f"params.{name}", stored.get("params", {}).get(name), new)
+        for name, new in current.get("params", {}).items()
+    ]
     for name, old, new in domains:
-        sampled = [d for d in (old, new) if isinstance(d, dict) or (isinstance(d, list) and len(d) > 1)]
+        sampled = [
+            d for d in (old, new) if isinstance(d, dict) or (isinstance(d, list) and len(d) > 1)
+        ]
         if old != new and len(sampled) == 2 and not all(isinstance(d, dict) for d in sampled):
             found.append(name)
     return found

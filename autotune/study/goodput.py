@@ -19,14 +19,15 @@ import optuna
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.search import goodput as goodput_, space as space_
+from autotune.search import goodput as goodput_
+from autotune.search import space as space_
 from autotune.search.space import Choices, Space
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import schema
 from autotune.study.preparation import Prepared
 from autotune.train import measure as measure_
-from autotune.train.config import TrialConfig
 from autotune.train import throughput
+from autotune.train.config import TrialConfig
 from autotune.train.throughput import Throughput
 
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
@@ -37,41 +38,69 @@ def seed_for(study_seed: int) -> int:
     return study_seed * 100_000 + 95_000
 
 
-def settings(spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batch_norm: bool) -> list[dict[str, Any]]:
+def settings(
+    spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batch_norm: bool
+) -> list[dict[str, Any]]:
     """The systems settings the phase measures: for the goodput search, every micro-batch x
     precision x format of the space at one accumulation step; for systems_only, every way to
     split the baseline's effective batch (its micro-batch alone with BatchNorm) x format, at the
     baseline's precision."""
     if spec.objective != SYSTEMS_ONLY:
-        return [{**s, "accumulation_steps": 1} for s in goodput_.settings_to_measure(space, baseline)]
+        return [
+            {**s, "accumulation_steps": 1} for s in goodput_.settings_to_measure(space, baseline)
+        ]
     effective = baseline["batch_size"] * baseline["accumulation_steps"]
-    split = dict(goodput_.splits(effective, space, micro_batch=baseline["batch_size"] if batch_norm else None))
+    split = dict(
+        goodput_.splits(
+            effective, space, micro_batch=baseline["batch_size"] if batch_norm else None
+        )
+    )
     if not split:  # the space cannot make the baseline's effective batch: the baseline's own split
         split = {baseline["batch_size"]: baseline["accumulation_steps"]}
-    measured = goodput_.settings_to_measure(space, baseline, precisions=[baseline["precision"]], batches=split)
+    measured = goodput_.settings_to_measure(
+        space, baseline, precisions=[baseline["precision"]], batches=split
+    )
     return [{**s, "accumulation_steps": split[s["batch_size"]]} for s in measured]
 
 
-def run_phase(spec: StudySpec, measure: isolation.Measure, device: Any, space: Space,
-              baseline: Mapping[str, Any], *, batch_norm: bool) -> dict[str, Any]:
+def run_phase(
+    spec: StudySpec,
+    measure: isolation.Measure,
+    device: Any,
+    space: Space,
+    baseline: Mapping[str, Any],
+    *,
+    batch_norm: bool,
+) -> dict[str, Any]:
     """Measure the settings, side by side in groups of one precision and format (so that the
     micro-batches compared are measured interleaved); the stored outcome as plain JSON."""
     wanted = settings(spec, space, baseline, batch_norm=batch_norm)
     entries: list[goodput_.Entry] = []
     seconds = 0.0
     groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput_.format_key)]
-    with progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar, signals.interruptible(), \
-            measure_.other_load() as load:
+    with (
+        progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar,
+        signals.interruptible(),
+        measure_.other_load() as load,
+    ):
         for group in groups:
             for start in range(0, len(group), MAX_GROUP):
-                chunk = group[start:start + MAX_GROUP]
-                configs = {str(i): TrialConfig.from_mapping(space_.complete({**baseline, **s})) for i, s in enumerate(chunk)}
+                chunk = group[start : start + MAX_GROUP]
+                configs = {
+                    str(i): TrialConfig.from_mapping(space_.complete({**baseline, **s}))
+                    for i, s in enumerate(chunk)
+                }
                 signals.check()
-                measured = measure(throughput.measure, configs, device=device, seed=seed_for(spec.seed))
+                measured = measure(
+                    throughput.measure, configs, device=device, seed=seed_for(spec.seed)
+                )
                 for i, s in enumerate(chunk):
                     figure = measured[str(i)]
-                    speed = None if figure.samples_per_second is None else goodput_.Speed(figure.samples_per_second,
-                                                                                           figure.fixed_seconds)
+                    speed = (
+                        None
+                        if figure.samples_per_second is None
+                        else goodput_.Speed(figure.samples_per_second, figure.fixed_seconds)
+                    )
                     entries.append(goodput_.Entry(s, speed, oom=figure.oom))
                     seconds += figure.startup_seconds + figure.windows * _window_seconds(figure, s)
                 bar.update(len(chunk))
@@ -83,28 +112,52 @@ def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:
     """Seconds one timed window of `figure` took (its steps at its speed)."""
     if not figure.samples_per_second:
         return 0.0
-    return figure.window_steps * settings["batch_size"] * settings["accumulation_steps"] / figure.samples_per_second
+    return (
+        figure.window_steps
+        * settings["batch_size"]
+        * settings["accumulation_steps"]
+        / figure.samples_per_second
+    )
 
 
 def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> None:
     """Run the throughput phase once per study (a resumed one keeps its table) and store it."""
-    if spec.objective not in (GOODPUT, SYSTEMS_ONLY) or schema.throughput(study.user_attrs) is not None:
+    if (
+        spec.objective not in (GOODPUT, SYSTEMS_ONLY)
+        or schema.throughput(study.user_attrs) is not None
+    ):
         return
     assert prepared.measure is not None, "preparation refuses goodput without a task"
-    phase = run_phase(spec, prepared.measure, prepared.device, space, prepared.baseline,
-                      batch_norm=prepared.batch_norm)
+    phase = run_phase(
+        spec,
+        prepared.measure,
+        prepared.device,
+        space,
+        prepared.baseline,
+        batch_norm=prepared.batch_norm,
+    )
     schema.record_throughput(study, phase)
-    progress.tell(f"autotune: {goodput_.describe(phase)}")  # the report repeats it, so quiet hides it
+    progress.tell(
+        f"autotune: {goodput_.describe(phase)}"
+    )  # the report repeats it, so quiet hides it
 
 
-def plan_for(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> tuple[Plan | None, Space]:
+def plan_for(
+    spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space
+) -> tuple[Plan | None, Space]:
     """The plan the trials follow and the space they sample; no plan outside goodput."""
     phase = schema.throughput(study.user_attrs)
     if spec.objective not in (GOODPUT, SYSTEMS_ONLY) or phase is None:
         return None, space
     table = goodput_.Table.from_json(phase["table"])
-    plan = Plan(table, space)  # the split of an effective batch may use any of the space's micro-batches
-    sampled = baseline_space(space, prepared.baseline) if spec.objective == SYSTEMS_ONLY else restrict(space, table)
+    plan = Plan(
+        table, space
+    )  # the split of an effective batch may use any of the space's micro-batches
+    sampled = (
+        baseline_space(space, prepared.baseline)
+        if spec.objective == SYSTEMS_ONLY
+        else restrict(space, table)
+    )
     return plan, sampled
 
 
@@ -120,7 +173,9 @@ class Plan:
         fastest = self.table.fastest(config, self.space, samples=None)
         return None if fastest is None else fastest[0]
 
-    def best(self, config: Mapping[str, Any], samples: float) -> tuple[dict[str, Any], goodput_.Speed]:
+    def best(
+        self, config: Mapping[str, Any], samples: float
+    ) -> tuple[dict[str, Any], goodput_.Speed]:
         """The setting that trains `samples` samples of `config`'s maths soonest, and its speed."""
         fastest = self.table.fastest(config, self.space, samples=samples)
         assert fastest is not None, "a trial that trained has a setting"
@@ -152,7 +207,9 @@ def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
     """systems_only: every knob fixed to the baseline's, so its one trained trial is the baseline's maths."""
     for name, _ in space.domains:
         space = space.replace(name, Choices((baseline[name],)))
-    return dataclasses.replace(space, params=tuple((name, Choices((baseline[name],))) for name, _ in space.params))
+    return dataclasses.replace(
+        space, params=tuple((name, Choices((baseline[name],))) for name, _ in space.params)
+    )
 
 
 def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenTrial) -> int:
@@ -162,7 +219,9 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
     if predicted is None:
         return 0
     samples = predicted["samples_to_target"]
-    told = [schema.config(t) for t in study.get_trials(deepcopy=False) if t.number != trained.number]
+    told = [
+        schema.config(t) for t in study.get_trials(deepcopy=False) if t.number != trained.number
+    ]
     config = schema.config(trained)
     added = 0
     for knobs, speed in plan.table.options(config, plan.space):
@@ -170,25 +229,47 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
         if candidate == config or candidate in told:
             continue
         seconds = speed.seconds(samples)
-        prediction = prediction_record(speed, samples=samples, seconds=seconds, trained=None, from_trial=trained.number)
-        study.add_trial(optuna.trial.create_trial(
-            value=seconds, constraints={"target": trained.constraints["target"]},
-            user_attrs={schema.CONFIG: candidate, schema.RESULT: {"reached": True, "time_to_target": seconds,
-                                                                  "samples_to_target": samples, "train_seconds": 0.0,
-                                                                  "best_metric": result.get("best_metric"),
-                                                                  schema.PREDICTION: prediction}}))
+        prediction = prediction_record(
+            speed, samples=samples, seconds=seconds, trained=None, from_trial=trained.number
+        )
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=seconds,
+                constraints={"target": trained.constraints["target"]},
+                user_attrs={
+                    schema.CONFIG: candidate,
+                    schema.RESULT: {
+                        "reached": True,
+                        "time_to_target": seconds,
+                        "samples_to_target": samples,
+                        "train_seconds": 0.0,
+                        "best_metric": result.get("best_metric"),
+                        schema.PREDICTION: prediction,
+                    },
+                },
+            )
+        )
         added += 1
     return added
 
 
-def prediction_record(speed: goodput_.Speed, *, samples: float, seconds: float, trained: Mapping[str, Any] | None,
-                      from_trial: int | None = None) -> dict[str, Any]:
+def prediction_record(
+    speed: goodput_.Speed,
+    *,
+    samples: float,
+    seconds: float,
+    trained: Mapping[str, Any] | None,
+    from_trial: int | None = None,
+) -> dict[str, Any]:
     """What a predicted time is made of, as the trial stores it."""
-    record = {"seconds": seconds, "samples_to_target": samples, "samples_per_second": speed.samples_per_second,
-              "fixed_seconds": speed.fixed_seconds}
+    record = {
+        "seconds": seconds,
+        "samples_to_target": samples,
+        "samples_per_second": speed.samples_per_second,
+        "fixed_seconds": speed.fixed_seconds,
+    }
     if trained is not None:
         record["trained"] = dict(trained)
     if from_trial is not None:
         record["from_trial"] = from_trial
     return record
-

@@ -67,14 +67,30 @@ class Objective(Protocol):
     paired: bool  # every trial's runs share their seeds
 
     def first_runs(self, replicates: int) -> int: ...
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
-                 predict: Predict | None = None) -> int: ...
-    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome: ...
-    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]: ...
+    def runs_for(
+        self,
+        first: TrialResult,
+        *,
+        replicates: int,
+        incumbent: float | None,
+        predict: Predict | None = None,
+    ) -> int: ...
+    def outcome(
+        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+    ) -> Outcome: ...
+    def confirmed_times(
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+    ) -> tuple[list[float], float | None]: ...
 
 
 class TimeToTarget:
-    name, stops_at_target, metric, metric_label, paired = TIME_TO_TARGET, True, "best_metric", "", False
+    name, stops_at_target, metric, metric_label, paired = (
+        TIME_TO_TARGET,
+        True,
+        "best_metric",
+        "",
+        False,
+    )
 
     def first_runs(self, replicates: int) -> int:
         return 1
@@ -83,38 +99,64 @@ class TimeToTarget:
         """The time of runs that all reached the target: their mean time to target."""
         return statistics.fmean(r.time_to_target for r in runs)
 
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
-                 predict: Predict | None = None) -> int:
+    def runs_for(
+        self,
+        first: TrialResult,
+        *,
+        replicates: int,
+        incumbent: float | None,
+        predict: Predict | None = None,
+    ) -> int:
         """The extra seeds go where the decision is close, to a first run that beat the best time
         so far (or set the first one): a lucky seed would otherwise become the bar every later
         trial is pruned against. Any other first run is the trial's only one."""
         contender = first.reached and (incumbent is None or self.time([first], predict) < incumbent)
         return replicates if contender else 1
 
-    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
+    def outcome(
+        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+    ) -> Outcome:
         """Feasible when every run reached the target; the time is `time` of them (their mean time
         to target). A trial that missed is timed by its mean training time: infeasible whatever it is."""
         worst = min(r.best_metric for r in runs)
         if all(r.reached for r in runs):
             return Outcome(self.time(runs, predict), target - worst, worst)
-        return Outcome(statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst)
+        return Outcome(
+            statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst
+        )
 
-    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]:
+    def confirmed_times(
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+    ) -> tuple[list[float], float | None]:
         """A run's time to target; it missed (infinitely slow) when it did not reach the target."""
         return [r["time_to_target"] if r["reached"] else math.inf for r in runs], None
 
 
 class FixedSchedule:
-    name, stops_at_target, metric, metric_label, paired = FIXED_SCHEDULE, False, "final_metric", "mean final ", False
+    name, stops_at_target, metric, metric_label, paired = (
+        FIXED_SCHEDULE,
+        False,
+        "final_metric",
+        "mean final ",
+        False,
+    )
 
     def first_runs(self, replicates: int) -> int:
         return replicates  # feasibility is a mean over them all
 
-    def runs_for(self, first: TrialResult, *, replicates: int, incumbent: float | None,
-                 predict: Predict | None = None) -> int:
+    def runs_for(
+        self,
+        first: TrialResult,
+        *,
+        replicates: int,
+        incumbent: float | None,
+        predict: Predict | None = None,
+    ) -> int:
         return replicates
 
-    def outcome(self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None) -> Outcome:
+    def outcome(
+        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+    ) -> Outcome:
         """Feasible when the mean final metric reaches the target and no run was cut short by the
         time limit; the time is their mean training time."""
         final = statistics.fmean(r.final_metric for r in runs)
@@ -122,14 +164,24 @@ class FixedSchedule:
         constraint = target - final if whole else max(target - final, CUT_SHORT)
         return Outcome(statistics.fmean(r.train_seconds for r in runs), constraint, final)
 
-    def confirmed_times(self, runs: Sequence[Mapping[str, Any]], *, target: float | None) -> tuple[list[float], float | None]:
+    def confirmed_times(
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+    ) -> tuple[list[float], float | None]:
         """A run's whole-schedule time; it missed when it failed or the time limit cut it short,
         and every run missed when the mean final metric is under `target`."""
-        finals = [r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs]
+        finals = [
+            r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs
+        ]
         mean_final = statistics.fmean(finals)
         feasible = target is None or mean_final >= target
-        times = [r["train_seconds"] if feasible and r.get("final_metric") is not None
-                 and r.get("stop_reason") != "max_seconds" else math.inf for r in runs]
+        times = [
+            r["train_seconds"]
+            if feasible
+            and r.get("final_metric") is not None
+            and r.get("stop_reason") != "max_seconds"
+            else math.inf
+            for r in runs
+        ]
         return times, mean_final
 
 
@@ -139,7 +191,9 @@ class Goodput(TimeToTarget):
     def time(self, runs: Sequence[TrialResult], predict: Predict | None) -> float:
         """The prediction for the runs' mean samples to target (one systems setting for them all)."""
         if predict is None or any(r.samples_to_target is None for r in runs):
-            raise ValueError("a goodput trial's time needs the samples its runs needed and a prediction from them")
+            raise ValueError(
+                "a goodput trial's time needs the samples its runs needed and a prediction from them"
+            )
         return predict(statistics.fmean(r.samples_to_target for r in runs))
 
 
@@ -151,7 +205,9 @@ class SystemsOnly(Goodput):
     name, paired = SYSTEMS_ONLY, False
 
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (TimeToTarget(), FixedSchedule(), Goodput(), SystemsOnly())}
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o for o in (TimeToTarget(), FixedSchedule(), Goodput(), SystemsOnly())
+}
 
 
 def of(name: str) -> Objective:
@@ -161,8 +217,13 @@ def of(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float,
-            predict: Predict | None = None) -> Outcome:
+def outcome(
+    runs: Sequence[TrialResult],
+    objective: Objective,
+    *,
+    target: float,
+    predict: Predict | None = None,
+) -> Outcome:
     """The trial's time and constraint from its runs, under `objective`."""
     if not runs:
         raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
@@ -171,6 +232,12 @@ def outcome(runs: Sequence[TrialResult], objective: Objective, *, target: float,
 
 def summary(run: TrialResult, seed: int) -> dict[str, object]:
     """One replicate as the trial stores it beside its first run's full record."""
-    return {"seed": seed, "train_seconds": run.train_seconds, "time_to_target": run.time_to_target,
-            "best_metric": run.best_metric, "final_metric": run.final_metric, "stop_reason": run.stop_reason,
-            "samples_to_target": run.samples_to_target}
+    return {
+        "seed": seed,
+        "train_seconds": run.train_seconds,
+        "time_to_target": run.time_to_target,
+        "best_metric": run.best_metric,
+        "final_metric": run.final_metric,
+        "stop_reason": run.stop_reason,
+        "samples_to_target": run.samples_to_target,
+    }

@@ -14,11 +14,13 @@ import torch
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.study import budget as budget_, goodput, objective as objective_, schema, storage
-from autotune.search import oom_boundary
 from autotune.runners.isolation import RunTrial
+from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
+from autotune.study import budget as budget_
+from autotune.study import goodput, schema, storage
+from autotune.study import objective as objective_
 from autotune.train.config import Limits, TrialConfig, TrialResult
 
 
@@ -36,8 +38,12 @@ class Policy:
     prune: bool = False  # stop a trial once its training passes the incumbent's time
     objective: objective_.Objective = objective_.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
-    plan: goodput.Plan | None = None  # goodput: how a trial's maths trains, and its time from its samples
-    train_samples: int | None = None  # the task's training set, where autotune trains it: no effective batch may exceed it
+    plan: goodput.Plan | None = (
+        None  # goodput: how a trial's maths trains, and its time from its samples
+    )
+    train_samples: int | None = (
+        None  # the task's training set, where autotune trains it: no effective batch may exceed it
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +57,14 @@ class Before:
     current: list[optuna.trial.FrozenTrial] | None
 
 
-def run_one(study: optuna.Study, policy: Policy, *, asked: list[int], known: list[optuna.trial.FrozenTrial],
-            alone: bool = False) -> None:
+def run_one(
+    study: optuna.Study,
+    policy: Policy,
+    *,
+    asked: list[int],
+    known: list[optuna.trial.FrozenTrial],
+    alone: bool = False,
+) -> None:
     """Ask for a configuration, train it once per replicate, tell the outcome (objective.py).
     OOM -> PRUNED, other errors -> FAIL; with `policy.prune`, a trial whose training clock passes
     the best time so far (over all its replicates) -> PRUNED. `known`: the study's trials as read
@@ -60,17 +72,29 @@ def run_one(study: optuna.Study, policy: Policy, *, asked: list[int], known: lis
     trial = study.ask()
     asked.append(trial.number)
     # this trial included; read before the ask, so other workers' latest may be missing
-    before = Before(incumbent(known), budget_.finished_count(known) + 1, _ran_out(known), known if alone else None)
+    before = Before(
+        incumbent(known),
+        budget_.finished_count(known) + 1,
+        _ran_out(known),
+        known if alone else None,
+    )
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
         trained = config if policy.plan is None else policy.plan.to_train(config)
-        trial_seed = objective_.trial_seed(policy.seed, trial.number, paired=policy.objective.paired)
-        schema.begin_trial(trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed)
+        trial_seed = objective_.trial_seed(
+            policy.seed, trial.number, paired=policy.objective.paired
+        )
+        schema.begin_trial(
+            trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed
+        )
         if _settled_unrun(study, trial, trained or config, policy, before):
             return
         if trained is None:
-            failure = isolation.TrialFailure("out of memory: every systems setting that trains this configuration's "
-                                             "maths ran out of memory in the throughput phase", oom=True)
+            failure = isolation.TrialFailure(
+                "out of memory: every systems setting that trains this configuration's "
+                "maths ran out of memory in the throughput phase",
+                oom=True,
+            )
             _tell_failure(study, trial, failure, policy, before)
             return
         seeds = objective_.seeds(trial_seed, policy.replicates)
@@ -90,7 +114,11 @@ def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | Non
 def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:
     """Where the study stands, e.g. "4/20 finished; best 1.80 s, trial 1"."""
     told = f"{min(finished, budget)}/{budget} finished"
-    return f"{told}; best {best[0]:.2f} s, trial {best[1]}" if best else f"{told}; none has reached the target yet"
+    return (
+        f"{told}; best {best[0]:.2f} s, trial {best[1]}"
+        if best
+        else f"{told}; none has reached the target yet"
+    )
 
 
 def _standing_now(study: optuna.Study, budget: int) -> str:
@@ -103,9 +131,9 @@ def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]
     return {t.number: schema.config(t) for t in trials if schema.ran_out_of_memory(t)}
 
 
-
-
-def _where(study: optuna.Study, policy: Policy, before: Before, best: tuple[float, int] | None) -> str:
+def _where(
+    study: optuna.Study, policy: Policy, before: Before, best: tuple[float, int] | None
+) -> str:
     """Where the study stands once this trial is told. Beside other workers, read again: what
     was read before the ask is a whole trial old, and its count and best would be stale."""
     if before.current is None and progress.mode() == "lines":
@@ -113,8 +141,9 @@ def _where(study: optuna.Study, policy: Policy, before: Before, best: tuple[floa
     return standing(before.finished, policy.budget, best)
 
 
-def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], policy: Policy,
-                   before: Before) -> bool:
+def _settled_unrun(
+    study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], policy: Policy, before: Before
+) -> bool:
     """End the trial without training where its end is known: surplus, or past the OOM boundary."""
     # Alone, the read before the ask is current: another read would cost a storage round trip.
     if budget_.slots_before(study, trial.number, before.current) >= policy.budget:
@@ -123,11 +152,16 @@ def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, A
     effective = config["batch_size"] * config["accumulation_steps"]
     if policy.train_samples is not None and effective > policy.train_samples:
         # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than one epoch a step
-        reason = (f"pruned: an effective batch of {effective} ({config['batch_size']} x {config['accumulation_steps']}) "
-                  f"is larger than the {policy.train_samples} training samples; it cannot take one optimizer step an epoch")
+        reason = (
+            f"pruned: an effective batch of {effective} ({config['batch_size']} x {config['accumulation_steps']}) "
+            f"is larger than the {policy.train_samples} training samples; it cannot take one optimizer step an epoch"
+        )
         schema.record_pruned(trial, reason=reason, seconds=None)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(f"{schema.trial_label(trial)}: {reason}", standing=_where(study, policy, before, before.incumbent))
+        progress.tell(
+            f"{schema.trial_label(trial)}: {reason}",
+            standing=_where(study, policy, before, before.incumbent),
+        )
         return True
     bound = oom_boundary.bound_by(config, before.ran_out.items())
     if bound is None:
@@ -136,14 +170,28 @@ def _settled_unrun(study: optuna.Study, trial: optuna.Trial, config: dict[str, A
     reason = oom_boundary.reason(config, bound, before.ran_out[bound])
     schema.record_oom_bound(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    progress.tell(f"{schema.trial_label(trial)}: pruned: {reason}", standing=_where(study, policy, before, before.incumbent))
+    progress.tell(
+        f"{schema.trial_label(trial)}: pruned: {reason}",
+        standing=_where(study, policy, before, before.incumbent),
+    )
     return True
 
 
-def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy, best: tuple[float, int] | None
-           ) -> tuple[list[TrialResult], isolation.TrialFailure | isolation.Pruned | None]:
+def _train(
+    number: int,
+    config: dict[str, Any],
+    seeds: list[int],
+    policy: Policy,
+    best: tuple[float, int] | None,
+) -> tuple[list[TrialResult], isolation.TrialFailure | isolation.Pruned | None]:
     """Trial `number`'s runs, one per seed it gets, and what stopped them, if anything did."""
-    bar = progress.bar(f"trial {number}", unit="step", leave=False, announce=False, every=progress.LINE_EVERY_SECONDS)
+    bar = progress.bar(
+        f"trial {number}",
+        unit="step",
+        leave=False,
+        announce=False,
+        every=progress.LINE_EVERY_SECONDS,
+    )
     done = 0.0  # the trial's finished runs on the objective's clock
     trained = 0.0  # their training seconds
     # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
@@ -169,23 +217,39 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
         if policy.prune and best is not None and spent > best[0] * planned:
             runs = f" over {planned} runs" if planned > 1 else ""
             what = "of training" if predict is None else "predicted for the samples trained"
-            raise isolation.Pruned(f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
-                                   f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
-                                   f"it can no longer win", seconds=trained + seconds)
+            raise isolation.Pruned(
+                f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
+                f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
+                f"it can no longer win",
+                seconds=trained + seconds,
+            )
 
     runs: list[TrialResult] = []
     limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
     try:
         with signals.interruptible():
             while len(runs) < planned:
-                progress.restart(bar, note=f"seed {len(runs) + 1} of {planned}" if planned > 1 else "")
-                runs.append(policy.run_trial(TrialConfig.from_mapping(config), limits=limits, device=policy.device,
-                                             seed=seeds[len(runs)], progress=on_progress))
+                progress.restart(
+                    bar, note=f"seed {len(runs) + 1} of {planned}" if planned > 1 else ""
+                )
+                runs.append(
+                    policy.run_trial(
+                        TrialConfig.from_mapping(config),
+                        limits=limits,
+                        device=policy.device,
+                        seed=seeds[len(runs)],
+                        progress=on_progress,
+                    )
+                )
                 done += clock(runs[-1].optimizer_steps or 0, runs[-1].train_seconds)
                 trained += runs[-1].train_seconds
                 if len(runs) == 1:
-                    planned = policy.objective.runs_for(runs[0], replicates=policy.replicates,
-                                                        incumbent=None if best is None else best[0], predict=predict)
+                    planned = policy.objective.runs_for(
+                        runs[0],
+                        replicates=policy.replicates,
+                        incumbent=None if best is None else best[0],
+                        predict=predict,
+                    )
     except (isolation.TrialFailure, isolation.Pruned) as failure:
         return runs, failure
     finally:
@@ -193,29 +257,48 @@ def _train(number: int, config: dict[str, Any], seeds: list[int], policy: Policy
     return runs, None
 
 
-def _tell_failure(study: optuna.Study, trial: optuna.Trial, failure: isolation.TrialFailure | isolation.Pruned,
-                  policy: Policy, before: Before) -> None:
+def _tell_failure(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    failure: isolation.TrialFailure | isolation.Pruned,
+    policy: Policy,
+    before: Before,
+) -> None:
     if isinstance(failure, isolation.Pruned):
         schema.record_pruned(trial, reason=failure.reason, seconds=failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(f"{schema.trial_label(trial)}: {failure.reason}", standing=_where(study, policy, before, before.incumbent))
+        progress.tell(
+            f"{schema.trial_label(trial)}: {failure.reason}",
+            standing=_where(study, policy, before, before.incumbent),
+        )
         return
     schema.record_failure(trial, reason=failure.reason, oom=failure.oom, diverged=failure.diverged)
     # Out of memory and divergence are the configuration's fault, not the code's: PRUNED, so
     # the sampler learns to avoid them (Optuna's TPE ignores FAILED trials).
     cannot_win = failure.oom or failure.diverged
-    study.tell(trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL)
-    progress.tell(f"{schema.trial_label(trial)}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
-                  standing=_where(study, policy, before, before.incumbent))
+    study.tell(
+        trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL
+    )
+    progress.tell(
+        f"{schema.trial_label(trial)}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
+        standing=_where(study, policy, before, before.incumbent),
+    )
 
 
-def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[TrialResult, int]], policy: Policy,
-                  before: Before) -> None:
+def _tell_outcome(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    runs: list[tuple[TrialResult, int]],
+    policy: Policy,
+    before: Before,
+) -> None:
     """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's time."""
     first = runs[0][0]
     config = schema.config(trial)
     predict = policy.plan.predict(config) if policy.plan is not None else None
-    outcome = objective_.outcome([run for run, _ in runs], policy.objective, target=policy.limits.target, predict=predict)
+    outcome = objective_.outcome(
+        [run for run, _ in runs], policy.objective, target=policy.limits.target, predict=predict
+    )
     record = dataclasses.asdict(first)
     record["curve"] = [list(point) for point in first.curve]
     record["final_metric"] = first.final_metric
@@ -226,7 +309,9 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
         # Named by the setting that trains its samples soonest (the one the prediction is of).
         samples = sum(run.samples_to_target for run, _ in runs) / len(runs)
         best_config, speed = policy.plan.best(config, samples)
-        record[schema.PREDICTION] = goodput.prediction_record(speed, samples=samples, seconds=outcome.value, trained=config)
+        record[schema.PREDICTION] = goodput.prediction_record(
+            speed, samples=samples, seconds=outcome.value, trained=config
+        )
         schema.record_config(trial, best_config)
     schema.record_result(trial, record)
     trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
@@ -236,6 +321,9 @@ def _tell_outcome(study: optuna.Study, trial: optuna.Trial, runs: list[tuple[Tri
     if feasible and (best is None or outcome.value < best[0]):
         best = (outcome.value, trial.number)
     timed = "predicted" if policy.plan is not None and feasible else "complete in"
-    progress.tell(f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
-                  f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
-                  standing=_where(study, policy, before, best), routine=True)
+    progress.tell(
+        f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
+        f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
+        standing=_where(study, policy, before, best),
+        routine=True,
+    )

@@ -26,11 +26,13 @@ from typing import Any
 
 from autotune import progress, signals
 from autotune.runners import isolation
-from autotune.search import probe, roofline, space as space_
+from autotune.search import probe, roofline
+from autotune.search import space as space_
 from autotune.search.space import Space
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
-from autotune.train import measure as measure_, rates, throughput
+from autotune.train import measure as measure_
+from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 
 LOADER_GROUP = 8  # loader settings measured side by side at once: each holds its workers
@@ -44,20 +46,31 @@ FORMAT_KNOBS = tuple(k for k in space_.FORMAT_KNOBS if k != "compile")
 
 def compute_settings(space: Space) -> list[dict[str, Any]]:
     """Every precision x format of the space (TF32 only with fp32: space_.formats_for)."""
-    return [{"precision": p, **f} for p in space["precision"].values for f in space_.formats_for(space, p, FORMAT_KNOBS)]
+    return [
+        {"precision": p, **f}
+        for p in space["precision"].values
+        for f in space_.formats_for(space, p, FORMAT_KNOBS)
+    ]
 
 
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     """Measure, predict, check end to end and choose; the outcome as plain JSON values."""
-    assert prepared.task is not None and prepared.measure is not None, "the probe trains the study's task"
+    assert prepared.task is not None and prepared.measure is not None, (
+        "the probe trains the study's task"
+    )
     space, baseline = prepared.space, prepared.baseline
     batch = probe.probe_batch(space, baseline, samples=len(prepared.task.train))
     started = time.monotonic()
-    with progress.bar("joint probe", unit="measurement", leave=False) as bar, signals.interruptible(), \
-            measure_.other_load() as load:
+    with (
+        progress.bar("joint probe", unit="measurement", leave=False) as bar,
+        signals.interruptible(),
+        measure_.other_load() as load,
+    ):
         try:
             outcome = _choose(spec, prepared, batch, bar)
-        except isolation.TrialFailure as failure:  # the task failed: the search meets it trial by trial
+        except (
+            isolation.TrialFailure
+        ) as failure:  # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
     return {**outcome, "seconds": time.monotonic() - started, **load.record()}
 
@@ -73,36 +86,67 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
 
     # On a CPU the loader's workers take cores from the step: its rate is measured once for each
     # thread count the loader settings leave it (recipe.training_threads). A GPU's step runs alike.
-    threads = {s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0) for s in loaders}
-    workers_for = {t: w for w, t in sorted(threads.items(), reverse=True)}  # a thread count -> the fewest workers leaving it
-    keyed = {f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())}
+    threads = {
+        s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0)
+        for s in loaders
+    }
+    workers_for = {
+        t: w for w, t in sorted(threads.items(), reverse=True)
+    }  # a thread count -> the fewest workers leaving it
+    keyed = {
+        f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
+    }
     compute_rates: dict[str, rates.Rate] = {}
     keys = list(keyed)
     for start in range(0, len(keys), COMPUTE_GROUP):
         signals.check()
-        group = {k: config({**keyed[k][0], "num_workers": keyed[k][1]}) for k in keys[start:start + COMPUTE_GROUP]}
+        group = {
+            k: config({**keyed[k][0], "num_workers": keyed[k][1]})
+            for k in keys[start : start + COMPUTE_GROUP]
+        }
         compute_rates.update(measure(rates.measure, {}, group, device=device, seed=seed))
         bar.update(len(group))
     loader_rates: dict[str, rates.Rate] = {}
     for start in range(0, len(loaders), LOADER_GROUP):
         signals.check()
-        group = {str(start + i): config({**computes[0], **s}) for i, s in enumerate(loaders[start:start + LOADER_GROUP])}
+        group = {
+            str(start + i): config({**computes[0], **s})
+            for i, s in enumerate(loaders[start : start + LOADER_GROUP])
+        }
         loader_rates.update(measure(rates.measure, group, {}, device=device, seed=seed))
         bar.update(len(group))
 
     def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
-        return compute_rates[f"{computes.index(compute)}@{threads[loader['num_workers']]}"].samples_per_second
+        return compute_rates[
+            f"{computes.index(compute)}@{threads[loader['num_workers']]}"
+        ].samples_per_second
 
-    predictions = roofline.predict([(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
-                                   computes, compute_rate)
-    figures = {"loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
-               "compute_rates": [{**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
-                                 for k, (c, _) in keyed.items()]}
+    predictions = roofline.predict(
+        [(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
+        computes,
+        compute_rate,
+    )
+    figures = {
+        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+        "compute_rates": [
+            {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
+            for k, (c, _) in keyed.items()
+        ],
+    }
     if not predictions:
-        return {**_nothing_settled(batch, space, "no setting had both rates at that batch"), **figures}
-    checked = roofline.to_check(predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1))
-    measured = measure(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)},
-                       device=device, seed=seed)
+        return {
+            **_nothing_settled(batch, space, "no setting had both rates at that batch"),
+            **figures,
+        }
+    checked = roofline.to_check(
+        predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1)
+    )
+    measured = measure(
+        throughput.measure,
+        {str(i): config(p.setting) for i, p in enumerate(checked)},
+        device=device,
+        seed=seed,
+    )
     bar.update(len(checked))
     speeds = [(p, measured[str(i)].samples_per_second) for i, p in enumerate(checked)]
     if not any(speed for _, speed in speeds):
@@ -111,23 +155,41 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     fixed = {k: chosen.compute[k] for k in FORMAT_KNOBS}
     compiled = None
     if set(space["compile"].values) == {False, True}:
-        compiled = _weigh_compile(spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed)
+        compiled = _weigh_compile(
+            spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed
+        )
         bar.update(2)
         if not compiled["kept"]:
             fixed["compile"] = False
     return {
-        "kind": "joint", "batch_size": batch, "shared_cores": device.type == "cpu",
-        "loader": chosen.loader, "probed_loader": len(loaders) > 1,
-        "precisions": _precisions_kept(chosen, speeds, space), "fixed": fixed,
-        "speed": {}, "runs": [], **figures,
-        "checked": [{**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds],
-        "limit": _figures(predictions[0]), "chosen": {**_figures(chosen), "measured": speed},
-        "moves": roofline.what_moves_it(predictions[0]), **({"compile": compiled} if compiled else {}),
+        "kind": "joint",
+        "batch_size": batch,
+        "shared_cores": device.type == "cpu",
+        "loader": chosen.loader,
+        "probed_loader": len(loaders) > 1,
+        "precisions": _precisions_kept(chosen, speeds, space),
+        "fixed": fixed,
+        "speed": {},
+        "runs": [],
+        **figures,
+        "checked": [
+            {**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds
+        ],
+        "limit": _figures(predictions[0]),
+        "chosen": {**_figures(chosen), "measured": speed},
+        "moves": roofline.what_moves_it(predictions[0]),
+        **({"compile": compiled} if compiled else {}),
     }
 
 
-def _weigh_compile(spec: StudySpec, prepared: Prepared, chosen: roofline.Prediction, plain: TrialConfig, *,
-                   seed: int) -> dict[str, Any]:
+def _weigh_compile(
+    spec: StudySpec,
+    prepared: Prepared,
+    chosen: roofline.Prediction,
+    plain: TrialConfig,
+    *,
+    seed: int,
+) -> dict[str, Any]:
     """torch.compile measured once, on the chosen setting's step beside the same step uncompiled:
     what it costs at start-up and what it saves a sample at the chosen loader. It stays in the
     search only where it pays back within the longest trial the budget allows (a trial that
@@ -136,41 +198,80 @@ def _weigh_compile(spec: StudySpec, prepared: Prepared, chosen: roofline.Predict
     assert prepared.task is not None and prepared.measure is not None
     longest = spec.budget.max_epochs * len(prepared.task.train)
     try:
-        figures = prepared.measure(rates.measure, {}, {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
-                                   device=prepared.device, seed=seed)
+        figures = prepared.measure(
+            rates.measure,
+            {},
+            {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
+            device=prepared.device,
+            seed=seed,
+        )
     except isolation.TrialFailure as failure:
         return {"kept": False, "failed": failure.reason, "longest_samples": longest}
     rate, base = figures["compiled"], figures["plain"]
     if not (rate.samples_per_second and base.samples_per_second):
         why = rate.reason or base.reason or "no figure"
-        return {"kept": False, "failed": f"its step could not be measured ({why})", "longest_samples": longest}
+        return {
+            "kept": False,
+            "failed": f"its step could not be measured ({why})",
+            "longest_samples": longest,
+        }
     # The chosen setting's loader with each step rate: both from this pair, measured side by side.
     at_loader = dataclasses.replace(chosen, compute_rate=base.samples_per_second)
-    payback = roofline.payback(at_loader, compute_rate=rate.samples_per_second,
-                               once_seconds=rate.fixed_seconds - base.fixed_seconds)
-    return {"once_seconds": payback.once_seconds, "speed": payback.speed, "faster": payback.faster,
-            "samples": payback.samples, "longest_samples": longest, "kept": payback.pays_within(longest)}
+    payback = roofline.payback(
+        at_loader,
+        compute_rate=rate.samples_per_second,
+        once_seconds=rate.fixed_seconds - base.fixed_seconds,
+    )
+    return {
+        "once_seconds": payback.once_seconds,
+        "speed": payback.speed,
+        "faster": payback.faster,
+        "samples": payback.samples,
+        "longest_samples": longest,
+        "kept": payback.pays_within(longest),
+    }
 
 
 def _figures(prediction: roofline.Prediction) -> dict[str, Any]:
-    return {**prediction.setting, "predicted": prediction.samples_per_second, "loader_rate": prediction.loader_rate,
-            "compute_rate": prediction.compute_rate, "bottleneck": prediction.bottleneck,
-            "idle_share": prediction.idle_share}
+    return {
+        **prediction.setting,
+        "predicted": prediction.samples_per_second,
+        "loader_rate": prediction.loader_rate,
+        "compute_rate": prediction.compute_rate,
+        "bottleneck": prediction.bottleneck,
+        "idle_share": prediction.idle_share,
+    }
 
 
-def _precisions_kept(chosen: roofline.Prediction, speeds: list[tuple[roofline.Prediction, float | None]],
-                     space: Space) -> list[str]:
+def _precisions_kept(
+    chosen: roofline.Prediction,
+    speeds: list[tuple[roofline.Prediction, float | None]],
+    space: Space,
+) -> list[str]:
     """The chosen setting's precision, and every other that ran faster end to end at its loader,
     the search then weighing its speed against its effect on convergence."""
     at_loader = [(p, speed) for p, speed in speeds if speed and p.loader == chosen.loader]
     slowest = min(speed for _, speed in at_loader)
-    kept = {chosen.compute["precision"]} | {p.compute["precision"] for p, speed in at_loader
-                                            if speed >= (1 + probe.FASTER_BY) * slowest}
+    kept = {chosen.compute["precision"]} | {
+        p.compute["precision"] for p, speed in at_loader if speed >= (1 + probe.FASTER_BY) * slowest
+    }
     return [p for p in space["precision"].values if p in kept]
 
 
 def _nothing_settled(batch: int, space: Space, why: str) -> dict[str, Any]:
     """An outcome that leaves the space as it is, and says why."""
-    return {"kind": "joint", "batch_size": batch, "loader": {}, "probed_loader": False,
-            "precisions": list(space["precision"].values), "fixed": {}, "speed": {}, "runs": [],
-            "limit": None, "chosen": None, "unsettled": why, "loader_rates": [], "compute_rates": []}
+    return {
+        "kind": "joint",
+        "batch_size": batch,
+        "loader": {},
+        "probed_loader": False,
+        "precisions": list(space["precision"].values),
+        "fixed": {},
+        "speed": {},
+        "runs": [],
+        "limit": None,
+        "chosen": None,
+        "unsettled": why,
+        "loader_rates": [],
+        "compute_rates": [],
+    }

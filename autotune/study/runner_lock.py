@@ -31,7 +31,9 @@ from autotune.spec.study_file import StudySpec
 
 SUFFIX = ".runner.lock"  # not ".lock": Optuna's journal backend uses that
 RUNNER_BYTE, WORKERS_BYTE = 0, 1
-WORKERS_GONE_SECONDS = 90  # a stopped run's workers get 60 s to mark their trials; then they are killed
+WORKERS_GONE_SECONDS = (
+    90  # a stopped run's workers get 60 s to mark their trials; then they are killed
+)
 
 
 @contextlib.contextmanager
@@ -41,13 +43,19 @@ def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
+
     def refuse(lock: Any) -> None:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
-        several = ("to run several workers on it, give one command --workers K" if spec.storage.startswith("journal")
-                   else "to run several workers, use a journal file or a database server and --workers K")
-        raise StorageError(f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish "
-                           f"({several})") from None
+        several = (
+            "to run several workers on it, give one command --workers K"
+            if spec.storage.startswith("journal")
+            else "to run several workers, use a journal file or a database server and --workers K"
+        )
+        raise StorageError(
+            f"{spec.path}: storage {path} is being run by {holder}; wait for it to finish "
+            f"({several})"
+        ) from None
 
     with _runner_lock(spec, path, RUNNER_BYTE, fcntl.LOCK_EX | fcntl.LOCK_NB, busy=refuse) as lock:
         try:
@@ -77,7 +85,9 @@ def as_worker(spec: StudySpec, path: Path | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _runner_lock(spec: StudySpec, path: Path, byte: int, how: int, *, busy: Any = None) -> Iterator[Any]:
+def _runner_lock(
+    spec: StudySpec, path: Path, byte: int, how: int, *, busy: Any = None
+) -> Iterator[Any]:
     """The lock file beside `path`, open, with `byte` locked `how`; `busy(lock)` is called where
     a non-blocking lock is held by another process."""
     name = path.with_name(path.name + SUFFIX)
@@ -85,8 +95,10 @@ def _runner_lock(spec: StudySpec, path: Path, byte: int, how: int, *, busy: Any 
         try:
             lock = open(name, "a+")
         except OSError as exc:
-            raise StorageError(f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
-                               f"choose a writable place with --storage or storage:") from None
+            raise StorageError(
+                f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
+                f"choose a writable place with --storage or storage:"
+            ) from None
         with lock:
             try:
                 fcntl.lockf(lock, how, 1, byte)
@@ -135,11 +147,15 @@ def _wait_for_earlier_workers(spec: StudySpec, path: Path, lock: Any) -> None:
             fcntl.lockf(lock, fcntl.LOCK_UN, 1, WORKERS_BYTE)
             return
         if time.monotonic() > deadline:
-            raise StorageError(f"{spec.path}: storage {path}: workers of an earlier run of this study are still running "
-                               f"after {WORKERS_GONE_SECONDS} s; stop them (they hold {path.name + SUFFIX}), "
-                               f"then run the same command again")
+            raise StorageError(
+                f"{spec.path}: storage {path}: workers of an earlier run of this study are still running "
+                f"after {WORKERS_GONE_SECONDS} s; stop them (they hold {path.name + SUFFIX}), "
+                f"then run the same command again"
+            )
         if not said:
-            progress.say("autotune: waiting for the workers of an earlier, stopped run to mark their trials and exit")
+            progress.say(
+                "autotune: waiting for the workers of an earlier, stopped run to mark their trials and exit"
+            )
             said = True
         signals.check()
         time.sleep(0.2)

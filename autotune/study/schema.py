@@ -19,7 +19,9 @@ SCHEMA_VERSION = 1
 # Study attributes.
 VERSION = "schema_version"
 TARGET = "target"  # {"metric": name, "value": threshold}
-OPTIMIZER = "optimizer"  # the task's optimizer factory as `module:function`, for `export --format torch`
+OPTIMIZER = (
+    "optimizer"  # the task's optimizer factory as `module:function`, for `export --format torch`
+)
 KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not all of them
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
@@ -36,7 +38,9 @@ PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
-RESULT = "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
+RESULT = (
+    "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
+)
 # In RESULT under goodput and systems_only: the trial's predicted time, what it is made of and the
 # configuration trained (CONFIG is then the fastest way to train the same maths).
 PREDICTION = "prediction"
@@ -48,15 +52,30 @@ PRIOR = "prior"  # one of a new study's first trials, queued from the prior (fir
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
 
 # Version 0: before RESULT, each measured figure was a trial attribute of its own.
-_V0_MEASURED = ("reached", "time_to_target", "best_metric", "train_seconds", "epochs", "optimizer_steps",
-                "samples_per_second", "peak_memory_bytes", "device_name", "torch_version", "stop_reason", "curve")
+_V0_MEASURED = (
+    "reached",
+    "time_to_target",
+    "best_metric",
+    "train_seconds",
+    "epochs",
+    "optimizer_steps",
+    "samples_per_second",
+    "peak_memory_bytes",
+    "device_name",
+    "torch_version",
+    "stop_reason",
+    "curve",
+)
 # Version 0: modules that held stored `module:function` references before they moved.
 _V0_MODULES = {"autotune.tasks": "autotune.train.tasks"}
 
 
 # Writing a study.
 
-def begin(study: Any, *, target: Mapping[str, Any], optimizer: str | None, knobs: Iterable[str] | None) -> None:
+
+def begin(
+    study: Any, *, target: Mapping[str, Any], optimizer: str | None, knobs: Iterable[str] | None
+) -> None:
     """What a run records as it opens a study; the version only on a study it creates."""
     if not study.get_trials(deepcopy=False) and VERSION not in study.user_attrs:
         study.set_user_attr(VERSION, SCHEMA_VERSION)
@@ -74,8 +93,13 @@ def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any
     if stored == definition:
         return
     if stored is not None:
-        history = [*study.user_attrs.get(DEFINITION_CHANGES, []),
-                   {"from_trial": len(study.get_trials(deepcopy=False)), "changes": changes(stored, definition)}]
+        history = [
+            *study.user_attrs.get(DEFINITION_CHANGES, []),
+            {
+                "from_trial": len(study.get_trials(deepcopy=False)),
+                "changes": changes(stored, definition),
+            },
+        ]
         study.set_user_attr(DEFINITION_CHANGES, history)
     study.set_user_attr(DEFINITION, dict(definition))
 
@@ -93,6 +117,7 @@ def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
 
 
 # Writing a trial.
+
 
 def begin_trial(trial: Any, *, worker: str, config: Mapping[str, Any], seed: int) -> None:
     trial.set_user_attr(WORKER, worker)
@@ -129,7 +154,9 @@ def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> Non
 
 
 def record_result(trial: Any, record: Mapping[str, Any]) -> None:
-    trial.set_user_attr(RESULT, dict(record))  # one write: each attribute is a transaction of its own
+    trial.set_user_attr(
+        RESULT, dict(record)
+    )  # one write: each attribute is a transaction of its own
 
 
 def record_interrupted(storage: Any, trial_id: int, *, reason: str) -> None:
@@ -139,6 +166,7 @@ def record_interrupted(storage: Any, trial_id: int, *, reason: str) -> None:
 
 
 # Reading a study.
+
 
 def version(study_attrs: Mapping[str, Any]) -> int:
     return int(study_attrs.get(VERSION, 0))
@@ -185,6 +213,7 @@ def current_reference(reference: str | None) -> str | None:
 
 # Reading a trial.
 
+
 def config(trial: Any) -> dict[str, Any] | None:
     """The configuration it trained; None where it stopped before one was chosen."""
     return trial.user_attrs.get(CONFIG)
@@ -198,7 +227,9 @@ def is_interrupted(trial: Any) -> bool:
     """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
     a database server's heartbeat check. autotune records a reason for every failure of its own.
     """
-    return trial.state.name == "FAIL" and (bool(trial.user_attrs.get(INTERRUPTED)) or REASON not in trial.user_attrs)
+    return trial.state.name == "FAIL" and (
+        bool(trial.user_attrs.get(INTERRUPTED)) or REASON not in trial.user_attrs
+    )
 
 
 def is_surplus(trial: Any) -> bool:
@@ -236,14 +267,22 @@ def prediction(trial: Any) -> dict[str, Any] | None:
 
 def ran_out_of_memory(trial: Any) -> bool:
     """Pruned because it really ran out of memory (not bounded by another that did)."""
-    return trial.state.name == "PRUNED" and bool(trial.user_attrs.get(OOM)) and CONFIG in trial.user_attrs
+    return (
+        trial.state.name == "PRUNED"
+        and bool(trial.user_attrs.get(OOM))
+        and CONFIG in trial.user_attrs
+    )
 
 
 def is_feasible(trial: Any) -> bool:
     """Finished with a time and within its constraints: it reached the target."""
     constraints = getattr(trial, "constraints", None) or {}
-    return (trial.state.name == "COMPLETE" and bool(constraints) and max(constraints.values()) <= 0
-            and getattr(trial, "value", None) is not None)
+    return (
+        trial.state.name == "COMPLETE"
+        and bool(constraints)
+        and max(constraints.values()) <= 0
+        and getattr(trial, "value", None) is not None
+    )
 
 
 def measured(trial: Any) -> dict[str, Any]:
@@ -256,8 +295,14 @@ def measured(trial: Any) -> dict[str, Any]:
 def outcome(trial: Any) -> dict[str, Any]:
     """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it measured."""
     attrs = trial.user_attrs
-    return {"reason": attrs.get(REASON), "oom": bool(attrs.get(OOM, False)), "oom_bound": OOM_BOUND in attrs,
-            "diverged": bool(attrs.get(DIVERGED, False)), "pruned_at": attrs.get(PRUNED_AT), **measured(trial)}
+    return {
+        "reason": attrs.get(REASON),
+        "oom": bool(attrs.get(OOM, False)),
+        "oom_bound": OOM_BOUND in attrs,
+        "diverged": bool(attrs.get(DIVERGED, False)),
+        "pruned_at": attrs.get(PRUNED_AT),
+        **measured(trial),
+    }
 
 
 def training_seconds(trial: Any) -> float:
@@ -275,4 +320,7 @@ def retried_from(trial: Any) -> int | None:
 
 def retry_attrs(trial: Any) -> dict[str, Any]:
     """The system attributes of a retry of `trial`, as Optuna's RetryFailedTrialCallback writes them."""
-    return {FAILED_TRIAL: trial.number, RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number]}
+    return {
+        FAILED_TRIAL: trial.number,
+        RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number],
+    }

@@ -26,10 +26,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
-from autotune.study import runner_lock, schema
-from autotune.spec.study_file import StudySpec
 from autotune.spec import study_file as spec_
-
+from autotune.spec.study_file import StudySpec
+from autotune.study import runner_lock, schema
 
 
 def _heartbeat_setting(text: str) -> tuple[int, int]:
@@ -38,8 +37,10 @@ def _heartbeat_setting(text: str) -> tuple[int, int]:
     except ValueError:
         interval = grace = 0
     if not 0 < interval < grace:
-        raise StorageError(f"AUTOTUNE_HEARTBEAT: got {text!r}; two whole numbers of seconds, interval,grace, "
-                           f"with 0 < interval < grace, e.g. 10,60")
+        raise StorageError(
+            f"AUTOTUNE_HEARTBEAT: got {text!r}; two whole numbers of seconds, interval,grace, "
+            f"with 0 < interval < grace, e.g. 10,60"
+        )
     return interval, grace
 
 
@@ -60,30 +61,56 @@ def local_path(url: str) -> Path | None:
 def files_of(path: Path) -> dict[Path, str]:
     """A local storage file and the files kept beside it (SQLite's journals, Optuna's journal
     lock, autotune's runner lock), each with what it is."""
-    beside = {"-journal": "the storage's rollback journal", "-wal": "the storage's write-ahead log",
-              "-shm": "the storage's shared memory", ".lock": "the journal storage's lock",
-              runner_lock.SUFFIX: "the study's runner lock"}
-    return {path: "the study's storage", **{path.with_name(path.name + suffix): what for suffix, what in beside.items()}}
+    beside = {
+        "-journal": "the storage's rollback journal",
+        "-wal": "the storage's write-ahead log",
+        "-shm": "the storage's shared memory",
+        ".lock": "the journal storage's lock",
+        runner_lock.SUFFIX: "the study's runner lock",
+    }
+    return {
+        path: "the study's storage",
+        **{path.with_name(path.name + suffix): what for suffix, what in beside.items()},
+    }
 
 
 def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorage:
     """Optuna's storage for the spec's URL; with `create=False`, a missing file is an error."""
     url, path = spec.storage, local_path(spec.storage)
-    if path is not None and path.exists() and spec.path.exists() and os.path.samefile(path, spec.path):
-        raise StorageError(f"{spec.path}: storage: {spec.storage} is the study file itself; "
-                           f"choose another file with --storage or storage:")
+    if (
+        path is not None
+        and path.exists()
+        and spec.path.exists()
+        and os.path.samefile(path, spec.path)
+    ):
+        raise StorageError(
+            f"{spec.path}: storage: {spec.storage} is the study file itself; "
+            f"choose another file with --storage or storage:"
+        )
     if path is not None and path.is_dir():
         scheme = url.partition(":///")[0]
-        raise StorageError(f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
-                           f"--storage {scheme}:///{path / (spec.name + ('.journal' if scheme == 'journal' else '.db'))}")
+        raise StorageError(
+            f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
+            f"--storage {scheme}:///{path / (spec.name + ('.journal' if scheme == 'journal' else '.db'))}"
+        )
     if path is not None and path.exists() and not path.is_file():
-        raise StorageError(f"{spec.path}: storage: {path} is not a regular file (a device or a socket, say); "
-                           f"name a database file with --storage or storage:")
+        raise StorageError(
+            f"{spec.path}: storage: {path} is not a regular file (a device or a socket, say); "
+            f"name a database file with --storage or storage:"
+        )
     if path is not None and not create and not path.is_file():
         # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
-        raise StorageError(f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first")
-    if path is not None and create and not os.access(path.parent if not path.exists() else path, os.W_OK):
-        raise StorageError(f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:")
+        raise StorageError(
+            f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first"
+        )
+    if (
+        path is not None
+        and create
+        and not os.access(path.parent if not path.exists() else path, os.W_OK)
+    ):
+        raise StorageError(
+            f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:"
+        )
     if url.startswith("sqlite:///") and path.is_file():
         _refuse_foreign_sqlite(spec, path)
     if url.startswith("journal:///") and path.is_file():
@@ -95,13 +122,23 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
             return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(_with_driver(url), heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+            return RDBStorage(
+                _with_driver(url),
+                heartbeat_interval=HEARTBEAT_SECONDS,
+                grace_period=GRACE_SECONDS,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                    max_retry=MAX_RETRY
+                ),
+            )
     except Exception as exc:  # SQLAlchemy and driver errors: unreachable, corrupt or not a database
         raise cannot_open(spec, exc) from None
 
 
-OPTUNA_TABLES = {"studies", "trials", "version_info"}  # among the tables Optuna's RDB storage creates
+OPTUNA_TABLES = {
+    "studies",
+    "trials",
+    "version_info",
+}  # among the tables Optuna's RDB storage creates
 
 
 def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
@@ -109,13 +146,18 @@ def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
     add its tables to it. Read-only; a file that is no database is left to Optuna's own error."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
-            tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
+            tables = {
+                row[0]
+                for row in connection.execute("select name from sqlite_master where type = 'table'")
+            }
     except sqlite3.Error:
         return
     if tables and not OPTUNA_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise StorageError(f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
-                           f"not an autotune study; choose another file with --storage or storage:")
+        raise StorageError(
+            f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
+            f"not an autotune study; choose another file with --storage or storage:"
+        )
 
 
 def _refuse_foreign_journal(spec: StudySpec, path: Path) -> None:
@@ -130,17 +172,23 @@ def _refuse_foreign_journal(spec: StudySpec, path: Path) -> None:
     except ValueError:
         record = None
     if not (isinstance(record, dict) and "op_code" in record):
-        raise StorageError(f"{spec.path}: storage: {path} is not an Optuna journal (its first line is no journal "
-                           f"record), so it is left as it is; choose another file with --storage or storage:")
+        raise StorageError(
+            f"{spec.path}: storage: {path} is not an Optuna journal (its first line is no journal "
+            f"record), so it is left as it is; choose another file with --storage or storage:"
+        )
 
 
 def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
     """The one-line error for a storage that failed to open or be created."""
     if disk_full(exc):
-        return StorageError(f"{spec.path}: storage: cannot write {spec.storage}: no space left on the device; "
-                            f"free some space and run the same command again")
+        return StorageError(
+            f"{spec.path}: storage: cannot write {spec.storage}: no space left on the device; "
+            f"free some space and run the same command again"
+        )
     first_line = (str(exc).strip().splitlines() or [""])[0]
-    return StorageError(f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})")
+    return StorageError(
+        f"{spec.path}: storage: cannot open {spec.storage} ({exc.__class__.__name__}: {first_line})"
+    )
 
 
 def disk_full(exc: BaseException | None) -> bool:
@@ -160,19 +208,32 @@ def disk_full(exc: BaseException | None) -> bool:
 def _with_driver(url: str) -> str:
     """A bare postgresql:// names the driver autotune installs (psycopg 3): SQLAlchemy's default
     for it differs between versions (psycopg2 before 2.1)."""
-    return "postgresql+psycopg://" + url.removeprefix("postgresql://") if url.startswith("postgresql://") else url
+    return (
+        "postgresql+psycopg://" + url.removeprefix("postgresql://")
+        if url.startswith("postgresql://")
+        else url
+    )
 
 
-def open_study(spec: StudySpec, *, sampler: optuna.samplers.BaseSampler | None = None, create: bool) -> optuna.Study:
+def open_study(
+    spec: StudySpec, *, sampler: optuna.samplers.BaseSampler | None = None, create: bool
+) -> optuna.Study:
     """The study in its storage; created on first use when `create`."""
     storage = make_storage(spec, create=create)
     try:
         if create:
-            return optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler,
-                                       direction="minimize", load_if_exists=True)
+            return optuna.create_study(
+                study_name=spec.name,
+                storage=storage,
+                sampler=sampler,
+                direction="minimize",
+                load_if_exists=True,
+            )
         return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
     except KeyError:
-        raise StorageError(f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first") from None
+        raise StorageError(
+            f"{spec.path}: no study named {spec.name!r} in {spec.storage}; run `autotune run {spec.path}` first"
+        ) from None
     except Exception as exc:
         raise cannot_open(spec, exc) from None
 
@@ -184,8 +245,11 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
     path = local_path(url)
     if path is not None and not path.is_file():
         raise StorageError(f"{where}: storage: no study database at {path}")
-    bare = spec_.from_mapping({"name": name, "task": "stored", "target": {"metric": "stored", "value": 1}}, path=where,
-                              storage=url)
+    bare = spec_.from_mapping(
+        {"name": name, "task": "stored", "target": {"metric": "stored", "value": 1}},
+        path=where,
+        storage=url,
+    )
     opened = make_storage(bare, create=False)
     try:
         stored = schema.definition(optuna.load_study(study_name=name, storage=opened).user_attrs)
@@ -195,12 +259,22 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
     except Exception as exc:
         raise cannot_open(bare, exc) from None
     if stored is None:
-        raise StorageError(f"{where}: study {name!r} in {url} has no stored definition (it was not made by autotune); "
-                           f"give its study file instead")
+        raise StorageError(
+            f"{where}: study {name!r} in {url} has no stored definition (it was not made by autotune); "
+            f"give its study file instead"
+        )
     task, objective = stored["task"], stored.get("objective", {})
-    raw = {"name": name, "task": task if isinstance(task, str) else f"command: {task.get('command')}",
-           "target": stored["target"], "budget": stored["limits"],
-           **({"objective": objective["name"], "replicates": objective["replicates"]} if objective else {})}
+    raw = {
+        "name": name,
+        "task": task if isinstance(task, str) else f"command: {task.get('command')}",
+        "target": stored["target"],
+        "budget": stored["limits"],
+        **(
+            {"objective": objective["name"], "replicates": objective["replicates"]}
+            if objective
+            else {}
+        ),
+    }
     return spec_.from_mapping(raw, path=where, storage=url)
 
 
@@ -225,7 +299,9 @@ def worker_id() -> str:
 
 def mark_interrupted(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, reason: str) -> None:
     """Finish a RUNNING trial as FAIL, marked interrupted, with the reason."""
-    storage: Any = study._storage  # Optuna has no public call to finish a trial another process began
+    storage: Any = (
+        study._storage
+    )  # Optuna has no public call to finish a trial another process began
     try:
         schema.record_interrupted(storage, trial._trial_id, reason=reason)
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
@@ -233,11 +309,16 @@ def mark_interrupted(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, re
         pass  # it finished after all, between our read and our write
 
 
-def mark_running_interrupted(study: optuna.Study, *, reason: str, only: list[int] | None = None) -> list[int]:
+def mark_running_interrupted(
+    study: optuna.Study, *, reason: str, only: list[int] | None = None
+) -> list[int]:
     """Mark RUNNING trials interrupted: all of them (a local file held by this runner, where none
     can belong to a live process), or `only` those numbered (this worker's own)."""
-    running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-               if only is None or t.number in only]
+    running = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if only is None or t.number in only
+    ]
     for trial in running:
         mark_interrupted(study, trial, reason=reason)
     return [t.number for t in running]
@@ -258,13 +339,23 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
         retry = schema.retry_attrs(trial)
         if only is not None and trial.number not in only:
             continue  # another worker's trial: that worker, or the heartbeat, retries it
-        if not schema.is_interrupted(trial) or trial.number in retried or len(retry[schema.RETRY_HISTORY]) > MAX_RETRY:
+        if (
+            not schema.is_interrupted(trial)
+            or trial.number in retried
+            or len(retry[schema.RETRY_HISTORY]) > MAX_RETRY
+        ):
             continue
         if schema.config(trial) is None:
             continue  # stopped while its configuration was being chosen: a fresh trial takes its place
-        study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, system_attrs=retry,
-            user_attrs=schema.queue_marks(trial)))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.WAITING,
+                params=trial.params,
+                distributions=trial.distributions,
+                system_attrs=retry,
+                user_attrs=schema.queue_marks(trial),
+            )
+        )
         queued.append(trial.number)
     return queued
 
@@ -280,7 +371,9 @@ def fail_dead_workers(study: optuna.Study) -> None:
 def heartbeat(study: optuna.Study, trial: optuna.trial.Trial) -> Iterator[None]:
     """While a trial runs, tell a database server that its worker is alive (Optuna's heartbeat)."""
     storage: Any = study._storage
-    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    interval = (
+        storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    )
     if not interval:
         yield
         return

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 import torch
 
 from autotune import progress, signals
-from autotune.study import budget as budget_, storage
 from autotune.errors import AutotuneError
 from autotune.runners import watchdog
-from autotune.train.measure import cpu_count
 from autotune.spec.study_file import StudySpec
+from autotune.study import budget as budget_
+from autotune.study import storage
+from autotune.train.measure import cpu_count
 
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
 PARENT = signals.WORKERS_PARENT
@@ -35,7 +36,8 @@ def check_storage(spec: StudySpec, workers: int) -> None:
         raise AutotuneError(
             f"{spec.path}: --workers {workers} needs a storage that several processes can share; "
             f"{spec.storage} is a SQLite file, written by one process at a time. Use --storage "
-            f"journal:///{spec.path.with_suffix('.journal')} (this machine) or postgresql://user@host/db (several machines)")
+            f"journal:///{spec.path.with_suffix('.journal')} (this machine) or postgresql://user@host/db (several machines)"
+        )
 
 
 def usable(spec: StudySpec, requested: int) -> int:
@@ -44,10 +46,16 @@ def usable(spec: StudySpec, requested: int) -> int:
     cores = cpu_count()
     count = min(requested, spec.budget.trials, cores)
     if count < requested:
-        limits = [f"the budget has {spec.budget.trials} trial(s)" if spec.budget.trials < requested else "",
-                  f"this process may use {cores} CPU core(s)" if cores < requested else ""]
-        progress.say(f"autotune: --workers {requested} is more than can be used ({', '.join(w for w in limits if w)}); "
-                     f"starting {count}")
+        limits = [
+            f"the budget has {spec.budget.trials} trial(s)"
+            if spec.budget.trials < requested
+            else "",
+            f"this process may use {cores} CPU core(s)" if cores < requested else "",
+        ]
+        progress.say(
+            f"autotune: --workers {requested} is more than can be used ({', '.join(w for w in limits if w)}); "
+            f"starting {count}"
+        )
     return count
 
 
@@ -57,7 +65,7 @@ def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
         return {cores[index % len(cores)]}
     size = len(cores) // workers
     start = index * size
-    return set(cores[start:start + size] if index < workers - 1 else cores[start:])
+    return set(cores[start : start + size] if index < workers - 1 else cores[start:])
 
 
 def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
@@ -69,25 +77,47 @@ def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
     return env
 
 
-def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequence[str] = ()) -> None:
+def run_workers(
+    spec: StudySpec, *, study_file: str, workers: int, options: Sequence[str] = ()
+) -> None:
     """Start the workers, show the study's progress, and wait for them; a signal stops them all.
     Each runs to the budget of `spec` (the study file with the command line's overrides)."""
     budget, timeout = spec.budget.trials, spec.budget.timeout
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cpu_count()))
-    command = [sys.executable, "-m", "autotune", "run", study_file, "--storage", spec.storage,
-               "--trials", str(budget), *(["--timeout", repr(timeout)] if timeout is not None else []), *options]
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(cpu_count()))
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "run",
+        study_file,
+        "--storage",
+        spec.storage,
+        "--trials",
+        str(budget),
+        *(["--timeout", repr(timeout)] if timeout is not None else []),
+        *options,
+    ]
     processes = []
     for index in range(workers):
         # A session of its own: Ctrl-C at the terminal reaches this process alone, which passes it
         # on (_stop), so that K workers starting up do not each answer it.
-        process = subprocess.Popen([*command, "--as-worker", str(index)], env=worker_env(spec, index),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [*command, "--as-worker", str(index)],
+            env=worker_env(spec, index),
+            start_new_session=True,
+        )
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(process.pid, core_share(index, workers, cores))
         processes.append(process)
     study = storage.open_study(spec, create=False)
     try:
-        to_train = budget_.trials_to_train(spec, study.get_trials(deepcopy=False))  # systems_only: its tries
+        to_train = budget_.trials_to_train(
+            spec, study.get_trials(deepcopy=False)
+        )  # systems_only: its tries
         with progress.bar(f"study ({workers} workers)", total=to_train, unit="trial") as bar:
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():
@@ -103,7 +133,9 @@ def run_workers(spec: StudySpec, *, study_file: str, workers: int, options: Sequ
     failed = [(i, p.returncode) for i, p in enumerate(processes) if p.returncode != 0]
     if failed:
         codes = ", ".join(f"worker {i} exited with status {code}" for i, code in failed)
-        raise AutotuneError(f"{spec.path}: {codes}; every finished trial is saved, run the same command again to go on")
+        raise AutotuneError(
+            f"{spec.path}: {codes}; every finished trial is saved, run the same command again to go on"
+        )
 
 
 def die_with_parent() -> None:

@@ -13,7 +13,12 @@ MAX_CLASSES = 1000  # beyond this a per-class table is no report; the matrix is 
 def confusion(outputs: torch.Tensor, targets: torch.Tensor) -> list[list[int]] | None:
     """Row = true class, column = predicted class (the largest output); None when the outputs are not
     one score per class for integer class targets (regression, segmentation, multi-label)."""
-    if outputs.ndim != 2 or targets.ndim != 1 or targets.dtype.is_floating_point or targets.dtype == torch.bool:
+    if (
+        outputs.ndim != 2
+        or targets.ndim != 1
+        or targets.dtype.is_floating_point
+        or targets.dtype == torch.bool
+    ):
         return None
     classes = outputs.shape[1]
     if not 2 <= classes <= MAX_CLASSES or len(targets) != len(outputs):
@@ -29,7 +34,10 @@ def add(matrices: Sequence[Sequence[Sequence[int]]]) -> list[list[int]] | None:
     """The element-wise sum of same-shaped matrices; None for none or for mismatched shapes."""
     if not matrices or len({(len(m), len(m[0]) if m else 0) for m in matrices}) != 1:
         return None
-    return [[sum(m[i][j] for m in matrices) for j in range(len(matrices[0][i]))] for i in range(len(matrices[0]))]
+    return [
+        [sum(m[i][j] for m in matrices) for j in range(len(matrices[0][i]))]
+        for i in range(len(matrices[0]))
+    ]
 
 
 def per_class(matrix: Sequence[Sequence[int]]) -> list[dict[str, float | int | None]]:
@@ -42,7 +50,14 @@ def per_class(matrix: Sequence[Sequence[int]]) -> list[dict[str, float | int | N
         predicted = sum(r[k] for r in matrix)
         precision = true_positive / predicted if predicted else None
         recall = true_positive / support if support else None
-        f1 = (2 * precision * recall / (precision + recall) if precision and recall
-              else 0.0 if precision is not None and recall is not None else None)
-        rows.append({"class": k, "precision": precision, "recall": recall, "f1": f1, "support": support})
+        f1 = (
+            2 * precision * recall / (precision + recall)
+            if precision and recall
+            else 0.0
+            if precision is not None and recall is not None
+            else None
+        )
+        rows.append(
+            {"class": k, "precision": precision, "recall": recall, "f1": f1, "support": support}
+        )
     return rows

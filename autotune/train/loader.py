@@ -13,7 +13,9 @@ from autotune.train import recipe
 from autotune.train.config import TrialConfig
 
 
-def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.device) -> DataLoader:
+def make_loader(
+    dataset: Any, config: TrialConfig, *, seed: int, device: torch.device
+) -> DataLoader:
     """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies (CUDA),
     the shuffle seeded by the run's seed. A dataset that takes keys (`keyed`, tasks.augmentation_rng)
     gets its shuffle and its augmentation's keys from a KeyedSampler, so loader settings leave
@@ -22,8 +24,12 @@ def make_loader(dataset: Any, config: TrialConfig, *, seed: int, device: torch.d
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
     if getattr(dataset, "keyed", False):
         kwargs.update(shuffle=False, sampler=KeyedSampler(len(dataset), seed=seed))
-    return DataLoader(dataset, **kwargs, worker_init_fn=_worker_init if config.num_workers > 0 else None,
-                      generator=torch.Generator().manual_seed(seed))
+    return DataLoader(
+        dataset,
+        **kwargs,
+        worker_init_fn=_worker_init if config.num_workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 class KeyedSampler(Sampler[tuple[int, int]]):
@@ -39,7 +45,7 @@ class KeyedSampler(Sampler[tuple[int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         order = torch.randperm(self.size, generator=self.generator).tolist()
-        keys = torch.randint(0, 2 ** 62, (self.size,), generator=self.generator).tolist()
+        keys = torch.randint(0, 2**62, (self.size,), generator=self.generator).tolist()
         return zip(order, keys)
 
 

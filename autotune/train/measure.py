@@ -21,7 +21,11 @@ class Clock:
     """Training time that can be paused; synchronizes CUDA before every measured read."""
 
     def __init__(self, device: torch.device) -> None:
-        self._sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else (lambda: None)
+        self._sync = (
+            functools.partial(torch.cuda.synchronize, device)
+            if device.type == "cuda"
+            else (lambda: None)
+        )
         self.elapsed = 0.0
         self._started: float | None = None
 
@@ -49,7 +53,9 @@ class Clock:
 
 
 def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 def threads_for(num_workers: int) -> int:
@@ -86,10 +92,16 @@ def other_load() -> Iterator[OtherLoad]:
 
 def _busy_seconds() -> float | None:
     """CPU seconds spent busy so far on the cores this process may run on."""
-    cores = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
+    cores = {
+        f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())
+    }
     try:
         with open("/proc/stat") as stat:
-            lines = [line.split() for line in stat if line.startswith("cpu") and not line.startswith("cpu ")]
+            lines = [
+                line.split()
+                for line in stat
+                if line.startswith("cpu") and not line.startswith("cpu ")
+            ]
     except OSError:
         return None
     ticks = 0
@@ -114,7 +126,9 @@ def _own_seconds() -> float | None:
     for pid in entries:
         try:
             with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+                fields = (
+                    stat.read().rsplit(")", 1)[1].split()
+                )  # after the name, which may hold spaces
         except OSError:
             continue  # exited meanwhile
         # fields: state ppid ... utime(11) stime(12) cutime(13) cstime(14)

@@ -55,17 +55,36 @@ class Rate:
         return dataclasses.asdict(self)
 
 
-def measure(task: Task, loaders: Mapping[K, TrialConfig], computes: Mapping[K, TrialConfig], *,
-            device: torch.device, seed: int, window_steps: int = WINDOW_STEPS, **rounds: Any) -> dict[K, Rate]:
+def measure(
+    task: Task,
+    loaders: Mapping[K, TrialConfig],
+    computes: Mapping[K, TrialConfig],
+    *,
+    device: torch.device,
+    seed: int,
+    window_steps: int = WINDOW_STEPS,
+    **rounds: Any,
+) -> dict[K, Rate]:
     """The loader rate of each of `loaders` (only its loader settings and batch size matter) and
     the compute rate of each of `computes` (all but its loader settings; its num_workers sets
     only the torch threads), interleaved in one series of rounds; keys must differ between the
     two. `rounds`: interleave's options."""
-    builders = {key: functools.partial(_LoaderSession if key in loaders else _ComputeSession, task, config,
-                                       device=device, seed=seed, window_steps=window_steps)
-                for key, config in [*loaders.items(), *computes.items()]}
-    return measure_sessions(builders, out_of_memory=lambda reason: Rate(None, None, 0, 0.0, oom=True, reason=reason),
-                            **rounds)
+    builders = {
+        key: functools.partial(
+            _LoaderSession if key in loaders else _ComputeSession,
+            task,
+            config,
+            device=device,
+            seed=seed,
+            window_steps=window_steps,
+        )
+        for key, config in [*loaders.items(), *computes.items()]
+    }
+    return measure_sessions(
+        builders,
+        out_of_memory=lambda reason: Rate(None, None, 0, 0.0, oom=True, reason=reason),
+        **rounds,
+    )
 
 
 class _Session:
@@ -79,7 +98,9 @@ class _Session:
             return Rate(None, None, 0, self.startup_seconds, reason="no window was timed")
         speed = statistics.median(figures)
         fixed = max(0.0, self.startup_seconds - self.warmup_samples / speed)
-        return Rate(speed, spread(figures), len(figures), fixed, peak_memory_bytes=self.peak_memory_bytes)
+        return Rate(
+            speed, spread(figures), len(figures), fixed, peak_memory_bytes=self.peak_memory_bytes
+        )
 
     def _rate(self, work: Callable[[], int]) -> float | None:
         """Samples a second of `work()` (which returns the samples it took), timed on the device."""
@@ -96,15 +117,21 @@ class _Session:
 class _LoaderSession(_Session):
     """The loader alone: batches through the DataLoader and onto the device, nothing more."""
 
-    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int) -> None:
+    def __init__(
+        self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int
+    ) -> None:
         self.config, self.device = config, device
         # Workers started together deliver in bursts of one batch each: a window of many bursts
         # keeps where it starts and ends in a burst from counting.
-        self.window_batches = max(window_steps * config.accumulation_steps, BURSTS * config.num_workers)
+        self.window_batches = max(
+            window_steps * config.accumulation_steps, BURSTS * config.num_workers
+        )
         # Batches its workers load ahead while the other settings are timed, and the one after
         # (part-way loaded): taken untimed before each window, or a window would time batches
         # that were ready before it began.
-        self.queued = config.num_workers * (config.prefetch_factor or 0) + (1 if config.num_workers else 0)
+        self.queued = config.num_workers * (config.prefetch_factor or 0) + (
+            1 if config.num_workers else 0
+        )
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
         self.batches = endless(make_loader(task.train, config, seed=seed, device=device))
@@ -119,7 +146,12 @@ class _LoaderSession(_Session):
         samples = 0
         for _ in range(count):
             inputs, targets = next(self.batches)
-            to_device(inputs, self.device, non_blocking=self.config.pin_memory, channels_last=self.config.channels_last)
+            to_device(
+                inputs,
+                self.device,
+                non_blocking=self.config.pin_memory,
+                channels_last=self.config.channels_last,
+            )
             targets.to(self.device, non_blocking=self.config.pin_memory)
             samples += len(targets)
         return samples
@@ -136,15 +168,27 @@ class _ComputeSession(_Session):
     """The training step alone, on a few batches kept on the device, with the torch threads a
     trial of `config` gets (its loader workers take cores from them on a CPU)."""
 
-    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int) -> None:
+    def __init__(
+        self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int
+    ) -> None:
         self.threads = threads_for(config.num_workers)
-        self.config = dataclasses.replace(config, num_workers=0, prefetch_factor=None, schedule_epochs=None)
+        self.config = dataclasses.replace(
+            config, num_workers=0, prefetch_factor=None, schedule_epochs=None
+        )
         self.device, self.window_steps = device, window_steps
         seed_everything(seed)
         kept = []
-        for inputs, targets in make_loader(task.train, self.config, seed=seed, device=device):  # loaded before the clock: the loader's cost is the other rate's
-            kept.append((to_device(inputs, device, non_blocking=False, channels_last=config.channels_last),
-                         targets.to(device)))
+        for inputs, targets in make_loader(
+            task.train, self.config, seed=seed, device=device
+        ):  # loaded before the clock: the loader's cost is the other rate's
+            kept.append(
+                (
+                    to_device(
+                        inputs, device, non_blocking=False, channels_last=config.channels_last
+                    ),
+                    targets.to(device),
+                )
+            )
             if len(kept) == max(KEPT_BATCHES, config.accumulation_steps):
                 break
         self.kept, self.next = kept, 0
@@ -161,7 +205,9 @@ class _ComputeSession(_Session):
 
     def _steps(self, count: int) -> int:
         samples = 0
-        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):  # the sessions differ in them
+        with process_settings(
+            cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32
+        ):  # the sessions differ in them
             for _ in range(count):
                 group = []
                 for _ in range(self.config.accumulation_steps):

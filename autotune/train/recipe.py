@@ -27,9 +27,15 @@ class Schedule:
     torch_class: str
     init_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # fixed
     # Arguments counted in optimizer steps: these fractions of the run's total, each rounded down.
-    of_total_steps: Mapping[str, float | tuple[float, ...]] = dataclasses.field(default_factory=dict)
-    peak_lr: str | None = None  # the argument that takes the lr knob, for a schedule that sets the lr itself
-    warmup: str | None = None  # the argument that takes onecycle_pct_start(the run's optimizer steps)
+    of_total_steps: Mapping[str, float | tuple[float, ...]] = dataclasses.field(
+        default_factory=dict
+    )
+    peak_lr: str | None = (
+        None  # the argument that takes the lr knob, for a schedule that sets the lr itself
+    )
+    warmup: str | None = (
+        None  # the argument that takes onecycle_pct_start(the run's optimizer steps)
+    )
     min_steps: int = 1  # a run of fewer optimizer steps keeps the peak lr: the constant schedule
 
 
@@ -40,11 +46,15 @@ ONECYCLE_PCT_START = 0.25
 ONECYCLE_MIN_WARMUP_STEPS = 1.5
 
 SCHEDULES: dict[str, Schedule] = {
-    "constant": Schedule("ConstantLR", {"factor": 1.0, "total_iters": 0}),  # factor 1: the lr never changes
+    "constant": Schedule(
+        "ConstantLR", {"factor": 1.0, "total_iters": 0}
+    ),  # factor 1: the lr never changes
     "step": Schedule("MultiStepLR", {"gamma": 0.1}, {"milestones": (0.5, 0.75)}),
     "cosine": Schedule("CosineAnnealingLR", {}, {"T_max": 1.0}),
     # One step has no cycle.
-    "onecycle": Schedule("OneCycleLR", {}, {"total_steps": 1.0}, peak_lr="max_lr", warmup="pct_start", min_steps=2),
+    "onecycle": Schedule(
+        "OneCycleLR", {}, {"total_steps": 1.0}, peak_lr="max_lr", warmup="pct_start", min_steps=2
+    ),
 }
 
 
@@ -72,7 +82,11 @@ def scheduler_args(name: str, *, total_steps: int, lr: float) -> tuple[str, dict
     schedule = schedule_for(name, total_steps=total_steps)
     args = dict(schedule.init_args)
     for arg, fraction in schedule.of_total_steps.items():
-        args[arg] = [steps(f, total_steps) for f in fraction] if isinstance(fraction, tuple) else steps(fraction, total_steps)
+        args[arg] = (
+            [steps(f, total_steps) for f in fraction]
+            if isinstance(fraction, tuple)
+            else steps(fraction, total_steps)
+        )
     if schedule.peak_lr:
         args[schedule.peak_lr] = lr
     if schedule.warmup:

@@ -34,10 +34,16 @@ def compile_problem(device: torch.device) -> str | None:
         if device.type == "cuda":
             from torch.utils._triton import has_triton
 
-            return None if has_triton() else "torch.compile needs Triton and a GPU of compute capability 7.0 or more"
+            return (
+                None
+                if has_triton()
+                else "torch.compile needs Triton and a GPU of compute capability 7.0 or more"
+            )
         from torch._inductor import config, cpp_builder, exc
 
-        compilers = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+        compilers = (
+            config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+        )
         try:
             cpp_builder.cpp_compiler_search(tuple(compilers))
         except exc.InvalidCxxCompiler:
@@ -50,12 +56,15 @@ def compile_problem(device: torch.device) -> str | None:
 def tf32_problem(device: torch.device) -> str | None:
     """Why TF32 matrix products cannot run on `device`, or None (not CUDA: devices.py says so)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
-        return "TF32 tensor cores are on NVIDIA GPUs of compute capability 8.0 (Ampere) or more only"
+        return (
+            "TF32 tensor cores are on NVIDIA GPUs of compute capability 8.0 (Ampere) or more only"
+        )
     return None
 
 
-def fused_optimizer_problem(optimizer: Callable[..., torch.optim.Optimizer], params: Mapping[str, Any],
-                            device: torch.device) -> str | None:
+def fused_optimizer_problem(
+    optimizer: Callable[..., torch.optim.Optimizer], params: Mapping[str, Any], device: torch.device
+) -> str | None:
     """Why the task's optimizer factory has no fused step on `device`, or None: it must take a
     `fused` argument, and build with fused=True for a parameter on the device (torch's own check
     of dtype and device support runs when the optimizer is built). `params`: the study's own
@@ -67,7 +76,9 @@ def fused_optimizer_problem(optimizer: Callable[..., torch.optim.Optimizer], par
         optimizer([parameter], 0.01, **takes(optimizer, params, after=2), fused=True)
     except Exception as error:  # noqa: BLE001 - whatever the factory raises is the reason
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"the task's optimizer has no fused step on {device.type} ({type(error).__name__}: {detail})"[:300]
+        return f"the task's optimizer has no fused step on {device.type} ({type(error).__name__}: {detail})"[
+            :300
+        ]
     return None
 
 
@@ -83,10 +94,16 @@ def has_2d_convolutions(model: nn.Module) -> bool:
 
 
 def channels_last_problem(model: nn.Module) -> str | None:
-    return None if has_2d_convolutions(model) else "the task's model has no 2-D convolutions to lay out channels-last"
+    return (
+        None
+        if has_2d_convolutions(model)
+        else "the task's model has no 2-D convolutions to lay out channels-last"
+    )
 
 
-def prepare_model(model: nn.Module, *, channels_last: bool, compile: bool) -> tuple[nn.Module, nn.Module]:
+def prepare_model(
+    model: nn.Module, *, channels_last: bool, compile: bool
+) -> tuple[nn.Module, nn.Module]:
     """(the module to train, the module to evaluate): the same parameters either way.
 
     Evaluation uses the uncompiled module: its batch size and eval-mode BatchNorm would make
@@ -97,7 +114,9 @@ def prepare_model(model: nn.Module, *, channels_last: bool, compile: bool) -> tu
     return (torch.compile(model) if compile else model), model
 
 
-def to_device(inputs: torch.Tensor, device: torch.device, *, non_blocking: bool, channels_last: bool) -> torch.Tensor:
+def to_device(
+    inputs: torch.Tensor, device: torch.device, *, non_blocking: bool, channels_last: bool
+) -> torch.Tensor:
     """A batch's inputs on the device, channels-last where asked and the batch is 4-D (N, C, H, W)."""
     if channels_last and inputs.dim() == 4:
         return inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
@@ -110,7 +129,11 @@ def process_settings(*, cudnn_benchmark: bool, tf32: bool) -> Iterator[None]:
     cuDNN's algorithm search (whatever else cuDNN is set to) and float32 matrix products on TF32
     ('high') or in full float32 ('highest', torch's default)."""
     cudnn = torch.backends.cudnn
-    benchmark, matmul, wanted = cudnn.benchmark, torch.get_float32_matmul_precision(), "high" if tf32 else "highest"
+    benchmark, matmul, wanted = (
+        cudnn.benchmark,
+        torch.get_float32_matmul_precision(),
+        "high" if tf32 else "highest",
+    )
     cudnn.benchmark = cudnn_benchmark
     # Set only where it differs: setting it pins torch's finer per-backend settings too.
     if matmul != wanted:
@@ -126,10 +149,16 @@ def process_settings(*, cudnn_benchmark: bool, tf32: bool) -> Iterator[None]:
 def compile_failure(exc: BaseException) -> str | None:
     """The reason to record when `exc` came from torch.compile's compiler, else None."""
     if not type(exc).__module__.startswith(COMPILER_MODULES) or oom.is_oom(exc):
-        return None  # an OOM while compiling (autotuning kernels, say) is an OOM: the trial is pruned
+        return (
+            None  # an OOM while compiling (autotuning kernels, say) is an OOM: the trial is pruned
+        )
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # BackendCompilerFailed starts with "backend='inductor' raised:" and names the error next.
-    detail = " ".join(lines[:2]) if lines and lines[0].endswith("raised:") else (lines[0] if lines else "")
+    detail = (
+        " ".join(lines[:2])
+        if lines and lines[0].endswith("raised:")
+        else (lines[0] if lines else "")
+    )
     return f"torch.compile failed: {type(exc).__name__}: {detail}"[:500]
 
 

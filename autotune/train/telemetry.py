@@ -33,9 +33,11 @@ def gpu_summary(readings: list[Reading]) -> dict[str, float] | None:
         return None
     util, used, power = zip(*readings)
     return {
-        "util_mean": statistics.fmean(util), "util_max": max(util),
+        "util_mean": statistics.fmean(util),
+        "util_max": max(util),
         "memory_used_peak_mb": max(used) / 2**20,
-        "power_mean_w": statistics.fmean(power) / 1000, "power_max_w": max(power) / 1000,
+        "power_mean_w": statistics.fmean(power) / 1000,
+        "power_max_w": max(power) / 1000,
         "samples": len(readings),
     }
 
@@ -71,7 +73,9 @@ def _handle(pynvml: Any, device: torch.device) -> Any:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         if uuid is not None:
             return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    visible = [
+        v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()
+    ]
     if index < len(visible):
         if visible[index].isdigit():
             return pynvml.nvmlDeviceGetHandleByIndex(int(visible[index]))
@@ -85,7 +89,9 @@ class Sampler:
     A reading that raises ends the sampling (the GPU went away, NVML was shut down): the trial goes on.
     """
 
-    def __init__(self, read: Callable[[], Reading] | None, *, every: float = SAMPLE_SECONDS) -> None:
+    def __init__(
+        self, read: Callable[[], Reading] | None, *, every: float = SAMPLE_SECONDS
+    ) -> None:
         self._read, self._every = read, every
         self.readings: list[Reading] = []
         self._stop = threading.Event()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+
 from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.loader import endless
@@ -50,7 +51,9 @@ class Throughput:
     warmup_samples: int = 0  # trained during the warm-up steps
     oom: bool = False
     reason: str | None = None  # why it has no figure
-    window_steps: int = WINDOW_STEPS  # optimizer steps per timed window (fewer where epochs are short)
+    window_steps: int = (
+        WINDOW_STEPS  # optimizer steps per timed window (fewer where epochs are short)
+    )
 
     @property
     def fixed_seconds(self) -> float | None:
@@ -69,8 +72,13 @@ def spread(values: Sequence[float]) -> float:
     return (high - low) / statistics.median(values)
 
 
-def interleave(windows: Mapping[K, Callable[[], float | None]], *, min_windows: int = MIN_WINDOWS,
-               max_rounds: int = MAX_ROUNDS, max_spread: float = MAX_SPREAD) -> dict[K, list[float]]:
+def interleave(
+    windows: Mapping[K, Callable[[], float | None]],
+    *,
+    min_windows: int = MIN_WINDOWS,
+    max_rounds: int = MAX_ROUNDS,
+    max_spread: float = MAX_SPREAD,
+) -> dict[K, list[float]]:
     """Each round times one window of every configuration, always in the same order; rounds go
     on until every configuration has `min_windows` figures whose spread is at most `max_spread`,
     or for `max_rounds`. A window that returns None (it held an epoch's first batch) adds nothing."""
@@ -85,18 +93,33 @@ def interleave(windows: Mapping[K, Callable[[], float | None]], *, min_windows: 
     return figures
 
 
-def measure(task: Task, configs: Mapping[K, TrialConfig], *, device: torch.device, seed: int,
-            window_steps: int = WINDOW_STEPS, **rounds: Any) -> dict[K, Throughput]:
+def measure(
+    task: Task,
+    configs: Mapping[K, TrialConfig],
+    *,
+    device: torch.device,
+    seed: int,
+    window_steps: int = WINDOW_STEPS,
+    **rounds: Any,
+) -> dict[K, Throughput]:
     """The throughput of each configuration of `configs` (only its systems settings matter),
     interleaved; `rounds`: interleave's min_windows, max_rounds and max_spread."""
-    builders = {key: functools.partial(_Session, task, config, device=device, seed=seed, window_steps=window_steps)
-                for key, config in configs.items()}
-    return measure_sessions(builders, out_of_memory=lambda reason: Throughput(None, None, 0, 0.0, oom=True, reason=reason),
-                            **rounds)
+    builders = {
+        key: functools.partial(
+            _Session, task, config, device=device, seed=seed, window_steps=window_steps
+        )
+        for key, config in configs.items()
+    }
+    return measure_sessions(
+        builders,
+        out_of_memory=lambda reason: Throughput(None, None, 0, 0.0, oom=True, reason=reason),
+        **rounds,
+    )
 
 
-def measure_sessions(builders: Mapping[K, Callable[[], Any]], *, out_of_memory: Callable[[str], R], **rounds: Any
-                     ) -> dict[K, R]:
+def measure_sessions(
+    builders: Mapping[K, Callable[[], Any]], *, out_of_memory: Callable[[str], R], **rounds: Any
+) -> dict[K, R]:
     """Build every session (`window()` timing one window, `result(figures)`, `close()`), time
     their windows interleaved, and close them; one that runs out of memory while it is built is
     `out_of_memory(reason)`, a result like the others."""
@@ -122,8 +145,15 @@ def measure_sessions(builders: Mapping[K, Callable[[], Any]], *, out_of_memory: 
 class _Session:
     """One configuration's training, built once and stepped a window at a time."""
 
-    def __init__(self, task: Task, config: TrialConfig, *, device: torch.device, seed: int,
-                 window_steps: int = WINDOW_STEPS) -> None:
+    def __init__(
+        self,
+        task: Task,
+        config: TrialConfig,
+        *,
+        device: torch.device,
+        seed: int,
+        window_steps: int = WINDOW_STEPS,
+    ) -> None:
         # The schedule's length does not change the speed; a long one never runs out mid-measurement.
         self.config = dataclasses.replace(config, schedule_epochs=None)
         self.device = device
@@ -131,8 +161,13 @@ class _Session:
         torch.set_num_threads(threads_for(config.num_workers))
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is part of the start-up
-        self.training = build(task, self.config, limits=Limits(target=math.inf, max_epochs=1e6, max_seconds=math.inf,
-                                                               eval_every=1e6), device=device, seed=seed)
+        self.training = build(
+            task,
+            self.config,
+            limits=Limits(target=math.inf, max_epochs=1e6, max_seconds=math.inf, eval_every=1e6),
+            device=device,
+            seed=seed,
+        )
         self.batches = endless(self.training.loader, epoch_starts=True)
         try:
             self.warmup_samples = self._steps(MIN_WARMUP_STEPS)[0]
@@ -151,13 +186,17 @@ class _Session:
         # queue is full; those batches, and the one after (its workers are part-way through the
         # next), are trained untimed before each window, or the window would time batches loaded
         # before it began and overstate a loader-bound setting.
-        ahead = config.num_workers * (config.prefetch_factor or 0) + (1 if config.num_workers else 0)
+        ahead = config.num_workers * (config.prefetch_factor or 0) + (
+            1 if config.num_workers else 0
+        )
         self.drain_steps = math.ceil(ahead / self.config.accumulation_steps)
 
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
         samples, epoch_began = 0, False
-        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):  # the sessions differ in them
+        with process_settings(
+            cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32
+        ):  # the sessions differ in them
             for _ in range(count):
                 group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
                 self.training.step([batch for _, batch in group])
@@ -168,21 +207,39 @@ class _Session:
 
     def window(self) -> float | None:
         """Samples per second over a window; None when an epoch began in it."""
-        torch.set_num_threads(threads_for(self.config.num_workers))  # the sessions differ in workers
+        torch.set_num_threads(
+            threads_for(self.config.num_workers)
+        )  # the sessions differ in workers
         self._steps(self.drain_steps)
         clock = Clock(self.device)
         clock.start()
         samples, epoch_began = self._steps(self.window_steps)
         seconds = clock.stop()
-        return None if (epoch_began and not self.keep_epoch_starts) or seconds <= 0 else samples / seconds
+        return (
+            None
+            if (epoch_began and not self.keep_epoch_starts) or seconds <= 0
+            else samples / seconds
+        )
 
     def result(self, figures: Sequence[float]) -> Throughput:
         if not figures:
-            return Throughput(None, None, 0, self.startup_seconds, reason="no window without an epoch's first batch",
-                              window_steps=self.window_steps)
+            return Throughput(
+                None,
+                None,
+                0,
+                self.startup_seconds,
+                reason="no window without an epoch's first batch",
+                window_steps=self.window_steps,
+            )
         speed = statistics.median(figures)
-        return Throughput(speed, spread(figures), len(figures), self.startup_seconds, warmup_samples=self.warmup_samples,
-                          window_steps=self.window_steps)
+        return Throughput(
+            speed,
+            spread(figures),
+            len(figures),
+            self.startup_seconds,
+            warmup_samples=self.warmup_samples,
+            window_steps=self.window_steps,
+        )
 
     def close(self) -> None:
         self.batches.close()  # shuts its loader's workers down

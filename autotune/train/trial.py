@@ -23,20 +23,24 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from autotune.search.space import PRECISIONS
 from autotune.train import class_figures, recipe, systems, telemetry
+from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
-from autotune.search.space import PRECISIONS
-from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.tasks import Task, takes
 
-EVAL_BATCH_SIZE = 256  # evaluation runs on a paused clock, so its batch size only affects study wall time
+EVAL_BATCH_SIZE = (
+    256  # evaluation runs on a paused clock, so its batch size only affects study wall time
+)
 WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
 MIN_WARMUP_STEPS = 3
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
 # sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
 FINITE_CHECK_EVERY = 8
-DTYPES = {name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()}  # autocast's
+DTYPES = {
+    name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()
+}  # autocast's
 
 
 def run(
@@ -85,7 +89,10 @@ def run(
     confusion = None
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
     try:
-        with warnings.catch_warnings(), systems.process_settings(cudnn_benchmark=config.cudnn_benchmark, tf32=config.tf32):
+        with (
+            warnings.catch_warnings(),
+            systems.process_settings(cudnn_benchmark=config.cudnn_benchmark, tf32=config.tf32),
+        ):
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             while steps < total_steps:
@@ -102,11 +109,18 @@ def run(
                 if samples >= next_eval or steps == total_steps or out_of_time:
                     clock.stop()
                     watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
-                    metric, confusion = evaluate(training.evaluated, task, device=device, autocast=autocast,
-                                                 channels_last=config.channels_last)
+                    metric, confusion = evaluate(
+                        training.evaluated,
+                        task,
+                        device=device,
+                        autocast=autocast,
+                        channels_last=config.channels_last,
+                    )
                     if not math.isfinite(metric):
-                        raise Diverged(f"metric is {metric} at epoch {samples / n_train:.2f}: "
-                                       f"the model's outputs or the task's metric are not finite numbers")
+                        raise Diverged(
+                            f"metric is {metric} at epoch {samples / n_train:.2f}: "
+                            f"the model's outputs or the task's metric are not finite numbers"
+                        )
                     curve.append((clock.elapsed, samples / n_train, metric))
                     if metric >= limits.target and reached_at is None:
                         reached_at, reached_samples = clock.elapsed, samples
@@ -124,14 +138,18 @@ def run(
         reason = systems.compile_failure(exc) if config.compile else None
         if reason is None:
             raise
-        raise systems.CompileFailed(reason) from None  # one line, not the compiler's page of context
+        raise systems.CompileFailed(
+            reason
+        ) from None  # one line, not the compiler's page of context
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
         gpu = sampler.stop()
     if clock.running:
         clock.stop()
 
-    throughput, input_wait = _after_warm_up(warm, elapsed=clock.elapsed, samples=samples, waited=waiting.seconds)
+    throughput, input_wait = _after_warm_up(
+        warm, elapsed=clock.elapsed, samples=samples, waited=waiting.seconds
+    )
     return TrialResult(
         reached=reached_at is not None,
         time_to_target=reached_at,
@@ -158,44 +176,80 @@ class Training:
 
     loader: DataLoader
     evaluated: torch.nn.Module  # the module to evaluate: the uncompiled one, sharing its parameters
-    step: Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]  # train_step over one effective batch
+    step: Callable[
+        [Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor
+    ]  # train_step over one effective batch
     scheduler: Any
     autocast: Callable[[], Any]
     total_steps: int  # optimizer steps this run may take: its schedule's, cut at max_epochs
 
 
-def build(task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int) -> Training:
+def build(
+    task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int
+) -> Training:
     """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules)."""
     loader = make_loader(task.train, config, seed=seed, device=device)
     params = dict(config.params)
-    model, evaluated = systems.prepare_model(task.model(**takes(task.model, params)).to(device),
-                                             channels_last=config.channels_last, compile=config.compile)
+    model, evaluated = systems.prepare_model(
+        task.model(**takes(task.model, params)).to(device),
+        channels_last=config.channels_last,
+        compile=config.compile,
+    )
     model.train()
-    fused = {"fused": True} if config.fused_optimizer else {}  # a factory without one never gets it (fit_to_device)
-    optimizer = task.optimizer(evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2), **fused)
-    schedule_epochs = config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
+    fused = (
+        {"fused": True} if config.fused_optimizer else {}
+    )  # a factory without one never gets it (fit_to_device)
+    optimizer = task.optimizer(
+        evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2), **fused
+    )
+    schedule_epochs = (
+        config.schedule_epochs if config.schedule_epochs is not None else limits.max_epochs
+    )
     schedule_steps = max(1, math.floor(schedule_epochs * len(loader) / config.accumulation_steps))
-    total_steps = min(schedule_steps, max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)))
+    total_steps = min(
+        schedule_steps,
+        max(1, math.floor(limits.max_epochs * len(loader) / config.accumulation_steps)),
+    )
     precision = PRECISIONS[config.precision]
     scaler = torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
-    autocast = functools.partial(torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=precision.autocast)
-    step = functools.partial(
-        train_step, model, loss_fn=task.loss, optimizer=optimizer, scaler=scaler, autocast=autocast,
-        device=device, non_blocking=config.pin_memory, channels_last=config.channels_last,
+    autocast = functools.partial(
+        torch.autocast, device.type, dtype=DTYPES[config.precision], enabled=precision.autocast
     )
-    scheduler = make_scheduler(config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr)
-    return Training(loader=loader, evaluated=evaluated, step=step, scheduler=scheduler, autocast=autocast,
-                     total_steps=total_steps)
+    step = functools.partial(
+        train_step,
+        model,
+        loss_fn=task.loss,
+        optimizer=optimizer,
+        scaler=scaler,
+        autocast=autocast,
+        device=device,
+        non_blocking=config.pin_memory,
+        channels_last=config.channels_last,
+    )
+    scheduler = make_scheduler(
+        config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr
+    )
+    return Training(
+        loader=loader,
+        evaluated=evaluated,
+        step=step,
+        scheduler=scheduler,
+        autocast=autocast,
+        total_steps=total_steps,
+    )
 
 
-def _after_warm_up(warm: tuple[float, int, float] | None, *, elapsed: float, samples: int,
-                   waited: float) -> tuple[float | None, float | None]:
+def _after_warm_up(
+    warm: tuple[float, int, float] | None, *, elapsed: float, samples: int, waited: float
+) -> tuple[float | None, float | None]:
     """Samples per second and the share of time spent waiting for input, after warm-up (`warm`:
     the clock, samples and input wait when it ended). Too few steps for that: no throughput, and
     the input wait with warm-up included."""
     if warm is None or elapsed <= warm[0] or samples <= warm[1]:  # no step ran after warm-up
         return None, telemetry.wait_fraction(waited, elapsed)
-    return (samples - warm[1]) / (elapsed - warm[0]), telemetry.wait_fraction(waited - warm[2], elapsed - warm[0])
+    return (samples - warm[1]) / (elapsed - warm[0]), telemetry.wait_fraction(
+        waited - warm[2], elapsed - warm[0]
+    )
 
 
 def train_step(
@@ -218,7 +272,9 @@ def train_step(
     """
     total = None
     for inputs, targets in micro_batches:
-        inputs = systems.to_device(inputs, device, non_blocking=non_blocking, channels_last=channels_last)
+        inputs = systems.to_device(
+            inputs, device, non_blocking=non_blocking, channels_last=channels_last
+        )
         targets = targets.to(device, non_blocking=non_blocking)
         with autocast():
             loss = loss_fn(model(inputs), targets) / len(micro_batches)
@@ -247,20 +303,34 @@ class FiniteLoss:
         """Raise Diverged when a step so far had a non-finite loss."""
         step = int(self.first_step)
         if step:
-            raise Diverged(f"loss became {float(self.value)} at step {step} "
-                           f"(epoch {step / steps_per_epoch:.2f}): the learning rate is likely too high")
+            raise Diverged(
+                f"loss became {float(self.value)} at step {step} "
+                f"(epoch {step / steps_per_epoch:.2f}): the learning rate is likely too high"
+            )
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, task: Task, *, device: torch.device, autocast: Callable[[], Any],
-             channels_last: bool = False) -> tuple[float, list[list[int]] | None]:
+def evaluate(
+    model: torch.nn.Module,
+    task: Task,
+    *,
+    device: torch.device,
+    autocast: Callable[[], Any],
+    channels_last: bool = False,
+) -> tuple[float, list[list[int]] | None]:
     """The task's metric over the whole validation set, and its confusion matrix where the task
     classifies (class_figures.confusion)."""
     model.eval()
     outputs, targets = [], []
     for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
         with autocast():
-            outputs.append(model(systems.to_device(inputs, device, non_blocking=False, channels_last=channels_last)).float())
+            outputs.append(
+                model(
+                    systems.to_device(
+                        inputs, device, non_blocking=False, channels_last=channels_last
+                    )
+                ).float()
+            )
         targets.append(target.to(device))
     model.train()
     outputs, targets = torch.cat(outputs), torch.cat(targets)

@@ -51,8 +51,21 @@ def tests(setting_: Setting) -> tuple[dict[str, Any], list[str], bool]:
     """pytest over the CUDA tests; on a GPU none may be skipped."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
-        ran = subprocess.run([setting_.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *CUDA_TESTS],
-                             capture_output=True, text=True, cwd=REPO)
+        ran = subprocess.run(
+            [
+                setting_.python,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={report}",
+                *CUDA_TESTS,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         suites = ElementTree.parse(report).getroot() if report.exists() else None
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for suite in [] if suites is None else suites.iter("testsuite"):
@@ -60,16 +73,32 @@ def tests(setting_: Setting) -> tuple[dict[str, Any], list[str], bool]:
             counts[key] += int(suite.get(key, 0))
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     ok = ran.returncode == 0 and (counts["skipped"] == 0 or not setting_.cuda)
-    lines = [f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped ({' '.join(CUDA_TESTS)})"]
+    lines = [
+        f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped ({' '.join(CUDA_TESTS)})"
+    ]
     if not ok:
         lines.append("```\n" + ran.stdout[-3000:] + "\n```")
-    return {**counts, "passed": passed, "exit_status": ran.returncode, "output_tail": ran.stdout[-3000:]}, lines, ok
+    return (
+        {
+            **counts,
+            "passed": passed,
+            "exit_status": ran.returncode,
+            "output_tail": ran.stdout[-3000:],
+        },
+        lines,
+        ok,
+    )
 
 
 Stage = Callable[[Setting], "tuple[dict[str, Any], list[str], bool]"]
-STAGES: dict[str, Stage] = {"tests": tests, "oom": memory_stages.oom, "precision": speed_stages.precision,
-                            "study": speed_stages.study, "confirm": speed_stages.confirm,
-                            "isolation": memory_stages.isolation_overhead}
+STAGES: dict[str, Stage] = {
+    "tests": tests,
+    "oom": memory_stages.oom,
+    "precision": speed_stages.precision,
+    "study": speed_stages.study,
+    "confirm": speed_stages.confirm,
+    "isolation": memory_stages.isolation_overhead,
+}
 
 ROUNDED = ("precision", "isolation")  # the stages that interleave rounds
 STUDIES = ("study", "confirm")  # the stages that run the shapes study (--objective)
@@ -78,24 +107,48 @@ OBJECTIVES = (GOODPUT, SYSTEMS_ONLY)  # besides the study file's own
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.splitlines()[0])
-    parser.add_argument("stages", nargs="*", choices=[[], *STAGES], metavar="STAGE", help=f"any of {', '.join(STAGES)} (default: all)")
-    parser.add_argument("--cpu", action="store_true", help="run each stage's plumbing on the CPU at a small size")
-    parser.add_argument("--rounds", type=int, metavar="N",
-                        help="interleaved rounds of the precision and isolation stages (default: 3 and 5; fewer is quicker and noisier)")
-    parser.add_argument("--objective", choices=OBJECTIVES,
-                        help="run the study and confirm stages' shapes study with this objective instead of its own, "
-                             "as a study of its own (results in gpu-check-STAGE-OBJECTIVE-cuda.json)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON files go (default: benchmarks/results)")
+    parser.add_argument(
+        "stages",
+        nargs="*",
+        choices=[[], *STAGES],
+        metavar="STAGE",
+        help=f"any of {', '.join(STAGES)} (default: all)",
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="run each stage's plumbing on the CPU at a small size"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="interleaved rounds of the precision and isolation stages (default: 3 and 5; fewer is quicker and noisier)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="run the study and confirm stages' shapes study with this objective instead of its own, "
+        "as a study of its own (results in gpu-check-STAGE-OBJECTIVE-cuda.json)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where the JSON files go (default: benchmarks/results)",
+    )
     args = parser.parse_args(argv)
     where = setting(cpu=args.cpu, results=args.results)
     if where is None:
-        print("# autotune GPU check\n\nNo CUDA GPU found (torch.cuda.is_available() is false): nothing was checked. "
-              "Run this on a machine with an NVIDIA GPU, or with --cpu to exercise the stages' plumbing here.")
+        print(
+            "# autotune GPU check\n\nNo CUDA GPU found (torch.cuda.is_available() is false): nothing was checked. "
+            "Run this on a machine with an NVIDIA GPU, or with --cpu to exercise the stages' plumbing here."
+        )
         return 0
     identity = gpu_identity()
     print(f"# autotune GPU check on {identity.get('gpu', where.device.type)}\n")
     if identity:
-        print(f"driver {identity['driver']}, CUDA {identity['cuda_runtime']}, {identity['gpu_memory_gib']:.0f} GiB\n")
+        print(
+            f"driver {identity['driver']}, CUDA {identity['cuda_runtime']}, {identity['gpu_memory_gib']:.0f} GiB\n"
+        )
     failed = []
     for name in args.stages or list(STAGES):
         started = time.perf_counter()
@@ -104,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             options["objective"] = args.objective
         figures, lines, ok = STAGES[name](where, **options)
         figures["stage_seconds"] = time.perf_counter() - started
-        path = write(where, f"{name}-{options['objective']}" if "objective" in options else name, {**figures, "ok": ok})
+        path = write(
+            where,
+            f"{name}-{options['objective']}" if "objective" in options else name,
+            {**figures, "ok": ok},
+        )
         print(f"## {name}: {'ok' if ok else 'FAILED'} ({figures['stage_seconds']:.0f} s)\n")
         print("\n".join(lines))
         print(f"\n({path.relative_to(REPO) if path.is_relative_to(REPO) else path})\n", flush=True)

@@ -55,10 +55,12 @@ def gpu_identity() -> dict[str, Any]:
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         name = pynvml.nvmlDeviceGetName(handle)
-        return {"gpu": name.decode() if isinstance(name, bytes) else name,
-                "gpu_memory_gib": pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30,
-                "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
-                "cuda_runtime": torch.version.cuda}
+        return {
+            "gpu": name.decode() if isinstance(name, bytes) else name,
+            "gpu_memory_gib": pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30,
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_runtime": torch.version.cuda,
+        }
     finally:
         pynvml.nvmlShutdown()
 
@@ -77,7 +79,11 @@ def memory_in_use(device: torch.device) -> dict[str, int | None]:
 
     pynvml.nvmlInit()
     try:
-        figures["nvml_used"] = int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)).used)
+        figures["nvml_used"] = int(
+            pynvml.nvmlDeviceGetMemoryInfo(
+                pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            ).used
+        )
     finally:
         pynvml.nvmlShutdown()
     if torch.cuda.is_initialized():  # reading the allocator must not create a CUDA context here
@@ -86,7 +92,9 @@ def memory_in_use(device: torch.device) -> dict[str, int | None]:
     return figures
 
 
-def interleaved(runners: Mapping[str, Callable[[int], Any]], *, rounds: int, warm_up: bool = True) -> dict[str, list[Any]]:
+def interleaved(
+    runners: Mapping[str, Callable[[int], Any]], *, rounds: int, warm_up: bool = True
+) -> dict[str, list[Any]]:
     """Run each runner once per round, in turn, so that drift on the machine falls on all alike.
     A first round (discarded) warms up caches, compilers and fork servers."""
     samples: dict[str, list[Any]] = {name: [] for name in runners}
@@ -116,4 +124,14 @@ def mib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f} MiB"
 
 
-__all__ = ["REPO", "Setting", "gpu_identity", "interleaved", "median", "memory_in_use", "mib", "setting", "write"]
+__all__ = [
+    "REPO",
+    "Setting",
+    "gpu_identity",
+    "interleaved",
+    "median",
+    "memory_in_use",
+    "mib",
+    "setting",
+    "write",
+]

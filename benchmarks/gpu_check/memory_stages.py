@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.runners import isolation, warm
-from autotune.study import one_trial, preparation, run as study_
 from autotune.report import results
-from autotune.spec import study_file as spec_
+from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.train.tasks import load_task
+from autotune.spec import study_file as spec_
+from autotune.study import one_trial, preparation
+from autotune.study import run as study_
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.tasks import load_task
 from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_use, mib
 
 # Micro-batches from far inside the card to far past it: the shapes ResNet at width 256 holds tens
@@ -28,11 +29,19 @@ OOM_GPU = {"batch_size": [256, 1024, 8192, 32768], "width": 256}
 OOM_CPU = {"batch_size": [16, 64, 128, 256], "task": "tests.tasks:cuda_oom"}
 # Every other knob pinned: a sampler left free draws torch.compile for some trials, and compiling a
 # width-256 ResNet costs minutes a trial (seen on an H100) and tells nothing about memory.
-PINNED = {"lr": 0.05, "scheduler": "constant", "accumulation_steps": 1, "channels_last": False, "compile": False,
-          "cudnn_benchmark": False}
+PINNED = {
+    "lr": 0.05,
+    "scheduler": "constant",
+    "accumulation_steps": 1,
+    "channels_last": False,
+    "compile": False,
+    "cudnn_benchmark": False,
+}
 LOADER_GPU = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True}
 LOADER_CPU = {"num_workers": 0, "pin_memory": False}
-LEAK_TOLERANCE = 64 * 2**20  # NVML counts whole pages and the driver's own bookkeeping moves a little
+LEAK_TOLERANCE = (
+    64 * 2**20
+)  # NVML counts whole pages and the driver's own bookkeeping moves a little
 
 
 def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
@@ -41,53 +50,109 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
     is back where it started after every trial."""
     sizes = OOM_GPU if setting.cuda else OOM_CPU
     # Smallest first, the narrower precision before the wider: each OOM then bounds what follows.
-    grid = [{"batch_size": b, "precision": p} for b in sizes["batch_size"] for p in ("bf16", "fp32")]
+    grid = [
+        {"batch_size": b, "precision": p} for b in sizes["batch_size"] for p in ("bf16", "fp32")
+    ]
     with tempfile.TemporaryDirectory() as folder:
-        raw = {"name": "gpu-check-oom", "task": sizes.get("task", setting.task), "target": {"metric": "accuracy", "value": 0.999},
-               "device": setting.device.type, "probe": "none", "prune": "none",
-               "isolation": "process" if setting.cuda else "none",
-               "space": {"batch_size": sizes["batch_size"], "precision": ["bf16", "fp32"], **PINNED,
-                         **(LOADER_GPU if setting.cuda else LOADER_CPU),
-                         **({"params": {"width": sizes["width"]}} if "width" in sizes else {})},
-               "budget": {"trials": len(grid), "max_epochs": 0.5, "max_seconds": 10, "eval_every": 0.5},
-               "confirm": {"top": 0, "runs": 0}}
+        raw = {
+            "name": "gpu-check-oom",
+            "task": sizes.get("task", setting.task),
+            "target": {"metric": "accuracy", "value": 0.999},
+            "device": setting.device.type,
+            "probe": "none",
+            "prune": "none",
+            "isolation": "process" if setting.cuda else "none",
+            "space": {
+                "batch_size": sizes["batch_size"],
+                "precision": ["bf16", "fp32"],
+                **PINNED,
+                **(LOADER_GPU if setting.cuda else LOADER_CPU),
+                **({"params": {"width": sizes["width"]}} if "width" in sizes else {}),
+            },
+            "budget": {
+                "trials": len(grid),
+                "max_epochs": 0.5,
+                "max_seconds": 10,
+                "eval_every": 0.5,
+            },
+            "confirm": {"top": 0, "runs": 0},
+        }
         spec = spec_.from_mapping(raw, path=Path(folder) / "oom.yaml")
         prepared = preparation.prepare(spec)
         start = memory_in_use(setting.device)
         after: list[dict[str, Any]] = []
-        prepared = dataclasses.replace(prepared, run_trial=_watched(prepared.run_trial, setting, after))
+        prepared = dataclasses.replace(
+            prepared, run_trial=_watched(prepared.run_trial, setting, after)
+        )
         study = study_.begin(spec, prepared)
         for params in grid:
             study.enqueue_trial(params)
         # The study's own trial step, over the grid in this order (a sampler would pick its own).
-        for number, params in enumerate(grid):  # enqueued in this order, so trial `number` runs `params`
-            policy = one_trial.Policy(space=prepared.space, run_trial=prepared.run_trial, device=prepared.device,
-                                      limits=preparation.limits_for(spec), seed=spec.seed, metric_name="accuracy",
-                                      budget=len(grid))
+        for number, params in enumerate(
+            grid
+        ):  # enqueued in this order, so trial `number` runs `params`
+            policy = one_trial.Policy(
+                space=prepared.space,
+                run_trial=prepared.run_trial,
+                device=prepared.device,
+                limits=preparation.limits_for(spec),
+                seed=spec.seed,
+                metric_name="accuracy",
+                budget=len(grid),
+            )
             started = time.perf_counter()
             with contextlib.redirect_stderr(io.StringIO()):
                 one_trial.run_one(study, policy, asked=[], known=study.get_trials(deepcopy=False))
             last = study.get_trials(deepcopy=False)[number]
             # A line a trial, so that a stage of minutes shows where it is.
             reason = last.user_attrs.get("reason")
-            print(f"  oom: batch {params['batch_size']} {params['precision']}: {last.state.name.lower()}"
-                  f"{f' ({reason})' if reason else ''}, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"  oom: batch {params['batch_size']} {params['precision']}: {last.state.name.lower()}"
+                f"{f' ({reason})' if reason else ''}, {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         records = results.trial_records(study.get_trials(deepcopy=False))
-    trials = [{"batch_size": r.batch_size, "precision": r.precision, "state": r.state, "oom": r.oom,
-               "oom_bound": r.oom_bound, "reason": r.reason} for r in records.itertuples()]
+    trials = [
+        {
+            "batch_size": r.batch_size,
+            "precision": r.precision,
+            "state": r.state,
+            "oom": r.oom,
+            "oom_bound": r.oom_bound,
+            "reason": r.reason,
+        }
+        for r in records.itertuples()
+    ]
     leaks = [a["nvml_used"] - start["nvml_used"] for a in after if a["nvml_used"] is not None]
-    figures = {"start": start, "trials": trials, "memory_after_each_run": after,
-               "largest_growth_bytes": max(leaks, default=None)}
+    figures = {
+        "start": start,
+        "trials": trials,
+        "memory_after_each_run": after,
+        "largest_growth_bytes": max(leaks, default=None),
+    }
     counts = {kind: sum(t[kind] for t in trials) for kind in ("oom", "oom_bound")}
     complete_ = sum(t["state"] == "COMPLETE" for t in trials)
-    ok = (len(trials) == len(grid) and counts["oom"] >= 1 and counts["oom_bound"] >= 1 and complete_ >= 1
-          and all(leak <= LEAK_TOLERANCE for leak in leaks))
-    lines = [f"{len(trials)} trials: {complete_} complete, {counts['oom']} out of memory (pruned), "
-             f"{counts['oom_bound']} skipped as known to run out",
-             "| batch | precision | outcome |", "|---|---|---|"]
+    ok = (
+        len(trials) == len(grid)
+        and counts["oom"] >= 1
+        and counts["oom_bound"] >= 1
+        and complete_ >= 1
+        and all(leak <= LEAK_TOLERANCE for leak in leaks)
+    )
+    lines = [
+        f"{len(trials)} trials: {complete_} complete, {counts['oom']} out of memory (pruned), "
+        f"{counts['oom_bound']} skipped as known to run out",
+        "| batch | precision | outcome |",
+        "|---|---|---|",
+    ]
     lines += [f"| {t['batch_size']} | {t['precision']} | {_outcome(t)} |" for t in trials]
-    lines.append(f"GPU memory in use before the study {mib(start['nvml_used'])}; largest growth after a trial "
-                 f"{mib(figures['largest_growth_bytes'])}" if leaks else "GPU memory: not measured (no GPU)")
+    lines.append(
+        f"GPU memory in use before the study {mib(start['nvml_used'])}; largest growth after a trial "
+        f"{mib(figures['largest_growth_bytes'])}"
+        if leaks
+        else "GPU memory: not measured (no GPU)"
+    )
     return figures, lines, ok
 
 
@@ -97,40 +162,79 @@ def _outcome(trial: dict[str, Any]) -> str:
     return "out of memory" if trial["oom"] else trial["state"].lower()
 
 
-def _watched(run_trial: isolation.RunTrial, setting: Setting, after: list[dict[str, Any]]) -> isolation.RunTrial:
+def _watched(
+    run_trial: isolation.RunTrial, setting: Setting, after: list[dict[str, Any]]
+) -> isolation.RunTrial:
     """`run_trial` noting the GPU's memory in use once each run is over, OOM or not."""
 
     def run(config: TrialConfig, **kwargs: Any) -> Any:
         try:
             return run_trial(config, **kwargs)
         finally:
-            after.append({"batch_size": config.batch_size, "precision": config.precision, **memory_in_use(setting.device)})
+            after.append(
+                {
+                    "batch_size": config.batch_size,
+                    "precision": config.precision,
+                    **memory_in_use(setting.device),
+                }
+            )
 
     return run
 
 
-def isolation_overhead(setting: Setting, *, rounds: int = 5) -> tuple[dict[str, Any], list[str], bool]:
+def isolation_overhead(
+    setting: Setting, *, rounds: int = 5
+) -> tuple[dict[str, Any], list[str], bool]:
     """Wall time per trial in this process and in a child process of its own, interleaved."""
     config = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
-    limits = Limits(target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0)
+    limits = Limits(
+        target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0
+    )
     study_path = setting.results / "gpu-check.yaml"
-    runners = {"in-process": isolation.in_process(load_task(setting.task)),
-               "child process": isolation.in_child(setting.task, study_path=study_path, hang_after=300),
-               "warm child": warm.WarmChild(setting.task, study_path=study_path, hang_after=300,
-                                            measure_hang_after=300).run_trial}
+    runners = {
+        "in-process": isolation.in_process(load_task(setting.task)),
+        "child process": isolation.in_child(setting.task, study_path=study_path, hang_after=300),
+        "warm child": warm.WarmChild(
+            setting.task, study_path=study_path, hang_after=300, measure_hang_after=300
+        ).run_trial,
+    }
 
     def timed(run_trial: isolation.RunTrial) -> Any:
         def run(index: int) -> dict[str, float]:
             started = time.perf_counter()
             result = run_trial(config, limits=limits, device=setting.device, seed=index)
             wall = time.perf_counter() - started
-            return {"wall": wall, "train": result.train_seconds, "outside": wall - result.train_seconds}
+            return {
+                "wall": wall,
+                "train": result.train_seconds,
+                "outside": wall - result.train_seconds,
+            }
+
         return run
 
-    samples = interleaved({name: timed(run) for name, run in runners.items()}, rounds=rounds if setting.cuda else 1)
-    summary = {name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")} for name, runs in samples.items()}
-    extra = {name: row["wall"] - summary["in-process"]["wall"] for name, row in summary.items() if name != "in-process"}
+    samples = interleaved(
+        {name: timed(run) for name, run in runners.items()}, rounds=rounds if setting.cuda else 1
+    )
+    summary = {
+        name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")}
+        for name, runs in samples.items()
+    }
+    extra = {
+        name: row["wall"] - summary["in-process"]["wall"]
+        for name, row in summary.items()
+        if name != "in-process"
+    }
     lines = ["| where | wall s | training s | outside training s |", "|---|---|---|---|"]
-    lines += [f"| {name} | {row['wall']:.3f} | {row['train']:.3f} | {row['outside']:.3f} |" for name, row in summary.items()]
-    lines += [f"A {name} adds {added:.3f} s a trial (median of {len(samples['in-process'])})." for name, added in extra.items()]
-    return {"summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples}, lines, True
+    lines += [
+        f"| {name} | {row['wall']:.3f} | {row['train']:.3f} | {row['outside']:.3f} |"
+        for name, row in summary.items()
+    ]
+    lines += [
+        f"A {name} adds {added:.3f} s a trial (median of {len(samples['in-process'])})."
+        for name, added in extra.items()
+    ]
+    return (
+        {"summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples},
+        lines,
+        True,
+    )

@@ -19,14 +19,15 @@ import warnings
 # Lightning's own deprecation notice at import, about its use of torch: not this script's to fix.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
+import lightning as L
+import torch
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import autotune
+
 # autotune's precisions with Lightning's names for them, and its optimizer and LR schedules: the knobs
 # mean here what they mean in autotune's own trials.
 from autotune.search.space import PRECISIONS, SCHEDULERS
@@ -34,20 +35,35 @@ from autotune.train.tasks import sgd
 from autotune.train.trial import make_scheduler
 
 VAL_FRACTION = 0.2
-SPLIT_SEED = 0  # the split is part of the task, not of a trial: the same validation set for every trial
+SPLIT_SEED = (
+    0  # the split is part of the task, not of a trial: the same validation set for every trial
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lr", type=float, default=0.05, help="peak learning rate per optimizer step")
-    p.add_argument("--scheduler", choices=SCHEDULERS, default="constant", help="stepped once per optimizer step")
-    p.add_argument("--batch-size", type=int, default=32, help="micro-batch: samples per forward/backward")
-    p.add_argument("--accumulation-steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="constant",
+        help="stepped once per optimizer step",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="micro-batch: samples per forward/backward"
+    )
+    p.add_argument(
+        "--accumulation-steps", type=int, default=1, help="micro-batches per optimizer step"
+    )
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--prefetch-factor", type=int, default=None, help="batches each worker loads ahead")
+    p.add_argument(
+        "--prefetch-factor", type=int, default=None, help="batches each worker loads ahead"
+    )
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
-    p.add_argument("--max-epochs", type=float, default=8, help="training length, also the LR schedule's")
+    p.add_argument(
+        "--max-epochs", type=float, default=8, help="training length, also the LR schedule's"
+    )
     p.add_argument("--eval-every", type=float, default=0.25, help="epochs between validations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -60,7 +76,7 @@ def datasets() -> tuple[TensorDataset, TensorDataset]:
     images = (images - images.mean()) / images.std()
     labels = torch.tensor(digits.target, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
-    val, train = order[:int(len(labels) * VAL_FRACTION)], order[int(len(labels) * VAL_FRACTION):]
+    val, train = order[: int(len(labels) * VAL_FRACTION)], order[int(len(labels) * VAL_FRACTION) :]
     return TensorDataset(images[train], labels[train]), TensorDataset(images[val], labels[val])
 
 
@@ -69,9 +85,16 @@ class DigitsCNN(L.LightningModule):
         super().__init__()
         self.lr, self.scheduler_name, self.total_steps = lr, scheduler, total_steps
         self.net = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),  # 4x4
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 4x4
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
         )
         self.correct = self.seen = 0
 
@@ -80,7 +103,9 @@ class DigitsCNN(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
         inputs, targets = batch
-        return F.cross_entropy(self(inputs), targets)  # Lightning divides it by the accumulation steps
+        return F.cross_entropy(
+            self(inputs), targets
+        )  # Lightning divides it by the accumulation steps
 
     def on_validation_epoch_start(self) -> None:
         self.correct = self.seen = 0
@@ -95,9 +120,13 @@ class DigitsCNN(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         optimizer = sgd(self.parameters(), self.lr)
-        scheduler = make_scheduler(self.scheduler_name, optimizer, total_steps=self.total_steps, lr=self.lr)
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}  # once per optimizer step, never per micro-batch
+        scheduler = make_scheduler(
+            self.scheduler_name, optimizer, total_steps=self.total_steps, lr=self.lr
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }  # once per optimizer step, never per micro-batch
 
 
 class AutotuneReport(L.Callback):
@@ -106,18 +135,27 @@ class AutotuneReport(L.Callback):
     def __init__(self, n_train: int) -> None:
         self.n_train, self.samples, self.last_step = n_train, 0, -1
 
-    def on_train_batch_end(self, trainer: L.Trainer, _: L.LightningModule, __: object, batch: tuple, ___: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, _: L.LightningModule, __: object, batch: tuple, ___: int
+    ) -> None:
         self.samples += len(batch[1])
         if trainer.global_step != self.last_step:  # a progress report per optimizer step
             self.last_step = trainer.global_step
-            autotune.report(step=trainer.global_step, samples=self.samples, total_steps=trainer.max_steps)
+            autotune.report(
+                step=trainer.global_step, samples=self.samples, total_steps=trainer.max_steps
+            )
 
     def on_validation_end(self, trainer: L.Trainer, _: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
         accuracy = float(trainer.callback_metrics["val_accuracy"])
-        autotune.report(step=trainer.global_step, metric=accuracy, epoch=self.samples / self.n_train,
-                        samples=self.samples, total_steps=trainer.max_steps)
+        autotune.report(
+            step=trainer.global_step,
+            metric=accuracy,
+            epoch=self.samples / self.n_train,
+            samples=self.samples,
+            total_steps=trainer.max_steps,
+        )
         print(f"step {trainer.global_step}: val_accuracy {accuracy:.4f}")
 
 
@@ -125,30 +163,52 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     quiet()
     L.seed_everything(args.seed, workers=True, verbose=False)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     torch.set_num_threads(max(1, cores - args.num_workers))  # loader workers get their own cores
     train, val = datasets()
     workers = args.num_workers
     train_loader = DataLoader(
-        train, batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers,
+        train,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
         prefetch_factor=args.prefetch_factor if workers > 0 else None,
         persistent_workers=workers > 0,  # otherwise every epoch pays worker start-up again
         pin_memory=args.pin_memory and args.device.startswith("cuda"),
     )
-    val_loader = DataLoader(val, batch_size=len(val))  # one batch, in this process: validation is on the clock
+    val_loader = DataLoader(
+        val, batch_size=len(val)
+    )  # one batch, in this process: validation is on the clock
     # Lightning steps the optimizer at the end of an epoch even mid-accumulation.
     steps_per_epoch = math.ceil(len(train_loader) / args.accumulation_steps)
     total_steps = max(1, math.floor(args.max_epochs * steps_per_epoch))
-    accelerator, devices = ("cpu", 1) if args.device == "cpu" else ("gpu", [torch.device(args.device).index or 0])
+    accelerator, devices = (
+        ("cpu", 1) if args.device == "cpu" else ("gpu", [torch.device(args.device).index or 0])
+    )
     trainer = L.Trainer(
-        accelerator=accelerator, devices=devices, precision=PRECISIONS[args.precision].lightning,
-        max_steps=total_steps, max_epochs=-1, accumulate_grad_batches=args.accumulation_steps,
+        accelerator=accelerator,
+        devices=devices,
+        precision=PRECISIONS[args.precision].lightning,
+        max_steps=total_steps,
+        max_epochs=-1,
+        accumulate_grad_batches=args.accumulation_steps,
         val_check_interval=min(1.0, args.eval_every),  # a fraction of an epoch, or every epoch...
         check_val_every_n_epoch=max(1, round(args.eval_every)),  # ...of every n-th
-        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[AutotuneReport(len(train))],
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[AutotuneReport(len(train))],
     )
-    trainer.fit(DigitsCNN(lr=args.lr, scheduler=args.scheduler, total_steps=total_steps), train_loader, val_loader)
+    trainer.fit(
+        DigitsCNN(lr=args.lr, scheduler=args.scheduler, total_steps=total_steps),
+        train_loader,
+        val_loader,
+    )
 
 
 def quiet() -> None:

@@ -33,17 +33,34 @@ def main() -> None:
 
         mode, emit = "plateau", autotune.report
     if mode == "plateau":  # a helper process in the same group, as DataLoader workers are
-        info["helper"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
-    if mode in ("daemons", "daemons_exit"):  # helpers that leave the command's group: setsid(), and a double fork
+        info["helper"] = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"]
+        ).pid
+    if mode in (
+        "daemons",
+        "daemons_exit",
+    ):  # helpers that leave the command's group: setsid(), and a double fork
         sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
         info["setsid"] = subprocess.Popen(sleeper, start_new_session=True).pid
-        middle = subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
-                                 f"{sleeper!r}, start_new_session=True, stdout=subprocess.DEVNULL).pid)"],
-                                stdout=subprocess.PIPE, text=True)
+        middle = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, sys; print(subprocess.Popen("
+                f"{sleeper!r}, start_new_session=True, stdout=subprocess.DEVNULL).pid)",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         info["orphan"] = int(middle.stdout)  # its parent has exited: it is nobody's child now
     if mode == "echo":
-        info.update(argv=args, config=json.loads(open(os.environ["AUTOTUNE_CONFIG"]).read()),
-                    config_file=os.environ["AUTOTUNE_CONFIG"], env=os.environ.get("WIDTH_FROM_ENV"), unset=os.environ.get("UNSET_FROM_ENV"))
+        info.update(
+            argv=args,
+            config=json.loads(open(os.environ["AUTOTUNE_CONFIG"]).read()),
+            config_file=os.environ["AUTOTUNE_CONFIG"],
+            env=os.environ.get("WIDTH_FROM_ENV"),
+            unset=os.environ.get("UNSET_FROM_ENV"),
+        )
     if out:
         with open(out + ".tmp", "w") as file:
             json.dump(info, file)
@@ -54,8 +71,12 @@ def main() -> None:
 
         for step in range(1, 1001):  # 50 s if it were waited for
             time.sleep(0.05)
-            assert autotune.report(step=step, metric=step / 20, epoch=step / 10, samples=32 * step,
-                                   total_steps=20) is None
+            assert (
+                autotune.report(
+                    step=step, metric=step / 20, epoch=step / 10, samples=32 * step, total_steps=20
+                )
+                is None
+            )
     elif mode == "plateau":  # never better than 0.1
         for step in range(1, 10**6):
             time.sleep(0.1)
@@ -79,8 +100,15 @@ def main() -> None:
     elif mode == "hangs":
         time.sleep(600)
     elif mode == "garbage":  # what a careless script might put on the descriptor, then the target
-        for line in ("loading data...", "[1, 2]", '{"step": ', '{"step": "one", "metric": "high"}',
-                     '{"step": 3, "metric": true}', '{"step": 4}', '{"step": 5, "metric": null, "accuracy": 0.4}'):
+        for line in (
+            "loading data...",
+            "[1, 2]",
+            '{"step": ',
+            '{"step": "one", "metric": "high"}',
+            '{"step": 3, "metric": true}',
+            '{"step": 4}',
+            '{"step": 5, "metric": null, "accuracy": 0.4}',
+        ):
             send(line)
         report(step=6, metric=0.9)
         time.sleep(600)
@@ -91,7 +119,9 @@ def main() -> None:
         report(step=1, metric=0.3)
         send('{"step": 2, "metric": NaN}')
         time.sleep(600)
-    elif mode == "chatty":  # megabytes on stdout and stderr, a progress bar's carriage returns, then the target
+    elif (
+        mode == "chatty"
+    ):  # megabytes on stdout and stderr, a progress bar's carriage returns, then the target
         for i in range(2000):
             sys.stdout.write("x" * 1000 + "\n")
             sys.stderr.write(f"\r{i} " + "y" * 1000)

@@ -17,7 +17,9 @@ from torch.utils.data import IterableDataset, TensorDataset
 from autotune import Task
 from tests.tasks import _blobs, _mlp
 
-STARTED = "AUTOTUNE_HOSTILE_STARTED"  # env: a file the slow task creates when a trial starts training
+STARTED = (
+    "AUTOTUNE_HOSTILE_STARTED"  # env: a file the slow task creates when a trial starts training
+)
 
 
 def returns_none():
@@ -50,7 +52,9 @@ def no_parameters() -> Task:
 
 def model_is_a_function() -> Task:
     """The factory returns a plain function, not an nn.Module."""
-    return Task(model=lambda: (lambda x: x @ torch.ones(8, 4)), train=_blobs(256, 0), val=_blobs(128, 1))
+    return Task(
+        model=lambda: lambda x: x @ torch.ones(8, 4), train=_blobs(256, 0), val=_blobs(128, 1)
+    )
 
 
 class _Broken(TensorDataset):
@@ -66,14 +70,23 @@ def every_item_raises() -> Task:
 def wrong_input_shape() -> Task:
     """Inputs of 5 features for a model that takes 8."""
     g = torch.Generator().manual_seed(0)
-    return Task(model=_mlp, train=TensorDataset(torch.randn(256, 5, generator=g), torch.randint(0, 4, (256,), generator=g)),
-                val=TensorDataset(torch.randn(128, 5, generator=g), torch.randint(0, 4, (128,), generator=g)))
+    return Task(
+        model=_mlp,
+        train=TensorDataset(
+            torch.randn(256, 5, generator=g), torch.randint(0, 4, (256,), generator=g)
+        ),
+        val=TensorDataset(
+            torch.randn(128, 5, generator=g), torch.randint(0, 4, (128,), generator=g)
+        ),
+    )
 
 
 def labels_out_of_range() -> Task:
     """Labels 0..9 for a model with 4 outputs."""
     data = _blobs(256, 0)
-    return Task(model=_mlp, train=TensorDataset(data.tensors[0], data.tensors[1] + 6), val=_blobs(128, 1))
+    return Task(
+        model=_mlp, train=TensorDataset(data.tensors[0], data.tensors[1] + 6), val=_blobs(128, 1)
+    )
 
 
 def empty_training_set() -> Task:
@@ -108,16 +121,26 @@ def no_validation_set() -> Task:
 
 
 def metric_returns_text() -> Task:
-    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), metric=lambda outputs, targets: "high")
+    return Task(
+        model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), metric=lambda outputs, targets: "high"
+    )
 
 
 def loss_not_scalar() -> Task:
-    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1),
-                loss=lambda outputs, targets: nn.functional.cross_entropy(outputs, targets, reduction="none"))
+    return Task(
+        model=_mlp,
+        train=_blobs(256, 0),
+        val=_blobs(128, 1),
+        loss=lambda outputs, targets: nn.functional.cross_entropy(
+            outputs, targets, reduction="none"
+        ),
+    )
 
 
 def optimizer_returns_none() -> Task:
-    return Task(model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), optimizer=lambda params, lr: None)
+    return Task(
+        model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), optimizer=lambda params, lr: None
+    )
 
 
 def _chatty() -> nn.Module:
@@ -142,7 +165,9 @@ class _Slow(nn.Module):
         if self.training:
             marker = os.environ.get(STARTED)
             if marker:  # the confirmation's fresh seeds are x50,000 and up (study/confirm.py)
-                Path(marker + (".confirm" if torch.initial_seed() % 100_000 >= 50_000 else "")).touch()
+                Path(
+                    marker + (".confirm" if torch.initial_seed() % 100_000 >= 50_000 else "")
+                ).touch()
             time.sleep(0.02)
         return self.net(x)
 

@@ -47,7 +47,9 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     return (outputs.argmax(dim=1) == targets).float().mean().item()
 
 
-def sgd(params: Iterable[nn.Parameter], lr: float, *, fused: bool | None = None) -> torch.optim.Optimizer:
+def sgd(
+    params: Iterable[nn.Parameter], lr: float, *, fused: bool | None = None
+) -> torch.optim.Optimizer:
     """SGD with Nesterov momentum (recipe.SGD_ARGS): the usual choice for small CNNs. `fused`:
     torch's fused step (the fused_optimizer knob); None, torch's default."""
     return torch.optim.SGD(params, lr=lr, fused=fused, **SGD_ARGS)
@@ -61,17 +63,25 @@ class Task:
     batch concatenated) and higher is better; the study's target names it by `metric_name`.
     """
 
-    model: Callable[..., nn.Module]  # a fresh, freshly initialised model per call; takes the study's params by name
+    model: Callable[
+        ..., nn.Module
+    ]  # a fresh, freshly initialised model per call; takes the study's params by name
     train: Dataset
     val: Dataset
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
     metric: Callable[[torch.Tensor, torch.Tensor], float] = accuracy
     metric_name: str = "accuracy"
-    optimizer: Callable[..., torch.optim.Optimizer] = sgd  # (parameters, lr, **the study's params it names)
+    optimizer: Callable[..., torch.optim.Optimizer] = (
+        sgd  # (parameters, lr, **the study's params it names)
+    )
 
     def unused(self, names: Iterable[str]) -> list[str]:
         """The study's parameters that neither the model factory nor the optimizer takes."""
-        return [n for n in names if not takes(self.model, {n: None}) and not takes(self.optimizer, {n: None}, after=2)]
+        return [
+            n
+            for n in names
+            if not takes(self.model, {n: None}) and not takes(self.optimizer, {n: None}, after=2)
+        ]
 
 
 def reference(function: Any) -> str | None:
@@ -81,7 +91,9 @@ def reference(function: Any) -> str | None:
     return f"{module}:{name}" if module and name and "<" not in name else None
 
 
-def takes(function: Callable[..., Any], params: Mapping[str, Any], *, after: int = 0) -> dict[str, Any]:
+def takes(
+    function: Callable[..., Any], params: Mapping[str, Any], *, after: int = 0
+) -> dict[str, Any]:
     """The parameters `function` accepts by keyword: those it names, or all with **kwargs.
     `after`: how many leading arguments the caller passes by position (they are not free).
 
@@ -111,16 +123,31 @@ def load_task(name: str, *, study_path: Path | str = "study") -> Task:
         raise SpecError(study_path, "task", name, f"unknown task; {hint}expected {accepted}")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (Exception, SystemExit) as exc:  # the user's module may fail in any way (sys.exit too); show its last line
+    except (
+        Exception,
+        SystemExit,
+    ) as exc:  # the user's module may fail in any way (sys.exit too); show its last line
         last = (str(exc).strip().splitlines() or [""])[-1]
-        raise SpecError(study_path, "task", name, f"cannot be imported ({exc.__class__.__name__}: {last}); expected {accepted}") from None
+        raise SpecError(
+            study_path,
+            "task",
+            name,
+            f"cannot be imported ({exc.__class__.__name__}: {last}); expected {accepted}",
+        ) from None
     try:
         task = factory()
     except (Exception, SystemExit) as exc:
         last = (str(exc).strip().splitlines() or [""])[-1]
-        raise SpecError(study_path, "task", name, f"failed while building ({exc.__class__.__name__}: {last})") from None
+        raise SpecError(
+            study_path, "task", name, f"failed while building ({exc.__class__.__name__}: {last})"
+        ) from None
     if not isinstance(task, Task):
-        raise SpecError(study_path, "task", name, f"returned {type(task).__name__}; a task callable returns autotune.Task")
+        raise SpecError(
+            study_path,
+            "task",
+            name,
+            f"returned {type(task).__name__}; a task callable returns autotune.Task",
+        )
     return task
 
 

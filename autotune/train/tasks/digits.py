@@ -56,10 +56,16 @@ class SmallCNN(nn.Module):
         super().__init__()
 
         def block(c_in: int, c_out: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+            return nn.Sequential(
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()
+            )
 
         self.features = nn.Sequential(
-            block(1, width), nn.MaxPool2d(2), block(width, 2 * width), nn.MaxPool2d(2), block(2 * width, 2 * width)
+            block(1, width),
+            nn.MaxPool2d(2),
+            block(width, 2 * width),
+            nn.MaxPool2d(2),
+            block(2 * width, 2 * width),
         )
         self.head = nn.Linear(2 * width, 10)
 

@@ -18,9 +18,12 @@ class Conv1dNet(nn.Module):
     def __init__(self, width: int = 32) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv1d(1, width, 5, padding=2), nn.ReLU(),
-            nn.Conv1d(width, width, 3, padding=1, stride=2), nn.ReLU(),
-            nn.Conv1d(width, width, 3, padding=1, stride=2), nn.ReLU(),
+            nn.Conv1d(1, width, 5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(width, width, 3, padding=1, stride=2),
+            nn.ReLU(),
+            nn.Conv1d(width, width, 3, padding=1, stride=2),
+            nn.ReLU(),
         )
         self.head = nn.Linear(width * 10, 10)
 
@@ -34,6 +37,12 @@ def task() -> Task:
     data = make_dataset(get_dataset_args())  # seeded by its own args: the same data every time
 
     def tensors(x: object, y: object) -> TensorDataset:
-        return TensorDataset(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long))
+        return TensorDataset(
+            torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
+        )
 
-    return Task(model=Conv1dNet, train=tensors(data["x"], data["y"]), val=tensors(data["x_test"], data["y_test"]))
+    return Task(
+        model=Conv1dNet,
+        train=tensors(data["x"], data["y"]),
+        val=tensors(data["x_test"], data["y_test"]),
+    )

@@ -56,19 +56,28 @@ class PacedModel(nn.Module):
 
     def __init__(self, *, compute_seconds: float, narrow_factor: float) -> None:
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+        self.layers = nn.Sequential(
+            nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
+        )
         self.compute_seconds, self.narrow_factor = compute_seconds, narrow_factor
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.training:  # evaluation runs off the clock: no need to wait there
             device = inputs.device.type
-            narrow = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in (torch.bfloat16, torch.float16)
+            narrow = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in (
+                torch.bfloat16,
+                torch.float16,
+            )
             time.sleep(self.compute_seconds * len(inputs) * (self.narrow_factor if narrow else 1.0))
         return self.layers(inputs)
 
 
-def make(*, load_seconds: float = LOAD_SECONDS, compute_seconds: float = COMPUTE_SECONDS,
-         narrow_factor: float = NARROW_FACTOR) -> Task:
+def make(
+    *,
+    load_seconds: float = LOAD_SECONDS,
+    compute_seconds: float = COMPUTE_SECONDS,
+    narrow_factor: float = NARROW_FACTOR,
+) -> Task:
     """The task with the given costs (seconds a sample)."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
@@ -77,9 +86,11 @@ def make(*, load_seconds: float = LOAD_SECONDS, compute_seconds: float = COMPUTE
     def model() -> PacedModel:
         return PacedModel(compute_seconds=compute_seconds, narrow_factor=narrow_factor)
 
-    return Task(model=model,
-                train=PacedSamples(inputs[:TRAIN], labels[:TRAIN], load_seconds=load_seconds),
-                val=PacedSamples(inputs[TRAIN:], labels[TRAIN:], load_seconds=0.0))
+    return Task(
+        model=model,
+        train=PacedSamples(inputs[:TRAIN], labels[:TRAIN], load_seconds=load_seconds),
+        val=PacedSamples(inputs[TRAIN:], labels[TRAIN:], load_seconds=0.0),
+    )
 
 
 def task() -> Task:

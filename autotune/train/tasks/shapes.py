@@ -47,13 +47,19 @@ NOISE = 8.0  # std of the Gaussian pixel noise, in 0-255 levels
 # Smallest |luminance of the shape - luminance of the background|, in 0-255 levels (Rec. 601
 # weights): any two colours, but the shape never fades into the background, even in grey.
 MIN_CONTRAST = 80
-MIN_RADIUS, MAX_RADIUS = 0.12, 0.4  # of the side: the smallest are 8 pixels across, hard to tell apart
+MIN_RADIUS, MAX_RADIUS = (
+    0.12,
+    0.4,
+)  # of the side: the smallest are 8 pixels across, hard to tell apart
 LUMINANCE = np.array([0.299, 0.587, 0.114])
 
 
 def _polygon(n: int, *, phase: float = 0.0) -> list[tuple[float, float]]:
     """A regular n-gon of radius 1 around the origin, a corner at the top unless turned by `phase`."""
-    return [(math.sin(phase + 2 * math.pi * k / n), -math.cos(phase + 2 * math.pi * k / n)) for k in range(n)]
+    return [
+        (math.sin(phase + 2 * math.pi * k / n), -math.cos(phase + 2 * math.pi * k / n))
+        for k in range(n)
+    ]
 
 
 _ROUND = _polygon(48)
@@ -67,8 +73,14 @@ SHAPES: dict[str, tuple[list[tuple[float, float]], bool]] = {
     "frame": (_polygon(4, phase=math.pi / 4), True),
     "triangle": ([(1.2 * x, 1.2 * y + 0.25) for x, y in _polygon(3)], False),  # centred on its area
     "star": ([(r * x, r * y) for (x, y), r in zip(_polygon(10), [1.0, 0.45] * 5)], False),
-    "plus": ([(a * x - b * y, b * x + a * y) for a, b in ((1, 0), (0, 1), (-1, 0), (0, -1))  # 4 turns of an arm
-              for x, y in ((-_ARM, -1), (_ARM, -1), (_ARM, -_ARM))], False),
+    "plus": (
+        [
+            (a * x - b * y, b * x + a * y)
+            for a, b in ((1, 0), (0, 1), (-1, 0), (0, -1))  # 4 turns of an arm
+            for x, y in ((-_ARM, -1), (_ARM, -1), (_ARM, -_ARM))
+        ],
+        False,
+    ),
     "pentagon": (_polygon(5), False),
     "hexagon": (_polygon(6), False),
     "ellipse": ([(x, 0.5 * y) for x, y in _ROUND], False),
@@ -95,7 +107,9 @@ def _draw(rng: np.random.Generator, label: int) -> np.ndarray:
     cx, cy = rng.uniform(0.7 * radius, big - 0.7 * radius, 2)  # up to 30% of it may leave the frame
     cos, sin = math.cos(angle) * radius, math.sin(angle) * radius
     xy = [(cx + cos * x - sin * y, cy + sin * x + cos * y) for x, y in outline]
-    clutter = int(rng.integers(1, 4))  # lines and dots; with more, the small task learns too slowly for tests
+    clutter = int(
+        rng.integers(1, 4)
+    )  # lines and dots; with more, the small task learns too slowly for tests
     for i in range(clutter):
         if i == clutter // 2:  # half of the clutter behind the shape, half over it
             if hollow:
@@ -103,8 +117,11 @@ def _draw(rng: np.random.Generator, label: int) -> np.ndarray:
             else:
                 draw.polygon(xy, fill=colour)
         if rng.random() < 0.5:
-            draw.line([tuple(p) for p in rng.uniform(0, big, (2, 2))], fill=_colour(rng),
-                      width=int(rng.integers(SUPERSAMPLE // 2, 2 * SUPERSAMPLE)))
+            draw.line(
+                [tuple(p) for p in rng.uniform(0, big, (2, 2))],
+                fill=_colour(rng),
+                width=int(rng.integers(SUPERSAMPLE // 2, 2 * SUPERSAMPLE)),
+            )
         else:
             x, y, r = *rng.uniform(0, big, 2), rng.uniform(0.5, 1.5) * SUPERSAMPLE
             draw.ellipse([x - r, y - r, x + r, y + r], fill=_colour(rng))
@@ -123,7 +140,9 @@ class Encoded:
 
     def image(self, index: int) -> np.ndarray:
         """Image `index`, decoded to HWC uint8."""
-        with Image.open(io.BytesIO(self.data[self.offsets[index]:self.offsets[index + 1]])) as image:
+        with Image.open(
+            io.BytesIO(self.data[self.offsets[index] : self.offsets[index + 1]])
+        ) as image:
             return np.asarray(image.convert("RGB"))
 
 
@@ -132,8 +151,10 @@ def _generate(n: int, seed: int) -> tuple[Encoded, np.ndarray]:
     squares (for the normalisation constants). Drawn in blocks, each from its own generator, on
     every core: the same images whatever the number of cores."""
     labels = np.random.default_rng(seed).permutation(np.arange(n) % len(CLASSES))
-    blocks = [(seed, start, labels[start:start + BLOCK]) for start in range(0, n, BLOCK)]
-    processes = min(len(blocks), cpu_count())  # the cores this process may use, not all the machine has
+    blocks = [(seed, start, labels[start : start + BLOCK]) for start in range(0, n, BLOCK)]
+    processes = min(
+        len(blocks), cpu_count()
+    )  # the cores this process may use, not all the machine has
     if processes > 1:
         with concurrent.futures.ProcessPoolExecutor(processes) as pool:
             drawn = list(pool.map(_draw_block, blocks))
@@ -142,7 +163,9 @@ def _generate(n: int, seed: int) -> tuple[Encoded, np.ndarray]:
     sizes = np.concatenate([block_sizes for _, block_sizes, _ in drawn])
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     moments = np.sum([block_moments for _, _, block_moments in drawn], axis=0)
-    return Encoded(np.concatenate([data for data, _, _ in drawn]), offsets, labels.astype(np.int64)), moments
+    return Encoded(
+        np.concatenate([data for data, _, _ in drawn]), offsets, labels.astype(np.int64)
+    ), moments
 
 
 def _draw_block(block: tuple[int, int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,7 +180,9 @@ def _draw_block(block: tuple[int, int, np.ndarray]) -> tuple[np.ndarray, np.ndar
         # PNG, not JPEG: lossless, so the pixels are the ones drawn, and faster to decode (~40 us
         # against ~80). The noise keeps it at ~2.3 KB an image (raw: 3 KB; JPEG at quality 90: ~1.1).
         buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, "PNG", compress_level=1)  # higher levels: slower, no smaller
+        Image.fromarray(pixels).save(
+            buffer, "PNG", compress_level=1
+        )  # higher levels: slower, no smaller
         blobs.append(np.frombuffer(buffer.getvalue(), np.uint8))
     return np.concatenate(blobs), np.array([len(b) for b in blobs], np.int64), moments
 
@@ -177,7 +202,12 @@ def _read(path: Path, sizes: dict[str, int]) -> dict[str, np.ndarray] | None:
             arrays = {key: npz[key] for key in npz.files}
         for split, n in sizes.items():
             data, offsets, labels = (arrays[f"{split}_{k}"] for k in ("data", "offsets", "labels"))
-            if len(labels) != n or len(offsets) != n + 1 or offsets[-1] != len(data) or np.any(np.diff(offsets) <= 0):
+            if (
+                len(labels) != n
+                or len(offsets) != n + 1
+                or offsets[-1] != len(data)
+                or np.any(np.diff(offsets) <= 0)
+            ):
                 return None
         return arrays if arrays["mean"].shape == arrays["std"].shape == (3,) else None
     except Exception:  # missing, unreadable, truncated, garbage: each means "draw it again"
@@ -190,7 +220,9 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as file:
+        with tempfile.NamedTemporaryFile(
+            dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
+        ) as file:
             temporary = Path(file.name)
             np.savez(file, **arrays)  # uncompressed: PNG bytes do not compress further
         os.replace(temporary, path)
@@ -206,8 +238,15 @@ def _arrays(n_train: int, n_val: int, seed: int) -> dict[str, np.ndarray]:
     if arrays is None:
         (train, (sums, squares)), (val, _) = _generate(n_train, seed), _generate(n_val, seed + 1)
         mean = sums / (n_train * SIDE * SIDE)
-        arrays = {"mean": mean, "std": np.sqrt(squares / (n_train * SIDE * SIDE) - mean**2),
-                  **{f"{split}_{k}": v for split, data in (("train", train), ("val", val)) for k, v in vars(data).items()}}
+        arrays = {
+            "mean": mean,
+            "std": np.sqrt(squares / (n_train * SIDE * SIDE) - mean**2),
+            **{
+                f"{split}_{k}": v
+                for split, data in (("train", train), ("val", val))
+                for k, v in vars(data).items()
+            },
+        }
         _write(path, arrays)
     return arrays
 
@@ -215,8 +254,12 @@ def _arrays(n_train: int, n_val: int, seed: int) -> dict[str, np.ndarray]:
 # The row (or column) indices into an image of each crop offset into its reflect-padded copy:
 # a random crop is two `take`s, with no padded copy of each image made.
 _REFLECTED = np.abs(np.arange(-PAD, SIDE + PAD))
-WINDOWS = np.stack([np.where(_REFLECTED > SIDE - 1, 2 * (SIDE - 1) - _REFLECTED, _REFLECTED)[o:o + SIDE]
-                    for o in range(2 * PAD + 1)])
+WINDOWS = np.stack(
+    [
+        np.where(_REFLECTED > SIDE - 1, 2 * (SIDE - 1) - _REFLECTED, _REFLECTED)[o : o + SIDE]
+        for o in range(2 * PAD + 1)
+    ]
+)
 
 
 class ShapesTrain(Dataset):
@@ -225,7 +268,12 @@ class ShapesTrain(Dataset):
     keyed = True  # the trial's loader gives (index, key): tasks.augmentation_rng
 
     def __init__(self, images: Encoded, *, mean: torch.Tensor, std: torch.Tensor) -> None:
-        self.images, self.labels, self.mean, self.std = images, torch.from_numpy(images.labels), mean, std
+        self.images, self.labels, self.mean, self.std = (
+            images,
+            torch.from_numpy(images.labels),
+            mean,
+            std,
+        )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -233,16 +281,26 @@ class ShapesTrain(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         index, rng = augmentation_rng(item)
         # One draw picks both offsets and the flip: each torch call costs microseconds.
-        dy, choice = divmod(int(torch.randint(0, len(WINDOWS) ** 2 * 2, (), generator=rng)), len(WINDOWS) * 2)
+        dy, choice = divmod(
+            int(torch.randint(0, len(WINDOWS) ** 2 * 2, (), generator=rng)), len(WINDOWS) * 2
+        )
         dx, flip = divmod(choice, 2)
-        crop = self.images.image(index).take(WINDOWS[dy], axis=0).take(WINDOWS[dx][::-1] if flip else WINDOWS[dx], axis=1)
-        return (torch.from_numpy(crop).permute(2, 0, 1).float() - self.mean) / self.std, self.labels[index]
+        crop = (
+            self.images.image(index)
+            .take(WINDOWS[dy], axis=0)
+            .take(WINDOWS[dx][::-1] if flip else WINDOWS[dx], axis=1)
+        )
+        return (
+            torch.from_numpy(crop).permute(2, 0, 1).float() - self.mean
+        ) / self.std, self.labels[index]
 
 
 class ShapesVal(Dataset):
     """Decoded once (NCHW uint8): validation has no augmentation. Only normalised per sample."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor, std: torch.Tensor) -> None:
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor, std: torch.Tensor
+    ) -> None:
         self.images, self.labels, self.mean, self.std = images, labels, mean, std
 
     def __len__(self) -> int:
@@ -258,14 +316,26 @@ def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, S
     of a trial's, so every trial may share them."""
     a = _arrays(n_train, n_val, seed)
     val = Encoded(a["val_data"], a["val_offsets"], a["val_labels"])
-    val_images = torch.from_numpy(np.stack([val.image(i) for i in range(n_val)])).permute(0, 3, 1, 2).contiguous()
-    norm = {k: torch.tensor(a[k], dtype=torch.float32).view(3, 1, 1) for k in ("mean", "std")}  # 0-255 levels
-    return (ShapesTrain(Encoded(a["train_data"], a["train_offsets"], a["train_labels"]), **norm),
-            ShapesVal(val_images, torch.from_numpy(val.labels), **norm))
+    val_images = (
+        torch.from_numpy(np.stack([val.image(i) for i in range(n_val)]))
+        .permute(0, 3, 1, 2)
+        .contiguous()
+    )
+    norm = {
+        k: torch.tensor(a[k], dtype=torch.float32).view(3, 1, 1) for k in ("mean", "std")
+    }  # 0-255 levels
+    return (
+        ShapesTrain(Encoded(a["train_data"], a["train_offsets"], a["train_labels"]), **norm),
+        ShapesVal(val_images, torch.from_numpy(val.labels), **norm),
+    )
 
 
 def _conv(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
 
 
 class Residual(nn.Module):
@@ -285,10 +355,16 @@ class ResNet9(nn.Module):
         w = width
         self.features = nn.Sequential(
             _conv(3, w),
-            _conv(w, 2 * w), nn.MaxPool2d(2), Residual(2 * w),
-            _conv(2 * w, 4 * w), nn.MaxPool2d(2),
-            _conv(4 * w, 8 * w), nn.MaxPool2d(2), Residual(8 * w),
-            nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+            _conv(w, 2 * w),
+            nn.MaxPool2d(2),
+            Residual(2 * w),
+            _conv(2 * w, 4 * w),
+            nn.MaxPool2d(2),
+            _conv(4 * w, 8 * w),
+            nn.MaxPool2d(2),
+            Residual(8 * w),
+            nn.AdaptiveMaxPool2d(1),
+            nn.Flatten(),
         )
         self.head = nn.Linear(8 * w, len(CLASSES), bias=False)
 
