@@ -243,7 +243,9 @@ def restore_threads() -> typing.Iterator[None]:
     if torch.get_float32_matmul_precision() != matmul:  # an exported module sets it
         torch.set_float32_matmul_precision(matmul)
     for name, value in finer.items():
-        (operator.attrgetter(name)(torch.backends) if name else torch.backends).fp32_precision = value
+        (
+            operator.attrgetter(name)(torch.backends) if name else torch.backends
+        ).fp32_precision = value
 
 
 def notes_by_setting(export: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -684,7 +686,9 @@ def test_hf_compile_note_undoes_the_tf32_that_transformers_turns_on(
     finally:
         torch.set_float32_matmul_precision(matmul)
         for name, value in default.items():
-            (operator.attrgetter(name)(torch.backends) if name else torch.backends).fp32_precision = value
+            (
+                operator.attrgetter(name)(torch.backends) if name else torch.backends
+            ).fp32_precision = value
         transformers.training_args.enable_tf32.cache_clear()
     assert fp32_precisions() == default
 
