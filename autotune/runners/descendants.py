@@ -75,9 +75,8 @@ class Descendants:
         self._adopted_before = adopt_orphans()
         self._adopting = self._adopted_before is not None
         started = _processes().get(root)
-        self._since = (
-            started[1] if started else 0
-        )  # orphans handed here began no earlier than the command
+        # orphans handed here began no earlier than the command
+        self._since = started[1] if started else 0
 
     def sample(self, *, now: bool = False) -> None:
         """Note the processes under the command; at most every SAMPLE_SECONDS unless `now`."""
@@ -101,12 +100,14 @@ class Descendants:
         self.seen.update({pid: table[pid][1] for pid in under})
 
     def end(self) -> list[int]:
-        """SIGKILL every process noted (and any under them now) that still runs; returns their pids."""
+        """SIGKILL every process noted (and any under them now) that still runs; returns their
+        pids."""
         self.sample(now=True)
         table, ended = _processes(), []
         for pid, start in self.seen.items():
             if pid == self.root or table.get(pid, (0, -1))[1] != start:
-                continue  # the command itself (its group is stopped apart), or gone, or its pid reused
+                # the command itself (its group is stopped apart), or gone, or its pid reused
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(pid)

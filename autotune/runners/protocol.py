@@ -29,7 +29,8 @@ writes of up to 4096 bytes whole). The keys, all optional:
     epoch              float  epochs of training data seen so far
     samples            int    training samples seen so far (for the throughput figure)
     total_steps        int    optimizer steps the run is to take (the progress bar's total)
-    peak_memory_bytes  int    the script's own peak memory figure (e.g. torch.cuda.max_memory_allocated)
+    peak_memory_bytes  int    the script's own peak memory figure (e.g.
+                              torch.cuda.max_memory_allocated)
     seconds            float  the script's own clock: allowed, but not used
 
 Other keys are ignored, as are lines that are not a JSON object and values of the wrong type
@@ -59,14 +60,14 @@ from autotune.runners import watchdog
 
 REPORT_FD = "AUTOTUNE_REPORT_FD"
 CONFIG = "AUTOTUNE_CONFIG"
-STUDY_PID = (
-    "AUTOTUNE_STUDY_PID"  # the process running the study: the script ends itself when it is gone
-)
+# the process running the study: the script ends itself when it is gone
+STUDY_PID = "AUTOTUNE_STUDY_PID"
 WATCH_SECONDS = 0.5
 
 
 def report(*, step: int, metric: float | None = None, **more: Any) -> None:
-    """Report progress, and after an evaluation the validation metric, to autotune; see the module's doc.
+    """Report progress, and after an evaluation the validation metric, to autotune; see the
+    module's doc.
 
     Tensors and NumPy scalars are written as numbers. Without autotune, does nothing.
     """

@@ -18,19 +18,16 @@ def error_reason(exc: BaseException) -> str:
     """`Type: first line (at file:line)`, for the trial's stored reason."""
     if oom.is_oom(exc):
         return oom.oom_reason(exc)
-    if isinstance(
-        exc, Diverged
-    ):  # not an error in anyone's code: where it was noticed says nothing
+    # not an error in anyone's code: where it was noticed says nothing
+    if isinstance(exc, Diverged):
         return f"diverged: {exc}"
     text = str(exc).strip()
     worker, marker, original = text.partition(WORKER_TRACEBACK)
-    if (
-        marker
-    ):  # re-raised by the DataLoader from a worker process: the worker's own error is in the text
+    # re-raised by the DataLoader from a worker process: the worker's own error is in the text
+    if marker:
         lines = [line.strip() for line in original.strip().splitlines() if line.strip()]
-        last = (
-            lines[-1] if lines else exc.__class__.__name__
-        )  # "IndexError: list index out of range"
+        # "IndexError: list index out of range"
+        last = lines[-1] if lines else exc.__class__.__name__
         process = re.search(r"in (DataLoader worker process \d+)", worker)
         where = _where(
             [

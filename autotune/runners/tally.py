@@ -27,20 +27,19 @@ class Tally:
         self.last_metric: float | None = None
         self.best_metric: float | None = None
         self.reached = False
-        self.curve: list[
-            tuple[float, float | None, float]
-        ] = []  # (seconds, epochs, metric) per metric report
+        # (seconds, epochs, metric) per metric report
+        self.curve: list[tuple[float, float | None, float]] = []
         self._epoch: float | None = None
         self._stepped = False  # whether any report carried a step
-        self._samples: list[
-            tuple[float, int, int]
-        ] = []  # (seconds, step, samples) per report with samples
+        # (seconds, step, samples) per report with samples
+        self._samples: list[tuple[float, int, int]] = []
         self._peak_memory: int | None = None
         self._malformed = 0  # lines on the report channel that were not a JSON object
         self._first_malformed = ""
 
     def malformed(self, line: str | bytes) -> None:
-        """A line on the report channel that was not a report: counted, to say so if no metric came."""
+        """A line on the report channel that was not a report: counted, to say so if no metric
+        came."""
         if not self._malformed:
             self._first_malformed = (
                 line.decode(errors="replace") if isinstance(line, bytes) else line
@@ -52,8 +51,8 @@ class Tally:
         if not self._malformed:
             return ""
         return (
-            f"; {self._malformed} line(s) on the report channel were not JSON objects and were skipped, "
-            f"the first: {self._first_malformed!r}"
+            f"; {self._malformed} line(s) on the report channel were not JSON objects and were "
+            f"skipped, the first: {self._first_malformed!r}"
         )
 
     def add(self, report: Report, *, seconds: float) -> None:
@@ -82,12 +81,14 @@ class Tally:
         return self._epoch if self._epoch is not None else self._estimated_epochs()
 
     def _estimated_epochs(self) -> float | None:
-        """The schedule spans max_epochs, so step s of total T is s/T of them; None when T is unknown."""
+        """The schedule spans max_epochs, so step s of total T is s/T of them; None when T is
+        unknown."""
         return self.steps / self.total_steps * self.limits.max_epochs if self.total_steps else None
 
     def samples_per_second(self) -> float | None:
-        """Samples per second after warm-up (as trial.py counts it), from reports carrying `samples`;
-        evaluation between them is included. None with fewer than two such reports past warm-up."""
+        """Samples per second after warm-up (as trial.py counts it), from reports carrying
+        `samples`; evaluation between them is included. None with fewer than two such reports past
+        warm-up."""
         warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * self.total_steps))
         warm = [point for point in self._samples if point[1] >= warm_steps] or self._samples[1:]
         if len(warm) < 2 or warm[-1][0] <= warm[0][0] or warm[-1][2] <= warm[0][2]:

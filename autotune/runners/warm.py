@@ -35,9 +35,8 @@ from autotune.train.tasks import Task, load_task
 
 T = TypeVar("T")
 TRIALS_PER_CHILD = 25  # a bound on what slow leaks no single trial shows can add up to
-DEVICE_LEAK_BYTES = (
-    64 << 20
-)  # device memory still allocated after a trial, beyond what the task holds
+# device memory still allocated after a trial, beyond what the task holds
+DEVICE_LEAK_BYTES = 64 << 20
 RSS_GROWTH_BYTES = 1 << 30  # resident memory grown since the first trial ended
 STOP_SECONDS = 10.0  # how long a pruned trial's child gets to stop before it is killed
 SETTLE_SECONDS = 2.0  # how long a trial's DataLoader workers get to exit after it ends
@@ -59,9 +58,8 @@ class WarmChild:
     ) -> None:
         self.task_name, self.study_path = task_name, study_path
         self.hang_after, self.measure_hang_after = hang_after, measure_hang_after
-        self.notice = (
-            notice  # told why a child that served well was replaced (a failed trial says so itself)
-        )
+        # told why a child that served well was replaced (a failed trial says so itself)
+        self.notice = notice
         self.replaced: list[str] = []  # why each earlier child was let go, oldest first
         self._held = _Held()
         # Dropping the runners ends the child (a study run from the Python API, a test); the
@@ -246,7 +244,8 @@ class _Footprint:
         """Taken once what the last trial dropped is collected, and processes it started other
         than `known` had a moment to exit."""
         gc.collect()  # a pruned trial's frames, its DataLoader iterator among them
-        torch._dynamo.reset()  # a compiled trial's graphs: the next trial's model would recompile into the limit
+        # a compiled trial's graphs: the next trial's model would recompile into the limit
+        torch._dynamo.reset()
         device_bytes = 0
         if device.type == "cuda":
             torch.cuda.synchronize(device)

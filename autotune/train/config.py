@@ -33,9 +33,8 @@ class TrialConfig:
     cudnn_benchmark: bool = False
     tf32: bool = False
     fused_optimizer: bool = False
-    params: tuple[
-        tuple[str, Any], ...
-    ] = ()  # (name, value) pairs: hashable, in the study file's order
+    # (name, value) pairs: hashable, in the study file's order
+    params: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrialConfig:
@@ -59,15 +58,15 @@ class TrialConfig:
 
 
 class Diverged(ArithmeticError):
-    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot win."""
+    """Training produced a non-finite loss or metric: the trial ends there, as one that cannot
+    win."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
     target: float  # metric value that ends the trial as feasible
-    max_epochs: (
-        float  # training stops here; also the schedule's length when the configuration gives none
-    )
+    # training stops here; also the schedule's length when the configuration gives none
+    max_epochs: float
     max_seconds: float  # training clock
     eval_every: float  # epochs between evaluations
     stop_at_target: bool = True  # False: train the whole schedule (the fixed_schedule objective)
@@ -79,26 +78,26 @@ class TrialResult:
     time_to_target: float | None  # training-clock seconds; None when the target was not reached
     best_metric: float
     train_seconds: float  # training clock when the trial stopped
-    epochs: (
-        float | None
-    )  # None where the training is not autotune's to count (an objective function)
+    # None where the training is not autotune's to count (an objective function)
+    epochs: float | None
     optimizer_steps: int | None
     samples_per_second: float | None  # after warm-up; None when too few steps ran
     peak_memory_bytes: int | None  # CUDA: allocator peak; CPU: process peak RSS
     device_name: str
     torch_version: str
-    stop_reason: str  # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective function missed
-    curve: tuple[
-        tuple[float, float | None, float], ...
-    ]  # (train seconds, epochs, metric) per evaluation
+    # "target", "max_epochs" (the schedule ended), "max_seconds"; "objective" when an objective
+    # function missed
+    stop_reason: str
+    # (train seconds, epochs, metric) per evaluation
+    curve: tuple[tuple[float, float | None, float], ...]
     # Telemetry (telemetry.py); None where it was not measured (a command, an objective function).
-    input_wait_fraction: float | None = (
-        None  # of training time after warm-up, spent waiting for batches
-    )
+    # of training time after warm-up, spent waiting for batches
+    input_wait_fraction: float | None = None
     gpu: dict[str, float] | None = None  # NVML figures while training; None without an NVIDIA GPU
     confusion: list[list[int]] | None = None  # at the last evaluation, for classification tasks
     # Training samples seen by the evaluation that first reached the target (evaluations are not
-    # counted): what the run needed, whatever the machine's speed. None: not reached, or not counted.
+    # counted): what the run needed, whatever the machine's speed. None: not reached, or not
+    # counted.
     samples_to_target: int | None = None
 
     @property

@@ -1,4 +1,5 @@
-"""The DataLoader as a trial builds and feeds it (recipe.loader_kwargs), and how its workers stop."""
+"""The DataLoader as a trial builds and feeds it (recipe.loader_kwargs), and how its workers
+stop."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from autotune.train.config import TrialConfig
 def make_loader(
     dataset: Any, config: TrialConfig, *, seed: int, device: torch.device
 ) -> DataLoader:
-    """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies (CUDA),
-    the shuffle seeded by the run's seed. A dataset that takes keys (`keyed`, tasks.augmentation_rng)
-    gets its shuffle and its augmentation's keys from a KeyedSampler, so loader settings leave
-    every batch as it is."""
+    """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies
+    (CUDA), the shuffle seeded by the run's seed. A dataset that takes keys (`keyed`,
+    tasks.augmentation_rng) gets its shuffle and its augmentation's keys from a KeyedSampler, so
+    loader settings leave every batch as it is."""
     kwargs = recipe.loader_kwargs(config.as_dict())
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
     if getattr(dataset, "keyed", False):

@@ -126,9 +126,8 @@ def _own_seconds() -> float | None:
     for pid in entries:
         try:
             with open(f"/proc/{pid}/stat") as stat:
-                fields = (
-                    stat.read().rsplit(")", 1)[1].split()
-                )  # after the name, which may hold spaces
+                # after the name, which may hold spaces
+                fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
         # fields: state ppid ... utime(11) stime(12) cutime(13) cstime(14)

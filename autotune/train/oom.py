@@ -17,7 +17,8 @@ OOM_MESSAGES = (
     "CUDA out of memory",  # CUDA caching allocator (older torch, or when re-raised as RuntimeError)
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not get its workspace
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN could not get its workspace
-    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. "
+    "This error may appear if you passed in a non-contiguous input",
     "DefaultCPUAllocator: can't allocate memory",  # CPU allocator (Linux)
     "DefaultCPUAllocator: not enough memory",  # CPU allocator (Windows)
     "MPS backend out of memory",
@@ -42,7 +43,8 @@ OOM_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?:OutOfMemoryError|MemoryError)(?::|$
 
 
 def oom_line(lines: Iterable[str]) -> str | None:
-    """The last of `lines` (a process's last lines of stderr) that says an allocation failed, or None.
+    """The last of `lines` (a process's last lines of stderr) that says an allocation failed, or
+    None.
 
     The text-only twin of `is_oom`, for a training command whose exception autotune only reads.
     """

@@ -178,9 +178,8 @@ class _ComputeSession(_Session):
         self.device, self.window_steps = device, window_steps
         seed_everything(seed)
         kept = []
-        for inputs, targets in make_loader(
-            task.train, self.config, seed=seed, device=device
-        ):  # loaded before the clock: the loader's cost is the other rate's
+        # loaded before the clock: the loader's cost is the other rate's
+        for inputs, targets in make_loader(task.train, self.config, seed=seed, device=device):
             kept.append(
                 (
                     to_device(
@@ -205,9 +204,8 @@ class _ComputeSession(_Session):
 
     def _steps(self, count: int) -> int:
         samples = 0
-        with process_settings(
-            cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32
-        ):  # the sessions differ in them
+        # the sessions differ in them
+        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):
             for _ in range(count):
                 group = []
                 for _ in range(self.config.accumulation_steps):

@@ -30,7 +30,10 @@ def compile_problem(device: torch.device) -> str | None:
         import torch._dynamo
 
         if not torch._dynamo.is_dynamo_supported():
-            return f"torch.compile does not support Python {sys.version_info.major}.{sys.version_info.minor} with torch {torch.__version__}"
+            return (
+                "torch.compile does not support Python "
+                f"{sys.version_info.major}.{sys.version_info.minor} with torch {torch.__version__}"
+            )
         if device.type == "cuda":
             from torch.utils._triton import has_triton
 
@@ -47,7 +50,10 @@ def compile_problem(device: torch.device) -> str | None:
         try:
             cpp_builder.cpp_compiler_search(tuple(compilers))
         except exc.InvalidCxxCompiler:
-            return "torch.compile needs a C++ compiler on CPU (g++, or the one $CXX names), and none works here"
+            return (
+                "torch.compile needs a C++ compiler on CPU (g++, or the one $CXX names), "
+                "and none works here"
+            )
     except ImportError as error:  # a torch build without the compiler stack
         return f"torch.compile is not available in this torch build ({error})"
     return None
@@ -76,14 +82,16 @@ def fused_optimizer_problem(
         optimizer([parameter], 0.01, **takes(optimizer, params, after=2), fused=True)
     except Exception as error:  # noqa: BLE001 - whatever the factory raises is the reason
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"the task's optimizer has no fused step on {device.type} ({type(error).__name__}: {detail})"[
-            :300
-        ]
+        return (
+            f"the task's optimizer has no fused step on {device.type} "
+            f"({type(error).__name__}: {detail})"
+        )[:300]
     return None
 
 
 def has_batch_norm(model: nn.Module) -> bool:
-    """True when the model normalizes by batch statistics: its micro-batch then changes the maths."""
+    """True when the model normalizes by batch statistics: its micro-batch then changes the
+    maths."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
@@ -117,7 +125,8 @@ def prepare_model(
 def to_device(
     inputs: torch.Tensor, device: torch.device, *, non_blocking: bool, channels_last: bool
 ) -> torch.Tensor:
-    """A batch's inputs on the device, channels-last where asked and the batch is 4-D (N, C, H, W)."""
+    """A batch's inputs on the device, channels-last where asked and the batch is 4-D
+    (N, C, H, W)."""
     if channels_last and inputs.dim() == 4:
         return inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
     return inputs.to(device, non_blocking=non_blocking)
@@ -149,9 +158,8 @@ def process_settings(*, cudnn_benchmark: bool, tf32: bool) -> Iterator[None]:
 def compile_failure(exc: BaseException) -> str | None:
     """The reason to record when `exc` came from torch.compile's compiler, else None."""
     if not type(exc).__module__.startswith(COMPILER_MODULES) or oom.is_oom(exc):
-        return (
-            None  # an OOM while compiling (autotuning kernels, say) is an OOM: the trial is pruned
-        )
+        # an OOM while compiling (autotuning kernels, say) is an OOM: the trial is pruned
+        return None
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # BackendCompilerFailed starts with "backend='inductor' raised:" and names the error next.
     detail = (

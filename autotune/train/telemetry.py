@@ -24,7 +24,8 @@ Reading = tuple[float, float, float]
 
 
 def gpu_summary(readings: list[Reading]) -> dict[str, float] | None:
-    """Mean and max utilisation, peak memory used, mean and max power over `readings`; None for none.
+    """Mean and max utilisation, peak memory used, mean and max power over `readings`; None for
+    none.
 
     Memory used is the whole device's, as nvidia-smi shows it (the CUDA context and other processes
     included): the trial's own allocator peak is `peak_memory_bytes`.
@@ -65,8 +66,9 @@ def nvml_reader(device: torch.device) -> Callable[[], Reading] | None:
 
 def _handle(pynvml: Any, device: torch.device) -> Any:
     """NVML's handle for the torch device. CUDA_VISIBLE_DEVICES renumbers CUDA's devices but not
-    NVML's: where this process has CUDA up, by the device's UUID; else (the study's process, watching
-    a command's GPU) through the variable itself, so as not to start a CUDA context just for this."""
+    NVML's: where this process has CUDA up, by the device's UUID; else (the study's process,
+    watching a command's GPU) through the variable itself, so as not to start a CUDA context just
+    for this."""
     index = device.index or 0
     if torch.cuda.is_initialized():
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -86,7 +88,8 @@ def _handle(pynvml: Any, device: torch.device) -> Any:
 class Sampler:
     """Calls `read` every `every` seconds on a background thread between start() and stop().
 
-    A reading that raises ends the sampling (the GPU went away, NVML was shut down): the trial goes on.
+    A reading that raises ends the sampling (the GPU went away, NVML was shut down): the trial goes
+    on.
     """
 
     def __init__(

@@ -51,9 +51,8 @@ class Throughput:
     warmup_samples: int = 0  # trained during the warm-up steps
     oom: bool = False
     reason: str | None = None  # why it has no figure
-    window_steps: int = (
-        WINDOW_STEPS  # optimizer steps per timed window (fewer where epochs are short)
-    )
+    # optimizer steps per timed window (fewer where epochs are short)
+    window_steps: int = WINDOW_STEPS
 
     @property
     def fixed_seconds(self) -> float | None:
@@ -81,7 +80,8 @@ def interleave(
 ) -> dict[K, list[float]]:
     """Each round times one window of every configuration, always in the same order; rounds go
     on until every configuration has `min_windows` figures whose spread is at most `max_spread`,
-    or for `max_rounds`. A window that returns None (it held an epoch's first batch) adds nothing."""
+    or for `max_rounds`. A window that returns None (it held an epoch's first batch) adds
+    nothing."""
     figures: dict[K, list[float]] = {key: [] for key in windows}
     for _ in range(max_rounds):
         for key, window in windows.items():
@@ -154,7 +154,8 @@ class _Session:
         seed: int,
         window_steps: int = WINDOW_STEPS,
     ) -> None:
-        # The schedule's length does not change the speed; a long one never runs out mid-measurement.
+        # The schedule's length does not change the speed; a long one never runs out
+        # mid-measurement.
         self.config = dataclasses.replace(config, schedule_epochs=None)
         self.device = device
         seed_everything(seed)
@@ -192,11 +193,11 @@ class _Session:
         self.drain_steps = math.ceil(ahead / self.config.accumulation_steps)
 
     def _steps(self, count: int) -> tuple[int, bool]:
-        """Train `count` optimizer steps: the samples they took, and whether an epoch began among them."""
+        """Train `count` optimizer steps: the samples they took, and whether an epoch began among
+        them."""
         samples, epoch_began = 0, False
-        with process_settings(
-            cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32
-        ):  # the sessions differ in them
+        # the sessions differ in them
+        with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):
             for _ in range(count):
                 group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
                 self.training.step([batch for _, batch in group])

@@ -63,17 +63,15 @@ class Task:
     batch concatenated) and higher is better; the study's target names it by `metric_name`.
     """
 
-    model: Callable[
-        ..., nn.Module
-    ]  # a fresh, freshly initialised model per call; takes the study's params by name
+    # a fresh, freshly initialised model per call; takes the study's params by name
+    model: Callable[..., nn.Module]
     train: Dataset
     val: Dataset
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
     metric: Callable[[torch.Tensor, torch.Tensor], float] = accuracy
     metric_name: str = "accuracy"
-    optimizer: Callable[..., torch.optim.Optimizer] = (
-        sgd  # (parameters, lr, **the study's params it names)
-    )
+    # (parameters, lr, **the study's params it names)
+    optimizer: Callable[..., torch.optim.Optimizer] = sgd
 
     def unused(self, names: Iterable[str]) -> list[str]:
         """The study's parameters that neither the model factory nor the optimizer takes."""
@@ -123,10 +121,8 @@ def load_task(name: str, *, study_path: Path | str = "study") -> Task:
         raise SpecError(study_path, "task", name, f"unknown task; {hint}expected {accepted}")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (
-        Exception,
-        SystemExit,
-    ) as exc:  # the user's module may fail in any way (sys.exit too); show its last line
+    except (Exception, SystemExit) as exc:
+        # the user's module may fail in any way (sys.exit too); show its last line
         last = (str(exc).strip().splitlines() or [""])[-1]
         raise SpecError(
             study_path,
