@@ -8,7 +8,7 @@ from autotune.runners.protocol import report
 
 if TYPE_CHECKING:
     from autotune.api import tune
-    from autotune.report.summary import Summary
+    from autotune.record.summary import Summary
     from autotune.train.tasks import Task, accuracy, augmentation_rng
 
 __version__ = "0.1.0"
@@ -18,7 +18,7 @@ __all__ = ["Summary", "Task", "accuracy", "augmentation_rng", "report", "tune", 
 # its import time is on the trial's clock, so it must not pay for torch here.
 _LAZY = {
     "tune": "autotune.api",
-    "Summary": "autotune.report.summary",
+    "Summary": "autotune.record.summary",
     "Task": "autotune.train.tasks",
     "accuracy": "autotune.train.tasks",
     "augmentation_rng": "autotune.train.tasks",

@@ -13,7 +13,6 @@ storage, resume and confirmation. Two routes:
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,19 +21,13 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune.errors import SpecError
-from autotune.report.summary import Summary
-from autotune.runners.isolation import RunTrial, TrialFailure
+from autotune.record.summary import Summary
+from autotune.runners.function import Objective
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE, PYTHON_API
-from autotune.train import oom
-from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
-from autotune.train.measure import device_name
-from autotune.train.tasks import Task, reference, takes
+from autotune.train.tasks import Task, reference
 
 WHERE = PYTHON_API  # how errors name the study: there is no file
-Objective = Callable[
-    ..., Any
-]  # (config: dict, [seed=int], [device=torch.device]) -> (seconds, metric)
 
 
 def tune(
@@ -61,7 +54,7 @@ def tune(
     first_trial: str | None = None,
     allow_changes: bool = False,
 ) -> Summary:
-    """Run (or resume) a study and return its Summary (autotune.report.summary): `.best.params`,
+    """Run (or resume) a study and return its Summary (autotune.record.summary): `.best.params`,
     `.best.time_to_target`, `.speedup`, ...; `.as_dict()` is what `autotune report --json` prints.
 
     Give exactly one of: `model` with `train` and `val` (accuracy on `val` is the metric), `task`,
@@ -124,7 +117,7 @@ def tune(
         }
     )
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
-    run_objective = objective_trial(objective, knobs=knobs) if objective is not None else None
+    run_objective = function.as_trial(objective, knobs=knobs) if objective is not None else None
     prepared = dataclasses.replace(
         preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs
     )
@@ -200,77 +193,3 @@ def unread_fixed(knobs: tuple[str, ...], baseline: Mapping[str, Any]) -> dict[st
     if fixed.get("prefetch_factor") is None and "prefetch_factor" in fixed:
         fixed["prefetch_factor"] = 2  # torch's default; it means nothing unless num_workers is read
     return fixed
-
-
-def objective_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> RunTrial:
-    """A trial that calls the user's function with the configuration and takes its word for the
-    time: `objective(config)` returns (seconds, metric) or {"seconds": ..., "metric": ...}.
-    The configuration holds `knobs` and the study's parameters.
-
-    It also gets `seed=` and `device=` if it names them. An exception (or sys.exit) fails the
-    trial (an out-of-memory one prunes it), as a task's would.
-    """
-
-    def run_trial(
-        config: TrialConfig,
-        *,
-        limits: Limits,
-        device: torch.device,
-        seed: int,
-        progress: Progress | None = None,
-    ) -> TrialResult:
-        try:
-            given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
-            returned = objective(
-                given, **takes(objective, {"seed": seed, "device": device}, after=1)
-            )
-        except (
-            Exception,
-            SystemExit,
-        ) as exc:  # sys.exit in the function ends its trial, not the study
-            failure = TrialFailure.of(exc)
-        else:
-            seconds, metric = _seconds_and_metric(returned)
-            reached = metric >= limits.target
-            return TrialResult(
-                reached=reached,
-                time_to_target=seconds if reached else None,
-                best_metric=metric,
-                train_seconds=seconds,
-                epochs=None,
-                optimizer_steps=None,
-                samples_per_second=None,
-                peak_memory_bytes=None,
-                device_name=device_name(device),
-                torch_version=torch.__version__,
-                stop_reason="target" if reached else "objective",
-                curve=((seconds, None, metric),),
-            )
-        oom.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
-        raise failure
-
-    return run_trial
-
-
-def _seconds_and_metric(returned: Any) -> tuple[float, float]:
-    """The objective's answer, checked: a user's function may return anything."""
-    if isinstance(returned, Mapping) and {"seconds", "metric"} <= set(returned):
-        pair = (returned["seconds"], returned["metric"])
-    elif isinstance(returned, (tuple, list)) and len(returned) == 2:
-        pair = tuple(returned)
-    else:
-        raise TrialFailure(
-            f"the objective returned {returned!r}; expected (seconds, metric) or "
-            f"{{'seconds': ..., 'metric': ...}}"
-        )
-    try:
-        seconds, metric = float(pair[0]), float(pair[1])
-    except (TypeError, ValueError):
-        raise TrialFailure(
-            f"the objective returned {returned!r}; seconds and metric must be numbers"
-        ) from None
-    if not (math.isfinite(seconds) and seconds >= 0 and math.isfinite(metric)):
-        raise TrialFailure(
-            f"the objective returned {returned!r}; seconds must be >= 0 and both finite"
-        )
-    return seconds, metric

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
     import pandas as pd
 
-    from autotune.report.summary import Summary
+    from autotune.record.summary import Summary
     from autotune.spec.study_file import StudySpec
 
 
@@ -355,8 +355,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
     """The HTML page, with what it needs from the storage beyond the summary."""
-    from autotune.report import html_page, importance, results, text
-    from autotune.study import schema
+    from autotune.record import importance, schema
+    from autotune.report import html_page, results, text
 
     top = results.best_feasible(records, count=text.TABLE_ROWS)
     curves = results.learning_curves(
@@ -392,8 +392,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune import signals
-    from autotune.report import dashboard
     from autotune.spec import study_file as spec_
+    from autotune.study import dashboard
 
     spec = spec_.load(args.study, storage=args.storage)
     try:
@@ -407,8 +407,9 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     """The study a report or an export is of, opened: its study file's, or (--storage and --study,
     for a study with no file) the one its storage describes. A file that no longer says what the
     stored study began with gets a notice: the report reads the stored trials by the file's target."""
+    from autotune.record import definition, schema
     from autotune.spec import study_file as spec_
-    from autotune.study import definition, schema, storage
+    from autotune.study import storage
 
     where = f"autotune {args.command}"
     if args.study is None:

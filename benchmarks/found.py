@@ -62,24 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
+from autotune.record import objectives, schema, verdict
 from autotune.report import summarize  # noqa: E402
 from autotune.runners.isolation import TrialFailure  # noqa: E402
 from autotune.search import space as space_  # noqa: E402
 from autotune.spec import study_file as spec_  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY  # noqa: E402
-from autotune.study import (
-    confirm,
-    preparation,
-    schema,
-    storage,
-)  # noqa: E402
-from autotune.study import (
-    objective as objective_,
-)
-from autotune.study import (
-    run as study_,
-)
+from autotune.study import confirm, preparation, storage
+from autotune.study import run as study_
 from autotune.train.config import TrialConfig  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.search import load_grid, true_time  # noqa: E402
@@ -152,7 +143,7 @@ NONE_FOUND = "none found"  # the winner of a study in which no configuration rea
 def keeps_baseline(row: dict) -> bool:
     """Whether the study left the user with their baseline: it won the confirmation, or no
     configuration reached the target (nothing to switch to). The summary reads stored rows so too."""
-    return row["winner"] in (confirm.BASELINE, NONE_FOUND)
+    return row["winner"] in (verdict.BASELINE, NONE_FOUND)
 
 
 def autotune_study(
@@ -223,7 +214,7 @@ def plain_tpe_study(
                 TrialConfig.from_mapping(config),
                 limits=limits,
                 device=prepared.device,
-                seed=objective_.trial_seed(spec.seed, trial.number),
+                seed=objectives.trial_seed(spec.seed, trial.number),
             )
         except TrialFailure:
             return math.inf
@@ -244,7 +235,7 @@ def plain_tpe_study(
         else prepared.baseline
     )
     return {
-        "winner": confirm.label(best.number) if best else NONE_FOUND,
+        "winner": verdict.label(best.number) if best else NONE_FOUND,
         "params": params,
         "study_says": None,
         "tuning_wall": tuning_wall,
@@ -313,7 +304,7 @@ def one_study(
     spec = dataclasses.replace(spec, seed=seed, name=f"{spec.name}-{seed}")
     prepared = preparation.prepare(spec)
     found = (plain_tpe_study if plain_tpe else autotune_study)(spec, prepared, load_machine)
-    candidates = {confirm.BASELINE: prepared.baseline, "winner": dict(found["params"])}
+    candidates = {verdict.BASELINE: prepared.baseline, "winner": dict(found["params"])}
     if grid is not None:
         fastest, grid_median = oracle(
             grid, prepared.baseline, same_maths=spec.objective == SYSTEMS_ONLY
@@ -330,8 +321,8 @@ def one_study(
         limits=whole,
         seeds=[REMEASURE_SEED + 1000 * seed + i for i in range(seeds)],
     )
-    stats = confirm.summarize(runs)
-    base, won = stats[confirm.BASELINE]["median"], stats["winner"]["median"]
+    stats = verdict.stats(runs)
+    base, won = stats[verdict.BASELINE]["median"], stats["winner"]["median"]
     kept_baseline = keeps_baseline(found)  # re-measuring it against itself shows only the noise
     row = {
         "seed": seed,
@@ -361,8 +352,8 @@ def one_study(
         )
     if not to_target:
         # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
-        fixed = confirm.summarize(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
-        fixed_base, fixed_won = fixed[confirm.BASELINE]["median"], fixed["winner"]["median"]
+        fixed = verdict.stats(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
+        fixed_base, fixed_won = fixed[verdict.BASELINE]["median"], fixed["winner"]["median"]
         row.update(
             fixed_stats=fixed,
             fixed_speedup=fixed_base / fixed_won if fixed_base and fixed_won else None,

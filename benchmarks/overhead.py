@@ -32,8 +32,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
+from autotune.record import schema
 from autotune.spec import study_file as spec_
-from autotune.study import preparation, schema
+from autotune.study import preparation
 from autotune.study import run as study_
 from benchmarks.provenance import RESULTS, provenance
 

@@ -19,10 +19,10 @@ from torch.utils.data import TensorDataset
 
 import autotune
 from autotune.errors import AutotuneError, SpecError
+from autotune.record.schema import measured
 from autotune.report.results import trial_records
 from autotune.report.text import render
 from autotune.search.space import KNOBS
-from autotune.study.schema import measured
 
 SPACE = {
     "lr": {"low": 0.02, "high": 0.3, "log": True},

@@ -270,7 +270,7 @@ def test_the_trials_prediction_error_sets_their_own_runs_against_their_predictio
 ):
     import optuna
 
-    from autotune.study import schema
+    from autotune.record import schema
     from benchmarks.found import trial_prediction_error
 
     study = optuna.create_study()

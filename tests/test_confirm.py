@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.record import seeds, verdict
 from autotune.runners import isolation
 from autotune.study import confirm
 from autotune.train.config import Limits
@@ -16,10 +17,10 @@ def record(label: str, time: float | None) -> dict:
 
 
 def test_median_counts_a_missed_target_as_slowest() -> None:
-    stats = confirm.summarize([record("a", 1.0), record("a", None), record("a", 3.0)])
+    stats = verdict.stats([record("a", 1.0), record("a", None), record("a", 3.0)])
     assert stats["a"] == {"median": 3.0, "min": 1.0, "max": 3.0, "runs": 3, "reached": 2}
     assert (
-        confirm.summarize([record("b", None), record("b", None), record("b", 2.0)])["b"]["median"]
+        verdict.stats([record("b", None), record("b", None), record("b", 2.0)])["b"]["median"]
         is None
     )
 
@@ -28,37 +29,37 @@ def test_winner_is_the_lowest_median_and_speedup_is_against_the_baseline() -> No
     runs = [record("baseline", t) for t in (4.0, 5.0, 6.0)]
     runs += [record("trial 1", t) for t in (0.5, 9.0, 9.0)]  # one lucky run
     runs += [record("trial 2", t) for t in (2.0, 2.5, 3.0)]
-    stats = confirm.summarize(runs)
-    assert confirm.winner(stats) == "trial 2"
-    assert confirm.speedup(stats, "trial 2") == pytest.approx(5.0 / 2.5)
+    stats = verdict.stats(runs)
+    assert verdict.winner(stats) == "trial 2"
+    assert verdict.speedup(stats, "trial 2") == pytest.approx(5.0 / 2.5)
 
 
 def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> None:
     runs = [record("trial 1", t) for t in (1.0, 2.0, None)] + [
         record("trial 2", t) for t in (2.0, 2.0, 2.5)
     ]
-    stats = confirm.summarize(runs)
+    stats = verdict.stats(runs)
     assert stats["trial 1"]["median"] == stats["trial 2"]["median"] == 2.0
-    assert confirm.winner(stats) == "trial 2"
+    assert verdict.winner(stats) == "trial 2"
 
 
 def test_the_baseline_wins_when_no_candidate_beats_it_on_fresh_seeds() -> None:
     """A trial that won the study by one lucky run loses the confirmation to the baseline."""
     runs = [record("baseline", t) for t in (2.0, 2.2, 2.4)]
     runs += [record("trial 4", t) for t in (0.9, 3.1, 3.3)]  # its study run was 0.9 s: luck
-    stats = confirm.summarize(runs)
-    assert confirm.winner(stats) == "baseline" and confirm.speedup(stats, "baseline") == 1.0
+    stats = verdict.stats(runs)
+    assert verdict.winner(stats) == "baseline" and verdict.speedup(stats, "baseline") == 1.0
     assert (
-        confirm.winner(confirm.summarize([record("baseline", 1.0), record("trial 3", None)]))
+        verdict.winner(verdict.stats([record("baseline", 1.0), record("trial 3", None)]))
         == "baseline"
     )
-    tie = confirm.summarize([record("baseline", 2.0), record("trial 3", 2.0)])
-    assert confirm.winner(tie) == "baseline"
+    tie = verdict.stats([record("baseline", 2.0), record("trial 3", 2.0)])
+    assert verdict.winner(tie) == "baseline"
 
 
 def test_no_winner_when_nothing_reaches_the_target() -> None:
-    stats = confirm.summarize([record("baseline", None), record("trial 3", None)])
-    assert confirm.winner(stats) is None and confirm.speedup(stats, "trial 3") is None
+    stats = verdict.stats([record("baseline", None), record("trial 3", None)])
+    assert verdict.winner(stats) is None and verdict.speedup(stats, "trial 3") is None
 
 
 def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
@@ -96,25 +97,25 @@ def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
 
 
 def test_fresh_seeds_differ_from_every_trial_seed() -> None:
-    seeds = confirm.fresh_seeds(3, 5)
-    assert len(set(seeds)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in seeds)
+    fresh = seeds.fresh(3, 5)
+    assert len(set(fresh)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in fresh)
 
 
 def test_the_baseline_is_resolved_once_every_run_of_it_is_clearly_slower_than_every_candidates() -> (
     None
 ):
     fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
-    assert not confirm.baseline_resolved(
+    assert not verdict.baseline_resolved(
         fast + [record("baseline", 9.0)]
     )  # one run tells nothing yet
-    assert confirm.baseline_resolved(
+    assert verdict.baseline_resolved(
         fast + [record("baseline", 9.0), record("baseline", None)]
     )  # a miss is slower still
-    assert not confirm.baseline_resolved(
+    assert not verdict.baseline_resolved(
         fast + [record("baseline", 9.0), record("baseline", 1.8)]
     )  # within 1.25x of 1.5
-    assert confirm.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.9)])
-    assert not confirm.baseline_resolved(
+    assert verdict.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.9)])
+    assert not verdict.baseline_resolved(
         fast + [record("trial 2", None), record("baseline", 9.0), record("baseline", 9.0)]
     )
 
@@ -223,7 +224,7 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         {"label": "trial 4 in fp32", "seed": s, "reached": r, "samples_to_target": n}
         for s, r, n in ((1, True, 1000), (2, True, 1000), (3, False, None))
     ]
-    effect = confirm.precision_effect(runs, "trial 4", "bf16")
+    effect = verdict.precision_effect(runs, "trial 4", "bf16")
     assert effect == {
         "trial": "trial 4",
         "precision": "bf16",
@@ -232,8 +233,8 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         "ratio": 1.05,
         "pairs": 2,
     }  # seed 3: the twin missed, so that pair says nothing
-    assert confirm.fp32_twin("trial 4", {"precision": "fp32", "tf32": True}) is None
-    assert confirm.fp32_twin("trial 4", {"precision": "bf16", "tf32": False, "lr": 0.1}) == (
+    assert verdict.fp32_twin("trial 4", {"precision": "fp32", "tf32": True}) is None
+    assert verdict.fp32_twin("trial 4", {"precision": "bf16", "tf32": False, "lr": 0.1}) == (
         "trial 4 in fp32",
         {"precision": "fp32", "tf32": False, "lr": 0.1},
     )
@@ -243,7 +244,7 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2},
     }
     assert (
-        confirm.winner(stats) == "trial 4"
+        verdict.winner(stats) == "trial 4"
     )  # the twin measures; it is no configuration the study found
 
 

@@ -1,13 +1,13 @@
-"""autotune.study.definition: what changed in a study's definition, and which changes one study cannot hold."""
+"""autotune.record.definition: what changed in a study's definition, and which changes one study cannot hold."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+from autotune.record import definition
 from autotune.search.space import Choices, Range
 from autotune.spec.study_file import load
-from autotune.study import definition
 
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 

@@ -38,8 +38,8 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
+from autotune.record.summary import Counts, Summary, Target, Winner
 from autotune.report.summarize import of_study
-from autotune.report.summary import Counts, Summary, Target, Winner
 from autotune.search.space import KNOBS, PRECISIONS, SCHEDULERS
 from autotune.spec import study_file
 from autotune.study import storage

@@ -8,8 +8,8 @@ import optuna
 import pytest
 import yaml
 
+from autotune.record import schema
 from autotune.search.space import Choices, Range, Space, complete, sampled_values, suggest
-from autotune.study import schema
 from tests.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
 SPACE = Space(

@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
+from autotune.record import objectives, schema
 from autotune.search import goodput
 from autotune.search.space import Choices, Space, complete
 from autotune.spec.study_file import SYSTEMS_ONLY
-from autotune.study import objective, schema
 from autotune.study.goodput import settings as phase_settings
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
@@ -183,7 +183,7 @@ def run(samples: int | None, *, reached: bool = True, metric: float = 0.95) -> T
 
 
 def test_a_goodput_trial_is_timed_by_the_prediction_for_its_mean_samples_not_its_clock() -> None:
-    rules = objective.OBJECTIVES["goodput"]
+    rules = objectives.OBJECTIVES["goodput"]
 
     def predict(samples: float) -> float:
         return 0.5 + samples / 1000
@@ -202,12 +202,12 @@ def test_a_goodput_trial_is_timed_by_the_prediction_for_its_mean_samples_not_its
 
 
 def test_goodput_seeds_are_paired_across_trials_and_others_are_not() -> None:
-    paired = [objective.seeds(objective.trial_seed(7, n, paired=True), 3) for n in range(4)]
+    paired = [objectives.seeds(objectives.trial_seed(7, n, paired=True), 3) for n in range(4)]
     assert all(s == paired[0] for s in paired) and len(set(paired[0])) == 3
-    unpaired = {objective.trial_seed(7, n) for n in range(4)}
+    unpaired = {objectives.trial_seed(7, n) for n in range(4)}
     assert len(unpaired) == 4
     assert (
-        objective.OBJECTIVES["goodput"].paired and not objective.OBJECTIVES["time_to_target"].paired
+        objectives.OBJECTIVES["goodput"].paired and not objectives.OBJECTIVES["time_to_target"].paired
     )
 
 

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from autotune.cli import main
-from autotune.report import html_page, importance, plots, results, summarize
+from autotune.record import importance
+from autotune.report import html_page, plots, results, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 # Where the browser test keeps its screenshot of the page, for a person to look at.

@@ -1,11 +1,13 @@
 """The layers keep to their rules: spec and search load neither torch nor Optuna, train never
-Optuna, only the study layer writes to Optuna, and a study's attributes are read and written by
-key only in the schema module.
+Optuna, record (what a study means) and the report and exports that stand on it never torch,
+only the study layer writes to Optuna, and a study's attributes are read and written by key only
+in the schema module.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
-SCHEMA = PACKAGE / "study" / "schema.py"
+SCHEMA = PACKAGE / "record" / "schema.py"
 
 
 def modules(layer: str) -> list[str]:
@@ -43,14 +45,115 @@ def loaded_by(names: list[str]) -> set[str]:
         ("spec", {"torch", "optuna"}),
         ("search", {"torch", "optuna"}),
         ("train", {"optuna"}),
-        (
-            "export",
-            {"torch", "optuna"},
-        ),  # an export is text: it reads the recipe, never builds the objects
+        # an export is text: it reads the recipe and names the objects, never builds them
+        ("export", {"torch", "optuna"}),
+        ("record", {"torch"}),
+        ("report", {"torch"}),
     ],
 )
 def test_a_layer_does_not_load(layer: str, forbidden: set[str]) -> None:
     assert not loaded_by(modules(layer)) & forbidden
+
+
+# What the layers that read a study may import of autotune: what a study means and how it was
+# specified, never the machinery that ran it.
+READERS = {
+    "record": {"record", "spec", "search", "errors"},
+    "report": {"report", "record", "spec", "search", "errors"},
+    "export": {"export", "record", "spec", "search", "errors"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(READERS))
+def test_reading_a_study_needs_no_training_machinery(layer: str) -> None:
+    """Imports under TYPE_CHECKING are annotations only, and are not counted."""
+    reached = {
+        f"{p.relative_to(PACKAGE)}: {name}"
+        for p in (PACKAGE / layer).rglob("*.py")
+        for name in runtime_imports(p)
+        if name.startswith("autotune.") and name.split(".")[1] not in READERS[layer]
+    }
+    assert reached == set()
+
+
+def runtime_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for n in ast.walk(node)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_reading_rule_finds_a_reach_into_the_machinery(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nfrom autotune.study import run\n"
+        "if TYPE_CHECKING:\n    from autotune.train.config import TrialResult\n"
+    )
+    assert runtime_imports(module) == {"typing", "autotune.study"}
+
+
+# The commands that read a study, run where torch cannot be imported at all.
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"{name} is made unimportable for this test")
+sys.meta_path.insert(0, NoTorch())
+sys.argv = ["autotune", *sys.argv[1:]]
+from autotune.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "{study}"],
+        ["report", "{study}", "--json"],
+        ["report", "{study}", "--html", "{tmp}/report.html", "--csv", "{tmp}/trials.csv"],
+        *(
+            ["export", "{study}", "--format", f]
+            for f in ("torch", "lightning", "hf", "args", "yaml")
+        ),
+        ["export", "--storage", "sqlite:///{tmp}/small.db", "--study", "small", "--format", "json"],
+    ],
+    ids=lambda c: " ".join(a for a in c if "{" not in a),
+)
+def test_report_and_export_run_where_torch_cannot_be_imported(
+    command: list[str], tmp_path: Path
+) -> None:
+    stored = Path(__file__).resolve().parent / "data" / "stored_study"
+    shutil.copy(stored / "small.db", tmp_path / "small.db")
+    (tmp_path / "small.yaml").write_text((stored / "small.yaml").read_text())
+    args = [a.format(study=tmp_path / "small.yaml", tmp=tmp_path) for a in command]
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout or (tmp_path / "report.html").exists()
+
+
+def test_the_blocker_makes_torch_unimportable() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH.split("sys.argv")[0] + "import torch"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "torch is made unimportable" in done.stderr
 
 
 def imports(path: Path) -> set[str]:
@@ -63,9 +166,9 @@ def imports(path: Path) -> set[str]:
     return names
 
 
-def test_only_the_study_layer_and_the_report_import_optuna() -> None:
-    """The study layer writes to Optuna; the report reads importances through it; nobody else."""
-    allowed = {PACKAGE / "study", PACKAGE / "report" / "importance.py", PACKAGE / "cli.py"}
+def test_only_the_study_and_record_layers_import_optuna() -> None:
+    """The study layer writes to Optuna; record reads the storage through it; nobody else."""
+    allowed = {PACKAGE / "study", PACKAGE / "record", PACKAGE / "cli.py"}
     users = {
         p.relative_to(PACKAGE).as_posix()
         for p in PACKAGE.rglob("*.py")

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from autotune.study.objective import CUT_SHORT, of, outcome, seeds, summary
+from autotune.record import runs, seeds
+from autotune.record.objectives import CUT_SHORT, of, outcome
 from autotune.train.config import TrialResult
 
 
@@ -79,8 +80,8 @@ def test_a_schedule_cut_short_by_the_time_limit_is_never_feasible() -> None:
 
 
 def test_replicate_seeds_start_at_the_trials_own_and_never_repeat() -> None:
-    assert seeds(100_007, 1) == [100_007]
-    many = seeds(100_007, 5)
+    assert seeds.replicates(100_007, 1) == [100_007]
+    many = seeds.replicates(100_007, 5)
     assert many[0] == 100_007 and len(set(many)) == 5
     assert not set(many[1:]) & set(
         range(0, 100_000 * 1000)
@@ -95,7 +96,7 @@ def test_an_empty_trial_and_an_unknown_objective_are_refused() -> None:
 
 
 def test_a_replicate_is_stored_with_its_seed_final_metric_and_samples_to_target() -> None:
-    stored = summary(run(seconds=2.0, finals=(0.5, 0.7)), 42)
+    stored = runs.replicate(run(seconds=2.0, finals=(0.5, 0.7)), 42)
     assert stored == {
         "seed": 42,
         "train_seconds": 2.0,
@@ -106,7 +107,7 @@ def test_a_replicate_is_stored_with_its_seed_final_metric_and_samples_to_target(
         "samples_to_target": None,
     }
     reached = dataclasses.replace(run(seconds=2.0, finals=(0.95,)), samples_to_target=640)
-    assert summary(reached, 7)["samples_to_target"] == 640
+    assert runs.replicate(reached, 7)["samples_to_target"] == 640
 
 
 def test_only_a_first_run_that_beats_the_best_gets_more_seeds_under_time_to_target() -> None:

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from autotune.errors import SpecError
+from autotune.record import schema
 from autotune.search import prior
 from autotune.search.space import Choices, Range, Space, middle, sampled_values
 from autotune.spec.study_file import from_mapping
-from autotune.study import schema
 from tests.test_study import REPO, load, run_cli, write_study
 
 SPACE = Space(

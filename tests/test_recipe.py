@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.search import recipe
 from autotune.search.space import SCHEDULERS
-from autotune.train import recipe, tasks, trial
+from autotune.train import tasks, trial
 
 
 @pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 6, 8, 100])
@@ -101,7 +102,7 @@ def test_training_takes_the_cores_the_loader_workers_leave() -> None:
 def test_the_recipe_and_the_exports_import_no_torch() -> None:
     """Exports read the recipe without paying for torch."""
     code = (
-        "import sys, autotune.train.recipe, autotune.export; "
+        "import sys, autotune.search.recipe, autotune.export; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'torch'], 'torch imported'"
     )
     result = subprocess.run(

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from autotune.cli import main
-from autotune.study import schema
+from autotune.record import schema
 
 STORED = Path(__file__).parent / "data" / "stored_study"
 

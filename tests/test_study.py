@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from autotune.cli import main
+from autotune.record import schema
 from autotune.search.space import KNOBS
-from autotune.study import schema
 from tests import tasks
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from autotune.record import classes
 from autotune.train import class_figures, telemetry
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.measure import peak_memory, reset_peak_memory
@@ -140,13 +141,13 @@ def test_confusion_and_per_class_figures() -> None:
     targets = torch.tensor([0, 1, 0, 2])
     matrix = class_figures.confusion(outputs, targets)
     assert matrix == [[1, 1, 0], [0, 1, 0], [1, 0, 0]]
-    zero, one, two = class_figures.per_class(matrix)
+    zero, one, two = classes.per_class(matrix)
     assert zero == {"class": 0, "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
     assert one["precision"] == 0.5 and one["recall"] == 1.0 and one["f1"] == pytest.approx(2 / 3)
     assert (
         two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None
     )  # never predicted
-    assert class_figures.add([matrix, matrix])[0] == [2, 2, 0]
+    assert classes.add([matrix, matrix])[0] == [2, 2, 0]
 
 
 def test_no_confusion_for_what_is_not_a_classifier() -> None:
@@ -173,7 +174,7 @@ def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bou
     per_class = {
         "runs": 3,
         "source": "confirmation",
-        "classes": class_figures.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]]),
+        "classes": classes.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]]),
     }
     hardware, quality = winner.describe(figures, per_class)
     assert hardware == (

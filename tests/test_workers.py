@@ -185,7 +185,7 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     """With two workers, the baseline's maths trains once and each other setting is told once; and a
     study holding only the trained trial (as a run stopped just after it trained leaves it) is told
     the rest when the same command runs again."""
-    from autotune.study import schema
+    from autotune.record import schema
 
     def journal_study(journal: Path) -> optuna.Study:
         backend = optuna.storages.journal.JournalFileBackend(str(journal))

@@ -14,11 +14,11 @@ from fractions import Fraction
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.report.summary import Summary, counted, speedup_phrase
+from autotune.record.schema import current_reference
+from autotune.record.summary import Summary, counted, speedup_phrase
+from autotune.search import recipe
+from autotune.search.recipe import Schedule
 from autotune.search.space import KNOBS, SCHEDULE
-from autotune.study.schema import current_reference
-from autotune.train import recipe
-from autotune.train.recipe import Schedule
 
 # What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for, onecycle_pct_start).
 ONECYCLE = (

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.export.common import settings
-from autotune.report.summary import Summary
+from autotune.record.summary import Summary
 
 
 def flag(name: str, value: Any) -> list[str]:

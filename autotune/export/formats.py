@@ -10,7 +10,7 @@ import yaml
 from autotune.errors import AutotuneError
 from autotune.export import flags, hf, lightning, pytorch
 from autotune.export.common import provenance, settings
-from autotune.report.summary import Summary
+from autotune.record.summary import Summary
 
 
 def flat_json(summary: Summary) -> str:

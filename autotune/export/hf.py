@@ -32,9 +32,9 @@ from autotune.export.common import (
     split,
     threads_note,
 )
-from autotune.report.summary import Summary
+from autotune.record.summary import Summary
+from autotune.search.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
 from autotune.search.space import PRECISIONS
-from autotune.train.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
 
 # lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
 SCHEDULERS = {

@@ -38,9 +38,9 @@ from autotune.export.common import (
     split,
     threads_note,
 )
-from autotune.report.summary import Summary
+from autotune.record.summary import Summary
+from autotune.search.recipe import SCHEDULES, SGD_ARGS, loader_kwargs
 from autotune.search.space import PRECISIONS
-from autotune.train.recipe import SCHEDULES, SGD_ARGS, loader_kwargs
 
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 

@@ -24,10 +24,10 @@ from autotune.export.common import (
     scheduler_code,
     split,
 )
-from autotune.report.summary import Summary
+from autotune.record.schema import current_reference
+from autotune.record.summary import Summary
+from autotune.search.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
 from autotune.search.space import KNOBS, PRECISIONS
-from autotune.study.schema import current_reference
-from autotune.train.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
 
 MODULE = Template('''\
 """$provenance.

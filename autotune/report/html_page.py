@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.record.summary import Counts, Summary, counted, plural
 from autotune.report import plots
 from autotune.report.results import best_feasible
-from autotune.report.summary import Counts, Summary, counted, plural
 from autotune.report.text import TABLE_ROWS
 from autotune.search import goodput, probe
 

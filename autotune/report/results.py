@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.record import schema
 from autotune.search.space import KNOBS, complete
-from autotune.study import schema
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")

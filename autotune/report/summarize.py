@@ -1,4 +1,4 @@
-"""A study's storage -> its Summary (report/summary.py), from stored results only."""
+"""A study's storage -> its Summary (record/summary.py), from stored results only."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from autotune.report import results, winner
-from autotune.report.summary import (
+from autotune.record import objectives, schema, verdict
+from autotune.record.summary import (
     Baseline,
     Confirmation,
     Counts,
@@ -19,10 +19,9 @@ from autotune.report.summary import (
     Target,
     Winner,
 )
+from autotune.report import results, winner
 from autotune.search.space import KNOBS, complete
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import confirm, schema
-from autotune.study import objective as objective_
 
 
 def summarize(
@@ -98,7 +97,7 @@ def _best_trial(records: pd.DataFrame, *, stale: bool) -> Winner | None:
     source = "single run" if runs == 1 else f"mean of {runs} runs"
     return Winner(
         trial=number,
-        label=confirm.label(number),
+        label=verdict.label(number),
         params=_params(row, results.param_names(records)),
         time_to_target=float(row["seconds"]),
         metric=float(row["objective_metric"]),
@@ -114,7 +113,7 @@ def _confirmed(
     """The confirmation's figures, the baseline's, the configuration that won it (None when none
     reached the target) and its speedup over the baseline."""
     objective = confirmation.get("objective", TIME_TO_TARGET)
-    stats = confirm.summarize(
+    stats = verdict.stats(
         confirmation["runs"], objective=objective, target=confirmation.get("target")
     )
     figures = Confirmation(
@@ -125,17 +124,17 @@ def _confirmed(
         baseline_resolved_by=confirmation.get("baseline_resolved_by"),
         precision_effect=confirmation.get("precision_effect"),
     )
-    base = stats.get(confirm.BASELINE)
+    base = stats.get(verdict.BASELINE)
     missed = [
         r.get("stop_reason")
         for r in confirmation["runs"]
-        if r["label"] == confirm.BASELINE and not r.get("reached")
+        if r["label"] == verdict.BASELINE and not r.get("reached")
     ]
     baseline = (
         None
         if not base
         else Baseline(
-            params=complete(confirmation["configs"][confirm.BASELINE]),
+            params=complete(confirmation["configs"][verdict.BASELINE]),
             time_to_target=base["median"],
             runs=base["runs"],
             reached=base["reached"],
@@ -144,11 +143,11 @@ def _confirmed(
             missed_at=tuple(sorted({reason for reason in missed if reason})),
         )
     )
-    label = confirm.winner(stats)
+    label = verdict.winner(stats)
     if label is None:
         return figures, baseline, None, None
-    trial = {confirm.label(n): n for n in confirmation["trials"]}.get(label)  # None: the baseline
-    metric = objective_.of(objective).metric
+    trial = {verdict.label(n): n for n in confirmation["trials"]}.get(label)  # None: the baseline
+    metric = objectives.of(objective).metric
     metrics = [
         r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None
     ]
@@ -168,7 +167,7 @@ def _confirmed(
         source="confirmed",
         epochs=_plain(epochs.iloc[0]) if len(epochs) else None,
     )  # of the study's own run of it
-    return figures, baseline, won, confirm.speedup(stats, label)
+    return figures, baseline, won, verdict.speedup(stats, label)
 
 
 def _with_detail(

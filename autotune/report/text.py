@@ -6,10 +6,10 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.record import objectives
+from autotune.record.summary import Baseline, Summary, Winner, counted, speedup_phrase
 from autotune.report import results, winner
-from autotune.report.summary import Baseline, Summary, Winner, counted, speedup_phrase
 from autotune.search import goodput, probe
-from autotune.study import objective as objective_
 
 TABLE_ROWS = 5
 SHORT_NAMES = {
@@ -74,7 +74,7 @@ def _counts(summary: Summary) -> str:
 
 def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
     """The fastest feasible trials as a table, with how many runs each time is the mean of."""
-    metric_label = objective_.of(summary.objective).metric_label + summary.target.metric
+    metric_label = objectives.of(summary.objective).metric_label + summary.target.metric
     columns = [
         "number",
         "seconds",

@@ -11,9 +11,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.record import classes
+from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.report.summary import counted
-from autotune.train import class_figures
 
 
 def telemetry(
@@ -59,13 +59,13 @@ def per_class(
     """Per-class figures from the confusion matrices of `runs` added up, else the trial's own; None
     where the task is no classifier (no matrix was kept)."""
     matrices = [r["confusion"] for r in runs if r.get("confusion")]
-    matrix = class_figures.add(matrices) if matrices else trial_confusion
+    matrix = classes.add(matrices) if matrices else trial_confusion
     if not matrix:
         return None
     return {
         "runs": len(matrices) or 1,
         "source": "confirmation" if matrices else "trial",
-        "classes": class_figures.per_class(matrix),
+        "classes": classes.per_class(matrix),
     }
 
 

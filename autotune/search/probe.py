@@ -37,14 +37,8 @@ PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
 LOADER = LOADER_KNOBS
-MIN_STEPS = (
-    20  # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
-)
-
-
-def seed_for(study_seed: int) -> int:
-    """A seed no trial (study seed * 100,000 + trial number) or confirmation run uses."""
-    return study_seed * 100_000 + 90_000
+# optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
+MIN_STEPS = 20
 
 
 def _values(domain: Any) -> list[Any]:
@@ -92,9 +86,8 @@ def run(
 ) -> dict[str, Any]:
     """Probe the space's loader settings and precisions with runs of `samples` samples (None:
     unknown, so at the baseline's batch); the outcome as plain JSON values."""
-    precisions = sorted(
-        space["precision"].values, key=lambda p: -PRECISIONS[p].bytes
-    )  # the widest is the reference
+    # the widest is the reference
+    precisions = sorted(space["precision"].values, key=lambda p: -PRECISIONS[p].bytes)
     reference = precisions[0]
     runs: list[dict[str, Any]] = []
     batch = probe_batch(space, baseline, samples=samples)
@@ -182,11 +175,11 @@ def describe(outcome: Mapping[str, Any]) -> str:
         parts.append(
             f"{precision} {verdict} ({outcome['speed'][precision]:.2f}x the speed of {reference})"
         )
-    at = (
-        f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""
-    )  # older studies did not store it
+    # older studies did not store it
+    at = f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""
     return (
-        f"Systems probe ({len(outcome['runs'])} short runs{at}, {outcome['seconds']:.1f} s of training): "
+        f"Systems probe ({len(outcome['runs'])} short runs{at}, "
+        f"{outcome['seconds']:.1f} s of training): "
         + ("; ".join(parts) if parts else "nothing to settle")
         + load_note(outcome)
     )
@@ -202,6 +195,6 @@ def load_note(record: Mapping[str, Any]) -> str:
     if cores is None or cores < BUSY_CORES:
         return ""
     return (
-        f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, so these choices suit that load, "
-        f"not a quiet machine"
+        f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, "
+        "so these choices suit that load, not a quiet machine"
     )

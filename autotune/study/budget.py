@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import TrialState
 
+from autotune.record import schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import schema
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 

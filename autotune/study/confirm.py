@@ -1,92 +1,18 @@
-"""Re-measure the best configurations and the baseline on fresh seeds, side by side.
-
-A single time to target is a noisy sample (one digits configuration ranged 0.8-4.5 s over five
-seeds), so the winner is named by its median over fresh seeds, measured interleaved with
-the baseline so that both see the same machine load. Under the fixed_schedule objective a
-configuration's time is that of its whole schedule, and it counts only when its mean final
-metric over the fresh seeds reaches the target (objective.py).
+"""Re-measure the best configurations and the baseline on fresh seeds, side by side and
+interleaved, so that all see the same machine load; what the runs mean is record/verdict.py.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from autotune.record import runs
+from autotune.record.verdict import BASELINE, baseline_resolved
 from autotune.runners.isolation import RunTrial, TrialFailure
-from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import objective as objective_
 from autotune.train.config import Limits, TrialConfig
-
-BASELINE = "baseline"
-# confirm.baseline: until_resolved. The baseline's runs are usually the study's longest; once it
-# has run on MIN_BASELINE_RUNS seeds and every one of its runs took RESOLVED_BY times the slowest
-# run of every candidate (or missed the target), more of its runs cannot change which is faster:
-# the candidates go on to their seeds, the baseline does not.
-MIN_BASELINE_RUNS = 2
-RESOLVED_BY = 1.25
-
-
-def baseline_resolved(records: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the baseline's runs so far are told apart from every candidate's (time to target)."""
-    base = [r for r in records if r["label"] == BASELINE]
-    others = [r for r in records if r["label"] != BASELINE]
-    if len(base) < MIN_BASELINE_RUNS or not others or not all(r["reached"] for r in others):
-        return False
-    slowest = max(r["time_to_target"] for r in others)
-    return all(not r["reached"] or r["time_to_target"] >= RESOLVED_BY * slowest for r in base)
-
-
-def label(number: int) -> str:
-    """Study trial `number`'s name among the candidates (the baseline's is BASELINE)."""
-    return f"trial {number}"
-
-
-IN_FP32 = " in fp32"  # a twin's label: a trial's maths in float32 (confirm.precision), never a winner itself
-
-
-def fp32_twin(label_: str, config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """`trial 4 in fp32` and trial 4's configuration in full float32 (TF32 off), where trial 4
-    trains in a narrower precision: its samples to target beside the trial's measure what the
-    precision does to convergence. None where it already trains in fp32."""
-    if config["precision"] == "fp32":
-        return None
-    return label_ + IN_FP32, {**config, "precision": "fp32", "tf32": False}
-
-
-def precision_effect(
-    records: Sequence[Mapping[str, Any]], label_: str, precision: str
-) -> dict[str, Any] | None:
-    """The samples `label_` needed to reach the target over those its fp32 twin needed, on the seeds
-    where both reached it: the median of the two medians' ratio, with the pairs it rests on."""
-    by_seed: dict[int, dict[str, int]] = {}
-    for record in records:
-        if (
-            record["label"] in (label_, label_ + IN_FP32)
-            and record.get("reached")
-            and record.get("samples_to_target")
-        ):
-            by_seed.setdefault(record["seed"], {})[record["label"]] = record["samples_to_target"]
-    pairs = [(both[label_], both[label_ + IN_FP32]) for both in by_seed.values() if len(both) == 2]
-    if not pairs:
-        return None
-    narrow, full = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-    return {
-        "trial": label_,
-        "precision": precision,
-        "samples": narrow,
-        "fp32_samples": full,
-        "ratio": narrow / full,
-        "pairs": len(pairs),
-    }
-
-
-def fresh_seeds(study_seed: int, runs: int) -> list[int]:
-    """Seeds no study trial uses (those are study_seed * 100_000 + trial number)."""
-    return [study_seed * 100_000 + 50_000 + i for i in range(runs)]
 
 
 def measure(
@@ -109,99 +35,15 @@ def measure(
         for label, config in candidates.items():
             if label == BASELINE and until_resolved and baseline_resolved(records):
                 continue
-            record: dict[str, Any] = {"label": label, "seed": seed}
             try:
                 result = run_trial(
                     TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed
                 )
             except TrialFailure as failure:
-                record.update(
-                    reached=False,
-                    time_to_target=None,
-                    best_metric=None,
-                    final_metric=None,
-                    reason=failure.reason,
-                )
+                record = runs.failed_confirmation(failure.reason, label=label, seed=seed)
             else:
-                record.update(
-                    reached=result.reached,
-                    time_to_target=result.time_to_target,
-                    best_metric=result.best_metric,
-                    train_seconds=result.train_seconds,
-                    final_metric=result.final_metric,
-                    stop_reason=result.stop_reason,
-                    samples_to_target=result.samples_to_target,
-                )
-                record.update(
-                    samples_per_second=result.samples_per_second,
-                    input_wait_fraction=result.input_wait_fraction,
-                    peak_memory_bytes=result.peak_memory_bytes,
-                    gpu=result.gpu,
-                    curve=[list(point) for point in result.curve],
-                )
-                if (
-                    result.confusion is not None
-                ):  # the winner's per-class figures are pooled from these
-                    record["confusion"] = result.confusion
+                record = runs.confirmation(result, label=label, seed=seed)
             records.append(record)
             if on_run is not None:
                 on_run()
     return records
-
-
-def summarize(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    objective: str = TIME_TO_TARGET,
-    target: float | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Per label: median time (a run that missed counts as infinitely slow), spread, runs.
-
-    time_to_target: a run's time to target; it missed when it did not reach the target.
-    fixed_schedule: a run's whole-schedule time; it missed when it failed or the time limit cut
-    it short, and every run counts as missed when the mean final metric is under `target`.
-    """
-    by_label: dict[str, list[Mapping[str, Any]]] = {}
-    for record in records:
-        by_label.setdefault(record["label"], []).append(record)
-    summary = {}
-    for label, runs in by_label.items():
-        times, mean_final = objective_.of(objective).confirmed_times(runs, target=target)
-        reached = [t for t in times if math.isfinite(t)]
-        median = statistics.median(times)
-        summary[label] = {
-            "median": median if math.isfinite(median) else None,
-            "min": min(reached) if reached else None,
-            "max": max(reached) if reached else None,
-            "runs": len(runs),
-            "reached": len(reached),
-        }
-        if mean_final is not None:
-            summary[label]["mean_final_metric"] = mean_final if math.isfinite(mean_final) else None
-    return summary
-
-
-def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The label with the smallest median, the baseline included; None if none reached the target.
-
-    The baseline is a candidate like the others: when no configuration the study found beats it
-    on fresh seeds, a single lucky run won the study and the baseline is what to keep. Ties (a
-    median can be the same run's time) go to the one that missed the target less often, then to
-    the baseline, which the user already has.
-    """
-    timed = {
-        k: v for k, v in summary.items() if v["median"] is not None and not k.endswith(IN_FP32)
-    }
-    if not timed:
-        return None
-    return min(
-        timed,
-        key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE),
-    )
-
-
-def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:
-    """Baseline median over the candidate's median: how many times faster the candidate is."""
-    base = summary.get(BASELINE, {}).get("median")
-    mine = summary.get(label, {}).get("median")
-    return base / mine if base and mine else None

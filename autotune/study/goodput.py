@@ -18,12 +18,12 @@ from typing import Any
 import optuna
 
 from autotune import progress, signals
+from autotune.record import runs, schema, seeds
 from autotune.runners import isolation
 from autotune.search import goodput as goodput_
 from autotune.search import space as space_
 from autotune.search.space import Choices, Space
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
-from autotune.study import schema
 from autotune.study.preparation import Prepared
 from autotune.train import measure as measure_
 from autotune.train import throughput
@@ -31,11 +31,6 @@ from autotune.train.config import TrialConfig
 from autotune.train.throughput import Throughput
 
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
-
-
-def seed_for(study_seed: int) -> int:
-    """A seed no trial, confirmation run or probe uses (those are study seed * 100,000 + under 91,000)."""
-    return study_seed * 100_000 + 95_000
 
 
 def settings(
@@ -92,7 +87,7 @@ def run_phase(
                 }
                 signals.check()
                 measured = measure(
-                    throughput.measure, configs, device=device, seed=seed_for(spec.seed)
+                    throughput.measure, configs, device=device, seed=seeds.throughput(spec.seed)
                 )
                 for i, s in enumerate(chunk):
                     figure = measured[str(i)]
@@ -238,14 +233,12 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
                 constraints={"target": trained.constraints["target"]},
                 user_attrs={
                     schema.CONFIG: candidate,
-                    schema.RESULT: {
-                        "reached": True,
-                        "time_to_target": seconds,
-                        "samples_to_target": samples,
-                        "train_seconds": 0.0,
-                        "best_metric": result.get("best_metric"),
-                        schema.PREDICTION: prediction,
-                    },
+                    schema.RESULT: runs.predicted(
+                        seconds=seconds,
+                        samples=samples,
+                        best_metric=result.get("best_metric"),
+                        prediction=prediction,
+                    ),
                 },
             )
         )

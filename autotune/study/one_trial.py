@@ -13,14 +13,15 @@ import optuna
 import torch
 
 from autotune import progress, signals
+from autotune.record import objectives, schema, seeds
+from autotune.record import runs as stored_runs
 from autotune.runners import isolation
 from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
 from autotune.study import budget as budget_
-from autotune.study import goodput, schema, storage
-from autotune.study import objective as objective_
+from autotune.study import goodput, storage
 from autotune.train.config import Limits, TrialConfig, TrialResult
 
 
@@ -36,7 +37,7 @@ class Policy:
     metric_name: str
     budget: int
     prune: bool = False  # stop a trial once its training passes the incumbent's time
-    objective: objective_.Objective = objective_.OBJECTIVES[TIME_TO_TARGET]
+    objective: objectives.Objective = objectives.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
     plan: goodput.Plan | None = (
         None  # goodput: how a trial's maths trains, and its time from its samples
@@ -81,9 +82,7 @@ def run_one(
     with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
         trained = config if policy.plan is None else policy.plan.to_train(config)
-        trial_seed = objective_.trial_seed(
-            policy.seed, trial.number, paired=policy.objective.paired
-        )
+        trial_seed = seeds.trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
             trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed
         )
@@ -97,12 +96,12 @@ def run_one(
             )
             _tell_failure(study, trial, failure, policy, before)
             return
-        seeds = objective_.seeds(trial_seed, policy.replicates)
-        runs, failure = _train(trial.number, trained, seeds, policy, before.incumbent)
+        run_seeds = seeds.replicates(trial_seed, policy.replicates)
+        runs, failure = _train(trial.number, trained, run_seeds, policy, before.incumbent)
         if failure is not None:
             _tell_failure(study, trial, failure, policy, before)
         else:
-            _tell_outcome(study, trial, list(zip(runs, seeds)), policy, before)
+            _tell_outcome(study, trial, list(zip(runs, run_seeds)), policy, before)
 
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
@@ -296,14 +295,12 @@ def _tell_outcome(
     first = runs[0][0]
     config = schema.config(trial)
     predict = policy.plan.predict(config) if policy.plan is not None else None
-    outcome = objective_.outcome(
+    outcome = objectives.outcome(
         [run for run, _ in runs], policy.objective, target=policy.limits.target, predict=predict
     )
-    record = dataclasses.asdict(first)
-    record["curve"] = [list(point) for point in first.curve]
-    record["final_metric"] = first.final_metric
+    record = stored_runs.full(first)
     if len(runs) > 1:
-        record["replicates"] = [objective_.summary(run, seed) for run, seed in runs]
+        record["replicates"] = [stored_runs.replicate(run, seed) for run, seed in runs]
     record["objective_metric"] = outcome.metric
     if policy.plan is not None and outcome.constraint <= 0:
         # Named by the setting that trains its samples soonest (the one the prediction is of).

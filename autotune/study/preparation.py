@@ -16,14 +16,13 @@ from torch import nn
 
 from autotune import progress
 from autotune.errors import AutotuneError, SpecError
+from autotune.record import definition, objectives, schema
 from autotune.runners import command, isolation, warm
 from autotune.search import devices
 from autotune.search import space as space_
 from autotune.spec import study_file as spec_
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec
-from autotune.study import definition as definition_
-from autotune.study import objective as objective_
-from autotune.study import schema, storage
+from autotune.study import storage
 from autotune.train import systems
 from autotune.train.config import Limits
 from autotune.train.measure import cpu_count
@@ -99,7 +98,7 @@ def prepare(
         space=space,
         baseline=baseline,
         notices=notices,
-        definition=definition_.describe(spec, space=space, device=device.type),
+        definition=definition.describe(spec, space=space, device=device.type),
     )
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
         return prepared(
@@ -387,7 +386,7 @@ def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
         prepared,
         space=space,
         notices=notices,
-        definition=definition_.describe(spec, space=space, device=prepared.device.type),
+        definition=definition.describe(spec, space=space, device=prepared.device.type),
     )
 
 
@@ -398,8 +397,8 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
     """
     study = storage.read_study(spec)
     stored = schema.definition(study.user_attrs) if study is not None else None
-    changed = definition_.changes(stored, prepared.definition) if stored is not None else []
-    unmixable = definition_.unmixable(stored, prepared.definition) if changed else []
+    changed = definition.changes(stored, prepared.definition) if stored is not None else []
+    unmixable = definition.unmixable(stored, prepared.definition) if changed else []
     if unmixable:
         raise AutotuneError(
             f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
@@ -426,7 +425,7 @@ def limits_for(spec: StudySpec) -> Limits:
         max_epochs=b.max_epochs,
         max_seconds=b.max_seconds,
         eval_every=b.eval_every,
-        stop_at_target=objective_.of(spec.objective).stops_at_target,
+        stop_at_target=objectives.of(spec.objective).stops_at_target,
     )
 
 

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from autotune import progress, signals
+from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import probe, roofline
 from autotune.search import space as space_
@@ -79,7 +80,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     space, device, measure = prepared.space, prepared.device, prepared.measure
     maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
     loaders, computes = probe.loader_settings(space), compute_settings(space)
-    seed = probe.seed_for(spec.seed)
+    seed = seeds.probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
         return TrialConfig.from_mapping(space_.complete({**maths, **setting}))

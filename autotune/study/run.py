@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 
 from autotune import progress, signals
+from autotune.record import definition, objectives, schema, seeds, verdict
 from autotune.runners import isolation
 from autotune.search import prior, probe
 from autotune.search import space as space_
@@ -32,14 +33,7 @@ from autotune.study import (
     one_trial,
     roofline_probe,
     runner_lock,
-    schema,
     storage,
-)
-from autotune.study import (
-    definition as definition_,
-)
-from autotune.study import (
-    objective as objective_,
 )
 from autotune.study.preparation import (
     Prepared,
@@ -53,12 +47,10 @@ from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import reference
 
 
-def make_sampler(spec: StudySpec, *, seed_offset: int) -> optuna.samplers.BaseSampler:
-    """autotune's sampler, reseeded past the trials already stored: a resumed study must not
-    replay its first random configurations."""
-    return tpe_sampler(
-        seed=(spec.seed + seed_offset) % 2**32, trials=spec.budget.trials
-    )  # numpy's seeds are 32-bit
+def make_sampler(spec: StudySpec, *, stored_trials: int, worker: int | None) -> optuna.samplers.BaseSampler:
+    """autotune's sampler, seeded by the seed scheme (record/seeds.py)."""
+    seed = seeds.sampler(spec.seed, stored_trials=stored_trials, worker=worker)
+    return tpe_sampler(seed=seed, trials=spec.budget.trials)
 
 
 def tpe_sampler(*, seed: int, trials: int) -> optuna.samplers.TPESampler:
@@ -100,7 +92,7 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         optimizer=reference(prepared.task.optimizer) if prepared.task is not None else None,
         knobs=prepared.knobs if prepared.knobs != tuple(space_.KNOBS) else None,
     )
-    schema.record_definition(study, prepared.definition, changes=definition_.changes)
+    schema.record_definition(study, prepared.definition, changes=definition.changes)
     if storage.local_path(spec.storage) is not None:
         interrupted = storage.mark_running_interrupted(
             study, reason="the process stopped during this trial"
@@ -191,7 +183,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
                 TrialConfig.from_mapping(space_.complete(config)),
                 limits=limits,
                 device=prepared.device,
-                seed=probe.seed_for(spec.seed),
+                seed=seeds.probe(spec.seed),
             )
         except isolation.TrialFailure:
             return math.inf
@@ -281,7 +273,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
     study = begin(spec, prepared) if worker is None else storage.open_study(spec, create=True)
     existing = len(study.get_trials(deepcopy=False))
     study = storage.open_study(
-        spec, sampler=make_sampler(spec, seed_offset=existing + 1000 * (worker or 0)), create=True
+        spec, sampler=make_sampler(spec, stored_trials=existing, worker=worker), create=True
     )
     prepared = with_probe(spec, prepared, study)
     plan, space = goodput.plan_for(spec, prepared, study, prepared.space)
@@ -297,7 +289,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
         metric_name=spec.target.metric,
         budget=budget,
         prune=spec.prune == "incumbent",
-        objective=objective_.of(spec.objective),
+        objective=objectives.of(spec.objective),
         replicates=spec.replicates,
         plan=plan,
         train_samples=prepared.train_samples,
@@ -388,31 +380,31 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     # A trial that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline.
     candidates = {
-        confirm.label(n): space_.complete(configs[n])
+        verdict.label(n): space_.complete(configs[n])
         for n in numbers
         if space_.complete(configs[n]) != space_.complete(prepared.baseline)
     }
-    candidates = {confirm.BASELINE: prepared.baseline, **candidates}
-    fastest = confirm.label(numbers[0])
+    candidates = {verdict.BASELINE: prepared.baseline, **candidates}
+    fastest = verdict.label(numbers[0])
     twin = (
-        confirm.fp32_twin(fastest, candidates[fastest])
+        verdict.fp32_twin(fastest, candidates[fastest])
         if spec.confirm.precision and fastest in candidates
         else None
     )
     if twin is not None:
         candidates[twin[0]] = twin[1]
-    seeds = confirm.fresh_seeds(spec.seed, spec.confirm.runs)
+    fresh_seeds = seeds.fresh(spec.seed, spec.confirm.runs)
     limits = limits_for(spec)
     # Told apart by time to target only: a fixed schedule's runs all take about as long.
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     with progress.bar(
-        "confirming on fresh seeds", total=len(seeds) * len(candidates), unit="run", leave=False
+        "confirming on fresh seeds", total=len(fresh_seeds) * len(candidates), unit="run", leave=False
     ) as bar:
         with signals.interruptible():
             runs = confirm.measure(
                 prepared.run_trial,
                 candidates,
-                seeds=seeds,
+                seeds=fresh_seeds,
                 limits=limits,
                 device=prepared.device,
                 on_run=lambda: (bar.update(1), signals.check()),
@@ -422,22 +414,22 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
         "after_trials": after,
         "trials": numbers,
         "configs": candidates,
-        "seeds": seeds,
+        "seeds": fresh_seeds,
         "runs": runs,
         "objective": spec.objective,
         "target": spec.target.value,
-        "baseline_resolved_by": confirm.RESOLVED_BY if until_resolved else None,
+        "baseline_resolved_by": verdict.RESOLVED_BY if until_resolved else None,
         "precision_checked": spec.confirm.precision,
     }
     predicted = {
-        confirm.label(t.number): t.value
+        verdict.label(t.number): t.value
         for t in top
-        if schema.prediction(t) is not None and confirm.label(t.number) in candidates
+        if schema.prediction(t) is not None and verdict.label(t.number) in candidates
     }
     if predicted:  # goodput: the search's predicted times, to set beside the measured ones
         outcome["predicted"] = predicted
     if twin is not None:
-        outcome["precision_effect"] = confirm.precision_effect(
+        outcome["precision_effect"] = verdict.precision_effect(
             runs, fastest, candidates[fastest]["precision"]
         )
     schema.record_confirmation(study, json.loads(json.dumps(outcome)))

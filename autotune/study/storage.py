@@ -26,9 +26,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
+from autotune.record import schema
 from autotune.spec import study_file as spec_
 from autotune.spec.study_file import StudySpec
-from autotune.study import runner_lock, schema
+from autotune.study import runner_lock
 
 
 def _heartbeat_setting(text: str) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from autotune import signals
-from autotune.train import recipe
+from autotune.search import recipe
 from autotune.train.config import TrialConfig
 
 

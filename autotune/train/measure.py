@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from autotune.train.recipe import training_threads
+from autotune.search.recipe import training_threads
 
 
 class Clock:

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from autotune.search import recipe
 from autotune.search.space import PRECISIONS
-from autotune.train import class_figures, recipe, systems, telemetry
+from autotune.train import class_figures, systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for

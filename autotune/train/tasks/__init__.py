@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from autotune.errors import SpecError
-from autotune.train.recipe import SGD_ARGS
+from autotune.search.recipe import SGD_ARGS
 
 BUILT_IN = {
     "digits": "autotune.train.tasks.digits:task",

@@ -148,7 +148,7 @@ class Confirmation:
     baseline_resolved_by: float | None = (
         None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
     )
-    # confirm.precision: the fastest trial's samples to target over its fp32 twin's (confirm.precision_effect)
+    # confirm.precision: the fastest trial's samples to target over its fp32 twin's (verdict.precision_effect)
     precision_effect: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -23,14 +23,13 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.spec.study_file import FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY, TIME_TO_TARGET
-from autotune.train.config import TrialResult
 
-# Replicate k of a trial runs on the trial's seed + k * REPLICATE_STRIDE: far past every seed a
-# study gives a trial, the confirmation or the probe (study seed * 100,000 + under 100,000).
-REPLICATE_STRIDE = 10**12
+if TYPE_CHECKING:  # a run's fields are read, nothing is built: no training machinery is loaded
+    from autotune.train.config import TrialResult
+
 # The least constraint of a trial that is infeasible whatever its metric says: a replicate that
 # missed the target (time_to_target), a schedule the time limit cut short (fixed_schedule).
 CUT_SHORT = 1e-9
@@ -44,17 +43,6 @@ class Outcome:
 
 
 Predict = Callable[[float], float]  # samples to target -> predicted seconds (goodput)
-
-
-def trial_seed(study_seed: int, number: int, *, paired: bool = False) -> int:
-    """A trial's own seed (its first run's): study seed * 100,000 + trial number, or, `paired`,
-    the same for every trial (+ 0)."""
-    return study_seed * 100_000 + (0 if paired else number)
-
-
-def seeds(trial_seed: int, replicates: int) -> list[int]:
-    """The seeds of a trial's runs; the first is the trial's own. Paired trials share them all."""
-    return [trial_seed + k * REPLICATE_STRIDE for k in range(replicates)]
 
 
 class Objective(Protocol):
@@ -228,16 +216,3 @@ def outcome(
     if not runs:
         raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
     return objective.outcome(runs, target=target, predict=predict)
-
-
-def summary(run: TrialResult, seed: int) -> dict[str, object]:
-    """One replicate as the trial stores it beside its first run's full record."""
-    return {
-        "seed": seed,
-        "train_seconds": run.train_seconds,
-        "time_to_target": run.time_to_target,
-        "best_metric": run.best_metric,
-        "final_metric": run.final_metric,
-        "stop_reason": run.stop_reason,
-        "samples_to_target": run.samples_to_target,
-    }
