@@ -1,4 +1,5 @@
-"""The README's promises: its example task runs as written, and CI runs its test command."""
+"""The documents' promises: every example runs as written wherever it lives, every link between
+them lands, the README stays a page a newcomer reads, and CI runs its test command."""
 
 from __future__ import annotations
 
@@ -12,14 +13,22 @@ from autotune.cli import main
 from autotune.search.space import KNOBS
 
 REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text()
+# The README and the documents its reference text lives in; their examples run from any of them.
+DOCUMENTS = ("README.md", "docs/reference.md", "docs/measuring.md", "docs/architecture.md")
+TEXTS = {name: (REPO / name).read_text() for name in (*DOCUMENTS, "CONTRIBUTING.md")}
+README = TEXTS["README.md"]
+README_MAX_LINES = 250
 
 
 def block_after(label: str) -> str:
-    """The first fenced code block after the line that names `label`."""
-    match = re.search(rf"`{re.escape(label)}`[^\n]*\n+```\w*\n(.*?)```", README, re.S)
-    assert match, f"no code block after {label} in README.md"
-    return match.group(1)
+    """The fenced code block after the line that names `label`, in whichever document holds it:
+    exactly one of them does, so no example can shadow another."""
+    pattern = rf"`{re.escape(label)}`[^\n]*\n+```\w*\n(.*?)```"
+    found = [
+        (name, block) for name in DOCUMENTS for block in re.findall(pattern, TEXTS[name], re.S)
+    ]
+    assert len(found) == 1, f"code blocks after {label}: {len(found)}, in {[n for n, _ in found]}"
+    return found[0][1]
 
 
 def test_the_custom_task_example_runs_as_written(
@@ -99,3 +108,42 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert len(commands) >= 2 and "autotune run studies/digits.yaml" in commands[0]
     ci = (REPO / ".ci" / "run").read_text()
     assert commands[1].strip() in ci.splitlines()
+
+
+def test_the_readme_is_a_page_a_newcomer_reads() -> None:
+    lines = README.count("\n") + (not README.endswith("\n"))
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}"
+    for document in (*DOCUMENTS[1:], "docs/benchmarks.md", "docs/gpu.md", "CONTRIBUTING.md"):
+        assert f"]({document})" in README, f"README.md does not link {document}"
+
+
+def headings(text: str) -> set[str]:
+    """GitHub's anchors for a Markdown text's headings (those outside code blocks)."""
+    anchors: set[str] = set()
+    for line in re.sub(r"^```.*?^```", "", text, flags=re.S | re.M).splitlines():
+        if match := re.match(r"#{1,6} (.+)", line):
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+            anchor, n = slug, 0
+            while anchor in anchors:  # GitHub numbers a repeated heading's anchor
+                n += 1
+                anchor = f"{slug}-{n}"
+            anchors.add(anchor)
+    return anchors
+
+
+@pytest.mark.parametrize(
+    "document", [*TEXTS, "docs/benchmarks.md", "docs/gpu.md"], ids=lambda name: name
+)
+def test_every_link_between_the_documents_lands(document: str) -> None:
+    """A relative link names a file that exists and, with #anchor, a heading of that file."""
+    source = REPO / document
+    text = re.sub(r"^```.*?^```", "", source.read_text(), flags=re.S | re.M)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # https: and the like
+        path, _, anchor = target.partition("#")
+        file = (source.parent / path).resolve() if path else source
+        if not file.exists() or (anchor and anchor not in headings(file.read_text())):
+            broken.append(target)
+    assert not broken, f"{document}: links that land nowhere: {broken}"
