@@ -14,8 +14,8 @@ import torch
 
 from autotune.runners.protocol import Report
 from autotune.train.config import Limits, TrialResult
+from autotune.train.ledger import warm_up_steps
 from autotune.train.measure import device_name
-from autotune.train.trial import MIN_WARMUP_STEPS, WARMUP_FRACTION
 
 
 class Tally:
@@ -86,10 +86,10 @@ class Tally:
         return self.steps / self.total_steps * self.limits.max_epochs if self.total_steps else None
 
     def samples_per_second(self) -> float | None:
-        """Samples per second after warm-up (as trial.py counts it), from reports carrying
+        """Samples per second after warm-up (as ledger.py counts it), from reports carrying
         `samples`; evaluation between them is included. None with fewer than two such reports past
         warm-up."""
-        warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * self.total_steps))
+        warm_steps = warm_up_steps(self.total_steps)
         warm = [point for point in self._samples if point[1] >= warm_steps] or self._samples[1:]
         if len(warm) < 2 or warm[-1][0] <= warm[0][0] or warm[-1][2] <= warm[0][2]:
             return None

@@ -27,12 +27,13 @@ from typing import Any, TypeVar
 import torch
 
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
 from autotune.train.throughput import WINDOW_STEPS, measure_sessions, spread
-from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
+from autotune.train.trial import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device

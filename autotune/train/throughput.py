@@ -26,11 +26,12 @@ import torch
 
 from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import endless
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings
 from autotune.train.tasks import Task
-from autotune.train.trial import MIN_WARMUP_STEPS, build, seed_everything
+from autotune.train.trial import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")

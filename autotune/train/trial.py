@@ -10,13 +10,14 @@ the target. CUDA work is synchronized before the clock is read for a measurement
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import math
 import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,23 +26,19 @@ from torch.utils.data import DataLoader
 
 from autotune.search import recipe
 from autotune.search.space import PRECISIONS
-from autotune.train import class_figures, systems, telemetry
+from autotune.train import systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
+from autotune.train.evaluation import evaluate
+from autotune.train.ledger import Ledger
 from autotune.train.loader import endless, make_loader
-from autotune.train.measure import Clock, device_name, peak_memory, reset_peak_memory, threads_for
+from autotune.train.measure import Clock, reset_peak_memory, threads_for
 from autotune.train.tasks import Task, takes
 
-EVAL_BATCH_SIZE = (
-    256  # evaluation runs on a paused clock, so its batch size only affects study wall time
-)
-WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
-MIN_WARMUP_STEPS = 3
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
 # sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
 FINITE_CHECK_EVERY = 8
-DTYPES = {
-    name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()
-}  # autocast's
+# autocast's
+DTYPES = {name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()}
 
 
 def run(
@@ -58,117 +55,92 @@ def run(
 
     With the target not stopping it, `time_to_target` is still when the metric first reached it.
     """
+    # Set up: seeds, CPU threads, the memory figure; a batch larger than the data is an error.
     seed_everything(seed)
     torch.set_num_threads(threads_for(config.num_workers))
     reset_peak_memory(device)
     n_train = len(task.train)
-    if config.batch_size * config.accumulation_steps > n_train:
-        raise ValueError(
-            f"an effective batch of {config.batch_size * config.accumulation_steps} is larger than "
-            f"the {n_train} training samples"
-        )
+    _check_effective_batch(config, n_train)
 
+    # Build, on the clock: before the DataLoader, as worker start-up is a real cost of num_workers.
     clock = Clock(device)
-    clock.start()  # before the DataLoader: worker start-up is a real cost of num_workers
+    clock.start()
     training = build(task, config, limits=limits, device=device, seed=seed)
-    loader, total_steps, autocast = training.loader, training.total_steps, training.autocast
-
-    steps = samples = 0
-    warm_steps = max(MIN_WARMUP_STEPS, math.ceil(WARMUP_FRACTION * total_steps))
-    warm: tuple[float, int, float] | None = None  # clock, samples and input wait when warm-up ended
-    eval_interval = limits.eval_every * n_train
-    next_eval = eval_interval
-    curve: list[tuple[float, float, float]] = []
-    metric: float | None = None
-    reached_at: float | None = None
-    reached_samples: int | None = None
-    stop_reason = "max_epochs"
-    batches = endless(loader)
+    ledger = Ledger.start(limits, n_train=n_train, total_steps=training.total_steps)
+    steps_per_epoch = len(training.loader) / config.accumulation_steps
+    batches = endless(training.loader)
     watch = FiniteLoss(device)
     waiting = telemetry.InputWait()
     fetch = waiting.timed(batches)
-    confusion = None
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
     try:
         with (
+            _compile_failures(config.compile),
             warnings.catch_warnings(),
             systems.process_settings(cudnn_benchmark=config.cudnn_benchmark, tf32=config.tf32),
         ):
             # GradScaler skips the optimizer step when it sees inf; the schedule still advances.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            while steps < total_steps:
+            # Train: one optimizer step per effective batch, to the end of the schedule at most.
+            while ledger.steps < training.total_steps:
                 group = list(itertools.islice(fetch, config.accumulation_steps))
-                watch.see(training.step(group), steps + 1)
+                watch.see(training.step(group), ledger.steps + 1)
                 training.scheduler.step()
-                steps += 1
-                if steps % FINITE_CHECK_EVERY == 0:
-                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
-                samples += sum(len(targets) for _, targets in group)
-                if steps == warm_steps:
-                    warm = (clock.read(), samples, waiting.seconds)
+                ledger.stepped(group)
+                if ledger.steps % FINITE_CHECK_EVERY == 0:
+                    watch.check(steps_per_epoch=steps_per_epoch)
+                if ledger.steps == ledger.warm_steps:  # the throughput figure starts here
+                    ledger.warm = (clock.read(), ledger.samples, waiting.seconds)
                 out_of_time = clock.read(sync=False) >= limits.max_seconds
-                if samples >= next_eval or steps == total_steps or out_of_time:
+                # Evaluate on a paused clock: every eval_every epochs, at the end, out of time.
+                if ledger.evaluation_due(out_of_time=out_of_time):
                     clock.stop()
-                    watch.check(steps_per_epoch=len(loader) / config.accumulation_steps)
+                    watch.check(steps_per_epoch=steps_per_epoch)
                     metric, confusion = evaluate(
                         training.evaluated,
                         task,
                         device=device,
-                        autocast=autocast,
+                        autocast=training.autocast,
                         channels_last=config.channels_last,
                     )
-                    if not math.isfinite(metric):
-                        raise Diverged(
-                            f"metric is {metric} at epoch {samples / n_train:.2f}: "
-                            f"the model's outputs or the task's metric are not finite numbers"
-                        )
-                    curve.append((clock.elapsed, samples / n_train, metric))
-                    if metric >= limits.target and reached_at is None:
-                        reached_at, reached_samples = clock.elapsed, samples
-                        if limits.stop_at_target:
-                            stop_reason = "target"
-                            break
-                    if out_of_time:
-                        stop_reason = "max_seconds"
+                    ledger.evaluated(metric, confusion, seconds=clock.elapsed)
+                    # Stop at the target (where it stops the run) or out of time; else train on.
+                    if ledger.stops(out_of_time=out_of_time):
                         break
-                    next_eval = (math.floor(samples / eval_interval) + 1) * eval_interval
                     clock.start()
                 if progress is not None:
-                    progress(steps, total_steps, metric, clock.read(sync=False))
-    except Exception as exc:
-        reason = systems.compile_failure(exc) if config.compile else None
-        if reason is None:
-            raise
-        raise systems.CompileFailed(
-            reason
-        ) from None  # one line, not the compiler's page of context
+                    progress(
+                        ledger.steps, training.total_steps, ledger.metric, clock.read(sync=False)
+                    )
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
         gpu = sampler.stop()
     if clock.running:
         clock.stop()
 
-    throughput, input_wait = _after_warm_up(
-        warm, elapsed=clock.elapsed, samples=samples, waited=waiting.seconds
-    )
-    return TrialResult(
-        reached=reached_at is not None,
-        time_to_target=reached_at,
-        best_metric=max(m for _, _, m in curve),
-        train_seconds=clock.elapsed,
-        epochs=samples / n_train,
-        optimizer_steps=steps,
-        samples_per_second=throughput,
-        peak_memory_bytes=peak_memory(device),
-        device_name=device_name(device),
-        torch_version=torch.__version__,
-        stop_reason=stop_reason,
-        curve=tuple(curve),
-        input_wait_fraction=input_wait,
-        gpu=gpu,
-        confusion=confusion,
-        samples_to_target=reached_samples,
-    )
+    # Result: the clock, the curve, and the speed and input wait after warm-up.
+    return ledger.result(elapsed=clock.elapsed, waited=waiting.seconds, device=device, gpu=gpu)
+
+
+def _check_effective_batch(config: TrialConfig, n_train: int) -> None:
+    if config.batch_size * config.accumulation_steps > n_train:
+        raise ValueError(
+            f"an effective batch of {config.batch_size * config.accumulation_steps} is larger than "
+            f"the {n_train} training samples"
+        )
+
+
+@contextlib.contextmanager
+def _compile_failures(compiling: bool) -> Iterator[None]:
+    """A torch.compile failure raised as CompileFailed: one line, not the compiler's page of
+    context. Any other exception passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        reason = systems.compile_failure(exc) if compiling else None
+        if reason is None:
+            raise
+        raise systems.CompileFailed(reason) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,9 +149,8 @@ class Training:
 
     loader: DataLoader
     evaluated: torch.nn.Module  # the module to evaluate: the uncompiled one, sharing its parameters
-    step: Callable[
-        [Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor
-    ]  # train_step over one effective batch
+    # train_step over one effective batch
+    step: Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]
     scheduler: Any
     autocast: Callable[[], Any]
     total_steps: int  # optimizer steps this run may take: its schedule's, cut at max_epochs
@@ -197,9 +168,8 @@ def build(
         compile=config.compile,
     )
     model.train()
-    fused = (
-        {"fused": True} if config.fused_optimizer else {}
-    )  # a factory without one never gets it (fit_to_device)
+    # a factory without one never gets it (fit_to_device)
+    fused = {"fused": True} if config.fused_optimizer else {}
     optimizer = task.optimizer(
         evaluated.parameters(), config.lr, **takes(task.optimizer, params, after=2), **fused
     )
@@ -237,19 +207,6 @@ def build(
         scheduler=scheduler,
         autocast=autocast,
         total_steps=total_steps,
-    )
-
-
-def _after_warm_up(
-    warm: tuple[float, int, float] | None, *, elapsed: float, samples: int, waited: float
-) -> tuple[float | None, float | None]:
-    """Samples per second and the share of time spent waiting for input, after warm-up (`warm`:
-    the clock, samples and input wait when it ended). Too few steps for that: no throughput, and
-    the input wait with warm-up included."""
-    if warm is None or elapsed <= warm[0] or samples <= warm[1]:  # no step ran after warm-up
-        return None, telemetry.wait_fraction(waited, elapsed)
-    return (samples - warm[1]) / (elapsed - warm[0]), telemetry.wait_fraction(
-        waited - warm[2], elapsed - warm[0]
     )
 
 
@@ -310,38 +267,11 @@ class FiniteLoss:
             )
 
 
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    task: Task,
-    *,
-    device: torch.device,
-    autocast: Callable[[], Any],
-    channels_last: bool = False,
-) -> tuple[float, list[list[int]] | None]:
-    """The task's metric over the whole validation set, and its confusion matrix where the task
-    classifies (class_figures.confusion)."""
-    model.eval()
-    outputs, targets = [], []
-    for inputs, target in DataLoader(task.val, batch_size=EVAL_BATCH_SIZE):
-        with autocast():
-            outputs.append(
-                model(
-                    systems.to_device(
-                        inputs, device, non_blocking=False, channels_last=channels_last
-                    )
-                ).float()
-            )
-        targets.append(target.to(device))
-    model.train()
-    outputs, targets = torch.cat(outputs), torch.cat(targets)
-    return float(task.metric(outputs, targets)), class_figures.confusion(outputs, targets)
-
-
 def make_scheduler(
     name: str, optimizer: torch.optim.Optimizer, *, total_steps: int, lr: float
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """The LR schedule over the trial's whole step budget, stepped once per optimizer step (recipe.SCHEDULES)."""
+    """The LR schedule over the trial's whole step budget, stepped once per optimizer step
+    (recipe.SCHEDULES)."""
     torch_class, kwargs = recipe.scheduler_args(name, total_steps=total_steps, lr=lr)
     return getattr(torch.optim.lr_scheduler, torch_class)(optimizer, **kwargs)
 
