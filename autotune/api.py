@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 
 from autotune.errors import SpecError
 from autotune.record.summary import Summary
-from autotune.runners.function import Objective
+from autotune.runners import user_function
+from autotune.runners.user_function import Objective
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE, PYTHON_API
 from autotune.train.tasks import Task, reference
@@ -117,7 +118,9 @@ def tune(
         }
     )
     spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
-    run_objective = function.as_trial(objective, knobs=knobs) if objective is not None else None
+    run_objective = (
+        user_function.as_trial(objective, knobs=knobs) if objective is not None else None
+    )
     prepared = dataclasses.replace(
         preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs
     )

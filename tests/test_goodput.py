@@ -207,7 +207,8 @@ def test_goodput_seeds_are_paired_across_trials_and_others_are_not() -> None:
     unpaired = {objectives.trial_seed(7, n) for n in range(4)}
     assert len(unpaired) == 4
     assert (
-        objectives.OBJECTIVES["goodput"].paired and not objectives.OBJECTIVES["time_to_target"].paired
+        objectives.OBJECTIVES["goodput"].paired
+        and not objectives.OBJECTIVES["time_to_target"].paired
     )
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from autotune.search.space import complete
+
 SCHEMA_VERSION = 1
 
 # Study attributes.
@@ -215,8 +217,11 @@ def current_reference(reference: str | None) -> str | None:
 
 
 def config(trial: Any) -> dict[str, Any] | None:
-    """The configuration it trained; None where it stopped before one was chosen."""
-    return trial.user_attrs.get(CONFIG)
+    """The configuration it trained, complete: a knob it was stored without (a study begun before
+    the knob existed) holds what leaving it out meant (space.complete). None where the trial
+    stopped before a configuration was chosen."""
+    stored = trial.user_attrs.get(CONFIG)
+    return complete(stored) if stored is not None else None
 
 
 def reason(trial: Any) -> str | None:

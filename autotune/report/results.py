@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.record import schema
-from autotune.search.space import KNOBS, complete
+from autotune.search.space import KNOBS
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
 GPU_FIGURES = ("util_mean", "util_max", "memory_used_peak_mb", "power_mean_w", "power_max_w")
@@ -66,8 +66,7 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
         attrs = schema.outcome(trial)
         interrupted = schema.is_interrupted(trial)
         peak = attrs.get("peak_memory_bytes")
-        stored = schema.config(trial)
-        config = complete(stored) if stored is not None else {k: trial.params.get(k) for k in KNOBS}
+        config = schema.config(trial) or {k: trial.params.get(k) for k in KNOBS}
         config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
         rows.append(

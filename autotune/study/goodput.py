@@ -221,7 +221,7 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
     added = 0
     for knobs, speed in plan.table.options(config, plan.space):
         candidate = {**config, **knobs}
-        if candidate == config or candidate in told:
+        if space_.complete(candidate) in (config, *told):
             continue
         seconds = speed.seconds(samples)
         prediction = prediction_record(

@@ -47,7 +47,9 @@ from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import reference
 
 
-def make_sampler(spec: StudySpec, *, stored_trials: int, worker: int | None) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    spec: StudySpec, *, stored_trials: int, worker: int | None
+) -> optuna.samplers.BaseSampler:
     """autotune's sampler, seeded by the seed scheme (record/seeds.py)."""
     seed = seeds.sampler(spec.seed, stored_trials=stored_trials, worker=worker)
     return tpe_sampler(seed=seed, trials=spec.budget.trials)
@@ -380,9 +382,9 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     # A trial that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline.
     candidates = {
-        verdict.label(n): space_.complete(configs[n])
+        verdict.label(n): configs[n]
         for n in numbers
-        if space_.complete(configs[n]) != space_.complete(prepared.baseline)
+        if configs[n] != space_.complete(prepared.baseline)
     }
     candidates = {verdict.BASELINE: prepared.baseline, **candidates}
     fastest = verdict.label(numbers[0])
@@ -398,7 +400,10 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     # Told apart by time to target only: a fixed schedule's runs all take about as long.
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     with progress.bar(
-        "confirming on fresh seeds", total=len(fresh_seeds) * len(candidates), unit="run", leave=False
+        "confirming on fresh seeds",
+        total=len(fresh_seeds) * len(candidates),
+        unit="run",
+        leave=False,
     ) as bar:
         with signals.interruptible():
             runs = confirm.measure(
