@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.runners import isolation, warm
+from autotune.runners import isolation, trial_process, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
@@ -183,7 +183,7 @@ def test_a_child_serves_at_most_its_share_of_trials(monkeypatch: pytest.MonkeyPa
             return False
 
     monkeypatch.setattr(warm, "TRIALS_PER_CHILD", 2)
-    monkeypatch.setattr(isolation, "become_trial_process", lambda pid, method: None)
+    monkeypatch.setattr(trial_process, "become_trial_process", lambda pid, method: None)
     monkeypatch.setattr(warm, "load_task", lambda name, study_path: blobs())
     monkeypatch.setattr(
         gc, "freeze", lambda: None

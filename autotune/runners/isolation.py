@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from autotune.runners import reasons, watchdog
+from autotune.runners import reasons, trial_process
 from autotune.train import oom
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.tasks import BUILT_IN, Task, load_task
@@ -27,7 +26,6 @@ from autotune.train.trial import run
 
 T = TypeVar("T")
 PROGRESS_SECONDS = 0.25  # how often a child reports its progress
-WATCH_SECONDS = 0.5  # how often a child checks that the study's process still runs
 # Imported by torch on first use, not with torch: the first optimizer built imports torch._dynamo,
 # 1.9 s here, which would otherwise land on the first trial's training clock (in every trial, in
 # a child process). Imported before any clock starts: in this process, and in the fork server.
@@ -36,7 +34,8 @@ EXIT_GRACE_SECONDS = 30  # a child that sent its result gets this long to exit b
 
 
 class TrialFailure(Exception):
-    """A trial that ended without a result: OOM, divergence, an error, a timeout or a crash, with the reason."""
+    """A trial that ended without a result: OOM, divergence, an error, a timeout or a crash, with
+    the reason."""
 
     def __init__(self, reason: str, *, oom: bool = False, diverged: bool = False) -> None:
         super().__init__(reason)
@@ -59,10 +58,8 @@ class Pruned(Exception):
 
     def __init__(self, reason: str, *, seconds: float | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.seconds = (
-            reason,
-            seconds,
-        )  # seconds: the training clock when it was stopped
+        # seconds: the training clock when it was stopped
+        self.reason, self.seconds = reason, seconds
 
 
 class RunTrial(Protocol):
@@ -182,7 +179,8 @@ def fork_server(task_name: str) -> Any:
 
 
 def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> Any:
-    """Runs `work(task, progress, *args)` in a fresh child of a fork server and returns its result."""
+    """Runs `work(task, progress, *args)` in a fresh child of a fork server and returns its
+    result."""
     context = fork_server(task_name)
 
     def start(work: Any, args: tuple[Any, ...], *, progress: Progress | None) -> Any:
@@ -210,20 +208,9 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
             return value
         finally:
             receiver.close()
-            end(child)
+            trial_process.end(child)
 
     return start
-
-
-def end(child: Any) -> None:
-    """Kill a trial's process if it still runs (a timeout, or this process stopped by a signal),
-    then what is left of its process group: its DataLoader workers, had it died without shutting
-    them down."""
-    if child.is_alive():
-        _kill_group(child.pid)
-        child.kill()  # if it had not yet made its group
-    child.join()
-    _kill_group(child.pid)
 
 
 def train_trial(
@@ -248,14 +235,6 @@ def take_measurement(
     return work(task, *args, device=device, seed=seed)
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL every process left in a trial's process group (the child and its loader workers)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # none left (or the group was never made)
-        pass
-
-
 def await_reply(
     child: Any, receiver: Any, *, hang_after: float, progress: Progress | None
 ) -> tuple[Any, ...]:
@@ -267,7 +246,8 @@ def await_reply(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TrialFailure(
-                f"timeout: no result after {hang_after:g} s of wall time; the trial's process was killed"
+                f"timeout: no result after {hang_after:g} s of wall time; "
+                f"the trial's process was killed"
             )
         if not receiver.poll(min(remaining, 1.0)):
             continue
@@ -275,18 +255,14 @@ def await_reply(
             kind, *payload = receiver.recv()
         except (EOFError, ConnectionResetError):  # the child is gone without a word
             child.join()
-            raise TrialFailure(f"crashed: {_exit_description(child.exitcode)}") from None
+            raise TrialFailure(
+                f"crashed: {trial_process.exit_description(child.exitcode)}"
+            ) from None
         if kind == "progress":
             if progress is not None:
                 progress(*payload)
         else:
             return (kind, *payload)
-
-
-def _exit_description(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"the trial's process was killed by {signal.Signals(-code).name}"
-    return f"the trial's process exited with status {code} before it reported a result"
 
 
 def _child_main(
@@ -300,7 +276,7 @@ def _child_main(
 ) -> None:
     """The child: build the task, run `work` (a trial, the throughput phase), send back the result
     or the failure."""
-    become_trial_process(study_pid, start_method)
+    trial_process.become_trial_process(study_pid, start_method)
     try:
         task = load_task(task_name, study_path=study_path)
         result = work(task, reporter(sender), *args)
@@ -310,20 +286,6 @@ def _child_main(
         sender.send(("result", result))
     finally:
         sender.close()
-
-
-def become_trial_process(study_pid: int, start_method: str) -> None:
-    """What a child of the fork server does first, before it builds the task."""
-    # A fork server's child inherits "forkserver" as its start method, and its DataLoader workers
-    # would then start through a fork server of their own: each importing torch and unpickling the
-    # whole dataset, seconds a trial that the user's own training (the study's start method) never
-    # pays. Its workers start as they would in the study's process.
-    multiprocessing.set_start_method(start_method, force=True)
-    # A process group of its own, which its DataLoader workers join: killing the group at a
-    # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on it.
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
-    _die_with(study_pid)
 
 
 def reporter(sender: Any, *, stop: Callable[[], bool] | None = None) -> Progress:
@@ -342,15 +304,3 @@ def reporter(sender: Any, *, stop: Callable[[], bool] | None = None) -> Progress
             sender.send(("progress", steps, total, metric, seconds))
 
     return progress
-
-
-def _die_with(study_pid: int) -> None:
-    """End this child when the study's process is gone (killed with SIGKILL, say), not orphan it.
-
-    The child's parent is the fork server, which itself waits for its children before it exits,
-    so the kernel's parent-death signal would never come; a watchdog thread asks instead.
-    """
-
-    watchdog.on_death(
-        study_pid, lambda: os.killpg(os.getpid(), signal.SIGKILL), every=WATCH_SECONDS
-    )

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 import torch._dynamo
 
-from autotune.runners import descendants, isolation
+from autotune.runners import descendants, isolation, trial_process
 from autotune.runners.isolation import Pruned, TrialFailure
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 from autotune.train.tasks import Task, load_task
@@ -184,7 +184,7 @@ class _Held:
         child, connection, self.child, self.connection = self.child, self.connection, None, None
         connection.close()  # a waiting child reads end-of-file and leaves on its own
         child.join(SETTLE_SECONDS)
-        isolation.end(child)
+        trial_process.end(child)
 
 
 def _serve(
@@ -192,7 +192,7 @@ def _serve(
 ) -> None:
     """The warm child: build the task once, then run each piece of work the study sends, until
     one fails or leaves something behind, or the study closes the pipe."""
-    isolation.become_trial_process(study_pid, start_method)
+    trial_process.become_trial_process(study_pid, start_method)
     progress = isolation.reporter(
         connection, stop=lambda: connection.poll() and connection.recv()[0] == "stop"
     )
