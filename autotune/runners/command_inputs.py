@@ -1,0 +1,104 @@
+"""What a command trial gives the user's command: its configuration file (protocol.CONFIG), its
+arguments and its environment, their placeholders filled from the configuration
+(command_line.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from autotune.runners import protocol
+from autotune.runners.isolation import TrialFailure
+from autotune.spec import command_line
+from autotune.train.config import Limits, TrialConfig
+
+
+def prepare(
+    args: list[str],
+    env: dict[str, str],
+    config: TrialConfig,
+    *,
+    folder: Path,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    metric_name: str,
+) -> tuple[list[str], dict[str, str]]:
+    """The command's arguments and its whole environment for one trial, with its configuration
+    file written in `folder`."""
+    config_file = _write_config(
+        folder / "config.json",
+        config,
+        limits=limits,
+        device=device,
+        seed=seed,
+        metric_name=metric_name,
+    )
+    values = {
+        **config.as_dict(),
+        "seed": seed,
+        "device": str(device),
+        "max_epochs": limits.max_epochs,
+        "eval_every": limits.eval_every,
+        "config_file": str(config_file),
+    }
+    return _filled(args, env, values, config_file=config_file)
+
+
+def _write_config(
+    path: Path,
+    config: TrialConfig,
+    *,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    metric_name: str,
+) -> Path:
+    """The trial's configuration file (protocol.CONFIG), written to `path`."""
+    path.write_text(
+        json.dumps(
+            {
+                "config": config.as_dict(),
+                "seed": seed,
+                "device": str(device),
+                "metric": metric_name,
+                "limits": {
+                    "target": limits.target,
+                    "max_epochs": limits.max_epochs,
+                    "max_seconds": limits.max_seconds,
+                    "eval_every": limits.eval_every,
+                },
+            },
+            indent=1,
+        )
+    )
+    return path
+
+
+def _filled(
+    args: list[str], env: dict[str, str], values: Mapping[str, object], *, config_file: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The command's arguments and its whole environment, their placeholders filled."""
+    try:
+        argv = command_line.fill_all(args, values)
+        filled = {name: command_line.fill(template, values) for name, template in env.items()}
+    except KeyError as exc:  # the spec loader validates names; this is the fallback
+        raise TrialFailure(
+            f"crashed: the command names {{{exc.args[0]}}}, which the configuration lacks"
+        ) from None
+    child_env = {**os.environ, **filled}
+    # None: unset
+    child_env = {name: value for name, value in child_env.items() if value is not None}
+    child_env.update(
+        {
+            "PATH": command_line.search_path(child_env),
+            protocol.CONFIG: str(config_file),
+            protocol.STUDY_PID: str(os.getpid()),
+        }
+    )
+    return argv, child_env
