@@ -1,8 +1,9 @@
 """Shapes: 32x32 colour images of ten drawn shapes on cluttered backgrounds, with a ResNet-9.
 
 Shaped like GPU image training (CIFAR-10 with the DAWNBench/airbench ResNet-9) but offline: the
-images are drawn here with Pillow, deterministically, and kept PNG-encoded; each training sample
-is decoded, randomly cropped and flipped in `__getitem__`, so the loader costs real CPU time.
+images are drawn with Pillow (shape_drawing.py), deterministically, and kept PNG-encoded; each
+training sample is decoded, randomly cropped and flipped in `__getitem__`, so the loader costs
+real CPU time.
 Generated once per process and cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune`
 or `~/.cache/autotune`); a cache file that cannot be read is drawn again.
 
@@ -18,7 +19,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import io
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -26,107 +26,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
 from autotune.train.measure import cpu_count
 from autotune.train.tasks import Task, augmentation_rng
+from autotune.train.tasks.shape_drawing import CLASSES, SIDE, draw_image
 
 VERSION = 2  # of the drawing; in the cache file's name, so a change never reads stale images
-BLOCK = 1000  # images a process draws at a time: each block has its own generator, so any core count draws the same
-SIDE = 32  # pixels, as CIFAR-10
-SUPERSAMPLE = 4  # drawn at 128x128 and box-filtered down: antialiased edges, as a camera gives
+# images a process draws at a time: each block has its own generator, so any core count draws the
+# same
+BLOCK = 1000
 PAD = 4  # random crops of 32x32 from the image reflect-padded by 4, as CIFAR training does
 TRAIN_SIZE, VAL_SIZE = 50_000, 10_000  # CIFAR-10's sizes: epochs of seconds on one GPU
 SMALL_TRAIN_SIZE, SMALL_VAL_SIZE = 3_000, 1_000  # trains in seconds on 2 CPU cores, for tests
 SMALL_TARGET = 0.5  # accuracy small() reaches in ~5 epochs with the baseline's batch of 32 and SGD
 SMALL_WIDTH = 8  # 1/64 of the full model's compute: ~1,000 samples/s on 2 CPU cores
 SEED = 0  # the data is part of the task, not of a trial: fixed
-NOISE = 8.0  # std of the Gaussian pixel noise, in 0-255 levels
-# Smallest |luminance of the shape - luminance of the background|, in 0-255 levels (Rec. 601
-# weights): any two colours, but the shape never fades into the background, even in grey.
-MIN_CONTRAST = 80
-MIN_RADIUS, MAX_RADIUS = (
-    0.12,
-    0.4,
-)  # of the side: the smallest are 8 pixels across, hard to tell apart
-LUMINANCE = np.array([0.299, 0.587, 0.114])
-
-
-def _polygon(n: int, *, phase: float = 0.0) -> list[tuple[float, float]]:
-    """A regular n-gon of radius 1 around the origin, a corner at the top unless turned by `phase`."""
-    return [
-        (math.sin(phase + 2 * math.pi * k / n), -math.cos(phase + 2 * math.pi * k / n))
-        for k in range(n)
-    ]
-
-
-_ROUND = _polygon(48)
-_ARM = 0.33  # half the width of a plus's arms
-# (outline of radius about 1 around the origin, hollow). Every shape is mirror-symmetric, so a
-# horizontal flip gives the same shape at another rotation: the augmentation keeps the class.
-SHAPES: dict[str, tuple[list[tuple[float, float]], bool]] = {
-    "circle": (_ROUND, False),
-    "ring": (_ROUND, True),
-    "square": (_polygon(4, phase=math.pi / 4), False),
-    "frame": (_polygon(4, phase=math.pi / 4), True),
-    "triangle": ([(1.2 * x, 1.2 * y + 0.25) for x, y in _polygon(3)], False),  # centred on its area
-    "star": ([(r * x, r * y) for (x, y), r in zip(_polygon(10), [1.0, 0.45] * 5)], False),
-    "plus": (
-        [
-            (a * x - b * y, b * x + a * y)
-            for a, b in ((1, 0), (0, 1), (-1, 0), (0, -1))  # 4 turns of an arm
-            for x, y in ((-_ARM, -1), (_ARM, -1), (_ARM, -_ARM))
-        ],
-        False,
-    ),
-    "pentagon": (_polygon(5), False),
-    "hexagon": (_polygon(6), False),
-    "ellipse": ([(x, 0.5 * y) for x, y in _ROUND], False),
-}
-CLASSES = tuple(SHAPES)
-
-
-def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
-    return tuple(int(c) for c in rng.integers(0, 256, 3))
-
-
-def _draw(rng: np.random.Generator, label: int) -> np.ndarray:
-    """One image, HWC uint8: clutter, the shape at a random size, place and angle, more clutter, noise."""
-    big = SIDE * SUPERSAMPLE
-    background = _colour(rng)
-    colour = _colour(rng)
-    while abs(LUMINANCE @ np.subtract(colour, background)) < MIN_CONTRAST:
-        colour = _colour(rng)
-    image = Image.new("RGB", (big, big), background)
-    draw = ImageDraw.Draw(image)
-    outline, hollow = SHAPES[CLASSES[label]]
-    radius = rng.uniform(MIN_RADIUS, MAX_RADIUS) * big
-    angle = rng.uniform(0, 2 * math.pi)
-    cx, cy = rng.uniform(0.7 * radius, big - 0.7 * radius, 2)  # up to 30% of it may leave the frame
-    cos, sin = math.cos(angle) * radius, math.sin(angle) * radius
-    xy = [(cx + cos * x - sin * y, cy + sin * x + cos * y) for x, y in outline]
-    clutter = int(
-        rng.integers(1, 4)
-    )  # lines and dots; with more, the small task learns too slowly for tests
-    for i in range(clutter):
-        if i == clutter // 2:  # half of the clutter behind the shape, half over it
-            if hollow:
-                draw.polygon(xy, outline=colour, width=max(SUPERSAMPLE, round(0.3 * radius)))
-            else:
-                draw.polygon(xy, fill=colour)
-        if rng.random() < 0.5:
-            draw.line(
-                [tuple(p) for p in rng.uniform(0, big, (2, 2))],
-                fill=_colour(rng),
-                width=int(rng.integers(SUPERSAMPLE // 2, 2 * SUPERSAMPLE)),
-            )
-        else:
-            x, y, r = *rng.uniform(0, big, 2), rng.uniform(0.5, 1.5) * SUPERSAMPLE
-            draw.ellipse([x - r, y - r, x + r, y + r], fill=_colour(rng))
-    small = np.asarray(image.resize((SIDE, SIDE), Image.Resampling.BOX), dtype=np.float32)
-    return np.clip(small + rng.normal(0, NOISE, small.shape), 0, 255).round().astype(np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +69,8 @@ def _generate(n: int, seed: int) -> tuple[Encoded, np.ndarray]:
     every core: the same images whatever the number of cores."""
     labels = np.random.default_rng(seed).permutation(np.arange(n) % len(CLASSES))
     blocks = [(seed, start, labels[start : start + BLOCK]) for start in range(0, n, BLOCK)]
-    processes = min(
-        len(blocks), cpu_count()
-    )  # the cores this process may use, not all the machine has
+    # the cores this process may use, not all the machine has
+    processes = min(len(blocks), cpu_count())
     if processes > 1:
         with concurrent.futures.ProcessPoolExecutor(processes) as pool:
             drawn = list(pool.map(_draw_block, blocks))
@@ -174,15 +90,15 @@ def _draw_block(block: tuple[int, int, np.ndarray]) -> tuple[np.ndarray, np.ndar
     rng = np.random.default_rng([seed, start])
     blobs, moments = [], np.zeros((2, 3))
     for label in labels:
-        pixels = _draw(rng, int(label))
+        pixels = draw_image(rng, int(label))
         flat = pixels.reshape(-1, 3).astype(np.float64)
         moments += (flat.sum(0), (flat**2).sum(0))
         # PNG, not JPEG: lossless, so the pixels are the ones drawn, and faster to decode (~40 us
-        # against ~80). The noise keeps it at ~2.3 KB an image (raw: 3 KB; JPEG at quality 90: ~1.1).
+        # against ~80). The noise keeps it at ~2.3 KB an image (raw: 3 KB; JPEG at quality 90:
+        # ~1.1).
         buffer = io.BytesIO()
-        Image.fromarray(pixels).save(
-            buffer, "PNG", compress_level=1
-        )  # higher levels: slower, no smaller
+        # higher levels: slower, no smaller
+        Image.fromarray(pixels).save(buffer, "PNG", compress_level=1)
         blobs.append(np.frombuffer(buffer.getvalue(), np.uint8))
     return np.concatenate(blobs), np.array([len(b) for b in blobs], np.int64), moments
 
@@ -232,7 +148,8 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _arrays(n_train: int, n_val: int, seed: int) -> dict[str, np.ndarray]:
-    """From the disk cache, or drawn (the training split seeded `seed`, validation `seed + 1`) and cached."""
+    """From the disk cache, or drawn (the training split seeded `seed`, validation `seed + 1`) and
+    cached."""
     path = cache_dir() / f"shapes-v{VERSION}-{n_train}-{n_val}-seed{seed}.npz"
     arrays = _read(path, {"train": n_train, "val": n_val})
     if arrays is None:
@@ -321,9 +238,8 @@ def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, S
         .permute(0, 3, 1, 2)
         .contiguous()
     )
-    norm = {
-        k: torch.tensor(a[k], dtype=torch.float32).view(3, 1, 1) for k in ("mean", "std")
-    }  # 0-255 levels
+    # 0-255 levels
+    norm = {k: torch.tensor(a[k], dtype=torch.float32).view(3, 1, 1) for k in ("mean", "std")}
     return (
         ShapesTrain(Encoded(a["train_data"], a["train_offsets"], a["train_labels"]), **norm),
         ShapesVal(val_images, torch.from_numpy(val.labels), **norm),
@@ -348,7 +264,8 @@ class Residual(nn.Module):
 
 
 class ResNet9(nn.Module):
-    """The ResNet-9 of DAWNBench (myrtle.ai) and airbench: w, 2w, 4w, 8w channels at 32, 16, 8, 4 pixels."""
+    """The ResNet-9 of DAWNBench (myrtle.ai) and airbench: w, 2w, 4w, 8w channels at 32, 16, 8, 4
+    pixels."""
 
     def __init__(self, width: int = 64) -> None:
         super().__init__()
