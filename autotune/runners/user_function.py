@@ -64,7 +64,8 @@ def as_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> 
                 stop_reason="target" if reached else "objective",
                 curve=((seconds, None, metric),),
             )
-        oom.free_memory()  # out of the except block: the traceback no longer holds the trial's tensors
+        # out of the except block: the traceback no longer holds the trial's tensors
+        oom.free_memory()
         raise failure
 
     return run_trial

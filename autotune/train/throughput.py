@@ -209,9 +209,8 @@ class _Session:
 
     def window(self) -> float | None:
         """Samples per second over a window; None when an epoch began in it."""
-        torch.set_num_threads(
-            threads_for(self.config.num_workers)
-        )  # the sessions differ in workers
+        # the sessions differ in workers
+        torch.set_num_threads(threads_for(self.config.num_workers))
         self._steps(self.drain_steps)
         clock = Clock(self.device)
         clock.start()
