@@ -38,10 +38,13 @@ def unsupported_switches(
     return unsupported
 
 
-# Searched only where it can pay: on CPU a trial rarely lasts long enough to win back torch.compile's
-# start-up (16 s for a three-layer CNN on 2 cores), which counts on its clock. A study file that
-# fixes compile: true still compiles there.
-CPU_COMPILE = "on CPU, compiling takes longer than it saves in a short trial (give space.compile: true to force it)"
+# Searched only where it can pay: on CPU a trial rarely lasts long enough to win back
+# torch.compile's start-up (16 s for a three-layer CNN on 2 cores), which counts on its clock. A
+# study file that fixes compile: true still compiles there.
+CPU_COMPILE = (
+    "on CPU, compiling takes longer than it saves in a short trial "
+    "(give space.compile: true to force it)"
+)
 
 
 def restrict_to_device(

@@ -32,9 +32,8 @@ from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Sp
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
 # are per micro-batch).
 LOADER, FORMAT = LOADER_KNOBS, FORMAT_KNOBS
-MAX_MEASURED_BATCHES = (
-    6  # micro-batches measured from a range; the step-time model fills in between
-)
+# micro-batches measured from a range; the step-time model fills in between
+MAX_MEASURED_BATCHES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +41,8 @@ class Speed:
     """How fast one systems setting trains: what a prediction is made of."""
 
     samples_per_second: float
-    fixed_seconds: (
-        float  # start-up beyond its steps: loader start, compilation, first cuDNN searches
-    )
+    # start-up beyond its steps: loader start, compilation, first cuDNN searches
+    fixed_seconds: float
 
     def seconds(self, samples: float) -> float:
         return self.fixed_seconds + samples / self.samples_per_second
@@ -52,7 +50,8 @@ class Speed:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One measured systems setting: its knobs (micro-batch, precision, loader, format) and speed."""
+    """One measured systems setting: its knobs (micro-batch, precision, loader, format) and
+    speed."""
 
     settings: Mapping[str, Any]
     speed: Speed | None  # None: it ran out of memory, or had no window to time
@@ -271,8 +270,8 @@ def describe(phase: Mapping[str, Any]) -> str:
     parts = [f"{len(measured)} of {len(table.entries)} systems settings measured"]
     if fastest is not None:
         parts.append(
-            f"fastest {fastest.speed.samples_per_second:,.0f} samples/s at batch {fastest.settings['batch_size']}, "
-            f"{fastest.settings['precision']}"
+            f"fastest {fastest.speed.samples_per_second:,.0f} samples/s "
+            f"at batch {fastest.settings['batch_size']}, {fastest.settings['precision']}"
         )
     ran_out = [e for e in table.entries if e.oom]
     if ran_out:

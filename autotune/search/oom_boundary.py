@@ -54,6 +54,7 @@ def bound_by(
 
 def reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
     return (
-        f"not run: batch_size {config['batch_size']} in {config['precision']} needs at least the memory of "
-        f"trial {number} (batch_size {other['batch_size']} in {other['precision']}), which ran out of memory"
+        f"not run: batch_size {config['batch_size']} in {config['precision']} "
+        f"needs at least the memory of trial {number} "
+        f"(batch_size {other['batch_size']} in {other['precision']}), which ran out of memory"
     )

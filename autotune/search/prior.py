@@ -30,10 +30,8 @@ from autotune.search.space import Choices, Domain, Range, Space, is_integer
 # the baseline's, where the best lr grows more slowly than the batch; above it when the baseline's
 # lr was a cautious hand-picked default), and keeps the trials apart on TPE's log-scaled lr.
 LR_FACTORS = (1.0, 1 / 3, 3.0)
-SCHEDULERS = (
-    "onecycle",
-    "cosine",
-)  # in order of preference: schedules that anneal to the end of the run
+# in order of preference: schedules that anneal to the end of the run
+SCHEDULERS = ("onecycle", "cosine")
 
 
 def first_trials(
@@ -43,7 +41,8 @@ def first_trials(
     the prior, on `space` for a training set of `train_samples` (None: unknown, so the baseline's
     micro-batch); duplicates left out, as are knobs the space fixes."""
     accumulation = _smallest("accumulation_steps", space["accumulation_steps"])
-    # An epoch has train_samples / accumulation / batch optimizer steps: probe_batch's rule with fewer samples.
+    # An epoch has train_samples / accumulation / batch optimizer steps: probe_batch's rule with
+    # fewer samples.
     samples = None if train_samples is None else train_samples // accumulation
     batch = _nearest(
         "batch_size", space["batch_size"], probe.probe_batch(space, baseline, samples=samples)

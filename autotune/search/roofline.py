@@ -136,7 +136,8 @@ def what_moves_it(best: Prediction) -> str:
     headroom = best.loader_rate / best.compute_rate
     return (
         f"the compute: the loader could deliver {headroom:.2f}x more "
-        f"(a narrower precision, channels-last, compilation or a larger batch raise the step's rate)"
+        "(a narrower precision, channels-last, compilation or a larger batch "
+        "raise the step's rate)"
     )
 
 
@@ -145,9 +146,8 @@ def _setting_text(setting: Mapping[str, Any]) -> str:
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")
     shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
-    shown += [
-        knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)
-    ]  # compile is never in a setting
+    # compile is never in a setting
+    shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]
     return ", ".join(shown)
 
 
@@ -160,18 +160,23 @@ def describe(outcome: Mapping[str, Any]) -> str:
     bottleneck, the knob space's limit and what would move it."""
     loaders, computes = len(outcome["loader_rates"]), len(outcome["compute_rates"])
     head = (
-        f"Joint systems probe (batch {outcome['batch_size']}: {loaders} loader and {computes} compute settings "
-        f"measured apart"
+        f"Joint systems probe (batch {outcome['batch_size']}: "
+        f"{loaders} loader and {computes} compute settings measured apart"
     )
     chosen, limit = outcome.get("chosen"), outcome.get("limit")
     if chosen is None:
-        return f"{head}, {outcome['seconds']:.1f} s): nothing settled, as {outcome.get('unsettled', 'no setting ran')}"
+        return (
+            f"{head}, {outcome['seconds']:.1f} s): nothing settled, "
+            f"as {outcome.get('unsettled', 'no setting ran')}"
+        )
     head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s)"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [
-        f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, predicted {_rate(chosen['predicted'])} "
-        f"({error:+.0%}); {chosen['bottleneck']}-bound (loader {_rate(chosen['loader_rate'])}, compute "
-        f"{_rate(chosen['compute_rate'])}, the device waiting for input {chosen['idle_share']:.0%} of the time)",
+        f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
+        f"predicted {_rate(chosen['predicted'])} ({error:+.0%}); "
+        f"{chosen['bottleneck']}-bound (loader {_rate(chosen['loader_rate'])}, "
+        f"compute {_rate(chosen['compute_rate'])}, "
+        f"the device waiting for input {chosen['idle_share']:.0%} of the time)",
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
         f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
     ]
@@ -180,14 +185,15 @@ def describe(outcome: Mapping[str, Any]) -> str:
         lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
     if outcome.get("shared_cores"):
         lines.append(
-            "On a CPU the loader and the step share the same cores, so what runs together differs from "
-            "their rates apart: the end-to-end measurement decided"
+            "On a CPU the loader and the step share the same cores, so what runs together "
+            "differs from their rates apart: the end-to-end measurement decided"
         )
     return "\n".join(lines)
 
 
 def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
-    """torch.compile weighed once against the longest trial, in optimizer steps at the probe's batch."""
+    """torch.compile weighed once against the longest trial, in optimizer steps at the probe's
+    batch."""
     if compiled.get("failed"):
         return f"torch.compile fixed off: {compiled['failed']}"
     head = (

@@ -83,7 +83,8 @@ def read_yaml(path: Path) -> Any:
             path,
             f"{exc.key} ({exc.where})",
             exc.key,
-            "this key is given twice in its mapping; give it once (YAML would keep the last silently)",
+            "this key is given twice in its mapping; "
+            "give it once (YAML would keep the last silently)",
         ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -42,9 +42,8 @@ from typing import Any
 
 from autotune.search.space import RESERVED
 
-FILLED = (
-    RESERVED  # seed, device, max_epochs, eval_every, config_file: filled beside the configuration
-)
+# seed, device, max_epochs, eval_every, config_file: filled beside the configuration
+FILLED = RESERVED
 _FORMATTER = string.Formatter()
 
 
@@ -67,7 +66,8 @@ def split(command: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def placeholders(command: str | Sequence[str], env: Mapping[str, str] | None = None) -> set[str]:
-    """The names the command (and the values of `env`) use; a ValueError for a malformed placeholder."""
+    """The names the command (and the values of `env`) use; a ValueError for a malformed
+    placeholder."""
     names: set[str] = set()
     for template in (*split(command), *(env or {}).values()):
         names.update(name for name, _ in _fields(template))
@@ -103,7 +103,8 @@ def validate(
 
 
 def fill(template: str, values: Mapping[str, Any]) -> str | None:
-    """One argument with its placeholders filled; None when it is to be left out (see the module's doc)."""
+    """One argument with its placeholders filled; None when it is to be left out (see the
+    module's doc)."""
     parts = []
     for literal, name, spec in _parse(template):
         parts.append(literal)
@@ -147,7 +148,8 @@ def find_program(program: str, *, cwd: Path) -> str | None:
 
 
 def _parse(template: str) -> list[tuple[str, str | None, str]]:
-    """(literal text, placeholder name or None, its YES/NO spec) per piece; ValueError if malformed."""
+    """(literal text, placeholder name or None, its YES/NO spec) per piece; ValueError if
+    malformed."""
     try:
         pieces = list(_FORMATTER.parse(template))
     except ValueError as exc:  # "Single '}' encountered", "expected '}' before end of string"
@@ -160,7 +162,8 @@ def _parse(template: str) -> list[tuple[str, str | None, str]]:
             if not name.isidentifier() or conversion or "{" in (spec or ""):
                 raise ValueError(
                     f"malformed placeholder in {template!r}: a placeholder is {{name}} or "
-                    f"{{name:IF_TRUE/IF_FALSE}}, but got {{{name}{'!' + conversion if conversion else ''}"
+                    f"{{name:IF_TRUE/IF_FALSE}}, "
+                    f"but got {{{name}{'!' + conversion if conversion else ''}"
                     f"{':' + spec if spec else ''}}}"
                 )
             if spec and spec.count("/") != 1:

@@ -22,9 +22,8 @@ from autotune.search.space import (
 )
 from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require
 
-PRESET_DIR = (
-    Path(__file__).resolve().parents[1] / "search" / "presets"
-)  # package data: installed with autotune
+# package data: installed with autotune
+PRESET_DIR = Path(__file__).resolve().parents[1] / "search" / "presets"
 
 
 def _knob_value(path: Path, key: str, name: str, value: Any) -> Any:
@@ -99,7 +98,8 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
             "a preset maps each knob to a range, a list or a value",
         )
     reject_unknown(preset_path, "", preset_raw, tuple(KNOBS))
-    # The schedule and the on/off systems knobs may be left out: presets written before they existed.
+    # The schedule and the on/off systems knobs may be left out: presets written before they
+    # existed.
     missing = [
         k for k in KNOBS if k not in preset_raw and k != SCHEDULE and KNOBS[k].absent is None
     ]
@@ -228,7 +228,8 @@ def baseline(
     path: Path, raw: Any, space: Space, *, max_epochs: float
 ) -> tuple[tuple[str, Any], ...]:
     """The configuration the winner is compared with: knobs from DEFAULT_BASELINE (a schedule of
-    `max_epochs`), parameters from the middle of their domains, each overridden by the study file."""
+    `max_epochs`), parameters from the middle of their domains, each overridden by the study
+    file."""
     params = dict(space.params)
     raw = mapping(path, "baseline", raw, (*KNOBS, *params))
     config = {
