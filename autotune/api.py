@@ -67,9 +67,9 @@ def tune(
     """
     from autotune import signals
     from autotune.report import summarize
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import from_mapping
     from autotune.study import preparation
-    from autotune.study import run as study_
+    from autotune.study.run import run_sequence
 
     for key, value in (
         ("space", space),
@@ -117,7 +117,7 @@ def tune(
             if value is not None
         }
     )
-    spec = spec_.from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
+    spec = from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
     run_objective = (
         user_function.as_trial(objective, knobs=knobs) if objective is not None else None
     )
@@ -125,7 +125,7 @@ def tune(
         preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs
     )
     try:
-        study = study_.run_sequence(spec, prepared, allow_changes=allow_changes)
+        study = run_sequence(spec, prepared, allow_changes=allow_changes)
     except (
         KeyboardInterrupt
     ) as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole

@@ -225,12 +225,12 @@ def _command(argv: Sequence[str] | None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from autotune import progress, signals
     from autotune.report import results
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import load
     from autotune.study import preparation, storage, workers
-    from autotune.study import run as study_
+    from autotune.study.run import run_sequence
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
-    spec = spec_.load(
+    spec = load(
         args.study,
         storage=args.storage,
         isolation=args.isolation,
@@ -254,7 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ],
     )
     try:
-        study = study_.run_sequence(
+        study = run_sequence(
             spec,
             prepared,
             allow_changes=args.allow_changes,
@@ -312,7 +312,7 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
     """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
     from autotune import signals
     from autotune.study import preparation, runner_lock, storage, workers
-    from autotune.study import run as study_
+    from autotune.study.run import run_study
 
     if spec.storage.startswith("sqlite"):
         raise AutotuneError(
@@ -321,7 +321,7 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
     workers.die_with_parent()
     try:
         with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            study_.run_study(spec, preparation.as_begun(spec, prepared), worker=args.as_worker)
+            run_study(spec, preparation.as_begun(spec, prepared), worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)
     return 0
@@ -392,10 +392,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune import signals
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import load
     from autotune.study import dashboard
 
-    spec = spec_.load(args.study, storage=args.storage)
+    spec = load(args.study, storage=args.storage)
     try:
         dashboard.serve(spec, host=args.host, port=args.port)
     except KeyboardInterrupt as interrupt:
@@ -408,7 +408,7 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     for a study with no file) the one its storage describes. A file that no longer says what the
     stored study began with gets a notice: the report reads the stored trials by the file's target."""
     from autotune.record import definition, schema
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import load
     from autotune.study import storage
 
     where = f"autotune {args.command}"
@@ -425,7 +425,7 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
             f"{where}: --study {args.study_name} is for a stored study that has no study file; "
             f"with a study file, its name: key says which study it is"
         )
-    spec = spec_.load(args.study, storage=args.storage)
+    spec = load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
     for change in definition.drifted(schema.definition(study.user_attrs), spec):
         print(

@@ -318,7 +318,8 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_bad_input_is_one_line_and_leaves_storage_alone(tmp_path: Path, case: Case) -> None:
-    """Exit 2, one stderr line naming study.yaml, no traceback; study.db not created or unchanged."""
+    """Exit 2, one stderr line naming study.yaml, no traceback; study.db not created or
+    unchanged."""
     if case.study is not None:
         (tmp_path / "study.yaml").write_text(case.study)
     for name, text in case.files:
@@ -380,7 +381,8 @@ def test_bad_option_is_rejected_before_anything_runs(
 
 
 def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
-    """A second `autotune run` on a SQLite study that one already runs: refused, storage unchanged."""
+    """A second `autotune run` on a SQLite study that one already runs: refused, storage
+    unchanged."""
     (tmp_path / "study.yaml").write_text(HEAD)
     (tmp_path / "study.db").write_bytes(GARBAGE)
     with open(tmp_path / "study.db.runner.lock", "w") as lock:
@@ -409,15 +411,16 @@ def test_a_directory_given_as_the_storage_is_named_as_one(
 
 
 def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -> None:
-    """The stored study began with target 0.9; the file now says 0.97: refused, storage unchanged."""
+    """The stored study began with target 0.9; the file now says 0.97: refused, storage
+    unchanged."""
     import optuna
 
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import load
     from autotune.study import preparation
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD.replace("0.97", "0.9") + "device: cpu\n")
-    began = preparation.prepare(spec_.load(path)).definition
+    began = preparation.prepare(load(path)).definition
     stored = optuna.create_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}")
     stored.set_user_attr("definition", began)
     before = (tmp_path / "study.db").read_bytes()
@@ -436,8 +439,8 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
 
 
 def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) -> None:
-    """`autotune report ... | head -1`: the pipe closes before autotune writes; exit as SIGPIPE would
-    end it (141), nothing on stderr."""
+    """`autotune report ... | head -1`: the pipe closes before autotune writes; exit as SIGPIPE
+    would end it (141), nothing on stderr."""
     (tmp_path / "study.yaml").write_text(
         "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.5}\nprobe: none\n"
         "space: {num_workers: 0, batch_size: 64}\nbudget: {trials: 1, max_epochs: 2}\n"
@@ -484,8 +487,9 @@ def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) 
                 "2",
                 "--quiet",
             ],
-            "autotune run 'my studies/x.yaml' --trials 30 --timeout 600 --storage journal:///x.journal --workers 2 "
-            "--isolation process --allow-changes --quiet",
+            "autotune run 'my studies/x.yaml' --trials 30 --timeout 600 "
+            "--storage journal:///x.journal --workers 2 --isolation process --allow-changes "
+            "--quiet",
         ),
         (["run", "x.yaml", "--timeout", "90.5"], "autotune run x.yaml --timeout 90.5"),
     ],

@@ -15,7 +15,7 @@ from autotune.record import objectives, schema
 from autotune.search import goodput
 from autotune.search.space import Choices, Space, complete
 from autotune.spec.study_file import SYSTEMS_ONLY
-from autotune.study.goodput import settings as phase_settings
+from autotune.study import throughput_phase
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
 from autotune.train.tasks import load_task
@@ -202,10 +202,7 @@ def test_a_goodput_trial_is_timed_by_the_prediction_for_its_mean_samples_not_its
 
 
 def test_goodput_seeds_are_paired_across_trials_and_others_are_not() -> None:
-    paired = [objectives.seeds(objectives.trial_seed(7, n, paired=True), 3) for n in range(4)]
-    assert all(s == paired[0] for s in paired) and len(set(paired[0])) == 3
-    unpaired = {objectives.trial_seed(7, n) for n in range(4)}
-    assert len(unpaired) == 4
+    """What pairing means for the seeds is the seed scheme's (tests/record/test_seeds.py)."""
     assert (
         objectives.OBJECTIVES["goodput"].paired
         and not objectives.OBJECTIVES["time_to_target"].paired
@@ -240,9 +237,9 @@ def first_losses(task_name: str, config: dict, *, steps: int, seed: int = 3) -> 
 def test_systems_only_settings_leave_the_training_unchanged(
     task_name: str, batch_norm: bool, tmp_path: Path
 ) -> None:
-    """Every setting the systems-only mode would measure trains the baseline's losses, step for step,
-    and so does every loader setting the probe may settle: on digits too, whose augmentation is
-    drawn from each sample's key, not from the random numbers of the process that loads it."""
+    """Every setting the systems-only mode would measure trains the baseline's losses, step for
+    step, and so does every loader setting the probe may settle: on digits too, whose augmentation
+    is drawn from each sample's key, not from the random numbers of the process that loads it."""
     space = Space(
         domains=(
             ("batch_size", Choices((16, 32, 64))),
@@ -270,7 +267,7 @@ def test_systems_only_settings_leave_the_training_unchanged(
         "schedule_epochs": None,
     }
     spec = type("Spec", (), {"objective": SYSTEMS_ONLY})()
-    wanted = phase_settings(spec, space, baseline, batch_norm=batch_norm)
+    wanted = throughput_phase.settings(spec, space, baseline, batch_norm=batch_norm)
     if batch_norm:
         assert {(s["batch_size"], s["accumulation_steps"]) for s in wanted} == {(32, 2)}
     else:

@@ -248,10 +248,12 @@ def test_a_trial_whose_loader_worker_raised_leaves_no_worker_and_its_process_exi
         "from autotune.search.space import DEFAULT_BASELINE, complete\n"
         "from autotune.train.trial import Limits, TrialConfig\n"
         "from tests import tasks\n"
-        "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, 'prefetch_factor': 2}))\n"
+        "config = TrialConfig.from_mapping(complete({**DEFAULT_BASELINE, 'num_workers': 2, "
+        "'prefetch_factor': 2}))\n"
         "limits = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)\n"
         "try:\n"
-        "    isolation.in_process(tasks.bad_sample())(config, limits=limits, device=torch.device('cpu'), seed=1)\n"
+        "    isolation.in_process(tasks.bad_sample())(config, limits=limits, "
+        "device=torch.device('cpu'), seed=1)\n"
         "except isolation.TrialFailure as exc:\n"
         "    kept = exc  # as a caller that reports it later does\n"
         "print(len(multiprocessing.active_children()))\n"
@@ -271,7 +273,7 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
     from torch.utils.data import DataLoader
 
     from autotune import signals
-    from autotune.train import loader as loader_
+    from autotune.train.loader import _worker_init, endless
 
     monkeypatch.setattr(signals, "WORKER_GRACE_SECONDS", 2)  # read in the forked worker
     loader = DataLoader(
@@ -279,9 +281,9 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
         batch_size=64,
         num_workers=2,
         persistent_workers=True,
-        worker_init_fn=loader_._worker_init,
+        worker_init_fn=_worker_init,
     )
-    batches = loader_.endless(loader)  # as a trial starts them: forked with the signals held back
+    batches = endless(loader)  # as a trial starts them: forked with the signals held back
     next(batches)
     workers = list(loader._iterator._workers)
     for worker in workers:

@@ -25,7 +25,8 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh cache folder and a fresh per-process cache: no test reads the user's cache or another test's."""
+    """A fresh cache folder and a fresh per-process cache: no test reads the user's cache or another
+    test's."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("AUTOTUNE_CACHE", str(folder))
     shapes.datasets.cache_clear()
@@ -214,7 +215,8 @@ def test_the_small_task_trains_to_its_target(small: Task) -> None:
 
 def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) -> None:
     """Each sample's crop and flip follow from the run's seed alone: not from which process
-    prepares it, nor from what else drew random numbers (the training's own draws, with no workers)."""
+    prepares it, nor from what else drew random numbers (the training's own draws, with no
+    workers)."""
 
     def first_batches(workers: int, seed: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
         batches = iter(
@@ -252,10 +254,10 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     """studies/shapes.yaml is valid and its space prepares on this machine (the small task standing
     in for the full one): the knobs a CPU cannot run are fixed, with notices, and nothing else."""
     from autotune.search.space import Choices
-    from autotune.spec import study_file as spec_
+    from autotune.spec.study_file import load
     from autotune.study import preparation
 
-    spec = spec_.load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
+    spec = load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5
     prepared = preparation.prepare(spec, task=small)
     assert prepared.space["batch_size"] == Choices((32, 64, 128, 256, 512))

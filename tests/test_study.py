@@ -350,7 +350,8 @@ def test_a_failing_trial_is_recorded_and_the_study_ends(
         if "cannot be built" in text
     )
     assert err.strip().splitlines()[-1] == (
-        "autotune: every one of the 2 trials failed, so nothing was tuned; the most common reason (2 of 2): "
+        "autotune: every one of the 2 trials failed, so nothing was tuned; "
+        "the most common reason (2 of 2): "
         f"ValueError: this model cannot be built (at {REPO / 'tests' / 'tasks.py'}:{line})"
     )
     assert run_cli("export", str(path), "--format", "json", capsys=capsys)[0] == 2
@@ -564,8 +565,8 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
     pids.mkdir()
     study = {
         "task": {
-            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} --seed {{seed}} "
-            f"--pids {pids}"
+            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} "
+            f"--seed {{seed}} --pids {pids}"
         },
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {
@@ -616,9 +617,10 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
 
 
 def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Path) -> None:
-    """As an empty training set is: named against the task, not found by every trial inside torch.cat."""
+    """As an empty training set is: named against the task, not found by every trial inside
+    torch.cat."""
     from autotune.errors import SpecError
-    from autotune.spec import study_file as spec_
+    from autotune.spec import study_file
     from autotune.study import preparation
 
     path = write_study(tmp_path, task="tests.tasks:no_validation_samples")
@@ -626,17 +628,17 @@ def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Pat
         SpecError,
         match=r"task: got 'tests.tasks:no_validation_samples'; the task's validation set is empty",
     ):
-        preparation.prepare(spec_.load(path))
+        preparation.prepare(study_file.load(path))
 
 
 def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_path: Path) -> None:
-    from autotune.spec import study_file as spec_
+    from autotune.spec import study_file
     from autotune.study import preparation
 
     path = write_study(
         tmp_path, batch_sizes=(64, 2048, 4096)
     )  # tests.tasks:blobs trains on 1,024 samples
-    prepared = preparation.prepare(spec_.load(path))
+    prepared = preparation.prepare(study_file.load(path))
     assert prepared.space["batch_size"].values == (64,)
     assert (
         "batch_size 2048, 4096 removed from the search space: the task has 1024 training samples"
@@ -650,7 +652,7 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     """A study written for a GPU node (16 workers) still runs on a 2-core machine, without them."""
     import yaml
 
-    from autotune.spec import study_file as spec_
+    from autotune.spec import study_file
     from autotune.study import preparation
 
     path = write_study(tmp_path)
@@ -658,7 +660,7 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     raw["space"]["num_workers"] = [0, 2, 8, 16]
     path.write_text(yaml.safe_dump(raw))
     monkeypatch.setattr(preparation, "cpu_count", lambda: 2)
-    prepared = preparation.prepare(spec_.load(path))
+    prepared = preparation.prepare(study_file.load(path))
     assert prepared.space["num_workers"].values == (0, 2, 8)
     assert (
         "num_workers 16 removed from the search space: 2 CPU cores are available to autotune here "
@@ -667,11 +669,11 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
 
     raw["space"]["num_workers"] = {"low": 0, "high": 64}  # a range is cut at the limit
     path.write_text(yaml.safe_dump(raw))
-    prepared = preparation.prepare(spec_.load(path))
+    prepared = preparation.prepare(study_file.load(path))
     assert (prepared.space["num_workers"].low, prepared.space["num_workers"].high) == (0, 8)
     assert (
-        "num_workers 9 to 64 removed from the search space: 2 CPU cores are available to autotune here "
-        "(at most 4 loader workers a core)"
+        "num_workers 9 to 64 removed from the search space: 2 CPU cores are available to autotune "
+        "here (at most 4 loader workers a core)"
     ) in prepared.notices
 
 
@@ -681,7 +683,7 @@ def test_the_loader_worker_limit_counts_the_cores_this_process_may_use(tmp_path:
     cores the machine has."""
     import yaml
 
-    from autotune.spec import study_file as spec_
+    from autotune.spec import study_file
     from autotune.study import preparation
 
     path = write_study(tmp_path)
@@ -691,7 +693,7 @@ def test_the_loader_worker_limit_counts_the_cores_this_process_may_use(tmp_path:
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})
     try:
-        prepared = preparation.prepare(spec_.load(path))
+        prepared = preparation.prepare(study_file.load(path))
     finally:
         os.sched_setaffinity(0, allowed)
     assert prepared.space["num_workers"].values == (0, 2)
@@ -708,7 +710,8 @@ def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_th
     recorded as complete when it finally speaks."""
     study = {
         "task": {
-            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'goes_silent.py'} --seed {{seed}}"
+            "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'goes_silent.py'} "
+            "--seed {seed}"
         },
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {
@@ -766,7 +769,8 @@ def test_a_confirmation_that_no_longer_covers_the_fastest_trials_is_not_reported
     assert code == 0
     assert f"Winner: trial {number} (single run, not confirmed)" in out
     assert (
-        f"Not confirmed: the confirmation on fresh seeds was taken after {confirmed['after_trials']} trials, of trials "
+        "Not confirmed: the confirmation on fresh seeds was taken after "
+        f"{confirmed['after_trials']} trials, of trials "
         f"{confirmed['trials'][0]}, and the study's fastest trials have changed since"
     ) in out
     assert "Re-measured side by side" not in out
@@ -820,7 +824,8 @@ def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(
 def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_report_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """confirm.baseline: until_resolved, with a baseline that learns too slowly to reach the target."""
+    """confirm.baseline: until_resolved, with a baseline that learns too slowly to reach the
+    target."""
     path = write_study(
         tmp_path, trials=2, confirm={"top": 1, "runs": 4, "baseline": "until_resolved"}
     )
@@ -834,8 +839,9 @@ def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_re
     runs = load(path).user_attrs["confirmation"]["runs"]
     assert [r["label"] for r in runs].count("baseline") == 2 and len(runs) == 2 + 4
     assert (
-        "The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the slowest run of every "
-        "other configuration, so more could not change which is faster (confirm.baseline: until_resolved)"
+        "The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the "
+        "slowest run of every other configuration, so more could not change which is faster "
+        "(confirm.baseline: until_resolved)"
     ) in out
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
     assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 1.25
@@ -844,7 +850,8 @@ def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_re
 def test_the_largest_seed_runs_and_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Every seed derived from the study's (the sampler's grows with the trials stored) still fits."""
+    """Every seed derived from the study's (the sampler's grows with the trials stored) still
+    fits."""
     from autotune.spec.study_file import MAX_SEED
 
     path = write_study(tmp_path, trials=1, seed=MAX_SEED, confirm={"top": 0, "runs": 1})
@@ -857,7 +864,8 @@ def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_wi
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """batch_size and accumulation_steps are drawn apart: 512 x 4 asks for 2048 of the 1024 training
-    samples. Such a trial is PRUNED before it trains (the sampler learns it), not FAILED in the loop."""
+    samples. Such a trial is PRUNED before it trains (the sampler learns it), not FAILED in the
+    loop."""
     path = write_study(tmp_path, trials=6, batch_sizes=(512,), confirm={"top": 0})
     study = yaml.safe_load(path.read_text())
     study["space"]["accumulation_steps"] = [1, 4]

@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 from autotune.errors import SpecError
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, Choices, complete
-from autotune.spec import study_file as spec_
+from autotune.spec.study_file import load
 from autotune.study import preparation
 from autotune.train import systems
 from autotune.train.config import Limits, TrialConfig
@@ -120,7 +120,8 @@ def test_compile_trains_a_compiled_module() -> None:
 
 
 def test_a_compile_failure_fails_the_trial_with_a_clear_reason() -> None:
-    """No working C++ compiler for inductor on CPU: the trial fails naming torch.compile, not an OOM."""
+    """No working C++ compiler for inductor on CPU: the trial fails naming torch.compile, not an
+    OOM."""
     from torch._inductor import config as inductor
 
     # A width no other test compiles, and no cache: inductor must generate and compile new code.
@@ -167,7 +168,7 @@ def write(tmp_path: Path, space: str, baseline: str = "") -> Path:
 def test_prepare_fits_the_switches_to_a_cpu(tmp_path: Path) -> None:
     """The default space on CPU: cuDNN and compile fixed off with one notice each, channels-last
     kept for a model with 2-D convolutions."""
-    prepared = preparation.prepare(spec_.load(write(tmp_path, "")))
+    prepared = preparation.prepare(load(write(tmp_path, "")))
     assert prepared.space["compile"] == prepared.space["cudnn_benchmark"] == Choices((False,))
     assert prepared.space["channels_last"] == Choices((False, True))
     switches = ("compile", "cudnn_benchmark", "channels_last")
@@ -182,7 +183,7 @@ def test_prepare_fixes_channels_last_for_a_model_without_images(tmp_path: Path) 
     path.write_text(
         "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n"
     )
-    prepared = preparation.prepare(spec_.load(path))
+    prepared = preparation.prepare(load(path))
     assert prepared.space["channels_last"] == Choices((False,))
     assert any(
         n.startswith("channels_last fixed to false: the task's model has no 2-D convolutions")
@@ -192,15 +193,13 @@ def test_prepare_fixes_channels_last_for_a_model_without_images(tmp_path: Path) 
 
 def test_a_switch_fixed_on_that_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:
-        preparation.prepare(spec_.load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
+        preparation.prepare(load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
     assert "space.cudnn_benchmark" in str(error.value) and "cuDNN runs only on CUDA" in str(
         error.value
     )
 
 
 def test_a_baseline_switch_that_cannot_run_is_turned_off_with_a_notice(tmp_path: Path) -> None:
-    prepared = preparation.prepare(
-        spec_.load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n"))
-    )
+    prepared = preparation.prepare(load(write(tmp_path, "", "baseline: {cudnn_benchmark: true}\n")))
     assert prepared.baseline["cudnn_benchmark"] is False
     assert "baseline cudnn_benchmark set to false: cuDNN runs only on CUDA" in prepared.notices

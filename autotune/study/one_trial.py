@@ -20,8 +20,8 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import budget as budget_
-from autotune.study import goodput, storage
+from autotune.study import storage, throughput_phase
+from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialConfig, TrialResult
 
 
@@ -39,7 +39,7 @@ class Policy:
     prune: bool = False  # stop a trial once its training passes the incumbent's time
     objective: objectives.Objective = objectives.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
-    plan: goodput.Plan | None = (
+    plan: throughput_phase.Plan | None = (
         None  # goodput: how a trial's maths trains, and its time from its samples
     )
     train_samples: int | None = (
@@ -75,7 +75,7 @@ def run_one(
     # this trial included; read before the ask, so other workers' latest may be missing
     before = Before(
         incumbent(known),
-        budget_.finished_count(known) + 1,
+        finished_count(known) + 1,
         _ran_out(known),
         known if alone else None,
     )
@@ -122,7 +122,7 @@ def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:
 
 def _standing_now(study: optuna.Study, budget: int) -> str:
     trials = study.get_trials(deepcopy=False)
-    return standing(budget_.finished_count(trials), budget, incumbent(trials))
+    return standing(finished_count(trials), budget, incumbent(trials))
 
 
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
@@ -145,8 +145,8 @@ def _settled_unrun(
 ) -> bool:
     """End the trial without training where its end is known: surplus, or past the OOM boundary."""
     # Alone, the read before the ask is current: another read would cost a storage round trip.
-    if budget_.slots_before(study, trial.number, before.current) >= policy.budget:
-        budget_.mark_surplus(study, trial)
+    if slots_before(study, trial.number, before.current) >= policy.budget:
+        mark_surplus(study, trial)
         return True
     effective = config["batch_size"] * config["accumulation_steps"]
     if policy.train_samples is not None and effective > policy.train_samples:
@@ -306,7 +306,7 @@ def _tell_outcome(
         # Named by the setting that trains its samples soonest (the one the prediction is of).
         samples = sum(run.samples_to_target for run, _ in runs) / len(runs)
         best_config, speed = policy.plan.best(config, samples)
-        record[schema.PREDICTION] = goodput.prediction_record(
+        record[schema.PREDICTION] = throughput_phase.prediction_record(
             speed, samples=samples, seconds=outcome.value, trained=config
         )
         schema.record_config(trial, best_config)

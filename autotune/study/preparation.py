@@ -19,9 +19,8 @@ from autotune.errors import AutotuneError, SpecError
 from autotune.record import definition, objectives, schema
 from autotune.runners import command, isolation, warm
 from autotune.search import devices
-from autotune.search import space as space_
-from autotune.spec import study_file as spec_
-from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec
+from autotune.search.space import KNOBS, Choices, Domain, Range, Space
+from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec, options
 from autotune.study import storage
 from autotune.train import systems
 from autotune.train.config import Limits
@@ -35,15 +34,13 @@ class Prepared:
 
     task: Task | None  # None for an objective function (autotune.tune(objective=...))
     device: torch.device
-    space: space_.Space
+    space: Space
     baseline: dict[str, Any]
     notices: list[str]
     definition: dict[str, Any]  # what the stored trials are measured under (definition.py)
     isolation: str  # process, warm or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
-    knobs: tuple[str, ...] = tuple(
-        space_.KNOBS
-    )  # the knobs its training reads; reports show only these
+    knobs: tuple[str, ...] = tuple(KNOBS)  # the knobs its training reads; reports show only these
     measure: isolation.Measure | None = (
         None  # the throughput phase and the probe's rates, where the task is autotune's to train
     )
@@ -169,7 +166,7 @@ PHASE_HANG_FACTOR = 4  # a group of the throughput phase may take this many tria
 
 
 def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
-    params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
+    params = {k: v for k, v in baseline.items() if k not in KNOBS}
     return systems.has_batch_norm(task.model(**takes(task.model, params)))
 
 
@@ -187,7 +184,7 @@ def check_datasets(spec: StudySpec, task: Task) -> None:
             )
 
 
-def check_task(spec: StudySpec, space: space_.Space, task: Task) -> None:
+def check_task(spec: StudySpec, space: Space, task: Task) -> None:
     """The study's parameters and metric against what the task takes and measures."""
     for name in task.unused(dict(space.params)):
         raise SpecError(
@@ -219,17 +216,17 @@ MAX_WORKERS_PER_CORE = (
 )
 
 
-def largest(domain: space_.Domain) -> Any:
-    return domain.high if isinstance(domain, space_.Range) else max(domain.values)
+def largest(domain: Domain) -> Any:
+    return domain.high if isinstance(domain, Range) else max(domain.values)
 
 
-def smallest(domain: space_.Domain) -> Any:
-    return domain.low if isinstance(domain, space_.Range) else min(domain.values)
+def smallest(domain: Domain) -> Any:
+    return domain.low if isinstance(domain, Range) else min(domain.values)
 
 
 def check_feasible(
-    spec: StudySpec, space: space_.Space, baseline: dict[str, Any], task: Task, notices: list[str]
-) -> space_.Space:
+    spec: StudySpec, space: Space, baseline: dict[str, Any], task: Task, notices: list[str]
+) -> Space:
     """Values no trial could run with, on this machine or with this task: refused before the first
     trial instead of failing every trial that draws them, or, for batch sizes the training set
     cannot fill while smaller ones can, removed with a notice."""
@@ -241,8 +238,8 @@ def check_feasible(
     counts = space["num_workers"]
     if smallest(counts) <= most < largest(counts):
         # A study written for a bigger machine (16 workers on a GPU node) still runs on this one.
-        if isinstance(counts, space_.Choices):
-            kept: space_.Domain = space_.Choices(tuple(w for w in counts.values if w <= most))
+        if isinstance(counts, Choices):
+            kept: Domain = Choices(tuple(w for w in counts.values if w <= most))
             removed = ", ".join(str(w) for w in counts.values if w > most)
         else:
             high = int(counts.high)
@@ -284,14 +281,14 @@ def check_feasible(
             f"the task has {samples} training samples: "
             f"batch_size x accumulation_steps ({smallest(batches)} x {steps}) must not exceed them",
         )
-    if isinstance(batches, space_.Choices) and largest(batches) * steps > samples:
+    if isinstance(batches, Choices) and largest(batches) * steps > samples:
         kept = tuple(b for b in batches.values if b * steps <= samples)
         notices.append(
             f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
             f"the task has {samples} training samples"
         )
-        space = space.replace("batch_size", space_.Choices(kept))
-    elif isinstance(batches, space_.Range) and batches.high * steps > samples:
+        space = space.replace("batch_size", Choices(kept))
+    elif isinstance(batches, Range) and batches.high * steps > samples:
         high = samples // steps
         notices.append(
             f"batch_size {high + 1} to {batches.high:g} removed from the search space: the task has {samples} "
@@ -301,14 +298,14 @@ def check_feasible(
             "batch_size",
             dataclasses.replace(batches, high=high)
             if high > batches.low
-            else space_.Choices((int(batches.low),)),
+            else Choices((int(batches.low),)),
         )
     return space
 
 
 def fit_to_device(
     spec: StudySpec, device: torch.device, task: Task | None
-) -> tuple[space_.Space, dict[str, Any], list[str]]:
+) -> tuple[Space, dict[str, Any], list[str]]:
     """The space and baseline without what this device, this install or the task's model cannot
     run (search/devices.restrict_to_device), with one notice per change; errors where nothing is left."""
     cuda = device.type == "cuda"
@@ -323,7 +320,7 @@ def fit_to_device(
         "compile_problem": systems.compile_problem(device) if "compile" in wanted else None,
         "tf32_problem": systems.tf32_problem(device),
     }
-    params = {k: v for k, v in baseline.items() if k not in space_.KNOBS}
+    params = {k: v for k, v in baseline.items() if k not in KNOBS}
     if "channels_last" in wanted and task is not None:
         try:
             model = task.model(**takes(task.model, params))
@@ -372,13 +369,13 @@ def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
     if stored is None:
         return prepared
     space, notices = prepared.space, list(prepared.notices)
-    for name, knob in space_.KNOBS.items():
-        fixed = space_.Choices((knob.absent,))
+    for name, knob in KNOBS.items():
+        fixed = Choices((knob.absent,))
         if knob.absent is not None and name not in stored and space[name] != fixed:
             space = space.replace(name, fixed)
             notices.append(
                 f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
-                f"searched it (give the study a new {spec_.options(spec)[0]} to search it)"
+                f"searched it (give the study a new {options(spec)[0]} to search it)"
             )
     if space is prepared.space:
         return prepared
@@ -403,7 +400,7 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
         raise AutotuneError(
             f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
             f"began in {spec.storage} ({'; '.join(c for c in changed if c.split(':')[0].removeprefix('space.') in unmixable)}); "
-            f"one Optuna study cannot mix trials over different choices: give the study a new {spec_.options(spec)[0]} "
+            f"one Optuna study cannot mix trials over different choices: give the study a new {options(spec)[0]} "
             f"to start afresh"
         )
     if changed and not allow_changes:
@@ -411,7 +408,7 @@ def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool)
         raise AutotuneError(
             f"{spec.path}: the study file changed since study {spec.name!r} began in {spec.storage}: "
             f"{'; '.join(changed)}. The {count} trial(s) stored were measured under the old settings; "
-            f"{spec_.options(spec)[1]} to add trials under the new ones, or give the study a new {spec_.options(spec)[0]}"
+            f"{options(spec)[1]} to add trials under the new ones, or give the study a new {options(spec)[0]}"
         )
     return changed
 

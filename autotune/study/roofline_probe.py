@@ -28,13 +28,12 @@ from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import probe, roofline
-from autotune.search import space as space_
-from autotune.search.space import Space
+from autotune.search.space import FORMAT_KNOBS, Space, complete, formats_for
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
-from autotune.train import measure as measure_
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
+from autotune.train.measure import other_load, threads_for
 
 LOADER_GROUP = 8  # loader settings measured side by side at once: each holds its workers
 # compute settings measured side by side at once: each holds a model, its optimizer and a few
@@ -42,15 +41,15 @@ LOADER_GROUP = 8  # loader settings measured side by side at once: each holds it
 COMPUTE_GROUP = 4
 # Change speed, never the maths; compilation is left to the search (its cost is paid once a
 # trial, which a rate does not show).
-FORMAT_KNOBS = tuple(k for k in space_.FORMAT_KNOBS if k != "compile")
+MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k != "compile")
 
 
 def compute_settings(space: Space) -> list[dict[str, Any]]:
-    """Every precision x format of the space (TF32 only with fp32: space_.formats_for)."""
+    """Every precision x format of the space (TF32 only with fp32: formats_for)."""
     return [
         {"precision": p, **f}
         for p in space["precision"].values
-        for f in space_.formats_for(space, p, FORMAT_KNOBS)
+        for f in formats_for(space, p, MEASURED_FORMATS)
     ]
 
 
@@ -65,7 +64,7 @@ def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     with (
         progress.bar("joint probe", unit="measurement", leave=False) as bar,
         signals.interruptible(),
-        measure_.other_load() as load,
+        other_load() as load,
     ):
         try:
             outcome = _choose(spec, prepared, batch, bar)
@@ -83,12 +82,12 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     seed = seeds.probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
-        return TrialConfig.from_mapping(space_.complete({**maths, **setting}))
+        return TrialConfig.from_mapping(complete({**maths, **setting}))
 
     # On a CPU the loader's workers take cores from the step: its rate is measured once for each
     # thread count the loader settings leave it (recipe.training_threads). A GPU's step runs alike.
     threads = {
-        s["num_workers"]: measure_.threads_for(s["num_workers"] if device.type == "cpu" else 0)
+        s["num_workers"]: threads_for(s["num_workers"] if device.type == "cpu" else 0)
         for s in loaders
     }
     workers_for = {
@@ -153,7 +152,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     if not any(speed for _, speed in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
-    fixed = {k: chosen.compute[k] for k in FORMAT_KNOBS}
+    fixed = {k: chosen.compute[k] for k in MEASURED_FORMATS}
     compiled = None
     if set(space["compile"].values) == {False, True}:
         compiled = _weigh_compile(

@@ -22,19 +22,17 @@ from autotune import progress, signals
 from autotune.record import definition, objectives, schema, seeds, verdict
 from autotune.runners import isolation
 from autotune.search import prior, probe
-from autotune.search import space as space_
+from autotune.search.space import KNOBS, Space, complete, sampled_values
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, TIME_TO_TARGET, StudySpec
 from autotune.study import (
-    budget as budget_,
-)
-from autotune.study import (
     confirm,
-    goodput,
     one_trial,
     roofline_probe,
     runner_lock,
     storage,
+    throughput_phase,
 )
+from autotune.study.budget import finished_count, slots_taken, trials_to_train
 from autotune.study.preparation import (
     Prepared,
     as_begun,
@@ -42,8 +40,8 @@ from autotune.study.preparation import (
     limits_for,
     print_notices,
 )
-from autotune.train import measure as measure_
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.measure import other_load
 from autotune.train.tasks import reference
 
 
@@ -92,7 +90,7 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
         study,
         target={"metric": spec.target.metric, "value": spec.target.value},
         optimizer=reference(prepared.task.optimizer) if prepared.task is not None else None,
-        knobs=prepared.knobs if prepared.knobs != tuple(space_.KNOBS) else None,
+        knobs=prepared.knobs if prepared.knobs != tuple(KNOBS) else None,
     )
     schema.record_definition(study, prepared.definition, changes=definition.changes)
     if storage.local_path(spec.storage) is not None:
@@ -125,13 +123,13 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
             f"autotune: {probe.describe(outcome)}"
         )  # the report repeats it, so quiet hides it
     probed = with_probe(spec, prepared, study).space
-    goodput.ensure_phase(spec, prepared, study, probed)
+    throughput_phase.ensure_phase(spec, prepared, study, probed)
     if (
         spec.first_trial != "sampled"
         and not study.get_trials(deepcopy=False)
         and spec.objective != SYSTEMS_ONLY
     ):
-        plan, space = goodput.plan_for(spec, prepared, study, probed)
+        plan, space = throughput_phase.plan_for(spec, prepared, study, probed)
         if spec.first_trial == "prior":
             enqueue_prior(study, space, prepared, trials=spec.budget.trials)
         else:
@@ -139,17 +137,17 @@ def begin(spec: StudySpec, prepared: Prepared) -> optuna.Study:
             baseline = (
                 prepared.baseline
                 if plan is None
-                else {**prepared.baseline, **goodput.chosen_systems(space)}
+                else {**prepared.baseline, **throughput_phase.chosen_systems(space)}
             )
             enqueue_baseline(study, space, baseline)
     return study
 
 
-def enqueue_baseline(study: optuna.Study, space: space_.Space, baseline: dict[str, Any]) -> None:
+def enqueue_baseline(study: optuna.Study, space: Space, baseline: dict[str, Any]) -> None:
     """Make the baseline a new study's first trial: the incumbent then starts at a known time and
     the search explores around it. A baseline outside the space (as the probe left it) cannot be
     a trial of it; the confirmation still measures it."""
-    values = space_.sampled_values(space, baseline)
+    values = sampled_values(space, baseline)
     if values is None:
         progress.say(
             "autotune: the baseline lies outside the search space, so the first trial is sampled; "
@@ -159,9 +157,7 @@ def enqueue_baseline(study: optuna.Study, space: space_.Space, baseline: dict[st
     study.enqueue_trial(values, user_attrs=schema.baseline_marker())
 
 
-def enqueue_prior(
-    study: optuna.Study, space: space_.Space, prepared: Prepared, *, trials: int
-) -> None:
+def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, trials: int) -> None:
     """Make a new study's first trials the prior's (search/prior.py), marked as such. At most as
     many as TPE's random start-up trials: they take those trials' place, not its model's."""
     count = min(len(prior.LR_FACTORS), trials, startup_trials(trials))
@@ -182,7 +178,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         signals.check()
         try:
             result = prepared.run_trial(
-                TrialConfig.from_mapping(space_.complete(config)),
+                TrialConfig.from_mapping(complete(config)),
                 limits=limits,
                 device=prepared.device,
                 seed=seeds.probe(spec.seed),
@@ -195,7 +191,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     with (
         progress.bar("systems probe", unit="run", leave=False) as bar,
         signals.interruptible(),
-        measure_.other_load() as load,
+        other_load() as load,
     ):
         outcome = probe.run(
             measure,
@@ -247,12 +243,12 @@ def run_sequence(
 
 def tell_measured_settings(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> None:
     """systems_only: once the baseline's maths has trained, a trial for every other setting the
-    throughput phase measured (goodput.tell_settings). Told here, by the one process that then
+    throughput phase measured (throughput_phase.tell_settings). Told here, by the one process that then
     confirms, not by each of --workers: two workers telling at once would each add them all."""
     if spec.objective != SYSTEMS_ONLY:
         return
     probed = with_probe(spec, prepared, study)
-    plan, _ = goodput.plan_for(spec, probed, study, probed.space)
+    plan, _ = throughput_phase.plan_for(spec, probed, study, probed.space)
     trained = next(
         (
             t
@@ -262,7 +258,7 @@ def tell_measured_settings(spec: StudySpec, prepared: Prepared, study: optuna.St
         None,
     )
     if plan is not None and trained is not None:
-        goodput.tell_settings(study, plan, trained)
+        throughput_phase.tell_settings(study, plan, trained)
 
 
 def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None) -> optuna.Study:
@@ -278,8 +274,8 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
         spec, sampler=make_sampler(spec, stored_trials=existing, worker=worker), create=True
     )
     prepared = with_probe(spec, prepared, study)
-    plan, space = goodput.plan_for(spec, prepared, study, prepared.space)
-    budget = budget_.trials_to_train(
+    plan, space = throughput_phase.plan_for(spec, prepared, study, prepared.space)
+    budget = trials_to_train(
         spec, study.get_trials(deepcopy=False)
     )  # systems_only's can grow below
     policy = one_trial.Policy(
@@ -309,7 +305,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                 # time per trial is a benchmarked goal (benchmarks/overhead.py).
                 trials = study.get_trials(deepcopy=False)
                 if (
-                    to_train := budget_.trials_to_train(spec, trials)
+                    to_train := trials_to_train(spec, trials)
                 ) != budget:  # systems_only's try that missed
                     budget = bar.total = to_train
                     policy = dataclasses.replace(policy, budget=budget)
@@ -318,7 +314,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
                 # run: the budget is spent only once none waits. (Run beyond the budget, by a
                 # smaller --trials or another worker, it is marked surplus instead.)
                 waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
-                if (budget_.slots_taken(trials) >= budget and not waiting) or (
+                if (slots_taken(trials) >= budget and not waiting) or (
                     timeout is not None and time.monotonic() - started >= timeout
                 ):
                     break
@@ -337,7 +333,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
             )
             storage.queue_retries(study, only=stopped)
             raise
-    done = budget_.finished_count(study.get_trials(deepcopy=False))
+    done = finished_count(study.get_trials(deepcopy=False))
     if done < budget and timeout is not None and time.monotonic() - started >= timeout:
         print(
             f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
@@ -348,7 +344,7 @@ def run_study(spec: StudySpec, prepared: Prepared, *, worker: int | None = None)
 
 
 def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:
-    bar.n = min(budget_.finished_count(trials), budget)
+    bar.n = min(finished_count(trials), budget)
     best = one_trial.incumbent(trials)
     if best is not None:
         bar.set_postfix_str(f"best {best[0]:.2f}s (trial {best[1]})", refresh=False)
@@ -368,7 +364,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     ]
     if not top:
         return None
-    after = budget_.finished_count(trials)
+    after = finished_count(trials)
     stored = schema.confirmation(study.user_attrs)
     numbers = [t.number for t in top]
     if (
@@ -382,9 +378,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     configs = {t.number: schema.config(t) for t in trials if t.number in numbers}
     # A trial that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline.
     candidates = {
-        verdict.label(n): configs[n]
-        for n in numbers
-        if configs[n] != space_.complete(prepared.baseline)
+        verdict.label(n): configs[n] for n in numbers if configs[n] != complete(prepared.baseline)
     }
     candidates = {verdict.BASELINE: prepared.baseline, **candidates}
     fastest = verdict.label(numbers[0])

@@ -27,8 +27,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import StorageError
 from autotune.record import schema
-from autotune.spec import study_file as spec_
-from autotune.spec.study_file import StudySpec
+from autotune.spec.study_file import StudySpec, from_mapping
 from autotune.study import runner_lock
 
 
@@ -246,7 +245,7 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
     path = local_path(url)
     if path is not None and not path.is_file():
         raise StorageError(f"{where}: storage: no study database at {path}")
-    bare = spec_.from_mapping(
+    bare = from_mapping(
         {"name": name, "task": "stored", "target": {"metric": "stored", "value": 1}},
         path=where,
         storage=url,
@@ -276,7 +275,7 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
             else {}
         ),
     }
-    return spec_.from_mapping(raw, path=where, storage=url)
+    return from_mapping(raw, path=where, storage=url)
 
 
 def read_study(spec: StudySpec) -> optuna.Study | None:

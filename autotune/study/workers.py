@@ -21,8 +21,8 @@ from autotune import progress, signals
 from autotune.errors import AutotuneError
 from autotune.runners import watchdog
 from autotune.spec.study_file import StudySpec
-from autotune.study import budget as budget_
 from autotune.study import storage
+from autotune.study.budget import finished_count, trials_to_train
 from autotune.train.measure import cpu_count
 
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
@@ -115,7 +115,7 @@ def run_workers(
         processes.append(process)
     study = storage.open_study(spec, create=False)
     try:
-        to_train = budget_.trials_to_train(
+        to_train = trials_to_train(
             spec, study.get_trials(deepcopy=False)
         )  # systems_only: its tries
         with progress.bar(f"study ({workers} workers)", total=to_train, unit="trial") as bar:
@@ -123,8 +123,8 @@ def run_workers(
                 with signals.interruptible():
                     time.sleep(1.0)
                 trials = study.get_trials(deepcopy=False)
-                bar.total = to_train = budget_.trials_to_train(spec, trials)
-                bar.n = min(budget_.finished_count(trials), to_train)
+                bar.total = to_train = trials_to_train(spec, trials)
+                bar.n = min(finished_count(trials), to_train)
                 bar.refresh()
     except KeyboardInterrupt as interrupt:
         signum = interrupt.signum if isinstance(interrupt, signals.Stopped) else 2

@@ -20,14 +20,13 @@ import optuna
 from autotune import progress, signals
 from autotune.record import runs, schema, seeds
 from autotune.runners import isolation
-from autotune.search import goodput as goodput_
-from autotune.search import space as space_
-from autotune.search.space import Choices, Space
+from autotune.search import goodput
+from autotune.search.space import Choices, Space, complete
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study.preparation import Prepared
-from autotune.train import measure as measure_
 from autotune.train import throughput
 from autotune.train.config import TrialConfig
+from autotune.train.measure import other_load
 from autotune.train.throughput import Throughput
 
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
@@ -42,17 +41,15 @@ def settings(
     baseline's precision."""
     if spec.objective != SYSTEMS_ONLY:
         return [
-            {**s, "accumulation_steps": 1} for s in goodput_.settings_to_measure(space, baseline)
+            {**s, "accumulation_steps": 1} for s in goodput.settings_to_measure(space, baseline)
         ]
     effective = baseline["batch_size"] * baseline["accumulation_steps"]
     split = dict(
-        goodput_.splits(
-            effective, space, micro_batch=baseline["batch_size"] if batch_norm else None
-        )
+        goodput.splits(effective, space, micro_batch=baseline["batch_size"] if batch_norm else None)
     )
     if not split:  # the space cannot make the baseline's effective batch: the baseline's own split
         split = {baseline["batch_size"]: baseline["accumulation_steps"]}
-    measured = goodput_.settings_to_measure(
+    measured = goodput.settings_to_measure(
         space, baseline, precisions=[baseline["precision"]], batches=split
     )
     return [{**s, "accumulation_steps": split[s["batch_size"]]} for s in measured]
@@ -70,19 +67,19 @@ def run_phase(
     """Measure the settings, side by side in groups of one precision and format (so that the
     micro-batches compared are measured interleaved); the stored outcome as plain JSON."""
     wanted = settings(spec, space, baseline, batch_norm=batch_norm)
-    entries: list[goodput_.Entry] = []
+    entries: list[goodput.Entry] = []
     seconds = 0.0
-    groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput_.format_key)]
+    groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput.format_key)]
     with (
         progress.bar("throughput phase", total=len(wanted), unit="setting", leave=False) as bar,
         signals.interruptible(),
-        measure_.other_load() as load,
+        other_load() as load,
     ):
         for group in groups:
             for start in range(0, len(group), MAX_GROUP):
                 chunk = group[start : start + MAX_GROUP]
                 configs = {
-                    str(i): TrialConfig.from_mapping(space_.complete({**baseline, **s}))
+                    str(i): TrialConfig.from_mapping(complete({**baseline, **s}))
                     for i, s in enumerate(chunk)
                 }
                 signals.check()
@@ -94,12 +91,12 @@ def run_phase(
                     speed = (
                         None
                         if figure.samples_per_second is None
-                        else goodput_.Speed(figure.samples_per_second, figure.fixed_seconds)
+                        else goodput.Speed(figure.samples_per_second, figure.fixed_seconds)
                     )
-                    entries.append(goodput_.Entry(s, speed, oom=figure.oom))
+                    entries.append(goodput.Entry(s, speed, oom=figure.oom))
                     seconds += figure.startup_seconds + figure.windows * _window_seconds(figure, s)
                 bar.update(len(chunk))
-    table = goodput_.Table(entries, batch_norm=batch_norm)
+    table = goodput.Table(entries, batch_norm=batch_norm)
     return {"table": table.as_json(), "seconds": seconds, **load.record()}
 
 
@@ -133,7 +130,7 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
     )
     schema.record_throughput(study, phase)
     progress.tell(
-        f"autotune: {goodput_.describe(phase)}"
+        f"autotune: {goodput.describe(phase)}"
     )  # the report repeats it, so quiet hides it
 
 
@@ -144,7 +141,7 @@ def plan_for(
     phase = schema.throughput(study.user_attrs)
     if spec.objective not in (GOODPUT, SYSTEMS_ONLY) or phase is None:
         return None, space
-    table = goodput_.Table.from_json(phase["table"])
+    table = goodput.Table.from_json(phase["table"])
     plan = Plan(
         table, space
     )  # the split of an effective batch may use any of the space's micro-batches
@@ -160,7 +157,7 @@ def plan_for(
 class Plan:
     """What every goodput trial follows: the phase's table over the space the trials sample."""
 
-    table: goodput_.Table
+    table: goodput.Table
     space: Space
 
     def to_train(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -170,7 +167,7 @@ class Plan:
 
     def best(
         self, config: Mapping[str, Any], samples: float
-    ) -> tuple[dict[str, Any], goodput_.Speed]:
+    ) -> tuple[dict[str, Any], goodput.Speed]:
         """The setting that trains `samples` samples of `config`'s maths soonest, and its speed."""
         fastest = self.table.fastest(config, self.space, samples=samples)
         assert fastest is not None, "a trial that trained has a setting"
@@ -181,13 +178,13 @@ class Plan:
         return lambda samples: self.best(config, samples)[1].seconds(samples)
 
 
-def restrict(space: Space, table: goodput_.Table) -> Space:
+def restrict(space: Space, table: goodput.Table) -> Space:
     """The space a goodput study samples: the systems knobs its plan chooses are fixed (to the
     loader measured and the first format choice), so no sampled value goes unused."""
     if not table.entries:
         return space
     first = table.entries[0].settings
-    for knob in (*goodput_.LOADER, *goodput_.FORMAT):
+    for knob in (*goodput.LOADER, *goodput.FORMAT):
         space = space.replace(knob, Choices((first[knob],)))
     return space
 
@@ -195,7 +192,7 @@ def restrict(space: Space, table: goodput_.Table) -> Space:
 def chosen_systems(space: Space) -> dict[str, Any]:
     """The systems knobs `restrict` fixed, with their values."""
     fixed = space.fixed()
-    return {k: fixed[k] for k in (*goodput_.LOADER, *goodput_.FORMAT) if k in fixed}
+    return {k: fixed[k] for k in (*goodput.LOADER, *goodput.FORMAT) if k in fixed}
 
 
 def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
@@ -221,7 +218,7 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
     added = 0
     for knobs, speed in plan.table.options(config, plan.space):
         candidate = {**config, **knobs}
-        if space_.complete(candidate) in (config, *told):
+        if complete(candidate) in (config, *told):
             continue
         seconds = speed.seconds(samples)
         prediction = prediction_record(
@@ -247,7 +244,7 @@ def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenT
 
 
 def prediction_record(
-    speed: goodput_.Speed,
+    speed: goodput.Speed,
     *,
     samples: float,
     seconds: float,
