@@ -21,7 +21,10 @@ def _server_url() -> str:
     """The server's URL; skips the test without one, except in CI, which must run it."""
     url = os.environ.get(POSTGRES_ENV, "")
     if not url:
-        why = f"{POSTGRES_ENV} is not set: run the tests with `bash scripts/test.sh`, which starts a PostgreSQL server"
+        why = (
+            f"{POSTGRES_ENV} is not set: run the tests with `bash scripts/test.sh`, which starts a "
+            "PostgreSQL server"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(
                 f"CI=true and {why}; CI must run the PostgreSQL tests, not skip them", pytrace=False

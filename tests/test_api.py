@@ -275,7 +275,8 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(
         f"        pathlib.Path({str(marker)!r}).touch()\n"
         "        time.sleep(120)\n"
         "    return 1.0 / config['batch_size'], 0.95\n\n"
-        "autotune.tune(objective=objective, target=0.9, name='stopped', space={'batch_size': [16, 32]},\n"
+        "autotune.tune(objective=objective, target=0.9, name='stopped', "
+        "space={'batch_size': [16, 32]},\n"
         "              budget={'trials': 4}, confirm={'top': 0})\n"
     )
     run = subprocess.Popen(
@@ -296,8 +297,8 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(
     assert run.returncode != -signal.SIGTERM, err  # not killed by the signal's default action
     name = signal.Signals(signum).name
     assert (
-        f"autotune: interrupted ({name}); every finished trial is saved in sqlite:///stopped.db; call tune() "
-        "again with the same name and storage to go on"
+        f"autotune: interrupted ({name}); every finished trial is saved in sqlite:///stopped.db; "
+        "call tune() again with the same name and storage to go on"
     ) in err, err
     trials = optuna.load_study(
         study_name="stopped", storage=f"sqlite:///{tmp_path / 'stopped.db'}"
@@ -307,7 +308,8 @@ def test_a_signal_during_tune_marks_the_running_trial_and_says_how_to_go_on(
 
 
 def test_a_changed_study_is_told_what_tune_takes_to_go_on(tmp_path: Path) -> None:
-    """Not the command line's --allow-changes or the study file's name: key: tune()'s own arguments."""
+    """Not the command line's --allow-changes or the study file's name: key: tune()'s own
+    arguments."""
     storage = f"sqlite:///{tmp_path / 'changed.db'}"
     kwargs = dict(
         objective=lambda c: (1.0, 0.95),
@@ -328,7 +330,8 @@ def test_a_changed_study_is_told_what_tune_takes_to_go_on(tmp_path: Path) -> Non
 
 
 def test_an_objective_that_calls_sys_exit_fails_its_trial_only(tmp_path: Path) -> None:
-    """sys.exit in the function ends its trial (FAILED "SystemExit: 3"), not the caller's program."""
+    """sys.exit in the function ends its trial (FAILED "SystemExit: 3"), not the caller's
+    program."""
 
     def objective(config: dict) -> object:
         if config["scheduler"] == "cosine":
@@ -416,7 +419,8 @@ def test_bad_arguments_are_named() -> None:
 def test_an_accuracy_target_no_run_could_reach_is_refused_by_every_route(
     route: str, tmp_path: Path
 ) -> None:
-    """As the study file refuses it: accuracy is a fraction, whoever measures it; nothing is stored."""
+    """As the study file refuses it: accuracy is a fraction, whoever measures it; nothing is
+    stored."""
     given = (
         dict(model=RingNet, train=rings(64, 0), val=rings(32, 1))
         if route == "model"
@@ -432,7 +436,8 @@ def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_bas
     tmp_path: Path,
 ) -> None:
     """batch_size 16 is fast only on the study's own seeds (a lucky draw); on the fresh seeds of
-    the confirmation it is slower than the baseline, so the baseline is what the study recommends."""
+    the confirmation it is slower than the baseline, so the baseline is what the study
+    recommends."""
     seeds: list[tuple[int, int]] = []
 
     def objective(config: dict, seed: int) -> tuple[float, float]:
@@ -524,8 +529,8 @@ def test_fixed_schedule_judges_the_mean_final_metric_over_replicates_and_times_t
     text = render(summary, trial_records(stored(storage, "fixed")))
     assert "Fastest trials (whole schedules, mean of 2 runs each)" in text
     assert (
-        "Trains its whole 2-epoch schedule to a mean accuracy >= 0.9 in 2.00 s (median of 2 runs, range 2.00-2.00 s); "
-        "the baseline's 4-epoch schedule takes 4.00 s"
+        "Trains its whole 2-epoch schedule to a mean accuracy >= 0.9 in 2.00 s "
+        "(median of 2 runs, range 2.00-2.00 s); the baseline's 4-epoch schedule takes 4.00 s"
     ) in text and text.endswith("2.00x faster.")
 
 

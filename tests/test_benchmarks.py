@@ -126,7 +126,8 @@ def test_a_replayed_study_reports_the_fast_configuration_and_pays_for_its_confir
     for found in (shipped, unconfirmed, study("plain TPE", grid)):
         winner = json.loads(found["winner"])
         assert winner["lr"] == 0.3 and winner["precision"] == "fp32" and not found["kept_baseline"]
-    # the confirmation: the baseline's run (4 s) and the best trials' (2 s each) on top of the same search
+    # the confirmation: the baseline's run (4 s) and the best trials' (2 s each) on top of the same
+    # search
     assert shipped["compute"] >= unconfirmed["compute"] + 4.0 + 2.0
 
 
@@ -141,9 +142,7 @@ def test_a_lucky_run_wins_a_plain_search_but_not_a_confirmed_study(seed: int) ->
         assert found["kept_baseline"] and json.loads(found["winner"]) == BASELINE, name
 
 
-def test_first_trial_baseline_starts_the_replayed_study_at_the_baseline_where_the_probe_left_it() -> (
-    None
-):
+def test_first_trial_baseline_starts_the_replay_at_the_baseline_where_the_probe_left_it() -> None:
     assert json.loads(study("as shipped + first_trial: baseline")["first"]) == BASELINE
     assert json.loads(study("autotune as shipped (replicates 3)")["first"]) != BASELINE
     elsewhere = {
@@ -164,7 +163,8 @@ def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baseli
     grid = made_up_grid()
     path = tmp_path / "grid.jsonl"
     rows = [{**run, "seed": 1} for runs in grid.values() for run in runs]
-    # one more seed: a configuration whose single lucky run would win on its fastest run loses on its median
+    # one more seed: a configuration whose single lucky run would win on its fastest run loses on
+    # its median
     lucky = dict(
         rows[0]["config"],
         lr=0.01,
@@ -265,9 +265,7 @@ def test_the_oracle_is_remeasured_under_each_value_of_a_searched_knob_the_grid_l
     }
 
 
-def test_the_trials_prediction_error_sets_their_own_runs_against_their_prediction_and_skips_told_ones() -> (
-    None
-):
+def test_prediction_error_sets_each_trials_runs_against_its_prediction_skips_told_ones() -> None:
     import optuna
 
     from autotune.record import schema
@@ -310,7 +308,8 @@ def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
             "baseline_median": 2.0,
         }
 
-    # the same configuration as the baseline, re-measured 10% slower: noise, and still the user's own
+    # the same configuration as the baseline, re-measured 10% slower: noise, and still the user's
+    # own
     rows = [
         row("trial 3", 1.5, True),
         row("trial 4", 2.5, False),

@@ -242,8 +242,8 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
             sys.executable,
             "-c",
             (
-                "import sys, torch; from pathlib import Path; from tests.test_command import run, limits; "
-                "run('plateau_py', Path(sys.argv[1]))"
+                "import sys, torch; from pathlib import Path; "
+                "from tests.test_command import run, limits; run('plateau_py', Path(sys.argv[1]))"
             ),
             str(tmp_path),
         ],
@@ -288,7 +288,8 @@ def test_a_command_whose_every_line_was_malformed_is_told_so_and_shown_the_first
 
 
 def test_a_non_finite_metric_from_a_command_is_a_divergence_as_a_tasks_is(tmp_path: Path) -> None:
-    """One rule for NaN, whoever computes it: the trial ends there as diverged (pruned: it cannot win)."""
+    """One rule for NaN, whoever computes it: the trial ends there as diverged (pruned: it cannot
+    win)."""
     with pytest.raises(TrialFailure) as failure:
         run("diverges", tmp_path)
     assert failure.value.diverged and not failure.value.oom
@@ -308,7 +309,8 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
         {**complete(DEFAULT_BASELINE), "lr": 0.25, "scheduler": "one cycle", "width": 48}
     )
     command = (
-        f"python behaves.py echo --out {tmp_path / 'info.json'} --lr {{lr}} --max-epochs {{max_epochs}} "
+        f"python behaves.py echo --out {tmp_path / 'info.json'} --lr {{lr}} "
+        "--max-epochs {max_epochs} "
         "--scheduler {scheduler} --prefetch-factor={prefetch_factor} {pin_memory:--pin-memory/} "
         "--pin={pin_memory} --width {width} --seed {seed} --device {device} --file {config_file}"
     )
@@ -494,9 +496,11 @@ def test_report_lines_parse_as_documented() -> None:
         ),
         (
             [
-                "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried"
+                "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . "
+                "DefaultCPUAllocator: can't allocate memory: you tried"
             ],
-            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried",
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . "
+            "DefaultCPUAllocator: can't allocate memory: you tried",
         ),
         (["Traceback (most recent call last):", "MemoryError"], "MemoryError"),
         (["ValueError: could not convert string to float: 'abc'"], None),
@@ -676,7 +680,10 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
 
 def test_importing_autotune_for_report_does_not_import_torch() -> None:
     """A script's `import autotune` runs on its trial's clock: it must stay cheap."""
-    code = "import sys, autotune; autotune.report(step=1, metric=0.5); assert 'torch' not in sys.modules; print(autotune.Task)"
+    code = (
+        "import sys, autotune; autotune.report(step=1, metric=0.5); "
+        "assert 'torch' not in sys.modules; print(autotune.Task)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
     )

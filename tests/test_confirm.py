@@ -101,9 +101,7 @@ def test_fresh_seeds_differ_from_every_trial_seed() -> None:
     assert len(set(fresh)) == 5 and all(s >= 3 * 100_000 + 50_000 for s in fresh)
 
 
-def test_the_baseline_is_resolved_once_every_run_of_it_is_clearly_slower_than_every_candidates() -> (
-    None
-):
+def test_baseline_is_resolved_once_all_its_runs_are_clearly_slower_than_every_candidates() -> None:
     fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
     assert not verdict.baseline_resolved(
         fast + [record("baseline", 9.0)]
@@ -210,8 +208,8 @@ def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_
     code, out, _ = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     assert (
-        "the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs (4) short of it, "
-        "so it has no time to compare with; raise budget.max_epochs"
+        "the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs "
+        "(4) short of it, so it has no time to compare with; raise budget.max_epochs"
     ) in out, out
 
 

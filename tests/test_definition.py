@@ -1,4 +1,5 @@
-"""autotune.record.definition: what changed in a study's definition, and which changes one study cannot hold."""
+"""autotune.record.definition: what changed in a study's definition, and which changes one study
+cannot hold."""
 
 from __future__ import annotations
 

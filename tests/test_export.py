@@ -2,9 +2,9 @@
 
 Lightning's Trainer, transformers' TrainingArguments (and the Trainer's optimizer, scheduler and
 DataLoader), torch's DataLoader, the torch module exec'd and trained a few steps against
-autotune.train.trial, and the flags parsed back by argparse; then all of them for a real digits study.
-The systems knobs (channels_last, compile, cudnn_benchmark) go into each where it has a place and
-into a note where it has none; a winner stored before they existed ran without them.
+autotune.train.trial, and the flags parsed back by argparse; then all of them for a real digits
+study. The systems knobs (channels_last, compile, cudnn_benchmark) go into each where it has a place
+and into a note where it has none; a winner stored before they existed ran without them.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def summary_for(
     device: str | None = "cpu",
     max_epochs: float | None = 3,
 ) -> Summary:
-    """A summary as report/summarize.py makes it, for a winner with `params` confirmed on 2 seeds."""
+    """A summary as report/summarize.py makes it, for a winner with `params` confirmed on 2
+    seeds."""
     limits = (
         None
         if max_epochs is None
@@ -165,7 +166,8 @@ def case(name: str) -> dict[str, Any]:
 
 
 def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The winner's knobs, a systems knob it lacks as false (the study predates it), and its parameters."""
+    """The winner's knobs, a systems knob it lacks as false (the study predates it), and its
+    parameters."""
     params = summary.best.params
     return (
         {
@@ -527,7 +529,9 @@ def check_hf(
                 named["fused_optimizer"][0]["status"] == "no equivalent"
                 and "fused=True" in named["fused_optimizer"][0]["note"]
             )
-    else:  # HF cannot build the task's own optimizer; its parameters that HF's optimizer takes go there
+    else:
+        # HF cannot build the task's own optimizer; its parameters that HF's optimizer takes go
+        # there
         assert (
             named["optimizer"][0]["status"] == "no equivalent"
             and summary.optimizer.replace(":", ".") in named["optimizer"][0]["note"]
@@ -575,7 +579,8 @@ def check_hf_systems(
     named: Mapping[str, list[dict[str, Any]]],
 ) -> None:
     """compile is torch_compile; channels_last and cudnn_benchmark, which have no field, a note each
-    whatever the value; the TF32 that torch_compile turns on without fp16, a note saying how to undo it."""
+    whatever the value; the TF32 that torch_compile turns on without fp16, a note saying how to undo
+    it."""
     assert args.torch_compile is knob_values["compile"]
     assert (
         args.torch_compile_backend == ("inductor" if knob_values["compile"] else None)
@@ -626,7 +631,8 @@ def test_hf_fp16_on_cuda_is_fp16_without_use_cpu(tmp_path: Path) -> None:
     )
 
 
-# torch's float32 precision settings (torch 2.9+), the generic one first: setting it may change the others.
+# torch's float32 precision settings (torch 2.9+), the generic one first: setting it may change the
+# others.
 FP32_PRECISIONS = ("", "cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul")
 
 
@@ -650,15 +656,18 @@ def test_hf_compile_note_undoes_the_tf32_that_transformers_turns_on(
     """On a GPU with TF32, transformers turns float32 matmuls to TF32 when it builds
     TrainingArguments(torch_compile=True) without fp16, and accelerate again when it builds the
     Trainer's state for fp32 on CUDA; the note's line puts torch's defaults back. On CPU,
-    transformers is told TF32 is there and accelerate's line (accelerate/state.py) is run as it is."""
+    transformers is told TF32 is there and accelerate's line (accelerate/state.py) is run as it
+    is."""
     monkeypatch.setattr(transformers.training_args, "is_torch_tf32_available", lambda: True)
-    transformers.training_args.enable_tf32.cache_clear()  # transformers switches it once per process and value
+    # transformers switches it once per process and value
+    transformers.training_args.enable_tf32.cache_clear()
     export = json.loads(
         render(summary_for(knobs(0.1, "constant", 32, 1, 0, precision, compile=True)), "hf")
     )
     (entry,) = notes_by_setting(export)["compile"]
     fix = re.search(
-        r"torch\.backends\.fp32_precision = 'none'; torch\.set_float32_matmul_precision\('highest'\)",
+        r"torch\.backends\.fp32_precision = 'none'; "
+        r"torch\.set_float32_matmul_precision\('highest'\)",
         entry["note"],
     ).group()
     default, matmul = fp32_precisions(), torch.get_float32_matmul_precision()
@@ -706,8 +715,8 @@ def test_tf32_is_carried_by_every_format() -> None:
     )
     lightning_export = json.loads(render(summary, "lightning"))
     assert (
-        "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matrix products"
-        in lightning_export["usage"]
+        "torch.set_float32_matmul_precision('high')  "
+        "# TF32 tensor cores for float32 matrix products" in lightning_export["usage"]
     )
     assert (
         "set_float32_matmul_precision('high')"
@@ -740,7 +749,8 @@ def check_torch(
     model_factory: Callable[[Mapping[str, Any]], torch.nn.Module],
     steps: int = 3,
 ) -> None:
-    """exec the module, check what make_training built, and train `steps` steps beside autotune.train.trial."""
+    """exec the module, check what make_training built, and train `steps` steps beside
+    autotune.train.trial."""
     knob_values, extras = split(summary)
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(code, "exported.py", "exec"), namespace)
@@ -967,12 +977,14 @@ def test_lightning_schedules_every_run_length_as_the_trial_does(scheduler: str) 
 
 def hf_trainer_class(export: Mapping[str, Any]) -> type[transformers.Trainer]:
     """transformers.Trainer, or the subclass the scheduler's note says to write where HF has no
-    schedule of autotune's (step) or only an approximation (onecycle), made of the note's own code."""
+    schedule of autotune's (step) or only an approximation (onecycle), made of the note's own
+    code."""
     named = notes_by_setting(export)
     if "scheduler" not in named:
         return transformers.Trainer
     match = re.search(
-        r"override (create_scheduler\(self, num_training_steps, optimizer=None\)) to set and return "
+        r"override (create_scheduler\(self, num_training_steps, optimizer=None\)) "
+        r"to set and return "
         r"(self\.lr_scheduler = .*)\.$",
         named["scheduler"][0]["note"],
     )
@@ -1003,7 +1015,8 @@ def test_hf_schedules_every_run_length_as_the_trial_does(scheduler: str, tmp_pat
 
 def test_every_format_knows_the_built_in_sgd_by_the_name_older_studies_stored() -> None:
     """Studies stored before the tasks moved recorded it as autotune.tasks:sgd: still the built-in
-    SGD, written out in every format (not imported from a module that is gone), the stored name kept."""
+    SGD, written out in every format (not imported from a module that is gone), the stored name
+    kept."""
     params = {**knobs(0.05, "cosine", 16, 1, 0, "fp32"), "width": 8}
     old, new = (
         summary_for(params, optimizer=STORED_BUILT_IN),
@@ -1019,7 +1032,8 @@ def test_every_format_knows_the_built_in_sgd_by_the_name_older_studies_stored() 
 
 
 def test_every_precision_has_a_name_each_trainer_takes(tmp_path: Path) -> None:
-    """The precision table's trainer names: Lightning's precision strings and TrainingArguments' flags."""
+    """The precision table's trainer names: Lightning's precision strings and TrainingArguments'
+    flags."""
     for name, precision in PRECISIONS.items():
         assert precision.lightning in typing.get_args(_PRECISION_INPUT_STR), name
         assert precision.hf is None or precision.hf in {

@@ -1,4 +1,5 @@
-"""first_trial: baseline: a new study's first trial is the user's baseline, so the search starts there."""
+"""first_trial: baseline: a new study's first trial is the user's baseline, so the search starts
+there."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def gpu_check(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    """The command as a user runs it, with the drawn shapes cached in `cache`, not in the user's cache."""
+    """The command as a user runs it, with the drawn shapes cached in `cache`, not in the user's
+    cache."""
     return subprocess.run(
         ["bash", str(REPO / "scripts" / "gpu-check.sh"), *args],
         capture_output=True,

@@ -31,18 +31,21 @@ from autotune.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SPEAKS = REPO / "tests" / "hostile" / "commands" / "speaks.py"
-TAG = "AUTOTUNE_HOSTILE_TAG"  # in the environment of every process a case starts: what is left is found by it
+# in the environment of every process a case starts: what is left is found by it
+TAG = "AUTOTUNE_HOSTILE_TAG"
 STARTED = (
     "AUTOTUNE_HOSTILE_STARTED"  # tests/hostile/tasks.py:slow touches this file once training runs
 )
 
 TARGET = "target: {metric: accuracy, value: 0.9}\n"
 HEAD = "task: tests.tasks:blobs\n" + TARGET
-# Every knob the CPU cannot vary fixed, so that a run prints no notices: what stderr holds is the case's.
+# Every knob the CPU cannot vary fixed, so that a run prints no notices: what stderr holds is the
+# case's.
 QUIET_SPACE = (
     "space: {lr: {low: 0.05, high: 0.5, log: true}, scheduler: constant, batch_size: [32, 64], "
-    "accumulation_steps: 1, num_workers: 0, pin_memory: false, precision: fp32, channels_last: false, "
-    "compile: false, cudnn_benchmark: false, tf32: false, fused_optimizer: false}\n"
+    "accumulation_steps: 1, num_workers: 0, pin_memory: false, precision: fp32, "
+    "channels_last: false, compile: false, cudnn_benchmark: false, tf32: false, "
+    "fused_optimizer: false}\n"
 )
 TINY = "probe: none\nbudget: {trials: 2, max_epochs: 1}\nconfirm: {top: 0}\n"
 EASY = (
@@ -79,15 +82,16 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> Result:
     out, err = capsys.readouterr()
     if raised is not None:
         pytest.fail(
-            f"autotune {' '.join(args)} raised {raised} instead of returning an exit status: the user sees "
-            f"a traceback. stderr before it:\n{err[-1500:]}",
+            f"autotune {' '.join(args)} raised {raised} instead of returning an exit status: "
+            f"the user sees a traceback. stderr before it:\n{err[-1500:]}",
             pytrace=False,
         )
     return Result(code, out, err)
 
 
 def assert_refused(result: Result, *fragments: str) -> str:
-    """Exit 2, nothing on stdout, no traceback, one stderr line `autotune: error: ...` holding every fragment."""
+    """Exit 2, nothing on stdout, no traceback, one stderr line `autotune: error: ...` holding every
+    fragment."""
     assert "Traceback" not in result.err + result.out, result.err
     assert result.code == 2, f"exit {result.code}; stderr:\n{result.err}"
     assert result.out == "", f"stdout is not empty:\n{result.out[:2000]}"
@@ -101,7 +105,8 @@ def assert_refused(result: Result, *fragments: str) -> str:
 
 
 def assert_usage_error(result: Result, *fragments: str) -> str:
-    """argparse's mistaken option: exit 2, its usage line(s), then one error line holding every fragment."""
+    """argparse's mistaken option: exit 2, its usage line(s), then one error line holding every
+    fragment."""
     assert "Traceback" not in result.err + result.out, result.err
     assert result.code == 2, f"exit {result.code}; stderr:\n{result.err}"
     assert result.out == "", result.out
@@ -114,7 +119,8 @@ def assert_usage_error(result: Result, *fragments: str) -> str:
 
 
 def snapshot(folder: Path) -> dict[str, Any]:
-    """Every entry under `folder` (caches aside): a file's bytes, a link's target, a folder's name."""
+    """Every entry under `folder` (caches aside): a file's bytes, a link's target, a folder's
+    name."""
     seen: dict[str, Any] = {}
     for root, dirs, names in os.walk(folder):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -170,7 +176,8 @@ def assert_nothing_left(tag: str, *, within: float = 10.0) -> None:
 
 @pytest.fixture
 def tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A tag in this process's environment, so every process a case starts carries it; checked after."""
+    """A tag in this process's environment, so every process a case starts carries it; checked
+    after."""
     value = uuid.uuid4().hex
     monkeypatch.setenv(TAG, value)
     yield value
@@ -179,7 +186,8 @@ def tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """A finished study (a winner reached the target): its file's text, its SQLite and journal bytes."""
+    """A finished study (a winner reached the target): its file's text, its SQLite and journal
+    bytes."""
 
     study: str
     db: bytes
@@ -511,7 +519,8 @@ def test_a_bad_study_file_is_one_line_and_leaves_every_file_alone(
     stored: Stored,
     case: Bad,
 ) -> None:
-    """Exit 2, one line naming study.yaml and the key; the study stored before is byte for byte as it was."""
+    """Exit 2, one line naming study.yaml and the key; the study stored before is byte for byte as
+    it was."""
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "study.yaml"
     path.write_bytes(case.text if isinstance(case.text, bytes) else case.text.encode())
@@ -710,7 +719,8 @@ def test_a_storage_that_cannot_be_used_is_one_line_and_fast(
     case: BadStorage,
 ) -> None:
     """Refused before any training, in one line; never told to run the very command it ran; every
-    file there (a study stored before among them) unchanged; within seconds, not a network timeout."""
+    file there (a study stored before among them) unchanged; within seconds, not a network
+    timeout."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "study.yaml").write_text(HEAD + QUIET_SPACE + TINY)
     (tmp_path / "study.db").write_bytes(stored.db)
@@ -1003,8 +1013,9 @@ def test_a_report_onto_a_full_disk_leaves_the_old_one_whole(
 def test_a_storage_on_a_full_disk_is_one_line_and_keeps_every_finished_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
-    """The README's full disk: one line naming the storage and "no space left on the device", exit 2;
-    the trials finished before are intact and, with space freed, the same command finishes the budget."""
+    """The README's full disk: one line naming the storage and "no space left on the device",
+    exit 2; the trials finished before are intact and, with space freed, the same command
+    finishes the budget."""
     monkeypatch.chdir(tmp_path)
     with small_disk(tmp_path / "disk", "2m") as disk:
         (disk / "study.yaml").write_text(EASY)
@@ -1113,11 +1124,13 @@ def test_ctrl_c_twice_to_the_whole_group_with_child_processes_is_130_and_leaves_
     time.sleep(0.05)
     os.killpg(run.pid, signal.SIGINT)
     out, err = run.communicate(timeout=90)
-    # The second press lands while the process exits and ends it by SIGINT itself: 130 to a shell all the same.
+    # The second press lands while the process exits and ends it by SIGINT itself: 130 to a shell
+    # all the same.
     assert run.returncode in (130, -signal.SIGINT), err
     assert "Traceback" not in err, err
     assert_nothing_left(tag)
-    # In this process, not in children: a fork server started here would outlive the test (isolation may change freely).
+    # In this process, not in children: a fork server started here would outlive the test (isolation
+    # may change freely).
     assert_resumes_to_the_budget(tmp_path, capsys, "--isolation", "none", budget=3, why="SIGINT")
 
 
@@ -1301,7 +1314,8 @@ def test_a_task_module_that_breaks_while_loading_is_one_line(
     fragments: tuple[str, ...],
 ) -> None:
     """Whatever a task's module does while it is imported or built (sys.exit included) is its
-    error, named in one line with exit 2: never the exit status of the user's module, nor a traceback."""
+    error, named in one line with exit 2: never the exit status of the user's module, nor a
+    traceback."""
     monkeypatch.chdir(tmp_path)
     module = f"hostile_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(body)
@@ -1313,8 +1327,9 @@ def test_a_task_module_that_breaks_while_loading_is_one_line(
 # line, and the study goes on; when every trial failed, the report, then one last line giving how
 # many and the most common reason; exit status 1. A loss or metric gone NaN is a divergence: PRUNED.
 WORKER = QUIET_SPACE.replace("num_workers: 0", "num_workers: 1")
-# the default space, as a user leaves it (channels_last searched among the rest), but one accumulation step: the
-# task's 256 samples would not hold the largest batches x 4 (trials PRUNED unrun for that, not failed)
+# the default space, as a user leaves it (channels_last searched among the rest), but one
+# accumulation step: the task's 256 samples would not hold the largest batches x 4 (trials PRUNED
+# unrun for that, not failed)
 DEFAULT_SPACE = "space: {num_workers: 0, accumulation_steps: 1}\n"
 TASK_FAILS = [
     (
@@ -1615,7 +1630,8 @@ def test_a_batch_range_reaching_past_the_training_set_is_cut_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
     """README: batch sizes too large for the training set beside ones that fit are removed with a
-    notice; a range from 512 to 8192 over 1024 samples keeps 512 to 1024, so no trial fails for it."""
+    notice; a range from 512 to 8192 over 1024 samples keeps 512 to 1024, so no trial fails for
+    it."""
     monkeypatch.chdir(tmp_path)
     space = QUIET_SPACE.replace("batch_size: [32, 64]", "batch_size: {low: 512, high: 8192}")
     (tmp_path / "study.yaml").write_text(HEAD + space + TINY.replace("trials: 2", "trials: 3"))

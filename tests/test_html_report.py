@@ -35,7 +35,8 @@ CHROMIUM_FLAGS = [
 
 
 class Page(HTMLParser):
-    """The parts of the page the tests read: figures' images, numbers tagged with data-json, links."""
+    """The parts of the page the tests read: figures' images, numbers tagged with data-json,
+    links."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
@@ -88,10 +89,12 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "confirm": {"top": 2, "runs": 2},
                 "probe": "none",
                 "seed": 0,
-                "prune": "none",  # every trial that fits in memory trains to its end: enough for importances
-                # a slow baseline (3-8 epochs to the target, where the trials take 1), so that a trial wins
-                # and the winner's section shows a speedup every time, also on a loaded machine. Evaluations
-                # every 2 epochs: the first comes after warm-up (10% of 384 steps), so throughput is measured
+                # every trial that fits in memory trains to its end: enough for importances
+                "prune": "none",
+                # a slow baseline (3-8 epochs to the target, where the trials take 1), so that a
+                # trial wins and the winner's section shows a speedup every time, also on a loaded
+                # machine. Evaluations every 2 epochs: the first comes after warm-up (10% of 384
+                # steps), so throughput is measured
                 "baseline": {"lr": 0.001, "batch_size": 32, "num_workers": 0, "precision": "fp32"},
             },
             sort_keys=False,

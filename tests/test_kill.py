@@ -78,12 +78,14 @@ def peek(db: Path, after_id: int) -> Live | None:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.5)
         try:
             done = conn.execute(
-                "select count(*) from trials t where t.state in ('COMPLETE', 'PRUNED', 'FAIL') and not exists "
-                "(select 1 from trial_user_attributes a where a.trial_id = t.trial_id and a.key = 'interrupted')"
+                "select count(*) from trials t where t.state in ('COMPLETE', 'PRUNED', 'FAIL') "
+                "and not exists (select 1 from trial_user_attributes a "
+                "where a.trial_id = t.trial_id and a.key = 'interrupted')"
             ).fetchone()[0]
             running: dict[int, set[str]] = {}
             for trial_id, key in conn.execute(
-                "select t.trial_id, a.key from trials t left join trial_user_attributes a on a.trial_id = t.trial_id "
+                "select t.trial_id, a.key from trials t "
+                "left join trial_user_attributes a on a.trial_id = t.trial_id "
                 "where t.state = 'RUNNING' and t.trial_id > ?",
                 (after_id,),
             ):
@@ -152,7 +154,8 @@ class Killer:
         return f"AUTOTUNE_KILL_SEED={SEED}; kills so far:\n  " + "\n  ".join(self.log)
 
     def plan(self) -> list[tuple[str, int, float]]:
-        """Per attempt, drawn before any timing can matter: (kind, trials to let finish first, a uniform)."""
+        """Per attempt, drawn before any timing can matter: (kind, trials to let finish first, a
+        uniform)."""
         kinds = [kind for kind, n in KINDS.items() for _ in range(n)]
         self.rng.shuffle(kinds)
         kinds = ["storage"] + kinds[1:]  # the first run creates the database: kill it then
@@ -251,7 +254,8 @@ class Killer:
     # -- after a kill ----------------------------------------------------------------------------
 
     def study(self) -> optuna.Study | None:
-        """The study, once its database holds it (loading it earlier would create Optuna's tables)."""
+        """The study, once its database holds it (loading it earlier would create Optuna's
+        tables)."""
         if not self.db.exists() or not sqlite_rows(
             self.db, "select name from sqlite_master where name = 'studies'"
         ):
@@ -291,7 +295,8 @@ class Killer:
         return ("between trials" if mine else "start-up, before the first trial") + mid
 
     def snapshot(self) -> dict[int, tuple]:
-        """Finished trials that count, checked against every earlier snapshot: none lost or changed."""
+        """Finished trials that count, checked against every earlier snapshot: none lost or
+        changed."""
         study = self.study()
         if study is None:
             return {}
@@ -346,13 +351,15 @@ class Killer:
                 landed = "it had finished (exit 0) before the kill"
             else:
                 raise AssertionError(
-                    f"run {attempt} exited {code} before its kill:\n{run.stderr()[-3000:]}\n{self.why()}"
+                    f"run {attempt} exited {code} before its kill:\n"
+                    f"{run.stderr()[-3000:]}\n{self.why()}"
                 )
             self.integrity()
             done = len(self.snapshot())
             self.log.append(
                 f"run {attempt}: {what} after {time.monotonic() - run.started:.2f}s -> "
-                f"{'kill ' + str(self.kills) if code else 'no kill'}: {landed}; {done}/{BUDGET} finished"
+                f"{'kill ' + str(self.kills) if code else 'no kill'}: {landed}; "
+                f"{done}/{BUDGET} finished"
             )
         raise AssertionError(
             f"only {self.kills} of {KILLS} kills in {MAX_ATTEMPTS} runs\n{self.why()}"
@@ -435,10 +442,12 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
             f"trial {retry.number} retries a trial that was not interrupted\n{why}"
         )
         assert "failed_trial" not in original.system_attrs, (
-            f"trial {retry.number} retries trial {original.number}, itself a retry: run a third time\n{why}"
+            f"trial {retry.number} retries trial {original.number}, itself a retry: "
+            f"run a third time\n{why}"
         )
         assert retry.params == original.params and "config" in original.user_attrs, (
-            f"trial {retry.number} did not rerun trial {original.number}'s whole configuration\n{why}"
+            f"trial {retry.number} did not rerun trial {original.number}'s whole "
+            f"configuration\n{why}"
         )
     first_time = [
         n
@@ -458,7 +467,8 @@ def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exac
     assert sqlite_rows(db, "pragma foreign_key_check") == [], why
     assert study.user_attrs["confirmation"]["after_trials"] == BUDGET, why
 
-    # the winner the run printed is the one the report shows, a complete trial that reached the target
+    # the winner the run printed is the one the report shows, a complete trial that reached the
+    # target
     winner = re.search(r"^Winner: (?:trial (\d+)|the baseline)", final.stdout, re.MULTILINE)
     assert winner, f"no winner in:\n{final.stdout}\n{why}"
     report = autotune("report", str(path), "--json", timeout=120)
@@ -530,7 +540,8 @@ def test_the_same_command_runs_at_once_after_a_kill_with_loader_workers_running(
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """A 200 KiB filesystem of its own (tmpfs), enough for Optuna's tables and a few dozen trials."""
+    """A 200 KiB filesystem of its own (tmpfs), enough for Optuna's tables and a few dozen
+    trials."""
     folder = tmp_path / "disk"
     folder.mkdir()
     if subprocess.run(
@@ -540,7 +551,8 @@ def small_disk(tmp_path: Path):
     try:
         yield folder
     finally:
-        # Lazy: this process may still hold the study's SQLite file open (an Optuna storage it loaded).
+        # Lazy: this process may still hold the study's SQLite file open (an Optuna storage it
+        # loaded).
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
@@ -557,7 +569,8 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_study_resumes_once_there_i
     assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr
     last = full.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        f"autotune: error: {path}: storage sqlite:///{small_disk}/study.db: no space left on the device"
+        f"autotune: error: {path}: storage sqlite:///{small_disk}/study.db: "
+        "no space left on the device"
     )
     db = small_disk / "study.db"
     assert sqlite_rows(db, "pragma integrity_check") == [("ok",)]

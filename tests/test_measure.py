@@ -69,7 +69,8 @@ def test_other_load_sees_another_process_busy_and_not_this_process_or_its_childr
     ambient = _ambient(1.0)
     if ambient > cpu_count() - 1.2:
         pytest.skip(
-            f"other processes already keep {ambient:.1f} of {cpu_count()} cores busy: no core left to load"
+            f"other processes already keep {ambient:.1f} of {cpu_count()} cores busy: "
+            "no core left to load"
         )
     # Another process: started through a shell that exits at once, so it is no descendant of ours.
     shell = subprocess.run(
@@ -87,7 +88,8 @@ def test_other_load_sees_another_process_busy_and_not_this_process_or_its_childr
         os.kill(other, signal.SIGKILL)
     assert load.cores is not None and load.cores - ambient > 0.6, (load.cores, ambient)
 
-    # This process and its children (a child spinning throughout, and one waited for inside) are its own.
+    # This process and its children (a child spinning throughout, and one waited for inside) are its
+    # own.
     child = multiprocessing.get_context("spawn").Process(target=_spin_for, args=(2.5,))
     child.start()
     try:

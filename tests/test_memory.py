@@ -28,7 +28,8 @@ def real_allocator_oom() -> RuntimeError:
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
         RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
         RuntimeError(
-            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. "
+            "This error may appear if you passed in a non-contiguous input."
         ),
         RuntimeError("MPS backend out of memory (MPS allocated: 1.00 GB)"),
         MemoryError(),

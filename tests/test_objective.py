@@ -1,4 +1,5 @@
-"""A trial's time and feasibility from its runs, under each objective (autotune/study/objective.py)."""
+"""A trial's time and feasibility from its runs, under each objective
+(autotune/study/objective.py)."""
 
 from __future__ import annotations
 

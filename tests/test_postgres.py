@@ -15,7 +15,8 @@ def test_two_workers_share_a_study_on_postgres(postgres_url: str) -> None:
 
     def worker(name: str, n_trials: int) -> None:
         try:
-            # Each worker has its own storage, so its own engine and connections, as a machine would.
+            # Each worker has its own storage, so its own engine and connections, as a machine
+            # would.
             study = optuna.load_study(
                 study_name="harness", storage=optuna.storages.RDBStorage(postgres_url)
             )

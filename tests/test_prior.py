@@ -1,5 +1,5 @@
-"""first_trial: prior: a new study's first trials take a larger batch, the baseline's lr scaled to it
-and a schedule that ends, each value inside the space; the sampler chooses the rest."""
+"""first_trial: prior: a new study's first trials take a larger batch, the baseline's lr scaled to
+it and a schedule that ends, each value inside the space; the sampler chooses the rest."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ BASELINE = {
 
 
 def inside(space: Space, trial: dict[str, Any]) -> bool:
-    """The partial trial's values, completed by values inside the space, make a configuration of the space."""
+    """The partial trial's values, completed by values inside the space, make a configuration of the
+    space."""
     config = {name: middle(name, domain) for name, domain in (*space.domains, *space.params)}
     config.update(trial)
     if config["num_workers"] == 0:
@@ -99,7 +100,8 @@ def test_a_one_value_batch_list_is_left_out_and_the_lr_scales_with_it() -> None:
 def test_integer_ranges_give_whole_numbers_at_the_smallest_accumulation() -> None:
     space = SPACE.replace("batch_size", Range(8, 100)).replace("accumulation_steps", Range(2, 5))
     trials = prior.first_trials(space, {**BASELINE, "batch_size": 16}, train_samples=1000, count=3)
-    # at 2 accumulation steps an epoch has 1000 / 2 / batch optimizer steps: at least 20 up to batch 25
+    # at 2 accumulation steps an epoch has 1000 / 2 / batch optimizer steps: at least 20 up to batch
+    # 25
     assert {(t["batch_size"], t["accumulation_steps"]) for t in trials} == {(25, 2)}
     assert all(
         type(t["batch_size"]) is int and type(t["accumulation_steps"]) is int for t in trials
@@ -190,8 +192,8 @@ def test_a_new_study_starts_with_the_prior_trials_once(
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     trials = load(path).trials
-    # 1024 training samples: batch 32 leaves 32 steps an epoch, 64 only 16; lr 0.05 x 32 / 16, then a
-    # third of it (a budget of 2 trials has room for 2 prior trials)
+    # 1024 training samples: batch 32 leaves 32 steps an epoch, 64 only 16; lr 0.05 x 32 / 16, then
+    # a third of it (a budget of 2 trials has room for 2 prior trials)
     assert [schema.queue_marks(t) for t in trials] == [{schema.PRIOR: True}] * 2
     assert [
         (t.params["batch_size"], t.params["accumulation_steps"], t.params["scheduler"])

@@ -145,7 +145,8 @@ def test_the_probe_runs_at_the_largest_batch_that_gives_enough_steps() -> None:
 
 
 def test_a_large_batch_that_fails_falls_back_to_the_baselines() -> None:
-    """Out of memory at the large batch (measured as never finishing): the probe goes on at the baseline's."""
+    """Out of memory at the large batch (measured as never finishing): the probe goes on at the
+    baseline's."""
     calls, measure = timed(
         lambda c: float("inf") if c["batch_size"] > 32 else (0.5 if c["num_workers"] else 1.0)
     )

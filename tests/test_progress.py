@@ -1,4 +1,5 @@
-"""Progress fits where it runs: bars on a terminal, a line per trial in a log, nothing with --quiet."""
+"""Progress fits where it runs: bars on a terminal, a line per trial in a log, nothing with
+--quiet."""
 
 from __future__ import annotations
 

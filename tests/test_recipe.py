@@ -68,9 +68,7 @@ def test_an_unknown_scheduler_is_refused_naming_the_known_ones() -> None:
         recipe.scheduler_args("linear", total_steps=10, lr=0.1)
 
 
-def test_the_built_in_optimizer_is_sgd_with_the_recipes_arguments_under_the_name_a_study_records() -> (
-    None
-):
+def test_the_built_in_optimizer_is_sgd_with_the_recipes_arguments_under_its_recorded_name() -> None:
     assert tasks.Task.__dataclass_fields__["optimizer"].default is tasks.sgd
     assert tasks.reference(tasks.sgd) == recipe.BUILT_IN_OPTIMIZER
     group = tasks.sgd([nn.Parameter(torch.zeros(1))], 0.1).param_groups[0]

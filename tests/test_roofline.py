@@ -22,7 +22,8 @@ from autotune.train.tasks import paced
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 # How far a prediction from the rates apart may be from the end-to-end measurement on the paced
-# task (docs/benchmarks.md): the step's own arithmetic and the workers' hand-over are not in the rates.
+# task (docs/benchmarks.md): the step's own arithmetic and the workers' hand-over are not in the
+# rates.
 TOLERANCE = 0.2
 
 
@@ -158,7 +159,8 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On the paced task the loader chosen at fp32 stops at two workers; together, bf16 with four."""
+    """On the paced task the loader chosen at fp32 stops at two workers; together, bf16 with
+    four."""
     for probe in ("systems", "joint"):
         assert main(["run", str(write_study(tmp_path, probe=probe)), "--quiet"]) == 0
     out = capsys.readouterr().out

@@ -24,7 +24,8 @@ def spec_in(folder: Path) -> study_file.StudySpec:
 def hold(path: Path, byte: int, how: str) -> subprocess.Popen[str]:
     """Another process holding `byte` of the lock file at `path` until its stdin closes."""
     code = (
-        f"import fcntl, sys; f = open({str(path)!r}, 'a+'); f.write('autotune (pid 99)'); f.flush(); "
+        f"import fcntl, sys; f = open({str(path)!r}, 'a+'); "
+        "f.write('autotune (pid 99)'); f.flush(); "
         f"fcntl.lockf(f, fcntl.LOCK_{how}, 1, {byte}); print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(

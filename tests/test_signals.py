@@ -18,7 +18,8 @@ class _Anything:
 
 @pytest.fixture
 def dropped(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
-    """The exceptions Python dropped and would print as "Exception ignored in ..." with a traceback."""
+    """The exceptions Python dropped and would print as "Exception ignored in ..." with a
+    traceback."""
     seen: list[BaseException] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_value))
     return seen

@@ -1,4 +1,5 @@
-"""autotune.search.space: knob checks, suggestions through a duck-typed trial, fitting a space to a device."""
+"""autotune.search.space: knob checks, suggestions through a duck-typed trial, fitting a space to a
+device."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def make_space(**overrides: Domain) -> Space:
 
 
 class FakeTrial:
-    """Records every suggestion asked of it; answers from `answers`, else the first choice or low."""
+    """Records every suggestion asked of it; answers from `answers`, else the first choice or
+    low."""
 
     def __init__(self, **answers: Any) -> None:
         self.answers = answers
@@ -124,7 +126,8 @@ def test_prefetch_factor_depends_on_a_ranged_num_workers() -> None:
 
 
 def test_ranges_call_suggest_int_or_float_with_log_passed_through() -> None:
-    """Int knobs use suggest_int, float knobs suggest_float, each with its log flag, in knob order."""
+    """Int knobs use suggest_int, float knobs suggest_float, each with its log flag, in knob
+    order."""
     space = make_space(
         lr=Range(1e-3, 0.5, log=True),
         batch_size=Range(16, 256, log=True),
@@ -360,9 +363,7 @@ def test_restricting_to_the_device_keeps_the_params() -> None:
 BOTH = Choices((False, True))
 
 
-def test_cpu_fixes_cudnn_benchmark_tf32_and_compile_but_keeps_channels_last_and_the_fused_step() -> (
-    None
-):
+def test_cpu_fixes_cudnn_benchmark_tf32_compile_keeps_channels_last_and_the_fused_step() -> None:
     """Without CUDA: cuDNN's search and TF32 are fixed off, and compile (a choice) too, each with a
     notice saying why; channels-last and the fused optimizer step run on CPU and stay choices."""
     space, notices, impossible = restrict_to_device(

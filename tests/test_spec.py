@@ -1,4 +1,5 @@
-"""autotune.spec.study_file.load: a valid study file becomes frozen dataclasses; a bad one raises SpecError."""
+"""autotune.spec.study_file.load: a valid study file becomes frozen dataclasses; a bad one raises
+SpecError."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ budget: {trials: 5}
 
 
 def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
-    """Unset keys get the documented defaults; the storage is a SQLite file beside the study file."""
+    """Unset keys get the documented defaults; the storage is a SQLite file beside the study
+    file."""
     spec = load(write(tmp_path, VALID))
 
     assert isinstance(spec, StudySpec)
@@ -74,7 +76,8 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
 
 
 def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
-    """A range, a list and a scalar override the preset; untouched knobs keep the preset's domain."""
+    """A range, a list and a scalar override the preset; untouched knobs keep the preset's
+    domain."""
     space = load(write(tmp_path, VALID)).space
 
     assert [name for name, _ in space.domains] == list(KNOBS)
@@ -98,8 +101,8 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
 def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:
     """YAML reads 1e-3 as a string; float-valued keys accept it anyway."""
     text = (
-        HEAD
-        + 'space: {lr: ["1e-3", 0.01]}\nbudget: {timeout: "1e3", max_epochs: "2.5", eval_every: "5e-1"}\n'
+        HEAD + 'space: {lr: ["1e-3", 0.01]}\n'
+        'budget: {timeout: "1e3", max_epochs: "2.5", eval_every: "5e-1"}\n'
     )
     spec = load(write(tmp_path, text))
 
@@ -155,7 +158,8 @@ def test_storage_argument_overrides_the_file(tmp_path: Path) -> None:
 
 
 def test_trials_and_timeout_arguments_override_the_budget(tmp_path: Path) -> None:
-    """--trials and --timeout are applied to the spec once, at load: every layer reads the budget."""
+    """--trials and --timeout are applied to the spec once, at load: every layer reads the
+    budget."""
     path = write(tmp_path, HEAD + "budget: {trials: 3, timeout: 30, max_epochs: 2}\n")
     assert (load(path).budget.trials, load(path).budget.timeout) == (3, 30.0)
     spec = load(path, trials=7, timeout=12.5)
@@ -833,7 +837,8 @@ def test_a_study_file_that_is_not_a_page_of_yaml_is_refused_before_it_is_read(
         path = tmp_path / "study.yaml"
         os.mkfifo(path)
 
-        # Were the FIFO opened for reading, this writer would unblock it after a while: the test then fails, not hangs.
+        # Were the FIFO opened for reading, this writer would unblock it after a while: the test
+        # then fails, not hangs.
         def open_the_writing_end() -> None:
             with contextlib.suppress(OSError):  # ENXIO: no reader has it open, as it should be
                 os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))

@@ -1,4 +1,5 @@
-"""Telemetry: input wait, per-trial peak memory, NVML sampling (absent without a GPU), per-class figures."""
+"""Telemetry: input wait, per-trial peak memory, NVML sampling (absent without a GPU), per-class
+figures."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ TWO_EPOCHS = Limits(
 
 
 class SlowToLoad(Dataset):
-    """The blobs, each sample taking `delay` seconds to load: a training loop over it is input-bound."""
+    """The blobs, each sample taking `delay` seconds to load: a training loop over it is
+    input-bound."""
 
     def __init__(self, delay: float) -> None:
         self.data, self.delay = _blobs(256, 0), delay
@@ -178,8 +180,8 @@ def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bou
     }
     hardware, quality = winner.describe(figures, per_class)
     assert hardware == (
-        "Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training time "
-        "waiting for input (input-bound), peak memory 300 MiB."
+        "Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training "
+        "time waiting for input (input-bound), peak memory 300 MiB."
     )
     assert "F1 from 0.667 (class 2) to 0.952 (class 1)" in quality
     figures["input_wait"] = 0.2

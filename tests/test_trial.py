@@ -359,7 +359,8 @@ def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss()
             progress=lambda steps, total, metric, seconds: seen.append(steps),
         )
     match = re.fullmatch(
-        r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): the learning rate is likely too high",
+        r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): "
+        r"the learning rate is likely too high",
         str(info.value),
     )
     assert match, str(info.value)

@@ -104,7 +104,8 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     tmp_path: Path, postgres_url: str
 ) -> None:
     """On a database server no lock says who is alive: a killed worker's trial goes stale (no
-    heartbeat for the grace period), Optuna fails it and RetryHeartbeatStaleTrialCallback queues it."""
+    heartbeat for the grace period), Optuna fails it and RetryHeartbeatStaleTrialCallback queues
+    it."""
     path = write_study(tmp_path, postgres_url)
     study_file = yaml.safe_load(path.read_text())
     study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 3 s
@@ -374,7 +375,8 @@ def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_p
     assert result.returncode == 0, result.stderr
     usable = min(2, len(os.sched_getaffinity(0)))
     assert (
-        f"autotune: --workers 500 is more than can be used (the budget has 2 trial(s), this process may use "
+        "autotune: --workers 500 is more than can be used (the budget has 2 trial(s), "
+        "this process may use "
         f"{len(os.sched_getaffinity(0))} CPU core(s)); starting {usable}"
     ) in result.stderr
     trials = journal_study(journal).get_trials()

@@ -1,6 +1,7 @@
 """A training command whose behaviour depends on the trial it is (its --seed ends in the trial
-number): trial 1 climbs slowly and would reach the target late, trial 2 runs out of memory at once, every
-other trial reaches the target in about half a second. Writes its pid to --pids DIR/<trial>."""
+number): trial 1 climbs slowly and would reach the target late, trial 2 runs out of memory at once,
+every other trial reaches the target in about half a second. Writes its pid to
+--pids DIR/<trial>."""
 
 from __future__ import annotations
 

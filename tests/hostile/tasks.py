@@ -154,8 +154,8 @@ def prints_megabytes() -> Task:
 
 
 class _Slow(nn.Module):
-    """The blobs MLP at 20 ms a training step; notes that a trial (or a confirmation run, `.confirm`)
-    began training in the file $AUTOTUNE_HOSTILE_STARTED names."""
+    """The blobs MLP at 20 ms a training step; notes that a trial (or a confirmation run,
+    `.confirm`) began training in the file $AUTOTUNE_HOSTILE_STARTED names."""
 
     def __init__(self) -> None:
         super().__init__()
