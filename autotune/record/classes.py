@@ -1,5 +1,6 @@
-"""Per-class figures of a classifier from its confusion matrices (train/class_figures.py): precision,
-recall and F1 per class, and summed matrices that pool several runs on the same validation set."""
+"""Per-class figures of a classifier from its confusion matrices (train/class_figures.py):
+precision, recall and F1 per class, and summed matrices that pool several runs on the same
+validation set."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ def add(matrices: Sequence[Sequence[Sequence[int]]]) -> list[list[int]] | None:
 
 
 def per_class(matrix: Sequence[Sequence[int]]) -> list[dict[str, float | int | None]]:
-    """Precision, recall, F1 and support of each class. A figure whose denominator is 0 (a class never
-    predicted, or absent from the validation set) is None, not 0: it was not measured."""
+    """Precision, recall, F1 and support of each class. A figure whose denominator is 0 (a class
+    never predicted, or absent from the validation set) is None, not 0: it was not measured."""
     rows = []
     for k, row in enumerate(matrix):
         true_positive = row[k]

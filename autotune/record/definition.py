@@ -37,9 +37,8 @@ def describe(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
         },
         "device": device,
     }
-    if (
-        space.params
-    ):  # absent when there are none, so studies begun before parameters existed still match
+    # absent when there are none, so studies begun before parameters existed still match
+    if space.params:
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
     if (spec.objective, spec.replicates) != (TIME_TO_TARGET, 1):  # likewise absent at the defaults
         definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}

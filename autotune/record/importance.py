@@ -18,13 +18,11 @@ def param_importances(study: optuna.Study) -> tuple[dict[str, float] | None, str
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental-feature and constant-parameter warnings
-            evaluator = optuna.importance.FanovaImportanceEvaluator(
-                seed=0
-            )  # the same figures every time
+            # the same figures every time
+            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
             values = optuna.importance.get_param_importances(study, evaluator=evaluator)
-    except (
-        Exception
-    ) as exc:  # one plot of the report: whatever Optuna objects to, the rest is still drawn
+    # one plot of the report: whatever Optuna objects to, the rest is still drawn
+    except Exception as exc:
         return None, f"Optuna could not evaluate importances ({exc.__class__.__name__}: {exc})"
     if not values:
         return None, "no parameter varies across the complete trials"

@@ -39,7 +39,9 @@ CUT_SHORT = 1e-9
 class Outcome:
     value: float  # seconds: what the study minimizes
     constraint: float  # feasible when <= 0 (Optuna's convention)
-    metric: float  # the metric the constraint judges: the worst best (time_to_target), the mean final (fixed_schedule)
+    # the metric the constraint judges: the worst best (time_to_target), the mean final
+    # (fixed_schedule)
+    metric: float
 
 
 Predict = Callable[[float], float]  # samples to target -> predicted seconds (goodput)
@@ -105,7 +107,8 @@ class TimeToTarget:
         self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
     ) -> Outcome:
         """Feasible when every run reached the target; the time is `time` of them (their mean time
-        to target). A trial that missed is timed by its mean training time: infeasible whatever it is."""
+        to target). A trial that missed is timed by its mean training time: infeasible whatever it
+        is."""
         worst = min(r.best_metric for r in runs)
         if all(r.reached for r in runs):
             return Outcome(self.time(runs, predict), target - worst, worst)
@@ -177,18 +180,21 @@ class Goodput(TimeToTarget):
     name, paired = GOODPUT, True
 
     def time(self, runs: Sequence[TrialResult], predict: Predict | None) -> float:
-        """The prediction for the runs' mean samples to target (one systems setting for them all)."""
+        """The prediction for the runs' mean samples to target (one systems setting for them
+        all)."""
         if predict is None or any(r.samples_to_target is None for r in runs):
             raise ValueError(
-                "a goodput trial's time needs the samples its runs needed and a prediction from them"
+                "a goodput trial's time needs the samples its runs needed "
+                "and a prediction from them"
             )
         return predict(statistics.fmean(r.samples_to_target for r in runs))
 
 
 class SystemsOnly(Goodput):
     """Goodput's rules for the one trial that trains the baseline's maths; the study tells every
-    other systems setting from its samples (study/throughput_phase.py). Not paired: with one maths there is
-    nothing to pair, and a try that missed the target trains again on seeds of its own (budget.py)."""
+    other systems setting from its samples (study/throughput_phase.py). Not paired: with one maths
+    there is nothing to pair, and a try that missed the target trains again on seeds of its own
+    (budget.py)."""
 
     name, paired = SYSTEMS_ONLY, False
 

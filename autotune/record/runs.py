@@ -56,7 +56,8 @@ def confirmation(result: TrialResult, *, label: str, seed: int) -> dict[str, Any
 
 
 def failed_confirmation(reason: str, *, label: str, seed: int) -> dict[str, Any]:
-    """A confirmation run that failed (out of memory, a hang, a crash): it did not reach the target."""
+    """A confirmation run that failed (out of memory, a hang, a crash): it did not reach the
+    target."""
     return {
         "label": label,
         "seed": seed,

@@ -21,9 +21,8 @@ SCHEMA_VERSION = 1
 # Study attributes.
 VERSION = "schema_version"
 TARGET = "target"  # {"metric": name, "value": threshold}
-OPTIMIZER = (
-    "optimizer"  # the task's optimizer factory as `module:function`, for `export --format torch`
-)
+# the task's optimizer factory as `module:function`, for `export --format torch`
+OPTIMIZER = "optimizer"
 KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not all of them
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
@@ -40,16 +39,16 @@ PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
-RESULT = (
-    "result"  # what its training measured (train.config.TrialResult as a dict, plus replicates)
-)
+# what its training measured (train.config.TrialResult as a dict, plus replicates)
+RESULT = "result"
 # In RESULT under goodput and systems_only: the trial's predicted time, what it is made of and the
 # configuration trained (CONFIG is then the fastest way to train the same maths).
 PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
-PRIOR = "prior"  # one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
+# one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
+PRIOR = "prior"
 # Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
 
@@ -156,9 +155,8 @@ def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> Non
 
 
 def record_result(trial: Any, record: Mapping[str, Any]) -> None:
-    trial.set_user_attr(
-        RESULT, dict(record)
-    )  # one write: each attribute is a transaction of its own
+    # one write: each attribute is a transaction of its own
+    trial.set_user_attr(RESULT, dict(record))
 
 
 def record_interrupted(storage: Any, trial_id: int, *, reason: str) -> None:
@@ -298,7 +296,8 @@ def measured(trial: Any) -> dict[str, Any]:
 
 
 def outcome(trial: Any) -> dict[str, Any]:
-    """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it measured."""
+    """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it
+    measured."""
     attrs = trial.user_attrs
     return {
         "reason": attrs.get(REASON),
@@ -324,7 +323,8 @@ def retried_from(trial: Any) -> int | None:
 
 
 def retry_attrs(trial: Any) -> dict[str, Any]:
-    """The system attributes of a retry of `trial`, as Optuna's RetryFailedTrialCallback writes them."""
+    """The system attributes of a retry of `trial`, as Optuna's RetryFailedTrialCallback writes
+    them."""
     return {
         FAILED_TRIAL: trial.number,
         RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number],

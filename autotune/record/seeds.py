@@ -44,7 +44,8 @@ def probe(study_seed: int) -> int:
 
 
 def throughput(study_seed: int) -> int:
-    """The goodput objectives' throughput measurements' seed: no trial, confirmation or probe uses it."""
+    """The goodput objectives' throughput measurements' seed: no trial, confirmation or probe uses
+    it."""
     return study_seed * BLOCK + THROUGHPUT
 
 

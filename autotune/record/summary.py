@@ -22,7 +22,8 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """Trials by outcome (report/results.counts). `failed` excludes interrupted trials, which are retried."""
+    """Trials by outcome (report/results.counts). `failed` excludes interrupted trials, which are
+    retried."""
 
     total: int
     complete: int
@@ -98,9 +99,8 @@ class Baseline:
     reached: int
     min: float | None
     max: float | None
-    missed_at: tuple[
-        str, ...
-    ] = ()  # where the runs that missed the target stopped: max_seconds, max_epochs
+    # where the runs that missed the target stopped: max_seconds, max_epochs
+    missed_at: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -110,21 +110,24 @@ class Baseline:
         }
 
     def why_missed(self, limits: Mapping[str, Any] | None) -> str:
-        """Why its runs that missed the target did, and what to change: `` (each stopped at ...)``."""
+        """Why its runs that missed the target did, and what to change:
+        `` (each stopped at ...)``."""
         limits = limits or {}
         if "max_seconds" in self.missed_at:
             seconds = limits.get("max_seconds")
             at = f" ({seconds:g} s)" if isinstance(seconds, (int, float)) else ""
             return (
-                f": {self._the_missed()} stopped at budget.max_seconds{at} first, so it has no time to compare with; raise "
-                f"budget.max_seconds (a busy machine trains slower) and run again"
+                f": {self._the_missed()} stopped at budget.max_seconds{at} first, "
+                "so it has no time to compare with; "
+                "raise budget.max_seconds (a busy machine trains slower) and run again"
             )
         if "max_epochs" in self.missed_at:
             epochs = limits.get("max_epochs")
             at = f" ({epochs:g})" if isinstance(epochs, (int, float)) else ""
             return (
-                f": {self._the_missed()} trained all of budget.max_epochs{at} short of it, so it has no time to compare "
-                f"with; raise budget.max_epochs, or give a baseline that reaches the target"
+                f": {self._the_missed()} trained all of budget.max_epochs{at} short of it, "
+                "so it has no time to compare with; "
+                "raise budget.max_epochs, or give a baseline that reaches the target"
             )
         return ""
 
@@ -142,13 +145,12 @@ class Confirmation:
     seeds: tuple[int, ...]
     after_trials: int
     configs: Mapping[str, Mapping[str, Any]]
-    predicted: Mapping[str, float] = dataclasses.field(
-        default_factory=dict
-    )  # goodput: label -> the search's predicted time
-    baseline_resolved_by: float | None = (
-        None  # confirm.baseline: until_resolved: the ratio that told the baseline apart
-    )
-    # confirm.precision: the fastest trial's samples to target over its fp32 twin's (verdict.precision_effect)
+    # goodput: label -> the search's predicted time
+    predicted: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # confirm.baseline: until_resolved: the ratio that told the baseline apart
+    baseline_resolved_by: float | None = None
+    # confirm.precision: the fastest trial's samples to target over its fp32 twin's
+    # (verdict.precision_effect)
     precision_effect: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,14 +169,16 @@ class Confirmation:
         }
 
     def precision_sentence(self) -> str:
-        """What the precision did to convergence, measured, as one sentence; empty where not measured."""
+        """What the precision did to convergence, measured, as one sentence; empty where not
+        measured."""
         effect = self.precision_effect
         if not effect:
             return ""
         return (
-            f"Precision, measured: {effect['trial']} in {effect['precision']} needed {effect['ratio']:.2f}x the "
-            f"samples its maths needed in fp32 to reach the target ({effect['samples']:,.0f} against "
-            f"{effect['fp32_samples']:,.0f}, median of {counted(effect['pairs'], 'seed')} where both reached it)."
+            f"Precision, measured: {effect['trial']} in {effect['precision']} "
+            f"needed {effect['ratio']:.2f}x the samples its maths needed in fp32 "
+            f"to reach the target ({effect['samples']:,.0f} against {effect['fp32_samples']:,.0f}, "
+            f"median of {counted(effect['pairs'], 'seed')} where both reached it)."
         )
 
     def baseline_stopped_early(self) -> bool:
@@ -221,9 +225,8 @@ class Summary:
     probe: Mapping[str, Any] | None = None
     stale_confirmation: StaleConfirmation | None = None
     knobs: tuple[str, ...] | None = None
-    throughput: Mapping[str, Any] | None = (
-        None  # goodput: the throughput phase's table and cost (search/goodput.py)
-    )
+    # goodput: the throughput phase's table and cost (search/goodput.py)
+    throughput: Mapping[str, Any] | None = None
 
     @property
     def fixed_schedule(self) -> bool:

@@ -42,7 +42,8 @@ def label(number: int) -> str:
     return f"trial {number}"
 
 
-IN_FP32 = " in fp32"  # a twin's label: a trial's maths in float32 (confirm.precision), never a winner itself
+# a twin's label: a trial's maths in float32 (confirm.precision), never a winner itself
+IN_FP32 = " in fp32"
 
 
 def fp32_twin(label_: str, config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
