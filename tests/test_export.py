@@ -40,7 +40,8 @@ from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
 from autotune.record.summary import Counts, Summary, Target, Winner
 from autotune.report.summarize import of_study
-from autotune.search.space import KNOBS, PRECISIONS, SCHEDULERS
+from autotune.search.knob import PRECISIONS
+from autotune.search.space import KNOBS, SCHEDULERS
 from autotune.spec import study_file
 from autotune.study import storage
 from autotune.train import systems, trial

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import autotune
-from autotune.search.space import PRECISIONS
+from autotune.search.knob import PRECISIONS
 from autotune.train.config import Diverged, Limits, TrialConfig
 from autotune.train.loader import make_loader
 from autotune.train.tasks import Task, takes

@@ -33,8 +33,8 @@ from autotune.export.common import (
     threads_note,
 )
 from autotune.record.summary import Summary
+from autotune.search.knob import PRECISIONS
 from autotune.search.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
-from autotune.search.space import PRECISIONS
 
 # lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
 SCHEDULERS = {

@@ -39,8 +39,8 @@ from autotune.export.common import (
     threads_note,
 )
 from autotune.record.summary import Summary
+from autotune.search.knob import PRECISIONS
 from autotune.search.recipe import SCHEDULES, SGD_ARGS, loader_kwargs
-from autotune.search.space import PRECISIONS
 
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 

@@ -26,8 +26,9 @@ from autotune.export.common import (
 )
 from autotune.record.schema import current_reference
 from autotune.record.summary import Summary
+from autotune.search.knob import PRECISIONS
 from autotune.search.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
-from autotune.search.space import KNOBS, PRECISIONS
+from autotune.search.space import KNOBS
 
 MODULE = Template('''\
 """$provenance.

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from autotune.search.space import PRECISIONS
+from autotune.search.knob import PRECISIONS
 
 FEASIBLE, INFEASIBLE, PRUNED, OOM, BASELINE = "#1f77b4", "#d62728", "#999999", "#d62728", "#555555"
 SIZE = (6.4, 4.0)  # inches at 100 dpi: 640 x 400 pixels, two abreast on a laptop screen

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.search.space import FORMAT_KNOBS, KNOBS, PRECISIONS
+from autotune.search.knob import PRECISIONS
+from autotune.search.space import FORMAT_KNOBS, KNOBS
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.

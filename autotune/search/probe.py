@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.search import roofline
-from autotune.search.space import LOADER_KNOBS, PRECISIONS, Choices, Range, Space
+from autotune.search.knob import PRECISIONS
+from autotune.search.space import LOADER_KNOBS, Choices, Range, Space
 
 ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead

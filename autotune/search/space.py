@@ -4,7 +4,8 @@ A space gives every knob a domain: a numeric range or a list of choices (a fixed
 list of one). Beside the knobs it may hold the user's own parameters (model width, dropout,
 weight decay, ...): the same kinds of domain, an integer range when both bounds are whole
 numbers. `suggest` turns a space into one configuration through an Optuna trial, which it only
-duck-types, so this module does not import Optuna.
+duck-types, so this module does not import Optuna. What one knob accepts, and the precision
+table, are search/knob.py's.
 """
 
 from __future__ import annotations
@@ -15,81 +16,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from autotune.search.knob import PRECISIONS, Knob
+
 SCHEDULERS = ("constant", "step", "cosine", "onecycle")
-
-
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    """One value of the precision knob as each layer and trainer names it."""
-
-    dtype: str  # autocast's torch dtype, by name (torch.<dtype>): this layer imports no torch
-    bytes: int  # per activation value: memory grows with it (oom_boundary); the widest is the probe's reference
-    lightning: str  # lightning.Trainer(precision=)
-    hf: (
-        str | None
-    )  # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
-    autocast: bool  # forward passes (training and evaluation) run under torch.autocast(dtype)
-    grad_scaler: (
-        bool  # the loss is scaled (torch.amp.GradScaler): fp16's small gradients would underflow
-    )
-
-
-PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision(
-        "float32", 4, lightning="32-true", hf=None, autocast=False, grad_scaler=False
-    ),
-    "fp16": Precision(
-        "float16", 2, lightning="16-mixed", hf="fp16", autocast=True, grad_scaler=True
-    ),
-    "bf16": Precision(
-        "bfloat16", 2, lightning="bf16-mixed", hf="bf16", autocast=True, grad_scaler=False
-    ),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Knob:
-    """What one knob accepts: its type, its smallest value, or its fixed set of names."""
-
-    name: str
-    type: type
-    minimum: float | None = None
-    names: tuple[str, ...] | None = None
-    doc: str = ""
-    # What a configuration stored before the knob existed meant by leaving it out: the trial ran
-    # without it (None: nothing to assume, or the schedule's default of max_epochs).
-    absent: Any = None
-
-    @property
-    def numeric(self) -> bool:
-        return self.type in (int, float)
-
-    def check(self, value: Any) -> str | None:
-        """Return None if `value` is acceptable, else a phrase saying what is accepted."""
-        if self.type is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
-            ok = ok and value > (self.minimum or 0.0)
-            return (
-                None
-                if ok
-                else f"{self.name} takes a finite number greater than {self.minimum or 0}"
-            )
-        if self.type is int:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
-            return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
-        if self.type is bool:
-            return None if isinstance(value, bool) else f"{self.name} takes true or false"
-        if value in self.names:
-            return None
-        return f"{self.name} takes one of {', '.join(self.names)}"
-
-
-def finite(value: float) -> bool:
-    """True for a number that fits a float and is not inf or NaN."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 KNOBS: dict[str, Knob] = {
@@ -143,8 +72,8 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "tf32",
             bool,
-            doc="float32 matrix products on TF32 tensor cores (torch.set_float32_matmul_precision('high'); "
-            "CUDA, compute capability 8.0 or more)",
+            doc="float32 matrix products on TF32 tensor cores "
+            "(torch.set_float32_matmul_precision('high'); CUDA, compute capability 8.0 or more)",
             absent=False,
         ),
         Knob(
@@ -263,7 +192,8 @@ def is_integer(name: str, domain: Range) -> bool:
 
 
 def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
-    """One configuration: every knob, then every parameter, sampled where the space leaves a choice."""
+    """One configuration: every knob, then every parameter, sampled where the space leaves a
+    choice."""
     config: dict[str, Any] = {}
     for name, domain in (*space.domains, *space.params):
         if name == "prefetch_factor" and config["num_workers"] == 0:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import SpecError, shown
-from autotune.search.space import finite
+from autotune.search.knob import finite
 
 OPTIONAL_SECTIONS = ("space", "budget", "baseline", "confirm")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.search.knob import finite
 from autotune.search.space import (
     DEFAULT_BASELINE,
     KNOBS,
@@ -17,7 +18,6 @@ from autotune.search.space import (
     Domain,
     Range,
     Space,
-    finite,
     middle,
 )
 from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune.search import recipe
-from autotune.search.space import PRECISIONS
+from autotune.search.knob import PRECISIONS
 from autotune.train import systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.evaluation import evaluate

@@ -30,7 +30,8 @@ import autotune
 
 # autotune's precisions with Lightning's names for them, and its optimizer and LR schedules: the knobs
 # mean here what they mean in autotune's own trials.
-from autotune.search.space import PRECISIONS, SCHEDULERS
+from autotune.search.knob import PRECISIONS
+from autotune.search.space import SCHEDULERS
 from autotune.train.tasks import sgd
 from autotune.train.trial import make_scheduler
 

@@ -1,0 +1,81 @@
+"""What one knob accepts (`Knob`), and what each value of the precision knob means to each layer
+and trainer (`PRECISIONS`). search/space.py's KNOBS is the table of knobs made of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """One value of the precision knob as each layer and trainer names it."""
+
+    dtype: str  # autocast's torch dtype, by name (torch.<dtype>): this layer imports no torch
+    # per activation value: memory grows with it (oom_boundary); the widest is the probe's reference
+    bytes: int
+    lightning: str  # lightning.Trainer(precision=)
+    # the transformers.TrainingArguments flag it sets true; None: neither fp16 nor bf16
+    hf: str | None
+    autocast: bool  # forward passes (training and evaluation) run under torch.autocast(dtype)
+    # the loss is scaled (torch.amp.GradScaler): fp16's small gradients would underflow
+    grad_scaler: bool
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision(
+        "float32", 4, lightning="32-true", hf=None, autocast=False, grad_scaler=False
+    ),
+    "fp16": Precision(
+        "float16", 2, lightning="16-mixed", hf="fp16", autocast=True, grad_scaler=True
+    ),
+    "bf16": Precision(
+        "bfloat16", 2, lightning="bf16-mixed", hf="bf16", autocast=True, grad_scaler=False
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """What one knob accepts: its type, its smallest value, or its fixed set of names."""
+
+    name: str
+    type: type
+    minimum: float | None = None
+    names: tuple[str, ...] | None = None
+    doc: str = ""
+    # What a configuration stored before the knob existed meant by leaving it out: the trial ran
+    # without it (None: nothing to assume, or the schedule's default of max_epochs).
+    absent: Any = None
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+    def check(self, value: Any) -> str | None:
+        """Return None if `value` is acceptable, else a phrase saying what is accepted."""
+        if self.type is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
+            ok = ok and value > (self.minimum or 0.0)
+            return (
+                None
+                if ok
+                else f"{self.name} takes a finite number greater than {self.minimum or 0}"
+            )
+        if self.type is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
+            return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
+        if self.type is bool:
+            return None if isinstance(value, bool) else f"{self.name} takes true or false"
+        if value in self.names:
+            return None
+        return f"{self.name} takes one of {', '.join(self.names)}"
+
+
+def finite(value: float) -> bool:
+    """True for a number that fits a float and is not inf or NaN."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
