@@ -25,11 +25,13 @@ from autotune.report.text import TABLE_ROWS
 from autotune.search import goodput, probe
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1340px;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; \
+margin: 2rem auto; max-width: 1340px;
        padding: 0 1rem; color: #222; }
 h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
 .sub { color: #666; margin-top: 0; }
-.winner { background: #f4f8fc; border: 1px solid #cddbea; border-radius: 6px; padding: .5rem 1.2rem 1rem; }
+.winner { background: #f4f8fc; border: 1px solid #cddbea; border-radius: 6px; \
+padding: .5rem 1.2rem 1rem; }
 .headline { font-size: 1.1rem; }
 .cols { display: flex; flex-wrap: wrap; gap: 2rem; }
 table { border-collapse: collapse; font-size: .85rem; }
@@ -52,9 +54,8 @@ PLOTS = (
 )
 
 
-GENERATOR = (
-    '<meta name="generator" content="autotune">'  # how a page from `report --html` is known again
-)
+# how a page from `report --html` is known again
+GENERATOR = '<meta name="generator" content="autotune">'
 
 
 def looks_like_page(text: str) -> bool:
@@ -107,9 +108,11 @@ def render(
         _figure(name, figure, caption) for name, (figure, caption) in figures.items()
     )
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">\
+<meta name="viewport" content="width=device-width, initial-scale=1">
 {GENERATOR}
-<title>autotune: {_e(summary.study)}</title><link rel="icon" href="data:,"><style>{STYLE}</style></head>
+<title>autotune: {_e(summary.study)}</title><link rel="icon" href="data:,">\
+<style>{STYLE}</style></head>
 <body>
 <h1>Study {_e(summary.study)}</h1>
 <p class="sub">Target: {_e(target.metric)} &ge; {target.value:g} &middot; {_counts(summary.counts)}
@@ -134,7 +137,8 @@ def _e(value: Any) -> str:
 def _figure(name: str, figure: Any, caption: str) -> str:
     data = base64.b64encode(plots.png(figure)).decode()
     return (
-        f'<figure id="plot-{name}"><img src="data:image/png;base64,{data}" alt="{_e(name.replace("_", " "))}">'
+        f'<figure id="plot-{name}">'
+        f'<img src="data:image/png;base64,{data}" alt="{_e(name.replace("_", " "))}">'
         f"<figcaption>{_e(caption)}</figcaption></figure>"
     )
 
@@ -142,7 +146,8 @@ def _figure(name: str, figure: Any, caption: str) -> str:
 def _counts(c: Counts) -> str:
     return (
         f"{c.total} trials: {c.feasible} reached the target, {c.complete - c.feasible} missed it, "
-        f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), {c.failed} failed"
+        f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), "
+        f"{c.failed} failed"
     )
 
 
@@ -152,9 +157,8 @@ def _device(summary: Summary) -> str:
 
 def _probe(summary: Summary) -> str:
     """What the systems probe and the throughput phase settled, each in a line."""
-    lines = (
-        probe.describe(summary.probe).splitlines() if summary.probe else []
-    )  # the joint probe's are several
+    # the joint probe's are several
+    lines = probe.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 
@@ -165,7 +169,10 @@ def _number(path: str, value: Any, spec: str = ".2f", *, scale: float = 1.0, uni
     if value is None:
         return "-"
     scaled = f' data-scale="{scale:g}"' if scale != 1 else ""
-    return f'<span data-json="{path}" data-format="{spec}"{scaled}>{format(value * scale, spec)}</span>{unit}'
+    return (
+        f'<span data-json="{path}" data-format="{spec}"{scaled}>'
+        f"{format(value * scale, spec)}</span>{unit}"
+    )
 
 
 def _setting(name: str, value: Any) -> str:
@@ -178,15 +185,18 @@ def _setting(name: str, value: Any) -> str:
 def _winner(summary: Summary) -> str:
     best = summary.best
     if best is None:
-        return '<section class="winner" id="winner"><h2>Winner</h2><p>No trial has reached the target yet.</p></section>'
+        return (
+            '<section class="winner" id="winner"><h2>Winner</h2>'
+            "<p>No trial has reached the target yet.</p></section>"
+        )
     who = "the baseline" if best.is_baseline else best.label
     timing = (
         f"{_number('best.time_to_target', best.time_to_target)} s to the target ({_e(best.source)}"
     )
     if best.min is not None:
         timing += (
-            f", median of {_number('best.runs', best.runs, '.0f')} {plural('run', best.runs)}, range "
-            f"{_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s"
+            f", median of {_number('best.runs', best.runs, '.0f')} {plural('run', best.runs)}, "
+            f"range {_number('best.min', best.min)}&ndash;{_number('best.max', best.max)} s"
         )
     timing += ")"
     lines = [f'<p class="headline"><b>{_e(who)}</b>: {timing}.</p>']
@@ -200,17 +210,21 @@ def _winner(summary: Summary) -> str:
         )
         lines.append(
             f"<p>The baseline takes {_number('baseline.time_to_target', base.time_to_target)} s "
-            f"(median of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)}){speed}.</p>"
+            f"(median of {_number('baseline.runs', base.runs, '.0f')} "
+            f"{plural('run', base.runs)}){speed}.</p>"
         )
     elif base:
         lines.append(
-            f"<p>The baseline reached the target in only {_number('baseline.reached', base.reached, '.0f')} "
-            f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} on fresh seeds"
+            "<p>The baseline reached the target in only "
+            f"{_number('baseline.reached', base.reached, '.0f')} "
+            f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} "
+            "on fresh seeds"
             f"{_e(base.why_missed(summary.limits))}.</p>"
         )
     if best.is_baseline:
         lines.append(
-            "<p>No configuration the study found beat the baseline on fresh seeds: keep the baseline.</p>"
+            "<p>No configuration the study found beat the baseline on fresh seeds: "
+            "keep the baseline.</p>"
         )
     settings = "".join(
         f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>'
@@ -291,10 +305,12 @@ def _per_class(per_class: Mapping[str, Any] | None) -> str:
             f"<td>{_number(f'{path}.{k}', row[k], '.3f')}</td>"
             for k in ("precision", "recall", "f1")
         )
-        rows.append(
-            f'<tr><td class="key">{_e(row["class"])}</td>{cells}<td>{_number(f"{path}.support", row["support"], ".0f")}</td></tr>'
-        )
-    head = '<tr><th class="key">class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>'
+        support = _number(f"{path}.support", row["support"], ".0f")
+        rows.append(f'<tr><td class="key">{_e(row["class"])}</td>{cells}<td>{support}</td></tr>')
+    head = (
+        '<tr><th class="key">class</th>'
+        "<th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
+    )
     return (
         f"<div><h3>Validation set, per class ({_e(where)})</h3>"
         f'<table id="winner-per-class">{head}{"".join(rows)}</table></div>'
@@ -332,7 +348,8 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     table["input wait"] = table["input wait"].map(
         lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %"
     )
-    # Every knob a column: wider than a laptop's window, so it scrolls inside the page, not the page.
+    # Every knob a column: wider than a laptop's window, so it scrolls inside the page,
+    # not the page.
     page = table.to_html(
         index=False, na_rep="-", float_format=lambda x: f"{x:.4g}", border=0, table_id="top-trials"
     )
@@ -346,14 +363,16 @@ def _importance_caption(records: pd.DataFrame) -> str:
     complete = int((records["state"] == "COMPLETE").sum()) if "state" in records else 0
     if 0 < complete < IMPORTANCE_TRIALS:
         caption += (
-            f" From only {counted(complete, 'complete trial')}: a rough guide, which more trials can "
-            f"reorder; below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength."
+            f" From only {counted(complete, 'complete trial')}: "
+            "a rough guide, which more trials can reorder; "
+            f"below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength."
         )
     return caption
 
 
 def _confirmation(summary: Summary) -> str:
-    """The side-by-side re-measurement on fresh seeds, one row per configuration, as in the text report."""
+    """The side-by-side re-measurement on fresh seeds, one row per configuration, as in the text
+    report."""
     confirmation = summary.confirmation
     if not confirmation:
         return ""
@@ -383,7 +402,8 @@ def _confirmation(summary: Summary) -> str:
     )
     return (
         f"<h2>Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}</h2>"
-        f'<table id="confirmation"><tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
+        '<table id="confirmation">'
+        f'<tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
         f"<th>{last_head}</th><th>predicted</th></tr>{''.join(rows)}</table>"
         + (
             f"<p>{_e(confirmation.precision_sentence())}</p>"

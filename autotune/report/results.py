@@ -46,7 +46,8 @@ COLUMNS = (
 
 
 def looks_like_trials_csv(text: str) -> bool:
-    """Whether `text` is a trial table that `autotune report --csv` wrote: its header's first columns."""
+    """Whether `text` is a trial table that `autotune report --csv` wrote: its header's first
+    columns."""
     return text.startswith(",".join(COLUMNS[:4]) + ",")
 
 
@@ -82,33 +83,34 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
                 "runs": len(attrs.get("replicates") or ())
                 or (1 if attrs.get("train_seconds") is not None else None),
                 "time_to_target": attrs.get("time_to_target"),
-                # the training samples its first run needed to reach the target: not the machine's speed
+                # the training samples its first run needed to reach the target: not the machine's
+                # speed
                 "samples_to_target": attrs.get("samples_to_target"),
                 "best_metric": attrs.get("best_metric"),
                 "final_metric": attrs.get(
                     "final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]
                 ),
-                # the metric its feasibility was judged by: the worst best over its runs, or their mean final
+                # the metric its feasibility was judged by: the worst best over its runs, or their
+                # mean final
                 "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
                 "train_seconds": attrs.get("train_seconds"),
                 "epochs": attrs.get("epochs"),
                 "optimizer_steps": attrs.get("optimizer_steps"),
                 "samples_per_second": attrs.get("samples_per_second"),
-                # share of training time (after warm-up) spent waiting for the next batch: input-bound when high
+                # share of training time (after warm-up) spent waiting for the next batch:
+                # input-bound when high
                 "input_wait": attrs.get("input_wait_fraction"),
                 "peak_memory_mb": None if peak is None else peak / 2**20,
                 **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
                 "oom": attrs["oom"],
-                "oom_bound": attrs[
-                    "oom_bound"
-                ],  # pruned without running: a smaller one ran out of memory
+                # pruned without running: a smaller one ran out of memory
+                "oom_bound": attrs["oom_bound"],
                 "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
                 "interrupted": interrupted,
                 "reason": attrs["reason"]
                 or ("interrupted: its worker stopped" if interrupted else None),
-                "baseline": schema.is_baseline(
-                    trial
-                ),  # the baseline, queued as the first trial (first_trial: baseline)
+                # the baseline, queued as the first trial (first_trial: baseline)
+                "baseline": schema.is_baseline(trial),
                 **config,
             }
         )
@@ -169,8 +171,8 @@ def all_failed(trials: Iterable[Any]) -> str | None:
         schema.reason(t) or "no reason recorded" for t in finished
     ).most_common(1)[0]
     return (
-        f"every one of the {len(finished)} trials failed, so nothing was tuned; the most common reason "
-        f"({count} of {len(finished)}): {reason}"
+        f"every one of the {len(finished)} trials failed, so nothing was tuned; "
+        f"the most common reason ({count} of {len(finished)}): {reason}"
     )
 
 

@@ -38,7 +38,8 @@ def summarize(
     confusions: Mapping[int, Any] | None = None,
     throughput: Mapping[str, Any] | None = None,
 ) -> Summary:
-    """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the baseline.
+    """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the
+    baseline.
 
     `records` are results.trial_records; `confirmation` is what the study stored of its last one.
     `confusions`: trial number -> the confusion matrix its run ended with (classification tasks),

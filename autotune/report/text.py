@@ -1,4 +1,5 @@
-"""`autotune report`: a study's Summary as text: counts, the fastest trials, the confirmation, the winner."""
+"""`autotune report`: a study's Summary as text: counts, the fastest trials, the confirmation,
+the winner."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ SHORT_NAMES = {
 
 
 def render(summary: Summary, records: pd.DataFrame) -> str:
-    """The text report of `summary`, with the fastest of `records` (results.trial_records) as a table."""
+    """The text report of `summary`, with the fastest of `records` (results.trial_records) as a
+    table."""
     lines = [_counts(summary), f"Target: {summary.target.metric} >= {summary.target.value}"]
     if summary.probe:
         lines.append(probe.describe(summary.probe))
@@ -39,17 +41,17 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     if stale:
         lines += [
             "",
-            f"Not confirmed: the confirmation on fresh seeds was taken after {stale.after_trials} trials, of "
-            f"trials {', '.join(str(n) for n in stale.trials)}, and the study's fastest trials have changed since. "
+            f"Not confirmed: the confirmation on fresh seeds was taken after {stale.after_trials} "
+            f"trials, of trials {', '.join(str(n) for n in stale.trials)}, "
+            "and the study's fastest trials have changed since. "
             f"`autotune run` with the same study file redoes it.",
         ]
     if summary.confirmation:
         lines += ["", *_confirmation(summary)]
     best = summary.best
     lines += ["", f"Winner: {_winner_name(best, records)} ({best.source})"]
-    lines += [
-        f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()
-    ]  # as the table shows a knob that does not apply
+    # as the table shows a knob that does not apply
+    lines += [f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()]
     lines.append(_verdict(summary, best, summary.baseline))
     lines += winner.describe(best.telemetry, best.per_class)
     return "\n".join(lines)
@@ -66,7 +68,8 @@ def _counts(summary: Summary) -> str:
     c = summary.counts
     diverged = f", {c.diverged} diverged" if c.diverged else ""
     return (
-        f"Study {summary.study}: {c.total} trials: {c.complete} complete ({c.feasible} reached the target), "
+        f"Study {summary.study}: {c.total} trials: "
+        f"{c.complete} complete ({c.feasible} reached the target), "
         f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
         f"{c.oom_bound} known to run out{diverged}), {c.failed} failed, {c.interrupted} interrupted"
     )
@@ -91,9 +94,8 @@ def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
             for n, queued in zip(top["number"], top["baseline"])
         ]
     for column in table.columns:
-        if (
-            table[column].dtype == object
-        ):  # knobs and parameters, kept as stored: na_rep skips None there
+        # knobs and parameters, kept as stored: na_rep skips None there
+        if table[column].dtype == object:
             table[column] = table[column].map(_cell)
     runs = {int(n) for n in top["runs"].dropna()} or {1}
     each = (
@@ -136,15 +138,18 @@ def _confirmation(summary: Summary) -> list[str]:
         lines.append("  " + confirmation.precision_sentence())
     if confirmation.baseline_stopped_early():
         lines.append(
-            f"  The baseline ran on {confirmation.configs['baseline']['runs']} of the {len(confirmation.seeds)} seeds: "
-            f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x the slowest run of every other "
-            f"configuration, so more could not change which is faster (confirm.baseline: until_resolved)"
+            f"  The baseline ran on {confirmation.configs['baseline']['runs']} "
+            f"of the {len(confirmation.seeds)} seeds: "
+            f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x "
+            "the slowest run of every other configuration, "
+            "so more could not change which is faster (confirm.baseline: until_resolved)"
         )
     return lines
 
 
 def _predicted(confirmation: Any, label: str) -> str:
-    """ ", predicted 1.20 s (measured +5%)": the goodput search's prediction beside the measurement."""
+    """ ", predicted 1.20 s (measured +5%)": the goodput search's prediction beside the
+    measurement."""
     predicted = confirmation.predicted.get(label)
     if predicted is None:
         return ""
@@ -153,15 +158,13 @@ def _predicted(confirmation: Any, label: str) -> str:
 
 
 def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
-    """What to do, in one sentence: keep the baseline, or use the winner and how much faster it is."""
+    """What to do, in one sentence: keep the baseline, or use the winner and how much faster it
+    is."""
     goal = f"{summary.target.metric} >= {summary.target.value}"
     fixed = summary.fixed_schedule
 
-    def reaches(
-        params: Any,
-    ) -> (
-        str
-    ):  # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
+    # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average
+    def reaches(params: Any) -> str:
         return (
             f"trains its whole {_epochs(params)} schedule to a mean {goal}"
             if fixed
@@ -170,12 +173,16 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
 
     if best.is_baseline and base:
         return (
-            f"No configuration the study found beat the baseline on fresh seeds (their single-run times were "
-            f"luck): keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
+            "No configuration the study found beat the baseline on fresh seeds "
+            "(their single-run times were luck): "
+            f"keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
             f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s)."
         )
     if not (best.confirmed and base):
-        return f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s ({best.source}, not confirmed on fresh seeds)."
+        return (
+            f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
+            f"({best.source}, not confirmed on fresh seeds)."
+        )
     claim = (
         f"{_capital(reaches(best.params))} in {best.time_to_target:.2f} s "
         f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s); "
@@ -183,8 +190,8 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
     if summary.speedup:
         baseline_is = f"the baseline's {_epochs(base.params)} schedule" if fixed else "the baseline"
         return (
-            claim
-            + f"{baseline_is} takes {base.time_to_target:.2f} s (median of {counted(base.runs, 'run')}, range "
+            claim + f"{baseline_is} takes {base.time_to_target:.2f} s "
+            f"(median of {counted(base.runs, 'run')}, range "
             f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}."
         )
     if fixed:
@@ -192,13 +199,14 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
             claim + f"the baseline's {_epochs(base.params)} schedule does not reach a mean {goal}."
         )
     return (
-        claim
-        + f"the baseline reached it in only {base.reached} of {counted(base.runs, 'run')}{base.why_missed(summary.limits)}."
+        claim + f"the baseline reached it in only {base.reached} of {counted(base.runs, 'run')}"
+        f"{base.why_missed(summary.limits)}."
     )
 
 
 def _capital(phrase: str) -> str:
-    """The phrase as a sentence's start (str.capitalize would lower the rest, the metric's name too)."""
+    """The phrase as a sentence's start (str.capitalize would lower the rest, the metric's name
+    too)."""
     return phrase[:1].upper() + phrase[1:]
 
 

@@ -69,9 +69,8 @@ def per_class(
     }
 
 
-INPUT_BOUND = (
-    0.5  # share of training time spent waiting for batches above which the run is input-bound
-)
+# share of training time spent waiting for batches above which the run is input-bound
+INPUT_BOUND = 0.5
 
 
 def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | None) -> list[str]:
@@ -98,7 +97,8 @@ def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | Non
         if gpu:
             parts.append(
                 f"GPU {gpu['util_mean']:.0f}% busy on average (max {gpu['util_max']:.0f}%), "
-                f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, {gpu['power_mean_w']:.0f} W on average"
+                f"{gpu['memory_used_peak_mb']:.0f} MiB used at peak, "
+                f"{gpu['power_mean_w']:.0f} W on average"
             )
         if parts:
             lines.append(f"Hardware ({where}): {', '.join(parts)}.")
@@ -112,7 +112,8 @@ def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | Non
         if scored:
             low, high = min(scored, key=lambda c: c["f1"]), max(scored, key=lambda c: c["f1"])
             lines.append(
-                f"Per class on the validation set ({where}): F1 from {low['f1']:.3f} (class {low['class']}) "
+                f"Per class on the validation set ({where}): "
+                f"F1 from {low['f1']:.3f} (class {low['class']}) "
                 f"to {high['f1']:.3f} (class {high['class']}); `report --html` shows every class."
             )
     return lines
