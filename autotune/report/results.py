@@ -64,62 +64,59 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
     for trial in trials:
         if schema.is_surplus(trial):  # never ran: a worker's ask after the budget was taken
             continue
-        attrs = schema.outcome(trial)
-        interrupted = schema.is_interrupted(trial)
-        peak = attrs.get("peak_memory_bytes")
         config = schema.config(trial) or {k: trial.params.get(k) for k in KNOBS}
         config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
-        rows.append(
-            {
-                "number": trial.number,
-                "state": trial.state.name,
-                "feasible": schema.is_feasible(trial),
-                # what the study minimized: the mean over the trial's runs of its time to target, or
-                # of its whole schedule (study/objective.py); the first run's own figures follow
-                "seconds": getattr(trial, "value", None)
-                if trial.state.name == "COMPLETE"
-                else None,
-                "runs": len(attrs.get("replicates") or ())
-                or (1 if attrs.get("train_seconds") is not None else None),
-                "time_to_target": attrs.get("time_to_target"),
-                # the training samples its first run needed to reach the target: not the machine's
-                # speed
-                "samples_to_target": attrs.get("samples_to_target"),
-                "best_metric": attrs.get("best_metric"),
-                "final_metric": attrs.get(
-                    "final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]
-                ),
-                # the metric its feasibility was judged by: the worst best over its runs, or their
-                # mean final
-                "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
-                "train_seconds": attrs.get("train_seconds"),
-                "epochs": attrs.get("epochs"),
-                "optimizer_steps": attrs.get("optimizer_steps"),
-                "samples_per_second": attrs.get("samples_per_second"),
-                # share of training time (after warm-up) spent waiting for the next batch:
-                # input-bound when high
-                "input_wait": attrs.get("input_wait_fraction"),
-                "peak_memory_mb": None if peak is None else peak / 2**20,
-                **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
-                "oom": attrs["oom"],
-                # pruned without running: a smaller one ran out of memory
-                "oom_bound": attrs["oom_bound"],
-                "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
-                "interrupted": interrupted,
-                "reason": attrs["reason"]
-                or ("interrupted: its worker stopped" if interrupted else None),
-                # the baseline, queued as the first trial (first_trial: baseline)
-                "baseline": schema.is_baseline(trial),
-                **config,
-            }
-        )
+        rows.append({**_row(trial), **config})
     table = pd.DataFrame(rows, columns=[*COLUMNS, *shown, *params])
     for name in (*shown, *params):
         # As stored: a column with a gap (a trial that failed before its configuration was chosen)
         # would otherwise turn whole numbers into floats, and batch_size 64 into 64.0 in exports.
         table[name] = pd.Series([row.get(name) for row in rows], index=table.index, dtype=object)
     return table
+
+
+def _row(trial: Any) -> dict[str, Any]:
+    """A trial's outcome and measurements: its values of COLUMNS."""
+    attrs = schema.outcome(trial)
+    interrupted = schema.is_interrupted(trial)
+    peak = attrs.get("peak_memory_bytes")
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "feasible": schema.is_feasible(trial),
+        # what the study minimized: the mean over the trial's runs of its time to target, or
+        # of its whole schedule (study/objective.py); the first run's own figures follow
+        "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,
+        "runs": len(attrs.get("replicates") or ())
+        or (1 if attrs.get("train_seconds") is not None else None),
+        "time_to_target": attrs.get("time_to_target"),
+        # the training samples its first run needed to reach the target: not the machine's speed
+        "samples_to_target": attrs.get("samples_to_target"),
+        "best_metric": attrs.get("best_metric"),
+        "final_metric": attrs.get(
+            "final_metric", (attrs.get("curve") or [[None, None, None]])[-1][2]
+        ),
+        # the metric its feasibility was judged by: the worst best over its runs, or their
+        # mean final
+        "objective_metric": attrs.get("objective_metric", attrs.get("best_metric")),
+        "train_seconds": attrs.get("train_seconds"),
+        "epochs": attrs.get("epochs"),
+        "optimizer_steps": attrs.get("optimizer_steps"),
+        "samples_per_second": attrs.get("samples_per_second"),
+        # share of training time (after warm-up) spent waiting for the next batch:
+        # input-bound when high
+        "input_wait": attrs.get("input_wait_fraction"),
+        "peak_memory_mb": None if peak is None else peak / 2**20,
+        **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
+        "oom": attrs["oom"],
+        "oom_bound": attrs["oom_bound"],  # pruned without running: a smaller one ran out of memory
+        "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
+        "interrupted": interrupted,
+        "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
+        # the baseline, queued as the first trial (first_trial: baseline)
+        "baseline": schema.is_baseline(trial),
+    }
 
 
 def knob_names(records: pd.DataFrame) -> list[str]:

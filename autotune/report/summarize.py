@@ -125,35 +125,53 @@ def _confirmed(
         baseline_resolved_by=confirmation.get("baseline_resolved_by"),
         precision_effect=confirmation.get("precision_effect"),
     )
+    baseline = _confirmed_baseline(confirmation, stats)
+    label = verdict.winner(stats)
+    if label is None:
+        return figures, baseline, None, None
+    won = _confirmed_winner(confirmation, records, label, stats=stats, objective=objective)
+    return figures, baseline, won, verdict.speedup(stats, label)
+
+
+def _confirmed_baseline(
+    confirmation: Mapping[str, Any], stats: Mapping[str, Mapping[str, Any]]
+) -> Baseline | None:
+    """The baseline's figures on the fresh seeds, and where its runs that missed stopped."""
     base = stats.get(verdict.BASELINE)
+    if not base:
+        return None
     missed = [
         r.get("stop_reason")
         for r in confirmation["runs"]
         if r["label"] == verdict.BASELINE and not r.get("reached")
     ]
-    baseline = (
-        None
-        if not base
-        else Baseline(
-            params=complete(confirmation["configs"][verdict.BASELINE]),
-            time_to_target=base["median"],
-            runs=base["runs"],
-            reached=base["reached"],
-            min=base["min"],
-            max=base["max"],
-            missed_at=tuple(sorted({reason for reason in missed if reason})),
-        )
+    return Baseline(
+        params=complete(confirmation["configs"][verdict.BASELINE]),
+        time_to_target=base["median"],
+        runs=base["runs"],
+        reached=base["reached"],
+        min=base["min"],
+        max=base["max"],
+        missed_at=tuple(sorted({reason for reason in missed if reason})),
     )
-    label = verdict.winner(stats)
-    if label is None:
-        return figures, baseline, None, None
+
+
+def _confirmed_winner(
+    confirmation: Mapping[str, Any],
+    records: pd.DataFrame,
+    label: str,
+    *,
+    stats: Mapping[str, Mapping[str, Any]],
+    objective: str,
+) -> Winner:
+    """The configuration `label` that won the confirmation, by its figures on the fresh seeds."""
     trial = {verdict.label(n): n for n in confirmation["trials"]}.get(label)  # None: the baseline
     metric = objectives.of(objective).metric
     metrics = [
         r[metric] for r in confirmation["runs"] if r["label"] == label and r.get(metric) is not None
     ]
     epochs = records.loc[records["number"] == trial, "epochs"]
-    won = Winner(
+    return Winner(
         trial=trial,
         label=label,
         params=complete(confirmation["configs"][label]),
@@ -166,9 +184,8 @@ def _confirmed(
         min=stats[label]["min"],
         max=stats[label]["max"],
         source="confirmed",
-        epochs=_plain(epochs.iloc[0]) if len(epochs) else None,
-    )  # of the study's own run of it
-    return figures, baseline, won, verdict.speedup(stats, label)
+        epochs=_plain(epochs.iloc[0]) if len(epochs) else None,  # of the study's own run of it
+    )
 
 
 def _with_detail(
