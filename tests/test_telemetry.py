@@ -178,11 +178,11 @@ def test_the_text_report_gives_the_winners_figures_and_says_when_it_is_input_bou
         "source": "confirmation",
         "classes": classes.per_class([[9, 1, 0], [0, 10, 0], [5, 0, 5]]),
     }
-    hardware, quality = winner.describe(figures, per_class)
+    hardware, quality = winner.figure_lines(figures, per_class)
     assert hardware == (
         "Hardware (median of 3 confirmation runs): 812 samples/s after warm-up, 71% of training "
         "time waiting for input (input-bound), peak memory 300 MiB."
     )
     assert "F1 from 0.667 (class 2) to 0.952 (class 1)" in quality
     figures["input_wait"] = 0.2
-    assert "input-bound" not in winner.describe(figures, per_class)[0]
+    assert "input-bound" not in winner.figure_lines(figures, per_class)[0]

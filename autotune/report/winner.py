@@ -73,7 +73,7 @@ def per_class(
 INPUT_BOUND = 0.5
 
 
-def describe(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | None) -> list[str]:
+def figure_lines(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] | None) -> list[str]:
     """The winner's hardware figures (`telemetry`) and per-class quality (`per_class`) as lines of
     the text report."""
     lines = []
