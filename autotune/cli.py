@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, StorageError
-from autotune.spec.study_file import ISOLATION_MODES, MAX_SECONDS, MAX_TRIALS
+from autotune.spec.sections import MAX_SECONDS, MAX_TRIALS
+from autotune.spec.study_file import ISOLATION_MODES
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna

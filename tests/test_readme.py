@@ -88,7 +88,8 @@ def test_the_python_api_example_runs_as_written(
 def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(
     tmp_path: Path,
 ) -> None:
-    from autotune.spec.study_file import CommandTask, load
+    from autotune.spec.sections import CommandTask
+    from autotune.spec.study_file import load
 
     block = block_after("studies/lightning_digits.yaml")
     study = REPO / "studies" / f"readme_example_{tmp_path.name}.yaml"  # beside lightning/train.py

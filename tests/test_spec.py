@@ -15,7 +15,8 @@ import pytest
 
 from autotune.errors import SpecError
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Range
-from autotune.spec.study_file import Budget, Confirm, StudySpec, Target, load
+from autotune.spec.sections import Budget, Confirm, Target
+from autotune.spec.study_file import StudySpec, load
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_ONLY = "target: {metric: accuracy, value: 0.97}\n"

@@ -20,7 +20,8 @@ from autotune.record import definition, objectives, schema
 from autotune.runners import command, isolation, warm
 from autotune.search import devices
 from autotune.search.space import KNOBS, Choices, Domain, Range, Space
-from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, CommandTask, StudySpec, options
+from autotune.spec.sections import CommandTask
+from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec, options
 from autotune.study import storage
 from autotune.train import systems
 from autotune.train.config import Limits

@@ -1,0 +1,227 @@
+"""The study file's target, budget, confirm and command-task sections: each one's frozen
+dataclass, defaults and limits, and its reader. Like every check of the study file, a reader
+raises `SpecError` naming the file, the key, the value it got and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.search.space import KNOBS, Space
+from autotune.spec import command_line
+from autotune.spec.checks import is_int, mapping, number, reject_unknown, require
+
+ACCURACY = "accuracy"  # a fraction of the validation set, by every route
+BUDGET_DEFAULTS = {
+    "trials": 20,
+    "timeout": None,
+    "max_epochs": 10.0,
+    "max_seconds": 60.0,
+    "eval_every": 0.25,
+    "trial_timeout": None,
+}
+# The largest budget each value may take: beyond them a trial's loop would count past what floats
+# and the clock's waits hold (1e308 epochs overflow; a wait longer than ~292 years is refused).
+MAX_TRIALS = 1_000_000
+MAX_CONFIRM = 1000  # confirm.top and confirm.runs: fresh seeds are listed, and each run trains
+MAX_EPOCHS = 1_000_000.0
+MAX_SECONDS = 10_000_000.0  # about 116 days
+CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all", "precision": False}
+CONFIRM_BASELINE = ("all", "until_resolved")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    metric: str  # name of the task's validation metric, e.g. "accuracy"
+    value: float  # the trial is feasible once the metric reaches this
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    trials: int  # finished trials in the storage, across every run of the study
+    timeout: float | None  # seconds for this invocation of `autotune run`; None: no limit
+    # per trial; the longest LR schedule (space.schedule_epochs), and the default one
+    max_epochs: float
+    max_seconds: float  # per trial, on the training clock
+    # epochs between evaluations: often enough that the clock stops near the crossing
+    eval_every: float
+    trial_timeout: float  # wall seconds after which a trial in a child process is killed as hung
+    # set in the file, not the default: worth a notice where it cannot apply
+    trial_timeout_given: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirm:
+    top: int  # best trials re-run on fresh seeds before the winner is named
+    runs: int  # fresh seeds per confirmed configuration, and for the baseline
+    # all: the baseline on every seed; until_resolved: until it is told apart (confirm.py)
+    baseline: str = "all"
+    # beside the fastest trial in a narrower precision, its maths in fp32: samples to target
+    # compared
+    precision: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandTask:
+    """A training command run once per trial, in the study file's folder
+    (autotune/runners/command.py)."""
+
+    command: str | tuple[str, ...]  # a string is split like a shell would; never run through one
+    env: tuple[tuple[str, str], ...] = ()  # extra environment variables, placeholders allowed
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "command": self.command if isinstance(self.command, str) else list(self.command),
+            "env": dict(self.env),
+        }
+
+
+Task = str | CommandTask  # str: a built-in task name or package.module:callable
+
+
+def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTask:
+    """`task: {command: ..., env: {...}}`: its placeholders must name knobs, parameters or the
+    names the runner fills, and its program must exist, before any trial runs."""
+    reject_unknown(path, "task.", raw, ("command", "env"))
+    command = raw.get("command")
+    if isinstance(command, list) and all(isinstance(arg, str) for arg in command) and command:
+        command = tuple(command)
+    require(
+        path,
+        "task.command",
+        command,
+        (isinstance(command, str) and command.strip() != "") or isinstance(command, tuple),
+        "a command line (a string, or a list of its arguments) with {knob} placeholders",
+    )
+    env = raw.get("env") or {}
+    require(
+        path,
+        "task.env",
+        env,
+        isinstance(env, Mapping),
+        "a mapping of environment variable names to values",
+    )
+    for key, value in env.items():
+        # What the operating system takes as a variable's name and value: no '=' in a name, no NUL
+        # anywhere.
+        require(
+            path,
+            f"task.env.{key}",
+            key,
+            isinstance(key, str) and key != "" and "=" not in key and "\0" not in key,
+            "a variable's name: text without '=' or NUL",
+        )
+        require(
+            path,
+            f"task.env.{key}",
+            value,
+            isinstance(value, (str, int, float))
+            and not isinstance(value, bool)
+            and "\0" not in str(value),
+            "a string or a number (with no NUL character)",
+        )
+    env = {key: str(value) for key, value in env.items()}
+    for key, value in env.items():  # a placeholder is named where it is written
+        try:
+            command_line.validate((value,), known=[*KNOBS, *dict(space.params)], cwd=None)
+        except ValueError as exc:
+            raise SpecError(
+                path, f"task.env.{key}", value, str(exc).replace("the command names", "it names")
+            ) from None
+    try:
+        command_line.validate(
+            command, known=[*KNOBS, *dict(space.params)], cwd=path.resolve().parent
+        )
+    except ValueError as exc:
+        raise SpecError(
+            path, "task.command", command if isinstance(command, str) else list(command), str(exc)
+        ) from None
+    return CommandTask(command=command, env=tuple(env.items()))
+
+
+def target(path: Path, raw: Any) -> Target:
+    raw = mapping(path, "target", raw, ("metric", "value"))
+    metric = raw.get("metric")
+    require(
+        path,
+        "target.metric",
+        metric,
+        isinstance(metric, str) and metric != "",
+        "the name of the task's metric, e.g. accuracy",
+    )
+    value = number(path, "target.value", raw.get("value"), minimum=-math.inf)
+    # Whoever measures it (a task, a command, an objective function): a target no run could reach
+    # would fail every trial as short of it.
+    require(
+        path,
+        "target.value",
+        value,
+        metric != ACCURACY or 0 < value <= 1,
+        "accuracy is a fraction: a target above 0 and at most 1",
+    )
+    return Target(metric=metric, value=value)
+
+
+def budget(path: Path, raw: Any) -> Budget:
+    raw = {**BUDGET_DEFAULTS, **mapping(path, "budget", raw, tuple(BUDGET_DEFAULTS))}
+    trials = raw["trials"]
+    require(
+        path,
+        "budget.trials",
+        trials,
+        is_int(trials) and 1 <= trials <= MAX_TRIALS,
+        f"a whole number from 1 to {MAX_TRIALS:,}",
+    )
+    timeout = raw["timeout"]
+    max_seconds = number(path, "budget.max_seconds", raw["max_seconds"], maximum=MAX_SECONDS)
+    trial_timeout = raw["trial_timeout"]
+    return Budget(
+        trials=trials,
+        timeout=None
+        if timeout is None
+        else number(path, "budget.timeout", timeout, maximum=MAX_SECONDS),
+        max_epochs=number(path, "budget.max_epochs", raw["max_epochs"], maximum=MAX_EPOCHS),
+        max_seconds=max_seconds,
+        eval_every=number(path, "budget.eval_every", raw["eval_every"], maximum=MAX_EPOCHS),
+        # Training stops at max_seconds; start-up and evaluations come on top, so leave room.
+        trial_timeout=2 * max_seconds + 60
+        if trial_timeout is None
+        else number(path, "budget.trial_timeout", trial_timeout, maximum=3 * MAX_SECONDS),
+        trial_timeout_given=trial_timeout is not None,
+    )
+
+
+def confirm(path: Path, raw: Any) -> Confirm:
+    raw = {**CONFIRM_DEFAULTS, **mapping(path, "confirm", raw, tuple(CONFIRM_DEFAULTS))}
+    for key in ("top", "runs"):  # each run is a whole training run: a hundred is hours already
+        require(
+            path,
+            f"confirm.{key}",
+            raw[key],
+            is_int(raw[key]) and 0 <= raw[key] <= MAX_CONFIRM,
+            f"a whole number from 0 to {MAX_CONFIRM}",
+        )
+    require(
+        path,
+        "confirm.baseline",
+        raw["baseline"],
+        raw["baseline"] in CONFIRM_BASELINE,
+        "all (the baseline on every fresh seed) or until_resolved (on at least two, "
+        "then only until its runs are told apart from every candidate's)",
+    )
+    require(
+        path,
+        "confirm.precision",
+        raw["precision"],
+        isinstance(raw["precision"], bool),
+        "true (also run the fastest trial's maths in fp32 where its precision is narrower, "
+        "on the same seeds, and compare the samples each needed to reach the target) or false",
+    )
+    return Confirm(
+        top=raw["top"], runs=raw["runs"], baseline=raw["baseline"], precision=raw["precision"]
+    )
