@@ -24,6 +24,11 @@ MAX_FILE_BYTES = 1 << 20  # a study file or preset is a page of YAML; this is a 
 def read_yaml(path: Path) -> Any:
     """The YAML of a regular file of at most MAX_FILE_BYTES: a device (/dev/zero), a FIFO or a
     directory is refused before it is opened, as reading one would never end or block forever."""
+    return _parse(path, _read_text(path))
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, read only from a regular file of at most MAX_FILE_BYTES of UTF-8."""
     try:
         mode = path.stat().st_mode  # through symbolic links
         if not stat.S_ISREG(mode):
@@ -62,6 +67,11 @@ def read_yaml(path: Path) -> Any:
             str(path),
             f"cannot be read ({exc.__class__.__name__}); a readable text file",
         ) from None
+    return text
+
+
+def _parse(path: Path, text: str) -> Any:
+    """The YAML in `text`, each way it can fail one line naming `path`."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except RecursionError:

@@ -80,6 +80,31 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
     objective makes the schedule's length the knob that trades time for accuracy).
     """
     raw = mapping(path, "space", raw, ("preset", "params", *KNOBS))
+    preset_path, preset_raw = _preset(path, raw)
+    domains = []
+    for name in KNOBS:
+        if name in raw:
+            domains.append((name, _domain(path, f"space.{name}", name, raw[name])))
+        elif name in preset_raw:
+            domains.append((name, _domain(preset_path, name, name, preset_raw[name])))
+        elif name != SCHEDULE:
+            domains.append((name, Choices((KNOBS[name].absent,))))
+        else:
+            domains.append(
+                (
+                    name,
+                    Range(max_epochs / 8, max_epochs, log=True)
+                    if fixed_schedule
+                    else Choices((max_epochs,)),
+                )
+            )
+    schedule = dict(domains)[SCHEDULE]
+    _check_schedule(path, raw, preset_path, preset_raw, schedule, max_epochs=max_epochs)
+    return Space(tuple(domains), _params(path, raw.get("params")))
+
+
+def _preset(path: Path, raw: Mapping[str, Any]) -> tuple[Path, Mapping[str, Any]]:
+    """The preset the space starts from: its path, and its domain for every knob."""
     preset = raw.get("preset", "default")
     require(
         path,
@@ -105,24 +130,19 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
     ]
     if missing:
         raise SpecError(preset_path, missing[0], None, "a preset gives a domain for every knob")
-    domains = []
-    for name in KNOBS:
-        if name in raw:
-            domains.append((name, _domain(path, f"space.{name}", name, raw[name])))
-        elif name in preset_raw:
-            domains.append((name, _domain(preset_path, name, name, preset_raw[name])))
-        elif name != SCHEDULE:
-            domains.append((name, Choices((KNOBS[name].absent,))))
-        else:
-            domains.append(
-                (
-                    name,
-                    Range(max_epochs / 8, max_epochs, log=True)
-                    if fixed_schedule
-                    else Choices((max_epochs,)),
-                )
-            )
-    schedule = dict(domains)[SCHEDULE]
+    return preset_path, preset_raw
+
+
+def _check_schedule(
+    path: Path,
+    raw: Mapping[str, Any],
+    preset_path: Path,
+    preset_raw: Mapping[str, Any],
+    schedule: Domain,
+    *,
+    max_epochs: float,
+) -> None:
+    """No schedule longer than the budget's max_epochs, named where it was given."""
     longest = schedule.high if isinstance(schedule, Range) else max(schedule.values)
     if longest > max_epochs:
         where, key = (path, f"space.{SCHEDULE}") if SCHEDULE in raw else (preset_path, SCHEDULE)
@@ -134,7 +154,6 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
             f"schedules of at most budget.max_epochs ({max_epochs:g}) epochs: "
             "raise max_epochs, or shorten the schedules",
         )
-    return Space(tuple(domains), _params(path, raw.get("params")))
 
 
 PARAM_VALUE = "a number, a string or true/false"
