@@ -1,4 +1,5 @@
-"""The Python API: tune a model and its datasets, or any training function, from a script or notebook.
+"""The Python API: tune a model and its datasets, or any training function, from a script or
+notebook.
 
 `tune` is `autotune run` without a study file: the same keys, validated the same way, the same
 storage, resume and confirmation. Two routes:
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset
@@ -27,6 +28,11 @@ from autotune.runners.user_function import Objective
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, SCHEDULE
 from autotune.spec.study_file import FIXED_SCHEDULE, PYTHON_API
 from autotune.train.tasks import Task, reference
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.spec.study_file import StudySpec
 
 WHERE = PYTHON_API  # how errors name the study: there is no file
 
@@ -65,59 +71,94 @@ def tune(
     defaults to `sqlite:///{name}.db` in the working folder. Running it again with the same name
     and storage resumes the study.
     """
-    from autotune import signals
     from autotune.report import summarize
     from autotune.spec.study_file import from_mapping
-    from autotune.study import preparation
-    from autotune.study.run import run_sequence
 
-    for key, value in (
-        ("space", space),
-        ("budget", budget),
-        ("baseline", baseline),
-        ("confirm", confirm),
-    ):
-        if value is not None and not isinstance(value, Mapping):
-            raise SpecError(WHERE, key, value, f"a mapping (a dict) of the study file's {key} keys")
+    given = {
+        "name": name,
+        "target": {"metric": metric, "value": target},
+        "space": space,
+        "budget": budget,
+        "baseline": baseline,
+        "confirm": confirm,
+        "seed": seed,
+        "device": device,
+        "prune": prune,
+        "probe": probe,
+        "objective": objective_kind,
+        "replicates": replicates,
+        "first_trial": first_trial,
+    }
+    _check_sections(given)
     task = _task(model=model, train=train, val=val, task=task, objective=objective)
-    function = objective if objective is not None else task.model
-    label = (
-        reference(function)
-        or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
-    )
     knobs = (
         tuple(KNOBS)
         if objective is None
         else objective_knobs(space or {}, baseline or {}, objective_kind)
     )
-    raw_space = dict(space or {})
-    if objective is not None:  # what the function never reads is neither searched nor shown
-        raw_space.update(unread_fixed(knobs, baseline or {}))
-    raw = {
-        "name": name,
-        "task": f"python:{label}",
-        "target": {"metric": metric, "value": target},
-        "space": raw_space,
-        "budget": dict(budget or {}),
-        "baseline": dict(baseline or {}),
-        "confirm": dict(confirm or {}),
-        "seed": seed,
-        "device": device,
-    }
-    raw.update(
-        {
-            key: value
-            for key, value in (
-                ("prune", prune),
-                ("probe", probe),
-                ("objective", objective_kind),
-                ("replicates", replicates),
-                ("first_trial", first_trial),
-            )
-            if value is not None
-        }
-    )
+    function = objective if objective is not None else task.model
+    raw = _study_file(given, function=function, knobs=knobs, reads_all=objective is None)
     spec = from_mapping(raw, path=WHERE, storage=storage or f"sqlite:///{name}.db")
+    study = _run(spec, task=task, objective=objective, knobs=knobs, allow_changes=allow_changes)
+    return summarize.of_study(spec, study)[1]
+
+
+SECTIONS = ("space", "budget", "baseline", "confirm")  # the study file's keys that hold keys
+# The study file's keys that tune() leaves out unless given, for the study file's defaults.
+UNLESS_GIVEN = ("prune", "probe", "objective", "replicates", "first_trial")
+
+
+def _check_sections(given: Mapping[str, Any]) -> None:
+    """Each section tune() was given is a mapping, as in a study file."""
+    for key in SECTIONS:
+        value = given[key]
+        if value is not None and not isinstance(value, Mapping):
+            raise SpecError(WHERE, key, value, f"a mapping (a dict) of the study file's {key} keys")
+
+
+def _study_file(
+    given: Mapping[str, Any],
+    *,
+    function: Callable[..., Any],
+    knobs: tuple[str, ...],
+    reads_all: bool,
+) -> dict[str, Any]:
+    """The study file tune()'s arguments describe: the keys `given`, the task named after
+    `function` (the model factory or the objective), and, unless the function `reads_all` knobs,
+    each knob it does not read fixed."""
+    label = (
+        reference(function)
+        or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', '?')}"
+    )
+    space = dict(given["space"] or {})
+    if not reads_all:  # what the function never reads is neither searched nor shown
+        space.update(unread_fixed(knobs, given["baseline"] or {}))
+    raw = {
+        "name": given["name"],
+        "task": f"python:{label}",
+        "target": given["target"],
+        "space": space,
+        **{key: dict(given[key] or {}) for key in ("budget", "baseline", "confirm")},
+        "seed": given["seed"],
+        "device": given["device"],
+    }
+    raw.update({key: given[key] for key in UNLESS_GIVEN if given[key] is not None})
+    return raw
+
+
+def _run(
+    spec: StudySpec,
+    *,
+    task: Task | None,
+    objective: Objective | None,
+    knobs: tuple[str, ...],
+    allow_changes: bool,
+) -> optuna.Study:
+    """Prepare the study and run it; stopped, say where its trials are and how to go on."""
+    from autotune import signals
+    from autotune.study import preparation
+    from autotune.study.run import run_sequence
+
     run_objective = (
         user_function.as_trial(objective, knobs=knobs) if objective is not None else None
     )
@@ -125,17 +166,15 @@ def tune(
         preparation.prepare(spec, task=task, objective=run_objective), knobs=knobs
     )
     try:
-        study = run_sequence(spec, prepared, allow_changes=allow_changes)
-    except (
-        KeyboardInterrupt
-    ) as interrupt:  # Ctrl-C (or SIGTERM): the trial is marked, the storage whole
+        return run_sequence(spec, prepared, allow_changes=allow_changes)
+    except KeyboardInterrupt as interrupt:
+        # Ctrl-C (or SIGTERM): the trial is marked, the storage whole
         print(
-            f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}; "
-            f"call tune() again with the same name and storage to go on",
+            f"autotune: interrupted ({signals.name(interrupt)}); every finished trial is saved "
+            f"in {spec.storage}; call tune() again with the same name and storage to go on",
             file=sys.stderr,
         )
         raise
-    return summarize.of_study(spec, study)[1]
 
 
 def _task(
@@ -146,7 +185,8 @@ def _task(
     task: Task | None,
     objective: Objective | None,
 ) -> Task | None:
-    """The task that tune() was given (None: an objective), after checking that it got exactly one route."""
+    """The task that tune() was given (None: an objective), after checking that it got exactly
+    one route."""
     given = [
         route
         for route, value in (("model", model), ("task", task), ("objective", objective))
@@ -154,18 +194,20 @@ def _task(
     ]
     if len(given) != 1:
         raise TypeError(
-            f"tune() takes exactly one of model= (with train= and val=), task= or objective=, but got {given or 'none'}"
+            "tune() takes exactly one of model= (with train= and val=), task= or objective=, "
+            f"but got {given or 'none'}"
         )
     if task is not None and not isinstance(task, Task):
         raise TypeError(
-            f"tune(task=...) takes an autotune.Task, not {type(task).__name__}; a study file names a task "
-            f"by its name"
+            f"tune(task=...) takes an autotune.Task, not {type(task).__name__}; a study file "
+            f"names a task by its name"
         )
     for route, value in (("model", model), ("objective", objective)):
         if value is not None and not callable(value):
+            what = "a model factory" if route == "model" else "a function"
             raise TypeError(
-                f"tune({route}=...) takes a callable ({'a model factory' if route == 'model' else 'a function'} "
-                f"of the configuration), not {type(value).__name__}"
+                f"tune({route}=...) takes a callable ({what} of the configuration), "
+                f"not {type(value).__name__}"
             )
     if model is None:
         return task

@@ -187,7 +187,8 @@ def say(message: str) -> None:
 
 def tell(message: str, *, standing: str = "", routine: bool = False) -> None:
     """A line of progress, hidden by quiet. In lines mode `standing` (where the study stands) is
-    added; in bars mode a `routine` one (a trial that completed) is left to the bar, which shows it."""
+    added; in bars mode a `routine` one (a trial that completed) is left to the bar, which shows
+    it."""
     current = mode()
     if current == "lines":
         _write(f"{message} ({standing})" if standing else message)

@@ -28,7 +28,8 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-WORKERS_PARENT = "AUTOTUNE_WORKERS_PARENT"  # in a worker of --workers: the pid of the `autotune run` that started it
+# in a worker of --workers: the pid of the `autotune run` that started it
+WORKERS_PARENT = "AUTOTUNE_WORKERS_PARENT"
 
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:
@@ -45,17 +46,20 @@ def name(interrupt: KeyboardInterrupt) -> str:
 class _State:
     interruptible = False  # True while training: a signal may raise right where it lands
     pending: int | None = None  # a signal that arrived during a storage write
-    stopping = False  # a signal has been taken: the run is stopping, and a second one must not cut its cleanup short
+    # a signal has been taken: the run is stopping, and a second one must not cut its cleanup short
+    stopping = False
 
 
 def _on_signal(signum: int, _: FrameType | None) -> None:
     # One signal stops the run; more (SIGTERM to a process group reaches a `--workers` worker
-    # both from the shell and from its parent) must not land inside the writes that mark its trial.
+    # both from the shell and from its parent) must not land inside the writes that mark its
+    # trial.
     if _State.stopping:
         return
     _State.stopping = True
     # Pending even when raised: Python drops (prints, then forgets) an exception raised inside a
-    # weakref callback or a __del__, which the signal may have landed in. The next check() raises it.
+    # weakref callback or a __del__, which the signal may have landed in. The next check() raises
+    # it.
     _State.pending = signum
     if _State.interruptible:
         _State.interruptible = False
@@ -65,9 +69,9 @@ def _on_signal(signum: int, _: FrameType | None) -> None:
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """SIGINT and SIGTERM held back until the block ends: processes forked inside it (DataLoader
-    workers) start with both blocked, and ignore them (train/loader._worker_init). A signal sent to the
-    whole process group (Ctrl-C, `timeout`, a scheduler) then stops the run, which shuts its
-    workers down in order, instead of killing the workers under it."""
+    workers) start with both blocked, and ignore them (train/loader._worker_init). A signal sent
+    to the whole process group (Ctrl-C, `timeout`, a scheduler) then stops the run, which shuts
+    its workers down in order, instead of killing the workers under it."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     try:
         yield
@@ -108,7 +112,8 @@ def ignore_in_worker() -> None:
 
 
 def check() -> None:
-    """Raise Stopped for a signal that arrived since the last check (or whose exception was dropped).
+    """Raise Stopped for a signal that arrived since the last check (or whose exception was
+    dropped).
 
     Long interruptible blocks call it too, as they report progress."""
     if _State.pending is not None:
