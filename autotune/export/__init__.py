@@ -1,4 +1,5 @@
-"""The winning configuration in other trainers' terms: `render(summary, fmt)` for each of `FORMATS`."""
+"""The winning configuration in other trainers' terms: `render(summary, fmt)` for each of
+`FORMATS`."""
 
 from autotune.export.formats import FORMATS, looks_like_export, render
 

@@ -20,15 +20,18 @@ from autotune.search import recipe
 from autotune.search.recipe import Schedule
 from autotune.search.space import KNOBS, SCHEDULE
 
-# What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for, onecycle_pct_start).
+# What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for,
+# onecycle_pct_start).
 ONECYCLE = (
     f"OneCycleLR warms up over {recipe.ONECYCLE_PCT_START:.0%} of the optimizer steps but at least "
-    f"{recipe.ONECYCLE_MIN_WARMUP_STEPS} (it divides by the warm-up's steps less one); a run of fewer than "
-    f"{recipe.SCHEDULES['onecycle'].min_steps} steps keeps the peak lr"
+    f"{recipe.ONECYCLE_MIN_WARMUP_STEPS} (it divides by the warm-up's steps less one); "
+    f"a run of fewer than {recipe.SCHEDULES['onecycle'].min_steps} steps keeps the peak lr"
 )
 
 # Statuses of a note: the setting is in another section; carried only approximately; not carried.
 MOVED, APPROXIMATION, NO_EQUIVALENT = "moved", "approximation", "no equivalent"
+# A trainer's keyword arguments (or one section's), and the notes for them.
+Part = tuple[dict[str, Any], list[dict[str, Any]]]
 
 
 def note(setting: str, value: Any, status: str, text: str) -> dict[str, Any]:
@@ -43,9 +46,8 @@ def settings(summary: Summary) -> dict[str, Any]:
     out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
     """
     params = summary.best.params
-    read = (
-        KNOBS if summary.knobs is None else summary.knobs
-    )  # an objective function's study: the knobs it reads
+    # an objective function's study: the knobs it reads
+    read = KNOBS if summary.knobs is None else summary.knobs
     knobs = {}
     for name, knob in KNOBS.items():
         if name not in read:
@@ -63,13 +65,13 @@ def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     if summary.knobs is not None:
         raise AutotuneError(
             f"study {summary.study!r} ran an objective function that reads only "
-            f"{', '.join(summary.knobs) or 'its own parameters'} of autotune's knobs, not a training autotune "
-            f"could write out for a trainer: --format json, yaml or args give what it tuned"
+            f"{', '.join(summary.knobs) or 'its own parameters'} of autotune's knobs, "
+            f"not a training autotune could write out for a trainer: "
+            f"--format json, yaml or args give what it tuned"
         )
     values = settings(summary)
-    missing = [
-        k for k in KNOBS if k not in values and k != SCHEDULE
-    ]  # nothing can stand in for these
+    # nothing can stand in for these
+    missing = [k for k in KNOBS if k not in values and k != SCHEDULE]
     if missing:
         raise AutotuneError(
             f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged"
@@ -161,9 +163,10 @@ def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
         "num_workers",
         knobs["num_workers"],
         NO_EQUIVALENT,
-        "autotune also set torch.set_num_threads(cores - num_workers) in the training process and one thread "
-        "in each loader worker (a worker_init_fn calling torch.set_num_threads(1)); oversubscribed cores slowed "
-        "small-batch CPU training more than 10x. Neither fits a keyword argument: do the same in your script.",
+        "autotune also set torch.set_num_threads(cores - num_workers) in the training process "
+        "and one thread in each loader worker (a worker_init_fn calling torch.set_num_threads(1)); "
+        "oversubscribed cores slowed small-batch CPU training more than 10x. "
+        "Neither fits a keyword argument: do the same in your script.",
     )
 
 
@@ -173,21 +176,25 @@ def optimizer_note(
     """The note for a task optimizer other than the built-in SGD, which `trainer` cannot name:
     build it as autotune did (with fused=True where `fused`), `then` (what to do with it)."""
     reference = summary.optimizer
-    call = f"(model.parameters(), {lr!r}, **the parameters of yours that it names{', fused=True' if fused else ''})"
+    call = (
+        f"(model.parameters(), {lr!r}, **the parameters of yours that it names"
+        f"{', fused=True' if fused else ''})"
+    )
     if reference is None:
         return note(
             "optimizer",
             None,
             NO_EQUIVALENT,
-            f"the study did not record its task's optimizer (a command task builds its own; a lambda or local "
-            f"function has no importable name), and {trainer} cannot build it: build it as your task did, "
-            f"optimizer = <your optimizer factory>{call}, then {then}.",
+            f"the study did not record its task's optimizer (a command task builds its own; "
+            f"a lambda or local function has no importable name), and {trainer} cannot build it: "
+            f"build it as your task did, optimizer = <your optimizer factory>{call}, then {then}.",
         )
     return note(
         "optimizer",
         reference,
         NO_EQUIVALENT,
-        f"the task's own optimizer factory, which {trainer} cannot build: build it as autotune did, "
+        f"the task's own optimizer factory, which {trainer} cannot build: "
+        f"build it as autotune did, "
         f"optimizer = {current_reference(reference).replace(':', '.')}{call}, then {then}.",
     )
 
@@ -199,8 +206,9 @@ def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
         ", ".join(params),
         dict(params),
         MOVED,
-        f"your own parameters: {where} has no place for them. They are in `params`; autotune passed each "
-        f"by keyword to whichever of the task's model factory and optimizer names it: do the same.",
+        f"your own parameters: {where} has no place for them. They are in `params`; "
+        f"autotune passed each by keyword to whichever of the task's model factory and optimizer "
+        f"names it: do the same.",
     )
 
 

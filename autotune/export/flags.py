@@ -22,9 +22,8 @@ def flag(name: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [option if value else "--no-" + name.replace("_", "-")]
     if isinstance(value, (int, float, str)):
-        text = (
-            repr(value) if isinstance(value, float) else str(value)
-        )  # repr round-trips: 0.1 stays 0.1
+        # repr round-trips: 0.1 stays 0.1
+        text = repr(value) if isinstance(value, float) else str(value)
         # argparse would read a value starting with "-" as an option of its own: attach it.
         return [f"{option}={text}"] if text.startswith("-") else [option, text]
     raise AutotuneError(f"--format args: {name} is {value!r}, which has no command-line form")

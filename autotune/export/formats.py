@@ -1,4 +1,5 @@
-"""`render(summary, fmt)`: the winner written for another tool; yaml and json are the flat settings."""
+"""`render(summary, fmt)`: the winner written for another tool; yaml and json are the flat
+settings."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
 beside the user's parameters that are not TrainingArguments fields (`params`) and a note for
 every setting TrainingArguments cannot take or takes only approximately (`notes`).
 Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio). compile
-is `torch_compile` and tf32 `tf32`; channels_last, cudnn_benchmark and fused_optimizer have no field,
-so their notes say what to do.
+is `torch_compile` and tf32 `tf32`; channels_last, cudnn_benchmark and fused_optimizer have no
+field, so their notes say what to do.
 """
 
 from __future__ import annotations
@@ -19,37 +19,25 @@ from autotune.export.common import (
     APPROXIMATION,
     MOVED,
     NO_EQUIVALENT,
-    ONECYCLE,
+    Part,
     built_in_optimizer,
     lookup,
     max_epochs,
     note,
     optimizer_note,
     params_note,
-    pct_start_code,
     provenance,
-    scheduler_code,
     split,
     threads_note,
 )
+from autotune.export.hf_schedule import lr_schedule, schedule_length
 from autotune.record.summary import Summary
 from autotune.search.knob import PRECISIONS
-from autotune.search.recipe import ONECYCLE_PCT_START, SGD_ARGS, loader_kwargs
+from autotune.search.recipe import SGD_ARGS, loader_kwargs
 
-# lr_scheduler_type and warmup_steps (a fraction of the steps) per scheduler; None: no equivalent.
-SCHEDULERS = {
-    "constant": ("constant", 0),
-    "cosine": ("cosine", 0),
-    "onecycle": ("cosine", ONECYCLE_PCT_START),
-    "step": None,
-}
 # TrainingArguments fields for the optimizer HF builds; a user's parameter of that name goes there
 # when the task's optimizer took it (the built-in SGD takes none: they went to the model).
 OPTIMIZER_FIELDS = ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
-CREATE_SCHEDULER = (
-    "subclass transformers.Trainer and override create_scheduler(self, num_training_steps, optimizer=None) "
-    "to set and return self.lr_scheduler = {}"
-)
 
 
 def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -58,25 +46,32 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     does beyond compiling."""
     if knobs["channels_last"]:
         layout = (
-            "TrainingArguments has no memory-format field. autotune laid the model out channels-last and moved each 4-D "
-            "input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
-            "before transformers.Trainer(model=model, ...), and have your data_collator return each 4-D input tensor as "
-            "t.contiguous(memory_format=torch.channels_last) (the Trainer's copy to the device keeps the layout)."
+            "TrainingArguments has no memory-format field. "
+            "autotune laid the model out channels-last "
+            "and moved each 4-D input batch (N, C, H, W) as torch.channels_last: "
+            "do model = model.to(memory_format=torch.channels_last) "
+            "before transformers.Trainer(model=model, ...), "
+            "and have your data_collator return each 4-D input tensor as "
+            "t.contiguous(memory_format=torch.channels_last) "
+            "(the Trainer's copy to the device keeps the layout)."
         )
     else:
         layout = (
-            "TrainingArguments has no memory-format field; autotune trained the model and its inputs in the default "
-            "(contiguous) memory format, as HF does: convert neither to channels-last."
+            "TrainingArguments has no memory-format field; "
+            "autotune trained the model and its inputs in the default (contiguous) memory format, "
+            "as HF does: convert neither to channels-last."
         )
     if knobs["cudnn_benchmark"]:
         search = (
-            "TrainingArguments has no field for cuDNN's algorithm search; autotune set torch.backends.cudnn.benchmark = "
-            "True for the trial: set it before trainer.train() (it holds for the whole process)."
+            "TrainingArguments has no field for cuDNN's algorithm search; "
+            "autotune set torch.backends.cudnn.benchmark = True for the trial: "
+            "set it before trainer.train() (it holds for the whole process)."
         )
     else:
         search = (
-            "TrainingArguments has no field for cuDNN's algorithm search; autotune ran with torch.backends.cudnn.benchmark "
-            "= False, torch's default: leave it so."
+            "TrainingArguments has no field for cuDNN's algorithm search; "
+            "autotune ran with torch.backends.cudnn.benchmark = False, torch's default: "
+            "leave it so."
         )
     notes = [
         note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
@@ -91,13 +86,17 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "compile",
                 True,
                 APPROXIMATION,
-                "torch_compile compiles the model as autotune did (torch.compile, backend inductor, default mode; "
-                "compile time on the training clock). But on an NVIDIA GPU with TF32 (Ampere or newer), transformers "
-                "turns TF32 on for float32 matmuls when it builds TrainingArguments(torch_compile=True) without fp16, "
-                "and accelerate does again when transformers.Trainer is built for fp32; autotune's trial kept torch's "
-                "default, full-precision float32 matmuls. To train as it did, after building the Trainer: "
-                "torch.backends.fp32_precision = 'none'; torch.set_float32_matmul_precision('highest') (the first for "
-                "torch 2.9 or later).",
+                "torch_compile compiles the model as autotune did "
+                "(torch.compile, backend inductor, default mode; "
+                "compile time on the training clock). "
+                "But on an NVIDIA GPU with TF32 (Ampere or newer), transformers turns TF32 on "
+                "for float32 matmuls "
+                "when it builds TrainingArguments(torch_compile=True) without fp16, "
+                "and accelerate does again when transformers.Trainer is built for fp32; "
+                "autotune's trial kept torch's default, full-precision float32 matmuls. "
+                "To train as it did, after building the Trainer: "
+                "torch.backends.fp32_precision = 'none'; "
+                "torch.set_float32_matmul_precision('highest') (the first for torch 2.9 or later).",
             )
         )
     return notes
@@ -112,7 +111,8 @@ def render(summary: Summary) -> str:
     }
     notes: list[dict[str, Any]] = []
     for part in (
-        _schedule(knobs, max_epochs(summary)),
+        lr_schedule(knobs),
+        schedule_length(knobs, max_epochs(summary)),
         _systems(knobs, summary.device),
         _optimizer(summary, knobs, params),
     ):
@@ -130,83 +130,10 @@ def render(summary: Summary) -> str:
     return json.dumps(export, indent=2) + "\n"
 
 
-Part = tuple[dict[str, Any], list[dict[str, Any]]]  # TrainingArguments keywords, and notes
-
-
-def _schedule(knobs: Mapping[str, Any], epochs: float | int | None) -> Part:
-    """The LR schedule, its length, and how accumulation meets the epoch's end."""
-    lr, accumulation = knobs["lr"], knobs["accumulation_steps"]
-    args: dict[str, Any] = {}
-    notes: list[dict[str, Any]] = []
-    schedule = lookup("hf", "scheduler", knobs["scheduler"], SCHEDULERS)
-    exact = CREATE_SCHEDULER.format(
-        scheduler_code(
-            knobs["scheduler"],
-            optimizer="optimizer or self.optimizer",
-            total="num_training_steps",
-            lr=repr(lr),
-        )
-    )
-    if schedule is None:
-        notes.append(
-            note(
-                "scheduler",
-                "step",
-                NO_EQUIVALENT,
-                "TrainingArguments has no multi-step schedule (lr x0.1 at 1/2 and x0.01 at 3/4 of the optimizer steps: "
-                "MultiStepLR, gamma 0.1), so lr_scheduler_type is left out and HF's default (linear decay) would apply. "
-                f"To train as autotune did, {exact}.",
-            )
-        )
-    else:
-        args["lr_scheduler_type"], args["warmup_steps"] = schedule
-    if knobs["scheduler"] == "onecycle":
-        notes.append(
-            note(
-                "scheduler",
-                "onecycle",
-                APPROXIMATION,
-                f"approximated by lr_scheduler_type cosine with warmup_steps {ONECYCLE_PCT_START} (transformers 4.x: "
-                f"warmup_ratio={ONECYCLE_PCT_START}). It differs from autotune's OneCycleLR(max_lr={lr!r}, "
-                f"pct_start={pct_start_code('steps')}): HF warms up linearly from 0 (OneCycle: a cosine rise from lr/25) "
-                "and anneals to 0 (OneCycle: to lr/25/1e4), and keeps the optimizer's momentum fixed (OneCycle cycles it "
-                f"between 0.95 and 0.85, against the lr). {ONECYCLE}. Exact: {exact}.",
-            )
-        )
-    if epochs is None:
-        notes.append(
-            note(
-                "max_epochs",
-                None,
-                NO_EQUIVALENT,
-                "the study did not record max_epochs (the length of the LR "
-                "schedule); set num_train_epochs to it.",
-            )
-        )
-    else:
-        args["num_train_epochs"] = (
-            epochs  # the schedule's length; HF takes a fraction of an epoch too
-        )
-    if accumulation > 1:
-        notes.append(
-            note(
-                "accumulation_steps",
-                accumulation,
-                APPROXIMATION,
-                f"HF ends every epoch with an optimizer step over the micro-batches left (fewer than {accumulation} "
-                f"when len(train_dataloader) is not a multiple of {accumulation}) and takes ceil(num_train_epochs * "
-                f"ceil(len / {accumulation})) steps; autotune lets an effective batch span the epoch boundary: "
-                f"floor(max_epochs * len / {accumulation}) steps.",
-            )
-        )
-    return args, notes
-
-
 def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
     """Precision, the loader, compilation, clipping and the device."""
-    flag = lookup(
-        "hf", "precision", knobs["precision"], PRECISIONS
-    ).hf  # HF's fp16 is autocast + GradScaler, as autotune's
+    # HF's fp16 is autocast + GradScaler, as autotune's
+    flag = lookup("hf", "precision", knobs["precision"], PRECISIONS).hf
     args: dict[str, Any] = {p.hf: p.hf == flag for p in PRECISIONS.values() if p.hf}
     loader = loader_kwargs(knobs)
     args.update(
@@ -223,21 +150,19 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
         }
     )
     notes = [threads_note(knobs)]
-    args["torch_compile"] = knobs[
-        "compile"
-    ]  # backend inductor, default mode: autotune's torch.compile(model)
-    # Off, tf32 is left out: TrainingArguments then keeps torch's default, as the trial did (tf32=False
-    # would turn TF32 off for cuDNN's convolutions too, which torch's default allows).
+    # backend inductor, default mode: autotune's torch.compile(model)
+    args["torch_compile"] = knobs["compile"]
+    # Off, tf32 is left out: TrainingArguments then keeps torch's default, as the trial did
+    # (tf32=False would turn TF32 off for cuDNN's convolutions too, which torch's default allows).
     if knobs["tf32"]:
-        args["tf32"] = (
-            True  # TF32 matmuls; cuDNN's convolutions allow TF32 already by torch's default, as in the trial
-        )
+        # TF32 matmuls; cuDNN's convolutions allow TF32 already by torch's default, as in
+        # the trial
+        args["tf32"] = True
     notes += systems_notes(knobs)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
     if device == "cpu":
-        args["use_cpu"] = (
-            True  # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
-        )
+        # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
+        args["use_cpu"] = True
     elif device is None:
         notes.append(
             note(
@@ -245,7 +170,8 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
                 None,
                 NO_EQUIVALENT,
                 "the study did not record its device; when you train on CPU, "
-                "add use_cpu=True (TrainingArguments refuses bf16 on a machine without a GPU otherwise).",
+                "add use_cpu=True "
+                "(TrainingArguments refuses bf16 on a machine without a GPU otherwise).",
             )
         )
     return args, notes
@@ -254,37 +180,9 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
 def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any]) -> Part:
     """The optimizer: the built-in SGD as optim sgd; else a note, with the user's optimizer
     parameters that TrainingArguments names moved out of `params` into it."""
-    args: dict[str, Any] = {}
     if built_in_optimizer(summary):
-        momentum, nesterov, decay = (
-            SGD_ARGS["momentum"],
-            SGD_ARGS["nesterov"],
-            SGD_ARGS["weight_decay"],
-        )
-        args.update(
-            optim="sgd", optim_args=f"momentum={momentum},nesterov={nesterov}", weight_decay=decay
-        )
-        notes = [
-            note(
-                "optimizer",
-                summary.optimizer,
-                APPROXIMATION,
-                f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, weight_decay={decay}) as optim sgd; HF "
-                "applies weight_decay to every parameter except biases and norm-layer weights, autotune to all of them.",
-            )
-        ]
-        if knobs["fused_optimizer"]:
-            notes.append(
-                note(
-                    "fused_optimizer",
-                    True,
-                    NO_EQUIVALENT,
-                    "optim sgd builds torch.optim.SGD without fused=True. To step as autotune did, build "
-                    f"torch.optim.SGD(model.parameters(), lr={knobs['lr']!r}, momentum={momentum}, nesterov={nesterov}, "
-                    f"weight_decay={decay}, fused=True) and pass transformers.Trainer(optimizers=(optimizer, None)).",
-                )
-            )
-        return args, notes
+        return _sgd(summary, knobs)
+    args: dict[str, Any] = {}
     notes = [
         optimizer_note(
             summary,
@@ -292,8 +190,9 @@ def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any
             trainer="TrainingArguments(optim=)",
             fused=knobs["fused_optimizer"],
             then=(
-                "pass transformers.Trainer(optimizers=(optimizer, None)): HF still builds the LR schedule, and its own optim "
-                "(left at the default, AdamW) goes unused"
+                "pass transformers.Trainer(optimizers=(optimizer, None)): "
+                "HF still builds the LR schedule, "
+                "and its own optim (left at the default, AdamW) goes unused"
             ),
         )
     ]
@@ -304,8 +203,48 @@ def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any
                 name,
                 args[name],
                 MOVED,
-                f"your parameter {name}, set as TrainingArguments.{name} for the optimizer HF builds; when you "
-                f"pass your own optimizer instead, give it {name}={args[name]!r} as autotune did.",
+                f"your parameter {name}, "
+                f"set as TrainingArguments.{name} for the optimizer HF builds; "
+                f"when you pass your own optimizer instead, "
+                f"give it {name}={args[name]!r} as autotune did.",
+            )
+        )
+    return args, notes
+
+
+def _sgd(summary: Summary, knobs: Mapping[str, Any]) -> Part:
+    """autotune's built-in SGD as optim sgd, with notes on where HF's SGD differs."""
+    momentum, nesterov, decay = (
+        SGD_ARGS["momentum"],
+        SGD_ARGS["nesterov"],
+        SGD_ARGS["weight_decay"],
+    )
+    args: dict[str, Any] = {
+        "optim": "sgd",
+        "optim_args": f"momentum={momentum},nesterov={nesterov}",
+        "weight_decay": decay,
+    }
+    notes = [
+        note(
+            "optimizer",
+            summary.optimizer,
+            APPROXIMATION,
+            f"autotune's SGD(lr, momentum={momentum}, nesterov={nesterov}, "
+            f"weight_decay={decay}) as optim sgd; "
+            "HF applies weight_decay to every parameter except biases and norm-layer weights, "
+            "autotune to all of them.",
+        )
+    ]
+    if knobs["fused_optimizer"]:
+        notes.append(
+            note(
+                "fused_optimizer",
+                True,
+                NO_EQUIVALENT,
+                "optim sgd builds torch.optim.SGD without fused=True. To step as autotune did, "
+                f"build torch.optim.SGD(model.parameters(), lr={knobs['lr']!r}, "
+                f"momentum={momentum}, nesterov={nesterov}, weight_decay={decay}, fused=True) "
+                "and pass transformers.Trainer(optimizers=(optimizer, None)).",
             )
         )
     return args, notes

@@ -2,17 +2,19 @@
 
     trainer = lightning.Trainer(**export["trainer"])
     loader = DataLoader(train_dataset, **export["dataloader"])
-    optimizer = torch.optim.SGD(model.parameters(), **export["optimizer"]["init_args"])  # built-in SGD
-    scheduler = <export["lr_scheduler"]["class_path"]>(optimizer, **init_args, **fractions_of_total_steps x total)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **export["lr_scheduler"]["config"]}}
+    # built-in SGD
+    optimizer = torch.optim.SGD(model.parameters(), **export["optimizer"]["init_args"])
+    scheduler = <export["lr_scheduler"]["class_path"]>(
+        optimizer, **init_args, **fractions_of_total_steps x total
+    )
+    return {"optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, **export["lr_scheduler"]["config"]}}
 
 The Trainer takes no DataLoader, optimizer or scheduler settings, so those have their own
-sections, and `usage` spells out the lines above for this winner. The scheduler's arguments that
-depend on the run's length are fractions of its optimizer steps (Lightning's
-`trainer.estimated_stepping_batches`): autotune steps the schedule once per optimizer step.
-OneCycle's warm-up, a function of those steps rather than a fraction, is computed in `usage`.
-cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to the model, tf32
-to the process and fused_optimizer to the optimizer, as their notes (and, when on, `usage`) say.
+sections (the scheduler's: lightning_schedule.py), and `usage` spells out the lines above for
+this winner. cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to
+the model, tf32 to the process and fused_optimizer to the optimizer, as their notes (and, when
+on, `usage`) say.
 """
 
 from __future__ import annotations
@@ -25,38 +27,23 @@ from autotune.export.common import (
     APPROXIMATION,
     MOVED,
     NO_EQUIVALENT,
-    ONECYCLE,
+    Part,
     built_in_optimizer,
     lookup,
     max_epochs,
     note,
     optimizer_note,
     params_note,
-    pct_start_code,
     provenance,
-    scheduler_code,
     split,
     threads_note,
 )
+from autotune.export.lightning_schedule import scheduler_section
 from autotune.record.summary import Summary
 from autotune.search.knob import PRECISIONS
-from autotune.search.recipe import SCHEDULES, SGD_ARGS, loader_kwargs
+from autotune.search.recipe import SGD_ARGS, loader_kwargs
 
 ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
-
-# configure_optimizers' lines that build the schedule from `lr_scheduler` (recipe.SCHEDULES) over
-# the run's optimizer steps; MAKE_SCHEDULER takes the arguments that are not fractions of them.
-STEPS_USAGE = [
-    "s = export['lr_scheduler']; total = self.trainer.estimated_stepping_batches",
-    (
-        "steps = {k: [math.floor(f * total) for f in v] if isinstance(v, list) else math.floor(v * total) "
-        "for k, v in s['fractions_of_total_steps'].items()}"
-    ),
-]
-MAKE_SCHEDULER = "getattr(torch.optim.lr_scheduler, s['class_path'].rsplit('.', 1)[1])(optimizer, **s['init_args'], **steps{})"
-RETURN_USAGE = (
-    "return {'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, **s['config']}}"
-)
 
 
 def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -68,38 +55,46 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     if knobs["channels_last"]:
         layout = (
-            "lightning.Trainer has no memory-format argument. autotune laid the model out channels-last and moved each "
-            "4-D input batch (N, C, H, W) as torch.channels_last: do model = model.to(memory_format=torch.channels_last) "
-            "before trainer.fit, and convert 4-D inputs on the device in your LightningModule: "
-            "def on_after_batch_transfer(self, batch, dataloader_idx): inputs, targets = batch; return "
-            "(inputs.contiguous(memory_format=torch.channels_last) if inputs.dim() == 4 else inputs), targets."
+            "lightning.Trainer has no memory-format argument. autotune laid the model out "
+            "channels-last and moved each 4-D input batch (N, C, H, W) as torch.channels_last: "
+            "do model = model.to(memory_format=torch.channels_last) before trainer.fit, "
+            "and convert 4-D inputs on the device in your LightningModule: "
+            "def on_after_batch_transfer(self, batch, dataloader_idx): inputs, targets = batch; "
+            "return (inputs.contiguous(memory_format=torch.channels_last) "
+            "if inputs.dim() == 4 else inputs), targets."
         )
     else:
         layout = (
-            "lightning.Trainer has no memory-format argument; autotune trained the model and its inputs in the default "
-            "(contiguous) memory format, as Lightning does: convert neither to channels-last."
+            "lightning.Trainer has no memory-format argument; "
+            "autotune trained the model and its inputs in the default (contiguous) memory format, "
+            "as Lightning does: convert neither to channels-last."
         )
     if knobs["compile"]:
         compiled = (
-            "lightning.Trainer has no compile argument. autotune trained torch.compile(model) with default arguments, "
-            "its compile time on the training clock: do model = torch.compile(model), then trainer.fit(model, ...); "
-            "the first steps compile, and that time counts, as in autotune. Lightning compiles validation_step too, so "
-            "validation compiles a graph of its own (autotune evaluated the uncompiled module, off the clock)."
+            "lightning.Trainer has no compile argument. autotune trained torch.compile(model) "
+            "with default arguments, its compile time on the training clock: "
+            "do model = torch.compile(model), then trainer.fit(model, ...); "
+            "the first steps compile, and that time counts, as in autotune. "
+            "Lightning compiles validation_step too, so validation compiles a graph of its own "
+            "(autotune evaluated the uncompiled module, off the clock)."
         )
     else:
         compiled = (
-            "lightning.Trainer has no compile argument; autotune trained the model uncompiled, as Lightning does: "
-            "don't torch.compile it."
+            "lightning.Trainer has no compile argument; "
+            "autotune trained the model uncompiled, as Lightning does: don't torch.compile it."
         )
     if knobs["tf32"]:
         matmul = (
-            "lightning.Trainer has no TF32 argument. autotune ran float32 matrix products on TF32 tensor cores: call "
-            "torch.set_float32_matmul_precision('high') before trainer.fit (it holds for the whole process)."
+            "lightning.Trainer has no TF32 argument. "
+            "autotune ran float32 matrix products on TF32 tensor cores: call "
+            "torch.set_float32_matmul_precision('high') before trainer.fit (it holds for the whole "
+            "process)."
         )
     else:
         matmul = (
-            "lightning.Trainer has no TF32 argument; autotune ran float32 matrix products in full float32, torch's "
-            "default (torch.set_float32_matmul_precision('highest')): leave it so, whatever Lightning's hint says."
+            "lightning.Trainer has no TF32 argument; autotune ran float32 matrix products in full "
+            "float32, torch's default (torch.set_float32_matmul_precision('highest')): "
+            "leave it so, whatever Lightning's hint says."
         )
     return [
         note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
@@ -108,107 +103,23 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def scheduler_section(name: str, lr: float) -> tuple[dict[str, Any], str, list[str]]:
-    """The `lr_scheduler` section for the scheduler knob `name`, its note, and its usage lines."""
-    schedule = lookup("lightning", "scheduler", name, SCHEDULES)
-    init_args = (
-        {schedule.peak_lr: lr, **schedule.init_args}
-        if schedule.peak_lr
-        else dict(schedule.init_args)
-    )
-    section = {
-        "class_path": f"torch.optim.lr_scheduler.{schedule.torch_class}",
-        "init_args": init_args,
-        "fractions_of_total_steps": {
-            k: list(v) if isinstance(v, tuple) else v for k, v in schedule.of_total_steps.items()
-        },
-        "config": {"interval": "step", "frequency": 1},
-    }
-    text = (
-        "lightning.Trainer has no scheduler argument: `lr_scheduler` holds the torch class autotune used; return it "
-        "from configure_optimizers() with interval 'step', as autotune steps it once per optimizer step. Arguments "
-        "that depend on the run's length are fractions of its optimizer steps (trainer.estimated_stepping_batches), rounded down."
-    )
-    make = MAKE_SCHEDULER.format("")
-    if (
-        schedule.warmup
-    ):  # a function of the run's steps, not a fraction of them: the usage lines compute it
-        make = MAKE_SCHEDULER.format(f", {schedule.warmup}={pct_start_code('total')}")
-        make += f" if total >= {schedule.min_steps} else {scheduler_code('constant', optimizer='optimizer', total='total', lr=repr(lr))}"
-        text += f" {ONECYCLE}: the usage lines do both."
-    return section, text, [*STEPS_USAGE, f"scheduler = {make}", RETURN_USAGE]
-
-
 def render(summary: Summary) -> str:
     knobs, params = split(summary)
-    lr = knobs["lr"]
     trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
-    optimizer: dict[str, Any] = {"factory": summary.optimizer, "lr": lr}
-    usage = [
-        "trainer = lightning.Trainer(**export['trainer'])",
-        "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])",
-    ]
-    if knobs["channels_last"]:
-        usage.append(
-            "model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in on_after_batch_transfer: see notes"
-        )
-    if knobs["compile"]:
-        usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
-    if knobs["tf32"]:
-        usage.append(
-            "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matrix products"
-        )
-    usage.append("# and in your LightningModule's configure_optimizers(self):")
-    fused = {"fused": True} if knobs["fused_optimizer"] else {}
-    if built_in_optimizer(summary):
-        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS, **fused})
-        usage.append(
-            "optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])"
-        )
-    else:
-        notes.append(
-            optimizer_note(
-                summary,
-                lr,
-                trainer="lightning.Trainer",
-                then="return it from configure_optimizers()",
-                fused=knobs["fused_optimizer"],
-            )
-        )
-        usage.append(
-            "optimizer = <export['optimizer']['factory']>(self.parameters(), export['optimizer']['lr'], **its params"
-            + (", fused=True)" if fused else ")")
-        )
-    notes.append(
-        note(
-            "fused_optimizer",
-            knobs["fused_optimizer"],
-            MOVED,
-            "lightning.Trainer has no optimizer argument: "
-            + (
-                "fused=True is in `optimizer`"
-                if fused
-                else "autotune built the optimizer without fused=True (torch's default step)"
-            )
-            + ".",
-        )
-    )
-    notes.append(
-        note(
-            "lr",
-            lr,
-            MOVED,
-            "lightning.Trainer has no learning-rate argument: it is in `optimizer`.",
-        )
-    )
-
-    lr_scheduler, text, lines = scheduler_section(knobs["scheduler"], lr)
-    notes.append(note("scheduler", knobs["scheduler"], MOVED, text))
-    usage += lines
-
+    optimizer, optimizer_notes, make_optimizer = _optimizer(summary, knobs)
+    lr_scheduler, text, schedule_lines = scheduler_section(knobs["scheduler"], knobs["lr"])
+    notes += [*optimizer_notes, note("scheduler", knobs["scheduler"], MOVED, text)]
     extras = params_note(params, "lightning.Trainer")
     if extras:
         notes.append(extras)
+    usage = [
+        "trainer = lightning.Trainer(**export['trainer'])",
+        "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])",
+        *_model_usage(knobs),
+        "# and in your LightningModule's configure_optimizers(self):",
+        make_optimizer,
+        *schedule_lines,
+    ]
     export = {
         "source": provenance(summary),
         "trainer": trainer,
@@ -222,29 +133,117 @@ def render(summary: Summary) -> str:
     return json.dumps(export, indent=2) + "\n"
 
 
+def _model_usage(knobs: Mapping[str, Any]) -> list[str]:
+    """The usage lines that do to the model and the process what lightning.Trainer cannot
+    (model_notes), for the settings that are on."""
+    usage = []
+    if knobs["channels_last"]:
+        usage.append(
+            "model = model.to(memory_format=torch.channels_last)  "
+            "# and 4-D inputs in on_after_batch_transfer: see notes"
+        )
+    if knobs["compile"]:
+        usage.append("model = torch.compile(model)  # then trainer.fit(model, loader)")
+    if knobs["tf32"]:
+        usage.append(
+            "torch.set_float32_matmul_precision('high')  "
+            "# TF32 tensor cores for float32 matrix products"
+        )
+    return usage
+
+
+def _optimizer(
+    summary: Summary, knobs: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """The `optimizer` section, the notes for the optimizer, fused_optimizer and lr, and the usage
+    line that builds the optimizer in configure_optimizers()."""
+    lr = knobs["lr"]
+    optimizer: dict[str, Any] = {"factory": summary.optimizer, "lr": lr}
+    notes: list[dict[str, Any]] = []
+    fused = {"fused": True} if knobs["fused_optimizer"] else {}
+    if built_in_optimizer(summary):
+        optimizer.update(class_path="torch.optim.SGD", init_args={"lr": lr, **SGD_ARGS, **fused})
+        make = "optimizer = torch.optim.SGD(self.parameters(), **export['optimizer']['init_args'])"
+    else:
+        notes.append(
+            optimizer_note(
+                summary,
+                lr,
+                trainer="lightning.Trainer",
+                then="return it from configure_optimizers()",
+                fused=knobs["fused_optimizer"],
+            )
+        )
+        make = (
+            "optimizer = <export['optimizer']['factory']>"
+            "(self.parameters(), export['optimizer']['lr'], **its params"
+            + (", fused=True)" if fused else ")")
+        )
+    notes += [
+        note(
+            "fused_optimizer",
+            knobs["fused_optimizer"],
+            MOVED,
+            "lightning.Trainer has no optimizer argument: "
+            + (
+                "fused=True is in `optimizer`"
+                if fused
+                else "autotune built the optimizer without fused=True (torch's default step)"
+            )
+            + ".",
+        ),
+        note(
+            "lr",
+            lr,
+            MOVED,
+            "lightning.Trainer has no learning-rate argument: it is in `optimizer`.",
+        ),
+    ]
+    return optimizer, notes, make
+
+
 def _trainer(
     knobs: Mapping[str, Any], *, device: str | None, epochs: float | int | None
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """The Trainer's keywords, the DataLoader's, and the notes for both."""
-    notes: list[dict[str, Any]] = []
-    trainer: dict[str, Any] = {}
-    if device is None:
-        notes.append(
-            note(
-                "device",
-                None,
-                NO_EQUIVALENT,
-                "the study did not record its device; accelerator and devices are left to Lightning's defaults.",
-            )
-        )
-    else:
-        trainer.update(
-            accelerator=lookup("lightning", "device", device, ACCELERATOR), devices=1
-        )  # autotune trains on one device
+    trainer, notes = _device(device)
     trainer["precision"] = lookup(
         "lightning", "precision", knobs["precision"], PRECISIONS
     ).lightning
     trainer["accumulate_grad_batches"] = knobs["accumulation_steps"]
+    length, length_notes = _length(knobs, epochs)
+    trainer.update(length)
+    dataloader = loader_kwargs(knobs)
+    notes += [*length_notes, *_loader_notes(knobs, dataloader), threads_note(knobs)]
+    # Lightning sets torch.backends.cudnn.benchmark to it; written when false too, as the trial set
+    # it false (Lightning's default, None, keeps whatever the process had).
+    trainer["benchmark"] = knobs["cudnn_benchmark"]
+    notes += model_notes(knobs)
+    return trainer, dataloader, notes
+
+
+def _device(device: str | None) -> Part:
+    """accelerator and devices for the device the study trained on, or a note that it is
+    unknown."""
+    if device is None:
+        return {}, [
+            note(
+                "device",
+                None,
+                NO_EQUIVALENT,
+                "the study did not record its device; "
+                "accelerator and devices are left to Lightning's defaults.",
+            )
+        ]
+    # autotune trains on one device
+    return {"accelerator": lookup("lightning", "device", device, ACCELERATOR), "devices": 1}, []
+
+
+def _length(knobs: Mapping[str, Any], epochs: float | int | None) -> Part:
+    """max_epochs, the schedule's length, where it is whole (else a note on max_steps), and how
+    accumulation meets the epoch's end."""
+    trainer: dict[str, Any] = {}
+    notes: list[dict[str, Any]] = []
     if isinstance(epochs, int):
         trainer["max_epochs"] = epochs
     else:
@@ -253,10 +252,13 @@ def _trainer(
                 "max_epochs",
                 epochs,
                 NO_EQUIVALENT,
-                "the study's max_epochs (the length of the LR schedule) is not recorded; set Trainer(max_epochs=) to it."
+                "the study's max_epochs (the length of the LR schedule) is not recorded; "
+                "set Trainer(max_epochs=) to it."
                 if epochs is None
-                else f"Trainer(max_epochs=) takes a whole number. Give Trainer(max_steps=floor({epochs} * len(train_dataloader) / "
-                f"{knobs['accumulation_steps']})) instead (autotune's optimizer steps), and max_epochs={int(epochs) + 1} or more.",
+                else f"Trainer(max_epochs=) takes a whole number. "
+                f"Give Trainer(max_steps=floor({epochs} * len(train_dataloader) / "
+                f"{knobs['accumulation_steps']})) instead (autotune's optimizer steps), "
+                f"and max_epochs={int(epochs) + 1} or more.",
             )
         )
     if knobs["accumulation_steps"] > 1:
@@ -266,32 +268,31 @@ def _trainer(
                 "accumulation_steps",
                 a,
                 APPROXIMATION,
-                f"Lightning ends every epoch with an optimizer step, over fewer than {a} micro-batches when "
-                f"len(train_dataloader) is not a multiple of {a} (their loss still divided by {a}), so it takes "
-                f"max_epochs * ceil(len / {a}) steps; autotune lets an effective batch span the epoch boundary: "
-                f"floor(max_epochs * len / {a}) steps. The same when len(train_dataloader) is a multiple of {a}.",
+                f"Lightning ends every epoch with an optimizer step, over fewer than {a} "
+                f"micro-batches when len(train_dataloader) is not a multiple of {a} "
+                f"(their loss still divided by {a}), so it takes max_epochs * ceil(len / {a}) "
+                f"steps; autotune lets an effective batch span the epoch boundary: "
+                f"floor(max_epochs * len / {a}) steps. "
+                f"The same when len(train_dataloader) is a multiple of {a}.",
             )
         )
+    return trainer, notes
 
-    dataloader = loader_kwargs(knobs)
-    for name in ("batch_size", "num_workers", "prefetch_factor", "pin_memory"):
-        notes.append(
-            note(
-                name,
-                knobs[name],
-                MOVED,
-                f"lightning.Trainer has no {name} argument: it is in `dataloader`, "
-                "for DataLoader(train_dataset, **export['dataloader']) in your train_dataloader()"
-                + (
-                    "; left out there, as it only exists with num_workers > 0."
-                    if name not in dataloader
-                    else "."
-                ),
-            )
+
+def _loader_notes(knobs: Mapping[str, Any], dataloader: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Where the loader's knobs went: `dataloader`, for the user's train_dataloader()."""
+    return [
+        note(
+            name,
+            knobs[name],
+            MOVED,
+            f"lightning.Trainer has no {name} argument: it is in `dataloader`, "
+            "for DataLoader(train_dataset, **export['dataloader']) in your train_dataloader()"
+            + (
+                "; left out there, as it only exists with num_workers > 0."
+                if name not in dataloader
+                else "."
+            ),
         )
-    notes.append(threads_note(knobs))
-    # Lightning sets torch.backends.cudnn.benchmark to it; written when false too, as the trial set
-    # it false (Lightning's default, None, keeps whatever the process had).
-    trainer["benchmark"] = knobs["cudnn_benchmark"]
-    notes += model_notes(knobs)
-    return trainer, dataloader, notes
+        for name in ("batch_size", "num_workers", "prefetch_factor", "pin_memory")
+    ]

@@ -1,12 +1,13 @@
 """`--format torch`: a Python module in plain PyTorch that builds what the winning trial built.
 
 The generated module defines the settings as constants, `make_training(model, train_dataset,
-*, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as autotune.train.trial.run
-builds them; the model channels-last and compiled as autotune.train.systems.prepare_model makes it;
-cuDNN's algorithm search and TF32 set), `to_device(inputs, device)` (autotune.train.systems.to_device) and
-`train_step(training, loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
-autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the task's
-own optimizer lives there; the built-in SGD is written out.
+*, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as
+autotune.train.trial.run builds them; the model channels-last and compiled as
+autotune.train.systems.prepare_model makes it; cuDNN's algorithm search and TF32 set),
+`to_device(inputs, device)` (autotune.train.systems.to_device) and `train_step(training,
+loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
+autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the
+task's own optimizer lives there; the built-in SGD is written out.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from autotune.search.knob import PRECISIONS
 from autotune.search.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs
 from autotune.search.space import KNOBS
 
+# The module's lines are its own, some over 100 columns: a backslash ending a line here continues
+# that line on the next (Python's escaped newline), so each stays whole in what is written.
 MODULE = Template('''\
 """$provenance.
 
@@ -39,7 +42,8 @@ The winning training settings in plain PyTorch, built as autotune's trial built 
     for _ in range(training.total_steps):
         train_step(training, loss_fn=torch.nn.functional.cross_entropy)
 
-Evaluate `training.module` (never compiled), its inputs moved by `to_device(inputs, training.device)`.
+Evaluate `training.module` (never compiled), \
+its inputs moved by `to_device(inputs, training.device)`.
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ import torch
 from torch.utils.data import DataLoader
 $imports
 $constants
-# The DataLoader's arguments besides the dataset and pin_memory, as the trial gave them: shuffled, whole
-# micro-batches only (accumulation stays exact, BatchNorm never sees a batch of one), workers kept across epochs.
+# The DataLoader's arguments besides the dataset and pin_memory, as the trial gave them: \
+shuffled, whole
+# micro-batches only (accumulation stays exact, BatchNorm never sees a batch of one), \
+workers kept across epochs.
 LOADER = $loader
 
 # Your own parameters as the study chose them. autotune passed each by keyword to whichever of the
@@ -70,45 +76,58 @@ def _worker_init(_worker_id):
     torch.set_num_threads($worker_threads)  # each loader worker is one process on one core
 
 
-def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=None, make_optimizer=make_optimizer):
-    """`model` moved to `device`, and the loader, optimizer, scheduler, autocast and scaler that train it.
+def make_training(model, train_dataset, *, device, max_epochs=MAX_EPOCHS, seed=None, \
+make_optimizer=make_optimizer):
+    """`model` moved to `device`, and the loader, optimizer, scheduler, \
+autocast and scaler that train it.
 
     `training.model` is the module train_step calls: torch.compile(module) when COMPILE (its first
     steps compile, on your clock as on the trial's). `training.module` is the uncompiled module with
     the same parameters: evaluate and save that one, as autotune evaluated it (eval mode would make
-    a compiled module compile a second graph, and a compiled state_dict's keys start with _orig_mod.).
+    a compiled module compile a second graph, and a compiled state_dict's keys \
+start with _orig_mod.).
     It sets torch.backends.cudnn.benchmark and the float32 matmul precision (TF32 or not) for the
     whole process (the trial set them for its run).
     """
     if max_epochs is None:
-        raise ValueError("the study did not record max_epochs, the length of the LR schedule: pass max_epochs=")
+        raise ValueError(\
+"the study did not record max_epochs, the length of the LR schedule: pass max_epochs=")
     device = torch.device(device)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores - NUM_WORKERS))  # the cores the loader workers leave free
-    loader = DataLoader(train_dataset, **LOADER, pin_memory=PIN_MEMORY and device.type == "cuda",  # it helps CUDA copies only
+    loader = DataLoader(train_dataset, **LOADER, pin_memory=PIN_MEMORY and device.type == "cuda",  \
+# it helps CUDA copies only
                         worker_init_fn=_worker_init if NUM_WORKERS > 0 else None,
                         generator=None if seed is None else torch.Generator().manual_seed(seed))
     model = model.to(device)
     if CHANNELS_LAST:
-        model = model.to(memory_format=torch.channels_last)  # its 4-D weights; to_device lays out 4-D inputs
+        model = model.to(memory_format=torch.channels_last)  \
+# its 4-D weights; to_device lays out 4-D inputs
     model.train()
     torch.backends.cudnn.benchmark = CUDNN_BENCHMARK  # set either way, as the trial set it
     torch.set_float32_matmul_precision("high" if TF32 else "highest")  # "high": TF32 tensor cores
-    optimizer = make_optimizer(model.parameters(), LR, **({"fused": True} if FUSED_OPTIMIZER else {}))
+    optimizer = make_optimizer(model.parameters(), LR, \
+**({"fused": True} if FUSED_OPTIMIZER else {}))
     # The schedule runs over every optimizer step of max_epochs, stepped once per optimizer step.
     total_steps = max(1, math.floor(max_epochs * len(loader) / ACCUMULATION_STEPS))
 $scheduler_comment    scheduler = $scheduler
-    autocast = functools.partial(torch.autocast, device.type, dtype=$dtype, enabled=$autocast_enabled)
-    scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  # fp16: keeps small gradients from underflowing
+    autocast = functools.partial(torch.autocast, device.type, dtype=$dtype, \
+enabled=$autocast_enabled)
+    scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  \
+# fp16: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
     batches = itertools.chain.from_iterable(itertools.repeat(loader))
-    return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=model, device=device,
-                                 loader=loader, batches=batches, optimizer=optimizer, scheduler=scheduler,
+    return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=model, \
+device=device,
+                                 loader=loader, batches=batches, optimizer=optimizer, \
+scheduler=scheduler,
                                  total_steps=total_steps, autocast=autocast, scaler=scaler)
 
 
 def to_device(inputs, device, *, non_blocking=False):
-    """A batch's inputs on `device`, channels-last when CHANNELS_LAST and the batch is 4-D (N, C, H, W)."""
+    """A batch's inputs on `device`, channels-last when CHANNELS_LAST and the batch is 4-D \
+(N, C, H, W)."""
     if CHANNELS_LAST and inputs.dim() == 4:
         return inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
     return inputs.to(device, non_blocking=non_blocking)
@@ -135,7 +154,8 @@ def train_step(training, *, loss_fn):
 
 SGD = Template('''\
 def make_optimizer(parameters, lr, **fused):
-    """The task's optimizer, $reference: SGD with Nesterov momentum; `fused`: fused=True or nothing."""
+    """The task's optimizer, $reference: SGD with Nesterov momentum; \
+`fused`: fused=True or nothing."""
     return torch.optim.SGD(parameters, lr=lr$sgd_args, **fused)''')
 
 FACTORY = Template('''\
@@ -146,7 +166,8 @@ def make_optimizer(parameters, lr, **fused):
 
 
 def _takes(function, params, *, after=0):
-    """The params `function` accepts by keyword past its first `after` arguments (autotune.train.tasks.takes)."""
+    """The params `function` accepts by keyword past its first `after` arguments \
+(autotune.train.tasks.takes)."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
@@ -159,9 +180,12 @@ def _takes(function, params, *, after=0):
 
 UNKNOWN = '''\
 def make_optimizer(parameters, lr, **fused):
-    """The study did not record its task's optimizer (a command task builds its own; a lambda has no importable name)."""
-    raise NotImplementedError("pass make_training(..., make_optimizer=) the optimizer your task used: "
-                              "(parameters, lr, **fused) -> torch.optim.Optimizer, given the PARAMS it names "
+    """The study did not record its task's optimizer (a command task builds its own; \
+a lambda has no importable name)."""
+    raise NotImplementedError(\
+"pass make_training(..., make_optimizer=) the optimizer your task used: "
+                              "(parameters, lr, **fused) -> torch.optim.Optimizer, \
+given the PARAMS it names "
                               "(fused: fused=True where FUSED_OPTIMIZER, else nothing)")'''
 
 
@@ -177,7 +201,8 @@ def _optimizer(summary: Summary) -> tuple[str, str]:
     module, _, qualname = current_reference(reference).partition(":")
     if not all(part.isidentifier() for part in (*module.split("."), *qualname.split("."))):
         raise AutotuneError(
-            f"--format torch: the study's optimizer {reference!r} is not an importable module:qualname"
+            f"--format torch: the study's optimizer {reference!r} "
+            f"is not an importable module:qualname"
         )
     imports = f"\nimport {module} as _task_module  # where the task's optimizer factory lives\n"
     return imports, FACTORY.substitute(reference=reference, factory=f"_task_module.{qualname}")
@@ -204,13 +229,11 @@ def render(summary: Summary) -> str:
         if schedule.warmup
         else ""
     )
-    loader = {
-        k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"
-    }  # pinned on CUDA only: make_training
+    # pinned on CUDA only: make_training
+    loader = {k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"}
     return MODULE.substitute(
-        provenance=provenance(summary)
-        .replace("\\", "\\\\")
-        .replace('"""', '\\"""'),  # safe in a docstring
+        # safe in a docstring
+        provenance=provenance(summary).replace("\\", "\\\\").replace('"""', '\\"""'),
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
         imports=imports,
         constants=constants,
@@ -219,9 +242,8 @@ def render(summary: Summary) -> str:
         make_optimizer=make_optimizer,
         worker_threads=WORKER_THREADS,
         scheduler_comment=comment,
-        device="cuda"
-        if summary.device in (None, "cuda")
-        else "cpu",  # where the study trained (cuda when unrecorded)
+        # where the study trained (cuda when unrecorded)
+        device="cuda" if summary.device in (None, "cuda") else "cpu",
         scheduler=scheduler_code(
             knobs["scheduler"], optimizer="optimizer", total="total_steps", lr="LR", indent=" " * 16
         ),
