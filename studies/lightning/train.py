@@ -1,4 +1,5 @@
-"""scikit-learn's digits with a small CNN, trained by Lightning: a script autotune tunes from outside.
+"""scikit-learn's digits with a small CNN, trained by Lightning: a script autotune tunes from
+outside.
 
 autotune runs it as the study's command (studies/lightning_digits.yaml), with the trial's
 settings as command-line flags named after the knobs, and reads the validation accuracy that
@@ -28,17 +29,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import autotune
 
-# autotune's precisions with Lightning's names for them, and its optimizer and LR schedules: the knobs
-# mean here what they mean in autotune's own trials.
+# autotune's precisions with Lightning's names for them, and its optimizer and LR schedules: the
+# knobs mean here what they mean in autotune's own trials.
 from autotune.search.knob import PRECISIONS
 from autotune.search.space import SCHEDULERS
 from autotune.train.tasks import sgd
 from autotune.train.trial import make_scheduler
 
 VAL_FRACTION = 0.2
-SPLIT_SEED = (
-    0  # the split is part of the task, not of a trial: the same validation set for every trial
-)
+# the split is part of the task, not of a trial: the same validation set for every trial
+SPLIT_SEED = 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,9 +104,8 @@ class DigitsCNN(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
         inputs, targets = batch
-        return F.cross_entropy(
-            self(inputs), targets
-        )  # Lightning divides it by the accumulation steps
+        # Lightning divides it by the accumulation steps
+        return F.cross_entropy(self(inputs), targets)
 
     def on_validation_epoch_start(self) -> None:
         self.correct = self.seen = 0
@@ -126,12 +125,14 @@ class DigitsCNN(L.LightningModule):
         )
         return {
             "optimizer": optimizer,
+            # once per optimizer step, never per micro-batch
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }  # once per optimizer step, never per micro-batch
+        }
 
 
 class AutotuneReport(L.Callback):
-    """Tells autotune the validation accuracy after each validation, and progress after each step."""
+    """Tells autotune the validation accuracy after each validation, and progress after each
+    step."""
 
     def __init__(self, n_train: int) -> None:
         self.n_train, self.samples, self.last_step = n_train, 0, -1
@@ -180,9 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         persistent_workers=workers > 0,  # otherwise every epoch pays worker start-up again
         pin_memory=args.pin_memory and args.device.startswith("cuda"),
     )
-    val_loader = DataLoader(
-        val, batch_size=len(val)
-    )  # one batch, in this process: validation is on the clock
+    # one batch, in this process: validation is on the clock
+    val_loader = DataLoader(val, batch_size=len(val))
     # Lightning steps the optimizer at the end of an epoch even mid-accumulation.
     steps_per_epoch = math.ceil(len(train_loader) / args.accumulation_steps)
     total_steps = max(1, math.floor(args.max_epochs * steps_per_epoch))
