@@ -1,14 +1,17 @@
-"""Found vs baseline: how much faster is the configuration autotune reports than the study's baseline?
+"""Found vs baseline: how much faster is the configuration autotune reports than the study's
+baseline?
 
 For each study file and each of `--studies` study seeds, runs the whole study as `autotune run`
-would (probe, trials, confirmation; a fresh storage each time) and takes the winner it reports.
-Then re-measures the winner and the baseline side by side on `--seeds` fresh seeds, interleaved
-(seeds no study uses), and records both medians. A study whose winner is the baseline itself
-recommended keeping what the user had: its re-measured "speedup" shows only the noise between
-two sets of runs of one configuration, and it does not count as beating the baseline. Usage (from the repository root):
+would (probe, trials, confirmation; a fresh storage each time) and takes the winner it reports. Then
+re-measures the winner and the baseline side by side on `--seeds` fresh seeds, interleaved (seeds no
+study uses), and records both medians. A study whose winner is the baseline itself recommended
+keeping what the user had: its re-measured "speedup" shows only the noise between two sets of runs
+of one configuration, and it does not count as beating the baseline. Usage (from the repository
+root):
 
-    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule] [--replicates 3]
-                                         [--plain-tpe] [--load] [--oracle GRID] [--to-target] [studies/digits.yaml ...]
+    .venv/bin/python benchmarks/found.py [--studies 10] [--seeds 5] [--objective fixed_schedule]
+                                         [--replicates 3] [--plain-tpe] [--load] [--oracle GRID]
+                                         [--to-target] [studies/digits.yaml ...]
 
 `--load` runs each study while the benchmark keeps one process spinning on a core (started before
 the study, stopped before the re-measurement, which stays on a quiet machine): a shared machine.
@@ -25,8 +28,9 @@ confirmation; its winner is the trial with the lowest time to target.
 ground-truth grid (benchmarks/grid.py), the lowest median time to target over its seeds; under
 `systems_only`, the fastest with the baseline's maths. Where the study searches knobs the grid
 leaves out (channels_last), the oracle is re-measured under each of their values and the fastest
-counts. The winner's regret is its median over the oracle's, measured side by side. `--to-target` stops the re-measurement's runs at the target
-(time to target only, no fixed-schedule yardstick): cheaper.
+counts. The winner's regret is its median over the oracle's, measured side by side. `--to-target`
+stops the re-measurement's runs at the target (time to target only, no fixed-schedule yardstick):
+cheaper.
 
 `--objective` runs the studies under that objective instead of the study file's. Whatever the
 objective, the winner and the baseline are re-measured the same way: each run trains its whole
@@ -34,9 +38,10 @@ schedule (schedule_epochs long) and notes when it first reached the target, whic
 yardsticks: time to target (the speedup column) and whole-schedule time where the mean final
 metric reaches the target (the "fixed" column).
 
-Prints a table and writes benchmarks/results/found-<study>-<objective or plain_tpe>[-r<replicates>][-load][-regret]-<device>.json per
-study file (-r<replicates> where they are not the objective's default). Compute counts every training
-second a study spent: its trials, the systems probe and the throughput phase.
+Prints a table and writes benchmarks/results/
+found-<study>-<objective or plain_tpe>[-r<replicates>][-load][-regret]-<device>.json
+per study file (-r<replicates> where they are not the objective's default). Compute counts every
+training second a study spent: its trials, the systems probe and the throughput phase.
 """
 
 from __future__ import annotations
@@ -65,12 +70,18 @@ import optuna  # noqa: E402
 from autotune.record import objectives, schema, verdict
 from autotune.report import summarize  # noqa: E402
 from autotune.runners.isolation import TrialFailure  # noqa: E402
-from autotune.search import space as space_  # noqa: E402
-from autotune.spec import study_file as spec_  # noqa: E402
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, suggest
 from autotune.spec.checks import read_yaml  # noqa: E402
-from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY  # noqa: E402
+from autotune.spec.study_file import (
+    FIXED_SCHEDULE,
+    OBJECTIVES,
+    REPLICATES_DEFAULT,
+    SYSTEMS_ONLY,
+    StudySpec,
+    from_mapping,
+)
 from autotune.study import confirm, preparation, storage
-from autotune.study import run as study_
+from autotune.study.run import run_sequence
 from autotune.train.config import TrialConfig  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.search import load_grid, true_time  # noqa: E402
@@ -80,12 +91,12 @@ PLAIN_TPE = "plain_tpe"
 ORACLE = "oracle"
 # What systems_only may change; everything else in a grid configuration is the maths it keeps
 # (digits has BatchNorm, so its micro-batch is maths too).
-SYSTEMS = (*space_.LOADER_KNOBS, *space_.FORMAT_KNOBS)
+SYSTEMS = (*LOADER_KNOBS, *FORMAT_KNOBS)
 
 
 def load(
     path: Path, *, objective: str | None, replicates: int | None = None, storage: str | None = None
-) -> spec_.StudySpec:
+) -> StudySpec:
     """The study file, under `objective` and with `replicates` where they are given."""
     raw = read_yaml(path)
     raw = {
@@ -94,7 +105,7 @@ def load(
             k: v for k, v in (("objective", objective), ("replicates", replicates)) if v is not None
         },
     }
-    return spec_.from_mapping(raw, path=path, storage=storage)
+    return from_mapping(raw, path=path, storage=storage)
 
 
 def _spin() -> None:
@@ -127,7 +138,8 @@ RESULTS_NAME = re.compile(
 def results_name(
     study: str, strategy: str, *, replicates: int | None, load: bool, regret: bool, device: str
 ) -> str:
-    """The results file of one study file and strategy (replicates where not the objective's default)."""
+    """The results file of one study file and strategy (replicates where not the objective's
+    default)."""
     return (
         f"found-{study}-{strategy}"
         + (f"-r{replicates}" if replicates else "")
@@ -142,17 +154,16 @@ NONE_FOUND = "none found"  # the winner of a study in which no configuration rea
 
 def keeps_baseline(row: dict) -> bool:
     """Whether the study left the user with their baseline: it won the confirmation, or no
-    configuration reached the target (nothing to switch to). The summary reads stored rows so too."""
+    configuration reached the target (nothing to switch to). The summary reads stored rows so
+    too."""
     return row["winner"] in (verdict.BASELINE, NONE_FOUND)
 
 
-def autotune_study(
-    spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool
-) -> dict:
+def autotune_study(spec: StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
     """Run the study as `autotune run` would; its winner and what it spent."""
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
-        study_.run_sequence(spec, prepared)
+        run_sequence(spec, prepared)
     tuning_wall = time.perf_counter() - started
     study = storage.open_study(spec, create=False)
     _, summary = summarize.of_study(spec, study)
@@ -187,7 +198,8 @@ def autotune_study(
 
 def trial_prediction_error(study: optuna.Study) -> float | None:
     """Goodput: the trained trials' median of (their runs' mean time to target / their predicted
-    time - 1). The same runs and seeds on both sides, so this is the throughput phase's error alone."""
+    time - 1). The same runs and seeds on both sides, so this is the throughput phase's error
+    alone."""
     errors = []
     for trial in study.get_trials(deepcopy=False):
         result, predicted = schema.measured(trial), schema.prediction(trial)
@@ -199,16 +211,14 @@ def trial_prediction_error(study: optuna.Study) -> float | None:
     return statistics.median(errors) if errors else None
 
 
-def plain_tpe_study(
-    spec: spec_.StudySpec, prepared: preparation.Prepared, load_machine: bool
-) -> dict:
+def plain_tpe_study(spec: StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
     """What a user writes instead of autotune: Optuna's default TPE over the same knobs, one
     training run per trial, the study's trial budget; the fastest trial wins."""
     limits = preparation.limits_for(spec)
     spent: list[float] = []
 
     def objective(trial: optuna.Trial) -> float:
-        config = space_.suggest(prepared.space, trial)
+        config = suggest(prepared.space, trial)
         try:
             result = prepared.run_trial(
                 TrialConfig.from_mapping(config),
@@ -230,9 +240,7 @@ def plain_tpe_study(
     reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
     best = min(reached, key=lambda t: t.value) if reached else None
     params = (
-        space_.suggest(prepared.space, optuna.trial.FixedTrial(best.params))
-        if best
-        else prepared.baseline
+        suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
     )
     return {
         "winner": verdict.label(best.number) if best else NONE_FOUND,
@@ -262,13 +270,13 @@ def oracle(grid: Path, baseline: dict, *, same_maths: bool) -> tuple[dict, float
     return dict(runs[best][0]["config"]), true_time(runs[best])
 
 
-def oracle_variants(config: dict, space: space_.Space) -> dict[str, dict]:
+def oracle_variants(config: dict, space: Space) -> dict[str, dict]:
     """The grid's oracle under every value of the knobs the study searches and the grid leaves out
     (channels_last, on digits): a winner may use them, so the oracle may too. Labelled by them."""
     left_out = [
         (name, d.values)
         for name, d in space.domains
-        if name not in config and isinstance(d, space_.Choices) and len(d.values) > 1
+        if name not in config and isinstance(d, Choices) and len(d.values) > 1
     ]
     names = [name for name, _ in left_out]
     return {
@@ -312,7 +320,8 @@ def one_study(
         variants = oracle_variants(fastest, prepared.space)
         candidates.update(variants)
     # Every run trains its whole schedule and notes when it first reached the target: the same
-    # runs give both objectives' yardsticks, whatever the study's objective was (--to-target: the first only).
+    # runs give both objectives' yardsticks, whatever the study's objective was (--to-target: the
+    # first only).
     whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=to_target)
     runs = confirm.measure(
         prepared.run_trial,
@@ -351,7 +360,8 @@ def one_study(
             regret=won / best if won and best else None if best is None else math.inf,
         )
     if not to_target:
-        # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final metric reaches the target
+        # the fixed-schedule yardstick: whole-schedule time, counted only where the mean final
+        # metric reaches the target
         fixed = verdict.stats(runs, objective=FIXED_SCHEDULE, target=spec.target.value)
         fixed_base, fixed_won = fixed[verdict.BASELINE]["median"], fixed["winner"]["median"]
         row.update(
@@ -373,7 +383,7 @@ def main() -> None:
         "--seeds", type=int, default=5, help="fresh seeds for the side-by-side re-measurement"
     )
     parser.add_argument(
-        "--objective", choices=spec_.OBJECTIVES, help="run the studies under this objective"
+        "--objective", choices=OBJECTIVES, help="run the studies under this objective"
     )
     parser.add_argument("--replicates", type=int, help="run the studies with this many replicates")
     parser.add_argument("--first", type=int, default=1, help="the first study seed")
@@ -402,9 +412,7 @@ def main() -> None:
     for path in args.studies_files:
         spec = load(path, objective=args.objective, replicates=args.replicates)
         device = preparation.resolve_device(spec)
-        replicated = (
-            spec.replicates != spec_.REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
-        )
+        replicated = spec.replicates != REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
         out = RESULTS / results_name(
             path.stem,
             PLAIN_TPE if args.plain_tpe else spec.objective,
@@ -449,7 +457,8 @@ def main() -> None:
                 }
                 speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
                 print(
-                    f"{path.stem} study seed {seed}: winner {row['winner']}, baseline {row['baseline_median']} s, "
+                    f"{path.stem} study seed {seed}: winner {row['winner']}, "
+                    f"baseline {row['baseline_median']} s, "
                     f"winner {row['winner_median']} s, {speed}"
                     + (
                         f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)"
@@ -463,32 +472,38 @@ def main() -> None:
         results = sorted(rows.values(), key=lambda r: r["seed"])
         summary = write(out, path, spec, device, args, results)
         print(
-            f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): {len(results)} studies, winners re-measured on {args.seeds} "
+            f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): "
+            f"{len(results)} studies, winners re-measured on {args.seeds} "
             f"fresh seeds beside the baseline, by time to target"
         )
         print(
-            f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} {'speedup':>8} "
-            f"{'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}"
+            f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} "
+            f"{'speedup':>8} {'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}"
         )
         for r in results:
             reached = f"{r['stats']['winner']['reached']}/{r['stats']['winner']['runs']}"
             print(
-                f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} {_s(r['winner_median']):>11} "
-                f"{reached:>8} {_x(r['speedup']):>8} {_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
+                f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} "
+                f"{_s(r['winner_median']):>11} {reached:>8} {_x(r['speedup']):>8} "
+                f"{_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
                 f"{r['trial_compute']:>12.0f}"
             )
         print(
-            f"median speedup {_x(summary['median_speedup'])} (lowest {_x(summary['min_speedup'])}), by the "
+            f"median speedup {_x(summary['median_speedup'])} "
+            f"(lowest {_x(summary['min_speedup'])}), by the "
             f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
-            f"a winner other than the baseline beat the baseline's median in {summary['beats_baseline']} of "
+            f"a winner other than the baseline beat the baseline's median "
+            f"in {summary['beats_baseline']} of "
             f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
             f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)"
         )
         if args.oracle:
             print(
-                f"regret (winner's median over the oracle's, side by side): median {_x(summary['median_regret'])}, "
-                f"within 10% of the oracle in {summary['within_10']} of {len(results)}; winner at or below the "
-                f"baseline's median in {summary['not_worse']} of {len(results)}; predicted vs measured, median "
+                f"regret (winner's median over the oracle's, side by side): "
+                f"median {_x(summary['median_regret'])}, "
+                f"within 10% of the oracle in {summary['within_10']} of {len(results)}; "
+                f"winner at or below the baseline's median in {summary['not_worse']} of "
+                f"{len(results)}; predicted vs measured, median "
                 f"|error| {summary['median_prediction_error']}"
             )
         print(f"written: {out.relative_to(REPO)}")
@@ -496,9 +511,8 @@ def main() -> None:
 
 def summarize_rows(results: list[dict]) -> dict:
     """The benchmark's figures over its studies' rows."""
-    speedups = [
-        r["speedup"] or 0.0 for r in results
-    ]  # a winner that missed the target is no speedup
+    # a winner that missed the target is no speedup
+    speedups = [r["speedup"] or 0.0 for r in results]
     fixed = [r.get("fixed_speedup") or 0.0 for r in results if "fixed_stats" in r]
     summary = {
         "median_speedup": statistics.median(speedups) if speedups else None,
@@ -533,7 +547,7 @@ def summarize_rows(results: list[dict]) -> dict:
 def write(
     out: Path,
     path: Path,
-    spec: spec_.StudySpec,
+    spec: StudySpec,
     device: object,
     args: argparse.Namespace,
     results: list[dict],

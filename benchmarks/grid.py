@@ -10,7 +10,8 @@ in the machine's load spreads over the grid instead of following one knob.
 Resumable: rows already in the file (same seed and configuration) are kept and skipped. Usage
 (from the repository root):
 
-    .venv/bin/python benchmarks/grid.py [--seed 12345 [12346 ...]] [--out benchmarks/results/grid-digits-cpu.jsonl]
+    .venv/bin/python benchmarks/grid.py [--seed 12345 [12346 ...]]
+                                        [--out benchmarks/results/grid-digits-cpu.jsonl]
 
 Seeds run one whole pass after another. The first line of the file says how it was made; each
 further line is one run of one configuration, with its seed and the commit that measured it. Run
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from autotune.runners import isolation  # noqa: E402
-from autotune.spec import study_file as spec_
+from autotune.spec import study_file
 from autotune.study.preparation import limits_for  # noqa: E402
 from autotune.train.config import TrialConfig
 from autotune.train.tasks import load_task  # noqa: E402
@@ -78,7 +79,7 @@ def main() -> None:
         help="each seed adds a run of every configuration",
     )
     args = parser.parse_args()
-    spec = spec_.load(REPO / "studies" / "digits.yaml")
+    spec = study_file.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
     device = torch.device("cpu")
     isolation.warm_up()
@@ -107,7 +108,8 @@ def main() -> None:
         todo = [c for c in configurations() if (seed, key(c)) not in done]
         random.Random(ORDER_SEED).shuffle(todo)
         print(
-            f"seed {seed}: {len(configurations()) - len(todo)} configurations measured, {len(todo)} to go",
+            f"seed {seed}: {len(configurations()) - len(todo)} configurations measured, "
+            f"{len(todo)} to go",
             flush=True,
         )
         for index, config in enumerate(todo, 1):
@@ -130,11 +132,12 @@ def main() -> None:
             }
             with args.out.open("a") as out:
                 out.write(json.dumps(row) + "\n")
-            print(
-                f"{index}/{len(todo)} {key(config)} -> "
-                f"{f'{result.time_to_target:.2f} s' if result.reached else f'missed ({result.best_metric:.3f})'}",
-                flush=True,
+            outcome = (
+                f"{result.time_to_target:.2f} s"
+                if result.reached
+                else f"missed ({result.best_metric:.3f})"
             )
+            print(f"{index}/{len(todo)} {key(config)} -> {outcome}", flush=True)
 
 
 if __name__ == "__main__":

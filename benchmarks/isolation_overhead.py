@@ -1,8 +1,8 @@
 """Per-trial cost of running a trial in a child process, against running it in this process.
 
-Runs one configuration of a task alternately in-process, in a fresh child (isolation: process)
-and in a child kept warm between trials (isolation: warm), interleaved so both see the same machine load, and reports the median wall time each spends
-outside the training clock. Usage:
+Runs one configuration of a task alternately in-process, in a fresh child (isolation: process) and
+in a child kept warm between trials (isolation: warm), interleaved so both see the same machine
+load, and reports the median wall time each spends outside the training clock. Usage:
 
     .venv/bin/python benchmarks/isolation_overhead.py [--task digits] [--runs 7] [--device cpu]
 
@@ -77,7 +77,8 @@ def main() -> None:
         name: row["wall"] - here["wall"] for name, row in summary.items() if name != "in-process"
     }
     print(
-        f"task {args.task}, {args.epochs:g} epoch(s) of the baseline, {device_name(device)}, median of {args.runs}"
+        f"task {args.task}, {args.epochs:g} epoch(s) of the baseline, {device_name(device)}, "
+        f"median of {args.runs}"
     )
     print(f"{'':<14} {'wall s':>8} {'training s':>11} {'outside training s':>19}")
     for name, row in summary.items():
@@ -85,7 +86,8 @@ def main() -> None:
     for name, added in extra.items():
         row = summary[name]
         print(
-            f"a {name} adds {added:.3f} s of wall time a trial ({added / here['wall']:.0%} of an in-process trial): "
+            f"a {name} adds {added:.3f} s of wall time a trial "
+            f"({added / here['wall']:.0%} of an in-process trial): "
             f"{row['outside'] - here['outside']:.3f} s outside training and "
             f"{row['train'] - here['train']:.3f} s on the training clock"
         )

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in trial processes
 
 from autotune.record import schema
-from autotune.spec import study_file as spec_
+from autotune.spec import study_file
 from autotune.study import preparation
 from autotune.study import run as study_
 from benchmarks.provenance import RESULTS, provenance
@@ -64,7 +64,7 @@ def run_study(
         "budget": {"trials": trials, "max_epochs": epochs, "eval_every": epochs},
         "confirm": {"top": 0},
     }
-    spec = spec_.from_mapping(
+    spec = study_file.from_mapping(
         raw, path=folder / "overhead.yaml", storage=f"sqlite:///{folder / f'{mode}-{index}.db'}"
     )
     prepared = preparation.prepare(spec)
@@ -130,14 +130,17 @@ def main() -> None:
         for mode, runs in samples.items()
     }
     print(
-        f"studies of {small} and {large} trials, {args.rounds} of each per mode, interleaved; medians"
+        f"studies of {small} and {large} trials, {args.rounds} of each per mode, interleaved; "
+        "medians"
     )
     print(
-        f"{'isolation':<10} {'per trial':>10} {'per study (start)':>18} {f'all in, per trial of {large}':>26}"
+        f"{'isolation':<10} {'per trial':>10} {'per study (start)':>18} "
+        f"{f'all in, per trial of {large}':>26}"
     )
     for mode, s in summary.items():
         print(
-            f"{mode:<10} {s['per_trial']:>9.3f}s {s['per_study']:>17.3f}s {s['all_in_per_trial']:>25.3f}s"
+            f"{mode:<10} {s['per_trial']:>9.3f}s {s['per_study']:>17.3f}s "
+            f"{s['all_in_per_trial']:>25.3f}s"
         )
 
     record = {

@@ -23,7 +23,8 @@ ORDER = ("time_to_target", "goodput", "systems_only", PLAIN_TPE)  # the docs' or
 
 
 def rows(study: str, device: str) -> list[dict]:
-    """One row per results file: its strategy, whether loaded, and the figures the docs table shows."""
+    """One row per results file: its strategy, whether loaded, and the figures the docs table
+    shows."""
     found = []
     for path in sorted(RESULTS.glob(f"found-{study}-*-regret-{device}.json")):
         match = RESULTS_NAME.fullmatch(path.name)
@@ -63,8 +64,9 @@ def table(found: list[dict]) -> str:
     """Markdown: compute is also shown against plain TPE's in the same machine state."""
     plain = {r["loaded"]: r["median_compute"] for r in found if r["strategy"] == PLAIN_TPE}
     lines = [
-        "| strategy | machine | studies | median regret | within 10% | at or below the baseline | median speedup "
-        "| oracle over baseline | median compute (s) | compute / plain TPE's | median predicted-vs-measured error |",
+        "| strategy | machine | studies | median regret | within 10% | at or below the baseline "
+        "| median speedup | oracle over baseline | median compute (s) | compute / plain TPE's "
+        "| median predicted-vs-measured error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in found:
@@ -77,10 +79,10 @@ def table(found: list[dict]) -> str:
             "missed" if r["median_regret"] in (None, float("inf")) else f"{r['median_regret']:.2f}x"
         )
         lines.append(
-            f"| {r['strategy']} | {'loaded' if r['loaded'] else 'quiet'} | {r['studies']} | {regret} "
-            f"| {r['within_10']} of {r['studies']} | {r['not_worse']} of {r['studies']} "
-            f"| {r['median_speedup']:.2f}x | {r['oracle_over_baseline']:.2f}x | {r['median_compute']:.0f} | {ratio} "
-            f"| {error} |"
+            f"| {r['strategy']} | {'loaded' if r['loaded'] else 'quiet'} | {r['studies']} "
+            f"| {regret} | {r['within_10']} of {r['studies']} | {r['not_worse']} of {r['studies']} "
+            f"| {r['median_speedup']:.2f}x | {r['oracle_over_baseline']:.2f}x "
+            f"| {r['median_compute']:.0f} | {ratio} | {error} |"
         )
     return "\n".join(lines)
 
@@ -95,7 +97,8 @@ def main() -> None:
     found = rows(args.study, args.device)
     if not found:
         raise SystemExit(
-            f"no found-{args.study}-*-regret-{args.device}.json in {RESULTS}: run found.py --oracle first"
+            f"no found-{args.study}-*-regret-{args.device}.json in {RESULTS}: "
+            "run found.py --oracle first"
         )
     print(table(found))
 

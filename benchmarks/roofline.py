@@ -24,11 +24,11 @@ the arms interleaved within each seed. The GPU time each arm spent searching is 
 Stages, each under 8 minutes on an H100 and each writing its figures as it goes (a stage cut short
 still tells something); the arms' studies and winners are kept in --work for the judge:
 
-    .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR] [--study FILE]
-                                            [joint systems tpe prior warm judge]
+    .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR]
+                                            [--study FILE] [joint systems tpe prior warm judge]
 
-With no stage, joint, systems, tpe and judge, in that order. --small: 3 trials, confirmation on 1 seed, 1 judge seed.
---study: another study file (the test suite's is smaller still). Writes
+With no stage, joint, systems, tpe and judge, in that order. --small: 3 trials, confirmation on 1
+seed, 1 judge seed. --study: another study file (the test suite's is smaller still). Writes
 benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another folder).
 """
 
@@ -56,8 +56,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from autotune import export  # noqa: E402
 from autotune.report import summarize  # noqa: E402
-from autotune.search import space as space_  # noqa: E402
-from autotune.spec import study_file as spec_  # noqa: E402
+from autotune.search.space import Choices, complete
+from autotune.spec import study_file
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.train.measure import cpu_count  # noqa: E402
@@ -88,14 +88,15 @@ EXPERT = {
 EXPERT_BATCH = 512
 
 
-def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> spec_.StudySpec:
+def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> study_file.StudySpec:
     raw = {**read_yaml(path), **ARMS[arm]}
     if small:
         raw["budget"] = {**raw.get("budget", {}), "trials": 3}
         raw["confirm"] = {"top": 1, "runs": 1}
     name = f"{path.stem}-{arm}"
     return dataclasses.replace(
-        spec_.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"), name=name
+        study_file.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"),
+        name=name,
     )
 
 
@@ -112,24 +113,22 @@ def expert(prepared: preparation.Prepared) -> dict[str, Any]:
         if config[knob] not in space[knob].values:
             config[knob] = prepared.baseline[knob]
     workers = space["num_workers"]
-    most = max(workers.values) if isinstance(workers, space_.Choices) else int(workers.high)
+    most = max(workers.values) if isinstance(workers, Choices) else int(workers.high)
     config["num_workers"] = min(most, cpu_count())
     config["prefetch_factor"] = config.get("prefetch_factor") or 2
     batches = space["batch_size"]
     sizes = (
-        batches.values
-        if isinstance(batches, space_.Choices)
-        else [int(batches.low), int(batches.high)]
+        batches.values if isinstance(batches, Choices) else [int(batches.low), int(batches.high)]
     )
     config["batch_size"] = max([b for b in sizes if b <= EXPERT_BATCH] or [min(sizes)])
-    return space_.complete(config)
+    return complete(config)
 
 
 def judge_run(
     template: Any,
     config: dict[str, Any],
     prepared: preparation.Prepared,
-    spec: spec_.StudySpec,
+    spec: study_file.StudySpec,
     seed: int,
 ) -> dict[str, Any]:
     """Train `config` with the exported plain-PyTorch module to the target: its time to target
@@ -233,10 +232,8 @@ def main() -> None:
     study = args.study or REPO / "studies" / ("paced.yaml" if args.cpu else "shapes.yaml")
     seeds = 1 if args.small else args.seeds
     args.work.mkdir(parents=True, exist_ok=True)
-    out = (
-        args.results
-        / f"roofline-{study.stem}{'-small' if args.small else ''}-{'cpu' if args.cpu else 'cuda'}.json"
-    )
+    small, hardware = "-small" if args.small else "", "cpu" if args.cpu else "cuda"
+    out = args.results / f"roofline-{study.stem}{small}-{hardware}.json"
     record = json.loads(out.read_text()) if out.exists() else {"arms": {}}
 
     def save() -> None:
@@ -285,12 +282,13 @@ def judge(
     _, template = summarize.of_study(spec, storage.open_study(spec, create=False))
     if template.best is None:
         raise SystemExit(
-            "the joint arm found no winner to take the export's shape from: run the joint stage first"
+            "the joint arm found no winner to take the export's shape from: "
+            "run the joint stage first"
         )
     candidates = {
-        "baseline": space_.complete(prepared.baseline),
+        "baseline": complete(prepared.baseline),
         "expert": expert(prepared),
-        **{arm: space_.complete(found["params"]) for arm, found in record["arms"].items()},
+        **{arm: complete(found["params"]) for arm, found in record["arms"].items()},
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in candidates}
     record["judge"] = {"candidates": candidates, "runs": runs}

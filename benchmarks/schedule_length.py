@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from autotune.runners import isolation  # noqa: E402
 from autotune.search.space import DEFAULT_BASELINE  # noqa: E402
-from autotune.spec import study_file as spec_
+from autotune.spec import study_file
 from autotune.study.preparation import limits_for  # noqa: E402
 from autotune.train.config import TrialConfig
 from autotune.train.tasks import load_task  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args()
-    spec = spec_.load(REPO / "studies" / "digits.yaml")
+    spec = study_file.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
     device = torch.device("cpu")
     isolation.warm_up()

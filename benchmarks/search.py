@@ -27,7 +27,8 @@ from the grid like the trials') and the lowest median wins. Per variant: the win
 (its true time over the optimum's), whether it is at or below the baseline's true time, and the
 compute, confirmation included. Usage (from the repository root):
 
-    .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40] [--studies 200] [--study-trials 20]
+    .venv/bin/python benchmarks/search.py [--seeds 20] [--trials 40] [--studies 200]
+                                          [--study-trials 20]
 
 Prints a table and writes benchmarks/results/search-<the grid's name>.json (search-digits-cpu.json
 for grid-digits-cpu.jsonl).
@@ -110,13 +111,14 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     """autotune's systems probe, run for real on the digits task over the grid's loader settings
     and precisions: what it settles and what it costs (the replay charges its seconds); and the
     task's baseline configuration."""
-    from autotune.spec import study_file as spec_
+    from autotune.spec import study_file
+    from autotune.spec.checks import read_yaml
     from autotune.study import preparation
     from autotune.study import run as study_
 
-    raw = spec_.read_yaml(REPO / "studies" / "digits.yaml")
+    raw = read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
-    spec = spec_.from_mapping(
+    spec = study_file.from_mapping(
         raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:"
     )
     prepared = preparation.prepare(spec)
@@ -196,7 +198,8 @@ def replay(
 # Whole studies at the shipped budget, replayed: the search above, then the study's choice of a
 # winner. `replicates`: a trial whose first run beats the best so far runs that many in all (other
 # seeds of its configuration), its time their mean; `confirm`: the best that many trials and the
-# baseline each run `CONFIRM_RUNS` more times and the lowest median wins, else the fastest trial does.
+# baseline each run `CONFIRM_RUNS` more times and the lowest median wins, else the fastest trial
+# does.
 CONFIRM_RUNS = 3
 STUDIES: dict[str, dict[str, Any]] = {
     "plain TPE": {
@@ -242,8 +245,8 @@ def replay_study(
         trial = study.ask()
         config = {name: trial.suggest_categorical(name, values) for name, values in space.items()}
         first, *others = draw.sample(grid[key(config)], len(grid[key(config)]))
-        # as the study does: one run, and the others only for a first run that beats the best so far;
-        # pruned once the runs' time passes the planned runs' share of the best
+        # as the study does: one run, and the others only for a first run that beats the best so
+        # far; pruned once the runs' time passes the planned runs' share of the best
         planned = replicates if first["reached"] and outcome(first) < incumbent else 1
         taken = [first, *others[: planned - 1]]
         spent = sum(outcome(row) for row in taken)
@@ -317,7 +320,8 @@ def main() -> None:
         configs *= len(values)
     if len(grid) < configs:
         sys.exit(
-            f"{args.grid} holds {len(grid)} of the grid's {configs} configurations: run benchmarks/grid.py to finish it"
+            f"{args.grid} holds {len(grid)} of the grid's {configs} configurations: "
+            "run benchmarks/grid.py to finish it"
         )
     seeds = sorted({row.get("seed") for runs in grid.values() for row in runs}, key=str)
     truth = {k: true_time(runs) for k, runs in grid.items()}
@@ -350,8 +354,10 @@ def main() -> None:
             summary[name][f"reached_{within:.0%}"] = sum(n is not None for n in near)
 
     print(
-        f"grid: {len(grid)} configurations x {len(seeds)} seed(s); {len(reached)} reach the target by their median; "
-        f"optimum {optimum:.2f} s (median); measuring all of it took {grid_compute:.0f} s of training"
+        f"grid: {len(grid)} configurations x {len(seeds)} seed(s); "
+        f"{len(reached)} reach the target by their median; "
+        f"optimum {optimum:.2f} s (median); "
+        f"measuring all of it took {grid_compute:.0f} s of training"
     )
     best = min(truth, key=truth.get)
     times = sorted(r["time_to_target"] for r in grid[best] if r["reached"])
@@ -364,16 +370,19 @@ def main() -> None:
     print(describe(probed))
     print(
         f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "
-        f"(inf: the median search did not get within that much of the optimum in {args.trials} trials)"
+        "(inf: the median search did not get within that much of the optimum "
+        f"in {args.trials} trials)"
     )
     head = "".join(
-        f" {'trials to ' + format(w, '.0%'):>14} {'compute to ' + format(w, '.0%'):>15} {'got there':>9}"
+        f" {'trials to ' + format(w, '.0%'):>14} {'compute to ' + format(w, '.0%'):>15} "
+        f"{'got there':>9}"
         for w in WITHIN
     )
     print(f"{'strategy':<27} {'compute (s)':>11} {'best (s)':>9}{head}")
     for name, s in summary.items():
         cells = "".join(
-            f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} {s[f'reached_{w:.0%}']:>6}/{args.seeds}"
+            f" {s[f'trials_{w:.0%}']:>14} {s[f'compute_{w:.0%}']:>15.0f} "
+            f"{s[f'reached_{w:.0%}']:>6}/{args.seeds}"
             for w in WITHIN
         )
         print(f"{name:<27} {s['compute']:>11.0f} {s['best']:>9.2f}{cells}")
@@ -393,11 +402,13 @@ def main() -> None:
     }
     base = truth[key(baseline)]
     print(
-        f"\n{args.studies} whole studies of {args.study_trials} trials per variant, to the winner each reports; "
+        f"\n{args.studies} whole studies of {args.study_trials} trials per variant, "
+        "to the winner each reports; "
         f"regret: the winner's median over the optimum's (the baseline's {base / optimum:.2f}x)"
     )
     print(
-        f"{'variant':<36} {'regret':>7} {'within 10%':>10} {'not worse':>9} {'kept baseline':>13} {'compute (s)':>11}"
+        f"{'variant':<36} {'regret':>7} {'within 10%':>10} {'not worse':>9} "
+        f"{'kept baseline':>13} {'compute (s)':>11}"
     )
     study_summary = {}
     for name, found in studies.items():
@@ -412,7 +423,8 @@ def main() -> None:
         row = study_summary[name]
         print(
             f"{name:<36} {row['median_regret']:>6.2f}x {row['within_10']:>6}/{args.studies} "
-            f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} {row['median_compute']:>11.0f}"
+            f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} "
+            f"{row['median_compute']:>11.0f}"
         )
     record = {
         "benchmark": "search",

@@ -1,6 +1,7 @@
 """The GPU check: autotune's CUDA paths run for real, stage by stage (`bash scripts/gpu-check.sh`).
 
-    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--rounds N] [--objective OBJECTIVE] [--results DIR]
+    python -m benchmarks.gpu_check [STAGE ...] [--cpu] [--rounds N] [--objective OBJECTIVE]
+                                   [--results DIR]
 
 Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by default):
   tests      the CUDA tests (tests/test_cuda.py), for real
@@ -74,7 +75,8 @@ def tests(setting_: Setting) -> tuple[dict[str, Any], list[str], bool]:
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     ok = ran.returncode == 0 and (counts["skipped"] == 0 or not setting_.cuda)
     lines = [
-        f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped ({' '.join(CUDA_TESTS)})"
+        f"{passed} passed, {counts['failures'] + counts['errors']} failed, "
+        f"{counts['skipped']} skipped ({' '.join(CUDA_TESTS)})"
     ]
     if not ok:
         lines.append("```\n" + ran.stdout[-3000:] + "\n```")
@@ -121,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         metavar="N",
-        help="interleaved rounds of the precision and isolation stages (default: 3 and 5; fewer is quicker and noisier)",
+        help="interleaved rounds of the precision and isolation stages "
+        "(default: 3 and 5; fewer is quicker and noisier)",
     )
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        help="run the study and confirm stages' shapes study with this objective instead of its own, "
-        "as a study of its own (results in gpu-check-STAGE-OBJECTIVE-cuda.json)",
+        help="run the study and confirm stages' shapes study with this objective instead of its "
+        "own, as a study of its own (results in gpu-check-STAGE-OBJECTIVE-cuda.json)",
     )
     parser.add_argument(
         "--results",
@@ -139,15 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     where = setting(cpu=args.cpu, results=args.results)
     if where is None:
         print(
-            "# autotune GPU check\n\nNo CUDA GPU found (torch.cuda.is_available() is false): nothing was checked. "
-            "Run this on a machine with an NVIDIA GPU, or with --cpu to exercise the stages' plumbing here."
+            "# autotune GPU check\n\n"
+            "No CUDA GPU found (torch.cuda.is_available() is false): nothing was checked. "
+            "Run this on a machine with an NVIDIA GPU, "
+            "or with --cpu to exercise the stages' plumbing here."
         )
         return 0
     identity = gpu_identity()
     print(f"# autotune GPU check on {identity.get('gpu', where.device.type)}\n")
     if identity:
         print(
-            f"driver {identity['driver']}, CUDA {identity['cuda_runtime']}, {identity['gpu_memory_gib']:.0f} GiB\n"
+            f"driver {identity['driver']}, CUDA {identity['cuda_runtime']}, "
+            f"{identity['gpu_memory_gib']:.0f} GiB\n"
         )
     failed = []
     for name in args.stages or list(STAGES):

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.report import results
 from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.spec import study_file as spec_
+from autotune.spec import study_file
 from autotune.study import one_trial, preparation
 from autotune.study import run as study_
 from autotune.train.config import Limits, TrialConfig
@@ -77,7 +77,7 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
             },
             "confirm": {"top": 0, "runs": 0},
         }
-        spec = spec_.from_mapping(raw, path=Path(folder) / "oom.yaml")
+        spec = study_file.from_mapping(raw, path=Path(folder) / "oom.yaml")
         prepared = preparation.prepare(spec)
         start = memory_in_use(setting.device)
         after: list[dict[str, Any]] = []
@@ -107,7 +107,8 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
             # A line a trial, so that a stage of minutes shows where it is.
             reason = last.user_attrs.get("reason")
             print(
-                f"  oom: batch {params['batch_size']} {params['precision']}: {last.state.name.lower()}"
+                f"  oom: batch {params['batch_size']} {params['precision']}: "
+                f"{last.state.name.lower()}"
                 f"{f' ({reason})' if reason else ''}, {time.perf_counter() - started:.0f} s",
                 file=sys.stderr,
                 flush=True,
@@ -148,8 +149,8 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
     ]
     lines += [f"| {t['batch_size']} | {t['precision']} | {_outcome(t)} |" for t in trials]
     lines.append(
-        f"GPU memory in use before the study {mib(start['nvml_used'])}; largest growth after a trial "
-        f"{mib(figures['largest_growth_bytes'])}"
+        f"GPU memory in use before the study {mib(start['nvml_used'])}; "
+        f"largest growth after a trial {mib(figures['largest_growth_bytes'])}"
         if leaks
         else "GPU memory: not measured (no GPU)"
     )

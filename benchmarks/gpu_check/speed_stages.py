@@ -15,8 +15,8 @@ import yaml
 
 from autotune.runners import isolation
 from autotune.search.space import DEFAULT_BASELINE, complete
-from autotune.spec import study_file as study_file_
-from autotune.study import budget as budget_
+from autotune.spec.study_file import load
+from autotune.study.budget import trials_to_train
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import load_task
 from benchmarks.gpu_check.common import REPO, Setting, interleaved, median
@@ -84,11 +84,13 @@ def precision(setting: Setting, *, rounds: int = 3) -> tuple[dict[str, Any], lis
             "failures": [s["failed"] for s in runs if "failed" in s],
         }
     lines = [
-        f"| setting | samples/s | x fp32 | seconds a run ({limits.max_epochs:g} epoch, compile included) |",
+        "| setting | samples/s | x fp32 "
+        f"| seconds a run ({limits.max_epochs:g} epoch, compile included) |",
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {name} | {_num(r['samples_per_second'], '.0f')} | {_num(r['vs_fp32'], '.2f')} | {_num(r['train_seconds'], '.2f')} |"
+        f"| {name} | {_num(r['samples_per_second'], '.0f')} | {_num(r['vs_fp32'], '.2f')} "
+        f"| {_num(r['train_seconds'], '.2f')} |"
         + (f" failed: {r['failures'][0]}" if r["failures"] else "")
         for name, r in rows.items()
     ]
@@ -125,7 +127,8 @@ def study(
         return (
             figures,
             [
-                f"`autotune run` failed (exit status {figures['exit_status']}): {figures['last_line']}"
+                f"`autotune run` failed (exit status {figures['exit_status']}): "
+                f"{figures['last_line']}"
             ],
             False,
         )
@@ -148,13 +151,13 @@ def confirm(
     the GPU's utilisation, input wait and peak memory: `autotune run` once the budget is spent."""
     study_file, storage, budget = _study_files(setting, objective)
     done = _trials_stored(setting, study_file, storage)
-    if (
-        done < budget
-    ):  # `autotune run` would first run the missing trials, past this stage's 8 minutes
+    # `autotune run` would first run the missing trials, past this stage's 8 minutes
+    if done < budget:
         return (
             {"trials_stored": done, "budget": budget},
             [
-                f"The study has {done} of its {budget} trials: run the study stage until it is finished, then this one."
+                f"The study has {done} of its {budget} trials: "
+                "run the study stage until it is finished, then this one."
             ],
             False,
         )
@@ -163,7 +166,8 @@ def confirm(
         return (
             figures,
             [
-                f"`autotune run` failed (exit status {figures['exit_status']}): {figures['last_line']}"
+                f"`autotune run` failed (exit status {figures['exit_status']}): "
+                f"{figures['last_line']}"
             ],
             False,
         )
@@ -172,10 +176,14 @@ def confirm(
     gpu = telemetry.get("gpu") or {}
     lines = [
         f"winner: {best.get('label', 'none')} in {_num(best.get('time_to_target'), '.2f')} s "
-        f"(median of {best.get('runs')}, range {_num(best.get('min'), '.2f')}-{_num(best.get('max'), '.2f')} s); "
-        f"baseline {_num(baseline.get('time_to_target'), '.2f')} s: speedup {_num(summary.get('speedup'), '.2f')}x",
-        f"winner's hardware ({telemetry.get('source')}): {_num(telemetry.get('samples_per_second'), '.0f')} samples/s, "
-        f"input wait {_num(telemetry.get('input_wait'), '.0%')}, peak memory {_num(telemetry.get('peak_memory_mb'), '.0f')} MiB, "
+        f"(median of {best.get('runs')}, "
+        f"range {_num(best.get('min'), '.2f')}-{_num(best.get('max'), '.2f')} s); "
+        f"baseline {_num(baseline.get('time_to_target'), '.2f')} s: "
+        f"speedup {_num(summary.get('speedup'), '.2f')}x",
+        f"winner's hardware ({telemetry.get('source')}): "
+        f"{_num(telemetry.get('samples_per_second'), '.0f')} samples/s, "
+        f"input wait {_num(telemetry.get('input_wait'), '.0%')}, "
+        f"peak memory {_num(telemetry.get('peak_memory_mb'), '.0f')} MiB, "
         f"GPU busy {_num(gpu.get('util_mean'), '.0f')}% on average (NVML)",
     ]
     return {**figures, "speedup": summary.get("speedup")}, lines, best != {}
@@ -187,7 +195,8 @@ def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, 
     setting.results.mkdir(parents=True, exist_ok=True)
     if setting.cuda:
         study_file = REPO / "studies" / "shapes.yaml"
-    else:  # the same commands on a task that trains in seconds on a CPU: the plumbing, not the figures
+    else:
+        # the same commands on a task that trains in seconds on a CPU: the plumbing, not the figures
         study_file = setting.results / "gpu-check-shapes-cpu.yaml"
         study_file.write_text(SMALL_STUDY)
     raw = yaml.safe_load(study_file.read_text())
@@ -208,12 +217,13 @@ def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, 
     return (
         study_file,
         setting.results / f"{stem}-{setting.device.type}.db",
-        budget_.trials_to_train(study_file_.load(study_file)),
+        trials_to_train(load(study_file)),
     )
 
 
 def _trials_stored(setting: Setting, study_file: Path, storage: Path) -> int:
-    """How many of its trials the study has finished, from `autotune report --json`; 0 before it began."""
+    """How many of its trials the study has finished, from `autotune report --json`; 0 before it
+    began."""
     report = subprocess.run(
         [
             setting.python,
