@@ -1,4 +1,5 @@
-"""Command line: `autotune run | report | export | dashboard`. User errors become one line and exit 2."""
+"""Command line: `autotune run | report | export | dashboard`. User errors become one line and
+exit 2."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from autotune import __version__
+from autotune.arguments import build_parser, resume_command
 from autotune.errors import AutotuneError, StorageError
-from autotune.spec.sections import MAX_SECONDS, MAX_TRIALS
-from autotune.spec.study_file import ISOLATION_MODES
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     import optuna
@@ -26,185 +25,26 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
     from autotune.spec.study_file import StudySpec
 
 
-def _argument(
-    convert: Callable[[str], Any], accepts: Callable[[Any], bool], expected: str
-) -> Callable[[str], Any]:
-    """An argparse type: `text` converted, and refused with what is accepted unless `accepts` it."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not accepts(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, but got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _argument(int, lambda v: v >= 1, "a whole number of at least 1")
-_trials = _argument(int, lambda v: 1 <= v <= MAX_TRIALS, f"a whole number from 1 to {MAX_TRIALS:,}")
-_seconds = _argument(
-    float,
-    lambda v: 0 < v <= MAX_SECONDS,
-    f"a number of seconds greater than 0 and at most {MAX_SECONDS:,.0f}",
-)
-_port = _argument(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="autotune",
-        description="Find the fastest PyTorch training settings that reach your target.",
-    )
-    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    run = commands.add_parser("run", help="run (or resume) the study a study file describes")
-    run.add_argument("study", help="study file (.yaml)")
-    run.add_argument(
-        "--trials",
-        type=_trials,
-        metavar="N",
-        help="finished trials to reach in total, counting earlier runs",
-    )
-    run.add_argument(
-        "--timeout", type=_seconds, metavar="S", help="seconds after which no new trial starts"
-    )
-    run.add_argument(
-        "--storage",
-        metavar="URL",
-        help="database URL (default: the study file's, or a SQLite file beside it)",
-    )
-    run.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=1,
-        metavar="K",
-        help="worker processes on this machine (needs a journal:/// or database-server storage)",
-    )
-    run.add_argument(
-        "--isolation",
-        choices=ISOLATION_MODES,
-        help="run each trial in a fresh child process (killed when it hangs past budget.trial_timeout), "
-        "in a child kept warm between trials, or in this one; auto: process on CUDA, none on CPU",
-    )
-    run.add_argument(
-        "--as-worker", type=int, metavar="I", help=argparse.SUPPRESS
-    )  # set by --workers
-    run.add_argument(
-        "--allow-changes",
-        action="store_true",
-        help="go on with a study whose task, target, space, limits or device changed since it began",
-    )
-    run.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress on stderr (bars on a terminal, else a line per trial); notices, errors and the report still print",
-    )
-
-    report = commands.add_parser(
-        "report", help="summarize a study from its storage, without training"
-    )
-    report.add_argument(
-        "study",
-        nargs="?",
-        help="study file (.yaml); or, for a study with none, --storage and --study",
-    )
-    report.add_argument("--json", action="store_true", help="print the summary as JSON")
-    report.add_argument(
-        "--html",
-        metavar="PATH",
-        help="also write the report as one self-contained HTML page with plots",
-    )
-    report.add_argument(
-        "--csv",
-        metavar="PATH",
-        help="also write every trial, its parameters and measurements, as CSV",
-    )
-    report.add_argument("--storage", metavar="URL", help="database URL")
-    report.add_argument(
-        "--study",
-        dest="study_name",
-        metavar="NAME",
-        help="with --storage and no study file: the study of that name (one autotune.tune() ran)",
-    )
-    report.add_argument(
-        "--force",
-        action="store_true",
-        help="let --csv and --html write over a file autotune did not write (never the study file or its storage)",
-    )
-
-    from autotune.export import FORMATS  # a light import: the formats render text only
-
-    export = commands.add_parser(
-        "export",
-        help="write the winning configuration",
-        description="Write the winning configuration in another tool's terms. Formats: yaml, json: "
-        "the flat settings; lightning: JSON sections for lightning.Trainer, DataLoader, "
-        "optimizer and LR scheduler; hf: JSON keyword arguments for "
-        "transformers.TrainingArguments; torch: a plain PyTorch module; args: one line "
-        "of command-line flags. What a trainer has no equivalent for is named in notes.",
-    )
-    export.add_argument(
-        "study",
-        nargs="?",
-        help="study file (.yaml); or, for a study with none, --storage and --study",
-    )
-    export.add_argument("--format", required=True, choices=FORMATS)
-    export.add_argument("-o", "--output", help="file to write (default: standard output)")
-    export.add_argument("--storage", metavar="URL", help="database URL")
-    export.add_argument(
-        "--study",
-        dest="study_name",
-        metavar="NAME",
-        help="with --storage and no study file: the study of that name (one autotune.tune() ran)",
-    )
-    export.add_argument(
-        "--force",
-        action="store_true",
-        help="let -o write over a file that is not an earlier export (never the study file or its storage)",
-    )
-
-    dashboard = commands.add_parser(
-        "dashboard",
-        help="browse the study in optuna-dashboard (optional extra: autotune[dashboard])",
-    )
-    dashboard.add_argument("study", help="study file (.yaml)")
-    dashboard.add_argument("--storage", metavar="URL", help="database URL")
-    dashboard.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default: %(default)s, this machine only)",
-    )
-    dashboard.add_argument(
-        "--port", type=_port, default=8080, help="port to listen on (default: %(default)s)"
-    )
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             return _command(argv)
         finally:
-            sys.stdout.flush()  # here, not at exit, where a closed pipe could only be reported as a traceback
+            # here, not at exit, where a closed pipe could only be reported as a traceback
+            sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (`autotune report ... | head`): what it did not read is no error of
         # ours. Exit as a process that SIGPIPE stopped, as other command-line tools do.
-        os.dup2(
-            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
-        )  # Python flushes stdout once more at exit
+        # Python flushes stdout once more at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt as interrupt:
         # Ctrl-C while torch imports or a study is read, before a run's own handler is in place:
         # one line, never a traceback. A run that began says what it saved itself.
         from autotune import signals
 
-        if (
-            signals.WORKERS_PARENT not in os.environ
-        ):  # a worker's parent says it once for all of them
+        # a worker's parent says it once for all of them
+        if signals.WORKERS_PARENT not in os.environ:
             print(f"\nautotune: interrupted ({signals.name(interrupt)})", file=sys.stderr)
         return signals.exit_code(interrupt)
 
@@ -227,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autotune import progress, signals
     from autotune.report import results
     from autotune.spec.study_file import load
-    from autotune.study import preparation, storage, workers
+    from autotune.study import preparation, storage
     from autotune.study.run import run_sequence
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
@@ -241,9 +81,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
+    run_trials = _in_workers(args, spec)
+    try:
+        study = run_sequence(
+            spec, prepared, allow_changes=args.allow_changes, run_trials=run_trials
+        )
+    except KeyboardInterrupt as interrupt:
+        print(
+            f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved "
+            f"in {spec.storage}.\nResume with: {resume_command(args)}",
+            file=sys.stderr,
+        )
+        return signals.exit_code(interrupt)
+    except Exception as exc:
+        if not storage.disk_full(exc):
+            raise
+        raise _disk_full(args, spec) from None
+    print(_report_text(spec, study))
+    failed = results.all_failed(study.get_trials(deepcopy=False))
+    if failed:
+        print(f"autotune: {failed}", file=sys.stderr)
+        return 1
+    progress.tell(
+        "autotune: plots, telemetry and per-class figures: "
+        f"autotune report {shlex.quote(args.study)} --html report.html"
+    )
+    return 0
+
+
+def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[], None] | None:
+    """What runs the trials in the processes of `--workers`, as many as can be used (args.workers
+    says how many, for the command that resumes); None where one process runs them all."""
+    from autotune.study import workers
+
     workers.check_storage(spec, args.workers)
     args.workers = workers.usable(spec, args.workers)
-    in_workers = functools.partial(
+    if args.workers == 1:
+        return None
+    return functools.partial(
         workers.run_workers,
         spec,
         study_file=args.study,
@@ -254,75 +129,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             *(["--quiet"] if args.quiet else []),
         ],
     )
-    try:
-        study = run_sequence(
-            spec,
-            prepared,
-            allow_changes=args.allow_changes,
-            run_trials=in_workers if args.workers > 1 else None,
-        )
-    except KeyboardInterrupt as interrupt:
-        print(
-            f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved in {spec.storage}.\n"
-            f"Resume with: {resume_command(args)}",
-            file=sys.stderr,
-        )
-        return signals.exit_code(interrupt)
-    except Exception as exc:
-        if not storage.disk_full(exc):
-            raise
-        # SQLite rolled the failed write back: what was stored stays whole, and the trial that was
-        # being written is marked interrupted and run again by the next start.
-        raise StorageError(
-            f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
-            f"before is saved. Free some space, then resume with: {resume_command(args)}"
-        ) from None
-    print(_report_text(spec, study))
-    failed = results.all_failed(study.get_trials(deepcopy=False))
-    if failed:
-        print(f"autotune: {failed}", file=sys.stderr)
-        return 1
-    progress.tell(
-        f"autotune: plots, telemetry and per-class figures: autotune report {shlex.quote(args.study)} --html report.html"
+
+
+def _disk_full(args: argparse.Namespace, spec: StudySpec) -> StorageError:
+    """The error for a run whose storage found the disk full."""
+    # SQLite rolled the failed write back: what was stored stays whole, and the trial that was
+    # being written is marked interrupted and run again by the next start.
+    return StorageError(
+        f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
+        f"before is saved. Free some space, then resume with: {resume_command(args)}"
     )
-    return 0
-
-
-def resume_command(args: argparse.Namespace) -> str:
-    """The `autotune run` that goes on where this one stopped: the same options, quoted for a shell."""
-    options = [
-        ("--trials", args.trials),
-        ("--timeout", args.timeout),
-        ("--storage", args.storage),
-        ("--workers", args.workers if args.workers > 1 else None),
-        ("--isolation", args.isolation),
-    ]
-    words = ["autotune", "run", args.study]
-    for name, value in options:
-        if value is not None:
-            words += [name, f"{value:g}" if isinstance(value, float) else str(value)]
-    words += [
-        flag
-        for flag, given in (("--allow-changes", args.allow_changes), ("--quiet", args.quiet))
-        if given
-    ]
-    return shlex.join(words)
 
 
 def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
     """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
     from autotune import signals
-    from autotune.study import preparation, runner_lock, storage, workers
+    from autotune.study import run_plan, runner_lock, storage, workers
     from autotune.study.run import run_study
 
     if spec.storage.startswith("sqlite"):
         raise AutotuneError(
-            f"{spec.path}: --as-worker is for the processes that --workers starts, on a shared storage"
+            f"{spec.path}: --as-worker is for the processes that --workers starts, "
+            f"on a shared storage"
         )
     workers.die_with_parent()
     try:
         with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            run_study(spec, preparation.as_begun(spec, prepared), worker=args.as_worker)
+            study = storage.open_study(spec, create=True)
+            plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
+            run_study(spec, plan, study, worker=args.as_worker)
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)
     return 0
@@ -407,7 +242,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     """The study a report or an export is of, opened: its study file's, or (--storage and --study,
     for a study with no file) the one its storage describes. A file that no longer says what the
-    stored study began with gets a notice: the report reads the stored trials by the file's target."""
+    stored study began with gets a notice: the report reads the stored trials by the file's
+    target."""
     from autotune.record import definition, schema
     from autotune.spec.study_file import load
     from autotune.study import storage
@@ -430,8 +266,8 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     study = storage.open_study(spec, create=False)
     for change in definition.drifted(schema.definition(study.user_attrs), spec):
         print(
-            f"autotune: notice: {spec.path}: differs from the stored study {spec.name!r} in {change}; "
-            f"its trials are read by the file's target and limits",
+            f"autotune: notice: {spec.path}: differs from the stored study {spec.name!r} "
+            f"in {change}; its trials are read by the file's target and limits",
             file=sys.stderr,
         )
     return spec, study

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))  # so that benchmarks.trivial imports, here and in
 from autotune.record import schema
 from autotune.spec import study_file
 from autotune.study import preparation
-from autotune.study import run as study_
+from autotune.study.run import run_sequence
 from benchmarks.provenance import RESULTS, provenance
 
 MODES = ("none", "process", "warm")
@@ -69,7 +69,7 @@ def run_study(
     )
     prepared = preparation.prepare(spec)
     started = time.perf_counter()
-    study = study_.run_study(spec, prepared)
+    study = run_sequence(spec, prepared)
     wall = time.perf_counter() - started
     train = sum(
         schema.measured(t)["train_seconds"] for t in study.get_trials() if t.state.is_finished()

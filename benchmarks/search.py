@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.study.run import tpe_sampler  # noqa: E402
+from autotune.study.sampler import tpe_sampler  # noqa: E402
 from benchmarks.grid import GRID, key  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS  # noqa: E402
 
@@ -114,7 +114,7 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     from autotune.spec import study_file
     from autotune.spec.checks import read_yaml
     from autotune.study import preparation
-    from autotune.study import run as study_
+    from autotune.study.begin import run_probe
 
     raw = read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
@@ -122,7 +122,7 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
         raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:"
     )
     prepared = preparation.prepare(spec)
-    return study_.run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
+    return run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
 
 
 def searched_space(

@@ -497,6 +497,6 @@ def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) 
 def test_the_resume_line_repeats_every_option_and_quotes_paths(
     argv: list[str], expected: str
 ) -> None:
-    from autotune.cli import build_parser, resume_command
+    from autotune.arguments import build_parser, resume_command
 
     assert resume_command(build_parser().parse_args(argv)) == expected

@@ -66,7 +66,7 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     refuse; a new study searches them."""
     import optuna
 
-    from autotune.study import preparation
+    from autotune.study import preparation, run_plan
 
     path = tmp_path / "study.yaml"
     path.write_text(HEAD + "device: cpu\n")
@@ -80,11 +80,11 @@ def test_a_study_begun_before_the_systems_knobs_goes_on_without_them(tmp_path: P
     stored = optuna.create_study(study_name=spec.name, storage=spec.storage)
     stored.set_user_attr("definition", old)
 
-    resumed = preparation.as_begun(spec, preparation.prepare(spec))
+    resumed = run_plan.as_begun(spec, preparation.prepare(spec), stored)
     assert resumed.space["channels_last"] == Choices((False,))
     assert any(
         n.startswith("channels_last fixed to false: study 'study' began before")
         for n in resumed.notices
     )
     assert resumed.definition == old
-    assert preparation.check_unchanged(spec, resumed, allow_changes=False) == []
+    assert run_plan.check_unchanged(spec, resumed, stored, allow_changes=False) == []

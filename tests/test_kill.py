@@ -663,3 +663,35 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_kill_while_optuna_makes_its_tables_leaves_a_file_the_next_run_takes_up(
+    tmp_path: Path,
+) -> None:
+    """SQLite makes Optuna's tables one at a time: a kill among them leaves some. That file is
+    still the study's, not 'a database of something else', and the next run completes it."""
+    from autotune.spec import study_file
+    from autotune.study import storage
+
+    path = write_study(tmp_path, trials=1)
+    database = path.with_suffix(".db")
+    dies_among_the_tables = (
+        "import os, signal, sqlalchemy, optuna\n"
+        "from optuna.storages._rdb import models\n"
+        "@sqlalchemy.event.listens_for(models.TrialModel.__table__, 'after_create')\n"
+        "def die(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"optuna.storages.RDBStorage('sqlite:///{database}')\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", dies_among_the_tables], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    def tables() -> set[str]:
+        with sqlite3.connect(database) as connection:
+            rows = connection.execute("select name from sqlite_master where type = 'table'")
+            return {row[0] for row in rows}
+
+    partial = tables()
+    assert "trials" in partial and partial < storage.OPTUNA_TABLES
+    study = storage.open_study(study_file.load(path), create=True)
+    assert tables() >= storage.OPTUNA_TABLES and study.get_trials() == []

@@ -653,13 +653,13 @@ def test_loader_workers_beyond_this_machines_cores_are_removed_with_a_notice(
     import yaml
 
     from autotune.spec import study_file
-    from autotune.study import preparation
+    from autotune.study import feasibility, preparation
 
     path = write_study(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["space"]["num_workers"] = [0, 2, 8, 16]
     path.write_text(yaml.safe_dump(raw))
-    monkeypatch.setattr(preparation, "cpu_count", lambda: 2)
+    monkeypatch.setattr(feasibility, "cpu_count", lambda: 2)
     prepared = preparation.prepare(study_file.load(path))
     assert prepared.space["num_workers"].values == (0, 2, 8)
     assert (

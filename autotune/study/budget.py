@@ -61,7 +61,8 @@ def slots_before(
     Workers each check the budget before they ask for a trial, so two of them can both take the
     last slot; the trial numbers order them, and the later one is surplus. Called after the
     trial's parameters are written, by when every earlier trial's creation has been committed.
-    `trials`: a read that is known to be current (a process running alone); else the storage is read.
+    `trials`: a read that is known to be current (a process running alone); else the storage is
+    read.
     """
     trials = study.get_trials(deepcopy=False) if trials is None else trials
     return sum(1 for t in trials if t.number < number and _holds_slot(t))

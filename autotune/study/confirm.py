@@ -4,14 +4,21 @@ interleaved, so that all see the same machine load; what the runs mean is record
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import optuna
 import torch
 
-from autotune.record import runs
+from autotune import progress, signals
+from autotune.record import runs, schema, seeds, verdict
 from autotune.record.verdict import BASELINE, baseline_resolved
 from autotune.runners.isolation import RunTrial, TrialFailure
+from autotune.search.space import complete
+from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET, StudySpec
+from autotune.study.budget import finished_count
+from autotune.study.preparation import Prepared, limits_for
 from autotune.train.config import Limits, TrialConfig
 
 
@@ -47,3 +54,94 @@ def measure(
             if on_run is not None:
                 on_run()
     return records
+
+
+def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> dict[str, Any] | None:
+    """Re-run the best feasible configurations and the baseline on fresh seeds; store the outcome.
+
+    Reused without training when the stored confirmation covers the same finished trials.
+    """
+    if spec.confirm.top == 0 or spec.confirm.runs == 0:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    top = sorted((t for t in trials if schema.is_feasible(t)), key=lambda t: (t.value, t.number))
+    top = top[: spec.confirm.top]
+    if not top:
+        return None
+    after = finished_count(trials)
+    numbers = [t.number for t in top]
+    stored = schema.confirmation(study.user_attrs)
+    if _still_holds(spec, stored, after=after, numbers=numbers):
+        return stored
+    candidates, twin = _candidates(spec, prepared, {t.number: schema.config(t) for t in top})
+    fresh_seeds = seeds.fresh(spec.seed, spec.confirm.runs)
+    # Told apart by time to target only: a fixed schedule's runs all take about as long.
+    until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
+    total = len(fresh_seeds) * len(candidates)
+    with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
+        with signals.interruptible():
+            records = measure(
+                prepared.run_trial,
+                candidates,
+                seeds=fresh_seeds,
+                limits=limits_for(spec),
+                device=prepared.device,
+                on_run=lambda: (bar.update(1), signals.check()),
+                until_resolved=until_resolved,
+            )
+    outcome = {
+        "after_trials": after,
+        "trials": numbers,
+        "configs": candidates,
+        "seeds": fresh_seeds,
+        "runs": records,
+        "objective": spec.objective,
+        "target": spec.target.value,
+        "baseline_resolved_by": verdict.RESOLVED_BY if until_resolved else None,
+        "precision_checked": spec.confirm.precision,
+    }
+    predicted = {
+        verdict.label(t.number): t.value
+        for t in top
+        if schema.prediction(t) is not None and verdict.label(t.number) in candidates
+    }
+    if predicted:  # goodput: the search's predicted times, to set beside the measured ones
+        outcome["predicted"] = predicted
+    if twin is not None:
+        fastest = verdict.label(numbers[0])
+        precision = candidates[fastest]["precision"]
+        outcome["precision_effect"] = verdict.precision_effect(records, fastest, precision)
+    schema.record_confirmation(study, json.loads(json.dumps(outcome)))
+    return outcome
+
+
+def _still_holds(
+    spec: StudySpec, stored: Mapping[str, Any] | None, *, after: int, numbers: list[int]
+) -> bool:
+    """Whether the stored confirmation measured these trials, after as many, as the file asks."""
+    return bool(
+        stored
+        and stored.get("after_trials") == after
+        and stored.get("trials") == numbers
+        and stored.get("objective", TIME_TO_TARGET) == spec.objective
+        and stored.get("precision_checked", False) == spec.confirm.precision
+    )
+
+
+def _candidates(
+    spec: StudySpec, prepared: Prepared, configs: Mapping[int, dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], tuple[str, dict[str, Any]] | None]:
+    """The baseline and the trials by label, and the fastest's fp32 twin where asked for. A trial
+    that is the baseline (its first trial, or a sampled twin) is measured once, as the baseline."""
+    baseline = complete(prepared.baseline)
+    candidates = {verdict.BASELINE: prepared.baseline}
+    candidates.update({verdict.label(n): c for n, c in configs.items() if c != baseline})
+    fastest = verdict.label(next(iter(configs)))
+    twin = (
+        verdict.fp32_twin(fastest, candidates[fastest])
+        if spec.confirm.precision and fastest in candidates
+        else None
+    )
+    if twin is not None:
+        candidates[twin[0]] = twin[1]
+    return candidates, twin

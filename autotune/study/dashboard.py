@@ -41,7 +41,8 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     storage.open_study(spec, create=False)  # raises StorageError when there is nothing to show
     store: Any = storage.make_storage(spec, create=False)
     print(
-        f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} (Ctrl-C to stop)",
+        f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} "
+        "(Ctrl-C to stop)",
         flush=True,
     )
     try:

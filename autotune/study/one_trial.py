@@ -1,7 +1,8 @@
 """One trial of a study: ask for a configuration, settle it without training where that is known
 (surplus, the OOM boundary), train it (stopped once it can no longer beat the incumbent), tell.
 
-run.py runs the loop around it. What every trial of a study shares is one `Policy`.
+run.py runs the loop around it; trial_runs.py trains the trial's runs. What every trial of a
+study shares is one `Policy`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import optuna
 import torch
 
-from autotune import progress, signals
+from autotune import progress
 from autotune.record import objectives, schema, seeds
 from autotune.record import runs as stored_runs
 from autotune.runners import isolation
@@ -20,9 +21,9 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import storage, throughput_phase
+from autotune.study import storage, throughput_phase, trial_runs
 from autotune.study.budget import finished_count, mark_surplus, slots_before
-from autotune.train.config import Limits, TrialConfig, TrialResult
+from autotune.train.config import Limits, TrialResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +40,10 @@ class Policy:
     prune: bool = False  # stop a trial once its training passes the incumbent's time
     objective: objectives.Objective = objectives.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
-    plan: throughput_phase.Plan | None = (
-        None  # goodput: how a trial's maths trains, and its time from its samples
-    )
-    train_samples: int | None = (
-        None  # the task's training set, where autotune trains it: no effective batch may exceed it
-    )
+    # goodput: how a trial's maths trains, and its time from its samples
+    plan: throughput_phase.Plan | None = None
+    # the task's training set, where autotune trains it: no effective batch may exceed it
+    train_samples: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +68,8 @@ def run_one(
     """Ask for a configuration, train it once per replicate, tell the outcome (objective.py).
     OOM -> PRUNED, other errors -> FAIL; with `policy.prune`, a trial whose training clock passes
     the best time so far (over all its replicates) -> PRUNED. `known`: the study's trials as read
-    just before (the incumbent and the OOM boundary); with `alone` (no other worker), also the budget."""
+    just before (the incumbent and the OOM boundary); with `alone` (no other worker), also the
+    budget."""
     trial = study.ask()
     asked.append(trial.number)
     # this trial included; read before the ask, so other workers' latest may be missing
@@ -97,7 +97,7 @@ def run_one(
             _tell_failure(study, trial, failure, policy, before)
             return
         run_seeds = seeds.replicates(trial_seed, policy.replicates)
-        runs, failure = _train(trial.number, trained, run_seeds, policy, before.incumbent)
+        runs, failure = trial_runs.train(trial.number, trained, run_seeds, policy, before.incumbent)
         if failure is not None:
             _tell_failure(study, trial, failure, policy, before)
         else:
@@ -150,10 +150,13 @@ def _settled_unrun(
         return True
     effective = config["batch_size"] * config["accumulation_steps"]
     if policy.train_samples is not None and effective > policy.train_samples:
-        # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than one epoch a step
+        # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than
+        # one epoch a step
         reason = (
-            f"pruned: an effective batch of {effective} ({config['batch_size']} x {config['accumulation_steps']}) "
-            f"is larger than the {policy.train_samples} training samples; it cannot take one optimizer step an epoch"
+            f"pruned: an effective batch of {effective} "
+            f"({config['batch_size']} x {config['accumulation_steps']}) "
+            f"is larger than the {policy.train_samples} training samples; "
+            f"it cannot take one optimizer step an epoch"
         )
         schema.record_pruned(trial, reason=reason, seconds=None)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -174,86 +177,6 @@ def _settled_unrun(
         standing=_where(study, policy, before, before.incumbent),
     )
     return True
-
-
-def _train(
-    number: int,
-    config: dict[str, Any],
-    seeds: list[int],
-    policy: Policy,
-    best: tuple[float, int] | None,
-) -> tuple[list[TrialResult], isolation.TrialFailure | isolation.Pruned | None]:
-    """Trial `number`'s runs, one per seed it gets, and what stopped them, if anything did."""
-    bar = progress.bar(
-        f"trial {number}",
-        unit="step",
-        leave=False,
-        announce=False,
-        every=progress.LINE_EVERY_SECONDS,
-    )
-    done = 0.0  # the trial's finished runs on the objective's clock
-    trained = 0.0  # their training seconds
-    # The runs the trial's time is the mean of: all replicates under fixed_schedule; under
-    # time_to_target one, and more only once its first run beats the best (objective.runs_for).
-    planned = policy.objective.first_runs(policy.replicates)
-    predict = policy.plan.predict(config) if policy.plan is not None else None
-    effective = config["batch_size"] * config["accumulation_steps"]
-
-    def clock(steps: int, seconds: float) -> float:
-        """A run's progress on the objective's clock: its training seconds, or under goodput the
-        predicted seconds of the samples it has trained (which a busy machine cannot stretch)."""
-        return seconds if predict is None else predict(steps * effective)
-
-    def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
-        signals.check()
-        bar.total = total
-        bar.update(steps - bar.n)
-        if metric is not None:
-            bar.set_postfix_str(f"{policy.metric_name}={metric:.4f}", refresh=False)
-        # Once the planned runs' time passes `planned` times the incumbent's, their mean can only
-        # be longer than the incumbent's.
-        spent = done + clock(steps, seconds)
-        if policy.prune and best is not None and spent > best[0] * planned:
-            runs = f" over {planned} runs" if planned > 1 else ""
-            what = "of training" if predict is None else "predicted for the samples trained"
-            raise isolation.Pruned(
-                f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
-                f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
-                f"it can no longer win",
-                seconds=trained + seconds,
-            )
-
-    runs: list[TrialResult] = []
-    limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
-    try:
-        with signals.interruptible():
-            while len(runs) < planned:
-                progress.restart(
-                    bar, note=f"seed {len(runs) + 1} of {planned}" if planned > 1 else ""
-                )
-                runs.append(
-                    policy.run_trial(
-                        TrialConfig.from_mapping(config),
-                        limits=limits,
-                        device=policy.device,
-                        seed=seeds[len(runs)],
-                        progress=on_progress,
-                    )
-                )
-                done += clock(runs[-1].optimizer_steps or 0, runs[-1].train_seconds)
-                trained += runs[-1].train_seconds
-                if len(runs) == 1:
-                    planned = policy.objective.runs_for(
-                        runs[0],
-                        replicates=policy.replicates,
-                        incumbent=None if best is None else best[0],
-                        predict=predict,
-                    )
-    except (isolation.TrialFailure, isolation.Pruned) as failure:
-        return runs, failure
-    finally:
-        bar.close()  # before any message, also when a signal stops the run
-    return runs, None
 
 
 def _tell_failure(
@@ -291,7 +214,8 @@ def _tell_outcome(
     policy: Policy,
     before: Before,
 ) -> None:
-    """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's time."""
+    """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's
+    time."""
     first = runs[0][0]
     config = schema.config(trial)
     predict = policy.plan.predict(config) if policy.plan is not None else None
@@ -318,9 +242,11 @@ def _tell_outcome(
     if feasible and (best is None or outcome.value < best[0]):
         best = (outcome.value, trial.number)
     timed = "predicted" if policy.plan is not None and feasible else "complete in"
+    short = "" if feasible else ", short of the target"
+    mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     progress.tell(
-        f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, {policy.metric_name} {outcome.metric:.4f}"
-        f"{'' if feasible else ', short of the target'}{f' (mean of {len(runs)} runs)' if len(runs) > 1 else ''}",
+        f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, "
+        f"{policy.metric_name} {outcome.metric:.4f}{short}{mean}",
         standing=_where(study, policy, before, best),
         routine=True,
     )

@@ -15,17 +15,16 @@ import torch
 from torch import nn
 
 from autotune import progress
-from autotune.errors import AutotuneError, SpecError
-from autotune.record import definition, objectives, schema
+from autotune.errors import SpecError
+from autotune.record import definition, objectives
 from autotune.runners import command, isolation, warm
 from autotune.search import devices
-from autotune.search.space import KNOBS, Choices, Domain, Range, Space
+from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
-from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec, options
-from autotune.study import storage
+from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
+from autotune.study import feasibility
 from autotune.train import systems
 from autotune.train.config import Limits
-from autotune.train.measure import cpu_count
 from autotune.train.tasks import Task, load_task, takes
 
 
@@ -85,11 +84,11 @@ def prepare(
     in_memory = task is not None or objective is not None
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
-        check_datasets(spec, task)
+        feasibility.check_datasets(spec, task)
     space, baseline, notices = fit_to_device(spec, device, task)
     if task is not None and objective is None:
-        check_task(spec, space, task)
-        space = check_feasible(spec, space, baseline, task, notices)
+        feasibility.check_task(spec, space, task)
+        space = feasibility.check_feasible(spec, space, baseline, task, notices)
     prepared = functools.partial(
         Prepared,
         device=device,
@@ -129,31 +128,13 @@ def prepare(
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
     if mode == "none" and spec.budget.trial_timeout_given:
+        where = "a task given as a Python object" if in_memory else "isolation: " + spec.isolation
         notices.append(
-            f"budget.trial_timeout ({spec.budget.trial_timeout:g} s) does not apply: trials run in this process "
-            f"({'a task given as a Python object' if in_memory else 'isolation: ' + spec.isolation}), where a "
-            f"hung trial cannot be stopped; isolation: warm or process runs each in a child that can be"
+            f"budget.trial_timeout ({spec.budget.trial_timeout:g} s) does not apply: trials run "
+            f"in this process ({where}), where a hung trial cannot be stopped; isolation: warm or "
+            f"process runs each in a child that can be"
         )
-    # The phase measures every setting in one process: a trial's limit for each group of them.
-    measure_hang_after = PHASE_HANG_FACTOR * spec.budget.trial_timeout
-    if mode == "process":
-        run_trial = isolation.in_child(
-            spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout
-        )
-        measure = isolation.measure_in_child(
-            spec.task, study_path=spec.path, hang_after=measure_hang_after
-        )
-    elif mode == "warm":
-        kept = warm.WarmChild(
-            spec.task,
-            study_path=spec.path,
-            hang_after=spec.budget.trial_timeout,
-            measure_hang_after=measure_hang_after,
-            notice=progress.tell,
-        )
-        run_trial, measure = kept.run_trial, kept.measure
-    else:
-        run_trial, measure = isolation.in_process(task), isolation.measure_in_process(task)
+    run_trial, measure = _runners(spec, mode, task)
     return prepared(
         task=task,
         isolation=mode,
@@ -163,145 +144,38 @@ def prepare(
     )
 
 
+def _runners(
+    spec: StudySpec, mode: str, task: Task
+) -> tuple[isolation.RunTrial, isolation.Measure]:
+    """What trains a trial and what measures the systems settings, under isolation `mode`."""
+    # The phase measures every setting in one process: a trial's limit for each group of them.
+    measure_hang_after = PHASE_HANG_FACTOR * spec.budget.trial_timeout
+    if mode == "process":
+        run_trial = isolation.in_child(
+            spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout
+        )
+        measure = isolation.measure_in_child(
+            spec.task, study_path=spec.path, hang_after=measure_hang_after
+        )
+        return run_trial, measure
+    if mode == "warm":
+        kept = warm.WarmChild(
+            spec.task,
+            study_path=spec.path,
+            hang_after=spec.budget.trial_timeout,
+            measure_hang_after=measure_hang_after,
+            notice=progress.tell,
+        )
+        return kept.run_trial, kept.measure
+    return isolation.in_process(task), isolation.measure_in_process(task)
+
+
 PHASE_HANG_FACTOR = 4  # a group of the throughput phase may take this many trials' wall-clock limit
 
 
 def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
     params = {k: v for k, v in baseline.items() if k not in KNOBS}
     return systems.has_batch_norm(task.model(**takes(task.model, params)))
-
-
-def check_datasets(spec: StudySpec, task: Task) -> None:
-    """Both sets map-style Datasets: autotune counts them (epochs, the largest batch) and samples
-    them by index (seeded shuffles, the validation pass)."""
-    for which, data in (("training", task.train), ("validation", task.val)):
-        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-            raise SpecError(
-                spec.path,
-                "task",
-                spec.task,
-                f"the task's {which} set is {type(data).__name__}; autotune "
-                f"needs a map-style Dataset (with __len__ and __getitem__), such as a TensorDataset",
-            )
-
-
-def check_task(spec: StudySpec, space: Space, task: Task) -> None:
-    """The study's parameters and metric against what the task takes and measures."""
-    for name in task.unused(dict(space.params)):
-        raise SpecError(
-            spec.path,
-            f"space.params.{name}",
-            name,
-            f"neither the task's model factory nor its optimizer takes a parameter named {name}; "
-            f"add {name}=... to one of their signatures (or **kwargs)",
-        )
-    if spec.target.metric != task.metric_name:
-        raise SpecError(
-            spec.path,
-            "target.metric",
-            spec.target.metric,
-            f"task {spec.task} measures {task.metric_name!r}",
-        )
-    if len(task.val) == 0:  # every evaluation would fail, inside the training loop
-        raise SpecError(
-            spec.path,
-            "task",
-            spec.task,
-            "the task's validation set is empty: the target is measured on it; "
-            "give it at least one sample",
-        )
-
-
-MAX_WORKERS_PER_CORE = (
-    4  # loader workers beyond this only queue for the cores (and each holds memory)
-)
-
-
-def largest(domain: Domain) -> Any:
-    return domain.high if isinstance(domain, Range) else max(domain.values)
-
-
-def smallest(domain: Domain) -> Any:
-    return domain.low if isinstance(domain, Range) else min(domain.values)
-
-
-def check_feasible(
-    spec: StudySpec, space: Space, baseline: dict[str, Any], task: Task, notices: list[str]
-) -> Space:
-    """Values no trial could run with, on this machine or with this task: refused before the first
-    trial instead of failing every trial that draws them, or, for batch sizes the training set
-    cannot fill while smaller ones can, removed with a notice."""
-    cores = (
-        cpu_count()
-    )  # the cores this process may use (its affinity, as a scheduler or taskset gives it)
-    most = MAX_WORKERS_PER_CORE * cores
-    available = f"{cores} CPU core{'s are' if cores > 1 else ' is'} available to autotune here"
-    counts = space["num_workers"]
-    if smallest(counts) <= most < largest(counts):
-        # A study written for a bigger machine (16 workers on a GPU node) still runs on this one.
-        if isinstance(counts, Choices):
-            kept: Domain = Choices(tuple(w for w in counts.values if w <= most))
-            removed = ", ".join(str(w) for w in counts.values if w > most)
-        else:
-            high = int(counts.high)
-            kept, removed = (
-                dataclasses.replace(counts, high=most),
-                str(high) if high == most + 1 else f"{most + 1} to {high}",
-            )
-        notices.append(
-            f"num_workers {removed} removed from the search space: {available} "
-            f"(at most {MAX_WORKERS_PER_CORE} loader workers a core)"
-        )
-        space = space.replace("num_workers", kept)
-    for key, workers in (
-        ("space.num_workers", smallest(space["num_workers"])),
-        ("baseline.num_workers", baseline["num_workers"]),
-    ):
-        if workers > most:
-            raise SpecError(
-                spec.path,
-                key,
-                workers,
-                f"{available}: at most {most} loader workers ({MAX_WORKERS_PER_CORE} a core)",
-            )
-    samples, steps = len(task.train), smallest(space["accumulation_steps"])
-    if baseline["batch_size"] * baseline["accumulation_steps"] > samples:
-        raise SpecError(
-            spec.path,
-            "baseline.batch_size",
-            baseline["batch_size"],
-            f"the task has {samples} training samples: batch_size x accumulation_steps "
-            f"({baseline['batch_size']} x {baseline['accumulation_steps']}) must not exceed them",
-        )
-    batches = space["batch_size"]
-    if smallest(batches) * steps > samples:
-        raise SpecError(
-            spec.path,
-            "space.batch_size",
-            smallest(batches),
-            f"the task has {samples} training samples: "
-            f"batch_size x accumulation_steps ({smallest(batches)} x {steps}) must not exceed them",
-        )
-    if isinstance(batches, Choices) and largest(batches) * steps > samples:
-        kept = tuple(b for b in batches.values if b * steps <= samples)
-        notices.append(
-            f"batch_size {', '.join(str(b) for b in batches.values if b not in kept)} removed from the search space: "
-            f"the task has {samples} training samples"
-        )
-        space = space.replace("batch_size", Choices(kept))
-    elif isinstance(batches, Range) and batches.high * steps > samples:
-        high = samples // steps
-        notices.append(
-            f"batch_size {high + 1} to {batches.high:g} removed from the search space: the task has {samples} "
-            f"training samples"
-        )
-        space = space.replace(
-            "batch_size",
-            dataclasses.replace(batches, high=high)
-            if high > batches.low
-            else Choices((int(batches.low),)),
-        )
-    return space
 
 
 def fit_to_device(
@@ -358,60 +232,6 @@ def fit_to_device(
             if knob != "pin_memory":  # the baseline's pinning follows the device, as it always has
                 notices.append(f"baseline {knob} set to false: {reason}")
     return space, baseline, notices
-
-
-def as_begun(spec: StudySpec, prepared: Prepared) -> Prepared:
-    """`prepared` as the stored study began: one begun before a knob existed ran every trial
-    without it and goes on so, since one Optuna study cannot add a sampled knob. Adds a notice
-    for each knob it fixes. Reads the storage, so it runs after `prepare` has found every user
-    error, under the runner's lock."""
-    study = storage.read_study(spec)
-    stored = (schema.definition(study.user_attrs) or {}).get("space") if study is not None else None
-    if stored is None:
-        return prepared
-    space, notices = prepared.space, list(prepared.notices)
-    for name, knob in KNOBS.items():
-        fixed = Choices((knob.absent,))
-        if knob.absent is not None and name not in stored and space[name] != fixed:
-            space = space.replace(name, fixed)
-            notices.append(
-                f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before autotune "
-                f"searched it (give the study a new {options(spec)[0]} to search it)"
-            )
-    if space is prepared.space:
-        return prepared
-    return dataclasses.replace(
-        prepared,
-        space=space,
-        notices=notices,
-        definition=definition.describe(spec, space=space, device=prepared.device.type),
-    )
-
-
-def check_unchanged(spec: StudySpec, prepared: Prepared, *, allow_changes: bool) -> list[str]:
-    """The changes to the study's definition since it began; an error unless `allow_changes`.
-
-    Reads the storage without writing to it, so a refused run leaves it exactly as it was.
-    """
-    study = storage.read_study(spec)
-    stored = schema.definition(study.user_attrs) if study is not None else None
-    changed = definition.changes(stored, prepared.definition) if stored is not None else []
-    unmixable = definition.unmixable(stored, prepared.definition) if changed else []
-    if unmixable:
-        raise AutotuneError(
-            f"{spec.path}: the choices of {', '.join(f'space.{k}' for k in unmixable)} changed since study {spec.name!r} "
-            f"began in {spec.storage} ({'; '.join(c for c in changed if c.split(':')[0].removeprefix('space.') in unmixable)}); "
-            f"one Optuna study cannot mix trials over different choices: give the study a new {options(spec)[0]} "
-            f"to start afresh"
-        )
-    if changed and not allow_changes:
-        count = len(study.get_trials(deepcopy=False))
-        raise AutotuneError(
-            f"{spec.path}: the study file changed since study {spec.name!r} began in {spec.storage}: "
-            f"{'; '.join(changed)}. The {count} trial(s) stored were measured under the old settings; "
-            f"{options(spec)[1]} to add trials under the new ones, or give the study a new {options(spec)[0]}"
-        )
-    return changed
 
 
 def limits_for(spec: StudySpec) -> Limits:

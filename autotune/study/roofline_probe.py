@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from autotune import progress, signals
@@ -68,87 +69,38 @@ def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     ):
         try:
             outcome = _choose(spec, prepared, batch, bar)
-        except (
-            isolation.TrialFailure
-        ) as failure:  # the task failed: the search meets it trial by trial
+        except isolation.TrialFailure as failure:
+            # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
     return {**outcome, "seconds": time.monotonic() - started, **load.record()}
 
 
 def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[str, Any]:
+    """Rates measured apart, combinations predicted, the best few checked end to end, compile
+    weighed at the fastest: the probe's outcome."""
     space, device, measure = prepared.space, prepared.device, prepared.measure
     maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
-    loaders, computes = probe.loader_settings(space), compute_settings(space)
+    loaders = probe.loader_settings(space)
     seed = seeds.probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
         return TrialConfig.from_mapping(complete({**maths, **setting}))
 
-    # On a CPU the loader's workers take cores from the step: its rate is measured once for each
-    # thread count the loader settings leave it (recipe.training_threads). A GPU's step runs alike.
-    threads = {
-        s["num_workers"]: threads_for(s["num_workers"] if device.type == "cpu" else 0)
-        for s in loaders
-    }
-    workers_for = {
-        t: w for w, t in sorted(threads.items(), reverse=True)
-    }  # a thread count -> the fewest workers leaving it
-    keyed = {
-        f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
-    }
-    compute_rates: dict[str, rates.Rate] = {}
-    keys = list(keyed)
-    for start in range(0, len(keys), COMPUTE_GROUP):
-        signals.check()
-        group = {
-            k: config({**keyed[k][0], "num_workers": keyed[k][1]})
-            for k in keys[start : start + COMPUTE_GROUP]
-        }
-        compute_rates.update(measure(rates.measure, {}, group, device=device, seed=seed))
-        bar.update(len(group))
-    loader_rates: dict[str, rates.Rate] = {}
-    for start in range(0, len(loaders), LOADER_GROUP):
-        signals.check()
-        group = {
-            str(start + i): config({**computes[0], **s})
-            for i, s in enumerate(loaders[start : start + LOADER_GROUP])
-        }
-        loader_rates.update(measure(rates.measure, group, {}, device=device, seed=seed))
-        bar.update(len(group))
+    def measured(work: Any, *args: Any) -> dict[str, Any]:
+        return measure(work, *args, device=device, seed=seed)
 
-    def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
-        return compute_rates[
-            f"{computes.index(compute)}@{threads[loader['num_workers']]}"
-        ].samples_per_second
-
-    predictions = roofline.predict(
-        [(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
-        computes,
-        compute_rate,
+    predictions, figures = _predicted(
+        measured, loaders, compute_settings(space), config, on_cpu=device.type == "cpu", bar=bar
     )
-    figures = {
-        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
-        "compute_rates": [
-            {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
-            for k, (c, _) in keyed.items()
-        ],
-    }
     if not predictions:
-        return {
-            **_nothing_settled(batch, space, "no setting had both rates at that batch"),
-            **figures,
-        }
+        why = "no setting had both rates at that batch"
+        return {**_nothing_settled(batch, space, why), **figures}
     checked = roofline.to_check(
         predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1)
     )
-    measured = measure(
-        throughput.measure,
-        {str(i): config(p.setting) for i, p in enumerate(checked)},
-        device=device,
-        seed=seed,
-    )
+    ends = measured(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)})
     bar.update(len(checked))
-    speeds = [(p, measured[str(i)].samples_per_second) for i, p in enumerate(checked)]
+    speeds = [(p, ends[str(i)].samples_per_second) for i, p in enumerate(checked)]
     if not any(speed for _, speed in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
@@ -180,6 +132,76 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "moves": roofline.what_moves_it(predictions[0]),
         **({"compile": compiled} if compiled else {}),
     }
+
+
+def _predicted(
+    measured: Callable[..., dict[str, rates.Rate]],
+    loaders: list[dict[str, Any]],
+    computes: list[dict[str, Any]],
+    config: Callable[[dict[str, Any]], TrialConfig],
+    *,
+    on_cpu: bool,
+    bar: Any,
+) -> tuple[list[roofline.Prediction], dict[str, Any]]:
+    """Every loader setting's rate and every compute setting's, measured apart, and each pair's
+    predicted speed, fastest first; the rates as the outcome's figures."""
+    # On a CPU the loader's workers take cores from the step: its rate is measured once for each
+    # thread count the loader settings leave it (recipe.training_threads); a GPU's step runs alike.
+    threads = {s["num_workers"]: threads_for(s["num_workers"] if on_cpu else 0) for s in loaders}
+    # a thread count -> the fewest workers leaving it
+    workers_for = {t: w for w, t in sorted(threads.items(), reverse=True)}
+    keyed = {
+        f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
+    }
+    compute_rates = _in_groups(
+        lambda group: measured(rates.measure, {}, group),
+        {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
+        size=COMPUTE_GROUP,
+        bar=bar,
+    )
+    loader_rates = _in_groups(
+        lambda group: measured(rates.measure, group, {}),
+        {str(i): config({**computes[0], **s}) for i, s in enumerate(loaders)},
+        size=LOADER_GROUP,
+        bar=bar,
+    )
+
+    def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
+        return compute_rates[
+            f"{computes.index(compute)}@{threads[loader['num_workers']]}"
+        ].samples_per_second
+
+    predictions = roofline.predict(
+        [(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
+        computes,
+        compute_rate,
+    )
+    figures = {
+        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+        "compute_rates": [
+            {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
+            for k, (c, _) in keyed.items()
+        ],
+    }
+    return predictions, figures
+
+
+def _in_groups(
+    measure_group: Callable[[dict[str, TrialConfig]], dict[str, rates.Rate]],
+    configs: dict[str, TrialConfig],
+    *,
+    size: int,
+    bar: Any,
+) -> dict[str, rates.Rate]:
+    """`configs` measured `size` at a time, side by side: each holds its share of the machine."""
+    measured: dict[str, rates.Rate] = {}
+    keys = list(configs)
+    for start in range(0, len(keys), size):
+        signals.check()
+        group = {k: configs[k] for k in keys[start : start + size]}
+        measured.update(measure_group(group))
+        bar.update(len(group))
+    return measured
 
 
 def _weigh_compile(

@@ -108,7 +108,8 @@ def _runner_lock(
             if _still_at(lock, name):
                 yield lock
                 return
-            # Removed (and perhaps made anew) by the run that held it, between our open and our lock.
+            # Removed (and perhaps made anew) by the run that held it, between our open and our
+            # lock.
 
 
 def _still_at(lock: Any, name: Path) -> bool:
@@ -148,13 +149,14 @@ def _wait_for_earlier_workers(spec: StudySpec, path: Path, lock: Any) -> None:
             return
         if time.monotonic() > deadline:
             raise StorageError(
-                f"{spec.path}: storage {path}: workers of an earlier run of this study are still running "
-                f"after {WORKERS_GONE_SECONDS} s; stop them (they hold {path.name + SUFFIX}), "
-                f"then run the same command again"
+                f"{spec.path}: storage {path}: workers of an earlier run of this study are still "
+                f"running after {WORKERS_GONE_SECONDS} s; "
+                f"stop them (they hold {path.name + SUFFIX}), then run the same command again"
             )
         if not said:
             progress.say(
-                "autotune: waiting for the workers of an earlier, stopped run to mark their trials and exit"
+                "autotune: waiting for the workers of an earlier, stopped run to mark their trials "
+                "and exit"
             )
             said = True
         signals.check()

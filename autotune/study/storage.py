@@ -103,14 +103,8 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
         raise StorageError(
             f"{spec.path}: storage: no study database at {path}; run `autotune run {spec.path}` first"
         )
-    if (
-        path is not None
-        and create
-        and not os.access(path.parent if not path.exists() else path, os.W_OK)
-    ):
-        raise StorageError(
-            f"{spec.path}: storage: cannot write {path}; choose a writable place with --storage or storage:"
-        )
+    if create:
+        check_writable(spec)
     if url.startswith("sqlite:///") and path.is_file():
         _refuse_foreign_sqlite(spec, path)
     if url.startswith("journal:///") and path.is_file():
@@ -134,11 +128,23 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
         raise cannot_open(spec, exc) from None
 
 
+# The tables Optuna's RDB storage creates. A kill while it creates them leaves some: such a file
+# is still Optuna's, and opening it again creates the rest.
 OPTUNA_TABLES = {
+    "alembic_version",
     "studies",
+    "study_directions",
+    "study_system_attributes",
+    "study_user_attributes",
+    "trial_heartbeats",
+    "trial_intermediate_values",
+    "trial_params",
+    "trial_system_attributes",
+    "trial_user_attributes",
+    "trial_values",
     "trials",
     "version_info",
-}  # among the tables Optuna's RDB storage creates
+}
 
 
 def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
@@ -152,7 +158,7 @@ def _refuse_foreign_sqlite(spec: StudySpec, path: Path) -> None:
             }
     except sqlite3.Error:
         return
-    if tables and not OPTUNA_TABLES <= tables:
+    if tables and not tables & OPTUNA_TABLES:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise StorageError(
             f"{spec.path}: storage: {path} is an SQLite database of something else (tables: {shown}), "
@@ -276,6 +282,16 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
         ),
     }
     return from_mapping(raw, path=where, storage=url)
+
+
+def check_writable(spec: StudySpec) -> None:
+    """A local storage file (or the folder it is to be made in) this process can write."""
+    path = local_path(spec.storage)
+    if path is not None and not os.access(path.parent if not path.exists() else path, os.W_OK):
+        raise StorageError(
+            f"{spec.path}: storage: cannot write {path}; "
+            f"choose a writable place with --storage or storage:"
+        )
 
 
 def read_study(spec: StudySpec) -> optuna.Study | None:

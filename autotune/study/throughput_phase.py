@@ -196,7 +196,8 @@ def chosen_systems(space: Space) -> dict[str, Any]:
 
 
 def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
-    """systems_only: every knob fixed to the baseline's, so its one trained trial is the baseline's maths."""
+    """systems_only: every knob fixed to the baseline's, so its one trained trial is the
+    baseline's maths."""
     for name, _ in space.domains:
         space = space.replace(name, Choices((baseline[name],)))
     return dataclasses.replace(

@@ -36,7 +36,8 @@ def check_storage(spec: StudySpec, workers: int) -> None:
         raise AutotuneError(
             f"{spec.path}: --workers {workers} needs a storage that several processes can share; "
             f"{spec.storage} is a SQLite file, written by one process at a time. Use --storage "
-            f"journal:///{spec.path.with_suffix('.journal')} (this machine) or postgresql://user@host/db (several machines)"
+            f"journal:///{spec.path.with_suffix('.journal')} (this machine) "
+            f"or postgresql://user@host/db (several machines)"
         )
 
 
@@ -52,15 +53,16 @@ def usable(spec: StudySpec, requested: int) -> int:
             else "",
             f"this process may use {cores} CPU core(s)" if cores < requested else "",
         ]
+        why = ", ".join(w for w in limits if w)
         progress.say(
-            f"autotune: --workers {requested} is more than can be used ({', '.join(w for w in limits if w)}); "
-            f"starting {count}"
+            f"autotune: --workers {requested} is more than can be used ({why}); starting {count}"
         )
     return count
 
 
 def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
-    """The cores worker `index` runs on: a contiguous share, or one core when workers outnumber cores."""
+    """The cores worker `index` runs on: a contiguous share, or one core when workers outnumber
+    cores."""
     if workers >= len(cores):
         return {cores[index % len(cores)]}
     size = len(cores) // workers
@@ -134,7 +136,8 @@ def run_workers(
     if failed:
         codes = ", ".join(f"worker {i} exited with status {code}" for i, code in failed)
         raise AutotuneError(
-            f"{spec.path}: {codes}; every finished trial is saved, run the same command again to go on"
+            f"{spec.path}: {codes}; every finished trial is saved, "
+            f"run the same command again to go on"
         )
 
 

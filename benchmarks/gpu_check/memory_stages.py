@@ -16,8 +16,8 @@ from autotune.report import results
 from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.spec import study_file
-from autotune.study import one_trial, preparation
-from autotune.study import run as study_
+from autotune.study import one_trial, preparation, storage
+from autotune.study.begin import begin
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import load_task
 from benchmarks.gpu_check.common import Setting, interleaved, median, memory_in_use, mib
@@ -84,7 +84,8 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         prepared = dataclasses.replace(
             prepared, run_trial=_watched(prepared.run_trial, setting, after)
         )
-        study = study_.begin(spec, prepared)
+        study = storage.open_study(spec, create=True)
+        begin(spec, prepared, study)
         for params in grid:
             study.enqueue_trial(params)
         # The study's own trial step, over the grid in this order (a sampler would pick its own).

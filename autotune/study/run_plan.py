@@ -1,0 +1,111 @@
+"""One plan per run, settled once: what every trial and every worker of the run reads.
+
+`preparation.prepare` fits the study file to the device and checks it before the storage is
+touched. Against the stored study, the plan then takes the study as it began (knobs it began
+without stay out), checks the file is unchanged, and takes the space the stored systems probe and
+the throughput phase left. The result is frozen: nothing narrows the space after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+
+from autotune.errors import AutotuneError
+from autotune.record import definition, schema
+from autotune.search import probe
+from autotune.search.space import KNOBS, Choices, Space
+from autotune.spec.study_file import StudySpec, options
+from autotune.study import throughput_phase
+from autotune.study.preparation import Prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The run's settled plan."""
+
+    prepared: Prepared  # the task, device, runner and baseline; its space as the study began
+    space: (
+        Space  # what the trials sample: as begun, then as the probe and the throughput plan left it
+    )
+    goodput: throughput_phase.Plan | None  # how a goodput trial trains its maths; None otherwise
+
+
+def settle(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
+    """The plan from what the study stored: its probe's outcome and its throughput phase."""
+    return planned(spec, with_probe(spec, prepared, study), study)
+
+
+def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
+    """The space as the stored probe settled it; unchanged without one."""
+    outcome = schema.probe(study.user_attrs)
+    if spec.probe == "none" or outcome is None:
+        return prepared
+    return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
+
+
+def planned(spec: StudySpec, probed: Prepared, study: optuna.Study) -> RunPlan:
+    """The plan of a study whose probe (if any) has settled `probed`: the throughput phase's
+    table decides the systems knobs of a goodput study."""
+    goodput, space = throughput_phase.plan_for(spec, probed, study, probed.space)
+    return RunPlan(prepared=probed, space=space, goodput=goodput)
+
+
+def as_begun(spec: StudySpec, prepared: Prepared, stored: optuna.Study | None) -> Prepared:
+    """`prepared` as the `stored` study began: one begun before a knob existed ran every trial
+    without it and goes on so, since one Optuna study cannot add a sampled knob. Adds a notice
+    for each knob it fixes."""
+    began = (
+        (schema.definition(stored.user_attrs) or {}).get("space") if stored is not None else None
+    )
+    if began is None:
+        return prepared
+    space, notices = prepared.space, list(prepared.notices)
+    for name, knob in KNOBS.items():
+        fixed = Choices((knob.absent,))
+        if knob.absent is not None and name not in began and space[name] != fixed:
+            space = space.replace(name, fixed)
+            notices.append(
+                f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before "
+                f"autotune searched it (give the study a new {options(spec)[0]} to search it)"
+            )
+    if space is prepared.space:
+        return prepared
+    return dataclasses.replace(
+        prepared,
+        space=space,
+        notices=notices,
+        definition=definition.describe(spec, space=space, device=prepared.device.type),
+    )
+
+
+def check_unchanged(
+    spec: StudySpec, prepared: Prepared, stored: optuna.Study | None, *, allow_changes: bool
+) -> list[str]:
+    """The changes to the study's definition since it began; an error unless `allow_changes`.
+    Reads `stored` without writing to it, so a refused run leaves it exactly as it was."""
+    began = schema.definition(stored.user_attrs) if stored is not None else None
+    changed = definition.changes(began, prepared.definition) if began is not None else []
+    unmixable = definition.unmixable(began, prepared.definition) if changed else []
+    if unmixable:
+        raise AutotuneError(_unmixable(spec, changed, unmixable))
+    if changed and not allow_changes:
+        count = len(stored.get_trials(deepcopy=False))
+        raise AutotuneError(
+            f"{spec.path}: the study file changed since study {spec.name!r} began in "
+            f"{spec.storage}: {'; '.join(changed)}. The {count} trial(s) stored were measured "
+            f"under the old settings; {options(spec)[1]} to add trials under the new ones, or "
+            f"give the study a new {options(spec)[0]}"
+        )
+    return changed
+
+
+def _unmixable(spec: StudySpec, changed: list[str], unmixable: list[str]) -> str:
+    keys = ", ".join(f"space.{k}" for k in unmixable)
+    what = "; ".join(c for c in changed if c.split(":")[0].removeprefix("space.") in unmixable)
+    return (
+        f"{spec.path}: the choices of {keys} changed since study {spec.name!r} began in "
+        f"{spec.storage} ({what}); one Optuna study cannot mix trials over different choices: "
+        f"give the study a new {options(spec)[0]} to start afresh"
+    )
