@@ -95,7 +95,7 @@ def prepare(
         space=space,
         baseline=baseline,
         notices=notices,
-        definition=definition.describe(spec, space=space, device=device.type),
+        definition=definition.of(spec, space=space, device=device.type),
     )
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
         return prepared(
