@@ -9,7 +9,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune.record import schema
+from autotune.record import derived, schema
 from autotune.search.space import Choices, Range, Space, complete, sampled_values, suggest
 from tests.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
@@ -89,7 +89,7 @@ def test_a_new_study_starts_with_its_baseline_as_trial_0_once(
     study = load(path)
     first = study.trials[0]
     assert (
-        schema.is_feasible(first) and "\n0 (baseline) " in out
+        derived.is_feasible(first) and "\n0 (baseline) " in out
     )  # in the table of the fastest, too
     assert schema.is_baseline(first) and first.state.name == "COMPLETE"
     confirmation = schema.confirmation(study.user_attrs)

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from autotune.cli import main
-from autotune.record import schema
+from autotune.record import derived, schema
 
 STORED = Path(__file__).parent / "data" / "stored_study"
 
@@ -63,6 +63,6 @@ def test_running_it_again_trains_nothing_and_keeps_its_version(
 
 
 def test_legacy_references_read_as_today() -> None:
-    assert schema.current_reference("autotune.tasks:sgd") == "autotune.train.tasks:sgd"
-    assert schema.current_reference("my_task:make_optimizer") == "my_task:make_optimizer"
-    assert schema.current_reference(None) is None
+    assert derived.current_reference("autotune.tasks:sgd") == "autotune.train.tasks:sgd"
+    assert derived.current_reference("my_task:make_optimizer") == "my_task:make_optimizer"
+    assert derived.current_reference(None) is None

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.record.schema import current_reference
+from autotune.record.derived import current_reference
 from autotune.record.summary import Summary, counted, speedup_phrase
 from autotune.search import recipe
 from autotune.search.recipe import Schedule

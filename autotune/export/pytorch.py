@@ -25,7 +25,7 @@ from autotune.export.common import (
     scheduler_code,
     split,
 )
-from autotune.record.schema import current_reference
+from autotune.record.derived import current_reference
 from autotune.record.summary import Summary
 from autotune.search.knob import PRECISIONS
 from autotune.search.recipe import SCHEDULES, SGD_ARGS, WORKER_THREADS, loader_kwargs

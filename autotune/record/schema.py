@@ -1,9 +1,9 @@
 """What a study stores, in one place: every attribute key, how trials and studies are written and
 read back, and the readers of the older layout (version 0).
 
-Everything else reads and writes a study through these functions. Trials and studies are
-duck-typed (Optuna's Trial, FrozenTrial and Study), so the report reads a storage without
-importing Optuna here.
+Everything else reads and writes a study through these functions; what follows from what they
+read, with no key of its own, is derived.py's. Trials and studies are duck-typed (Optuna's Trial,
+FrozenTrial and Study), so the report reads a storage without importing Optuna here.
 
 A study records `schema_version` (1) when it begins; one without it has the version 0 layout,
 which the `_V0` readers below read, and no other module.
@@ -67,8 +67,6 @@ _V0_MEASURED = (
     "stop_reason",
     "curve",
 )
-# Version 0: modules that held stored `module:function` references before they moved.
-_V0_MODULES = {"autotune.tasks": "autotune.train.tasks"}
 
 
 # Writing a study.
@@ -203,14 +201,6 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(THROUGHPUT)
 
 
-def current_reference(reference: str | None) -> str | None:
-    """A stored `module:function` reference as it is named today."""
-    if reference is None or ":" not in reference:
-        return reference
-    module, _, name = reference.partition(":")
-    return f"{_V0_MODULES.get(module, module)}:{name}"
-
-
 # Reading a trial.
 
 
@@ -248,11 +238,6 @@ def is_baseline(trial: Any) -> bool:
     return bool(trial.user_attrs.get(BASELINE))
 
 
-def trial_label(trial: Any) -> str:
-    """`trial 3`, or `trial 0 (the baseline)` for the baseline queued as a study's first trial."""
-    return f"trial {trial.number}" + (" (the baseline)" if is_baseline(trial) else "")
-
-
 def prior_marker() -> dict[str, Any]:
     """The user attrs of a queued trial drawn from the prior."""
     return {PRIOR: True}
@@ -274,17 +259,6 @@ def ran_out_of_memory(trial: Any) -> bool:
         trial.state.name == "PRUNED"
         and bool(trial.user_attrs.get(OOM))
         and CONFIG in trial.user_attrs
-    )
-
-
-def is_feasible(trial: Any) -> bool:
-    """Finished with a time and within its constraints: it reached the target."""
-    constraints = getattr(trial, "constraints", None) or {}
-    return (
-        trial.state.name == "COMPLETE"
-        and bool(constraints)
-        and max(constraints.values()) <= 0
-        and getattr(trial, "value", None) is not None
     )
 
 

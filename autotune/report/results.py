@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from autotune.record import schema
+from autotune.record import derived, schema
 from autotune.search.space import KNOBS
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
@@ -84,7 +84,7 @@ def _row(trial: Any) -> dict[str, Any]:
     return {
         "number": trial.number,
         "state": trial.state.name,
-        "feasible": schema.is_feasible(trial),
+        "feasible": derived.is_feasible(trial),
         # what the study minimized: the mean over the trial's runs of its time to target, or
         # of its whole schedule (study/objective.py); the first run's own figures follow
         "seconds": getattr(trial, "value", None) if trial.state.name == "COMPLETE" else None,

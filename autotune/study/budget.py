@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.record import schema
+from autotune.record import derived, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -25,7 +25,7 @@ def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] 
     the target (`trials`: the study's so far), up to SYSTEMS_ONLY_TRIES."""
     if spec.objective != SYSTEMS_ONLY:
         return spec.budget.trials
-    missed = sum(1 for t in trials if counts_against_budget(t) and not schema.is_feasible(t))
+    missed = sum(1 for t in trials if counts_against_budget(t) and not derived.is_feasible(t))
     return min(SYSTEMS_ONLY_TRIES, 1 + missed)
 
 

@@ -12,7 +12,7 @@ import optuna
 import torch
 
 from autotune import progress, signals
-from autotune.record import runs, schema, seeds, verdict
+from autotune.record import derived, runs, schema, seeds, verdict
 from autotune.record.verdict import BASELINE, baseline_resolved
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import complete
@@ -64,7 +64,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     if spec.confirm.top == 0 or spec.confirm.runs == 0:
         return None
     trials = study.get_trials(deepcopy=False)
-    top = sorted((t for t in trials if schema.is_feasible(t)), key=lambda t: (t.value, t.number))
+    top = sorted((t for t in trials if derived.is_feasible(t)), key=lambda t: (t.value, t.number))
     top = top[: spec.confirm.top]
     if not top:
         return None

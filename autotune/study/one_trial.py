@@ -14,7 +14,7 @@ import optuna
 import torch
 
 from autotune import progress
-from autotune.record import objectives, schema, seeds
+from autotune.record import derived, objectives, schema, seeds
 from autotune.record import runs as stored_runs
 from autotune.runners import isolation
 from autotune.runners.isolation import RunTrial
@@ -106,7 +106,7 @@ def run_one(
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
     """The best feasible (time to target, trial number) so far, or None."""
-    feasible = [(t.value, t.number) for t in trials if schema.is_feasible(t)]
+    feasible = [(t.value, t.number) for t in trials if derived.is_feasible(t)]
     return min(feasible) if feasible else None
 
 
@@ -161,7 +161,7 @@ def _settled_unrun(
         schema.record_pruned(trial, reason=reason, seconds=None)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         progress.tell(
-            f"{schema.trial_label(trial)}: {reason}",
+            f"{derived.trial_label(trial)}: {reason}",
             standing=_where(study, policy, before, before.incumbent),
         )
         return True
@@ -173,7 +173,7 @@ def _settled_unrun(
     schema.record_oom_bound(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     progress.tell(
-        f"{schema.trial_label(trial)}: pruned: {reason}",
+        f"{derived.trial_label(trial)}: pruned: {reason}",
         standing=_where(study, policy, before, before.incumbent),
     )
     return True
@@ -190,7 +190,7 @@ def _tell_failure(
         schema.record_pruned(trial, reason=failure.reason, seconds=failure.seconds)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         progress.tell(
-            f"{schema.trial_label(trial)}: {failure.reason}",
+            f"{derived.trial_label(trial)}: {failure.reason}",
             standing=_where(study, policy, before, before.incumbent),
         )
         return
@@ -202,7 +202,7 @@ def _tell_failure(
         trial, state=optuna.trial.TrialState.PRUNED if cannot_win else optuna.trial.TrialState.FAIL
     )
     progress.tell(
-        f"{schema.trial_label(trial)}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
+        f"{derived.trial_label(trial)}: {'pruned' if cannot_win else 'failed'}: {failure.reason}",
         standing=_where(study, policy, before, before.incumbent),
     )
 
@@ -245,7 +245,7 @@ def _tell_outcome(
     short = "" if feasible else ", short of the target"
     mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     progress.tell(
-        f"{schema.trial_label(trial)}: {timed} {outcome.value:.2f} s, "
+        f"{derived.trial_label(trial)}: {timed} {outcome.value:.2f} s, "
         f"{policy.metric_name} {outcome.metric:.4f}{short}{mean}",
         standing=_where(study, policy, before, best),
         routine=True,
