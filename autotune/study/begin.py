@@ -17,7 +17,7 @@ from autotune.runners import isolation
 from autotune.search import prior, probe
 from autotune.search.space import KNOBS, Space, complete, sampled_values
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import roofline_probe, run_plan, storage, throughput_phase
+from autotune.study import recovery, roofline_probe, run_plan, storage, throughput_phase
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
@@ -63,11 +63,12 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
 
 
 def _recover(study: optuna.Study) -> None:
-    """Mark what a killed run left RUNNING interrupted, and queue those that chose a configuration."""
-    interrupted = storage.mark_running_interrupted(
+    """Mark what a killed run left RUNNING interrupted, and queue those that chose a
+    configuration."""
+    interrupted = recovery.mark_running_interrupted(
         study, reason="the process stopped during this trial"
     )
-    queued = set(storage.queue_retries(study))
+    queued = set(recovery.queue_retries(study))
     for number in interrupted:
         progress.say(
             f"autotune: trial {number} was interrupted; it is marked failed and "

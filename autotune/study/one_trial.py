@@ -21,7 +21,7 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import storage, throughput_phase, trial_runs
+from autotune.study import recovery, storage, throughput_phase, trial_runs
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialResult
 
@@ -79,7 +79,7 @@ def run_one(
         _ran_out(known),
         known if alone else None,
     )
-    with storage.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
+    with recovery.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
         trained = config if policy.plan is None else policy.plan.to_train(config)
         trial_seed = seeds.trial(policy.seed, trial.number, paired=policy.objective.paired)

@@ -18,7 +18,7 @@ import optuna
 from autotune import progress, signals
 from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import one_trial, runner_lock, sampler, storage, throughput_phase
+from autotune.study import one_trial, recovery, runner_lock, sampler, storage, throughput_phase
 from autotune.study.begin import begin
 from autotune.study.budget import finished_count, slots_taken, trials_to_train
 from autotune.study.confirm import confirm_best
@@ -102,7 +102,7 @@ def run_study(
         try:
             while True:
                 signals.check()
-                storage.fail_dead_workers(study)
+                recovery.fail_dead_workers(study)
                 # One read of the storage per trial: each costs milliseconds, and the tuner's own
                 # time per trial is a benchmarked goal (benchmarks/overhead.py).
                 trials = study.get_trials(deepcopy=False)
@@ -122,10 +122,10 @@ def run_study(
                 )
         except KeyboardInterrupt as interrupt:
             # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
-            stopped = storage.mark_running_interrupted(
+            stopped = recovery.mark_running_interrupted(
                 study, reason=f"stopped by {signals.name(interrupt)}", only=mine
             )
-            storage.queue_retries(study, only=stopped)
+            recovery.queue_retries(study, only=stopped)
             raise
     done = finished_count(study.get_trials(deepcopy=False))
     if done < budget and _timed_out(timeout, started):
