@@ -25,7 +25,8 @@ def check_datasets(spec: StudySpec, task: Task) -> None:
                 "task",
                 spec.task,
                 f"the task's {which} set is {type(data).__name__}; autotune "
-                f"needs a map-style Dataset (with __len__ and __getitem__), such as a TensorDataset",
+                f"needs a map-style Dataset (with __len__ and __getitem__), "
+                f"such as a TensorDataset",
             )
 
 

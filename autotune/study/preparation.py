@@ -41,14 +41,14 @@ class Prepared:
     isolation: str  # process, warm or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
     knobs: tuple[str, ...] = tuple(KNOBS)  # the knobs its training reads; reports show only these
-    measure: isolation.Measure | None = (
-        None  # the throughput phase and the probe's rates, where the task is autotune's to train
-    )
+    # the throughput phase and the probe's rates, where the task is autotune's to train
+    measure: isolation.Measure | None = None
     batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
     @property
     def train_samples(self) -> int | None:
-        """The task's training samples; None where autotune does not train it (a command, an objective)."""
+        """The task's training samples; None where autotune does not train it (a command, an
+        objective)."""
         return len(self.task.train) if self.task is not None else None
 
 
@@ -75,7 +75,8 @@ def resolve_device(spec: StudySpec) -> torch.device:
 def prepare(
     spec: StudySpec, *, task: Task | None = None, objective: isolation.RunTrial | None = None
 ) -> Prepared:
-    """Resolve the device, build the task and fit the space to the device; all errors are the user's.
+    """Resolve the device, build the task and fit the space to the device; all errors are the
+    user's.
 
     `task` or `objective` (from the Python API) stand in for the study's task name; either one
     runs in this process, since a child process cannot rebuild an object by name.
@@ -98,33 +99,10 @@ def prepare(
         definition=definition.of(spec, space=space, device=device.type),
     )
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
-        return prepared(
-            task=None,
-            isolation="process",
-            run_trial=command.command_trial(
-                spec.task.command,
-                cwd=spec.path.resolve().parent,
-                hang_after=spec.budget.trial_timeout,
-                metric_name=spec.target.metric,
-                env=dict(spec.task.env),
-            ),
-        )
-    if in_memory and spec.isolation in ("process", "warm"):
-        raise SpecError(
-            spec.path,
-            "isolation",
-            spec.isolation,
-            "a task or objective given as a Python object runs in this process: use none or auto",
-        )
+        return prepared(task=None, isolation="process", run_trial=_command_trial(spec))
+    if in_memory:
+        _check_in_memory(spec, objective=objective)
     if objective is not None:
-        if spec.objective in (GOODPUT, SYSTEMS_ONLY):
-            raise SpecError(
-                spec.path,
-                "objective",
-                spec.objective,
-                "time_to_target or fixed_schedule for an objective "
-                "function: autotune can measure throughput only of a task whose training it runs",
-            )
         return prepared(task=None, isolation="none", run_trial=objective)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
     if mode == "none" and spec.budget.trial_timeout_given:
@@ -142,6 +120,38 @@ def prepare(
         measure=measure,
         batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline),
     )
+
+
+def _command_trial(spec: StudySpec) -> isolation.RunTrial:
+    """What runs a trial of the study's command task."""
+    assert isinstance(spec.task, CommandTask)
+    return command.command_trial(
+        spec.task.command,
+        cwd=spec.path.resolve().parent,
+        hang_after=spec.budget.trial_timeout,
+        metric_name=spec.target.metric,
+        env=dict(spec.task.env),
+    )
+
+
+def _check_in_memory(spec: StudySpec, *, objective: isolation.RunTrial | None) -> None:
+    """A task or objective given as a Python object runs in this process, and autotune measures
+    the throughput only of a task whose training it runs."""
+    if spec.isolation in ("process", "warm"):
+        raise SpecError(
+            spec.path,
+            "isolation",
+            spec.isolation,
+            "a task or objective given as a Python object runs in this process: use none or auto",
+        )
+    if objective is not None and spec.objective in (GOODPUT, SYSTEMS_ONLY):
+        raise SpecError(
+            spec.path,
+            "objective",
+            spec.objective,
+            "time_to_target or fixed_schedule for an objective "
+            "function: autotune can measure throughput only of a task whose training it runs",
+        )
 
 
 def _runners(
@@ -182,7 +192,8 @@ def fit_to_device(
     spec: StudySpec, device: torch.device, task: Task | None
 ) -> tuple[Space, dict[str, Any], list[str]]:
     """The space and baseline without what this device, this install or the task's model cannot
-    run (search/devices.restrict_to_device), with one notice per change; errors where nothing is left."""
+    run (search/devices.restrict_to_device), with one notice per change; errors where nothing is
+    left."""
     cuda = device.type == "cuda"
     bf16 = torch.cuda.is_bf16_supported() if cuda else True
     baseline = dict(spec.baseline)
