@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-from autotune.record import objectives, schema, verdict
+from autotune.record import schema, seeds, verdict
 from autotune.report import summarize  # noqa: E402
 from autotune.runners.isolation import TrialFailure  # noqa: E402
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, suggest
@@ -224,7 +224,7 @@ def plain_tpe_study(spec: StudySpec, prepared: preparation.Prepared, load_machin
                 TrialConfig.from_mapping(config),
                 limits=limits,
                 device=prepared.device,
-                seed=objectives.trial_seed(spec.seed, trial.number),
+                seed=seeds.trial(spec.seed, trial.number),
             )
         except TrialFailure:
             return math.inf

@@ -31,7 +31,6 @@ from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Sp
 
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
 # are per micro-batch).
-LOADER, FORMAT = LOADER_KNOBS, FORMAT_KNOBS
 # micro-batches measured from a range; the step-time model fills in between
 MAX_MEASURED_BATCHES = 6
 
@@ -103,7 +102,7 @@ def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
     """The loader setting the phase measures at: the one the space fixes (the probe settles it),
     else the baseline's."""
     fixed = space.fixed()
-    setting = {k: fixed.get(k, baseline[k]) for k in LOADER}
+    setting = {k: fixed.get(k, baseline[k]) for k in LOADER_KNOBS}
     if setting["num_workers"] == 0:
         setting["prefetch_factor"] = None
     elif setting["prefetch_factor"] is None:
@@ -226,7 +225,7 @@ class Table:
         with its speed."""
         effective = config["batch_size"] * config["accumulation_steps"]
         fixed_batch = config["batch_size"] if self.batch_norm else None
-        loader = {k: self.entries[0].settings[k] for k in LOADER} if self.entries else {}
+        loader = {k: self.entries[0].settings[k] for k in LOADER_KNOBS} if self.entries else {}
         formats = {
             format_key(e.settings)[1:]
             for e in self.entries
@@ -239,7 +238,7 @@ class Table:
             settings = {
                 "batch_size": micro,
                 "precision": config["precision"],
-                **dict(zip(FORMAT, form)),
+                **dict(zip(FORMAT_KNOBS, form)),
             }
             speed = self.speed_of(settings)
             if speed is not None:
@@ -283,12 +282,12 @@ def describe(phase: Mapping[str, Any]) -> str:
 
 
 def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (settings["precision"], *(bool(settings.get(k, False)) for k in FORMAT))
+    return (settings["precision"], *(bool(settings.get(k, False)) for k in FORMAT_KNOBS))
 
 
 def same_maths(a: Mapping[str, Any], b: Mapping[str, Any], *, batch_norm: bool) -> bool:
     """True when `a` and `b` train the same maths: they differ at most in systems settings."""
-    systems = {*LOADER, *FORMAT, "accumulation_steps", "batch_size"}
+    systems = {*LOADER_KNOBS, *FORMAT_KNOBS, "accumulation_steps", "batch_size"}
     if a["batch_size"] * a["accumulation_steps"] != b["batch_size"] * b["accumulation_steps"]:
         return False
     if batch_norm and a["batch_size"] != b["batch_size"]:

@@ -37,7 +37,6 @@ ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
-LOADER = LOADER_KNOBS
 # optimizer steps in a probe run: fewer, and start-up and the first steps dominate it
 MIN_STEPS = 20
 
@@ -115,9 +114,11 @@ def run(
         # likely the machine's noise. Every setting failing (the baseline's batch runs out of
         # memory) settles nothing.
         fast_enough = [s for s, t in zip(loaders, times) if t <= min(times) * (1 + FASTER_BY)]
-        loader = fast_enough[0] if math.isfinite(min(times)) else {k: baseline[k] for k in LOADER}
+        loader = (
+            fast_enough[0] if math.isfinite(min(times)) else {k: baseline[k] for k in LOADER_KNOBS}
+        )
     else:
-        loader = {k: baseline[k] for k in LOADER} if len(loaders) > 1 else loaders[0]
+        loader = {k: baseline[k] for k in LOADER_KNOBS} if len(loaders) > 1 else loaders[0]
     kept = list(precisions)
     ratios: dict[str, float] = {}
     if len(precisions) > 1:

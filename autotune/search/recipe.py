@@ -102,7 +102,8 @@ def loader_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     kwargs = {
         "batch_size": config["batch_size"],
         "shuffle": True,
-        "drop_last": True,  # equal micro-batches keep accumulation exact and BatchNorm away from size 1
+        # equal micro-batches keep accumulation exact and BatchNorm away from size 1
+        "drop_last": True,
         "num_workers": workers,
     }
     if workers > 0:

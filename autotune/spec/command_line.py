@@ -40,10 +40,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.search.space import RESERVED
+from autotune.search.space import RESERVED  # filled beside the configuration
 
-# seed, device, max_epochs, eval_every, config_file: filled beside the configuration
-FILLED = RESERVED
 _FORMATTER = string.Formatter()
 
 
@@ -82,11 +80,11 @@ def validate(
     cwd: Path | None = None,
 ) -> None:
     """Check the command before any trial runs: well-formed placeholders naming only `known` names
-    (the configuration's; `FILLED` are added here) and, given `cwd`, a program that can be found.
+    (the configuration's; `RESERVED` are added here) and, given `cwd`, a program that can be found.
 
     Raises ValueError saying what is wrong and what would be accepted.
     """
-    allowed = set(known) | set(FILLED)
+    allowed = set(known) | set(RESERVED)
     for name in sorted(placeholders(command, env) - allowed):
         close = difflib.get_close_matches(name, allowed, n=1)
         hint = f" (did you mean {{{close[0]}}}?)" if close else ""
@@ -116,7 +114,7 @@ def fill(template: str, values: Mapping[str, Any]) -> str | None:
         elif value is None:
             return None
         else:
-            parts.append(render(value))
+            parts.append(as_argument(value))
     text = "".join(parts)
     return text or None
 
@@ -125,7 +123,7 @@ def fill_all(templates: Iterable[str], values: Mapping[str, Any]) -> list[str]:
     return [arg for arg in (fill(t, values) for t in templates) if arg is not None]
 
 
-def render(value: Any) -> str:
+def as_argument(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:

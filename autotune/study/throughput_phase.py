@@ -21,7 +21,7 @@ from autotune import progress, signals
 from autotune.record import runs, schema, seeds
 from autotune.runners import isolation
 from autotune.search import goodput
-from autotune.search.space import Choices, Space, complete
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study.preparation import Prepared
 from autotune.train import throughput
@@ -184,7 +184,7 @@ def restrict(space: Space, table: goodput.Table) -> Space:
     if not table.entries:
         return space
     first = table.entries[0].settings
-    for knob in (*goodput.LOADER, *goodput.FORMAT):
+    for knob in (*LOADER_KNOBS, *FORMAT_KNOBS):
         space = space.replace(knob, Choices((first[knob],)))
     return space
 
@@ -192,7 +192,7 @@ def restrict(space: Space, table: goodput.Table) -> Space:
 def chosen_systems(space: Space) -> dict[str, Any]:
     """The systems knobs `restrict` fixed, with their values."""
     fixed = space.fixed()
-    return {k: fixed[k] for k in (*goodput.LOADER, *goodput.FORMAT) if k in fixed}
+    return {k: fixed[k] for k in (*LOADER_KNOBS, *FORMAT_KNOBS) if k in fixed}
 
 
 def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:

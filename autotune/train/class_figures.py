@@ -9,8 +9,8 @@ MAX_CLASSES = 1000  # beyond this a per-class table is no report; the matrix is 
 
 
 def confusion(outputs: torch.Tensor, targets: torch.Tensor) -> list[list[int]] | None:
-    """Row = true class, column = predicted class (the largest output); None when the outputs are not
-    one score per class for integer class targets (regression, segmentation, multi-label)."""
+    """Row = true class, column = predicted class (the largest output); None when the outputs are
+    not one score per class for integer class targets (regression, segmentation, multi-label)."""
     if (
         outputs.ndim != 2
         or targets.ndim != 1
