@@ -8,7 +8,7 @@
 # Each stage takes under 8 minutes on one modern GPU and can be run on its own; each writes
 # benchmarks/results/gpu-check-STAGE-cuda.json and prints a Markdown summary. Without a GPU it
 # says so and checks nothing. It uses ./.venv where there is one (scripts/setup.sh), else the
-# python3 on PATH with autotune installed (for a machine without network, see the README's
+# python3 on PATH with autotune installed (for a machine without network, see docs/reference.md,
 # "Installing on a machine without network").
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -596,7 +596,7 @@ def descendants(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_readme_says(
+def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_reference_says(
     tmp_path: Path, workers: int
 ) -> None:
     """What `timeout`, systemd and Slurm do: SIGTERM to every process of the group, DataLoader

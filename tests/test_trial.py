@@ -206,7 +206,7 @@ def test_loader_follows_the_knobs() -> None:
 
 
 class Rolled(torch.utils.data.Dataset):
-    """A user's keyed dataset, as the README shows one: each sample rolled by a random shift."""
+    """A user's keyed dataset, as the reference shows one: each sample rolled by a random shift."""
 
     keyed = True
 

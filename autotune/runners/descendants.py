@@ -6,7 +6,7 @@ its own and would outlive the trial. On Linux the processes under the command ar
 /proc while it runs, and this process is made a child subreaper (prctl) until the trial ends, so
 that a descendant whose parent exits is handed here, not to init, and is still found. Each is
 ended with the trial.
-Elsewhere (no /proc) only the group is stopped, as the README says.
+Elsewhere (no /proc) only the group is stopped, as the reference says (docs/reference.md).
 """
 
 from __future__ import annotations
