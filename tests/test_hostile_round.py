@@ -1186,8 +1186,8 @@ def test_a_signal_during_the_confirmation_exits_130_and_the_rerun_confirms(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_torch_imports_is_one_line(tmp_path: Path, tag: str, signum: int) -> None:
-    """Before a run begins: `autotune: interrupted (SIGINT)` alone (docs/reference.md, exit statuses); SIGTERM
-    ends it as SIGTERM does (143 to the shell); no traceback, no storage."""
+    """Before a run begins: `autotune: interrupted (SIGINT)` alone (reference, exit statuses);
+    SIGTERM ends it as SIGTERM does (143 to the shell); no traceback, no storage."""
     (tmp_path / "study.yaml").write_text(SLOW)
     run = spawn(tmp_path, tag, "run", "study.yaml")
     deadline = time.monotonic() + 60
@@ -1250,7 +1250,7 @@ def run_task(
     return cli(capsys, "run", "study.yaml", "--quiet")
 
 
-# docs/reference.md, "Your own task": a task that cannot be imported or built is an error naming the key,
+# Reference, "Your own task": a task that cannot be imported or built is an error naming the key,
 # before the first trial; so are a training set smaller than a batch, and datasets autotune cannot
 # count or index (it checks their sizes before the first trial).
 TASK_REFUSED = [
@@ -1323,7 +1323,7 @@ def test_a_task_module_that_breaks_while_loading_is_one_line(
     assert not (tmp_path / "study.db").exists()
 
 
-# docs/reference.md, "When things go wrong": an error in a trial FAILS that trial with its type and first
+# Reference, "When things go wrong": an error in a trial FAILS that trial with its type and first
 # line, and the study goes on; when every trial failed, the report, then one last line giving how
 # many and the most common reason; exit status 1. A loss or metric gone NaN is a divergence: PRUNED.
 WORKER = QUIET_SPACE.replace("num_workers: 0", "num_workers: 1")
@@ -1629,7 +1629,7 @@ def test_a_budget_at_its_edge_runs_to_its_end(
 def test_a_batch_range_reaching_past_the_training_set_is_cut_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
-    """docs/reference.md: batch sizes too large for the training set beside ones that fit are removed with a
+    """Reference: batch sizes too large for the training set beside ones that fit are removed with a
     notice; a range from 512 to 8192 over 1024 samples keeps 512 to 1024, so no trial fails for
     it."""
     monkeypatch.chdir(tmp_path)
@@ -1722,8 +1722,8 @@ def test_tune_misused_raises_autotunes_error_naming_the_argument_before_anything
     types: tuple[str, ...],
     names: str,
 ) -> None:
-    """docs/reference.md: errors in the arguments raise autotune's errors naming autotune.tune() (Python's own
-    TypeError where Python raises it first); one line; nothing trained, no storage made."""
+    """Reference: errors in the arguments raise autotune's errors naming autotune.tune() (Python's
+    own TypeError where Python raises it first); one line; nothing trained, no storage made."""
     import autotune
 
     monkeypatch.chdir(tmp_path)
@@ -1776,7 +1776,8 @@ def test_an_objective_that_misbehaves_fails_its_trials_and_leaves_none_running(
     returns: Callable[[dict], Any],
     why: str,
 ) -> None:
-    """docs/reference.md: an exception fails that trial and the study goes on; tune() returns its summary."""
+    """Reference: an exception fails that trial and the study goes on; tune() returns its
+    summary."""
     import autotune
 
     monkeypatch.chdir(tmp_path)

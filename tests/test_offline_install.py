@@ -122,7 +122,7 @@ def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Pa
     (site / "lent.pth").write_text(f"{lent}\n")
     python = env_dir / "bin" / "python"
 
-    # The reference's line (docs/reference.md); --no-compile spares 20 s of byte-compiling that says nothing about the
+    # The reference's line; --no-compile spares 20 s of byte-compiling that says nothing about the
     # folder.
     install = [
         python,
