@@ -1,6 +1,7 @@
 """The CUDA paths, for real: run on a machine with a GPU
 (`bash scripts/test.sh tests/test_cuda.py`); skipped on CPU-only machines, where
-tests/test_memory.py and tests/test_trial.py cause the same exceptions and states instead."""
+tests/train/test_memory.py and tests/train/test_trial.py cause the same exceptions and states
+instead."""
 
 from __future__ import annotations
 

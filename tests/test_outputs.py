@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from tests.test_study import load, run_cli, write_study
+from tests.study.test_study import load, run_cli, write_study
 
 OUTPUTS = (("report", "--csv"), ("report", "--html"), ("export", "-o"))
 

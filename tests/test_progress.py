@@ -24,7 +24,7 @@ from autotune import progress
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Space, complete
 from autotune.study import one_trial
 from autotune.train.config import Limits, TrialResult
-from tests.test_study import REPO, write_study
+from tests.study.test_study import REPO, write_study
 
 OUTCOME = re.compile(
     r"^trial (\d+): (complete|pruned|failed)\b.*\((\d+)/(\d+) finished; .*\)$", re.M

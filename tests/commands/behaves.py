@@ -1,4 +1,4 @@
-"""A training command that behaves as its first argument says, for tests/test_command.py.
+"""A training command that behaves as its first argument says, for tests/runners/test_command.py.
 
 Most modes speak the reporting protocol by hand (a JSON line on $AUTOTUNE_REPORT_FD), as a script
 in another language would, and so start fast without importing torch; `climbs` and `oom` go

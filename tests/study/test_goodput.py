@@ -20,7 +20,7 @@ from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
 from autotune.train.tasks import load_task
 from autotune.train.trial import build, seed_everything
-from tests.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
+from tests.study.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
 SPACE = Space(
     domains=(

@@ -17,11 +17,11 @@ import torch
 from autotune.runners import isolation, trial_process, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
+from tests.runners.test_isolation import alive, children, still_alive
+from tests.runners.test_isolation import write_study as write_process_study
 from tests.tasks import OOM_BATCH, blobs
-from tests.test_isolation import alive, children, still_alive
-from tests.test_isolation import write_study as write_process_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LIMITS = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)
 CPU = torch.device("cpu")
 

@@ -257,7 +257,7 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     from autotune.spec.study_file import load
     from autotune.study import preparation
 
-    spec = load(Path(__file__).resolve().parent.parent / "studies" / "shapes.yaml")
+    spec = load(Path(__file__).resolve().parents[2] / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5
     prepared = preparation.prepare(spec, task=small)
     assert prepared.space["batch_size"] == Choices((32, 64, 128, 256, 512))

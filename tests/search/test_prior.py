@@ -14,7 +14,7 @@ from autotune.record import schema
 from autotune.search import prior
 from autotune.search.space import Choices, Range, Space, middle, sampled_values
 from autotune.spec.study_file import from_mapping
-from tests.test_study import REPO, load, run_cli, write_study
+from tests.study.test_study import REPO, load, run_cli, write_study
 
 SPACE = Space(
     domains=(

@@ -153,7 +153,7 @@ def test_channels_last_problem_only_for_models_without_2d_convolutions() -> None
 
 
 STUDY = """\
-task: tests.test_systems:image_task
+task: tests.train.test_systems:image_task
 target: {metric: accuracy, value: 0.9}
 device: cpu
 """

@@ -48,7 +48,7 @@ from autotune.train import systems, trial
 from autotune.train.tasks import digits, sgd, takes
 from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUILT_IN = "autotune.train.tasks:sgd"
 STORED_BUILT_IN = "autotune.tasks:sgd"  # its name in studies stored before the tasks moved
 TUNABLE = "tests.tasks:_tunable_optimizer"

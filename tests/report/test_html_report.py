@@ -20,7 +20,7 @@ from autotune.cli import main
 from autotune.record import importance
 from autotune.report import html_page, plots, results, summarize
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Where the browser test keeps its screenshot of the page, for a person to look at.
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS", REPO / "test-artifacts"))
 CHROMIUM_FLAGS = [

@@ -18,7 +18,7 @@ from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Range
 from autotune.spec.sections import Budget, Confirm, Target
 from autotune.spec.study_file import StudySpec, load
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGET_ONLY = "target: {metric: accuracy, value: 0.97}\n"
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 NO_VALUE = object()  # a case whose message has no "got <value>" worth checking

@@ -16,7 +16,7 @@ import pytest
 from autotune.cli import main
 from autotune.record import derived, schema
 
-STORED = Path(__file__).parent / "data" / "stored_study"
+STORED = Path(__file__).parents[1] / "data" / "stored_study"
 
 
 @pytest.fixture

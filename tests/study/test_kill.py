@@ -32,7 +32,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.test_study import REPO, finished, load, write_study
+from tests.study.test_study import REPO, finished, load, write_study
 
 SEED = int(os.environ.get("AUTOTUNE_KILL_SEED", "20250607"))
 KILLS = 20

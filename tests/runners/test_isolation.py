@@ -19,7 +19,7 @@ from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.train.config import Limits, TrialConfig
 from tests.tasks import OOM_BATCH, blobs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LIMITS = Limits(target=0.9, max_epochs=2, max_seconds=5, eval_every=0.5)
 CPU = torch.device("cpu")
 
@@ -205,7 +205,7 @@ def test_what_torch_imports_lazily_is_imported_before_the_first_trial_clock() ->
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert result.returncode == 0, result.stderr
 
@@ -405,7 +405,7 @@ def test_a_trial_timeout_that_cannot_apply_is_said_once(
 ) -> None:
     """In the study's process (the CPU default) a hung trial cannot be stopped: a trial_timeout the
     user set is then said not to apply, rather than ignored in silence."""
-    from tests.test_study import run_cli
+    from tests.study.test_study import run_cli
 
     path = write_study(tmp_path, "tests.tasks:blobs", batch_sizes=(16,), trial_timeout=30)
     path.write_text(

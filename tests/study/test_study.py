@@ -21,7 +21,7 @@ from autotune.record import schema
 from autotune.search.space import KNOBS
 from tests import tasks
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_study(

@@ -1,6 +1,6 @@
 """The training recipe: the optimizer, LR schedules, loader and thread rules a trial trains by,
-read by the training loop, the built-in tasks and every export (tests/test_export.py checks that
-each export schedules as the trial does)."""
+read by the training loop, the built-in tasks and every export (tests/export/test_export.py
+checks that each export schedules as the trial does)."""
 
 from __future__ import annotations
 

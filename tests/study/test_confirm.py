@@ -199,7 +199,7 @@ def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_
     the report says where its runs stopped and which budget key to raise."""
     import yaml
 
-    from tests.test_study import run_cli, write_study
+    from tests.study.test_study import run_cli, write_study
 
     path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": 2})
     study = yaml.safe_load(path.read_text())
@@ -251,7 +251,7 @@ def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_r
 ) -> None:
     import yaml
 
-    from tests.test_study import load, run_cli, write_study
+    from tests.study.test_study import load, run_cli, write_study
 
     path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": 2, "precision": True})
     study = yaml.safe_load(path.read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUDGET, WORKERS = 40, min(4, len(os.sched_getaffinity(0)))
 
 

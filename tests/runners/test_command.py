@@ -33,10 +33,10 @@ from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.tasks import sgd
 from autotune.train.trial import make_scheduler
+from tests.runners.test_isolation import alive, still_alive
 from tests.tasks import lrs_of
-from tests.test_isolation import alive, still_alive
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = REPO / "tests" / "commands"
 CPU = torch.device("cpu")
 BASELINE = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
@@ -243,7 +243,8 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
             "-c",
             (
                 "import sys, torch; from pathlib import Path; "
-                "from tests.test_command import run, limits; run('plateau_py', Path(sys.argv[1]))"
+                "from tests.runners.test_command import run, limits; "
+                "run('plateau_py', Path(sys.argv[1]))"
             ),
             str(tmp_path),
         ],

@@ -11,7 +11,7 @@ import yaml
 
 from autotune.record import derived, schema
 from autotune.search.space import Choices, Range, Space, complete, sampled_values, suggest
-from tests.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
+from tests.study.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
 SPACE = Space(
     domains=(

@@ -19,7 +19,7 @@ from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.tasks import paced
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 # How far a prediction from the rates apart may be from the end-to-end measurement on the paced
 # task (docs/benchmarks.md): the step's own arithmetic and the workers' hand-over are not in the

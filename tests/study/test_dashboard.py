@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from tests.test_study import REPO, write_study
+from tests.study.test_study import REPO, write_study
 
 
 def env() -> dict[str, str]:
