@@ -105,11 +105,7 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     report = commands.add_parser(
         "report", help="summarize a study from its storage, without training"
     )
-    report.add_argument(
-        "study",
-        nargs="?",
-        help="study file (.yaml); or, for a study with none, --storage and --study",
-    )
+    _add_stored_study(report)
     report.add_argument("--json", action="store_true", help="print the summary as JSON")
     report.add_argument(
         "--html",
@@ -120,13 +116,6 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--csv",
         metavar="PATH",
         help="also write every trial, its parameters and measurements, as CSV",
-    )
-    report.add_argument("--storage", metavar="URL", help="database URL")
-    report.add_argument(
-        "--study",
-        dest="study_name",
-        metavar="NAME",
-        help="with --storage and no study file: the study of that name (one autotune.tune() ran)",
     )
     report.add_argument(
         "--force",
@@ -148,25 +137,30 @@ def _add_export(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "transformers.TrainingArguments; torch: a plain PyTorch module; args: one line "
         "of command-line flags. What a trainer has no equivalent for is named in notes.",
     )
-    export.add_argument(
-        "study",
-        nargs="?",
-        help="study file (.yaml); or, for a study with none, --storage and --study",
-    )
+    _add_stored_study(export)
     export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
-    export.add_argument("--storage", metavar="URL", help="database URL")
-    export.add_argument(
-        "--study",
-        dest="study_name",
-        metavar="NAME",
-        help="with --storage and no study file: the study of that name (one autotune.tune() ran)",
-    )
     export.add_argument(
         "--force",
         action="store_true",
         help="let -o write over a file that is not an earlier export (never the study file or "
         "its storage)",
+    )
+
+
+def _add_stored_study(command: argparse.ArgumentParser) -> None:
+    """The study a reading command reads: its file, or a storage URL and a name."""
+    command.add_argument(
+        "study",
+        nargs="?",
+        help="study file (.yaml); or, for a study with none, --storage and --study",
+    )
+    command.add_argument("--storage", metavar="URL", help="database URL")
+    command.add_argument(
+        "--study",
+        dest="study_name",
+        metavar="NAME",
+        help="with --storage and no study file: the study of that name (one autotune.tune() ran)",
     )
 
 
