@@ -177,7 +177,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if path
     ]
     for option, path, ours in wanted:  # every output checked before anything is written
-        outputs.check(spec, path, option=option, ours=ours, force=args.force)
+        outputs.check_output(spec, path, option=option, ours=ours, force=args.force)
     records, summary = _summary(spec, study)
     for option, path, _ in wanted:
         outputs.write(
@@ -195,7 +195,7 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
     from autotune.report import html_page, results, text
 
     top = results.best_feasible(records, count=text.TABLE_ROWS)
-    curves = results.learning_curves(
+    curves = results.stored_curves(
         study.get_trials(deepcopy=False),
         [int(n) for n in top["number"]],
         confirmation=schema.confirmation(study.user_attrs),
@@ -217,7 +217,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     text = export.render(summary, args.format)
     if args.output:
-        outputs.check(
+        outputs.check_output(
             spec, Path(args.output), option="-o", ours=export.looks_like_export, force=args.force
         )
         outputs.write(Path(args.output), text, option="-o")

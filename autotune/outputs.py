@@ -45,7 +45,7 @@ def _same_file(a: Path, b: Path) -> bool:
             return False
 
 
-def check(
+def check_output(
     spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], bool], force: bool
 ) -> None:
     """Refuse `output` if it is one of the study's files, or (unless `force`) an existing file that

@@ -224,7 +224,7 @@ def plain_tpe_study(spec: StudySpec, prepared: preparation.Prepared, load_machin
                 TrialConfig.from_mapping(config),
                 limits=limits,
                 device=prepared.device,
-                seed=seeds.trial(spec.seed, trial.number),
+                seed=seeds.for_trial(spec.seed, trial.number),
             )
         except TrialFailure:
             return math.inf
@@ -323,7 +323,7 @@ def one_study(
     # runs give both objectives' yardsticks, whatever the study's objective was (--to-target: the
     # first only).
     whole = dataclasses.replace(preparation.limits_for(spec), stop_at_target=to_target)
-    runs = confirm.measure(
+    runs = confirm.run_candidates(
         prepared.run_trial,
         candidates,
         device=prepared.device,

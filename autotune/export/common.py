@@ -59,7 +59,7 @@ def settings(summary: Summary) -> dict[str, Any]:
     return {**knobs, **{k: v for k, v in params.items() if k not in KNOBS}}
 
 
-def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
+def knobs_and_params(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs but the schedule's length (`max_epochs`), and the user's own parameters
     (every other key), in order."""
     if summary.knobs is not None:

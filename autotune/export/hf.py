@@ -21,13 +21,13 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    knobs_and_params,
     lookup,
     max_epochs,
     note,
     optimizer_note,
     params_note,
     provenance,
-    split,
     threads_note,
 )
 from autotune.export.hf_schedule import lr_schedule, schedule_length
@@ -103,7 +103,7 @@ def systems_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(summary: Summary) -> str:
-    knobs, params = split(summary)
+    knobs, params = knobs_and_params(summary)
     args: dict[str, Any] = {
         "per_device_train_batch_size": knobs["batch_size"],
         "gradient_accumulation_steps": knobs["accumulation_steps"],

@@ -29,13 +29,13 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    knobs_and_params,
     lookup,
     max_epochs,
     note,
     optimizer_note,
     params_note,
     provenance,
-    split,
     threads_note,
 )
 from autotune.export.lightning_schedule import scheduler_section
@@ -104,7 +104,7 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(summary: Summary) -> str:
-    knobs, params = split(summary)
+    knobs, params = knobs_and_params(summary)
     trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
     optimizer, optimizer_notes, make_optimizer = _optimizer(summary, knobs)
     lr_scheduler, text, schedule_lines = scheduler_section(knobs["scheduler"], knobs["lr"])

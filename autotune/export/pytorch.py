@@ -19,11 +19,11 @@ from autotune.errors import AutotuneError
 from autotune.export.common import (
     ONECYCLE,
     built_in_optimizer,
+    knobs_and_params,
     lookup,
     max_epochs,
     provenance,
     scheduler_code,
-    split,
 )
 from autotune.record.derived import current_reference
 from autotune.record.summary import Summary
@@ -209,7 +209,7 @@ def _optimizer(summary: Summary) -> tuple[str, str]:
 
 
 def render(summary: Summary) -> str:
-    knobs, params = split(summary)
+    knobs, params = knobs_and_params(summary)
     precision = lookup("torch", "precision", knobs["precision"], PRECISIONS)
     epochs = max_epochs(summary)
     lines = [(f"{name.upper()} = {knobs[name]!r}", KNOBS[name].doc) for name in knobs]

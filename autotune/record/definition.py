@@ -17,7 +17,7 @@ from autotune.search.space import KNOBS, SCHEDULE, Choices, Domain, Space
 from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 
 
-def of(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
+def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     """The definition as plain JSON values, from the space as fitted to the device."""
     budget = spec.budget
     definition = {

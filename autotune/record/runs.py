@@ -39,7 +39,7 @@ def replicate(result: TrialResult, seed: int) -> dict[str, Any]:
     return {"seed": seed, **{key: getattr(result, key) for key in TIMES if key != "reached"}}
 
 
-def confirmation(result: TrialResult, *, label: str, seed: int) -> dict[str, Any]:
+def confirmation_run(result: TrialResult, *, label: str, seed: int) -> dict[str, Any]:
     """One confirmation run: its times and the figures the report compares candidates by."""
     record: dict[str, Any] = {"label": label, "seed": seed}
     record.update({key: getattr(result, key) for key in TIMES})

@@ -72,7 +72,7 @@ _V0_MEASURED = (
 # Writing a study.
 
 
-def begin(
+def begin_study(
     study: Any, *, target: Mapping[str, Any], optimizer: str | None, knobs: Iterable[str] | None
 ) -> None:
     """What a run records as it opens a study; the version only on a study it creates."""
@@ -269,7 +269,7 @@ def measured(trial: Any) -> dict[str, Any]:
     return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in _V0_MEASURED})
 
 
-def outcome(trial: Any) -> dict[str, Any]:
+def stored_end(trial: Any) -> dict[str, Any]:
     """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it
     measured."""
     attrs = trial.user_attrs

@@ -23,7 +23,7 @@ REPLICATE_STRIDE = 10**12
 WORKER_STRIDE = 1000  # sampler seeds apart for each worker of one study
 
 
-def trial(study_seed: int, number: int, *, paired: bool = False) -> int:
+def for_trial(study_seed: int, number: int, *, paired: bool = False) -> int:
     """Trial `number`'s own seed (its first run's), or, `paired`, the one every trial shares."""
     return study_seed * BLOCK + (0 if paired else number)
 
@@ -38,18 +38,18 @@ def fresh(study_seed: int, runs: int) -> list[int]:
     return [study_seed * BLOCK + FRESH + i for i in range(runs)]
 
 
-def probe(study_seed: int) -> int:
+def for_probe(study_seed: int) -> int:
     """The systems probe's seed: no trial or confirmation run uses it."""
     return study_seed * BLOCK + PROBE
 
 
-def throughput(study_seed: int) -> int:
+def for_throughput(study_seed: int) -> int:
     """The goodput objectives' throughput measurements' seed: no trial, confirmation or probe uses
     it."""
     return study_seed * BLOCK + THROUGHPUT
 
 
-def sampler(study_seed: int, *, stored_trials: int, worker: int | None) -> int:
+def for_sampler(study_seed: int, *, stored_trials: int, worker: int | None) -> int:
     """The sampler's seed for a run that finds `stored_trials` trials already stored (numpy's
     seeds are 32-bit)."""
     return (study_seed + stored_trials + WORKER_STRIDE * (worker or 0)) % 2**32

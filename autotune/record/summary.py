@@ -11,13 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.spec.sections import Target
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    metric: str
-    value: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +54,7 @@ class Winner:
     max: float | None = None
     reached: int | None = None  # confirmed only
     telemetry: Mapping[str, Any] | None = None  # report/winner.telemetry
-    per_class: Mapping[str, Any] | None = None  # report/winner.per_class
+    per_class: Mapping[str, Any] | None = None  # report/winner.pooled_per_class
 
     @property
     def is_baseline(self) -> bool:

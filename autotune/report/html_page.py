@@ -136,7 +136,7 @@ def _plots(
             "Where trials ran out of memory: batch size against precision.",
         ),
         "throughput": (
-            plots.throughput(records),
+            plots.throughput_figure(records),
             "Samples per second after warm-up, and the share of training time "
             "spent waiting for the next batch (high: input-bound).",
         ),

@@ -192,7 +192,7 @@ def oom_map(records: pd.DataFrame) -> Figure:
     return figure
 
 
-def throughput(records: pd.DataFrame) -> Figure:
+def throughput_figure(records: pd.DataFrame) -> Figure:
     """Samples per second and input wait against num_workers, one colour per precision."""
     figure = Figure(figsize=(SIZE[0], SIZE[1] * 1.3), layout="constrained")
     speed, wait = figure.subplots(2, 1, sharex=True)

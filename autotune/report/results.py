@@ -51,7 +51,7 @@ def looks_like_trials_csv(text: str) -> bool:
     return text.startswith(",".join(COLUMNS[:4]) + ",")
 
 
-def knobs_read(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
+def knobs_shown(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
     """The knobs a study's training reads, in KNOBS order: all of them unless it stored them."""
     stored = schema.knobs_read(study_attrs)
     return tuple(KNOBS) if stored is None else tuple(k for k in KNOBS if k in stored)
@@ -78,7 +78,7 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
 
 def _row(trial: Any) -> dict[str, Any]:
     """A trial's outcome and measurements: its values of COLUMNS."""
-    attrs = schema.outcome(trial)
+    attrs = schema.stored_end(trial)
     interrupted = schema.is_interrupted(trial)
     peak = attrs.get("peak_memory_bytes")
     return {
@@ -173,7 +173,7 @@ def all_failed(trials: Iterable[Any]) -> str | None:
     )
 
 
-def learning_curves(
+def stored_curves(
     trials: Iterable[Any], numbers: Iterable[int], *, confirmation: Mapping[str, Any] | None = None
 ) -> dict[str, list[list[Any]]]:
     """`trial N` -> the curve (train seconds, epochs, metric per evaluation) of each trial in

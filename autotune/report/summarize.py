@@ -16,11 +16,11 @@ from autotune.record.summary import (
     Counts,
     StaleConfirmation,
     Summary,
-    Target,
     Winner,
 )
 from autotune.report import results, winner
 from autotune.search.space import KNOBS, complete
+from autotune.spec.sections import Target
 from autotune.spec.study_file import TIME_TO_TARGET
 
 
@@ -206,7 +206,7 @@ def _with_detail(
     return dataclasses.replace(
         best,
         telemetry=winner.telemetry(runs, row),
-        per_class=winner.per_class(runs, confusions.get(best.trial)),
+        per_class=winner.pooled_per_class(runs, confusions.get(best.trial)),
     )
 
 
@@ -215,7 +215,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
     target and limits, and what the study stored (confirmation, optimizer, definition)."""
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
-    knobs = results.knobs_read(attrs)
+    knobs = results.knobs_shown(attrs)
     records = results.trial_records(trials, knobs=knobs)
     b = spec.budget
     summary = summarize(

@@ -53,7 +53,7 @@ def telemetry(
     }
 
 
-def per_class(
+def pooled_per_class(
     runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Sequence[int]] | None
 ) -> dict[str, Any] | None:
     """Per-class figures from the confusion matrices of `runs` added up, else the trial's own; None

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from autotune.runners import command_inputs, protocol
-from autotune.runners.command_process import Group, Lines, exit_status
+from autotune.runners.command_process import Group, LineReader, exit_status
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.runners.tally import Tally
 from autotune.spec import command_line
@@ -74,7 +74,7 @@ def command_trial(
         if config.schedule_epochs is not None:  # the command's max_epochs is its schedule's length
             limits = dataclasses.replace(limits, max_epochs=config.schedule_epochs)
         with tempfile.TemporaryDirectory(prefix="autotune-trial-") as folder:
-            argv, child_env = command_inputs.prepare(
+            argv, child_env = command_inputs.inputs_for(
                 args,
                 env,
                 config,
@@ -162,7 +162,7 @@ def _watch(
     device: torch.device,
     progress: Progress | None,
 ) -> TrialResult:
-    reports, stderr = Lines(read_fd), Lines(group.process.stderr.fileno())
+    reports, stderr = LineReader(read_fd), LineReader(group.process.stderr.fileno())
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
     tally = Tally(limits=limits, device=device)
     with selectors.DefaultSelector() as selector:

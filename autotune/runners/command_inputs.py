@@ -18,7 +18,7 @@ from autotune.spec import command_line
 from autotune.train.config import Limits, TrialConfig
 
 
-def prepare(
+def inputs_for(
     args: list[str],
     env: dict[str, str],
     config: TrialConfig,

@@ -66,7 +66,7 @@ class Group:
             pass
 
 
-class Lines:
+class LineReader:
     """Complete lines from a non-blocking file descriptor; a carriage return also ends a line, so
     that a progress bar's updates do not pile up into one endless line."""
 

@@ -53,7 +53,7 @@ def bound_by(
     return None
 
 
-def reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
+def not_run_reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
     return (
         f"not run: batch_size {config['batch_size']} in {config['precision']} "
         f"needs at least the memory of trial {number} "

@@ -33,7 +33,7 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     lock). On a database server other machines' trials may be running; Optuna's heartbeat finds
     the dead ones instead.
     """
-    schema.begin(
+    schema.begin_study(
         study,
         target={"metric": spec.target.metric, "value": spec.target.value},
         optimizer=reference(prepared.task.optimizer) if prepared.task is not None else None,
@@ -138,7 +138,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
                 TrialConfig.from_mapping(complete(config)),
                 limits=limits,
                 device=prepared.device,
-                seed=seeds.probe(spec.seed),
+                seed=seeds.for_probe(spec.seed),
             )
         except isolation.TrialFailure:
             return math.inf

@@ -22,7 +22,7 @@ from autotune.study.preparation import Prepared, limits_for
 from autotune.train.config import Limits, TrialConfig
 
 
-def measure(
+def run_candidates(
     run_trial: RunTrial,
     candidates: Mapping[str, Mapping[str, Any]],
     *,
@@ -49,7 +49,7 @@ def measure(
             except TrialFailure as failure:
                 record = runs.failed_confirmation(failure.reason, label=label, seed=seed)
             else:
-                record = runs.confirmation(result, label=label, seed=seed)
+                record = runs.confirmation_run(result, label=label, seed=seed)
             records.append(record)
             if on_run is not None:
                 on_run()
@@ -80,7 +80,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     total = len(fresh_seeds) * len(candidates)
     with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
         with signals.interruptible():
-            records = measure(
+            records = run_candidates(
                 prepared.run_trial,
                 candidates,
                 seeds=fresh_seeds,

@@ -82,7 +82,7 @@ def run_one(
     with recovery.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
         trained = config if policy.plan is None else policy.plan.to_train(config)
-        trial_seed = seeds.trial(policy.seed, trial.number, paired=policy.objective.paired)
+        trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
             trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed
         )
@@ -169,7 +169,7 @@ def _settled_unrun(
     if bound is None:
         return False
     # it would run out of memory too: the sampler learns that without a run
-    reason = oom_boundary.reason(config, bound, before.ran_out[bound])
+    reason = oom_boundary.not_run_reason(config, bound, before.ran_out[bound])
     schema.record_oom_bound(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     progress.tell(

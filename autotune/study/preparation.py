@@ -96,7 +96,7 @@ def prepare(
         space=space,
         baseline=baseline,
         notices=notices,
-        definition=definition.of(spec, space=space, device=device.type),
+        definition=definition.for_spec(spec, space=space, device=device.type),
     )
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
         return prepared(task=None, isolation="process", run_trial=_command_trial(spec))

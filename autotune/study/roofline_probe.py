@@ -81,7 +81,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     space, device, measure = prepared.space, prepared.device, prepared.measure
     maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
     loaders = probe.loader_settings(space)
-    seed = seeds.probe(spec.seed)
+    seed = seeds.for_probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
         return TrialConfig.from_mapping(complete({**maths, **setting}))

@@ -76,7 +76,7 @@ def as_begun(spec: StudySpec, prepared: Prepared, stored: optuna.Study | None) -
         prepared,
         space=space,
         notices=notices,
-        definition=definition.of(spec, space=space, device=prepared.device.type),
+        definition=definition.for_spec(spec, space=space, device=prepared.device.type),
     )
 
 

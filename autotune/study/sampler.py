@@ -15,7 +15,7 @@ def for_run(
 ) -> optuna.samplers.BaseSampler:
     """The sampler of a run that finds `stored_trials` trials stored: a resumed study must not
     replay its first random configurations, and each worker draws its own."""
-    seed = seeds.sampler(spec.seed, stored_trials=stored_trials, worker=worker)
+    seed = seeds.for_sampler(spec.seed, stored_trials=stored_trials, worker=worker)
     return tpe_sampler(seed=seed, trials=spec.budget.trials)
 
 

@@ -32,7 +32,7 @@ from autotune.train.throughput import Throughput
 MAX_GROUP = 8  # configurations measured side by side at once: each holds its model and loader
 
 
-def settings(
+def phase_settings(
     spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batch_norm: bool
 ) -> list[dict[str, Any]]:
     """The systems settings the phase measures: for the goodput search, every micro-batch x
@@ -66,7 +66,7 @@ def run_phase(
 ) -> dict[str, Any]:
     """Measure the settings, side by side in groups of one precision and format (so that the
     micro-batches compared are measured interleaved); the stored outcome as plain JSON."""
-    wanted = settings(spec, space, baseline, batch_norm=batch_norm)
+    wanted = phase_settings(spec, space, baseline, batch_norm=batch_norm)
     entries: list[goodput.Entry] = []
     seconds = 0.0
     groups = [list(g) for _, g in itertools.groupby(wanted, key=goodput.format_key)]
@@ -84,7 +84,7 @@ def run_phase(
                 }
                 signals.check()
                 measured = measure(
-                    throughput.measure, configs, device=device, seed=seeds.throughput(spec.seed)
+                    throughput.measure, configs, device=device, seed=seeds.for_throughput(spec.seed)
                 )
                 for i, s in enumerate(chunk):
                     figure = measured[str(i)]

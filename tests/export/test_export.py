@@ -166,7 +166,7 @@ def case(name: str) -> dict[str, Any]:
     return summary_for({**knob_values, **extras}, optimizer=optimizer)
 
 
-def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
+def knobs_and_params(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The winner's knobs, a systems knob it lacks as false (the study predates it), and its
     parameters."""
     params = summary.best.params
@@ -182,7 +182,7 @@ def split(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def reference_optimizer(summary: Summary, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer autotune's trial builds for this winner."""
-    knob_values, extras = split(summary)
+    knob_values, extras = knobs_and_params(summary)
     factory = sgd if summary.optimizer in (BUILT_IN, STORED_BUILT_IN) else _tunable_optimizer
     fused = {"fused": True} if knob_values.get("fused_optimizer") else {}
     return factory(
@@ -192,7 +192,7 @@ def reference_optimizer(summary: Summary, model: torch.nn.Module) -> torch.optim
 
 def reference_lrs(summary: Summary, total_steps: int) -> list[float]:
     """The lr of each optimizer step of autotune.train.trial.make_scheduler over `total_steps`."""
-    knob_values, _ = split(summary)
+    knob_values, _ = knobs_and_params(summary)
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
     scheduler = trial.make_scheduler(
         knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"]
@@ -201,11 +201,11 @@ def reference_lrs(summary: Summary, total_steps: int) -> list[float]:
 
 
 def blobs_model(summary: Summary) -> torch.nn.Module:
-    return _tunable_mlp(**takes(_tunable_mlp, split(summary)[1]))
+    return _tunable_mlp(**takes(_tunable_mlp, knobs_and_params(summary)[1]))
 
 
 def digits_model(summary: Summary) -> torch.nn.Module:
-    return digits.SmallCNN(**takes(digits.SmallCNN, split(summary)[1]))
+    return digits.SmallCNN(**takes(digits.SmallCNN, knobs_and_params(summary)[1]))
 
 
 def conv_net(_: object = None) -> torch.nn.Module:
@@ -312,7 +312,7 @@ def check_lightning(
     text: str, summary: Summary, *, dataset: Dataset, model: torch.nn.Module
 ) -> None:
     export = json.loads(text)
-    knob_values, extras = split(summary)
+    knob_values, extras = knobs_and_params(summary)
     precision = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[
         knob_values["precision"]
     ]
@@ -465,7 +465,7 @@ def check_hf(
     text: str, summary: Summary, *, dataset: Dataset, model: torch.nn.Module, tmp_path: Path
 ) -> None:
     export = json.loads(text)
-    knob_values, extras = split(summary)
+    knob_values, extras = knobs_and_params(summary)
     given = export["training_arguments"]
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), report_to="none", **given
@@ -752,7 +752,7 @@ def check_torch(
 ) -> None:
     """exec the module, check what make_training built, and train `steps` steps beside
     autotune.train.trial."""
-    knob_values, extras = split(summary)
+    knob_values, extras = knobs_and_params(summary)
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(code, "exported.py", "exec"), namespace)
     assert namespace["PARAMS"] == extras and namespace["MAX_EPOCHS"] == schedule(summary)

@@ -17,7 +17,7 @@ def describe(tmp_path: Path, text: str) -> dict:
     path = tmp_path / "study.yaml"
     path.write_text(HEAD + text)
     spec = load(path)
-    return definition.of(spec, space=spec.space, device="cpu")
+    return definition.for_spec(spec, space=spec.space, device="cpu")
 
 
 def test_a_study_without_params_has_no_params_in_its_definition(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_the_definition_reads_params_from_the_space_it_is_given(tmp_path: Path) 
     space = dataclasses.replace(
         spec.space, params=(("width", Range(8, 16)), ("act", Choices(("relu",))))
     )
-    assert definition.of(spec, space=space, device="cpu")["params"] == {
+    assert definition.for_spec(spec, space=space, device="cpu")["params"] == {
         "width": {"low": 8, "high": 16, "log": False},
         "act": ["relu"],
     }

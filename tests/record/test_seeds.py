@@ -9,42 +9,46 @@ from autotune.record import seeds
 def test_no_two_runs_of_a_study_share_a_seed() -> None:
     study_seed, trials, replicates, confirmation_runs = 7, 2000, 3, 20
     trial_runs = [
-        s for n in range(trials) for s in seeds.replicates(seeds.trial(study_seed, n), replicates)
+        s
+        for n in range(trials)
+        for s in seeds.replicates(seeds.for_trial(study_seed, n), replicates)
     ]
     others = [
         *seeds.fresh(study_seed, confirmation_runs),
-        seeds.probe(study_seed),
-        seeds.throughput(study_seed),
+        seeds.for_probe(study_seed),
+        seeds.for_throughput(study_seed),
     ]
     every = trial_runs + others
     assert len(set(every)) == len(every)
     # and nothing of the next study seed's block either
-    neighbour = {seeds.trial(study_seed + 1, n) for n in range(trials)} | set(
+    neighbour = {seeds.for_trial(study_seed + 1, n) for n in range(trials)} | set(
         seeds.fresh(study_seed + 1, confirmation_runs)
     )
     assert not neighbour & set(every)
 
 
 def test_the_scheme_keeps_the_seeds_stored_studies_ran_on() -> None:
-    assert seeds.trial(3, 12) == 300_012
+    assert seeds.for_trial(3, 12) == 300_012
     assert seeds.replicates(300_012, 2) == [300_012, 300_012 + 10**12]
     assert seeds.fresh(3, 2) == [350_000, 350_001]
-    assert seeds.probe(3) == 390_000 and seeds.throughput(3) == 395_000
+    assert seeds.for_probe(3) == 390_000 and seeds.for_throughput(3) == 395_000
 
 
 def test_paired_trials_share_their_seeds_and_others_do_not() -> None:
-    assert {seeds.trial(7, n, paired=True) for n in range(4)} == {700_000}
-    assert len({seeds.trial(7, n) for n in range(4)}) == 4
+    assert {seeds.for_trial(7, n, paired=True) for n in range(4)} == {700_000}
+    assert len({seeds.for_trial(7, n) for n in range(4)}) == 4
 
 
 def test_a_resumed_study_and_each_worker_draw_apart() -> None:
     drawn = {
-        seeds.sampler(1, stored_trials=stored, worker=worker)
+        seeds.for_sampler(1, stored_trials=stored, worker=worker)
         for stored in (0, 5)
         for worker in (None, 1, 2)
     }
     assert len(drawn) == 6
-    assert seeds.sampler(1, stored_trials=5, worker=None) == seeds.sampler(
+    assert seeds.for_sampler(1, stored_trials=5, worker=None) == seeds.for_sampler(
         1, stored_trials=5, worker=0
     )
-    assert seeds.sampler(2**32 - 1, stored_trials=1, worker=None) == 0  # numpy's seeds are 32-bit
+    assert (
+        seeds.for_sampler(2**32 - 1, stored_trials=1, worker=None) == 0
+    )  # numpy's seeds are 32-bit

@@ -231,7 +231,7 @@ def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFi
 
     summary = summary_json(study, capsys)
     top = [int(n) for n in results.best_feasible(records, count=3)["number"]]
-    curves = results.learning_curves(
+    curves = results.stored_curves(
         trials,
         top,
         confirmation=optuna.load_study(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.search.oom_boundary import bound_by, needs_at_least, reason
+from autotune.search.oom_boundary import bound_by, needs_at_least, not_run_reason
 
 BASE = {
     "lr": 0.1,
@@ -67,5 +67,5 @@ def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None
     assert bound_by({**BASE, "batch_size": 128}, ran_out) == 5
     assert bound_by({**BASE, "batch_size": 64}, ran_out) is None
     assert bound_by(BASE, []) is None
-    text = reason({**BASE, "batch_size": 512}, 5, BASE)
+    text = not_run_reason({**BASE, "batch_size": 512}, 5, BASE)
     assert "batch_size 512 in bf16" in text and "trial 5 (batch_size 128 in bf16)" in text

@@ -75,7 +75,7 @@ def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
     }
     candidates = {"baseline": base, "trial 7": {**base, "batch_size": 256}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
-    records = confirm.measure(
+    records = confirm.run_candidates(
         isolation.in_process(cuda_oom()),
         candidates,
         seeds=[11, 12],
@@ -159,7 +159,7 @@ def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go
     candidates = {"baseline": base, "trial 3": {**base, "lr": 0.1}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
     slow = Timed({0.01: 10.0, 0.1: 1.0})
-    records = confirm.measure(
+    records = confirm.run_candidates(
         slow,
         candidates,
         seeds=[1, 2, 3, 4, 5],
@@ -177,7 +177,7 @@ def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go
         ("trial 3", 5),
     ]
     close = Timed({0.01: 1.1, 0.1: 1.0})  # never told apart: the baseline runs on every seed
-    records = confirm.measure(
+    records = confirm.run_candidates(
         close,
         candidates,
         seeds=[1, 2, 3],
@@ -186,7 +186,7 @@ def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go
         until_resolved=True,
     )
     assert [r["label"] for r in records].count("baseline") == 3
-    records = confirm.measure(
+    records = confirm.run_candidates(
         slow, candidates, seeds=[1, 2, 3], limits=limits, device=torch.device("cpu")
     )
     assert [r["label"] for r in records].count("baseline") == 3  # the default: every seed

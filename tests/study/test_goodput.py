@@ -267,7 +267,7 @@ def test_systems_only_settings_leave_the_training_unchanged(
         "schedule_epochs": None,
     }
     spec = type("Spec", (), {"objective": SYSTEMS_ONLY})()
-    wanted = throughput_phase.settings(spec, space, baseline, batch_norm=batch_norm)
+    wanted = throughput_phase.phase_settings(spec, space, baseline, batch_norm=batch_norm)
     if batch_norm:
         assert {(s["batch_size"], s["accumulation_steps"]) for s in wanted} == {(32, 2)}
     else:
