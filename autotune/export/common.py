@@ -18,7 +18,7 @@ from autotune.record.derived import current_reference
 from autotune.record.summary import Summary, counted, speedup_phrase
 from autotune.search import recipe
 from autotune.search.recipe import Schedule
-from autotune.search.space import KNOBS, SCHEDULE
+from autotune.search.space import KNOBS, SCHEDULE, filled
 
 # What the OneCycle schedule's code does beyond OneCycleLR's defaults (recipe.schedule_for,
 # onecycle_pct_start).
@@ -48,14 +48,12 @@ def settings(summary: Summary) -> dict[str, Any]:
     params = summary.best.params
     # an objective function's study: the knobs it reads
     read = KNOBS if summary.knobs is None else summary.knobs
-    knobs = {}
-    for name, knob in KNOBS.items():
-        if name not in read:
-            continue
-        if knob.absent is not None and params.get(name) is None:
-            knobs[name] = knob.absent
-        elif name in params:
-            knobs[name] = params[name]
+    full = filled(params)
+    knobs = {
+        name: full[name]
+        for name, knob in KNOBS.items()
+        if name in read and (name in params or knob.absent is not None)
+    }
     return {**knobs, **{k: v for k, v in params.items() if k not in KNOBS}}
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from autotune.search.space import KNOBS, SCHEDULE, Choices, Domain, Space
+from autotune.search.space import SCHEDULE, Choices, Domain, Space, absent_domain
 from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 
 
@@ -46,8 +46,8 @@ def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
 
 
 def _as_if_absent(name: str, domain: Domain, max_epochs: float) -> bool:
-    absent = max_epochs if name == SCHEDULE else KNOBS[name].absent
-    return absent is not None and domain == Choices((absent,))
+    fixed = Choices((max_epochs,)) if name == SCHEDULE else absent_domain(name)
+    return fixed is not None and domain == fixed
 
 
 def _domain(domain: Any) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autotune.search.knob import PRECISIONS
-from autotune.search.space import FORMAT_KNOBS, KNOBS
+from autotune.search.space import FORMAT_KNOBS, KNOBS, filled
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
@@ -29,9 +29,8 @@ def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     same_params = {k: v for k, v in config.items() if k not in KNOBS} == {
         k: v for k, v in other.items() if k not in KNOBS
     }
-    same_layout = all(
-        config.get(k, KNOBS[k].absent) == other.get(k, KNOBS[k].absent) for k in SAME_LAYOUT
-    )
+    mine, theirs = filled(config), filled(other)
+    same_layout = all(mine[k] == theirs[k] for k in SAME_LAYOUT)
     return (
         same_params
         and same_layout

@@ -272,10 +272,26 @@ def middle(name: str, domain: Domain) -> Any:
     return round(value) if is_integer(name, domain) else value
 
 
+def filled(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every knob of `config`. One it lacks (a study begun before the knob existed, or a stored
+    None for a knob its trial lacked) holds what leaving it out meant, Knob.absent: the one place
+    a configuration is filled in so."""
+    return {
+        name: config[name] if config.get(name) is not None else KNOBS[name].absent for name in KNOBS
+    }
+
+
+def absent_domain(name: str) -> Choices | None:
+    """The domain of a knob a study or preset leaves out: the one value leaving it out means;
+    None for a knob that must be given."""
+    absent = KNOBS[name].absent
+    return None if absent is None else Choices((absent,))
+
+
 def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     """A full configuration from stored params: conditional knobs filled in as `suggest` would,
     the user's parameters after the knobs."""
-    full = {name: config.get(name, KNOBS[name].absent) for name in KNOBS}
+    full = filled(config)
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}

@@ -18,6 +18,7 @@ from autotune.search.space import (
     Domain,
     Range,
     Space,
+    absent_domain,
     middle,
 )
 from autotune.spec.checks import is_int, mapping, number, read_yaml, reject_unknown, require
@@ -88,7 +89,7 @@ def space(path: Path, raw: Any, *, max_epochs: float, fixed_schedule: bool = Fal
         elif name in preset_raw:
             domains.append((name, _domain(preset_path, name, name, preset_raw[name])))
         elif name != SCHEDULE:
-            domains.append((name, Choices((KNOBS[name].absent,))))
+            domains.append((name, absent_domain(name)))
         else:
             domains.append(
                 (
@@ -126,7 +127,7 @@ def _preset(path: Path, raw: Mapping[str, Any]) -> tuple[Path, Mapping[str, Any]
     # The schedule and the on/off systems knobs may be left out: presets written before they
     # existed.
     missing = [
-        k for k in KNOBS if k not in preset_raw and k != SCHEDULE and KNOBS[k].absent is None
+        k for k in KNOBS if k not in preset_raw and k != SCHEDULE and absent_domain(k) is None
     ]
     if missing:
         raise SpecError(preset_path, missing[0], None, "a preset gives a domain for every knob")

@@ -15,7 +15,7 @@ import optuna
 from autotune.errors import AutotuneError
 from autotune.record import definition, schema
 from autotune.search import probe
-from autotune.search.space import KNOBS, Choices, Space
+from autotune.search.space import KNOBS, Space, absent_domain
 from autotune.spec.study_file import StudySpec, options
 from autotune.study import throughput_phase
 from autotune.study.preparation import Prepared
@@ -62,12 +62,12 @@ def as_begun(spec: StudySpec, prepared: Prepared, stored: optuna.Study | None) -
     if began is None:
         return prepared
     space, notices = prepared.space, list(prepared.notices)
-    for name, knob in KNOBS.items():
-        fixed = Choices((knob.absent,))
-        if knob.absent is not None and name not in began and space[name] != fixed:
+    for name in KNOBS:
+        fixed = absent_domain(name)
+        if fixed is not None and name not in began and space[name] != fixed:
             space = space.replace(name, fixed)
             notices.append(
-                f"{name} fixed to {str(knob.absent).lower()}: study {spec.name!r} began before "
+                f"{name} fixed to {str(fixed.values[0]).lower()}: study {spec.name!r} began before "
                 f"autotune searched it (give the study a new {options(spec)[0]} to search it)"
             )
     if space is prepared.space:

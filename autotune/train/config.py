@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.search.space import KNOBS
+from autotune.search.space import KNOBS, filled
 
 # (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
 # trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
@@ -41,11 +41,9 @@ class TrialConfig:
         """From a flat mapping: the knobs by name, every other key a parameter."""
         knobs = [f.name for f in dataclasses.fields(cls) if f.name != "params"]
         # A knob may be absent from a configuration stored before it was a knob: it ran without it.
+        full = filled(values)
         return cls(
-            **{
-                name: values[name] if name in values or name not in KNOBS else KNOBS[name].absent
-                for name in knobs
-            },
+            **{name: full[name] if name in KNOBS else values[name] for name in knobs},
             params=tuple((k, v) for k, v in values.items() if k not in knobs),
         )
 
