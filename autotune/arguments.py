@@ -118,6 +118,12 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="also write every trial, its parameters and measurements, as CSV",
     )
     report.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write every stored learning curve (trials, confirmation runs) as TensorBoard "
+        "event files under DIR (optional extra: autotune[tensorboard])",
+    )
+    report.add_argument(
         "--force",
         action="store_true",
         help="let --csv and --html write over a file autotune did not write (never the study "

@@ -165,7 +165,7 @@ def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune import outputs
-    from autotune.report import html_page, results, text
+    from autotune.report import html_page, results, tensorboard, text
 
     spec, study = _reported(args)
     wanted = [
@@ -178,6 +178,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     ]
     for option, path, ours in wanted:  # every output checked before anything is written
         outputs.check_output(spec, path, option=option, ours=ours, force=args.force)
+    if args.tensorboard:
+        tensorboard.check_folder(Path(args.tensorboard))
     records, summary = _summary(spec, study)
     for option, path, _ in wanted:
         outputs.write(
@@ -185,8 +187,29 @@ def cmd_report(args: argparse.Namespace) -> int:
             records.to_csv(index=False) if option == "--csv" else _html(study, records, summary),
             option=option,
         )
+    if args.tensorboard:
+        _tensorboard(spec, study, Path(args.tensorboard))
     print(json.dumps(summary.as_dict(), indent=2) if args.json else text.render(summary, records))
     return 0
+
+
+def _tensorboard(spec: StudySpec, study: optuna.Study, folder: Path) -> None:
+    from autotune import outputs
+    from autotune.record import schema
+    from autotune.report import tensorboard
+
+    written = tensorboard.write(
+        folder,
+        study.get_trials(deepcopy=False),
+        schema.confirmation(study.user_attrs),
+        metric=spec.target.metric,
+        protected=outputs.study_files(spec),
+    )
+    print(
+        f"autotune: {written} learning curves written for TensorBoard: "
+        f"tensorboard --logdir {folder}",
+        file=sys.stderr,
+    )
 
 
 def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:

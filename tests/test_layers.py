@@ -125,6 +125,7 @@ sys.exit(main())
         ["report", "{study}"],
         ["report", "{study}", "--json"],
         ["report", "{study}", "--html", "{tmp}/report.html", "--csv", "{tmp}/trials.csv"],
+        ["report", "{study}", "--tensorboard", "{tmp}/curves"],
         *(
             ["export", "{study}", "--format", f]
             for f in ("torch", "lightning", "hf", "args", "yaml")

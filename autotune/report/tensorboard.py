@@ -1,0 +1,110 @@
+"""A study's learning curves as TensorBoard event files (`autotune report --tensorboard DIR`),
+made from the storage alone, so that a study run before the option existed has them too.
+
+One TensorBoard run per training run: DIR/trial-N (a trial's first run) and
+DIR/confirmation/LABEL-seed-S (each confirmation run: the baseline, the trials, a fp32 twin).
+Each evaluation is a point of the metric (tag: the metric's name) and of the epochs trained (tag
+`epochs`), at the step of its training clock in milliseconds and at the wall time the trial
+began plus that clock. Written with tensorboard's own event writer, which needs neither torch nor
+TensorFlow; `tensorboard` is an optional dependency (autotune[tensorboard]).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.record import schema
+
+EVENT_FILE = "events.out.tfevents."  # how every TensorBoard event file's name begins
+MISSING = (
+    "--tensorboard needs the tensorboard package, which is not installed: "
+    "pip install 'autotune[tensorboard]' (or pip install tensorboard)"
+)
+
+
+def write(
+    folder: Path,
+    trials: Iterable[Any],
+    confirmation: Mapping[str, Any] | None,
+    *,
+    metric: str,
+    protected: Iterable[Path] = (),
+) -> int:
+    """Write every stored curve under `folder`; the number of runs written. Event files an earlier
+    `--tensorboard` left in the folders it writes are replaced, so a second report does not
+    double every point; never one of the `protected` files (the study's own)."""
+    protected = [p for p in protected if p.exists()]
+    runs = [
+        (Path(f"trial-{trial.number}"), _start(trial), curve)
+        for trial in trials
+        if (curve := schema.measured(trial).get("curve"))
+    ]
+    for run in (confirmation or {}).get("runs", []):
+        if run.get("curve"):
+            name = f"{_slug(run['label'])}-seed-{run['seed']}"
+            runs.append((Path("confirmation") / name, 0.0, run["curve"]))
+    writer = _writer()
+    for name, start, curve in runs:
+        _write_run(writer, folder / name, start, curve, metric=metric, protected=protected)
+    return len(runs)
+
+
+def check_folder(folder: Path) -> None:
+    """A folder to write into (made if missing): not a file, and tensorboard importable."""
+    if folder.exists() and not folder.is_dir():
+        raise AutotuneError(f"--tensorboard {folder}: that is a file; name a folder")
+    _writer()
+
+
+def _writer() -> Any:
+    try:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError:
+        raise AutotuneError(MISSING) from None
+    return EventFileWriter
+
+
+def _write_run(
+    writer: Any,
+    run: Path,
+    start: float,
+    curve: Sequence[Sequence[Any]],
+    *,
+    metric: str,
+    protected: Sequence[Path],
+) -> None:
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    run.mkdir(parents=True, exist_ok=True)
+    for old in run.glob(EVENT_FILE + "*"):  # an earlier --tensorboard's, and only those
+        if not any(os.path.samefile(old, own) for own in protected):
+            old.unlink()
+    events = writer(str(run))
+    for seconds, epochs, value in curve:
+        points = [(metric, value), ("epochs", epochs)]
+        summary = Summary(
+            value=[
+                Summary.Value(tag=tag, simple_value=float(v)) for tag, v in points if v is not None
+            ]
+        )
+        events.add_event(
+            Event(wall_time=start + seconds, step=round(seconds * 1000), summary=summary)
+        )
+    events.close()
+
+
+def _start(trial: Any) -> float:
+    """When the trial began, as seconds since the epoch (0 where the storage did not say)."""
+    began = getattr(trial, "datetime_start", None)
+    return began.timestamp() if began is not None else 0.0
+
+
+def _slug(label: str) -> str:
+    """`trial 4 in fp32` -> `trial-4-in-fp32`: a folder name TensorBoard shows as it is."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", label).strip("-")
