@@ -32,9 +32,8 @@ def study_files(spec: StudySpec) -> dict[Path, str]:
 
 def _same_file(a: Path, b: Path) -> bool:
     try:
-        return os.path.samefile(
-            a, b
-        )  # device and inode: a hard link, a symbolic link, another spelling
+        # device and inode: a hard link, a symbolic link, another spelling
+        return os.path.samefile(a, b)
     except OSError:  # one of them is not there: only the names can say
         try:
             return a.resolve() == b.resolve()

@@ -247,9 +247,8 @@ def main() -> None:
         if args.cpu:
             spec = dataclasses.replace(spec, device="cpu")
         for suffix in ("", "-journal", ".runner.lock"):
-            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(
-                missing_ok=True
-            )  # a fresh study
+            # a fresh study
+            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(missing_ok=True)
         prepared = preparation.prepare(spec)
         record["provenance"] = provenance(prepared.device)
         found = (plain_tpe_study if stage == "tpe" else autotune_study)(spec, prepared, False)

@@ -54,10 +54,11 @@ from autotune.study.sampler import tpe_sampler  # noqa: E402
 from benchmarks.grid import GRID, key  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS  # noqa: E402
 
+# "near the optimum": a time to target at most this much above the grid's best
 WITHIN = (
     0.10,
     0.25,
-)  # "near the optimum": a time to target at most this much above the grid's best
+)
 
 
 def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -171,9 +172,8 @@ def replay(
             continue
         stopped_at = None
         for step, (at, _, metric) in enumerate(row["curve"]):
-            trial.report(
-                1.0 - metric, step
-            )  # an error, so that lower is better like the study's value
+            # an error, so that lower is better like the study's value
+            trial.report(1.0 - metric, step)
             if trial.should_prune():
                 stopped_at = at
                 break

@@ -42,9 +42,8 @@ def postgres_url() -> Iterator[str]:
 
     server = _server_url()
     name = f"autotune_test_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(
-        server, autocommit=True
-    )  # CREATE/DROP DATABASE cannot run in a transaction
+    # CREATE/DROP DATABASE cannot run in a transaction
+    admin = psycopg.connect(server, autocommit=True)
     try:
         with admin.cursor() as cursor:
             cursor.execute(f'CREATE DATABASE "{name}"')

@@ -81,9 +81,8 @@ def test_tunes_a_model_defined_in_this_file_and_resumes(tmp_path: Path) -> None:
     first = {t.number: t.params for t in stored(storage, "rings")}
     assert {p["width"] for p in first.values()} <= {8, 32}
 
-    again = autotune.tune(
-        **kwargs, budget={**BUDGET, "trials": 5}
-    )  # the same call with a bigger budget
+    # the same call with a bigger budget
+    again = autotune.tune(**kwargs, budget={**BUDGET, "trials": 5})
     after = {t.number: t.params for t in stored(storage, "rings")}
     assert again.counts.total == 5 and {n: after[n] for n in first} == first
 
@@ -227,9 +226,8 @@ def test_a_study_tune_ran_is_reported_and_exported_from_its_storage_without_a_st
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--storage", storage, "--study", "rings", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads(
-        json.dumps(summary.as_dict())
-    )  # what tune() returned
+    # what tune() returned
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(summary.as_dict()))
     assert main(["export", "--storage", storage, "--study", "rings", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["lr"] == summary.best.params["lr"]
 
@@ -464,9 +462,8 @@ def test_confirmation_re_runs_on_fresh_seeds_and_a_lucky_winner_loses_to_the_bas
     )
     assert fastest.params["batch_size"] == 16 and measured(fastest)["time_to_target"] == 0.5
     fresh = [(b, s) for b, s in seeds if s >= 50_000]
-    assert (
-        sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3
-    )  # the top trial and the baseline, 3 fresh seeds each
+    # the top trial and the baseline, 3 fresh seeds each
+    assert sorted(b for b, _ in fresh) == [16] * 3 + [64] * 3
     best = summary.best
     assert best.trial is None and best.label == "baseline" and best.params["batch_size"] == 64
     assert best.time_to_target == 2.0 and summary.speedup == 1.0

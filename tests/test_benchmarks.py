@@ -134,9 +134,8 @@ def test_a_replayed_study_reports_the_fast_configuration_and_pays_for_its_confir
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_lucky_run_wins_a_plain_search_but_not_a_confirmed_study(seed: int) -> None:
     plain = study("plain TPE", seed=seed)
-    assert (
-        json.loads(plain["winner"]) != BASELINE
-    )  # a 0.5 s run won: its configuration's median is 9 s
+    # a 0.5 s run won: its configuration's median is 9 s
+    assert json.loads(plain["winner"]) != BASELINE
     for name in ("autotune, one run per trial", "autotune as shipped (replicates 3)"):
         found = study(name, seed=seed)
         assert found["kept_baseline"] and json.loads(found["winner"]) == BASELINE, name
@@ -145,10 +144,11 @@ def test_a_lucky_run_wins_a_plain_search_but_not_a_confirmed_study(seed: int) ->
 def test_first_trial_baseline_starts_the_replay_at_the_baseline_where_the_probe_left_it() -> None:
     assert json.loads(study("as shipped + first_trial: baseline")["first"]) == BASELINE
     assert json.loads(study("autotune as shipped (replicates 3)")["first"]) != BASELINE
+    # the baseline's loader is outside the probed space
     elsewhere = {
         **PROBED,
         "loader": {"num_workers": 1},
-    }  # the baseline's loader is outside the probed space
+    }
     assert (
         json.loads(study("as shipped + first_trial: baseline", probed=elsewhere)["first"])
         != BASELINE
@@ -215,6 +215,7 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
         (tmp_path / name).write_text(json.dumps({"summary": summary, "studies": studies}))
 
     def name(strategy: str, load: bool, regret: bool = True, study: str = "digits") -> str:
+        # the names found.py writes
         return results_name(
             study,
             strategy,
@@ -222,7 +223,7 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
             load=load,
             regret=regret,
             device="cpu",
-        )  # the names found.py writes
+        )
 
     write(name("plain_tpe", False), 100.0, [1.3, 1.4, 1.5])
     write(name("goodput", False), 40.0, [1.0, 1.05, 1.2])
@@ -239,9 +240,8 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
         ("plain_tpe", True),
     ]
     lines = regret.table(found).splitlines()[2:]
-    assert (
-        "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]
-    )  # oracle 2x the baseline
+    # oracle 2x the baseline
+    assert "| 2 of 3 |" in lines[0] and "| 0.40 |" in lines[0] and "| 2.00x |" in lines[0]
     assert "| 2.00 |" in lines[2]  # loaded goodput against loaded plain TPE, not the quiet one
 
 
@@ -276,19 +276,18 @@ def test_prediction_error_sets_each_trials_runs_against_its_prediction_skips_tol
     def add(result: dict) -> None:
         study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={schema.RESULT: result}))
 
+    # mean 1.1: +10%
     add(
         {
             "time_to_target": 1.2,
             "replicates": [{"time_to_target": 1.2}, {"time_to_target": 1.0}],
             schema.PREDICTION: {"seconds": 1.0, "trained": {"batch_size": 32}},
         }
-    )  # mean 1.1: +10%
-    add(
-        {"time_to_target": 3.0, schema.PREDICTION: {"seconds": 2.0, "trained": {"batch_size": 64}}}
-    )  # +50%
-    add(
-        {"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}}
-    )  # told, not trained
+    )
+    # +50%
+    add({"time_to_target": 3.0, schema.PREDICTION: {"seconds": 2.0, "trained": {"batch_size": 64}}})
+    # told, not trained
+    add({"time_to_target": 0.0, schema.PREDICTION: {"seconds": 9.0, "from_trial": 0}})
     add({"time_to_target": 5.0})  # not a goodput trial
     assert trial_prediction_error(study) == pytest.approx(0.3)
 

@@ -101,9 +101,8 @@ def test_a_warm_child_keeps_its_context_between_trials_and_goes_with_its_memory_
     )
     for _ in range(2):
         assert child.run_trial(config(batch_size=32), limits=LIMITS, device=CUDA, seed=0).reached
-    assert (
-        child.replaced == []
-    )  # nothing left on the device: the same process serves the next trial
+    # nothing left on the device: the same process serves the next trial
+    assert child.replaced == []
     first = child.pid
     with pytest.raises(isolation.TrialFailure) as failure:
         child.run_trial(config(batch_size=OOM_BATCH), limits=LIMITS, device=CUDA, seed=0)

@@ -82,9 +82,8 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
 
     study = json.loads((tmp_path / "gpu-check-study-cpu.json").read_text())
     assert study["exit_status"] == 0 and study["summary"]["counts"]["total"] == 2
-    assert (
-        study["summary"]["confirmation"] is None
-    )  # the confirm stage's, so each stage stays short
+    # the confirm stage's, so each stage stays short
+    assert study["summary"]["confirmation"] is None
     assert study["command"][study["command"].index("--isolation") + 1] == "process"
     confirmed = json.loads((tmp_path / "gpu-check-confirm-cpu.json").read_text())
     assert (
@@ -94,9 +93,8 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
     assert "winner: " in ran.stdout and "speedup" in ran.stdout
 
     tests = json.loads((tmp_path / "gpu-check-tests-cpu.json").read_text())
-    assert (
-        tests["exit_status"] == 0 and tests["skipped"] >= 4 and tests["passed"] == 0
-    )  # tests/test_cuda.py needs a GPU
+    # tests/test_cuda.py needs a GPU
+    assert tests["exit_status"] == 0 and tests["skipped"] >= 4 and tests["passed"] == 0
 
 
 @pytest.mark.parametrize("objective", ["systems_only", "goodput"])

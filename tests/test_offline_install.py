@@ -146,9 +146,8 @@ def test_the_wheel_folder_installs_and_runs_a_study_without_network(tmp_path: Pa
     where = run(
         [python, "-c", "import autotune; print(autotune.__file__)"], work, offline_env()
     ).stdout
-    assert Path(where.strip()).is_relative_to(site), (
-        where
-    )  # the installed autotune, not the checkout's
+    # the installed autotune, not the checkout's
+    assert Path(where.strip()).is_relative_to(site), where
 
     (work / "study.yaml").write_text(STUDY)
     autotune = env_dir / "bin" / "autotune"

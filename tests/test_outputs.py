@@ -103,9 +103,8 @@ def test_an_earlier_output_is_replaced_and_other_links_to_it_keep_theirs(
     first = out.read_bytes()
     os.link(out, study.parent / "kept")
     os.chmod(out, 0o640)
-    assert (
-        run_cli(*command(study, kind, option, out), capsys=capsys)[0] == 0
-    )  # no --force: it is autotune's own
+    # no --force: it is autotune's own
+    assert run_cli(*command(study, kind, option, out), capsys=capsys)[0] == 0
     assert (
         study.parent / "kept"
     ).read_bytes() == first  # written beside and renamed, not through the link

@@ -87,9 +87,8 @@ def test_lines_announce_once_then_count_at_most_every_interval(
     bar.refresh()  # 5 s after the last line: too soon
     assert (bar.n, bar.total) == (121, 400)
     assert capsys.readouterr().err == "trial 3: 121/400 steps, accuracy=0.9512\n"
-    progress.restart(
-        bar, note="seed 2 of 3"
-    )  # the next run of the trial: the last one's metric is not its own
+    # the next run of the trial: the last one's metric is not its own
+    progress.restart(bar, note="seed 2 of 3")
     assert bar.n == 0
     now[0] += 10
     bar.update(1)
@@ -125,9 +124,8 @@ def test_messages_by_mode(capsys: pytest.CaptureFixture[str]) -> None:
     progress.say("autotune: trial 2 was interrupted")  # a notice: quiet keeps it
     assert capsys.readouterr().err == "autotune: trial 2 was interrupted\n"
     progress.set_mode("bars")
-    progress.tell(
-        "trial 1: complete in 0.50 s", standing="2/4 finished", routine=True
-    )  # the bar shows it
+    # the bar shows it
+    progress.tell("trial 1: complete in 0.50 s", standing="2/4 finished", routine=True)
     progress.tell("trial 2: pruned: out of memory", standing="2/4 finished")
     assert capsys.readouterr().err == "trial 2: pruned: out of memory\n"
 
@@ -151,9 +149,8 @@ def test_a_log_gets_a_line_per_trial_and_no_carriage_returns(tmp_path: Path) -> 
     assert sorted(int(number) for number, *_ in outcomes) == [0, 1, 2], run.stderr
     assert [finished for *_, finished, _ in outcomes] == ["1", "2", "3"], run.stderr
     assert "autotune: study: 3 trials\n" in run.stderr
-    assert (
-        "autotune: confirming on fresh seeds: 2 runs\n" in run.stderr
-    )  # the baseline and the best
+    # the baseline and the best
+    assert "autotune: confirming on fresh seeds: 2 runs\n" in run.stderr
     assert "Winner: " in run.stdout
 
     quiet = autotune("run", str(path), "--trials", "5", "--quiet")
@@ -239,9 +236,8 @@ def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it
         "trial 0: complete in 2.00 s, accuracy 0.9500 (2/4 finished; best 0.50 s, trial 1)",
     ]
 
-    run(
-        lambda config, **_: result(1.0), alone=True
-    )  # alone: what was read before the ask is current
+    # alone: what was read before the ask is current
+    run(lambda config, **_: result(1.0), alone=True)
     assert (
         capsys.readouterr().err
         == "trial 2: complete in 1.00 s, accuracy 0.9500 (3/4 finished; best 0.50 s, trial 1)\n"
@@ -251,9 +247,8 @@ def test_beside_other_workers_a_trials_line_tells_where_the_study_stands_when_it
 def test_a_terminal_gets_bars(tmp_path: Path) -> None:
     path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
     controller, terminal = pty.openpty()
-    fcntl.ioctl(
-        terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0)
-    )  # tqdm draws nothing 0 wide
+    # tqdm draws nothing 0 wide
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
     process = subprocess.Popen(
         [sys.executable, "-m", "autotune", "run", str(path)],
         cwd=REPO,

@@ -65,9 +65,8 @@ def test_the_params_example_runs_as_written(
         params
     ) == [*KNOBS, "width", "dropout", "weight_decay", "kind"]
     assert 8 <= params["width"] <= 64 and params["kind"] in ("sgd", "adamw")
-    assert (
-        summary["baseline"]["params"]["width"] == 23
-    )  # round(sqrt(8 * 64)): the log range's middle
+    # round(sqrt(8 * 64)): the log range's middle
+    assert summary["baseline"]["params"]["width"] == 23
 
 
 def test_the_python_api_example_runs_as_written(
@@ -79,9 +78,8 @@ def test_the_python_api_example_runs_as_written(
     )
     out = capsys.readouterr().out
     assert re.search(r"^model: \{.*'width': (8|32)\}", out, re.M), out
-    assert re.search(r"^loop: \{'lr': [\d.e-]+, 'batch_size': \d+, 'width': \d+\}", out, re.M), (
-        out
-    )  # what it reads
+    # what it reads
+    assert re.search(r"^loop: \{'lr': [\d.e-]+, 'batch_size': \d+, 'width': \d+\}", out, re.M), out
     assert (tmp_path / "rings.db").is_file() and (tmp_path / "rings_loop.db").is_file()
 
 

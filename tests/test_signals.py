@@ -41,9 +41,8 @@ def test_a_signal_dropped_inside_a_weakref_callback_still_stops_the_interruptibl
             _sigterm_during_a_weakref_callback()
             reached_the_end = True
     assert reached_the_end  # the signal's exception did not stop the block where it landed
-    assert (
-        stopped.value.signum == signal.SIGTERM and dropped == []
-    )  # stopped after all, and nothing printed
+    # stopped after all, and nothing printed
+    assert stopped.value.signum == signal.SIGTERM and dropped == []
 
 
 def test_a_dropped_signal_is_raised_by_the_next_check_as_a_trial_reports_progress(

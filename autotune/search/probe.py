@@ -67,9 +67,8 @@ def worth_probing(space: Space) -> bool:
     return (1 < len(loaders) <= MAX_LOADER_SETTINGS) or len(space["precision"].values) > 1
 
 
-RunProbe = Callable[
-    [Mapping[str, Any]], float
-]  # a configuration -> training-clock seconds of a short run
+# a configuration -> training-clock seconds of a short run
+RunProbe = Callable[[Mapping[str, Any]], float]
 
 
 def probe_batch(space: Space, baseline: Mapping[str, Any], *, samples: int | None) -> int:
@@ -124,9 +123,8 @@ def run(
     if len(precisions) > 1:
         times = fastest([{**loader, "precision": p} for p in precisions])
         if math.isfinite(times[0]):
-            ratios = {
-                p: times[0] / t for p, t in zip(precisions, times)
-            }  # > 1: faster than the reference
+            # > 1: faster than the reference
+            ratios = {p: times[0] / t for p, t in zip(precisions, times)}
             kept = [p for p in precisions if p == reference or ratios[p] >= 1 + FASTER_BY]
     return {
         "loader": loader,

@@ -46,9 +46,8 @@ ONECYCLE_PCT_START = 0.25
 ONECYCLE_MIN_WARMUP_STEPS = 1.5
 
 SCHEDULES: dict[str, Schedule] = {
-    "constant": Schedule(
-        "ConstantLR", {"factor": 1.0, "total_iters": 0}
-    ),  # factor 1: the lr never changes
+    # factor 1: the lr never changes
+    "constant": Schedule("ConstantLR", {"factor": 1.0, "total_iters": 0}),
     "step": Schedule("MultiStepLR", {"gamma": 0.1}, {"milestones": (0.5, 0.75)}),
     "cosine": Schedule("CosineAnnealingLR", {}, {"T_max": 1.0}),
     # One step has no cycle.

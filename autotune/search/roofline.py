@@ -57,9 +57,8 @@ class Prediction:
         return {**self.loader, **self.compute}
 
 
-ComputeRate = Callable[
-    [Mapping[str, Any], Mapping[str, Any]], "float | None"
-]  # (loader, compute) -> rate
+# (loader, compute) -> rate
+ComputeRate = Callable[[Mapping[str, Any], Mapping[str, Any]], "float | None"]
 
 
 def predict(

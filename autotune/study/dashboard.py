@@ -26,9 +26,8 @@ def _run_server() -> Callable[..., None]:
 
 
 def url(host: str, port: int) -> str:
-    return (
-        f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-    )  # an IPv6 address goes in brackets
+    # an IPv6 address goes in brackets
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def serve(spec: StudySpec, *, host: str, port: int) -> None:

@@ -129,9 +129,8 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
         batch_norm=prepared.batch_norm,
     )
     schema.record_throughput(study, phase)
-    progress.tell(
-        f"autotune: {goodput.describe(phase)}"
-    )  # the report repeats it, so quiet hides it
+    # the report repeats it, so quiet hides it
+    progress.tell(f"autotune: {goodput.describe(phase)}")
 
 
 def plan_for(
@@ -142,9 +141,8 @@ def plan_for(
     if spec.objective not in (GOODPUT, SYSTEMS_ONLY) or phase is None:
         return None, space
     table = goodput.Table.from_json(phase["table"])
-    plan = Plan(
-        table, space
-    )  # the split of an effective batch may use any of the space's micro-batches
+    # the split of an effective batch may use any of the space's micro-batches
+    plan = Plan(table, space)
     sampled = (
         baseline_space(space, prepared.baseline)
         if spec.objective == SYSTEMS_ONLY

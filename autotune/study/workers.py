@@ -117,9 +117,8 @@ def run_workers(
         processes.append(process)
     study = storage.open_study(spec, create=False)
     try:
-        to_train = trials_to_train(
-            spec, study.get_trials(deepcopy=False)
-        )  # systems_only: its tries
+        # systems_only: its tries
+        to_train = trials_to_train(spec, study.get_trials(deepcopy=False))
         with progress.bar(f"study ({workers} workers)", total=to_train, unit="trial") as bar:
             while any(p.poll() is None for p in processes):
                 with signals.interruptible():

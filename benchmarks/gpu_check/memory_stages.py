@@ -39,9 +39,8 @@ PINNED = {
 }
 LOADER_GPU = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True}
 LOADER_CPU = {"num_workers": 0, "pin_memory": False}
-LEAK_TOLERANCE = (
-    64 * 2**20
-)  # NVML counts whole pages and the driver's own bookkeeping moves a little
+# NVML counts whole pages and the driver's own bookkeeping moves a little
+LEAK_TOLERANCE = 64 * 2**20
 
 
 def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:

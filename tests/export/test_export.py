@@ -399,9 +399,8 @@ def check_lightning_model_lines(
 
     lines = [line for line in export["usage"] if line.startswith("model = ")]
     namespace: dict[str, Any] = {"torch": torch, "model": conv_net()}
-    exec(
-        "\n".join(lines), namespace
-    )  # lazy: torch.compile compiles at the first call, which never comes
+    # lazy: torch.compile compiles at the first call, which never comes
+    exec("\n".join(lines), namespace)
     expected, _ = systems.prepare_model(
         conv_net(), channels_last=knob_values["channels_last"], compile=knob_values["compile"]
     )
@@ -518,13 +517,11 @@ def check_hf(
             group["nesterov"],
             group["weight_decay"],
         ) == (expected["lr"], expected["momentum"], expected["nesterov"], expected["weight_decay"])
-        assert (
-            named["optimizer"][0]["status"] == "approximation"
-        )  # HF spares biases from weight decay
+        # HF spares biases from weight decay
+        assert named["optimizer"][0]["status"] == "approximation"
         assert export["params"] == extras
-        assert ("fused_optimizer" in named) is knob_values[
-            "fused_optimizer"
-        ]  # HF's sgd has no fused step: said
+        # HF's sgd has no fused step: said
+        assert ("fused_optimizer" in named) is knob_values["fused_optimizer"]
         if knob_values["fused_optimizer"]:
             assert (
                 named["fused_optimizer"][0]["status"] == "no equivalent"
@@ -594,12 +591,10 @@ def check_hf_systems(
         (entry,) = named[knob]
         assert entry["status"] == "no equivalent" and entry["value"] is knob_values[knob]
         assert (code in entry["note"]) is knob_values[knob]
-    assert args.tf32 is (
-        True if knob_values["tf32"] else None
-    )  # None: transformers leaves torch's setting alone
-    assert (
-        "tf32" not in named
-    )  # given when on; left out when off, which keeps torch's default as the trial did
+    # None: transformers leaves torch's setting alone
+    assert args.tf32 is (True if knob_values["tf32"] else None)
+    # given when on; left out when off, which keeps torch's default as the trial did
+    assert "tf32" not in named
     tf32 = knob_values["compile"] and knob_values["precision"] != "fp16" and not knob_values["tf32"]
     assert ("compile" in named) is tf32
     if tf32:
@@ -683,16 +678,14 @@ def test_hf_compile_note_undoes_the_tf32_that_transformers_turns_on(
             )
         exec(fix, {"torch": torch})
         now = fp32_precisions()
-        assert (
-            torch.get_float32_matmul_precision() == "highest"
-        )  # full-precision float32 matmuls, torch's default
+        # full-precision float32 matmuls, torch's default
+        assert torch.get_float32_matmul_precision() == "highest"
         assert now.pop("cuda.matmul") in ("none", "ieee") and now.pop("mkldnn.matmul") in (
             "none",
             "ieee",
         )
-        assert now == {
-            k: v for k, v in default.items() if not k.endswith("matmul")
-        }  # cuDNN convolutions in TF32 as before
+        # cuDNN convolutions in TF32 as before
+        assert now == {k: v for k, v in default.items() if not k.endswith("matmul")}
     finally:
         torch.set_float32_matmul_precision(matmul)
         for name, value in default.items():
@@ -802,10 +795,10 @@ def check_torch(
         scheduler
     )
     assert [
-        {k: v for k, v in g.items() if k != "params"} for g in training.optimizer.param_groups
-    ] == [
-        {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups
-    ]  # lr, momentum, decay, ...
+        {k: v for k, v in g.items() if k != "params"}
+        for g in training.optimizer.param_groups
+        # lr, momentum, decay, ...
+    ] == [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     precision = knob_values["precision"]
     assert training.scaler.is_enabled() == (precision == "fp16")
     with training.autocast():
@@ -818,10 +811,11 @@ def check_torch(
     )
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
     batches = training.batches
+    # the strides of the inputs each model sees
     layouts: dict[str, list[tuple[int, ...]]] = {
         "mine": [],
         "trial's": [],
-    }  # the strides of the inputs each model sees
+    }
     for who, net in (("mine", model), ("trial's", twin)):
         net.register_forward_pre_hook(
             lambda _, args, who=who: layouts[who].append(args[0].stride())
@@ -1105,9 +1099,8 @@ def test_a_winner_stored_before_the_systems_knobs_ran_without_them(tmp_path: Pat
     stored = {k: v for k, v in ran.items() if k not in SYSTEMS}
     summary = summary_for(stored)
     assert json.loads(render(summary, "json")) == ran
-    assert list(yaml.safe_load(render(summary, "yaml")).items()) == list(
-        ran.items()
-    )  # the knobs in order, then params
+    # the knobs in order, then params
+    assert list(yaml.safe_load(render(summary, "yaml")).items()) == list(ran.items())
     check_args(render(summary, "args"), ran)
     check_lightning(
         render(summary, "lightning"), summary, dataset=_blobs(64, 0), model=blobs_model(summary)
@@ -1182,9 +1175,8 @@ def test_every_format_for_a_real_digits_study(
     printed = json.loads(capsys.readouterr().out)
     spec = study_file.load(path)
     summary = of_study(spec, storage.open_study(spec, create=False))[1]
-    assert (
-        json.loads(json.dumps(summary.as_dict())) == printed
-    )  # --json is the typed summary, as JSON
+    # --json is the typed summary, as JSON
+    assert json.loads(json.dumps(summary.as_dict())) == printed
     params = summary.best.params
     assert (
         set(params) == {*KNOBS, "width"}

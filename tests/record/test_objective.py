@@ -47,9 +47,8 @@ def test_time_to_target_is_the_mean_crossing_when_every_run_reached() -> None:
         target=0.95,
     )
     assert result.value == pytest.approx(3.0)
-    assert (
-        result.constraint == pytest.approx(0.95 - 0.97) and result.metric == 0.97
-    )  # judged by the worst run
+    # judged by the worst run
+    assert result.constraint == pytest.approx(0.95 - 0.97) and result.metric == 0.97
 
 
 def test_time_to_target_is_infeasible_when_one_run_missed() -> None:
@@ -58,9 +57,8 @@ def test_time_to_target_is_infeasible_when_one_run_missed() -> None:
         of("time_to_target"),
         target=0.95,
     )
-    assert result.constraint > 0 and result.value == pytest.approx(
-        4.0
-    )  # the training time both took
+    # the training time both took
+    assert result.constraint > 0 and result.value == pytest.approx(4.0)
 
 
 def test_fixed_schedule_is_feasible_on_the_mean_final_metric_and_timed_by_the_whole_schedule() -> (
@@ -84,9 +82,8 @@ def test_replicate_seeds_start_at_the_trials_own_and_never_repeat() -> None:
     assert seeds.replicates(100_007, 1) == [100_007]
     many = seeds.replicates(100_007, 5)
     assert many[0] == 100_007 and len(set(many)) == 5
-    assert not set(many[1:]) & set(
-        range(0, 100_000 * 1000)
-    )  # no study's trial, probe or confirmation seed
+    # no study's trial, probe or confirmation seed
+    assert not set(many[1:]) & set(range(0, 100_000 * 1000))
 
 
 def test_an_empty_trial_and_an_unknown_objective_are_refused() -> None:
@@ -119,6 +116,5 @@ def test_only_a_first_run_that_beats_the_best_gets_more_seeds_under_time_to_targ
     assert of("time_to_target").runs_for(fast, replicates=3, incumbent=None) == 3  # the first best
     assert of("time_to_target").runs_for(slow, replicates=3, incumbent=2.0) == 1
     assert of("time_to_target").runs_for(missed, replicates=3, incumbent=None) == 1
-    assert (
-        of("fixed_schedule").runs_for(missed, replicates=3, incumbent=2.0) == 3
-    )  # a mean needs them all
+    # a mean needs them all
+    assert of("fixed_schedule").runs_for(missed, replicates=3, incumbent=2.0) == 3

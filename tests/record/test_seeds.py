@@ -49,6 +49,5 @@ def test_a_resumed_study_and_each_worker_draw_apart() -> None:
     assert seeds.for_sampler(1, stored_trials=5, worker=None) == seeds.for_sampler(
         1, stored_trials=5, worker=0
     )
-    assert (
-        seeds.for_sampler(2**32 - 1, stored_trials=1, worker=None) == 0
-    )  # numpy's seeds are 32-bit
+    # numpy's seeds are 32-bit
+    assert seeds.for_sampler(2**32 - 1, stored_trials=1, worker=None) == 0

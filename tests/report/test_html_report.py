@@ -23,6 +23,7 @@ from autotune.report import html_page, plots, results, summarize
 REPO = Path(__file__).resolve().parents[2]
 # Where the browser test keeps its screenshot of the page, for a person to look at.
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS", REPO / "test-artifacts"))
+# this machine's closed network refuses the rest
 CHROMIUM_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -31,7 +32,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-]  # this machine's closed network refuses the rest
+]
 
 
 class Page(HTMLParser):
@@ -158,9 +159,8 @@ def test_every_number_in_the_winners_section_is_the_one_report_json_gives(
             attrs
         )
         shown[attrs["data-json"]] = text
-    assert (
-        summary["best"]["source"] == "confirmed" and summary["best"]["trial"] is not None
-    )  # the section in full
+    # the section in full
+    assert summary["best"]["source"] == "confirmed" and summary["best"]["trial"] is not None
     for path in (
         "best.time_to_target",
         "best.min",
@@ -313,9 +313,8 @@ def test_the_page_opens_in_a_headless_browser_without_errors(study: Path) -> Non
             images = page.evaluate(
                 "Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
             )
-            page.set_viewport_size(
-                {"width": 1280, "height": 800}
-            )  # a laptop's window: nothing may be cut off
+            # a laptop's window: nothing may be cut off
+            page.set_viewport_size({"width": 1280, "height": 800})
             overflow = page.evaluate(
                 "document.documentElement.scrollWidth - document.documentElement.clientWidth"
             )

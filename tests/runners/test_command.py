@@ -83,30 +83,27 @@ def group_members(pgid: int) -> list[int]:
 def test_a_command_that_reaches_the_target_is_stopped_and_timed(tmp_path: Path) -> None:
     calls: list[tuple[int, int, float | None, float]] = []
     launched = time.perf_counter()
-    result = run(
-        "climbs", tmp_path, progress=lambda *call: calls.append(call)
-    )  # 0.05 more each 0.05 s
+    # 0.05 more each 0.05 s
+    result = run("climbs", tmp_path, progress=lambda *call: calls.append(call))
     returned = time.perf_counter() - launched
     assert result.reached and result.stop_reason == "target"
     assert result.best_metric == 0.5 and result.optimizer_steps == 10 and result.epochs == 1.0
+    # stopped at the first report reaching it
     assert result.curve[-1] == (
         result.time_to_target,
         1.0,
         0.5,
-    )  # stopped at the first report reaching it
-    assert (
-        10 * 0.05 < result.time_to_target == result.train_seconds < returned
-    )  # ten reports, start-up included
-    assert (
-        returned < result.time_to_target + 5
-    )  # the rest of its 1000 steps (50 s) was not waited for
+    )
+    # ten reports, start-up included
+    assert 10 * 0.05 < result.time_to_target == result.train_seconds < returned
+    # the rest of its 1000 steps (50 s) was not waited for
+    assert returned < result.time_to_target + 5
     assert not alive(info(tmp_path)["pid"])
     steps = [c[0] for c in calls]  # every report, and the clock between reports
     assert steps == sorted(steps) and sorted(set(steps) - {0}) == list(range(1, 11))
     assert calls[-1] == (10, 20, 0.5, result.time_to_target)
-    assert (
-        0 < result.samples_per_second < 32 / 0.05 * 1.2
-    )  # 32 samples at most every 0.05 s (sleeps only overrun)
+    # 32 samples at most every 0.05 s (sleeps only overrun)
+    assert 0 < result.samples_per_second < 32 / 0.05 * 1.2
     assert result.peak_memory_bytes > 10 * 2**20  # a Python process with torch loaded
 
 
@@ -118,13 +115,11 @@ def test_a_command_short_of_the_target_is_killed_with_its_group_at_max_seconds(
     assert (
         not result.reached and result.stop_reason == "max_seconds" and result.time_to_target is None
     )
-    assert (
-        result.train_seconds >= 2.0 and time.monotonic() - launched < 30
-    )  # killed at the limit, not run forever
+    # killed at the limit, not run forever
+    assert result.train_seconds >= 2.0 and time.monotonic() - launched < 30
     assert result.best_metric == 0.1 and all(point[0] < 2.0 for point in result.curve)
-    assert (
-        result.epochs == result.optimizer_steps / 10**6 * 3
-    )  # step of total_steps, over max_epochs
+    # step of total_steps, over max_epochs
+    assert result.epochs == result.optimizer_steps / 10**6 * 3
     pid, helper = info(tmp_path)["pid"], info(tmp_path)["helper"]
     assert not alive(pid) and not still_alive([helper])  # the process it started went with it
     assert group_members(pid) == []
@@ -266,9 +261,8 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
 def test_garbage_on_the_channel_is_ignored(tmp_path: Path) -> None:
     result = run("garbage", tmp_path, limits=limits(target=0.8))
     assert result.reached and result.optimizer_steps == 6
-    assert result.epochs is None and all(
-        epochs is None for _, epochs, _ in result.curve
-    )  # none reported, no total
+    # none reported, no total
+    assert result.epochs is None and all(epochs is None for _, epochs, _ in result.curve)
     assert [p[2] for p in result.curve] == [0.4, 0.9]  # the 0.4 came under the metric's own name
 
 
@@ -370,11 +364,12 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
         ("{pin_memory:--pin-memory/--no-pin-memory}", {"pin_memory": False}, "--no-pin-memory"),
         ("{pin_memory:--pin-memory/}", {"pin_memory": True}, "--pin-memory"),
         ("{pin_memory:--pin-memory/}", {"pin_memory": False}, None),  # empty: left out
+        # None: the argument is left out
         (
             "--prefetch-factor={prefetch_factor}",
             {"prefetch_factor": None},
             None,
-        ),  # None: the argument is left out
+        ),
         ("--prefetch-factor={prefetch_factor}", {"prefetch_factor": 4}, "--prefetch-factor=4"),
         ("{prefetch_factor:on/off}", {"prefetch_factor": None}, "off"),
         ("{{literal}}-{precision}", {"precision": "bf16"}, "{literal}-bf16"),
@@ -542,12 +537,13 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
     study = yaml.safe_load(STUDY.read_text())
     command_line.validate(study["task"]["command"], known=KNOBS, cwd=STUDY.parent)
     budget = study["budget"]
+    # with room for a busy machine
     limits_ = Limits(
         target=study["target"]["value"],
         max_epochs=budget["max_epochs"],  # the study's,
         max_seconds=max(60, budget["max_seconds"]),
         eval_every=0.25,
-    )  # with room for a busy machine
+    )
     config = TrialConfig.from_mapping(
         complete({**DEFAULT_BASELINE, "lr": 0.05, "precision": precision})
     )
@@ -563,9 +559,8 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
     )
     assert result.reached and result.stop_reason == "target", result
     assert result.curve[-1][2] == result.best_metric >= limits_.target
-    assert all(
-        metric < limits_.target for _, _, metric in result.curve[:-1]
-    )  # stopped at the first crossing
+    # stopped at the first crossing
+    assert all(metric < limits_.target for _, _, metric in result.curve[:-1])
     batches = (
         1797 - 359
     ) // 32  # training samples (digits less the 20% validation split) // batch size
@@ -629,10 +624,11 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
         result.stdout
     )
     trials = optuna.load_study(study_name="lightning_digits", storage=storage).get_trials()
+    # prune: incumbent in the study file
     assert {t.state.name for t in trials} <= {
         "COMPLETE",
         "PRUNED",
-    }  # prune: incumbent in the study file
+    }
     for t in trials:
         if t.state.name == "PRUNED":
             assert (
@@ -689,9 +685,8 @@ def test_importing_autotune_for_report_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        "autotune.train.tasks.Task" in result.stdout
-    )  # the rest of the API is still there, imported when used
+    # the rest of the API is still there, imported when used
+    assert "autotune.train.tasks.Task" in result.stdout
 
 
 def test_orphans_are_handed_to_autotune_only_while_a_command_runs(tmp_path: Path) -> None:

@@ -71,9 +71,8 @@ def test_a_child_trains_the_same_trial_as_this_process() -> None:
         progress=lambda s, t, m, seconds: steps.append(s),
     )
     here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
-    assert [point[1:] for point in there.curve] == [
-        point[1:] for point in here.curve
-    ]  # same metric at the same epochs
+    # same metric at the same epochs
+    assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]
     assert there.best_metric == here.best_metric and there.optimizer_steps == here.optimizer_steps
     assert steps and steps[-1] <= there.optimizer_steps  # progress came back from the child
 
@@ -165,9 +164,8 @@ def still_alive(pids: list[int], *, within: float = 20.0) -> list[int]:
 
 
 def test_killing_the_study_leaves_no_trial_process_behind(tmp_path: Path) -> None:
-    path = write_study(
-        tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,)
-    )  # every trial hangs, for minutes
+    # every trial hangs, for minutes
+    path = write_study(tmp_path, "tests.tasks:hangs", batch_sizes=(OOM_BATCH,))
     study = subprocess.Popen(
         [sys.executable, "-m", "autotune", "run", str(path)],
         cwd=REPO,
@@ -298,9 +296,8 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
 
 def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     def users_code() -> None:
-        torch.nn.functional.cross_entropy(
-            torch.zeros(2, 3), torch.tensor([0, 7])
-        )  # class 7 of 3: torch raises
+        # class 7 of 3: torch raises
+        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))
 
     try:
         users_code()
@@ -392,9 +389,8 @@ def test_a_trials_loader_workers_are_forked_from_the_trial_as_in_the_users_own_t
     run_trial(loading, limits=LIMITS, device=CPU, seed=1)
     notes = [p.read_text().split() for p in Path(tempfile.gettempdir()).glob(WORKER_PIDS)]
     assert len(notes) == 2  # both workers loaded
-    assert all(len(note) == 2 and note[0] == note[1] for note in notes), (
-        notes
-    )  # forked by the process that started them
+    # forked by the process that started them
+    assert all(len(note) == 2 and note[0] == note[1] for note in notes), notes
 
 
 @pytest.mark.parametrize(

@@ -61,9 +61,8 @@ def test_one_warm_child_trains_trial_after_trial_as_this_process_would() -> None
         pids.append(child.pid)
         assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]
         assert there.optimizer_steps == here.optimizer_steps
-    assert (
-        len(set(pids)) == 1 and alive(pids[0]) and child.replaced == []
-    )  # one process served all three
+    # one process served all three
+    assert len(set(pids)) == 1 and alive(pids[0]) and child.replaced == []
     assert steps  # progress came back from the child
     child.close()
     assert still_alive(pids) == []
@@ -112,9 +111,8 @@ def test_a_pruned_trial_is_stopped_inside_the_child_which_then_runs_the_next() -
         if len(reports) == 3:
             raise isolation.Pruned("pruned: slower than the best")
 
-    long = Limits(
-        target=2.0, max_epochs=10_000, max_seconds=300, eval_every=1.0
-    )  # minutes, were it not stopped
+    # minutes, were it not stopped
+    long = Limits(target=2.0, max_epochs=10_000, max_seconds=300, eval_every=1.0)
     started = time.monotonic()
     with pytest.raises(isolation.Pruned):
         child.run_trial(
@@ -141,9 +139,8 @@ def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_p
     child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
     assert child.pid is None and len(child.replaced) == 1, child.replaced
     assert "left 1 process(es) running" in child.replaced[0]
-    assert told == [
-        f"the warm trial process was replaced: {child.replaced[0]}"
-    ]  # the user hears of it
+    # the user hears of it
+    assert told == [f"the warm trial process was replaced: {child.replaced[0]}"]
     left = [int(pid) for pid in re.findall(r"\d+", child.replaced[0].split("pid", 1)[1])]
     assert still_alive(left) == []  # killed with the child's process group
     child.close()
@@ -152,9 +149,8 @@ def test_a_trial_that_leaves_a_process_running_gets_its_child_replaced_and_the_p
 def test_what_a_trial_leaves_decides_whether_its_child_serves_again() -> None:
     footprint = warm._Footprint
     before, first = footprint(1 << 20, 500 << 20, [17]), footprint(1 << 20, 600 << 20, [17])
-    assert (
-        warm.left_behind(before, first, footprint(1 << 20, 700 << 20, [17])) is None
-    )  # 17 was there before
+    # 17 was there before
+    assert warm.left_behind(before, first, footprint(1 << 20, 700 << 20, [17])) is None
     assert "device memory" in warm.left_behind(before, first, footprint(200 << 20, 600 << 20, []))
     assert "process(es)" in warm.left_behind(before, first, footprint(1 << 20, 600 << 20, [4242]))
     assert "resident memory grew by 2048 MiB" in warm.left_behind(
@@ -185,9 +181,8 @@ def test_a_child_serves_at_most_its_share_of_trials(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(warm, "TRIALS_PER_CHILD", 2)
     monkeypatch.setattr(trial_process, "become_trial_process", lambda pid, method: None)
     monkeypatch.setattr(warm, "load_task", lambda name, study_path: blobs())
-    monkeypatch.setattr(
-        gc, "freeze", lambda: None
-    )  # the test process's own objects stay collectable
+    # the test process's own objects stay collectable
+    monkeypatch.setattr(gc, "freeze", lambda: None)
     warm._serve(Connection(), 0, "fork", "blobs", REPO / "study.yaml")
     assert [reply[:2] for reply in replies] == [("result", "done"), ("result", "done")]
     assert replies[0][2] is None and "2 trials" in replies[1][2]

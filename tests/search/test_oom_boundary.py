@@ -39,9 +39,8 @@ def test_knobs_that_do_not_change_memory_are_ignored_and_parameters_must_match()
         "pin_memory": True,
     }
     assert needs_at_least(other, BASE)
-    assert not needs_at_least(
-        {**BASE, "width": 16}, {**BASE, "width": 64}
-    )  # a narrower model may fit
+    # a narrower model may fit
+    assert not needs_at_least({**BASE, "width": 16}, {**BASE, "width": 64})
     assert needs_at_least({**BASE, "width": 64}, {**BASE, "width": 64})
 
 

@@ -62,17 +62,17 @@ def test_the_prior_is_the_largest_batch_with_enough_steps_the_scaled_lr_spread_a
     ] * 3
     # linear scaling: 0.01 x 64 / 32, then a third and three times that
     assert [t["lr"] for t in trials] == pytest.approx([0.02, 0.02 / 3, 0.06])
-    assert all(
-        inside(SPACE, t) for t in trials
-    )  # and precision, systems knobs, schedule, width left to the sampler
+    # and precision, systems knobs, schedule, width left to the sampler
+    assert all(inside(SPACE, t) for t in trials)
 
 
 def test_the_lr_scales_with_the_effective_batch_of_the_baseline() -> None:
+    # effective 64, as the prior's
     baseline = {
         **BASELINE,
         "batch_size": 16,
         "accumulation_steps": 4,
-    }  # effective 64, as the prior's
+    }
     assert prior.first_trials(SPACE, baseline, train_samples=2048, count=1)[0][
         "lr"
     ] == pytest.approx(0.01)
@@ -126,18 +126,20 @@ def test_onecycle_else_cosine_else_the_sampler_chooses(
 @pytest.mark.parametrize(
     "lr, domain, expected",
     [
+        # every spread value past the range: one trial at its top
         (
             10.0,
             Range(0.001, 0.1, log=True),
             [0.1],
-        ),  # every spread value past the range: one trial at its top
+        ),
         (1e-6, Range(0.001, 0.1, log=True), [0.001]),
         (0.05, Range(0.001, 0.1, log=True), [0.1, 0.1 / 3]),  # x3 clamped onto x1
+        # the nearest choice on a log scale to 0.02, 0.0067, 0.06
         (
             0.01,
             Choices((0.001, 0.01, 0.1)),
             [0.01, 0.1],
-        ),  # the nearest choice on a log scale to 0.02, 0.0067, 0.06
+        ),
         (0.03, Choices((0.001, 0.01, 0.1)), [0.1, 0.01]),  # to 0.06, 0.02, 0.18
     ],
 )
@@ -155,11 +157,12 @@ def test_an_lr_outside_the_domain_is_clamped_into_it(
     [
         (700, (16, 32, 64, 128), 32),  # 64 would leave 10 steps an epoch
         (100, (16, 32, 64, 128), 32),  # none leaves 20 steps: the baseline's batch
+        # nor here, and the baseline's is not in the space: the nearest that is
         (
             100,
             (64, 128, 256),
             64,
-        ),  # nor here, and the baseline's is not in the space: the nearest that is
+        ),
         (None, (16, 32, 64, 128), 32),  # a command task's training set is unknown
     ],
 )
@@ -202,8 +205,7 @@ def test_a_new_study_starts_with_the_prior_trials_once(
     assert [t.params["lr"] for t in trials] == pytest.approx([0.1, 0.1 / 3])
     assert [schema.config(t)["batch_size"] for t in trials] == [32, 32]  # and trained so
 
-    assert (
-        run_cli("run", str(path), "--trials", "3", capsys=capsys)[0] == 0
-    )  # resumed: nothing queued again
+    # resumed: nothing queued again
+    assert run_cli("run", str(path), "--trials", "3", capsys=capsys)[0] == 0
     trials = load(path).trials
     assert len(trials) == 3 and [t.number for t in trials if schema.queue_marks(t)] == [0, 1]

@@ -59,9 +59,8 @@ def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_remov
     assert outcome["precisions"] == ["fp32"] and outcome["speed"]["bf16"] == pytest.approx(1 / 1.1)
     settings = [(c["num_workers"], c["prefetch_factor"], c["precision"]) for c in calls]
     loaders = [(0, None, "fp32"), (1, 2, "fp32"), (1, 4, "fp32")]
-    assert (
-        settings == loaders * probe.ROUNDS + [(1, 4, "fp32"), (1, 4, "bf16")] * probe.ROUNDS
-    )  # interleaved
+    # interleaved
+    assert settings == loaders * probe.ROUNDS + [(1, 4, "fp32"), (1, 4, "bf16")] * probe.ROUNDS
     assert all(c["lr"] == 0.01 and c["batch_size"] == 32 for c in calls)  # the baseline's maths
     assert outcome["seconds"] == pytest.approx(sum(r["seconds"] for r in outcome["runs"]))
 
@@ -106,9 +105,8 @@ def test_a_narrow_precision_stays_only_when_clearly_faster_and_runs_are_counted_
     outcome = probe.run(measure, space(num_workers=0), BASELINE)
     assert not outcome["probed_loader"] and outcome["precisions"] == ["fp32", "bf16"]
     assert outcome["speed"]["bf16"] == pytest.approx(1 / 0.7)
-    _, measure = timed(
-        lambda c: 0.98 if c["precision"] == "bf16" else 1.0
-    )  # 2%: noise, not worth the risk
+    # 2%: noise, not worth the risk
+    _, measure = timed(lambda c: 0.98 if c["precision"] == "bf16" else 1.0)
     assert probe.run(measure, space(num_workers=0), BASELINE)["precisions"] == ["fp32"]
 
 
@@ -139,9 +137,8 @@ def test_the_probe_runs_at_the_largest_batch_that_gives_enough_steps() -> None:
     assert outcome["batch_size"] == 128 and {c["batch_size"] for c in calls} == {128}
     assert "short runs at batch 128" in probe.describe(outcome)
     assert probe.probe_batch(wide, BASELINE, samples=None) == 32  # unknown window: the baseline's
-    assert (
-        probe.probe_batch(wide, BASELINE, samples=10 * probe.MIN_STEPS) == 32
-    )  # never below the baseline's
+    # never below the baseline's
+    assert probe.probe_batch(wide, BASELINE, samples=10 * probe.MIN_STEPS) == 32
 
 
 def test_a_large_batch_that_fails_falls_back_to_the_baselines() -> None:

@@ -57,9 +57,8 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
     )
     assert fp32.bottleneck == roofline.COMPUTE and fp32.samples_per_second == 1000.0
     checked = roofline.to_check(predictions, count=2)
-    assert (
-        len(checked) == 3 and not checked[-1].overlapped
-    )  # the best with no workers is checked too
+    # the best with no workers is checked too
+    assert len(checked) == 3 and not checked[-1].overlapped
     assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (
         checked[1],
         2700.0,
@@ -89,9 +88,8 @@ def config(**settings) -> TrialConfig:
 
 
 def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> None:
-    load_seconds = (
-        paced.LOAD_SECONDS
-    )  # smaller costs let the step's own arithmetic and hand-overs show
+    # smaller costs let the step's own arithmetic and hand-overs show
+    load_seconds = paced.LOAD_SECONDS
     task = paced.make(load_seconds=load_seconds, compute_seconds=paced.COMPUTE_SECONDS)
     loaders = {f"w{w}": config(**loader(w)) for w in (0, 2, 4)}
     computes = {
@@ -127,6 +125,7 @@ def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quic
     study = {
         "task": task,
         "target": {"metric": "accuracy", "value": 0.5},
+        # the paced step's cost is a wait: nothing for a fused step to save
         "space": {
             "lr": 0.05,
             "scheduler": "constant",
@@ -136,7 +135,7 @@ def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quic
             "prefetch_factor": 2,
             "precision": ["fp32", "bf16"],
             "fused_optimizer": False,
-        },  # the paced step's cost is a wait: nothing for a fused step to save
+        },
         "baseline": {"lr": 0.05, "batch_size": 32},
         "probe": probe,
         "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
@@ -206,9 +205,8 @@ def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=[0, 1], precision="fp32")
     path.write_text(yaml.safe_dump(raw))
-    assert (
-        main(["run", str(path), "--quiet"]) == 0
-    )  # its trial reaches the target before the bad sample
+    # its trial reaches the target before the bad sample
+    assert main(["run", str(path), "--quiet"]) == 0
     outcome = load(path).user_attrs["probe"]
     assert outcome["chosen"] is None and outcome["unsettled"].startswith("a measurement failed: ")
     out = capsys.readouterr().out
@@ -263,13 +261,11 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     spec = study_file.load(path)
     prepared = preparation.prepare(spec)
     plain = config(batch_size=64)
-    chosen = roofline.Prediction(
-        loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0
-    )  # the step holds it
+    # the step holds it
+    chosen = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0)
     weighed = roofline_probe._weigh_compile(spec, prepared, chosen, plain, seed=0)
-    assert (
-        weighed["once_seconds"] > 0.5
-    )  # compiling takes seconds; the plain step starts in milliseconds
+    # compiling takes seconds; the plain step starts in milliseconds
+    assert weighed["once_seconds"] > 0.5
     assert weighed["longest_samples"] == len(prepared.task.train)  # one epoch
     assert weighed["kept"] is (
         weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"]

@@ -57,6 +57,7 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
     assert spec.name == "study"  # the file's stem
     assert spec.task == "digits"
     assert spec.target == Target(metric="accuracy", value=0.97)
+    # 2 x max_seconds + 60
     assert spec.budget == Budget(
         trials=5,
         timeout=None,
@@ -64,15 +65,16 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
         max_seconds=60.0,
         eval_every=0.25,
         trial_timeout=180.0,
-    )  # 2 x max_seconds + 60
+    )
     assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
     assert spec.seed == 0
     assert spec.device == "auto"
     assert spec.confirm == Confirm(top=3, runs=3)
+    # the budget's max_epochs
     assert dict(spec.baseline) == {
         **DEFAULT_BASELINE,
         "schedule_epochs": 10.0,
-    }  # the budget's max_epochs
+    }
     assert spec.objective == "time_to_target" and spec.replicates == 1
 
 
@@ -82,9 +84,8 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     space = load(write(tmp_path, VALID)).space
 
     assert [name for name, _ in space.domains] == list(KNOBS)
-    assert space["lr"] == Range(
-        low=0.001, high=0.3, log=True
-    )  # "1e-3" (text in YAML) read as a float
+    # "1e-3" (text in YAML) read as a float
+    assert space["lr"] == Range(low=0.001, high=0.3, log=True)
     assert space["num_workers"] == Choices((0, 1))
     assert space["precision"] == Choices(("fp32",))  # a scalar fixes the knob
     assert space["batch_size"] == Choices((32, 64))
@@ -93,10 +94,11 @@ def test_space_merges_preset_with_per_knob_overrides(tmp_path: Path) -> None:
     assert space["accumulation_steps"] == Choices((1, 2, 4))
     assert space["prefetch_factor"] == Choices((2, 4, 8))
     assert space["pin_memory"] == Choices((False, True))
+    # no schedule given: max_epochs
     assert space.fixed() == {
         "precision": "fp32",
         "schedule_epochs": 10.0,
-    }  # no schedule given: max_epochs
+    }
 
 
 def test_numbers_given_as_text_are_accepted(tmp_path: Path) -> None:

@@ -103,15 +103,12 @@ def test_fresh_seeds_differ_from_every_trial_seed() -> None:
 
 def test_baseline_is_resolved_once_all_its_runs_are_clearly_slower_than_every_candidates() -> None:
     fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
-    assert not verdict.baseline_resolved(
-        fast + [record("baseline", 9.0)]
-    )  # one run tells nothing yet
-    assert verdict.baseline_resolved(
-        fast + [record("baseline", 9.0), record("baseline", None)]
-    )  # a miss is slower still
-    assert not verdict.baseline_resolved(
-        fast + [record("baseline", 9.0), record("baseline", 1.8)]
-    )  # within 1.25x of 1.5
+    # one run tells nothing yet
+    assert not verdict.baseline_resolved(fast + [record("baseline", 9.0)])
+    # a miss is slower still
+    assert verdict.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", None)])
+    # within 1.25x of 1.5
+    assert not verdict.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.8)])
     assert verdict.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", 1.9)])
     assert not verdict.baseline_resolved(
         fast + [record("trial 2", None), record("baseline", 9.0), record("baseline", 9.0)]
@@ -223,6 +220,7 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         for s, r, n in ((1, True, 1000), (2, True, 1000), (3, False, None))
     ]
     effect = verdict.precision_effect(runs, "trial 4", "bf16")
+    # seed 3: the twin missed, so that pair says nothing
     assert effect == {
         "trial": "trial 4",
         "precision": "bf16",
@@ -230,7 +228,7 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         "fp32_samples": 1000,
         "ratio": 1.05,
         "pairs": 2,
-    }  # seed 3: the twin missed, so that pair says nothing
+    }
     assert verdict.fp32_twin("trial 4", {"precision": "fp32", "tf32": True}) is None
     assert verdict.fp32_twin("trial 4", {"precision": "bf16", "tf32": False, "lr": 0.1}) == (
         "trial 4 in fp32",
@@ -241,9 +239,8 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         "trial 4": {"median": 2.0, "runs": 2, "reached": 2},
         "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2},
     }
-    assert (
-        verdict.winner(stats) == "trial 4"
-    )  # the twin measures; it is no configuration the study found
+    # the twin measures; it is no configuration the study found
+    assert verdict.winner(stats) == "trial 4"
 
 
 def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_reports_the_samples(
@@ -268,9 +265,8 @@ def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_r
         "precision": "fp32",
         "tf32": False,
     }
-    assert (
-        len([r for r in stored["runs"] if r["label"] == fastest + " in fp32"]) == 2
-    )  # on the same two seeds
+    # on the same two seeds
+    assert len([r for r in stored["runs"] if r["label"] == fastest + " in fp32"]) == 2
     effect = stored["precision_effect"]
     assert effect is not None and effect["precision"] == "bf16" and effect["pairs"] >= 1
     assert (

@@ -39,6 +39,7 @@ CONFIG = {
 
 def test_the_values_a_sampler_would_choose_give_back_the_configuration() -> None:
     values = sampled_values(SPACE, CONFIG)
+    # no prefetch_factor without workers; the fixed precision is not chosen
     assert values == {
         "lr": 0.05,
         "scheduler": "cosine",
@@ -46,7 +47,7 @@ def test_the_values_a_sampler_would_choose_give_back_the_configuration() -> None
         "accumulation_steps": 2,
         "num_workers": 0,
         "width": 16,
-    }  # no prefetch_factor without workers; the fixed precision is not chosen
+    }
     assert suggest(SPACE, optuna.trial.FixedTrial(values)) == CONFIG
     with_workers = {**CONFIG, "num_workers": 2, "prefetch_factor": 4}
     assert sampled_values(SPACE, with_workers)["prefetch_factor"] == 4
@@ -83,14 +84,12 @@ def test_a_new_study_starts_with_its_baseline_as_trial_0_once(
     )
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
-    assert (
-        "trial 0 (the baseline): " in err and "trial 1 (the baseline)" not in err
-    )  # the user is told which it is
+    # the user is told which it is
+    assert "trial 0 (the baseline): " in err and "trial 1 (the baseline)" not in err
     study = load(path)
     first = study.trials[0]
-    assert (
-        derived.is_feasible(first) and "\n0 (baseline) " in out
-    )  # in the table of the fastest, too
+    # in the table of the fastest, too
+    assert derived.is_feasible(first) and "\n0 (baseline) " in out
     assert schema.is_baseline(first) and first.state.name == "COMPLETE"
     confirmation = schema.confirmation(study.user_attrs)
     baseline = confirmation["configs"]["baseline"]

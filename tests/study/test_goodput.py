@@ -119,9 +119,8 @@ def test_the_step_time_model_fills_in_between_measured_micro_batches_only() -> N
     assert table.speed_of({**MATHS, "batch_size": 32}).samples_per_second == pytest.approx(
         32 / 0.042
     )
-    assert (
-        table.speed_of({**MATHS, "batch_size": 128}) is None
-    )  # past the largest measured: no extrapolation
+    # past the largest measured: no extrapolation
+    assert table.speed_of({**MATHS, "batch_size": 128}) is None
     assert goodput.fit_step_time([(16, 16 / 0.026), (64, 64 / 0.074)]) == pytest.approx(
         (0.01, 0.001)
     )
@@ -141,9 +140,8 @@ def test_running_out_of_memory_rules_out_larger_micro_batches_and_is_learned_per
         batch_norm=False,
     )
     assert table.largest_fitting() == {"fp32": 64, "bf16": 64}
-    assert (
-        table.speed_of({**MATHS, "batch_size": 48}) is None
-    )  # between 16 and 64, but 32 ran out of memory
+    # between 16 and 64, but 32 ran out of memory
+    assert table.speed_of({**MATHS, "batch_size": 48}) is None
     effective_64 = {**MATHS, "batch_size": 64, "accumulation_steps": 1}
     assert table.fastest(effective_64, SPACE, samples=1000)[0]["batch_size"] == 64
     nothing_fits = goodput.Table([entry(16, None, oom=True)], batch_norm=False)
@@ -189,9 +187,8 @@ def test_a_goodput_trial_is_timed_by_the_prediction_for_its_mean_samples_not_its
         return 0.5 + samples / 1000
 
     outcome = rules.outcome([run(2000), run(4000)], target=0.9, predict=predict)
-    assert (
-        outcome.value == pytest.approx(3.5) and outcome.constraint <= 0
-    )  # 0.5 + 3000 / 1000, whatever the clocks said
+    # 0.5 + 3000 / 1000, whatever the clocks said
+    assert outcome.value == pytest.approx(3.5) and outcome.constraint <= 0
     missed = rules.outcome(
         [run(2000), run(None, reached=False, metric=0.8)], target=0.9, predict=predict
     )
@@ -256,9 +253,8 @@ def test_systems_only_settings_leave_the_training_unchanged(
         )
     )
     if not batch_norm:
-        space = space.replace(
-            "num_workers", Choices((1,))
-        )  # as a probe that settled on one worker leaves it
+        # as a probe that settled on one worker leaves it
+        space = space.replace("num_workers", Choices((1,)))
     baseline = {
         **MATHS,
         "lr": 0.05,
@@ -311,9 +307,8 @@ def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fa
     assert {e.settings["batch_size"] for e in table.entries} == {16, 32, 64} and all(
         e.speed for e in table.entries
     )
-    assert (
-        phase["cores"] >= 1 and phase["other_cores"] >= 0
-    )  # the load it ran beside (test_measure.py)
+    # the load it ran beside (test_measure.py)
+    assert phase["cores"] >= 1 and phase["other_cores"] >= 0
     noted = goodput.describe({**phase, "other_cores": 1.2})
     assert (
         noted.startswith(goodput.describe(phase).split(";")[0])
@@ -335,9 +330,8 @@ def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fa
         set(confirmation["predicted"]) <= {f"trial {t.number}" for t in timed}
         and confirmation["predicted"]
     )
-    assert (
-        "; predicted " in out and "Throughput phase" in out
-    )  # the confirmation sets the prediction beside the measurement
+    # the confirmation sets the prediction beside the measurement
+    assert "; predicted " in out and "Throughput phase" in out
     # Run again with a larger budget: the stored table is used, not measured again.
     code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)
     assert code == 0, err
@@ -367,11 +361,12 @@ def test_a_systems_only_study_trains_the_baselines_maths_once_and_tells_every_ot
         (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"])
         for t in [*trained, *told]
     }
+    # every split of the baseline's 64 the space allows
     assert splits == {
         (16, 4),
         (32, 2),
         (64, 1),
-    }  # every split of the baseline's 64 the space allows
+    }
     for trial in [*trained, *told]:
         config = schema.config(trial)
         assert (config["lr"], config["batch_size"] * config["accumulation_steps"]) == (0.1, 64)
@@ -396,16 +391,16 @@ def test_a_systems_only_try_that_misses_the_target_trains_again_on_new_seeds(
     study = load(path)
     trained = [t for t in study.trials if "from_trial" not in (schema.prediction(t) or {})]
     assert [(t.number, derived.is_feasible(t)) for t in trained] == [(0, False), (1, True)]
+    # the second try's seeds are its own
     assert [t.user_attrs[schema.SEED] for t in trained] == [
         0,
         1,
-    ]  # the second try's seeds are its own
+    ]
     assert schema.config(trained[1])["lr"] == 0.1
     told = [t for t in study.trials if "from_trial" in (schema.prediction(t) or {})]
     assert told and all(schema.prediction(t)["from_trial"] == 1 for t in told)
-    confirmed = schema.confirmation(
-        study.user_attrs
-    )  # none without a feasible trial: one try's luck left none
+    # none without a feasible trial: one try's luck left none
+    confirmed = schema.confirmation(study.user_attrs)
     assert confirmed is not None and set(confirmed["trials"]) <= {
         t.number for t in [trained[1], *told]
     }

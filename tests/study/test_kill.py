@@ -374,9 +374,8 @@ def sqlite_rows(db: Path, sql: str) -> list[tuple]:
 def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(
     tmp_path: Path,
 ) -> None:
-    path = write_study(
-        tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8}
-    )  # 32 runs: a window to see and kill in
+    # 32 runs: a window to see and kill in
+    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8})
     # Every trial runs to the end: the kill schedule is paced by whole trials, and with trials cut
     # short past the incumbent the budget can be done before a kill has landed in the confirmation.
     # Pruned trials' storage writes are those of an out-of-memory trial, which kills do meet.
@@ -605,11 +604,12 @@ def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_reference
     path = write_study(tmp_path, trials=4, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=2, prefetch_factor=2)
+    # trials that train until they are stopped
     raw.update(
         probe="none",
         budget={"trials": 4, "max_epochs": 200, "max_seconds": 60, "eval_every": 0.5},
         target={"metric": "accuracy", "value": 0.999},
-    )  # trials that train until they are stopped
+    )
     path.write_text(yaml.safe_dump(raw))
     storage = f"journal:///{tmp_path / 'study.journal'}"
     extra = ["--storage", storage, "--workers", "2"] if workers > 1 else []
@@ -651,9 +651,8 @@ def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_reference
         and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
         for t in stopped
     )
-    assert len([t for t in trials if t.state == TrialState.WAITING]) == len(
-        stopped
-    )  # each queued to run again
+    # each queued to run again
+    assert len([t for t in trials if t.state == TrialState.WAITING]) == len(stopped)
     time.sleep(1.0)
     assert not [pid for pid in everyone if running(pid)]
 

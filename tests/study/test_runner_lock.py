@@ -61,9 +61,8 @@ def test_a_lock_file_a_worker_still_holds_is_kept(
     """A worker of this run still running at its end (it outlived its parent's wait): the next
     run must find the file, and wait on its byte."""
     spec, lock = spec_in(tmp_path), tmp_path / "study.db.runner.lock"
-    monkeypatch.setattr(
-        runner_lock, "_wait_for_earlier_workers", lambda *args: None
-    )  # it is this run's own
+    # it is this run's own
+    monkeypatch.setattr(runner_lock, "_wait_for_earlier_workers", lambda *args: None)
     with runner_lock.sole_runner(spec, tmp_path / "study.db"):
         worker = hold(lock, runner_lock.WORKERS_BYTE, "SH")
     try:

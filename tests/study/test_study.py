@@ -107,9 +107,8 @@ def test_running_a_finished_study_again_trains_nothing(
     assert code == 0 and "Winner" in out
     assert len(again.get_trials()) == len(before.get_trials()) == 2
     assert again.user_attrs["confirmation"] == stored  # not re-measured
-    assert (
-        again.user_attrs[schema.VERSION] == schema.SCHEMA_VERSION
-    )  # recorded when the study began
+    # recorded when the study began
+    assert again.user_attrs[schema.VERSION] == schema.SCHEMA_VERSION
 
 
 def test_timeout_stops_starting_trials_and_says_how_to_go_on(
@@ -134,9 +133,8 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     assert best["runs"] == 2 and summary["baseline"]["runs"] == 2 and summary["speedup"] > 0
     assert {"complete", "pruned", "failed", "oom"} <= set(summary["counts"])
     counts = summary["counts"]
-    assert (
-        counts["complete"] >= 1 and counts["complete"] + counts["pruned"] == 3
-    )  # pruned: past the incumbent
+    # pruned: past the incumbent
+    assert counts["complete"] >= 1 and counts["complete"] + counts["pruned"] == 3
 
     code, out, _ = run_cli("export", str(path), "--format", "json", capsys=capsys)
     assert code == 0 and json.loads(out) == best["params"]
@@ -149,9 +147,8 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
             assert (
                 0 <= result["input_wait_fraction"] <= 1 and (result["samples_per_second"] or 1) > 0
             )
-            assert (
-                result["peak_memory_bytes"] > 0 and result["gpu"] is None
-            )  # no NVIDIA GPU: absent
+            # no NVIDIA GPU: absent
+            assert result["peak_memory_bytes"] > 0 and result["gpu"] is None
     figures = best["telemetry"]
     assert (
         figures["source"] == "confirmation"
@@ -160,9 +157,8 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     )
     per_class = best["per_class"]
     assert [c["class"] for c in per_class["classes"]] == [0, 1, 2, 3]
-    assert (
-        sum(c["support"] for c in per_class["classes"]) == 2 * 512
-    )  # two runs over the validation set
+    # two runs over the validation set
+    assert sum(c["support"] for c in per_class["classes"]) == 2 * 512
     target = tmp_path / "best.yaml"
     assert (
         run_cli("export", str(path), "--format", "yaml", "-o", str(target), capsys=capsys)[0] == 0
@@ -197,10 +193,11 @@ def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
     summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
     best, baseline = summary["best"], summary["baseline"]
     assert list(best["params"]) == [*KNOBS, *params] and isinstance(best["params"]["width"], int)
+    # middle, first choice
     assert (baseline["params"]["width"], baseline["params"]["kind"]) == (
         28,
         "sgd",
-    )  # middle, first choice
+    )
     confirmed = load(path).user_attrs["confirmation"]["configs"][best["label"]]
     assert {k: confirmed[k] for k in params} == {k: best["params"][k] for k in params}
     assert (
@@ -304,12 +301,10 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
     outcome = load(path).user_attrs["probe"]
-    assert (
-        len(outcome["runs"]) == 2 * 2 + 2 * 2
-    )  # two loader settings, then two precisions, twice each
-    assert (
-        outcome["cores"] >= 1 and outcome["other_cores"] >= 0
-    )  # the load it ran beside (test_measure.py)
+    # two loader settings, then two precisions, twice each
+    assert len(outcome["runs"]) == 2 * 2 + 2 * 2
+    # the load it ran beside (test_measure.py)
+    assert outcome["cores"] >= 1 and outcome["other_cores"] >= 0
     for t in finished(load(path)):
         config = t.user_attrs["config"]
         assert (
@@ -317,9 +312,8 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
             and config["precision"] in outcome["precisions"]
         )
         assert "num_workers" not in t.params  # settled: not sampled
-    code, _, err = run_cli(
-        "run", str(path), "--trials", "4", capsys=capsys
-    )  # resumed: not probed again
+    # resumed: not probed again
+    code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)
     assert (
         code == 0
         and load(path).user_attrs["probe"] == outcome
@@ -448,9 +442,8 @@ def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path)
         process.send_signal(signal.SIGSTOP)
         if training(db):
             break
-        process.send_signal(
-            signal.SIGCONT
-        )  # between trials, or still choosing its configuration: again
+        # between trials, or still choosing its configuration: again
+        process.send_signal(signal.SIGCONT)
     process.kill()
     process.wait()
     before = {t.number: (t.params, t.value) for t in finished(load(path))}
@@ -551,9 +544,8 @@ def test_a_changed_study_file_is_refused_unless_allowed(
     assert len(finished(study)) == 2
     assert study.user_attrs["definition"]["target"]["value"] == 0.95
     assert study.user_attrs["definition_changes"][0]["from_trial"] == 1
-    assert (
-        run_cli("run", str(path), capsys=capsys)[0] == 0
-    )  # the new definition is now the stored one
+    # the new definition is now the stored one
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
 
 
 def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
@@ -599,9 +591,8 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
     assert (
         pruned.startswith("pruned: ") and f"({fast:.2f} s, trial 0); it can no longer win" in pruned
     )
-    assert (
-        fast < trials[1].user_attrs["pruned_at"] < 5
-    )  # stopped soon after passing trial 0's time, not at 5 s
+    # stopped soon after passing trial 0's time, not at 5 s
+    assert fast < trials[1].user_attrs["pruned_at"] < 5
     assert not trials[1].user_attrs.get("oom")
     assert (
         trials[2].user_attrs["oom"]
@@ -635,9 +626,8 @@ def test_batch_sizes_the_training_set_cannot_fill_are_removed_with_a_notice(tmp_
     from autotune.spec import study_file
     from autotune.study import preparation
 
-    path = write_study(
-        tmp_path, batch_sizes=(64, 2048, 4096)
-    )  # tests.tasks:blobs trains on 1,024 samples
+    # tests.tasks:blobs trains on 1,024 samples
+    path = write_study(tmp_path, batch_sizes=(64, 2048, 4096))
     prepared = preparation.prepare(study_file.load(path))
     assert prepared.space["batch_size"].values == (64,)
     assert (
@@ -731,9 +721,8 @@ def test_a_command_that_stops_reporting_is_still_pruned_once_its_clock_passes_th
     assert code == 0, err
     first, second = sorted(load(path).get_trials(), key=lambda t: t.number)
     assert first.state.name == "COMPLETE" and second.state.name == "PRUNED"
-    assert (
-        first.value < second.user_attrs["pruned_at"] < first.value + 2
-    )  # within a poll or two of passing it
+    # within a poll or two of passing it
+    assert first.value < second.user_attrs["pruned_at"] < first.value + 2
     assert time.monotonic() - started < 25  # the silent 30 s were not waited out
 
 

@@ -208,9 +208,8 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
         probe="none",
         baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2},
     )
-    study["space"].update(
-        accumulation_steps=[1, 2, 4], fused_optimizer=False
-    )  # one setting per split
+    # one setting per split
+    study["space"].update(accumulation_steps=[1, 2, 4], fused_optimizer=False)
     path.write_text(yaml.safe_dump(study))
     result = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
@@ -341,9 +340,8 @@ def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_t
     study_file["budget"]["trials"] = 1
     path.write_text(yaml.safe_dump(study_file))
     with open(tmp_path / "study.journal.runner.lock", "a+") as lock:
-        fcntl.lockf(
-            lock, fcntl.LOCK_SH, 1, 1
-        )  # the workers' byte, as runner_lock.as_worker takes it
+        # the workers' byte, as runner_lock.as_worker takes it
+        fcntl.lockf(lock, fcntl.LOCK_SH, 1, 1)
         run = subprocess.Popen(
             [sys.executable, "-m", "autotune", "run", str(path), "--quiet"],
             cwd=REPO,

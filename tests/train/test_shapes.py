@@ -140,9 +140,10 @@ def test_the_disk_cache_is_written_once_and_read_by_a_later_build(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = drawn()
+    # no temporary left
     assert [p.name for p in cache.iterdir()] == [
         f"shapes-v{shapes.VERSION}-{N_TRAIN}-{N_VAL}-seed0.npz"
-    ]  # no temporary left
+    ]
 
     def no_drawing(*args: object) -> None:
         raise AssertionError("drew the images again instead of reading the cache")
@@ -166,18 +167,16 @@ def test_a_damaged_cache_file_is_drawn_again(cache: Path, damage: str) -> None:
     )
     shapes.datasets.cache_clear()
     assert same(first, drawn())
-    assert (
-        shapes._read(path, {"train": N_TRAIN, "val": N_VAL}) is not None
-    )  # and written again, whole
+    # and written again, whole
+    assert shapes._read(path, {"train": N_TRAIN, "val": N_VAL}) is not None
 
 
 def test_a_cache_folder_that_cannot_be_made_only_means_no_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "a file").write_text("")
-    monkeypatch.setenv(
-        "AUTOTUNE_CACHE", str(tmp_path / "a file" / "cache")
-    )  # a folder inside a file: never
+    # a folder inside a file: never
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "a file" / "cache"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(shapes.datasets(N_TRAIN, N_VAL)[0]) == N_TRAIN
@@ -224,9 +223,8 @@ def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) 
                 small.train, config(num_workers=workers, prefetch_factor=2), seed=seed, device=CPU
             )
         )
-        return [
-            next(batches) for _ in range(3)
-        ]  # the workers shut down as the loader goes out of scope
+        # the workers shut down as the loader goes out of scope
+        return [next(batches) for _ in range(3)]
 
     torch.manual_seed(0)
     in_workers, again = first_batches(2), first_batches(2)
@@ -242,9 +240,8 @@ def test_loader_workers_yield_the_same_batches_as_the_main_process(small: Task) 
             and y.shape == (32,)
         )
         assert torch.equal(x, x_again) and torch.equal(y, y_again)
-        assert torch.equal(y, y_main) and torch.equal(
-            x, x_main
-        )  # the same samples, the same augmentation
+        # the same samples, the same augmentation
+        assert torch.equal(y, y_main) and torch.equal(x, x_main)
         assert torch.equal(x_main, x_main_again)
     other_seed = first_batches(0, seed=4)
     assert not torch.equal(other_seed[0][0], in_main[0][0])
@@ -265,6 +262,5 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
     if not torch.cuda.is_available():
         for knob in ("compile", "cudnn_benchmark", "pin_memory"):
             assert prepared.space[knob] == Choices((False,))
-        assert prepared.space["channels_last"] == Choices(
-            (False, True)
-        )  # a ResNet has 2-D convolutions
+        # a ResNet has 2-D convolutions
+        assert prepared.space["channels_last"] == Choices((False, True))

@@ -22,9 +22,8 @@ from autotune.train.tasks import Task
 from autotune.train.trial import run
 
 CPU = torch.device("cpu")
-SHORT = Limits(
-    target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0
-)  # accuracy never reaches 2: one epoch
+# accuracy never reaches 2: one epoch
+SHORT = Limits(target=2.0, max_epochs=1, max_seconds=60, eval_every=1.0)
 
 
 class Recorder(nn.Module):

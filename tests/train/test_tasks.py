@@ -20,9 +20,8 @@ def test_digits_is_split_and_augments_only_training_samples(digits: Task) -> Non
     assert len(digits.train) + len(digits.val) == 1797 and len(digits.val) == 359
     image, label = digits.train[0]
     assert image.shape == (1, 16, 16) and 0 <= int(label) < 10
-    assert not torch.equal(
-        digits.train[0][0], digits.train[0][0]
-    )  # a fresh random affine each time
+    # a fresh random affine each time
+    assert not torch.equal(digits.train[0][0], digits.train[0][0])
     assert torch.equal(digits.val[0][0], digits.val[0][0])
     assert digits.model()(image[None]).shape == (1, 10)
 

@@ -28,9 +28,8 @@ BASE = TrialConfig(
     pin_memory=False,
     precision="fp32",
 )
-TWO_EPOCHS = Limits(
-    target=2.0, max_epochs=2, max_seconds=60, eval_every=1.0
-)  # accuracy never reaches 2
+# accuracy never reaches 2
+TWO_EPOCHS = Limits(target=2.0, max_epochs=2, max_seconds=60, eval_every=1.0)
 
 
 class SlowToLoad(Dataset):
@@ -63,9 +62,8 @@ def test_a_loader_that_cannot_keep_up_shows_as_input_wait() -> None:
         device=CPU,
         seed=0,
     )
-    assert (
-        slow.input_wait_fraction > 0.6
-    )  # 128 ms of sleep per batch against a step of about a millisecond
+    # 128 ms of sleep per batch against a step of about a millisecond
+    assert slow.input_wait_fraction > 0.6
     assert fast.input_wait_fraction < slow.input_wait_fraction
     assert 0 <= fast.input_wait_fraction <= 1
 
@@ -79,9 +77,8 @@ def test_input_wait_counts_the_time_spent_in_next() -> None:
             yield i
 
     assert list(waiting.timed(slow())) == [0, 1, 2]
-    assert (
-        waiting.seconds >= 0.15
-    )  # at least the sleeps; no upper bound: a loaded machine may take longer
+    # at least the sleeps; no upper bound: a loaded machine may take longer
+    assert waiting.seconds >= 0.15
     assert telemetry.wait_fraction(1.0, 4.0) == 0.25 and telemetry.wait_fraction(1.0, 0.0) is None
 
 
@@ -146,17 +143,15 @@ def test_confusion_and_per_class_figures() -> None:
     zero, one, two = classes.per_class(matrix)
     assert zero == {"class": 0, "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
     assert one["precision"] == 0.5 and one["recall"] == 1.0 and one["f1"] == pytest.approx(2 / 3)
-    assert (
-        two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None
-    )  # never predicted
+    # never predicted
+    assert two["precision"] is None and two["recall"] == 0.0 and two["f1"] is None
     assert classes.add([matrix, matrix])[0] == [2, 2, 0]
 
 
 def test_no_confusion_for_what_is_not_a_classifier() -> None:
     assert class_figures.confusion(torch.randn(4, 1), torch.randn(4)) is None  # regression
-    assert (
-        class_figures.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None
-    )  # a label past the outputs
+    # a label past the outputs
+    assert class_figures.confusion(torch.randn(4, 3), torch.tensor([0, 1, 2, 3])) is None
     assert (
         class_figures.confusion(torch.randn(4, 3, 2), torch.zeros(4, 2, dtype=torch.long)) is None
     )

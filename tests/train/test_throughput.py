@@ -61,9 +61,8 @@ def test_rounds_stop_at_the_cap_and_skip_windows_that_held_an_epochs_first_batch
     figures = throughput.interleave(
         {"half": lambda: next(every_other), "wild": lambda: next(wild)}, max_rounds=8
     )
-    assert (
-        figures["half"] == [10.0] * 4 and len(figures["wild"]) == 8
-    )  # never agreed: stopped at the cap
+    # never agreed: stopped at the cap
+    assert figures["half"] == [10.0] * 4 and len(figures["wild"]) == 8
 
 
 def test_a_steady_configuration_stops_after_the_fewest_windows() -> None:
@@ -78,9 +77,8 @@ def test_real_training_gives_each_configuration_a_speed_and_its_start_up_apart()
     assert set(measured) == {16, 64}
     for batch, figure in measured.items():
         assert figure.samples_per_second > 0 and figure.windows >= 1 and not figure.oom
-        assert (
-            figure.startup_seconds > 0 and figure.warmup_samples == 3 * batch
-        )  # three warm-up steps
+        # three warm-up steps
+        assert figure.startup_seconds > 0 and figure.warmup_samples == 3 * batch
         assert 0 <= figure.fixed_seconds <= figure.startup_seconds
 
 

@@ -99,9 +99,8 @@ def test_reaches_the_target_and_records_every_figure() -> None:
     assert result.samples_per_second is None or result.samples_per_second > 0
     assert result.peak_memory_bytes > 0 and result.device_name.startswith("cpu")
     assert result.torch_version == torch.__version__
-    assert result.samples_to_target == round(
-        result.epochs * len(blobs().train)
-    )  # it stopped at that evaluation
+    # it stopped at that evaluation
+    assert result.samples_to_target == round(result.epochs * len(blobs().train))
 
 
 def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
@@ -110,12 +109,13 @@ def test_a_trial_that_misses_the_target_says_how_far_it_got() -> None:
     assert result.stop_reason == "max_epochs"
     assert result.epochs == pytest.approx(2 * (1024 // 32) * 32 / 1024)
     assert result.best_metric == max(m for _, _, m in result.curve) > 0.5
+    # every eval_every epochs
     assert [round(e, 6) for _, e, _ in result.curve] == [
         0.5,
         1.0,
         1.5,
         2.0,
-    ]  # every eval_every epochs
+    ]
 
 
 def test_time_limit_stops_the_trial() -> None:
@@ -233,15 +233,13 @@ def test_a_keyed_dataset_gets_the_same_batches_whatever_the_loader_settings() ->
         return [x for x, _ in loader]
 
     in_main = batches()
-    assert len(in_main) == 8 and any(
-        bool((x.diff(dim=-1) < 0).any()) for x in in_main
-    )  # some rows rolled
+    # some rows rolled
+    assert len(in_main) == 8 and any(bool((x.diff(dim=-1) < 0).any()) for x in in_main)
     assert all(
         torch.equal(a, b) for a, b in zip(in_main, batches(num_workers=2, prefetch_factor=2))
     )
-    plain = next(
-        iter(torch.utils.data.DataLoader(Rolled(), batch_size=8))
-    )  # plain indices: global random numbers
+    # plain indices: global random numbers
+    plain = next(iter(torch.utils.data.DataLoader(Rolled(), batch_size=8)))
     assert plain[0].shape == (8, 8)
 
 
@@ -366,9 +364,8 @@ def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss()
     assert match, str(info.value)
     step = int(match.group(2))
     assert 1 < step < 16 and float(match.group(3)) == round(step / 32, 2)  # 32 steps an epoch
-    assert (
-        max(seen) < step + FINITE_CHECK_EVERY
-    )  # stopped at the next look, far before its 64 steps
+    # stopped at the next look, far before its 64 steps
+    assert max(seen) < step + FINITE_CHECK_EVERY
 
 
 def test_the_finite_loss_watch_names_the_first_bad_step_and_its_value() -> None:
