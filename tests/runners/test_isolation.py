@@ -296,8 +296,7 @@ def test_a_loader_worker_given_sigterm_leaves_on_its_own_when_nobody_shuts_it_do
 
 def test_an_error_is_placed_in_the_users_code_not_in_torch() -> None:
     def users_code() -> None:
-        # class 7 of 3: torch raises
-        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))
+        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))  # 7 of 3
 
     try:
         users_code()
