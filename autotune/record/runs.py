@@ -29,9 +29,14 @@ TIMES = (
 def full(result: TrialResult) -> dict[str, Any]:
     """A trial's first run, in full: its curve, throughput, memory and per-class figures."""
     record = dataclasses.asdict(result)
-    record["curve"] = [list(point) for point in result.curve]
+    record["curve"] = _curve(result)
     record["final_metric"] = result.final_metric
     return record
+
+
+def _curve(result: TrialResult) -> list[list[Any]]:
+    """The evaluations as JSON stores them: lists, not tuples."""
+    return [list(point) for point in result.curve]
 
 
 def replicate(result: TrialResult, seed: int) -> dict[str, Any]:
@@ -48,7 +53,7 @@ def confirmation_run(result: TrialResult, *, label: str, seed: int) -> dict[str,
         input_wait_fraction=result.input_wait_fraction,
         peak_memory_bytes=result.peak_memory_bytes,
         gpu=result.gpu,
-        curve=[list(point) for point in result.curve],
+        curve=_curve(result),
     )
     if result.confusion is not None:  # the winner's per-class figures are pooled from these
         record["confusion"] = result.confusion

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -48,9 +49,9 @@ def write(
         if run.get("curve"):
             name = f"{_slug(run['label'])}-seed-{run['seed']}"
             runs.append((Path("confirmation") / name, 0.0, run["curve"]))
-    writer = _writer()
+    tensorboard = _tensorboard()
     for name, start, curve in runs:
-        _write_run(writer, folder / name, start, curve, metric=metric, protected=protected)
+        _write_run(tensorboard, folder / name, start, curve, metric=metric, protected=protected)
     return len(runs)
 
 
@@ -58,19 +59,22 @@ def check_folder(folder: Path) -> None:
     """A folder to write into (made if missing): not a file, and tensorboard importable."""
     if folder.exists() and not folder.is_dir():
         raise AutotuneError(f"--tensorboard {folder}: that is a file; name a folder")
-    _writer()
+    _tensorboard()
 
 
-def _writer() -> Any:
+def _tensorboard() -> SimpleNamespace:
+    """tensorboard's event writer and the records it writes."""
     try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise AutotuneError(MISSING) from None
-    return EventFileWriter
+    return SimpleNamespace(writer=EventFileWriter, event=Event, summary=Summary)
 
 
 def _write_run(
-    writer: Any,
+    tensorboard: SimpleNamespace,
     run: Path,
     start: float,
     curve: Sequence[Sequence[Any]],
@@ -78,14 +82,12 @@ def _write_run(
     metric: str,
     protected: Sequence[Path],
 ) -> None:
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-
+    Event, Summary = tensorboard.event, tensorboard.summary
     run.mkdir(parents=True, exist_ok=True)
     for old in run.glob(EVENT_FILE + "*"):  # an earlier --tensorboard's, and only those
         if not any(os.path.samefile(old, own) for own in protected):
             old.unlink()
-    events = writer(str(run))
+    events = tensorboard.writer(str(run))
     for seconds, epochs, value in curve:
         points = [(metric, value), ("epochs", epochs)]
         summary = Summary(

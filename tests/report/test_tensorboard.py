@@ -98,14 +98,8 @@ def test_a_file_for_the_folder_is_one_line_and_exit_2(
 
 def test_without_tensorboard_installed_it_says_how_to_install_it(study: Path) -> None:
     blocked = (
-        "import sys\n"
-        "class NoTensorBoard:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'tensorboard':\n"
-        "            raise ImportError(name)\n"
-        "sys.meta_path.insert(0, NoTensorBoard())\n"
-        "from autotune.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
+        "import sys; sys.modules['tensorboard'] = None; from autotune.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", blocked, "report", str(study), "--tensorboard", "tb"],
