@@ -56,11 +56,13 @@ def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> No
             record["limit"]["seconds"] == runs["joint"][0]["samples"] / record["limit"]["predicted"]
         )
     assert set(record["goals"]) == {
+        "arm",
         "joint_vs_best_peer",
         "joint_vs_limit",
         "gpu_vs_tpe",
         "joint_study_seconds",
     }
+    assert record["goals"]["arm"] == "joint"
     assert record["provenance"]["commit"]
 
 
