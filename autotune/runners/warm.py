@@ -249,6 +249,11 @@ class _Footprint:
         device_bytes = 0
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+            # cuBLAS keeps its workspaces (tens of MiB on a recent GPU) in the caching allocator
+            # after a process's first matrix product: the process's, not a trial's leak.
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
             torch.cuda.empty_cache()
             device_bytes = torch.cuda.memory_allocated(device)
         deadline = time.monotonic() + SETTLE_SECONDS
