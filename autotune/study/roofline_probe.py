@@ -4,11 +4,14 @@ Deciding one knob at a time goes wrong where the loader and the arithmetic limit
 loader settled at fp32 makes a narrower precision look useless, and a precision settled at that
 loader makes more workers look useless. Here instead:
 
-1. every loader setting's rate and every compute setting's rate are measured apart, at the
-   probe's micro-batch, interleaved (train/rates.py): loader settings + compute settings runs;
+1. every compute setting's rate and every loader setting's rate are measured apart, at the
+   probe's micro-batch (train/rates.py): loader settings + compute settings runs. The compute
+   settings are interleaved; the loaders run one at a time, fewest workers first, at the
+   largest prefetch (side by side, one's workers would refill their queue on the cores another
+   is timed on), and stop once one outpaces every step;
 2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
    best predicted is the knob space's limit;
-3. the best few predicted are measured end to end with the real pipeline, interleaved
+3. the best few predicted are measured end to end with the real pipeline, one at a time
    (train/throughput.py), and the fastest measured is kept: the loader knobs and the formats
    are fixed to it, and a narrower precision stays in the space only where it ran faster. On a
    CPU the loader and the step share the same cores, so their rates apart overstate what runs
@@ -36,13 +39,27 @@ from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.measure import other_load, threads_for
 
-LOADER_GROUP = 8  # loader settings measured side by side at once: each holds its workers
+ENOUGH_MARGIN = 1.1  # a loader this many times the fastest step's rate needs no more workers
 # compute settings measured side by side at once: each holds a model, its optimizer and a few
 # batches on the device, and an out-of-memory error among too many would be taken for the setting's
 COMPUTE_GROUP = 4
 # Change speed, never the maths; compilation is left to the search (its cost is paid once a
 # trial, which a rate does not show).
 MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k != "compile")
+
+
+def loader_settings(space: Space) -> list[dict[str, Any]]:
+    """Each (num_workers, pin_memory) of the space once, fewest workers first, at the space's
+    largest prefetch_factor: a loader read alone runs at one rate whatever its prefetch (nothing
+    lets a queue build), and in a run more prefetch only absorbs the step's jitter."""
+    most = {}
+    for setting in probe.loader_settings(space):
+        key = (setting["num_workers"], setting["pin_memory"])
+        if most.get(key) is None or (setting["prefetch_factor"] or 0) > (
+            most[key]["prefetch_factor"] or 0
+        ):
+            most[key] = setting
+    return [most[key] for key in sorted(most)]
 
 
 def compute_settings(space: Space) -> list[dict[str, Any]]:
@@ -80,7 +97,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     weighed at the fastest: the probe's outcome."""
     space, device, measure = prepared.space, prepared.device, prepared.measure
     maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
-    loaders = probe.loader_settings(space)
+    loaders = loader_settings(space)
     seed = seeds.for_probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
@@ -98,7 +115,11 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     checked = roofline.to_check(
         predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1)
     )
-    ends = measured(throughput.measure, {str(i): config(p.setting) for i, p in enumerate(checked)})
+    # one at a time, as the loaders: side by side, each one's workers would refill their queue
+    # while another is timed
+    ends = measured(
+        throughput.measure_in_turn, {str(i): config(p.setting) for i, p in enumerate(checked)}
+    )
     bar.update(len(checked))
     speeds = [(p, ends[str(i)].samples_per_second) for i, p in enumerate(checked)]
     if not any(speed for _, speed in speeds):
@@ -159,12 +180,14 @@ def _predicted(
         size=COMPUTE_GROUP,
         bar=bar,
     )
-    loader_rates = _in_groups(
-        lambda group: measured(rates.measure, group, {}),
+    fastest_step = max((r.samples_per_second or 0.0 for r in compute_rates.values()), default=0.0)
+    loader_rates = measured(
+        rates.measure_loaders_in_turn,
         {str(i): config({**computes[0], **s}) for i, s in enumerate(loaders)},
-        size=LOADER_GROUP,
-        bar=bar,
+        # a loader this much faster than every step leaves more workers nothing to feed
+        ENOUGH_MARGIN * fastest_step if fastest_step else None,
     )
+    bar.update(len(loaders))
 
     def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
         return compute_rates[

@@ -32,7 +32,7 @@ from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
-from autotune.train.throughput import WINDOW_STEPS, measure_sessions, spread
+from autotune.train.throughput import WINDOW_STEPS, in_turn, measure_sessions, spread
 from autotune.train.trial import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
@@ -78,14 +78,47 @@ def measure(
             device=device,
             seed=seed,
             window_steps=window_steps,
+            **({"interleaved": len(loaders) + len(computes) > 1} if key in loaders else {}),
         )
         for key, config in [*loaders.items(), *computes.items()]
     }
-    return measure_sessions(
+    return measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
+
+
+def measure_loaders_in_turn(
+    task: Task,
+    loaders: Mapping[K, TrialConfig],
+    enough: float | None = None,
+    *,
+    device: torch.device,
+    seed: int,
+    window_steps: int = WINDOW_STEPS,
+    **rounds: Any,
+) -> dict[K, Rate]:
+    """The loader rate of each of `loaders`, one at a time in the order given, each setting's
+    workers gone before the next starts: side by side, the others' workers would refill their
+    queues on the same cores while one is timed. Once one delivers `enough` samples a second,
+    the rest are not measured (no figure, and the reason): given fewest workers first, each of
+    them would only feed the same step."""
+    builders = {
+        key: functools.partial(
+            _LoaderSession, task, config, device=device, seed=seed, window_steps=window_steps
+        )
+        for key, config in loaders.items()
+    }
+    return in_turn(
         builders,
-        out_of_memory=lambda reason: Rate(None, None, 0, 0.0, oom=True, reason=reason),
+        out_of_memory=_out_of_memory,
+        enough=lambda _, rate: enough is not None and (rate.samples_per_second or 0) >= enough,
+        skipped=lambda _: Rate(
+            None, None, 0, 0.0, reason=f"not measured: a loader before it delivered {enough:,.0f}/s"
+        ),
         **rounds,
     )
+
+
+def _out_of_memory(reason: str) -> Rate:
+    return Rate(None, None, 0, 0.0, oom=True, reason=reason)
 
 
 class _Session:
@@ -119,9 +152,16 @@ class _LoaderSession(_Session):
     """The loader alone: batches through the DataLoader and onto the device, nothing more."""
 
     def __init__(
-        self, task: Task, config: TrialConfig, *, device: torch.device, seed: int, window_steps: int
+        self,
+        task: Task,
+        config: TrialConfig,
+        *,
+        device: torch.device,
+        seed: int,
+        window_steps: int,
+        interleaved: bool = False,
     ) -> None:
-        self.config, self.device = config, device
+        self.config, self.device, self.interleaved = config, device, interleaved
         # Workers started together deliver in bursts of one batch each: a window of many bursts
         # keeps where it starts and ends in a burst from counting.
         self.window_batches = max(
@@ -129,7 +169,8 @@ class _LoaderSession(_Session):
         )
         # Batches its workers load ahead while the other settings are timed, and the one after
         # (part-way loaded): taken untimed before each window, or a window would time batches
-        # that were ready before it began.
+        # that were ready before it began. Alone, only before its first (the workers loaded
+        # ahead during the warm-up); its windows then follow one another.
         self.queued = config.num_workers * (config.prefetch_factor or 0) + (
             1 if config.num_workers else 0
         )
@@ -159,6 +200,8 @@ class _LoaderSession(_Session):
 
     def window(self) -> float | None:
         self._take(self.queued)
+        if not self.interleaved:
+            self.queued = 0
         return self._rate(lambda: self._take(self.window_batches))
 
     def close(self) -> None:

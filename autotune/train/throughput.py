@@ -107,15 +107,42 @@ def measure(
     interleaved; `rounds`: interleave's min_windows, max_rounds and max_spread."""
     builders = {
         key: functools.partial(
+            _Session,
+            task,
+            config,
+            device=device,
+            seed=seed,
+            window_steps=window_steps,
+            interleaved=len(configs) > 1,
+        )
+        for key, config in configs.items()
+    }
+    return measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
+
+
+def measure_in_turn(
+    task: Task,
+    configs: Mapping[K, TrialConfig],
+    *,
+    device: torch.device,
+    seed: int,
+    window_steps: int = WINDOW_STEPS,
+    **rounds: Any,
+) -> dict[K, Throughput]:
+    """As `measure`, but each configuration alone, one after the other (in_turn): for settings
+    with loader workers on a GPU host, where interleaving would time one while the others'
+    workers refill their queues on the same cores."""
+    builders = {
+        key: functools.partial(
             _Session, task, config, device=device, seed=seed, window_steps=window_steps
         )
         for key, config in configs.items()
     }
-    return measure_sessions(
-        builders,
-        out_of_memory=lambda reason: Throughput(None, None, 0, 0.0, oom=True, reason=reason),
-        **rounds,
-    )
+    return in_turn(builders, out_of_memory=_out_of_memory, **rounds)
+
+
+def _out_of_memory(reason: str) -> Throughput:
+    return Throughput(None, None, 0, 0.0, oom=True, reason=reason)
 
 
 def measure_sessions(
@@ -143,6 +170,32 @@ def measure_sessions(
     return {key: measured[key] if key in measured else failed[key] for key in builders}
 
 
+def in_turn(
+    builders: Mapping[K, Callable[[], Any]],
+    *,
+    out_of_memory: Callable[[str], R],
+    enough: Callable[[K, R], bool] | None = None,
+    skipped: Callable[[K], R] | None = None,
+    **rounds: Any,
+) -> dict[K, R]:
+    """measure_sessions for one session at a time, each closed (its loader workers gone) before
+    the next is built. `enough(key, result)`: True once the rest need not be measured; each of
+    them is then `skipped(key)`."""
+    results: dict[K, R] = {}
+    for key, build_session in builders.items():
+        if (
+            enough is not None
+            and skipped is not None
+            and any(enough(k, r) for k, r in results.items())
+        ):
+            results[key] = skipped(key)
+            continue
+        results.update(
+            measure_sessions({key: build_session}, out_of_memory=out_of_memory, **rounds)
+        )
+    return results
+
+
 class _Session:
     """One configuration's training, built once and stepped a window at a time."""
 
@@ -154,6 +207,7 @@ class _Session:
         device: torch.device,
         seed: int,
         window_steps: int = WINDOW_STEPS,
+        interleaved: bool = False,
     ) -> None:
         # The schedule's length does not change the speed; a long one never runs out
         # mid-measurement.
@@ -187,11 +241,14 @@ class _Session:
         # While the other configurations are timed, this one's workers load ahead until their
         # queue is full; those batches, and the one after (its workers are part-way through the
         # next), are trained untimed before each window, or the window would time batches loaded
-        # before it began and overstate a loader-bound setting.
+        # before it began and overstate a loader-bound setting. Alone, only its first window
+        # needs it (the workers loaded ahead while the model was built); the others follow one
+        # another with nothing loaded between them.
         ahead = config.num_workers * (config.prefetch_factor or 0) + (
             1 if config.num_workers else 0
         )
         self.drain_steps = math.ceil(ahead / self.config.accumulation_steps)
+        self.interleaved = interleaved
 
     def _steps(self, count: int) -> tuple[int, bool]:
         """Train `count` optimizer steps: the samples they took, and whether an epoch began among
@@ -212,6 +269,8 @@ class _Session:
         # the sessions differ in workers
         torch.set_num_threads(threads_for(self.config.num_workers))
         self._steps(self.drain_steps)
+        if not self.interleaved:
+            self.drain_steps = 0
         clock = Clock(self.device)
         clock.start()
         samples, epoch_began = self._steps(self.window_steps)
