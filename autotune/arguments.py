@@ -120,8 +120,9 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     report.add_argument(
         "--tensorboard",
         metavar="DIR",
-        help="also write every stored learning curve (trials, confirmation runs) as TensorBoard "
-        "event files under DIR (optional extra: autotune[tensorboard])",
+        help="also write every stored learning curve (trials, confirmation runs) and the "
+        "systems probe's measurements as TensorBoard event files under DIR (optional extra: "
+        "autotune[tensorboard])",
     )
     report.add_argument(
         "--force",

@@ -196,17 +196,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _tensorboard(spec: StudySpec, study: optuna.Study, folder: Path) -> None:
     from autotune import outputs
     from autotune.record import schema
-    from autotune.report import tensorboard
+    from autotune.report import tensorboard, tensorboard_probe
 
+    protected = outputs.study_files(spec)
     written = tensorboard.write(
         folder,
         study.get_trials(deepcopy=False),
         schema.confirmation(study.user_attrs),
         metric=spec.target.metric,
-        protected=outputs.study_files(spec),
+        protected=protected,
     )
+    settings = tensorboard_probe.write(folder, schema.probe(study.user_attrs), protected=protected)
+    probed = f" and the probe's {settings} measured settings" if settings else ""
     print(
-        f"autotune: {written} learning curves written for TensorBoard: "
+        f"autotune: {written} learning curves{probed} written for TensorBoard: "
         f"tensorboard --logdir {folder}",
         file=sys.stderr,
     )

@@ -6,7 +6,8 @@ reports read.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.record import schema
 
@@ -26,8 +27,29 @@ TIMES = (
 )
 
 
+class Point(NamedTuple):
+    """One evaluation of a stored run."""
+
+    seconds: float  # on the training clock
+    epochs: float | None  # None: not counted (a command that did not say)
+    metric: float
+    loss: float | None  # the mean training loss since the previous evaluation; None: not stored
+
+
+def points(run: Mapping[str, Any]) -> list[Point]:
+    """The evaluations of a stored run (a trial's measured figures, a confirmation run), each
+    with its training loss where the run stored one: a run stored before the loss was, a command
+    that reports none, an objective function have none."""
+    curve = run.get("curve") or []
+    losses = run.get("train_loss") or []
+    return [
+        Point(*point[:3], losses[i] if i < len(losses) else None) for i, point in enumerate(curve)
+    ]
+
+
 def full(result: TrialResult) -> dict[str, Any]:
-    """A trial's first run, in full: its curve, throughput, memory and per-class figures."""
+    """A trial's first run, in full: its curve and training loss, throughput, memory and
+    per-class figures."""
     record = dataclasses.asdict(result)
     record["curve"] = _curve(result)
     record["final_metric"] = result.final_metric
@@ -54,6 +76,7 @@ def confirmation_run(result: TrialResult, *, label: str, seed: int) -> dict[str,
         peak_memory_bytes=result.peak_memory_bytes,
         gpu=result.gpu,
         curve=_curve(result),
+        train_loss=result.train_loss,
     )
     if result.confusion is not None:  # the winner's per-class figures are pooled from these
         record["confusion"] = result.confusion

@@ -1,12 +1,15 @@
-"""A study's learning curves as TensorBoard event files (`autotune report --tensorboard DIR`),
-made from the storage alone, so that a study run before the option existed has them too.
+"""A study's learning curves and its systems probe as TensorBoard event files (`autotune report
+--tensorboard DIR`), made from the storage alone, so that a study run before the option existed
+has them too.
 
 One TensorBoard run per training run: DIR/trial-N (a trial's first run) and
 DIR/confirmation/LABEL-seed-S (each confirmation run: the baseline, the trials, a fp32 twin).
-Each evaluation is a point of the metric (tag: the metric's name) and of the epochs trained (tag
-`epochs`), at the step of its training clock in milliseconds and at the wall time the trial
-began plus that clock. Written with tensorboard's own event writer, which needs neither torch nor
-TensorFlow; `tensorboard` is an optional dependency (autotune[tensorboard]).
+Each evaluation is a point of the metric (tag: the metric's name), of the epochs trained (tag
+`epochs`) and, where the run stored it, of the mean training loss since the evaluation before
+(tag `loss`), at the step of its training clock in milliseconds and at the wall time the trial
+began plus that clock. The probe's measurements go under DIR/probe (tensorboard_probe.py).
+Written with tensorboard's own event writer, which needs neither torch nor TensorFlow;
+`tensorboard` is an optional dependency (autotune[tensorboard]).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.record import schema
+from autotune.record import runs, schema
 
 EVENT_FILE = "events.out.tfevents."  # how every TensorBoard event file's name begins
 MISSING = (
@@ -39,66 +42,78 @@ def write(
     """Write every stored curve under `folder`; the number of runs written. Event files an earlier
     `--tensorboard` left in the folders it writes are replaced, so a second report does not
     double every point; never one of the `protected` files (the study's own)."""
-    protected = [p for p in protected if p.exists()]
-    runs = [
-        (Path(f"trial-{trial.number}"), _start(trial), curve)
+    written = [
+        (Path(f"trial-{trial.number}"), _start(trial), points)
         for trial in trials
-        if (curve := schema.measured(trial).get("curve"))
+        if (points := runs.points(schema.measured(trial)))
     ]
     for run in (confirmation or {}).get("runs", []):
-        if run.get("curve"):
+        if points := runs.points(run):
             name = f"{_slug(run['label'])}-seed-{run['seed']}"
-            runs.append((Path("confirmation") / name, 0.0, run["curve"]))
-    tensorboard = _tensorboard()
-    for name, start, curve in runs:
-        _write_run(tensorboard, folder / name, start, curve, metric=metric, protected=protected)
-    return len(runs)
+            written.append((Path("confirmation") / name, 0.0, points))
+    tensorboard = load()
+    for name, start, points in written:
+        events = [
+            scalars(
+                tensorboard,
+                [(metric, p.metric), ("epochs", p.epochs), ("loss", p.loss)],
+                step=round(p.seconds * 1000),
+                wall_time=start + p.seconds,
+            )
+            for p in points
+        ]
+        write_run(tensorboard, folder / name, events, protected=protected)
+    return len(written)
 
 
 def check_folder(folder: Path) -> None:
     """A folder to write into (made if missing): not a file, and tensorboard importable."""
     if folder.exists() and not folder.is_dir():
         raise AutotuneError(f"--tensorboard {folder}: that is a file; name a folder")
-    _tensorboard()
+    load()
 
 
-def _tensorboard() -> SimpleNamespace:
+def load() -> SimpleNamespace:
     """tensorboard's event writer and the records it writes."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.text.summary_v2 import text_pb
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise AutotuneError(MISSING) from None
-    return SimpleNamespace(writer=EventFileWriter, event=Event, summary=Summary)
+    return SimpleNamespace(writer=EventFileWriter, event=Event, summary=Summary, text=text_pb)
 
 
-def _write_run(
+def scalars(
     tensorboard: SimpleNamespace,
-    run: Path,
-    start: float,
-    curve: Sequence[Sequence[Any]],
+    values: Sequence[tuple[str, float | None]],
     *,
-    metric: str,
-    protected: Sequence[Path],
+    step: int,
+    wall_time: float,
+) -> Any:
+    """One event holding each (tag, value) with a value."""
+    Summary = tensorboard.summary
+    summary = Summary(
+        value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values if v is not None]
+    )
+    return tensorboard.event(wall_time=wall_time, step=step, summary=summary)
+
+
+def write_run(
+    tensorboard: SimpleNamespace, run: Path, events: Sequence[Any], *, protected: Iterable[Path]
 ) -> None:
-    Event, Summary = tensorboard.event, tensorboard.summary
+    """`events` as the one event file of the TensorBoard run `run`, replacing any an earlier
+    `--tensorboard` wrote there; never one of the `protected` files."""
+    kept = [p for p in protected if p.exists()]
     run.mkdir(parents=True, exist_ok=True)
     for old in run.glob(EVENT_FILE + "*"):  # an earlier --tensorboard's, and only those
-        if not any(os.path.samefile(old, own) for own in protected):
+        if not any(os.path.samefile(old, own) for own in kept):
             old.unlink()
-    events = tensorboard.writer(str(run))
-    for seconds, epochs, value in curve:
-        points = [(metric, value), ("epochs", epochs)]
-        summary = Summary(
-            value=[
-                Summary.Value(tag=tag, simple_value=float(v)) for tag, v in points if v is not None
-            ]
-        )
-        events.add_event(
-            Event(wall_time=start + seconds, step=round(seconds * 1000), summary=summary)
-        )
-    events.close()
+    writer = tensorboard.writer(str(run))
+    for event in events:
+        writer.add_event(event)
+    writer.close()
 
 
 def _start(trial: Any) -> float:

@@ -27,6 +27,8 @@ writes of up to 4096 bytes whole). The keys, all optional:
                               report. When absent, the key named like the study's metric (e.g.
                               "accuracy") is read instead.
     epoch              float  epochs of training data seen so far
+    loss               float  with a metric: the mean training loss since the previous report
+                              with one (stored beside the metric; a non-finite one is left out)
     samples            int    training samples seen so far (for the throughput figure)
     total_steps        int    optimizer steps the run is to take (the progress bar's total)
     peak_memory_bytes  int    the script's own peak memory figure (e.g.
@@ -132,6 +134,7 @@ class Report:
     samples: int | None = None
     total_steps: int | None = None
     peak_memory_bytes: int | None = None
+    loss: float | None = None
 
 
 def parse(line: str | bytes, *, metric_name: str) -> Report | None:
@@ -152,6 +155,7 @@ def parse(line: str | bytes, *, metric_name: str) -> Report | None:
         samples=_whole(data.get("samples")),
         total_steps=_whole(data.get("total_steps")),
         peak_memory_bytes=_whole(data.get("peak_memory_bytes")),
+        loss=_number(data.get("loss")),
     )
 
 

@@ -29,6 +29,7 @@ class Tally:
         self.reached = False
         # (seconds, epochs, metric) per metric report
         self.curve: list[tuple[float, float | None, float]] = []
+        self.losses: list[float | None] = []  # beside the curve's points, as reported
         self._epoch: float | None = None
         self._stepped = False  # whether any report carried a step
         # (seconds, step, samples) per report with samples
@@ -75,6 +76,7 @@ class Tally:
             )
             epochs = report.epoch if report.epoch is not None else self._estimated_epochs()
             self.curve.append((seconds, epochs, report.metric))
+            self.losses.append(report.loss)
             self.reached = report.metric >= self.limits.target
 
     def epochs(self) -> float | None:
@@ -115,4 +117,5 @@ class Tally:
             torch_version=torch.__version__,
             stop_reason=stop_reason,
             curve=tuple(self.curve),
+            train_loss=tuple(self.losses) if any(v is not None for v in self.losses) else None,
         )

@@ -97,6 +97,10 @@ class TrialResult:
     # counted): what the run needed, whatever the machine's speed. None: not reached, or not
     # counted.
     samples_to_target: int | None = None
+    # The mean training loss (as the task's loss returns it) over the optimizer steps since the
+    # previous evaluation, one beside each point of `curve`; None where none was measured (an
+    # objective function, a command that reports none), as is a command's point without one.
+    train_loss: tuple[float | None, ...] | None = None
 
     @property
     def final_metric(self) -> float:

@@ -38,6 +38,8 @@ class Ledger:
     samples: int = 0
     warm: tuple[float, int, float] | None = None  # clock, samples and input wait when warm-up ended
     curve: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
+    # the mean training loss since the evaluation before, beside each of the curve's points
+    losses: list[float | None] = dataclasses.field(default_factory=list)
     metric: float | None = None  # at the last evaluation
     confusion: list[list[int]] | None = None  # at the last evaluation
     reached_at: float | None = None  # the clock at the first evaluation that reached the target
@@ -66,10 +68,15 @@ class Ledger:
         return self.samples >= self.next_eval or self.steps == self.total_steps or out_of_time
 
     def evaluated(
-        self, metric: float, confusion: list[list[int]] | None, *, seconds: float
+        self,
+        metric: float,
+        confusion: list[list[int]] | None,
+        *,
+        seconds: float,
+        loss: float | None = None,
     ) -> None:
-        """An evaluation's metric at `seconds` on the training clock; the next one falls due at
-        the next multiple of the interval."""
+        """An evaluation's metric at `seconds` on the training clock, with the mean training
+        `loss` since the one before; the next falls due at the next multiple of the interval."""
         if not math.isfinite(metric):
             raise Diverged(
                 f"metric is {metric} at epoch {self.samples / self.n_train:.2f}: "
@@ -77,6 +84,7 @@ class Ledger:
             )
         self.metric, self.confusion = metric, confusion
         self.curve.append((seconds, self.samples / self.n_train, metric))
+        self.losses.append(loss)
         if metric >= self.limits.target and self.reached_at is None:
             self.reached_at, self.reached_samples = seconds, self.samples
         self.next_eval = (math.floor(self.samples / self.eval_interval) + 1) * self.eval_interval
@@ -119,6 +127,7 @@ class Ledger:
             gpu=gpu,
             confusion=self.confusion,
             samples_to_target=self.reached_samples,
+            train_loss=tuple(self.losses),
         )
 
     def _after_warm_up(self, *, elapsed: float, waited: float) -> tuple[float | None, float | None]:

@@ -35,7 +35,8 @@ from autotune.train.measure import Clock, reset_peak_memory, threads_for
 from autotune.train.tasks import Task, takes
 
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
-# sync), so on CUDA it comes every few steps, and the step it names is kept on the device.
+# sync), so on CUDA it comes every few steps, and the step it names is kept on the device. The
+# loss's mean is read only at evaluations, where the paused clock has already waited.
 FINITE_CHECK_EVERY = 8
 # autocast's
 DTYPES = {name: getattr(torch, precision.dtype) for name, precision in PRECISIONS.items()}
@@ -69,7 +70,7 @@ def run(
     ledger = Ledger.start(limits, n_train=n_train, total_steps=training.total_steps)
     steps_per_epoch = len(training.loader) / config.accumulation_steps
     batches = endless(training.loader)
-    watch = FiniteLoss(device)
+    watch = LossWatch(device)
     waiting = telemetry.InputWait()
     fetch = waiting.timed(batches)
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
@@ -96,6 +97,7 @@ def run(
                 if ledger.evaluation_due(out_of_time=out_of_time):
                     clock.stop()
                     watch.check(steps_per_epoch=steps_per_epoch)
+                    loss = watch.mean()  # finite: check has just looked
                     metric, confusion = evaluate(
                         training.evaluated,
                         task,
@@ -103,7 +105,7 @@ def run(
                         autocast=training.autocast,
                         channels_last=config.channels_last,
                     )
-                    ledger.evaluated(metric, confusion, seconds=clock.elapsed)
+                    ledger.evaluated(metric, confusion, seconds=clock.elapsed, loss=loss)
                     # Stop at the target (where it stops the run) or out of time; else train on.
                     if ledger.stops(out_of_time=out_of_time):
                         break
@@ -244,18 +246,33 @@ def train_step(
     return total
 
 
-class FiniteLoss:
-    """Watches the loss for the first step at which it is NaN or infinite, without a host sync per
-    step: the step number and the value stay on the device until `check` reads them."""
+class LossWatch:
+    """Watches the loss without a host sync per step: the first step at which it is NaN or
+    infinite, and the sum since the last evaluation, stay on the device until `check` and `mean`
+    read them."""
 
     def __init__(self, device: torch.device) -> None:
         self.first_step = torch.zeros((), dtype=torch.long, device=device)  # 0: none yet
         self.value = torch.zeros((), device=device)
+        self.total = torch.zeros((), device=device)
+        self.steps = 0  # summed in `total`: counted on the host, which knows without asking
 
     def see(self, loss: torch.Tensor, step: int) -> None:
-        new = ~torch.isfinite(loss.float()) & (self.first_step == 0)
+        loss = loss.float()  # a half-precision sum would lose the small terms
+        new = ~torch.isfinite(loss) & (self.first_step == 0)
         self.first_step = torch.where(new, step, self.first_step)
-        self.value = torch.where(new, loss.float(), self.value)
+        self.value = torch.where(new, loss, self.value)
+        self.total = self.total + loss
+        self.steps += 1
+
+    def mean(self) -> float | None:
+        """The mean loss of the steps seen since the last call (None: none), which starts the next
+        sum. Reading it waits for the device: call it where the loop has waited already."""
+        if not self.steps:
+            return None
+        mean = float(self.total) / self.steps
+        self.total, self.steps = torch.zeros_like(self.total), 0
+        return mean
 
     def check(self, *, steps_per_epoch: float) -> None:
         """Raise Diverged when a step so far had a non-finite loss."""

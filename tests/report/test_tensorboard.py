@@ -1,9 +1,10 @@
-"""`autotune report --tensorboard DIR`: every stored learning curve as TensorBoard event files,
-read back here with tensorboard's own reader; from the storage alone, so the stored study of an
-earlier autotune has them too."""
+"""`autotune report --tensorboard DIR`: every stored learning curve, with its training loss where
+it was stored, as TensorBoard event files, read back here with tensorboard's own reader; from the
+storage alone, so the stored study of an earlier autotune has them too."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from autotune.cli import main
 from autotune.record import schema
 
-STORED = Path(__file__).parents[1] / "data" / "stored_study"
+REPO = Path(__file__).resolve().parents[2]
+STORED = REPO / "tests" / "data" / "stored_study"
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
     reason="tensorboard is in the test extra: bash scripts/test.sh installs it",
@@ -110,3 +113,54 @@ def test_without_tensorboard_installed_it_says_how_to_install_it(study: Path) ->
     assert done.returncode == 2, done.stderr
     assert "pip install 'autotune[tensorboard]'" in done.stderr
     assert "Traceback" not in done.stderr and not (study.parent / "tb").exists()
+
+
+def test_the_study_s_own_old_curves_have_no_loss_and_its_probe_is_written(study: Path) -> None:
+    """A study stored before the loss was: its curves without the tag, its report as before."""
+    folder = study.parent / "tb"
+    assert main(["report", str(study), "--tensorboard", str(folder)]) == 0
+    for run in [*folder.glob("trial-*"), *(folder / "confirmation").iterdir()]:
+        accumulator = event_accumulator.EventAccumulator(str(run))
+        accumulator.Reload()
+        assert "accuracy" in accumulator.Tags()["scalars"]
+        assert "loss" not in accumulator.Tags()["scalars"]
+    assert (folder / "probe" / "runs").is_dir()
+
+
+def write_study(folder: Path, *, probe: str) -> Path:
+    study = {
+        "task": "tests.tasks:blobs",
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {"lr": [0.02, 0.2], "batch_size": 32, "num_workers": 0, "precision": "fp32"},
+        "probe": probe,
+        "budget": {"trials": 2, "max_epochs": 2, "max_seconds": 10, "eval_every": 0.5},
+        "confirm": {"top": 1, "runs": 1},
+        "isolation": "none",
+    }
+    path = folder / f"{probe}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_each_run_s_loss_is_a_point_beside_each_of_its_metric_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study run now: every trial's first run and every confirmation run has `loss` at the
+    steps of its metric, with the values stored."""
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
+    path = write_study(tmp_path, probe="none")
+    assert main(["run", str(path), "--quiet"]) == 0
+    folder = tmp_path / "tb"
+    assert main(["report", str(path), "--tensorboard", str(folder)]) == 0
+    kept = optuna.load_study(study_name="none", storage=f"sqlite:///{tmp_path / 'none.db'}")
+    trials = {f"trial-{t.number}": schema.measured(t) for t in kept.get_trials()}
+    stored = {name: run for name, run in trials.items() if run.get("curve")}
+    confirmation = schema.confirmation(kept.user_attrs)["runs"]
+    for run in confirmation:
+        stored[f"confirmation/{run['label'].replace(' ', '-')}-seed-{run['seed']}"] = run
+    assert len(confirmation) == 2 and len(stored) >= 3
+    for name, run in stored.items():
+        metric, loss = scalars(folder / name, "accuracy"), scalars(folder / name, "loss")
+        assert [step for step, _ in loss] == [step for step, _ in metric] and loss
+        assert all(math.isfinite(value) and value > 0 for _, value in loss)
+        assert [value for _, value in loss] == pytest.approx(run["train_loss"], rel=1e-6)

@@ -525,6 +525,24 @@ def test_what_reports_leave_out_stays_unknown() -> None:
         and result.samples_per_second is None
     )
     assert result.peak_memory_bytes == 123  # the process's own, as no report gave a figure
+    assert result.train_loss is None  # no report carried one
+
+
+def test_a_reported_loss_is_kept_beside_its_metric_and_a_missing_one_stays_missing() -> None:
+    """A loss on a progress-only line has no point to stand beside; a non-finite one is none."""
+    tally = Tally(limits=limits(target=0.9), device=CPU)
+    lines = (
+        '{"metric": 0.5, "loss": 1.25}',
+        '{"step": 7, "loss": 0.9}',
+        '{"metric": 0.6}',
+        '{"metric": 0.7, "loss": NaN}',
+        '{"metric": 0.95, "loss": 0.5}',
+    )
+    for seconds, line in enumerate(lines, start=1):
+        tally.add(protocol.parse(line, metric_name="accuracy"), seconds=float(seconds))
+    result = tally.result(stop_reason="target", elapsed=5.0, memory=123)
+    assert [point[2] for point in result.curve] == [0.5, 0.6, 0.7, 0.95]
+    assert result.train_loss == (1.25, None, None, 0.5)
 
 
 # The Lightning example, with the study file's own command and budget.

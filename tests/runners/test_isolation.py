@@ -74,6 +74,7 @@ def test_a_child_trains_the_same_trial_as_this_process() -> None:
     # same metric at the same epochs
     assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]
     assert there.best_metric == here.best_metric and there.optimizer_steps == here.optimizer_steps
+    assert there.train_loss == pytest.approx(here.train_loss)  # the loss comes back too
     assert steps and steps[-1] <= there.optimizer_steps  # progress came back from the child
 
 

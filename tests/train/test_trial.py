@@ -20,7 +20,7 @@ from autotune.train.tasks import Task, takes
 from autotune.train.trial import (
     DTYPES,
     FINITE_CHECK_EVERY,
-    FiniteLoss,
+    LossWatch,
     make_scheduler,
     run,
     train_step,
@@ -369,10 +369,10 @@ def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss()
 
 
 def test_the_finite_loss_watch_names_the_first_bad_step_and_its_value() -> None:
-    watch = FiniteLoss(CPU)
+    watch = LossWatch(CPU)
     for step, loss in enumerate([2.0, 1.5, float("inf"), float("nan"), 1.0], start=1):
         watch.see(torch.tensor(loss), step)
-    watch_ok = FiniteLoss(CPU)
+    watch_ok = LossWatch(CPU)
     watch_ok.see(torch.tensor(0.5), 1)
     watch_ok.check(steps_per_epoch=10)  # finite: nothing raised
     with pytest.raises(Diverged, match=r"^loss became inf at step 3 \(epoch 0\.30\)"):

@@ -1,0 +1,111 @@
+"""`autotune report --tensorboard DIR` writes the systems probe's measurements under DIR/probe:
+each measured setting a run with its figures, and a text summary; read back here with
+tensorboard's own reader from studies run with `probe: joint` and `probe: systems`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.record import schema
+
+REPO = Path(__file__).resolve().parents[2]
+event_accumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator",
+    reason="tensorboard is in the test extra: bash scripts/test.sh installs it",
+)
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
+
+
+def probed(folder: Path, probe: str) -> tuple[Path, dict]:
+    """A one-trial study whose probe chooses among two loader settings and two precisions, its
+    TensorBoard folder and its stored probe outcome."""
+    study = {
+        "task": "tests.tasks:blobs",
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {
+            "lr": 0.1,
+            "batch_size": 32,
+            "num_workers": [0, 1],
+            "prefetch_factor": 2,
+            "precision": ["fp32", "bf16"],
+        },
+        "probe": probe,
+        "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 10, "eval_every": 0.5},
+        "confirm": {"top": 0},
+        "isolation": "none",
+    }
+    path = folder / f"{probe}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["run", str(path), "--quiet"]) == 0
+    assert main(["report", str(path), "--tensorboard", str(folder / "tb")]) == 0
+    stored = optuna.load_study(study_name=probe, storage=f"sqlite:///{path.with_suffix('.db')}")
+    return folder / "tb" / "probe", schema.probe(stored.user_attrs)
+
+
+def read(run: Path) -> event_accumulator.EventAccumulator:
+    accumulator = event_accumulator.EventAccumulator(str(run))
+    accumulator.Reload()
+    return accumulator
+
+
+def figures(folder: Path, tag: str) -> dict[str, list[tuple[int, float]]]:
+    """Each run under `folder` -> its (step, value) points of `tag`."""
+    return {
+        run.name: [(e.step, e.value) for e in read(run).Scalars(tag)] for run in folder.iterdir()
+    }
+
+
+def summary(folder: Path) -> str:
+    return read(folder).Tensors("probe/summary")[0].tensor_proto.string_val[0].decode()
+
+
+def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_path: Path) -> None:
+    folder, outcome = probed(tmp_path, "joint")
+    loaders = figures(folder / "loader", "probe/loader_rate")
+    assert set(loaders) == {"num_workers=0", "num_workers=1,prefetch_factor=2"}
+    assert sorted(v for [(step, v)] in loaders.values() if step == 0) == pytest.approx(
+        sorted(r["samples_per_second"] for r in outcome["loader_rates"]), rel=1e-6
+    )
+    computes = figures(folder / "compute", "probe/compute_rate")
+    # each precision and format, at each thread count the loader settings leave the step
+    assert len(computes) == len(outcome["compute_rates"]) > 2
+    assert sorted(v for [(_, v)] in computes.values()) == pytest.approx(
+        sorted(r["samples_per_second"] for r in outcome["compute_rates"]), rel=1e-6
+    )
+    assert any(name.startswith("precision=bf16") for name in computes)
+    predicted = figures(folder / "end_to_end", "probe/end_to_end_predicted")
+    measured = figures(folder / "end_to_end", "probe/end_to_end_measured")
+    assert len(predicted) == len(outcome["checked"]) and set(measured) == set(predicted)
+    assert sorted(v for [(_, v)] in predicted.values()) == pytest.approx(
+        sorted(c["predicted"] for c in outcome["checked"]), rel=1e-6
+    )
+    assert sorted(v for [(_, v)] in measured.values()) == pytest.approx(
+        sorted(c["measured"] for c in outcome["checked"]), rel=1e-6
+    )
+    text = summary(folder)
+    assert text.startswith("Joint systems probe (batch 32: 2 loader and ")
+    assert "| num_workers | prefetch_factor | pin_memory | samples/s |" in text
+    assert "| predicted | measured |" in text
+
+
+def test_the_greedy_probe_s_runs_read_back_in_the_order_they_ran(tmp_path: Path) -> None:
+    folder, outcome = probed(tmp_path, "systems")
+    seconds = figures(folder / "runs", "probe/run_seconds")
+    points = sorted(point for run in seconds.values() for point in run)
+    assert [step for step, _ in points] == list(range(1, len(outcome["runs"]) + 1))
+    assert [value for _, value in points] == pytest.approx(
+        [r["seconds"] for r in outcome["runs"]], rel=1e-6
+    )
+    assert "num_workers=1,prefetch_factor=2,precision=fp32" in seconds
+    text = summary(folder)
+    assert text.startswith("Systems probe (")
+    assert "| run | num_workers | prefetch_factor | pin_memory | precision | seconds |" in text
