@@ -5,6 +5,7 @@ the winner back."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import optuna
@@ -276,3 +277,56 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     )
     assert ("is fixed off" in text) is not weighed["kept"]
     assert not weighed["kept"]  # a few milliseconds a step cannot win back seconds within 16 steps
+
+
+def test_the_probe_measures_each_loader_once_per_workers_and_pinning_at_the_largest_prefetch() -> (
+    None
+):
+    from autotune.search.space import Choices
+    from autotune.study import roofline_probe
+
+    space = {
+        "num_workers": Choices((8, 0, 2)),
+        "prefetch_factor": Choices((2, 4)),
+        "pin_memory": Choices((False, True)),
+    }
+    settings = roofline_probe.loader_settings(space)
+    assert [(s["num_workers"], s["pin_memory"], s["prefetch_factor"]) for s in settings] == [
+        (0, False, None),
+        (0, True, None),
+        (2, False, 4),
+        (2, True, 4),
+        (8, False, 4),
+        (8, True, 4),
+    ]
+
+
+def test_loaders_measured_in_turn_run_alone_and_stop_once_one_outpaces_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While one loader setting is timed no other setting's workers are alive (side by side they
+    would refill their queues on the same cores); once one delivers enough, the rest are left."""
+    from autotune.runners import descendants
+
+    task = paced.make(load_seconds=paced.LOAD_SECONDS / 4, compute_seconds=0.0)
+    alive: dict[str, set[int]] = {}
+    window = rates._LoaderSession.window
+
+    def counted(self: rates._LoaderSession) -> float | None:
+        key = f"w{self.config.num_workers}"
+        alive.setdefault(key, set()).add(len(descendants.children(os.getpid())))
+        return window(self)
+
+    monkeypatch.setattr(rates._LoaderSession, "window", counted)
+    loaders = {f"w{w}": config(**loader(w)) for w in (1, 2)}
+    in_turn = rates.measure_loaders_in_turn(task, loaders, device=CPU, seed=1)
+    assert alive == {"w1": {1}, "w2": {2}}
+    assert in_turn["w2"].samples_per_second > 1.4 * in_turn["w1"].samples_per_second
+    alive.clear()
+    rates.measure(task, loaders, {}, device=CPU, seed=1)  # side by side: both sets alive
+    assert alive == {"w1": {3}, "w2": {3}}
+
+    enough = in_turn["w1"].samples_per_second / 2
+    stopped = rates.measure_loaders_in_turn(task, loaders, enough, device=CPU, seed=1)
+    assert stopped["w1"].samples_per_second and stopped["w2"].samples_per_second is None
+    assert "not measured" in stopped["w2"].reason
