@@ -174,12 +174,13 @@ def _predicted(
     keyed = {
         f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
     }
-    compute_rates = _in_groups(
-        lambda group: measured(rates.measure, {}, group),
+    # in one process (each another CUDA context and task to load: seconds on a GPU host)
+    compute_rates = measured(
+        rates.measure_in_groups,
         {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
-        size=COMPUTE_GROUP,
-        bar=bar,
+        COMPUTE_GROUP,
     )
+    bar.update(len(keyed))
     fastest_step = max((r.samples_per_second or 0.0 for r in compute_rates.values()), default=0.0)
     loader_rates = measured(
         rates.measure_loaders_in_turn,
@@ -207,24 +208,6 @@ def _predicted(
         ],
     }
     return predictions, figures
-
-
-def _in_groups(
-    measure_group: Callable[[dict[str, TrialConfig]], dict[str, rates.Rate]],
-    configs: dict[str, TrialConfig],
-    *,
-    size: int,
-    bar: Any,
-) -> dict[str, rates.Rate]:
-    """`configs` measured `size` at a time, side by side: each holds its share of the machine."""
-    measured: dict[str, rates.Rate] = {}
-    keys = list(configs)
-    for start in range(0, len(keys), size):
-        signals.check()
-        group = {k: configs[k] for k in keys[start : start + size]}
-        measured.update(measure_group(group))
-        bar.update(len(group))
-    return measured
 
 
 def _weigh_compile(

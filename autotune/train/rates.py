@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from autotune import signals
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import endless, make_loader
@@ -83,6 +84,29 @@ def measure(
         for key, config in [*loaders.items(), *computes.items()]
     }
     return measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
+
+
+def measure_in_groups(
+    task: Task,
+    computes: Mapping[K, TrialConfig],
+    size: int,
+    *,
+    device: torch.device,
+    seed: int,
+    window_steps: int = WINDOW_STEPS,
+    **rounds: Any,
+) -> dict[K, Rate]:
+    """The compute rate of each of `computes`, `size` at a time side by side (each holds a model,
+    its optimizer and a few batches on the device: too many at once, and an out-of-memory error
+    would be taken for a setting's), the groups one after another."""
+    keys, measured = list(computes), {}
+    for start in range(0, len(keys), size):
+        signals.check()
+        group = {k: computes[k] for k in keys[start : start + size]}
+        measured.update(
+            measure(task, {}, group, device=device, seed=seed, window_steps=window_steps, **rounds)
+        )
+    return measured
 
 
 def measure_loaders_in_turn(
