@@ -103,6 +103,74 @@ def allocator_oom() -> Task:
     return Task(model=AllocatorOOMAtLargeBatch, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+# Bytes of activations a training forward pass of ActivationBudgetNet may keep for its backward
+# pass: a batch of 64 fits, one of 128 only with its blocks checkpointed (see test_checkpointing).
+ACTIVATION_BUDGET = 384 * 1024
+
+
+class SavedBytes:
+    """Counts the bytes of the tensors autograd keeps for the backward pass while it is active
+    (each storage once, the model's parameters not at all); past `limit`, raises
+    torch.cuda.OutOfMemoryError, as a device that holds no more would."""
+
+    def __init__(self, model: nn.Module, *, limit: float = float("inf")) -> None:
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.limit, self.seen, self.bytes = limit, set(), 0
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.parameters | self.seen:
+            self.seen.add(storage.data_ptr())
+            self.bytes += storage.nbytes()
+            if self.bytes > self.limit:
+                raise torch.cuda.OutOfMemoryError(
+                    f"CUDA out of memory: the activations need more than {self.limit} bytes"
+                )
+        return tensor
+
+    def __enter__(self) -> SavedBytes:
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.hooks.__exit__(*exc)
+
+
+class ActivationBudgetNet(nn.Module):
+    """An MLP of residual blocks (each widening 4x inside) that runs out of memory when a training
+    forward pass keeps more than ACTIVATION_BUDGET bytes for its backward pass; its blocks can be
+    checkpointed."""
+
+    def __init__(self, width: int = 32, depth: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return self._forward(x)
+        with SavedBytes(self, limit=ACTIVATION_BUDGET):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+
+def activation_budget() -> Task:
+    return Task(model=ActivationBudgetNet, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
 def broken_model() -> Task:
     def model() -> nn.Module:
         raise ValueError("this model cannot be built")

@@ -287,6 +287,18 @@ CASES = [
         storage=GARBAGE,
     ),
     Case(
+        "checkpointing a share above 1",
+        HEAD + "space: {checkpointing: [false, 1.5]}\n",
+        ("space.checkpointing[1]: got 1.5", "a fraction between 0 and 1"),
+        storage=GARBAGE,
+    ),
+    Case(
+        "checkpointing only, for a model without checkpoint_blocks()",
+        "task: tests.tasks:blobs\n" + TARGET + "space: {checkpointing: true}\n",
+        ("space.checkpointing", "true is not possible here", "no checkpoint_blocks()"),
+        storage=GARBAGE,
+    ),
+    Case(
         "every batch larger than the training set",
         HEAD + "space: {batch_size: [4096, 8192]}\n",
         ("space.batch_size: got 4096", "training samples"),

@@ -5,8 +5,8 @@
 beside the user's parameters that are not TrainingArguments fields (`params`) and a note for
 every setting TrainingArguments cannot take or takes only approximately (`notes`).
 Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio). compile
-is `torch_compile` and tf32 `tf32`; channels_last, cudnn_benchmark and fused_optimizer have no
-field, so their notes say what to do.
+is `torch_compile`, tf32 `tf32` and checkpointing `activation_checkpointing`; channels_last,
+cudnn_benchmark and fused_optimizer have no field, so their notes say what to do.
 """
 
 from __future__ import annotations
@@ -159,6 +159,9 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
         # the trial
         args["tf32"] = True
     notes += systems_notes(knobs)
+    checkpointing, checkpointing_note = _checkpointing(knobs["checkpointing"])
+    args.update(checkpointing)
+    notes.append(checkpointing_note)
     args["max_grad_norm"] = 0.0  # HF clips gradients at 1.0 by default; autotune does not clip
     if device == "cpu":
         # the study ran on CPU; TrainingArguments refuses bf16 without a GPU unless told so
@@ -175,6 +178,34 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
             )
         )
     return args, notes
+
+
+def _checkpointing(value: bool | float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """activation_checkpointing (transformers 4.x: gradient_checkpointing), non-reentrant as
+    autotune's, and the note on what HF checkpoints."""
+    if not value:
+        return {"activation_checkpointing": False}, note(
+            "checkpointing",
+            value,
+            MOVED,
+            "autotune kept every activation for the backward pass: activation_checkpointing false.",
+        )
+    share = "every block" if value is True else f"the first {value:g} of the blocks"
+    return {
+        "activation_checkpointing": True,
+        "activation_checkpointing_kwargs": {"use_reentrant": False},
+    }, note(
+        "checkpointing",
+        value,
+        APPROXIMATION,
+        f"autotune checkpointed {share} of model.checkpoint_blocks() "
+        "(torch.utils.checkpoint, use_reentrant=False). activation_checkpointing "
+        "(gradient_checkpointing in transformers 4.x) makes transformers.Trainer call "
+        "model.activation_checkpointing_enable(), which checkpoints every layer of a "
+        "transformers model; a model without that method needs activation_checkpointing left "
+        f"out and autotune.train.checkpointing.apply(model, {value!r}) before "
+        "transformers.Trainer(model=model, ...).",
+    )
 
 
 def _optimizer(summary: Summary, knobs: Mapping[str, Any], params: dict[str, Any]) -> Part:

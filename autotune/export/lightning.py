@@ -12,9 +12,9 @@
 
 The Trainer takes no DataLoader, optimizer or scheduler settings, so those have their own
 sections (the scheduler's: lightning_schedule.py), and `usage` spells out the lines above for
-this winner. cudnn_benchmark is the Trainer's `benchmark`; channels_last and compile are done to
-the model, tf32 to the process and fused_optimizer to the optimizer, as their notes (and, when
-on, `usage`) say.
+this winner. cudnn_benchmark is the Trainer's `benchmark`; channels_last, compile and
+checkpointing are done to the model, tf32 to the process and fused_optimizer to the optimizer,
+as their notes (and, when on, `usage`) say.
 """
 
 from __future__ import annotations
@@ -96,10 +96,23 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
             "float32, torch's default (torch.set_float32_matmul_precision('highest')): "
             "leave it so, whatever Lightning's hint says."
         )
+    if knobs["checkpointing"]:
+        kept = (
+            "lightning.Trainer has no activation-checkpointing argument. autotune wrapped the "
+            "forward of the first blocks of model.checkpoint_blocks() in torch.utils.checkpoint "
+            f"(use_reentrant=False): do autotune.train.checkpointing.apply(model, "
+            f"{knobs['checkpointing']!r}) before trainer.fit."
+        )
+    else:
+        kept = (
+            "lightning.Trainer has no activation-checkpointing argument; autotune kept every "
+            "activation for the backward pass, as Lightning does: checkpoint nothing."
+        )
     return [
         note("channels_last", knobs["channels_last"], NO_EQUIVALENT, layout),
         note("compile", knobs["compile"], NO_EQUIVALENT, compiled),
         note("tf32", knobs["tf32"], NO_EQUIVALENT, matmul),
+        note("checkpointing", knobs["checkpointing"], NO_EQUIVALENT, kept),
     ]
 
 
@@ -137,6 +150,11 @@ def _model_usage(knobs: Mapping[str, Any]) -> list[str]:
     """The usage lines that do to the model and the process what lightning.Trainer cannot
     (model_notes), for the settings that are on."""
     usage = []
+    if knobs["checkpointing"]:
+        usage.append(
+            f"autotune.train.checkpointing.apply(model, {knobs['checkpointing']!r})  "
+            "# activation checkpointing of model.checkpoint_blocks()"
+        )
     if knobs["channels_last"]:
         usage.append(
             "model = model.to(memory_format=torch.channels_last)  "

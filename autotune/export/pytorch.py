@@ -2,12 +2,13 @@
 
 The generated module defines the settings as constants, `make_training(model, train_dataset,
 *, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as
-autotune.train.trial.run builds them; the model channels-last and compiled as
+autotune.train.trial.run builds them; the model checkpointed, channels-last and compiled as
 autotune.train.systems.prepare_model makes it; cuDNN's algorithm search and TF32 set),
 `to_device(inputs, device)` (autotune.train.systems.to_device) and `train_step(training,
 loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
 autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the
-task's own optimizer lives there; the built-in SGD is written out.
+task's own optimizer lives there, and for activation checkpointing (the same wrapping of the
+model's checkpoint_blocks()); the built-in SGD is written out.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ else (os.cpu_count() or 1)
                         worker_init_fn=_worker_init if NUM_WORKERS > 0 else None,
                         generator=None if seed is None else torch.Generator().manual_seed(seed))
     model = model.to(device)
+    if CHECKPOINTING:  # the first blocks of model.checkpoint_blocks(), as the trial did
+        from autotune.train.checkpointing import apply
+
+        apply(model, CHECKPOINTING)
     if CHANNELS_LAST:
         model = model.to(memory_format=torch.channels_last)  \
 # its 4-D weights; to_device lays out 4-D inputs

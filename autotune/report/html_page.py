@@ -203,6 +203,7 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
         "cudnn_benchmark": "cudnn",
         "tf32": "tf32",
         "fused_optimizer": "fused",
+        "checkpointing": "checkpointing",
     }
     table = top[list(columns)].rename(columns=columns)
     table["input wait"] = table["input wait"].map(

@@ -21,6 +21,7 @@ SHORT_NAMES = {
     "schedule_epochs": "schedule",
     "cudnn_benchmark": "cudnn",
     "fused_optimizer": "fused",
+    "checkpointing": "ckpt",
 }
 
 

@@ -20,6 +20,7 @@ def unsupported_switches(
     channels_last_problem: str | None = None,
     tf32_problem: str | None = None,
     fused_optimizer_problem: str | None = None,
+    checkpointing_problem: str | None = None,
 ) -> dict[str, str]:
     """The on/off knobs that cannot be on here, each with the reason."""
     unsupported = {}
@@ -35,6 +36,8 @@ def unsupported_switches(
         unsupported["channels_last"] = channels_last_problem
     if fused_optimizer_problem:
         unsupported["fused_optimizer"] = fused_optimizer_problem
+    if checkpointing_problem:
+        unsupported["checkpointing"] = checkpointing_problem
     return unsupported
 
 
@@ -56,6 +59,7 @@ def restrict_to_device(
     channels_last_problem: str | None = None,
     tf32_problem: str | None = None,
     fused_optimizer_problem: str | None = None,
+    checkpointing_problem: str | None = None,
 ) -> tuple[Space, list[str], dict[str, str]]:
     """Remove what the device (or the install, or the task's model) cannot run.
 
@@ -82,15 +86,17 @@ def restrict_to_device(
         channels_last_problem=channels_last_problem,
         tf32_problem=tf32_problem,
         fused_optimizer_problem=fused_optimizer_problem,
+        checkpointing_problem=checkpointing_problem,
     )
     if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
         switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
     for knob, reason in switches.items():
         values = space[knob].values
-        if True not in values:
+        if not any(values):  # on is true, or a share of the blocks (checkpointing)
             continue
-        if values == (True,):
-            impossible[knob] = f"{knob}: true is not possible here: {reason}"
+        if all(values):
+            on = " or ".join(str(v).lower() for v in values)
+            impossible[knob] = f"{knob}: {on} is not possible here: {reason}"
         else:
             notices.append(f"{knob} fixed to false: {reason}")
             space = space.replace(knob, Choices((False,)))

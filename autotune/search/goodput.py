@@ -282,7 +282,8 @@ def describe(phase: Mapping[str, Any]) -> str:
 
 
 def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (settings["precision"], *(bool(settings.get(k, False)) for k in FORMAT_KNOBS))
+    # a knob a stored table predates was off; checkpointing's share stays as it is
+    return (settings["precision"], *(settings.get(k) or False for k in FORMAT_KNOBS))
 
 
 def same_maths(a: Mapping[str, Any], b: Mapping[str, Any], *, batch_norm: bool) -> bool:

@@ -45,6 +45,9 @@ class Knob:
     minimum: float | None = None
     names: tuple[str, ...] | None = None
     doc: str = ""
+    # An on/off knob that also takes a share strictly between 0 and 1 (of the model's blocks):
+    # 0 and 1 are read as false and true, so a value has one spelling.
+    shares: bool = False
     # What a configuration stored before the knob existed meant by leaving it out: the trial ran
     # without it (None: nothing to assume, or the schedule's default of max_epochs).
     absent: Any = None
@@ -66,11 +69,28 @@ class Knob:
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= self.minimum
             return None if ok else f"{self.name} takes a whole number of at least {self.minimum}"
+        if self.type is bool and self.shares:
+            ok = isinstance(value, bool) or (
+                isinstance(value, (int, float)) and finite(value) and 0 <= value <= 1
+            )
+            return None if ok else f"{self.name} takes true, false or a fraction between 0 and 1"
         if self.type is bool:
             return None if isinstance(value, bool) else f"{self.name} takes true or false"
         if value in self.names:
             return None
         return f"{self.name} takes one of {', '.join(self.names)}"
+
+    def normal(self, value: Any) -> Any:
+        """A checked value in its one spelling: a share of 0 or 1 as false or true, any other as a
+        float."""
+        if self.shares and not isinstance(value, bool):
+            return value == 1 if value in (0, 1) else float(value)
+        return value
+
+
+def share(value: bool | float | None) -> float:
+    """The fraction a shares knob's value stands for: false (or a knob left out) 0, true 1."""
+    return float(value or 0)
 
 
 def finite(value: float) -> bool:

@@ -1,12 +1,14 @@
 """The out-of-memory boundary: configurations known to run out of memory before they run.
 
-A micro-batch's memory grows with its size and with the bytes per activation of its precision;
-nothing else among the maths and loader knobs (learning rate, schedule, accumulation, loader
-settings) changes what the device holds. So once a configuration has run out of memory, any
-configuration with the same parameters (a model's width may be one), the same memory format,
-compilation and cuDNN search, a micro-batch at least as large and a precision at least as wide
-needs at least as much memory, and would run out too: it is pruned without
-running. Pure functions over plain mappings, testable without a GPU.
+A micro-batch's memory grows with its size and with the bytes per activation of its precision,
+and shrinks with the share of the model's blocks that activation checkpointing recomputes instead
+of keeping; nothing else among the maths and loader knobs (learning rate, schedule, accumulation,
+loader settings) changes what the device holds. So once a configuration has run out of memory,
+any configuration with the same parameters (a model's width may be one), the same memory format,
+compilation and cuDNN search, a micro-batch at least as large, a precision at least as wide and
+no larger share checkpointed needs at least as much memory, and would run out too: it is pruned
+without running. A run out of memory without checkpointing says nothing of one with it. Pure
+functions over plain mappings, testable without a GPU.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.search.knob import PRECISIONS
+from autotune.search.knob import PRECISIONS, share
 from autotune.search.space import FORMAT_KNOBS, KNOBS, filled
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
 # TF32 changes the arithmetic's precision, not its tensors, and the fused step the kernels that
-# update the parameters, not what they hold: a bound holds across them.
-SAME_LAYOUT = tuple(k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimizer"))
+# update the parameters, not what they hold: a bound holds across them. Checkpointing is ordered:
+# checkpointing fewer blocks keeps more activations.
+SAME_LAYOUT = tuple(
+    k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimizer", "checkpointing")
+)
 
 
 def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
@@ -36,6 +41,7 @@ def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
         and same_layout
         and config["batch_size"] >= other["batch_size"]
         and PRECISIONS[config["precision"]].bytes >= PRECISIONS[other["precision"]].bytes
+        and share(mine["checkpointing"]) <= share(theirs["checkpointing"])
     )
 
 
@@ -54,7 +60,16 @@ def bound_by(
 
 def not_run_reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
     return (
-        f"not run: batch_size {config['batch_size']} in {config['precision']} "
+        f"not run: batch_size {config['batch_size']} in {config['precision']}{_kept(config)} "
         f"needs at least the memory of trial {number} "
-        f"(batch_size {other['batch_size']} in {other['precision']}), which ran out of memory"
+        f"(batch_size {other['batch_size']} in {other['precision']}{_kept(other)}), "
+        "which ran out of memory"
     )
+
+
+def _kept(config: Mapping[str, Any]) -> str:
+    """How much checkpointing the reason names: only where it is on."""
+    value = filled(config)["checkpointing"]
+    if not value:
+        return ""
+    return " checkpointing all blocks" if value is True else f" checkpointing {value:g} of blocks"

@@ -83,14 +83,30 @@ KNOBS: dict[str, Knob] = {
             "optimizer has one",
             absent=False,
         ),
+        Knob(
+            "checkpointing",
+            bool,
+            doc="activation checkpointing of the model's checkpoint_blocks(): true all, a "
+            "fraction the first share of them; recomputed in the backward pass",
+            absent=False,
+            shares=True,
+        ),
     )
 }
 
 # Knobs that change speed and memory, never what a step computes (float noise aside): the
 # DataLoader's, and the memory format, compilation, cuDNN's search, TF32 matrix products (a
-# 10-bit mantissa inside float32 products, accumulated in float32) and the fused optimizer step.
+# 10-bit mantissa inside float32 products, accumulated in float32), the fused optimizer step and
+# activation checkpointing (the same forward again, in the backward pass).
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory")
-FORMAT_KNOBS = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
+FORMAT_KNOBS = (
+    "channels_last",
+    "compile",
+    "cudnn_benchmark",
+    "tf32",
+    "fused_optimizer",
+    "checkpointing",
+)
 
 
 def formats_for(
@@ -126,6 +142,7 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "cudnn_benchmark": False,
     "tf32": False,
     "fused_optimizer": False,
+    "checkpointing": False,
 }
 
 

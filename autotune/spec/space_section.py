@@ -34,7 +34,7 @@ def _knob_value(path: Path, key: str, name: str, value: Any) -> Any:
     problem = knob.check(value)
     if problem:
         raise SpecError(path, key, value, problem)
-    return value
+    return knob.normal(value)
 
 
 def _domain(path: Path, key: str, name: str, raw: Any) -> Domain:

@@ -23,7 +23,7 @@ from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import feasibility
-from autotune.train import systems
+from autotune.train import checkpointing, systems
 from autotune.train.config import Limits
 from autotune.train.tasks import Task, load_task, takes
 
@@ -199,23 +199,23 @@ def fit_to_device(
     baseline = dict(spec.baseline)
     wanted = {
         knob
-        for knob in ("compile", "channels_last", "fused_optimizer")
-        if True in spec.space[knob].values or baseline[knob]
+        for knob in ("compile", "channels_last", "fused_optimizer", "checkpointing")
+        if any(spec.space[knob].values) or baseline[knob]
     }
     problems = {
         "compile_problem": systems.compile_problem(device) if "compile" in wanted else None,
         "tf32_problem": systems.tf32_problem(device),
     }
     params = {k: v for k, v in baseline.items() if k not in KNOBS}
-    if "channels_last" in wanted and task is not None:
+    if {"channels_last", "checkpointing"} & wanted and task is not None:
         try:
             model = task.model(**takes(task.model, params))
         except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
             model = None
         # Nor is a factory that returns something else (a function): its trials fail, and say so.
-        problems["channels_last_problem"] = (
-            systems.channels_last_problem(model) if isinstance(model, nn.Module) else None
-        )
+        if isinstance(model, nn.Module):
+            problems["channels_last_problem"] = systems.channels_last_problem(model)
+            problems["checkpointing_problem"] = checkpointing.problem(model)
     if "fused_optimizer" in wanted and task is not None:
         problems["fused_optimizer_problem"] = systems.fused_optimizer_problem(
             task.optimizer, params, device

@@ -33,6 +33,8 @@ class TrialConfig:
     cudnn_benchmark: bool = False
     tf32: bool = False
     fused_optimizer: bool = False
+    # true: every block of the model's checkpoint_blocks(); a fraction: the first share of them
+    checkpointing: bool | float = False
     # (name, value) pairs: hashable, in the study file's order
     params: tuple[tuple[str, Any], ...] = ()
 

@@ -1,9 +1,9 @@
 """The GPU systems knobs in torch terms: channels-last memory format, torch.compile, cuDNN's
-algorithm search, TF32 matrix products, the fused optimizer step. Whether each can run here, and
-what a trial does with it.
+algorithm search, TF32 matrix products, the fused optimizer step, activation checkpointing
+(checkpointing.py). Whether each can run here, and what a trial does with it.
 
-None of them changes the maths (float noise aside); each changes speed, and channels_last and
-compile change memory too.
+None of them changes the maths (float noise aside); each changes speed, and channels_last,
+compile and checkpointing change memory too.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.train import checkpointing as activation_checkpointing
 from autotune.train import oom
 from autotune.train.tasks import takes
 
@@ -110,13 +111,15 @@ def channels_last_problem(model: nn.Module) -> str | None:
 
 
 def prepare_model(
-    model: nn.Module, *, channels_last: bool, compile: bool
+    model: nn.Module, *, channels_last: bool, compile: bool, checkpointing: bool | float = False
 ) -> tuple[nn.Module, nn.Module]:
     """(the module to train, the module to evaluate): the same parameters either way.
 
     Evaluation uses the uncompiled module: its batch size and eval-mode BatchNorm would make
-    torch.compile compile a second graph, and evaluation runs off the clock anyway.
+    torch.compile compile a second graph, and evaluation runs off the clock anyway. Checkpointed
+    blocks run plainly there (checkpointing.py): nothing is kept for a backward pass.
     """
+    activation_checkpointing.apply(model, checkpointing)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return (torch.compile(model) if compile else model), model

@@ -168,6 +168,7 @@ def build(
         task.model(**takes(task.model, params)).to(device),
         channels_last=config.channels_last,
         compile=config.compile,
+        checkpointing=config.checkpointing,
     )
     model.train()
     # a factory without one never gets it (fit_to_device)

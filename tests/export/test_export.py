@@ -44,9 +44,9 @@ from autotune.search.knob import PRECISIONS
 from autotune.search.space import KNOBS, SCHEDULERS
 from autotune.spec import study_file
 from autotune.study import storage
-from autotune.train import systems, trial
+from autotune.train import checkpointing, systems, trial
 from autotune.train.tasks import digits, sgd, takes
-from tests.tasks import _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
+from tests.tasks import ActivationBudgetNet, _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT_IN = "autotune.train.tasks:sgd"
@@ -55,7 +55,14 @@ TUNABLE = "tests.tasks:_tunable_optimizer"
 NOTED = ("moved", "approximation", "no equivalent")
 
 
-SYSTEMS = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
+SYSTEMS = (
+    "channels_last",
+    "compile",
+    "cudnn_benchmark",
+    "tf32",
+    "fused_optimizer",
+    "checkpointing",
+)
 
 
 def knobs(
@@ -71,6 +78,7 @@ def knobs(
     cudnn_benchmark: bool = False,
     tf32: bool = False,
     fused_optimizer: bool = False,
+    checkpointing: bool | float = False,
 ) -> dict[str, Any]:
     return {
         "lr": lr,
@@ -86,6 +94,7 @@ def knobs(
         "cudnn_benchmark": cudnn_benchmark,
         "tf32": tf32,
         "fused_optimizer": fused_optimizer,
+        "checkpointing": checkpointing,
     }
 
 
@@ -363,6 +372,7 @@ def check_lightning(
         "compile",
         "tf32",
         "fused_optimizer",
+        "checkpointing",
         *extras,
     ):
         assert knob in named, f"no note says where {knob} went"
@@ -591,6 +601,13 @@ def check_hf_systems(
         (entry,) = named[knob]
         assert entry["status"] == "no equivalent" and entry["value"] is knob_values[knob]
         assert (code in entry["note"]) is knob_values[knob]
+    # activation checkpointing, non-reentrant as autotune's; a note whatever the value
+    on = bool(knob_values["checkpointing"])
+    assert args.activation_checkpointing is on
+    assert args.activation_checkpointing_kwargs == ({"use_reentrant": False} if on else None)
+    (entry,) = named["checkpointing"]
+    assert entry["status"] == ("approximation" if on else "moved")
+    assert ("autotune.train.checkpointing.apply(model" in entry["note"]) is on
     # None: transformers leaves torch's setting alone
     assert args.tf32 is (True if knob_values["tf32"] else None)
     # given when on; left out when off, which keeps torch's default as the trial did
@@ -720,6 +737,41 @@ def test_tf32_is_carried_by_every_format() -> None:
     check_torch(render(on_cpu, "torch"), on_cpu, dataset=_blobs(104, 0), model_factory=blobs_model)
 
 
+@pytest.mark.parametrize("value", [True, 0.5])
+def test_checkpointing_is_carried_by_every_format(value: bool | float, tmp_path: Path) -> None:
+    """HF's gradient_checkpointing (non-reentrant) with a note on what it checkpoints; Lightning's
+    usage line, which checkpoints what the trial did; the torch module, which trains as the trial
+    did with the same blocks checkpointed; the flags."""
+    summary = summary_for(knobs(0.05, "cosine", 16, 2, 0, "fp32", checkpointing=value))
+    check_hf(
+        render(summary, "hf"),
+        summary,
+        dataset=_blobs(104, 0),
+        model=ActivationBudgetNet(),
+        tmp_path=tmp_path,
+    )
+    export = json.loads(render(summary, "lightning"))
+    (line,) = [u for u in export["usage"] if u.startswith("autotune.train.checkpointing.apply")]
+    namespace: dict[str, Any] = {"autotune": __import__("autotune.train.checkpointing")}
+    namespace["model"] = model = ActivationBudgetNet()
+    exec(line, namespace)
+    expected, _ = systems.prepare_model(
+        ActivationBudgetNet(), channels_last=False, compile=False, checkpointing=value
+    )
+    assert len(checkpointing.checkpointed(model)) == len(checkpointing.checkpointed(expected))
+    assert len(checkpointing.checkpointed(model)) == (6 if value is True else 3)
+    check_lightning(
+        render(summary, "lightning"), summary, dataset=_blobs(104, 0), model=ActivationBudgetNet()
+    )
+    check_torch(
+        render(summary, "torch"),
+        summary,
+        dataset=_blobs(104, 0),
+        model_factory=lambda _: ActivationBudgetNet(),
+    )
+    check_args(render(summary, "args"), summary.best.params)
+
+
 def test_hf_compile_with_fp16_leaves_tf32_alone() -> None:
     """transformers turns TF32 on with torch_compile only without fp16: no note then."""
     export = json.loads(
@@ -760,8 +812,17 @@ def check_torch(
 
     # The model the trial trains: channels-last weights where it asks, compiled where it asks, and
     # the uncompiled module beside it with the same parameters.
-    twin, _ = systems.prepare_model(twin, channels_last=knob_values["channels_last"], compile=False)
+    twin, _ = systems.prepare_model(
+        twin,
+        channels_last=knob_values["channels_last"],
+        compile=False,
+        checkpointing=knob_values["checkpointing"],
+    )
     assert training.module is model
+    assert [id(b) for b in checkpointing.checkpointed(model)] == [
+        id(b) for b in model.modules() if b in checkpointing.checkpointed(model)
+    ]
+    assert len(checkpointing.checkpointed(model)) == len(checkpointing.checkpointed(twin))
     assert [p.stride() for p in model.parameters()] == [p.stride() for p in twin.parameters()]
     if knob_values["compile"]:
         assert isinstance(training.model, OptimizedModule) and training.model._orig_mod is model

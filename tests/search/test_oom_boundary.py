@@ -68,3 +68,35 @@ def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None
     assert bound_by(BASE, []) is None
     text = not_run_reason({**BASE, "batch_size": 512}, 5, BASE)
     assert "batch_size 512 in bf16" in text and "trial 5 (batch_size 128 in bf16)" in text
+
+
+def test_running_out_with_checkpointing_bounds_no_more_of_it_on_the_same_or_a_larger_batch() -> (
+    None
+):
+    """Out of memory with a share f of the blocks checkpointed: a micro-batch as large, a precision
+    as wide and a share of at most f (none included) needs at least as much, and runs out too."""
+    half = {**BASE, "checkpointing": 0.5}
+    assert needs_at_least({**BASE, "checkpointing": 0.25}, half)
+    assert needs_at_least({**BASE, "batch_size": 256, "checkpointing": False}, half)
+    assert needs_at_least({**BASE, "batch_size": 256, "precision": "fp32"}, half)  # left out: off
+    assert needs_at_least(half, half)
+    assert needs_at_least({**BASE, "checkpointing": 0.5}, {**BASE, "checkpointing": True})
+    assert needs_at_least({**BASE, "checkpointing": True}, {**BASE, "checkpointing": True})
+    # More of the model checkpointed keeps fewer activations: it may fit.
+    assert not needs_at_least({**BASE, "checkpointing": True}, half)
+    assert not needs_at_least({**BASE, "checkpointing": 0.75}, half)
+    # A smaller batch or a narrower precision may fit, as without checkpointing.
+    assert not needs_at_least({**BASE, "batch_size": 64, "checkpointing": 0.25}, half)
+
+
+def test_running_out_without_checkpointing_says_nothing_about_a_run_with_it() -> None:
+    for other in (BASE, {**BASE, "checkpointing": False}):
+        for share in (0.25, 0.5, True):
+            assert not needs_at_least({**BASE, "batch_size": 256, "checkpointing": share}, other)
+        assert needs_at_least({**BASE, "batch_size": 256, "checkpointing": False}, other)
+    ran_out = [(2, BASE), (4, {**BASE, "batch_size": 256, "checkpointing": True})]
+    assert bound_by({**BASE, "checkpointing": True}, ran_out) is None
+    assert bound_by({**BASE, "batch_size": 512, "checkpointing": True}, ran_out) == 4
+    text = not_run_reason({**BASE, "batch_size": 512, "checkpointing": 0.5}, 4, ran_out[1][1])
+    assert "batch_size 512 in bf16 checkpointing 0.5 of blocks" in text
+    assert "trial 4 (batch_size 256 in bf16 checkpointing all blocks)" in text

@@ -30,6 +30,7 @@ def make_space(**overrides: Domain) -> Space:
         "cudnn_benchmark": Choices((False,)),
         "tf32": Choices((False,)),
         "fused_optimizer": Choices((False,)),
+        "checkpointing": Choices((False,)),
     }
     fixed.update(overrides)
     return Space(tuple((name, fixed[name]) for name in KNOBS))
@@ -84,6 +85,7 @@ def test_fully_fixed_space_asks_nothing() -> None:
         "cudnn_benchmark": False,
         "tf32": False,
         "fused_optimizer": False,
+        "checkpointing": False,
     }
 
 
@@ -236,7 +238,14 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
     assert full["prefetch_factor"] is None
     assert full["schedule_epochs"] is None  # stored before it was a knob: the study's max_epochs
     # stored before they were knobs: the trial ran without them
-    new = ("channels_last", "compile", "cudnn_benchmark", "tf32", "fused_optimizer")
+    new = (
+        "channels_last",
+        "compile",
+        "cudnn_benchmark",
+        "tf32",
+        "fused_optimizer",
+        "checkpointing",
+    )
     assert [full[k] for k in new] == [False] * len(new)
     new = ("prefetch_factor", "schedule_epochs", *new)
     assert {k: v for k, v in full.items() if k not in new} == stored
@@ -283,6 +292,15 @@ CHECKS: list[tuple[str, Any, bool]] = [
     ("precision", "bf16", True),
     ("precision", "fp8", False),
     ("precision", None, False),
+    ("checkpointing", True, True),
+    ("checkpointing", False, True),
+    ("checkpointing", 0.5, True),
+    ("checkpointing", 0, True),  # read as false
+    ("checkpointing", 1, True),  # read as true
+    ("checkpointing", 1.5, False),
+    ("checkpointing", -0.25, False),
+    ("checkpointing", math.nan, False),
+    ("checkpointing", "half", False),
 ]
 
 
@@ -296,6 +314,22 @@ def test_knob_check(knob: str, value: Any, accepted: bool) -> None:
         assert problem is None
     else:
         assert isinstance(problem, str) and problem.startswith(f"{knob} takes ")
+
+
+def test_checkpointing_values_have_one_spelling() -> None:
+    """0 and 1 are false and true (so [false, 0] repeats a choice); a share in between a float."""
+    knob = KNOBS["checkpointing"]
+    assert [knob.normal(v) for v in (0, 0.0, 1, 1.0, 0.5, True, False)] == [
+        False,
+        False,
+        True,
+        True,
+        0.5,
+        True,
+        False,
+    ]
+    assert all(type(knob.normal(v)) is bool for v in (0, 1.0))
+    assert knob.normal(1) is True and knob.normal(0.0) is False
 
 
 def test_categorical_check_lists_the_accepted_names() -> None:
@@ -396,6 +430,7 @@ def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
         ("channels_last", "channels_last_problem"),
         ("tf32", "tf32_problem"),
         ("fused_optimizer", "fused_optimizer_problem"),
+        ("checkpointing", "checkpointing_problem"),
     ],
 )
 def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem: str) -> None:
@@ -422,5 +457,28 @@ def test_cuda_keeps_every_switch() -> None:
         pin_memory=BOTH,
         tf32=BOTH,
         fused_optimizer=BOTH,
+        checkpointing=BOTH,
     )
     assert restrict_to_device(original, cuda=True, bf16=True) == (original, [], {})
+
+
+def test_checkpointing_shares_are_fixed_off_with_on_for_a_model_without_the_hook() -> None:
+    """A share of the blocks is on: a model without checkpoint_blocks() cannot run it."""
+    space, notices, impossible = restrict_to_device(
+        make_space(checkpointing=Choices((False, 0.5, True))),
+        cuda=False,
+        bf16=True,
+        checkpointing_problem="no hook",
+    )
+    assert space["checkpointing"] == Choices((False,)) and notices == [
+        "checkpointing fixed to false: no hook"
+    ]
+    _, _, impossible = restrict_to_device(
+        make_space(checkpointing=Choices((0.5, True))),
+        cuda=False,
+        bf16=True,
+        checkpointing_problem="no hook",
+    )
+    assert impossible == {
+        "checkpointing": "checkpointing: 0.5 or true is not possible here: no hook"
+    }

@@ -802,6 +802,34 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
         [8],
         "a number, a string or true/false",
     ),
+    (
+        "checkpointing share above 1",
+        HEAD + "space: {checkpointing: [false, 1.5]}\n",
+        "space.checkpointing[1]",
+        1.5,
+        "checkpointing takes true, false or a fraction between 0 and 1",
+    ),
+    (
+        "checkpointing as text",
+        HEAD + "baseline: {checkpointing: half}\n",
+        "baseline.checkpointing",
+        "half",
+        "checkpointing takes true, false or a fraction between 0 and 1",
+    ),
+    (
+        "checkpointing range",
+        HEAD + "space: {checkpointing: {low: 0.25, high: 1}}\n",
+        "space.checkpointing",
+        {"low": 0.25, "high": 1},
+        "checkpointing takes a list of choices or one value, not a range",
+    ),
+    (
+        "checkpointing off twice",
+        HEAD + "space: {checkpointing: [false, 0]}\n",
+        "space.checkpointing",
+        [False, 0],
+        "choices must not repeat",
+    ),
 ]
 
 
@@ -874,6 +902,16 @@ def test_bad_preset_file_is_named_in_the_error(tmp_path: Path) -> None:
         load(write(tmp_path, HEAD + "space: {preset: partial.yaml}\n"))
     assert str(info.value).startswith(f"{preset.resolve()}: scheduler: ")
     assert "every knob" in str(info.value)
+
+
+def test_checkpointing_reads_0_and_1_as_off_and_on_and_is_off_by_default(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, HEAD + "space: {checkpointing: [0, 0.5, 1]}\n"))
+    assert spec.space["checkpointing"] == Choices((False, 0.5, True))
+    assert [type(v) for v in spec.space["checkpointing"].values] == [bool, float, bool]
+    assert dict(spec.baseline)["checkpointing"] is False
+    default = load(write(tmp_path, HEAD + "baseline: {checkpointing: 1}\n", "other.yaml"))
+    assert default.space["checkpointing"] == Choices((False, True))  # the default preset
+    assert dict(default.baseline)["checkpointing"] is True
 
 
 def test_params_sit_beside_the_knobs_with_their_types(tmp_path: Path) -> None:

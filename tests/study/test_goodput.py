@@ -35,6 +35,7 @@ SPACE = Space(
         ("cudnn_benchmark", Choices((False,))),
         ("tf32", Choices((False,))),
         ("fused_optimizer", Choices((False,))),
+        ("checkpointing", Choices((False,))),
     )
 )
 LOADER = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
@@ -250,6 +251,8 @@ def test_systems_only_settings_leave_the_training_unchanged(
             ("cudnn_benchmark", Choices((False,))),
             ("tf32", Choices((False,))),
             ("fused_optimizer", Choices((False, True))),
+            # the digits CNN names its blocks; the blobs MLP does not
+            ("checkpointing", Choices((False, True) if batch_norm else (False,))),
         )
     )
     if not batch_norm:

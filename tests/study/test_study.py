@@ -870,3 +870,34 @@ def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_wi
             "training samples; it cannot take one optimizer step an epoch"
         )
     assert all(t.state.name != "FAIL" for t in load(path).trials)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_batch_that_runs_out_of_memory_is_pruned_without_checkpointing_and_trains_with_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], checkpointing: bool
+) -> None:
+    """tests.tasks:activation_budget runs out of memory at a batch of 128 unless its blocks are
+    checkpointed: without, the first trial is PRUNED as out of memory and the next known to run out;
+    with, both train."""
+    path = write_study(
+        tmp_path,
+        task="tests.tasks:activation_budget",
+        trials=2,
+        batch_sizes=(128,),
+        confirm={"top": 0},
+    )
+    raw = yaml.safe_load(path.read_text())
+    # an lr that never diverges here; no trial cut short as too slow
+    raw["space"].update(checkpointing=checkpointing, lr=0.05, accumulation_steps=1)
+    raw.update(baseline={"batch_size": 128, "lr": 0.05}, prune="none")
+    path.write_text(yaml.safe_dump(raw))
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    first, second = finished(load(path))
+    assert schema.config(first)["checkpointing"] is schema.config(second)["checkpointing"]
+    assert schema.config(first)["checkpointing"] is checkpointing
+    if checkpointing:
+        assert first.state == second.state == optuna.trial.TrialState.COMPLETE
+    else:
+        assert first.state == second.state == optuna.trial.TrialState.PRUNED
+        assert first.user_attrs["oom"] is True and "out of memory" in first.user_attrs["reason"]
+        assert second.user_attrs["oom_bound"] == first.number

@@ -72,6 +72,10 @@ class SmallCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))
 
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The three convolution blocks, in order (the checkpointing knob)."""
+        return [m for m in self.features if isinstance(m, nn.Sequential)]
+
 
 def task() -> Task:
     digits = load_digits()

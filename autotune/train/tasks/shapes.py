@@ -288,6 +288,10 @@ class ResNet9(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x)) * 0.125  # myrtle.ai's scaling: small logits at the start
 
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The convolution and residual blocks, in order (the checkpointing knob)."""
+        return [m for m in self.features if isinstance(m, (nn.Sequential, Residual))]
+
 
 def _task(n_train: int, n_val: int, model: Callable[..., nn.Module]) -> Task:
     train, val = datasets(n_train, n_val)
