@@ -48,6 +48,12 @@ CPU_COMPILE = (
     "on CPU, compiling takes longer than it saves in a short trial "
     "(give space.compile: true to force it)"
 )
+# Activation checkpointing buys memory with time: on CPU memory rarely bounds the batch, and a
+# choice would only spend trials on a slower step.
+CPU_CHECKPOINTING = (
+    "on CPU, memory rarely bounds the batch and recomputing activations only costs time "
+    "(give space.checkpointing: true to force it)"
+)
 
 
 def restrict_to_device(
@@ -90,6 +96,14 @@ def restrict_to_device(
     )
     if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
         switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays
+    checkpointing = space["checkpointing"].values
+    if (
+        not cuda
+        and "checkpointing" not in switches
+        and any(checkpointing)
+        and not all(checkpointing)
+    ):
+        switches["checkpointing"] = CPU_CHECKPOINTING  # a choice only: checkpointing: true stays
     for knob, reason in switches.items():
         values = space[knob].values
         if not any(values):  # on is true, or a share of the blocks (checkpointing)

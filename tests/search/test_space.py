@@ -415,6 +415,25 @@ def test_cpu_fixes_cudnn_benchmark_tf32_compile_keeps_channels_last_and_the_fuse
     assert any("TF32 tensor cores are on NVIDIA GPUs only" in n for n in notices)
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_checkpointing_is_a_choice_on_cuda_and_fixed_off_on_cpu_unless_the_file_fixes_it(
+    cuda: bool,
+) -> None:
+    """On CPU memory rarely bounds the batch: a choice is fixed off with a notice; a share the
+    study file fixes stays, as does every choice on CUDA."""
+    choice = Choices((False, 0.5, True))
+    space, notices, _ = restrict_to_device(make_space(checkpointing=choice), cuda=cuda, bf16=True)
+    if cuda:
+        assert space["checkpointing"] == choice and notices == []
+    else:
+        assert space["checkpointing"] == Choices((False,))
+        assert [n for n in notices if "recomputing activations only costs time" in n]
+    fixed, notices, _ = restrict_to_device(
+        make_space(checkpointing=Choices((0.5,))), cuda=False, bf16=True
+    )
+    assert fixed["checkpointing"] == Choices((0.5,)) and notices == []
+
+
 def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
     """compile: true alone is the user's choice: kept on CPU when torch.compile can run there."""
     space, notices, impossible = restrict_to_device(
