@@ -55,10 +55,13 @@ Points = list[tuple[int, list[tuple[str, float | None]]]]  # (step, [(tag, value
 
 def _joint(outcome: Mapping[str, Any]) -> dict[str, Points]:
     figures: dict[str, Points] = {}
+    # a setting with no rate (out of memory, or left unmeasured) has no run; the summary says why
     for row in outcome.get("loader_rates", []):
-        figures[f"loader/{_name(row)}"] = [(0, [("probe/loader_rate", _rate(row))])]
+        if _rate(row) is not None:
+            figures[f"loader/{_name(row)}"] = [(0, [("probe/loader_rate", _rate(row))])]
     for row in outcome.get("compute_rates", []):
-        figures[f"compute/{_name(row)}"] = [(0, [("probe/compute_rate", _rate(row))])]
+        if _rate(row) is not None:
+            figures[f"compute/{_name(row)}"] = [(0, [("probe/compute_rate", _rate(row))])]
     for row in outcome.get("checked", []):
         figures[f"end_to_end/{_name(row)}"] = [
             (

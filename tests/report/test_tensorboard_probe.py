@@ -70,10 +70,13 @@ def summary(folder: Path) -> str:
 
 def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_path: Path) -> None:
     folder, outcome = probed(tmp_path, "joint")
+    # a loader setting left unmeasured (one before it already outpaced the step) has no figure
+    measured = [r["samples_per_second"] for r in outcome["loader_rates"] if r["samples_per_second"]]
     loaders = figures(folder / "loader", "probe/loader_rate")
-    assert set(loaders) == {"num_workers=0", "num_workers=1,prefetch_factor=2"}
+    assert set(loaders) <= {"num_workers=0", "num_workers=1,prefetch_factor=2"}
+    assert "num_workers=0" in loaders and len(loaders) == len(measured)
     assert sorted(v for [(step, v)] in loaders.values() if step == 0) == pytest.approx(
-        sorted(r["samples_per_second"] for r in outcome["loader_rates"]), rel=1e-6
+        sorted(measured), rel=1e-6
     )
     computes = figures(folder / "compute", "probe/compute_rate")
     # each precision and format, at each thread count the loader settings leave the step
