@@ -256,6 +256,7 @@ def test_the_shipped_gpu_study_loads_and_fits_a_cpu(small: Task) -> None:
 
     spec = load(Path(__file__).resolve().parents[2] / "studies" / "shapes.yaml")
     assert spec.task == "shapes" and spec.target.metric == "accuracy" and spec.confirm.runs == 5
+    assert spec.confirm.baseline == "until_resolved"  # its runs are the longest
     prepared = preparation.prepare(spec, task=small)
     assert prepared.space["batch_size"] == Choices((32, 64, 128, 256, 512))
     assert prepared.space["num_workers"] == Choices((0, 2, 4, 8))
