@@ -1,10 +1,12 @@
 """A trial on two devices (CPU, gloo) when one rank fails: out of memory on rank 1 only prunes the
 trial with rank 1's reason, a rank that exits ends the trial at once, a rank that hangs (its peer
-waiting on it in a collective) is killed with the whole trial at its timeout; and a study killed
-with SIGKILL mid-trial leaves no rank behind and resumes at once. No process is left in any case."""
+waiting on it in a collective) is killed with the whole trial at its timeout; a trial the study
+prunes and one whose loss turns NaN stop as on one device; and a study killed with SIGKILL
+mid-trial leaves no rank behind and resumes at once. No process is left in any case."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing.forkserver
 import os
 import signal
@@ -19,7 +21,7 @@ import torch
 import yaml
 
 from autotune.runners import distributed
-from autotune.runners.isolation import TrialFailure
+from autotune.runners.isolation import Pruned, TrialFailure
 from autotune.train.config import Limits, TrialConfig
 from tests.runners.test_isolation import alive, children, still_alive
 
@@ -39,6 +41,12 @@ CONFIG = TrialConfig(
 
 
 def two_device_trial(task: str, *, hang_after: float) -> tuple[TrialFailure, float, list[int]]:
+    return two_device_trial_of(task, CONFIG, hang_after=hang_after)
+
+
+def two_device_trial_of(
+    task: str, config: TrialConfig, *, hang_after: float
+) -> tuple[TrialFailure, float, list[int]]:
     """Run one trial of `task` on 2 ranks, which must fail: the failure, the seconds it took and
     the processes left under the fork server the ranks came from."""
     run_trial = distributed.on_devices(
@@ -46,7 +54,7 @@ def two_device_trial(task: str, *, hang_after: float) -> tuple[TrialFailure, flo
     )
     started = time.monotonic()
     with pytest.raises(TrialFailure) as failed:
-        run_trial(CONFIG, limits=LIMITS, device=CPU, seed=1)
+        run_trial(config, limits=LIMITS, device=CPU, seed=1)
     took = time.monotonic() - started
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     return failed.value, took, [p for p in children(server) if alive(p)]
@@ -95,6 +103,29 @@ def test_a_rank_that_hangs_is_killed_with_the_whole_trial_at_its_timeout() -> No
     assert failure.reason.startswith("timeout: no result after 4 s of wall time")
     assert not failure.oom
     assert took >= 4
+    assert left == []
+
+
+def test_a_trial_the_study_prunes_stops_on_every_rank() -> None:
+    """The study's progress callback stops it (prune: incumbent) as it stops a child's."""
+    run_trial = distributed.on_devices(
+        "tests.tasks:slow_blobs", study_path=REPO / "study.yaml", hang_after=120, devices=2
+    )
+
+    def past_the_incumbent(steps: int, total: int, metric: float | None, seconds: float) -> None:
+        raise Pruned("pruned: past the best time so far", seconds=seconds)
+
+    with pytest.raises(Pruned, match="past the best time"):
+        run_trial(CONFIG, limits=LIMITS, device=CPU, seed=1, progress=past_the_incumbent)
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert [p for p in children(server) if alive(p)] == []
+
+
+def test_a_loss_that_becomes_nan_ends_the_trial_as_diverged() -> None:
+    failure, _, left = two_device_trial_of(
+        "blobs", dataclasses.replace(CONFIG, lr=1e6), hang_after=120
+    )
+    assert failure.diverged and failure.reason.startswith("diverged: loss became")
     assert left == []
 
 
