@@ -102,7 +102,6 @@ def joined(rank: int, world_size: int, *, port: int, device: torch.device) -> It
         rank=rank,
         world_size=world_size,
         timeout=JOIN_TIMEOUT,
-        **({"device_id": device} if cuda else {}),
     )
     control = dist.new_group(backend="gloo") if cuda else None
     yield Ranks(rank=rank, world_size=world_size, control=control)
