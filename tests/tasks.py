@@ -315,3 +315,52 @@ def paced_input_bound() -> Task:
     from autotune.train.tasks import paced
 
     return paced.make(load_seconds=0.6e-3, compute_seconds=0.075e-3)
+
+
+class _FailsOnRankOne(nn.Module):
+    """The blobs MLP, which on rank 1 of a run on several devices (only there) does what `how`
+    says at its first training forward pass: runs out of memory, hangs (its peers then wait for
+    it in their gradients' all-reduce), or exits without a word."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.net, self.how = _mlp(), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.training and distributed and torch.distributed.get_rank() == 1:
+            if self.how == "oom":
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+            if self.how == "hang":
+                time.sleep(3600)
+            if self.how == "exit":
+                os._exit(3)
+        return self.net(x)
+
+
+def oom_on_rank_one() -> Task:
+    return Task(model=lambda: _FailsOnRankOne("oom"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def hangs_on_rank_one() -> Task:
+    return Task(model=lambda: _FailsOnRankOne("hang"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def exits_on_rank_one() -> Task:
+    return Task(model=lambda: _FailsOnRankOne("exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def slow_blobs() -> Task:
+    """The blobs task, each training forward pass 0.2 s long: a trial lasts seconds."""
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _mlp()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                time.sleep(0.2)
+            return self.net(x)
+
+    return Task(model=Slow, train=_blobs(1024, 0), val=_blobs(512, 1))

@@ -42,6 +42,8 @@ def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
     if (spec.objective, spec.replicates) != (TIME_TO_TARGET, 1):  # likewise absent at the defaults
         definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
+    if spec.devices_per_trial != 1:  # likewise
+        definition["devices_per_trial"] = spec.devices_per_trial
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
 
 

@@ -189,6 +189,11 @@ def device(study_attrs: Mapping[str, Any]) -> str | None:
     return (definition(study_attrs) or {}).get("device")
 
 
+def devices_per_trial(study_attrs: Mapping[str, Any]) -> int:
+    """The devices each trial trained on; a definition without the key: one."""
+    return (definition(study_attrs) or {}).get("devices_per_trial", 1)
+
+
 def probe(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(PROBE)
 

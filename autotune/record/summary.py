@@ -222,6 +222,7 @@ class Summary:
     knobs: tuple[str, ...] | None = None
     # goodput: the throughput phase's table and cost (search/goodput.py)
     throughput: Mapping[str, Any] | None = None
+    devices_per_trial: int = 1  # processes (one device each) every trial trained on
 
     @property
     def fixed_schedule(self) -> bool:
@@ -229,7 +230,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
-        `stale_confirmation`, `knobs` and `throughput`, there only when they apply."""
+        `stale_confirmation`, `knobs`, `throughput` and `devices_per_trial` (where not 1), there
+        only when they apply."""
         out: dict[str, Any] = {
             "study": self.study,
             "target": dataclasses.asdict(self.target),
@@ -250,6 +252,8 @@ class Summary:
             out["knobs"] = list(self.knobs)
         if self.throughput is not None:
             out["throughput"] = _plain_mapping(self.throughput)
+        if self.devices_per_trial != 1:
+            out["devices_per_trial"] = self.devices_per_trial
         return out
 
 

@@ -166,7 +166,9 @@ def _counts(c: Counts) -> str:
 
 
 def _device(summary: Summary) -> str:
-    return f"&middot; device {_e(summary.device)}" if summary.device else ""
+    devices = summary.devices_per_trial
+    several = f" &middot; {devices} devices per trial" if devices != 1 else ""
+    return (f"&middot; device {_e(summary.device)}" if summary.device else "") + several
 
 
 def _probe(summary: Summary) -> str:

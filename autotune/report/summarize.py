@@ -37,6 +37,7 @@ def summarize(
     objective: str = TIME_TO_TARGET,
     confusions: Mapping[int, Any] | None = None,
     throughput: Mapping[str, Any] | None = None,
+    devices_per_trial: int = 1,
 ) -> Summary:
     """Counts, the winner (confirmed on fresh seeds where possible) and its speedup over the
     baseline.
@@ -71,6 +72,7 @@ def summarize(
         probe=dict(probe_outcome) if probe_outcome else None,
         stale_confirmation=stale,
         throughput=dict(throughput) if throughput else None,
+        devices_per_trial=devices_per_trial,
     )
 
 
@@ -234,6 +236,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         objective=spec.objective,
         confusions={t.number: schema.measured(t).get("confusion") for t in trials},
         throughput=schema.throughput(attrs),
+        devices_per_trial=schema.devices_per_trial(attrs),
     )
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)

@@ -29,6 +29,11 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     """The text report of `summary`, with the fastest of `records` (results.trial_records) as a
     table."""
     lines = [_counts(summary), f"Target: {summary.target.metric} >= {summary.target.value}"]
+    if summary.devices_per_trial != 1:
+        lines.append(
+            f"Each trial trained on {summary.devices_per_trial} devices "
+            "(DistributedDataParallel; batch_size is per device)"
+        )
     if summary.probe:
         lines.append(probe.describe(summary.probe))
     if summary.throughput:

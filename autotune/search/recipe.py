@@ -115,9 +115,10 @@ def loader_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 WORKER_THREADS = 1  # torch threads in each DataLoader worker: one process on one core
 
 
-def training_threads(cores: int, num_workers: int) -> int:
-    """Torch threads for the training process: the cores the loader workers leave free.
+def training_threads(cores: int, num_workers: int, *, processes: int = 1) -> int:
+    """Torch threads for each of `processes` training processes (a trial's ranks) that share
+    `cores`: an equal part of the cores their loader workers leave free.
 
     Oversubscribed cores slowed small-batch CPU training by more than 10x.
     """
-    return max(1, cores - num_workers)
+    return max(1, (cores - num_workers * processes) // processes)

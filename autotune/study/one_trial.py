@@ -44,6 +44,7 @@ class Policy:
     plan: throughput_phase.Plan | None = None
     # the task's training set, where autotune trains it: no effective batch may exceed it
     train_samples: int | None = None
+    devices: int = 1  # a trial's processes, one micro-batch each per forward pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +149,14 @@ def _settled_unrun(
     if slots_before(study, trial.number, before.current) >= policy.budget:
         mark_surplus(study, trial)
         return True
-    effective = config["batch_size"] * config["accumulation_steps"]
+    effective = config["batch_size"] * config["accumulation_steps"] * policy.devices
     if policy.train_samples is not None and effective > policy.train_samples:
         # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than
         # one epoch a step
+        devices = f" x {policy.devices} devices" if policy.devices > 1 else ""
         reason = (
             f"pruned: an effective batch of {effective} "
-            f"({config['batch_size']} x {config['accumulation_steps']}) "
+            f"({config['batch_size']} x {config['accumulation_steps']}{devices}) "
             f"is larger than the {policy.train_samples} training samples; "
             f"it cannot take one optimizer step an epoch"
         )

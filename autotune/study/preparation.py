@@ -17,7 +17,7 @@ from torch import nn
 from autotune import progress
 from autotune.errors import SpecError
 from autotune.record import definition, objectives
-from autotune.runners import command, isolation, warm
+from autotune.runners import command, distributed, isolation, warm
 from autotune.search import devices
 from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
@@ -83,10 +83,12 @@ def prepare(
     """
     device = resolve_device(spec)
     in_memory = task is not None or objective is not None
+    notices = _check_devices_per_trial(spec, device, in_memory=in_memory)
     if not isinstance(spec.task, CommandTask) and objective is None:
         task = task if task is not None else load_task(spec.task, study_path=spec.path)
         feasibility.check_datasets(spec, task)
-    space, baseline, notices = fit_to_device(spec, device, task)
+    space, baseline, fitted = fit_to_device(spec, device, task)
+    notices += fitted
     if task is not None and objective is None:
         feasibility.check_task(spec, space, task)
         space = feasibility.check_feasible(spec, space, baseline, task, notices)
@@ -104,6 +106,14 @@ def prepare(
         _check_in_memory(spec, objective=objective)
     if objective is not None:
         return prepared(task=None, isolation="none", run_trial=objective)
+    if spec.devices_per_trial > 1:
+        run_trial = distributed.on_devices(
+            spec.task,
+            study_path=spec.path,
+            hang_after=spec.budget.trial_timeout,
+            devices=spec.devices_per_trial,
+        )
+        return prepared(task=task, isolation="process", run_trial=run_trial)
     mode = "none" if in_memory else isolation.resolve(spec.isolation, device)
     if mode == "none" and spec.budget.trial_timeout_given:
         where = "a task given as a Python object" if in_memory else "isolation: " + spec.isolation
@@ -120,6 +130,48 @@ def prepare(
         measure=measure,
         batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline),
     )
+
+
+def _check_devices_per_trial(
+    spec: StudySpec, device: torch.device, *, in_memory: bool
+) -> list[str]:
+    """A trial on several devices runs autotune's own training in one fresh process per device:
+    what cannot is refused, and the isolation it replaces is said; its notices."""
+    devices = spec.devices_per_trial
+    if devices == 1:
+        return []
+    refusal = None
+    if isinstance(spec.task, CommandTask):
+        refusal = "1 for a command task, which starts its own processes"
+    elif in_memory:
+        refusal = (
+            "1 for a task or objective given as a Python object: each of a trial's processes "
+            "builds the task by name"
+        )
+    elif spec.objective in (GOODPUT, SYSTEMS_ONLY):
+        refusal = (
+            f"1 with objective: {spec.objective}, whose throughput phase measures one device; "
+            "time_to_target or fixed_schedule train on several"
+        )
+    elif spec.probe == "joint":
+        refusal = "1 with probe: joint, which measures rates on one device; systems or none"
+    elif device.type == "cuda":
+        count = torch.cuda.device_count()
+        first = device.index or 0
+        if first + devices > count:
+            refusal = (
+                f"at most {max(count - first, 0)} on {device}: a trial takes one CUDA device per "
+                f"process (cuda:{first} to cuda:{first + devices - 1}), and this machine has "
+                f"{count} CUDA device{'s' if count != 1 else ''}"
+            )
+    if refusal is not None:
+        raise SpecError(spec.path, "devices_per_trial", devices, refusal)
+    if spec.isolation in ("warm", "none"):
+        return [
+            f"isolation: {spec.isolation} does not apply: a trial on {devices} devices runs in "
+            f"{devices} fresh child processes"
+        ]
+    return []
 
 
 def _command_trial(spec: StudySpec) -> isolation.RunTrial:

@@ -151,6 +151,7 @@ def _policy(spec: StudySpec, plan: RunPlan, budget: int) -> one_trial.Policy:
         replicates=spec.replicates,
         plan=plan.goodput,
         train_samples=plan.prepared.train_samples,
+        devices=spec.devices_per_trial,
     )
 
 

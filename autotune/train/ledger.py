@@ -30,6 +30,7 @@ class Ledger:
 
     limits: Limits
     n_train: int  # training samples: an epoch
+    ranks: int  # processes that each train a micro-batch of every step (distributed.Ranks)
     total_steps: int  # optimizer steps the run may take
     warm_steps: int
     eval_interval: float  # training samples between evaluations
@@ -47,11 +48,12 @@ class Ledger:
     stop_reason: str = "max_epochs"
 
     @classmethod
-    def start(cls, limits: Limits, *, n_train: int, total_steps: int) -> Ledger:
+    def start(cls, limits: Limits, *, n_train: int, total_steps: int, ranks: int = 1) -> Ledger:
         eval_interval = limits.eval_every * n_train
         return cls(
             limits=limits,
             n_train=n_train,
+            ranks=ranks,
             total_steps=total_steps,
             warm_steps=warm_up_steps(total_steps),
             eval_interval=eval_interval,
@@ -59,9 +61,10 @@ class Ledger:
         )
 
     def stepped(self, group: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """One optimizer step taken, over the micro-batches of `group`."""
+        """One optimizer step taken, over the micro-batches of `group` on each rank (every rank's
+        are as many and as large: the samplers give each the same share, drop_last the rest)."""
         self.steps += 1
-        self.samples += sum(len(targets) for _, targets in group)
+        self.samples += sum(len(targets) for _, targets in group) * self.ranks
 
     def evaluation_due(self, *, out_of_time: bool) -> bool:
         """Every `eval_every` epochs, after the last step, and when the time is up."""

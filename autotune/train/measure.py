@@ -58,9 +58,10 @@ def cpu_count() -> int:
     )
 
 
-def threads_for(num_workers: int) -> int:
-    """Torch threads for the training process on this machine (recipe.training_threads)."""
-    return training_threads(cpu_count(), num_workers)
+def threads_for(num_workers: int, *, processes: int = 1) -> int:
+    """Torch threads for each of `processes` training processes on this machine
+    (recipe.training_threads)."""
+    return training_threads(cpu_count(), num_workers, processes=processes)
 
 
 @dataclasses.dataclass

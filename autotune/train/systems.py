@@ -111,18 +111,26 @@ def channels_last_problem(model: nn.Module) -> str | None:
 
 
 def prepare_model(
-    model: nn.Module, *, channels_last: bool, compile: bool, checkpointing: bool | float = False
+    model: nn.Module,
+    *,
+    channels_last: bool,
+    compile: bool,
+    checkpointing: bool | float = False,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
 ) -> tuple[nn.Module, nn.Module]:
-    """(the module to train, the module to evaluate): the same parameters either way.
+    """(the module to train, the module to evaluate): the same parameters either way. `wrap`
+    (DistributedDataParallel over several ranks) goes around the model before it is compiled, as
+    torch's DDP and compile documents have it.
 
-    Evaluation uses the uncompiled module: its batch size and eval-mode BatchNorm would make
-    torch.compile compile a second graph, and evaluation runs off the clock anyway. Checkpointed
-    blocks run plainly there (checkpointing.py): nothing is kept for a backward pass.
+    Evaluation uses the uncompiled, unwrapped module: its batch size and eval-mode BatchNorm would
+    make torch.compile compile a second graph, and evaluation runs off the clock anyway.
+    Checkpointed blocks run plainly there (checkpointing.py): nothing is kept for a backward pass.
     """
     activation_checkpointing.apply(model, checkpointing)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return (torch.compile(model) if compile else model), model
+    trained = wrap(model) if wrap is not None else model
+    return (torch.compile(trained) if compile else trained), model
 
 
 def to_device(

@@ -6,6 +6,9 @@ them) propagate to the caller, which classifies them.
 Time to target: the clock starts before the DataLoader is built, runs through every
 training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
 the target. CUDA work is synchronized before the clock is read for a measurement.
+
+On several devices every rank runs this loop (train/distributed.py): rank 0 evaluates and its
+metric, and its clock's word on the time limit, reach every rank, so all stop at the same step.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from autotune.search import recipe
 from autotune.search.knob import PRECISIONS
 from autotune.train import systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
+from autotune.train.distributed import ALONE, Ranks
 from autotune.train.evaluation import evaluate
 from autotune.train.ledger import Ledger
 from autotune.train.loader import endless, make_loader
@@ -50,24 +54,27 @@ def run(
     device: torch.device,
     seed: int,
     progress: Progress | None = None,
+    ranks: Ranks = ALONE,
 ) -> TrialResult:
     """Train `task` with `config` until the target (unless `limits.stop_at_target` is off), the end
-    of its schedule, the epoch limit or the time limit.
+    of its schedule, the epoch limit or the time limit; as one of `ranks`, with `device` its own.
 
     With the target not stopping it, `time_to_target` is still when the metric first reached it.
     """
     # Set up: seeds, CPU threads, the memory figure; a batch larger than the data is an error.
     seed_everything(seed)
-    torch.set_num_threads(threads_for(config.num_workers))
+    torch.set_num_threads(threads_for(config.num_workers, processes=ranks.world_size))
     reset_peak_memory(device)
     n_train = len(task.train)
-    _check_effective_batch(config, n_train)
+    _check_effective_batch(config, n_train, ranks=ranks.world_size)
 
     # Build, on the clock: before the DataLoader, as worker start-up is a real cost of num_workers.
     clock = Clock(device)
     clock.start()
-    training = build(task, config, limits=limits, device=device, seed=seed)
-    ledger = Ledger.start(limits, n_train=n_train, total_steps=training.total_steps)
+    training = build(task, config, limits=limits, device=device, seed=seed, ranks=ranks)
+    ledger = Ledger.start(
+        limits, n_train=n_train, total_steps=training.total_steps, ranks=ranks.world_size
+    )
     steps_per_epoch = len(training.loader) / config.accumulation_steps
     batches = endless(training.loader)
     watch = LossWatch(device)
@@ -92,18 +99,20 @@ def run(
                     watch.check(steps_per_epoch=steps_per_epoch)
                 if ledger.steps == ledger.warm_steps:  # the throughput figure starts here
                     ledger.warm = (clock.read(), ledger.samples, waiting.seconds)
-                out_of_time = clock.read(sync=False) >= limits.max_seconds
+                out_of_time = ranks.agree(clock.read(sync=False) >= limits.max_seconds)
                 # Evaluate on a paused clock: every eval_every epochs, at the end, out of time.
                 if ledger.evaluation_due(out_of_time=out_of_time):
                     clock.stop()
                     watch.check(steps_per_epoch=steps_per_epoch)
-                    loss = watch.mean()  # finite: check has just looked
-                    metric, confusion = evaluate(
-                        training.evaluated,
-                        task,
-                        device=device,
-                        autocast=training.autocast,
-                        channels_last=config.channels_last,
+                    loss = watch.mean()  # finite: check has just looked; this rank's
+                    metric, confusion = ranks.from_main(
+                        lambda: evaluate(
+                            training.evaluated,
+                            task,
+                            device=device,
+                            autocast=training.autocast,
+                            channels_last=config.channels_last,
+                        )
                     )
                     ledger.evaluated(metric, confusion, seconds=clock.elapsed, loss=loss)
                     # Stop at the target (where it stops the run) or out of time; else train on.
@@ -124,11 +133,11 @@ def run(
     return ledger.result(elapsed=clock.elapsed, waited=waiting.seconds, device=device, gpu=gpu)
 
 
-def _check_effective_batch(config: TrialConfig, n_train: int) -> None:
-    if config.batch_size * config.accumulation_steps > n_train:
+def _check_effective_batch(config: TrialConfig, n_train: int, *, ranks: int = 1) -> None:
+    effective = config.batch_size * config.accumulation_steps * ranks
+    if effective > n_train:
         raise ValueError(
-            f"an effective batch of {config.batch_size * config.accumulation_steps} is larger than "
-            f"the {n_train} training samples"
+            f"an effective batch of {effective} is larger than the {n_train} training samples"
         )
 
 
@@ -159,16 +168,24 @@ class Training:
 
 
 def build(
-    task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int
+    task: Task,
+    config: TrialConfig,
+    *,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    ranks: Ranks = ALONE,
 ) -> Training:
-    """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules)."""
-    loader = make_loader(task.train, config, seed=seed, device=device)
+    """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules); as
+    one of several `ranks`, its shard of the data and its model in DistributedDataParallel."""
+    loader = make_loader(task.train, config, seed=seed, device=device, ranks=ranks)
     params = dict(config.params)
     model, evaluated = systems.prepare_model(
         task.model(**takes(task.model, params)).to(device),
         channels_last=config.channels_last,
         compile=config.compile,
         checkpointing=config.checkpointing,
+        wrap=functools.partial(ranks.wrap, device=device) if ranks.several else None,
     )
     model.train()
     # a factory without one never gets it (fit_to_device)
@@ -199,6 +216,7 @@ def build(
         device=device,
         non_blocking=config.pin_memory,
         channels_last=config.channels_last,
+        ranks=ranks,
     )
     scheduler = make_scheduler(
         config.scheduler, optimizer, total_steps=schedule_steps, lr=config.lr
@@ -224,22 +242,25 @@ def train_step(
     device: torch.device,
     non_blocking: bool,
     channels_last: bool = False,
+    ranks: Ranks = ALONE,
 ) -> torch.Tensor:
     """One optimizer step over the micro-batches of one effective batch; returns the effective
     batch's loss, detached and still on the device (reading it would wait for the step).
 
     Each micro-batch's loss is divided by their number, so with a mean-reduced loss the gradient
-    equals that of one batch holding all of them.
+    equals that of one batch holding all of them; over several ranks DDP averages the ranks'
+    gradients once, on the last micro-batch, so it equals that of their union.
     """
     total = None
-    for inputs, targets in micro_batches:
+    for index, (inputs, targets) in enumerate(micro_batches):
         inputs = systems.to_device(
             inputs, device, non_blocking=non_blocking, channels_last=channels_last
         )
         targets = targets.to(device, non_blocking=non_blocking)
-        with autocast():
-            loss = loss_fn(model(inputs), targets) / len(micro_batches)
-        scaler.scale(loss).backward()
+        with ranks.syncing(model, last=index == len(micro_batches) - 1):
+            with autocast():
+                loss = loss_fn(model(inputs), targets) / len(micro_batches)
+            scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
     scaler.step(optimizer)
     scaler.update()

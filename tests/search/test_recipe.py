@@ -95,6 +95,8 @@ def test_loader_arguments_exist_only_where_workers_do() -> None:
 
 def test_training_takes_the_cores_the_loader_workers_leave() -> None:
     assert [recipe.training_threads(4, workers) for workers in (0, 1, 3, 4, 9)] == [4, 3, 1, 1, 1]
+    # a trial's ranks share the cores: each an equal part of what their workers leave
+    assert [recipe.training_threads(8, 1, processes=n) for n in (1, 2, 3, 8)] == [7, 3, 1, 1]
 
 
 def test_the_recipe_and_the_exports_import_no_torch() -> None:

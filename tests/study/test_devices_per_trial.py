@@ -1,0 +1,98 @@
+"""A study whose trials each train on several devices (`devices_per_trial`): a real one on two
+CPU processes (gloo) reaches its target with its trials stored as usual; what cannot train on
+several devices, or a machine with too few, is refused before the study starts; the stored
+definition holds the count, so changing it on a resumed study is a change like any other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from autotune.errors import SpecError
+from autotune.record import definition
+from autotune.spec.study_file import load as load_spec
+from autotune.study import preparation
+from tests.study.test_study import finished, load, run_cli, write_study
+
+
+def on_devices(path: Path, devices: int = 2, **more: object) -> Path:
+    raw = yaml.safe_load(path.read_text())
+    raw.update(devices_per_trial=devices, **more)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_a_study_on_two_devices_reaches_its_target_and_stores_its_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = on_devices(write_study(tmp_path, trials=2, batch_sizes=(16, 32)))
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0 and "Winner: " in out
+    trials = finished(load(path))
+    assert len(trials) == 2
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and all(t.user_attrs["result"]["reached"] for t in complete)
+    # the epochs count both ranks' samples: the run stopped at an evaluation, every half epoch
+    assert all(t.user_attrs["result"]["epochs"] % 0.5 == 0 for t in complete)
+
+    code, out, _ = run_cli("report", str(path), capsys=capsys)
+    assert code == 0 and "Each trial trained on 2 devices" in out
+    code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
+    assert json.loads(out)["devices_per_trial"] == 2
+
+
+def test_the_stored_definition_holds_the_devices_so_a_change_is_refused(tmp_path: Path) -> None:
+    one = load_spec(write_study(tmp_path))
+    two = load_spec(on_devices(write_study(tmp_path)))
+    space = one.space
+    stored = definition.for_spec(two, space=space, device="cpu")
+    assert stored["devices_per_trial"] == 2
+    # one device, the default, leaves the key out: studies stored before it still match
+    assert "devices_per_trial" not in definition.for_spec(one, space=space, device="cpu")
+    current = definition.for_spec(one, space=space, device="cpu")
+    assert definition.changes(stored, current) == ["devices_per_trial: 2 -> (none)"]
+
+
+@pytest.mark.parametrize(
+    ("more", "accepted"),
+    [
+        ({"objective": "goodput"}, "1 with objective: goodput, whose throughput phase"),
+        ({"probe": "joint"}, "1 with probe: joint, which measures rates on one device"),
+    ],
+)
+def test_what_measures_one_device_is_refused_on_several(
+    tmp_path: Path, more: dict[str, str], accepted: str
+) -> None:
+    spec = load_spec(on_devices(write_study(tmp_path), **more))
+    with pytest.raises(SpecError) as refused:
+        preparation.prepare(spec)
+    assert refused.value.key == "devices_per_trial" and refused.value.value == 2
+    assert accepted in str(refused.value)
+
+
+def test_a_command_task_is_refused_on_several_devices(tmp_path: Path) -> None:
+    path = on_devices(write_study(tmp_path), task={"command": "python train.py"})
+    with pytest.raises(SpecError) as refused:
+        preparation.prepare(load_spec(path))
+    assert "1 for a command task, which starts its own processes" in str(refused.value)
+
+
+def test_more_devices_than_the_machine_has_cuda_devices_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine with one CUDA device (as torch sees it), before any training or storage."""
+    spec = load_spec(on_devices(write_study(tmp_path), devices=2, device="cuda"))
+    monkeypatch.setattr(preparation, "resolve_device", lambda spec: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SpecError) as refused:
+        preparation.prepare(spec)
+    assert str(refused.value) == (
+        f"{spec.path}: devices_per_trial: got 2; at most 1 on cuda: a trial takes one CUDA "
+        "device per process (cuda:0 to cuda:1), and this machine has 1 CUDA device"
+    )
+    assert not (tmp_path / "study.db").exists()
