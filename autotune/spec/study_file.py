@@ -65,6 +65,8 @@ class StudySpec:
     # baseline: a new study's first trial is the baseline (where it lies in the space); prior: its
     # first few trials are a larger batch, a scaled lr and an annealing schedule (search/prior.py)
     first_trial: str = "sampled"
+    # processes (one device each) a trial trains on, with DistributedDataParallel
+    devices_per_trial: int = 1
 
 
 TOP_KEYS = (
@@ -84,7 +86,9 @@ TOP_KEYS = (
     "objective",
     "replicates",
     "first_trial",
+    "devices_per_trial",
 )
+MAX_DEVICES_PER_TRIAL = 64
 REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2, GOODPUT: 1, SYSTEMS_ONLY: 1}
 PRUNE_MODES = ("none", "incumbent")
 PROBE_MODES = ("systems", "joint", "none")
@@ -191,6 +195,7 @@ def from_mapping(
         _mode(path, raw, key) for key in ("prune", "probe", "objective", "first_trial")
     )
     replicates = _replicates(path, raw, objective)
+    devices_per_trial = _devices_per_trial(path, raw)
     storage = storage_url(path, storage if storage is not None else raw.get("storage"))
 
     budget = sections.budget(path, raw.get("budget", {}))
@@ -221,6 +226,7 @@ def from_mapping(
         objective=objective,
         replicates=replicates,
         first_trial=first_trial,
+        devices_per_trial=devices_per_trial,
     )
 
 
@@ -310,3 +316,16 @@ def _check_objective_runs(path: Path, objective: str, task: str | Mapping[str, A
             "time_to_target for a command task, which stops itself at the "
             f"target; {objective} needs a built-in or Python task, whose training autotune runs",
         )
+
+
+def _devices_per_trial(path: Path, raw: Mapping[str, Any]) -> int:
+    devices = raw.get("devices_per_trial", 1)
+    require(
+        path,
+        "devices_per_trial",
+        devices,
+        is_int(devices) and 1 <= devices <= MAX_DEVICES_PER_TRIAL,
+        f"a whole number from 1 to {MAX_DEVICES_PER_TRIAL}: the devices (one process each) a "
+        "trial trains on",
+    )
+    return devices
