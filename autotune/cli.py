@@ -118,11 +118,14 @@ def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[], None]
     args.workers = workers.usable(spec, args.workers)
     if args.workers == 1:
         return None
+    # before the storage is touched: a count the GPUs cannot take is the user's to change
+    gpus = workers.gpu_shares(spec, args.workers, workers.gpu_ids(spec))
     return functools.partial(
         workers.run_workers,
         spec,
         study_file=args.study,
         workers=args.workers,
+        gpus=gpus,
         options=[
             f"--isolation={spec.isolation}",
             *(["--allow-changes"] if args.allow_changes else []),

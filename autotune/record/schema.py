@@ -34,6 +34,7 @@ THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) an
 WORKER = "worker"  # host:pid of the process that ran it, so a process marks only its own
 CONFIG = "config"  # the configuration it trained, knobs and the user's parameters
 SEED = "seed"
+DEVICES = "devices"  # the GPUs (CUDA_VISIBLE_DEVICES ids) of the --workers worker that ran it
 REASON = "reason"  # why it was pruned or failed; autotune records one for every end of its own
 PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 OOM = "oom"  # it ran out of memory
@@ -118,10 +119,19 @@ def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
 # Writing a trial.
 
 
-def begin_trial(trial: Any, *, worker: str, config: Mapping[str, Any], seed: int) -> None:
+def begin_trial(
+    trial: Any,
+    *,
+    worker: str,
+    config: Mapping[str, Any],
+    seed: int,
+    devices: list[str] | None = None,
+) -> None:
     trial.set_user_attr(WORKER, worker)
     trial.set_user_attr(CONFIG, dict(config))
     trial.set_user_attr(SEED, seed)
+    if devices is not None:
+        trial.set_user_attr(DEVICES, list(devices))
 
 
 def record_config(trial: Any, config: Mapping[str, Any]) -> None:
@@ -215,6 +225,11 @@ def config(trial: Any) -> dict[str, Any] | None:
     stopped before a configuration was chosen."""
     stored = trial.user_attrs.get(CONFIG)
     return complete(stored) if stored is not None else None
+
+
+def devices(trial: Any) -> list[str] | None:
+    """The GPUs its --workers worker was given; None where no worker was given any."""
+    return trial.user_attrs.get(DEVICES)
 
 
 def reason(trial: Any) -> str | None:

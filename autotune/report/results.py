@@ -42,6 +42,7 @@ COLUMNS = (
     "interrupted",
     "reason",
     "baseline",
+    "devices",
 )
 
 
@@ -116,6 +117,8 @@ def _row(trial: Any) -> dict[str, Any]:
         "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
         # the baseline, queued as the first trial (first_trial: baseline)
         "baseline": schema.is_baseline(trial),
+        # the GPUs its --workers worker had to itself
+        "devices": ",".join(schema.devices(trial) or []) or None,
     }
 
 

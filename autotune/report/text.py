@@ -92,6 +92,7 @@ def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
         "samples_per_second",
         *results.knob_names(top),
         *results.param_names(top),
+        *(["devices"] if top["devices"].notna().any() else []),  # under --workers on GPUs
     ]
     table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
     if top["baseline"].eq(True).any():  # first_trial: baseline

@@ -25,6 +25,7 @@ import math
 import os
 import selectors
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,11 +54,13 @@ def command_trial(
     hang_after: float,
     metric_name: str,
     env: Mapping[str, str] | None = None,
+    devices: int = 1,
 ) -> RunTrial:
     """A RunTrial that runs `command` in `cwd` with the trial's configuration filled in.
 
     `env` adds variables (placeholders filled as in the command) to the environment autotune runs
-    in. Placeholders are checked for form here; `validate` also checks their names.
+    in. Placeholders are checked for form here; `validate` also checks their names. With
+    `devices` > 1 the command runs once a device under torch.distributed's launcher (launched).
     """
     args, env = command_line.split(command), dict(env or {})
     # a malformed placeholder is an error now, not at every trial
@@ -85,7 +88,7 @@ def command_trial(
                 metric_name=metric_name,
             )
             return _run(
-                argv,
+                launched(argv, devices),
                 cwd=cwd,
                 env=child_env,
                 limits=limits,
@@ -96,6 +99,22 @@ def command_trial(
             )
 
     return run_trial
+
+
+def launched(argv: list[str], devices: int) -> list[str]:
+    """`argv` as one process a device under torch.distributed's launcher (torchrun), on this
+    machine, rendezvous on a free port of its own (--standalone); as it is for one device."""
+    if devices == 1:
+        return argv
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={devices}",
+        "--no-python",  # argv[0] is the program: python (this interpreter) or another
+        *argv,
+    ]
 
 
 def _run(
@@ -110,12 +129,22 @@ def _run(
     progress: Progress | None,
 ) -> TrialResult:
     read_fd, write_fd = os.pipe()
+    # under a launcher the ranks reach the pipe by path: this process keeps its end open for them
+    launcher = argv[1:3] == ["-m", "torch.distributed.run"]
+    reach = (
+        {
+            protocol.REPORT_PIPE: str(os.fstat(write_fd).st_ino),
+            protocol.REPORT_PATH: f"/proc/{os.getpid()}/fd/{write_fd}",
+        }
+        if launcher
+        else {}
+    )
     started = time.perf_counter()  # the clock: start-up counts
     try:
         process = subprocess.Popen(
             argv,
             cwd=cwd,
-            env={**env, protocol.REPORT_FD: str(write_fd)},
+            env={**env, protocol.REPORT_FD: str(write_fd), **reach},
             pass_fds=(write_fd,),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -124,11 +153,14 @@ def _run(
         )
     except OSError as exc:
         os.close(read_fd)
+        if launcher:
+            os.close(write_fd)
         raise TrialFailure(
             f"crashed: the command could not be started: {exc.strerror}: {argv[0]!r} (in {cwd})"
         ) from None
     finally:
-        os.close(write_fd)  # the command holds its own copy
+        if not launcher:
+            os.close(write_fd)  # the command holds its own copy
     group = Group(process)
     # the command's GPU, watched from here
     sampler = telemetry.Sampler(telemetry.nvml_reader(device)).start()
@@ -147,6 +179,8 @@ def _run(
     finally:
         sampler.stop()
         group.stop()  # also when the target was reached, progress raised, or a signal arrived
+        if launcher:
+            os.close(write_fd)
         os.close(read_fd)
         process.stderr.close()
 
@@ -165,6 +199,7 @@ def _watch(
     reports, stderr = LineReader(read_fd), LineReader(group.process.stderr.fileno())
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
     tally = Tally(limits=limits, device=device)
+    ran_out: str | None = None  # the first out-of-memory line on stderr
     with selectors.DefaultSelector() as selector:
         for lines in (reports, stderr):
             selector.register(lines.fd, selectors.EVENT_READ, lines)
@@ -188,14 +223,19 @@ def _watch(
                 ):
                     if not key.data.read():
                         selector.unregister(key.fd)
-            tail.extend(stderr.take())
+            lines = stderr.take()
+            tail.extend(lines)
+            # a rank's out-of-memory error can sit above the launcher's own lines about it
+            ran_out = ran_out or oom.oom_line(lines)
             reached = _take_reports(
                 reports.take(), tally, started=started, metric_name=metric_name, progress=progress
             )
             if reached is not None:
                 return tally.result(stop_reason="target", elapsed=reached, memory=group.stop())
             if exited:
-                return _after_exit(group, tally, tail, elapsed=time.perf_counter() - started)
+                return _after_exit(
+                    group, tally, tail, ran_out=ran_out, elapsed=time.perf_counter() - started
+                )
             # reports or not, its clock runs: a silent command is pruned too
             if progress is not None:
                 progress(
@@ -248,10 +288,12 @@ def _out_of_time(group: Group, tally: Tally, *, elapsed: float) -> TrialResult:
     return tally.result(stop_reason="max_seconds", elapsed=elapsed, memory=group.stop())
 
 
-def _after_exit(group: Group, tally: Tally, tail: Sequence[str], *, elapsed: float) -> TrialResult:
+def _after_exit(
+    group: Group, tally: Tally, tail: Sequence[str], *, ran_out: str | None, elapsed: float
+) -> TrialResult:
     code = group.process.returncode
     if code != 0:
-        line = oom.oom_line(tail)
+        line = oom.oom_line(tail) or ran_out
         if line is not None:
             raise TrialFailure(
                 f"out of memory: {line} (the command {exit_status(code)})"[:500], oom=True

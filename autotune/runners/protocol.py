@@ -12,7 +12,11 @@ The protocol, for scripts in any language
 -----------------------------------------
 autotune starts the command with these environment variables:
 
-    AUTOTUNE_REPORT_FD  number of an open file descriptor (the write end of a pipe) to report on
+    AUTOTUNE_REPORT_FD  number of an open file descriptor (the write end of a pipe) to report on;
+                        a command on several devices (devices_per_trial) runs under
+                        torch.distributed's launcher, which closes it in the ranks: there
+                        AUTOTUNE_REPORT_PATH is a path that opens the same pipe for writing
+                        (AUTOTUNE_REPORT_PIPE: its inode), and only rank 0 (RANK) reports
     AUTOTUNE_CONFIG     path of a JSON file: {"config": {knob or parameter: value, ...},
                         "seed": int, "device": "cpu" | "cuda" | "cuda:N", "metric": "accuracy",
                         "limits": {"target", "max_epochs", "max_seconds", "eval_every"}}
@@ -50,6 +54,7 @@ process group, then SIGKILL), so anything after that report is not waited for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -61,6 +66,11 @@ from typing import Any
 from autotune.runners import watchdog
 
 REPORT_FD = "AUTOTUNE_REPORT_FD"
+# A command on several devices runs under torch.distributed's launcher, which starts its ranks
+# with no inherited descriptor but 0-2: there the pipe (its inode, REPORT_PIPE) is reached by
+# REPORT_PATH, the study's own end of it under /proc.
+REPORT_PIPE = "AUTOTUNE_REPORT_PIPE"
+REPORT_PATH = "AUTOTUNE_REPORT_PATH"
 CONFIG = "AUTOTUNE_CONFIG"
 # the process running the study: the script ends itself when it is gone
 STUDY_PID = "AUTOTUNE_STUDY_PID"
@@ -74,12 +84,12 @@ def report(*, step: int, metric: float | None = None, **more: Any) -> None:
     Tensors and NumPy scalars are written as numbers. Without autotune, does nothing.
     """
     fd = os.environ.get(REPORT_FD)
-    if not fd:
+    if not fd or os.environ.get("RANK", "0") != "0":  # under a launcher, rank 0 reports
         return None
     line = json.dumps({"step": step, "metric": metric, **more}, default=_plain) + "\n"
     _watch_study()
     try:
-        _write_all(int(fd), line.encode())
+        _write_all(_report_fd(int(fd)), line.encode())
     except BrokenPipeError:  # the study's end of the pipe is closed: nobody will read this trial
         _end_trial()
     except (OSError, ValueError) as exc:
@@ -88,6 +98,24 @@ def report(*, step: int, metric: float | None = None, **more: Any) -> None:
             f"was the script started by a tool that closes inherited descriptors?"
         ) from None
     return None
+
+
+_opened: list[int] = []  # the pipe, opened by its path in this process
+
+
+def _report_fd(fd: int) -> int:
+    """`fd` where it is the study's pipe; else (a launcher closed it, and another file may have
+    its number) the pipe opened by its path."""
+    pipe = os.environ.get(REPORT_PIPE)
+    if not pipe:
+        return fd
+    if _opened:
+        return _opened[0]
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_ino == int(pipe):
+            return fd
+    _opened.append(os.open(os.environ[REPORT_PATH], os.O_WRONLY))
+    return _opened[0]
 
 
 def _plain(value: Any) -> Any:

@@ -21,7 +21,7 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import recovery, storage, throughput_phase, trial_runs
+from autotune.study import recovery, storage, throughput_phase, trial_runs, workers
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialResult
 
@@ -85,7 +85,11 @@ def run_one(
         trained = config if policy.plan is None else policy.plan.to_train(config)
         trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
-            trial, worker=storage.worker_id(), config=trained or config, seed=trial_seed
+            trial,
+            worker=storage.worker_id(),
+            config=trained or config,
+            seed=trial_seed,
+            devices=workers.assigned_gpus(),
         )
         if _settled_unrun(study, trial, trained or config, policy, before):
             return

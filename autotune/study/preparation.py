@@ -183,6 +183,7 @@ def _command_trial(spec: StudySpec) -> isolation.RunTrial:
         hang_after=spec.budget.trial_timeout,
         metric_name=spec.target.metric,
         env=dict(spec.task.env),
+        devices=spec.devices_per_trial,
     )
 
 

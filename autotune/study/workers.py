@@ -3,7 +3,9 @@
 Each worker is `autotune run STUDY --as-worker I` on the same storage, running the ask/train/tell
 loop until the budget is taken (study/run.run_study). The workers share the machine deliberately:
 each gets its own share of the CPU cores (torch's threads follow the affinity, so K workers on
-N cores never run more than N threads between them) and, with several GPUs, a GPU of its own.
+N cores never run more than N threads between them) and, on a machine with M GPUs, M / K GPUs of
+its own through CUDA_VISIBLE_DEVICES, so that no two trials ever share a card (each would time
+the other's work); each trial stores the GPUs it ran on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from autotune.train.measure import cpu_count
 
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
 PARENT = signals.WORKERS_PARENT
+GPUS = "AUTOTUNE_WORKER_GPUS"  # a worker's GPUs, as the parent gave them (comma-separated ids)
+# For tests, on a machine without GPUs: share out this many GPU ids as if the machine had them
+# (the trials still train on the study's device).
+SIMULATED_GPUS = "AUTOTUNE_SIMULATED_GPUS"
 WATCH_SECONDS = 0.5  # how often a worker checks that its parent still runs
 
 
@@ -60,6 +66,52 @@ def usable(spec: StudySpec, requested: int) -> int:
     return count
 
 
+def gpu_ids(spec: StudySpec) -> list[str]:
+    """The GPUs --workers shares out: those this process sees (CUDA_VISIBLE_DEVICES's ids, else
+    every one; the one a `device: cuda:N` names), none for a CPU study; AUTOTUNE_SIMULATED_GPUS
+    stands in for them in tests."""
+    simulated = os.environ.get(SIMULATED_GPUS)
+    if simulated:
+        return [str(i) for i in range(int(simulated))]
+    if spec.device == "cpu" or not torch.cuda.is_available():
+        return []
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = (
+        [v.strip() for v in visible.split(",")][:count] if visible else list(map(str, range(count)))
+    )
+    if spec.device.startswith("cuda:"):
+        return [ids[int(spec.device.partition(":")[2])]]
+    return ids
+
+
+def gpu_shares(spec: StudySpec, workers: int, gpus: Sequence[str]) -> list[list[str]]:
+    """Each worker's GPUs: len(gpus) // workers of them, none shared; no GPU for any on a CPU."""
+    if not gpus:
+        return [[] for _ in range(workers)]
+    per_trial = spec.devices_per_trial
+    if workers * per_trial > len(gpus):
+        most = len(gpus) // per_trial
+        fits = (
+            f"run --workers {most} or fewer"
+            if most
+            else f"devices_per_trial is at most {len(gpus)} here"
+        )
+        raise AutotuneError(
+            f"{spec.path}: --workers {workers} with devices_per_trial {per_trial} needs "
+            f"{workers * per_trial} GPUs, no two trials sharing one (each would time the other's "
+            f"work); this machine has {len(gpus)} ({', '.join(gpus)}): {fits}"
+        )
+    size = len(gpus) // workers
+    return [list(gpus[i * size : (i + 1) * size]) for i in range(workers)]
+
+
+def assigned_gpus() -> list[str] | None:
+    """In a worker: the GPUs its parent gave it; None outside --workers or without GPUs."""
+    given = os.environ.get(GPUS)
+    return given.split(",") if given else None
+
+
 def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
     """The cores worker `index` runs on: a contiguous share, or one core when workers outnumber
     cores."""
@@ -70,20 +122,26 @@ def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
     return set(cores[start : start + size] if index < workers - 1 else cores[start:])
 
 
-def worker_env(spec: StudySpec, index: int) -> dict[str, str]:
+def worker_env(gpus: Sequence[str]) -> dict[str, str]:
+    """A worker's environment: its GPUs alone visible to it."""
     # One progress bar, the parent's; in lines mode each worker prints its own trials' lines.
     env = {**os.environ, "TQDM_DISABLE": "1", PARENT: str(os.getpid())}
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if spec.device in ("auto", "cuda") and gpus > 1:
-        env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)  # one worker per GPU
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = env[GPUS] = ",".join(gpus)
     return env
 
 
 def run_workers(
-    spec: StudySpec, *, study_file: str, workers: int, options: Sequence[str] = ()
+    spec: StudySpec,
+    *,
+    study_file: str,
+    workers: int,
+    options: Sequence[str] = (),
+    gpus: Sequence[Sequence[str]] = (),
 ) -> None:
     """Start the workers, show the study's progress, and wait for them; a signal stops them all.
-    Each runs to the budget of `spec` (the study file with the command line's overrides)."""
+    Each runs to the budget of `spec` (the study file with the command line's overrides), with
+    its share of `gpus` (gpu_shares) where there are any."""
     budget, timeout = spec.budget.trials, spec.budget.timeout
     cores = (
         sorted(os.sched_getaffinity(0))
@@ -109,7 +167,7 @@ def run_workers(
         # on (_stop), so that K workers starting up do not each answer it.
         process = subprocess.Popen(
             [*command, "--as-worker", str(index)],
-            env=worker_env(spec, index),
+            env=worker_env(gpus[index] if gpus else ()),
             start_new_session=True,
         )
         if hasattr(os, "sched_setaffinity"):

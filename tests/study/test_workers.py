@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -379,3 +380,65 @@ def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_p
     ) in result.stderr
     trials = journal_study(journal).get_trials()
     assert len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}) <= usable
+
+
+def test_workers_are_given_gpus_of_their_own_and_each_trial_stores_them(tmp_path: Path) -> None:
+    """On a machine of 4 GPUs (simulated: AUTOTUNE_SIMULATED_GPUS), --workers 2 gives each worker
+    two, through CUDA_VISIBLE_DEVICES: no two trials running at the same time share one, and the
+    report shows where each ran."""
+    journal = tmp_path / "study.journal"
+    path = write_study(tmp_path, f"journal:///{journal}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["budget"]["trials"] = 8
+    path.write_text(yaml.safe_dump(study_file))
+    env = {**os.environ, "AUTOTUNE_SIMULATED_GPUS": "4"}
+    command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+
+    backend = optuna.storages.journal.JournalFileBackend(str(journal))
+    study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
+    ran = [t for t in study.get_trials() if "result" in t.user_attrs or "pruned_at" in t.user_attrs]
+    shares = {tuple(t.user_attrs["devices"]) for t in ran}
+    assert shares <= {("0", "1"), ("2", "3")} and len(shares) == 2, shares
+    for one in ran:
+        for other in ran:
+            at_once = (
+                one.number != other.number
+                and one.datetime_start < other.datetime_complete
+                and other.datetime_start < one.datetime_complete
+            )
+            assert not (at_once and one.user_attrs["devices"] == other.user_attrs["devices"])
+    assert "devices" in result.stdout and ("0,1" in result.stdout or "2,3" in result.stdout)
+
+
+@pytest.mark.parametrize(
+    "gpus, per_trial, needs",
+    [("1", 1, "needs 2 GPUs"), ("3", 2, "needs 4 GPUs")],
+)
+def test_more_workers_than_the_gpus_take_is_an_error_before_the_storage(
+    tmp_path: Path, gpus: str, per_trial: int, needs: str
+) -> None:
+    journal = tmp_path / "study.journal"
+    path = write_study(tmp_path, f"journal:///{journal}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["devices_per_trial"] = per_trial
+    path.write_text(yaml.safe_dump(study_file))
+    env = {**os.environ, "AUTOTUNE_SIMULATED_GPUS": gpus}
+    command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    message = result.stderr.strip()
+    assert message.startswith(f"autotune: error: {path}: --workers 2 with devices_per_trial")
+    assert needs in message and "Traceback" not in result.stderr
+    assert not journal.exists()
+
+
+def test_each_worker_gets_an_equal_share_of_the_gpus() -> None:
+    from autotune.study import workers
+
+    spec = type("Spec", (), {"devices_per_trial": 2, "path": Path("s.yaml")})()
+    ids = [str(i) for i in range(8)]
+    assert workers.gpu_shares(spec, 4, ids) == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
+    assert workers.gpu_shares(spec, 3, ids) == [["0", "1"], ["2", "3"], ["4", "5"]]
+    assert workers.gpu_shares(spec, 2, []) == [[], []]  # a CPU study: no GPU to give

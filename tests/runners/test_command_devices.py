@@ -1,0 +1,154 @@
+"""A training command on several devices (devices_per_trial): autotune runs it under
+torch.distributed's launcher, one process a rank; rank 0's reports count; a rank's fault ends the
+whole trial and leaves no process. On the CPU: two ranks joined with gloo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.runners.command import command_trial, launched
+from autotune.runners.isolation import TrialFailure
+from autotune.search.space import DEFAULT_BASELINE, complete
+from autotune.train.config import Limits, TrialConfig
+from tests.runners.test_isolation import still_alive
+
+REPO = Path(__file__).resolve().parents[2]
+COMMANDS = REPO / "tests" / "commands"
+CPU = torch.device("cpu")
+BASELINE = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
+
+
+def run_ranks(tmp_path: Path, *, max_seconds: float = 60, **env: str):
+    run_trial = command_trial(
+        f"python ranks.py --out {tmp_path}",
+        cwd=COMMANDS,
+        hang_after=120,
+        metric_name="accuracy",
+        env={"PYTHONPATH": str(REPO), **env},
+        devices=2,
+    )
+    limits = Limits(target=0.9, max_epochs=3, max_seconds=max_seconds, eval_every=0.25)
+    return run_trial(BASELINE, limits=limits, device=CPU, seed=7)
+
+
+def rank_pids(tmp_path: Path) -> list[int]:
+    return [
+        int((tmp_path / f"rank-{r}").read_text())
+        for r in range(2)
+        if (tmp_path / f"rank-{r}").exists()
+    ]
+
+
+def launched_for(out: Path, *, within: float = 20.0) -> list[int]:
+    """Live processes whose command line names `out`: the launcher and its ranks of a trial,
+    after `within` seconds for them to go, or none once none is left."""
+    import time
+
+    from tests.runners.test_isolation import alive
+
+    def mentioning() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                named = str(out).encode() in (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if entry.name.isdigit() and named and alive(int(entry.name)):
+                found.append(int(entry.name))
+        return found
+
+    deadline = time.monotonic() + within
+    while mentioning() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return mentioning()
+
+
+def test_one_device_runs_the_command_as_it_is_and_several_under_the_launcher() -> None:
+    assert launched(["python", "train.py"], 1) == ["python", "train.py"]
+    argv = launched(["/usr/bin/python3", "train.py", "--lr", "0.1"], 4)
+    assert argv[1:6] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "--no-python",
+    ]
+    assert argv[6:] == ["/usr/bin/python3", "train.py", "--lr", "0.1"]
+
+
+def test_two_ranks_train_and_only_rank_0_reports(tmp_path: Path) -> None:
+    result = run_ranks(tmp_path)
+    assert result.reached and result.best_metric == pytest.approx(1.0)
+    # rank 1 reported 0.0 at every step: had its reports counted, the curve would hold them
+    assert [point[2] for point in result.curve] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert len(rank_pids(tmp_path)) == 2
+    assert still_alive(rank_pids(tmp_path)) == []
+
+
+def test_out_of_memory_on_one_rank_prunes_the_trial_and_ends_every_rank(tmp_path: Path) -> None:
+    with pytest.raises(TrialFailure) as failure:
+        run_ranks(tmp_path, FAIL_RANK="1")
+    assert failure.value.oom and "out of memory" in failure.value.reason
+    assert "rank failed on purpose" in failure.value.reason
+    assert still_alive(rank_pids(tmp_path)) == [] and launched_for(tmp_path) == []
+
+
+def test_a_rank_that_hangs_in_a_collective_is_killed_with_the_whole_trial(tmp_path: Path) -> None:
+    result = run_ranks(tmp_path, max_seconds=8, HANG_RANK="1")
+    assert not result.reached and result.best_metric == pytest.approx(0.2)  # step 1 only
+    assert len(rank_pids(tmp_path)) == 2
+    assert still_alive(rank_pids(tmp_path)) == [] and launched_for(tmp_path) == []
+
+
+def test_kill_9_of_the_study_mid_trial_leaves_no_rank_and_the_same_command_finishes(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+    import yaml
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    study = {
+        "task": {
+            "command": f"python {COMMANDS / 'ranks.py'} --out {out}",
+            "env": {"PYTHONPATH": str(REPO), "STEP_SECONDS": "1"},
+        },
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {"lr": 0.1, "batch_size": 32, "num_workers": 0, "precision": "fp32"},
+        "devices_per_trial": 2,
+        "device": "cpu",
+        "budget": {"trials": 1, "max_seconds": 60},
+        "confirm": {"top": 0},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    command = [sys.executable, "-m", "autotune", "run", str(path), "--quiet"]
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(rank_pids(out)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed = rank_pids(out)
+    assert len(killed) == 2, first.stderr.read().decode() if first.poll() is not None else ""
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert still_alive(killed) == []  # each rank saw the study go and ended its trial
+    assert launched_for(out) == []  # and the launcher with them
+
+    for rank in out.iterdir():
+        rank.unlink()
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    trials = optuna.load_study(
+        study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}"
+    ).get_trials()
+    finished = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(finished) == 1 and finished[0].user_attrs["result"]["best_metric"] == 1.0
+    assert still_alive(rank_pids(out)) == []
