@@ -135,15 +135,14 @@ def prepare(
 def _check_devices_per_trial(
     spec: StudySpec, device: torch.device, *, in_memory: bool
 ) -> list[str]:
-    """A trial on several devices runs autotune's own training in one fresh process per device:
-    what cannot is refused, and the isolation it replaces is said; its notices."""
+    """A trial on several devices runs in one fresh process per device (autotune's training, or
+    the command under torch.distributed's launcher): what cannot is refused, and the isolation it
+    replaces is said; its notices."""
     devices = spec.devices_per_trial
     if devices == 1:
         return []
     refusal = None
-    if isinstance(spec.task, CommandTask):
-        refusal = "1 for a command task, which starts its own processes"
-    elif in_memory:
+    if in_memory:
         refusal = (
             "1 for a task or objective given as a Python object: each of a trial's processes "
             "builds the task by name"
@@ -166,7 +165,7 @@ def _check_devices_per_trial(
             )
     if refusal is not None:
         raise SpecError(spec.path, "devices_per_trial", devices, refusal)
-    if spec.isolation in ("warm", "none"):
+    if spec.isolation in ("warm", "none") and not isinstance(spec.task, CommandTask):
         return [
             f"isolation: {spec.isolation} does not apply: a trial on {devices} devices runs in "
             f"{devices} fresh child processes"

@@ -75,11 +75,14 @@ def test_what_measures_one_device_is_refused_on_several(
     assert accepted in str(refused.value)
 
 
-def test_a_command_task_is_refused_on_several_devices(tmp_path: Path) -> None:
+def test_a_command_task_on_several_devices_runs_under_the_launcher(tmp_path: Path) -> None:
+    """Its trials run the command under torch.distributed's launcher (tests/runners/
+    test_command_devices.py trains one), in a process of its own whatever isolation says."""
+    (tmp_path / "train.py").write_text("")
     path = on_devices(write_study(tmp_path), task={"command": "python train.py"})
-    with pytest.raises(SpecError) as refused:
-        preparation.prepare(load_spec(path))
-    assert "1 for a command task, which starts its own processes" in str(refused.value)
+    prepared = preparation.prepare(load_spec(path))
+    assert prepared.isolation == "process" and prepared.task is None
+    assert not [n for n in prepared.notices if "does not apply" in n]
 
 
 def test_more_devices_than_the_machine_has_cuda_devices_is_refused(
