@@ -50,7 +50,7 @@ def test_confirm_before_the_study_is_finished_says_so_and_fails(tmp_path: Path) 
 def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
     ran = gpu_check("--cpu", "--results", str(tmp_path), cache=tmp_path / "cache")
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    stages = ("tests", "oom", "precision", "study", "confirm", "isolation")
+    stages = ("tests", "oom", "precision", "study", "confirm", "isolation", "distributed")
     for stage in stages:
         assert f"## {stage}: ok" in ran.stdout
         record = json.loads((tmp_path / f"gpu-check-{stage}-cpu.json").read_text())
@@ -70,6 +70,10 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
     assert outcomes[(128, "bf16")] == ("PRUNED", True, False)  # ran, and really ran out
     assert outcomes[(256, "fp32")] == ("PRUNED", False, True)  # known to run out: never ran
     assert len(oom["memory_after_each_run"]) == 5  # every trial that ran, the OOM included
+
+    ranks = json.loads((tmp_path / "gpu-check-distributed-cpu.json").read_text())
+    assert set(ranks["runs"]) == {"one rank", "child process"}
+    assert all(r["error"] is None and r["train"] > 0 for r in ranks["runs"].values())
 
     precision = json.loads((tmp_path / "gpu-check-precision-cpu.json").read_text())
     assert set(precision["settings"]) == {

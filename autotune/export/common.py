@@ -210,6 +210,30 @@ def params_note(params: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     )
 
 
+def launcher(summary: Summary, script: str = "train.py") -> str | None:
+    """The torchrun line for a winner trained on several devices; None for one device."""
+    devices = summary.devices_per_trial
+    return None if devices == 1 else f"torchrun --standalone --nproc-per-node={devices} {script}"
+
+
+def devices_note(summary: Summary) -> list[dict[str, Any]]:
+    """What the knobs meant for a winner trained on several devices (none for one)."""
+    devices = summary.devices_per_trial
+    if devices == 1:
+        return []
+    return [
+        note(
+            "devices_per_trial",
+            devices,
+            MOVED,
+            f"the winner trained on {devices} devices, one process each, with "
+            "DistributedDataParallel: batch_size is per device, the effective batch is batch_size "
+            f"x accumulation_steps x {devices}, and lr is for that effective batch as trained (no "
+            f"rescaling). Launch on {devices} devices: {launcher(summary)} ...",
+        )
+    ]
+
+
 def provenance(summary: Summary) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
     best, target = summary.best, summary.target
@@ -220,6 +244,8 @@ def provenance(summary: Summary) -> str:
     )
     if best.epochs is not None:
         text += f" after {best.epochs:.2f} epochs"
+    if summary.devices_per_trial != 1:
+        text += f" on {summary.devices_per_trial} devices"
     if summary.speedup:
         text += f", {speedup_phrase(summary.speedup)} than the baseline"
     return text

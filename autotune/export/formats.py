@@ -14,14 +14,20 @@ from autotune.export.common import provenance, settings
 from autotune.record.summary import Summary
 
 
+def flat(summary: Summary) -> dict:
+    """The winner's settings, then devices_per_trial where it trained on more than one."""
+    devices = summary.devices_per_trial
+    return {**settings(summary), **({"devices_per_trial": devices} if devices != 1 else {})}
+
+
 def flat_json(summary: Summary) -> str:
     """The winner's settings as one flat JSON mapping: the knobs, then the user's parameters."""
-    return json.dumps(settings(summary), indent=2) + "\n"
+    return json.dumps(flat(summary), indent=2) + "\n"
 
 
 def flat_yaml(summary: Summary) -> str:
     """The same mapping in YAML, with where it came from as a comment."""
-    return f"# {provenance(summary)}\n" + yaml.safe_dump(settings(summary), sort_keys=False)
+    return f"# {provenance(summary)}\n" + yaml.safe_dump(flat(summary), sort_keys=False)
 
 
 RENDERERS: dict[str, Callable[[Summary], str]] = {

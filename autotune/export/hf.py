@@ -21,6 +21,7 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    devices_note,
     knobs_and_params,
     lookup,
     max_epochs,
@@ -121,6 +122,10 @@ def render(summary: Summary) -> str:
     extras = params_note(params, "TrainingArguments")
     if extras:
         notes.append(extras)
+    if summary.devices_per_trial != 1:
+        # the Trainer runs DDP when launched as several processes: the backend the trial used
+        args["ddp_backend"] = "gloo" if summary.device == "cpu" else "nccl"
+        notes += devices_note(summary)
     export = {
         "source": provenance(summary),
         "training_arguments": args,

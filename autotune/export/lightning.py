@@ -29,6 +29,7 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    devices_note,
     knobs_and_params,
     lookup,
     max_epochs,
@@ -119,6 +120,10 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
 def render(summary: Summary) -> str:
     knobs, params = knobs_and_params(summary)
     trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
+    if summary.devices_per_trial != 1 and "devices" in trainer:
+        # one process a device, each its shard of the data: Lightning's DDP, as the trial's
+        trainer.update(devices=summary.devices_per_trial, strategy="ddp")
+    notes += devices_note(summary)
     optimizer, optimizer_notes, make_optimizer = _optimizer(summary, knobs)
     lr_scheduler, text, schedule_lines = scheduler_section(knobs["scheduler"], knobs["lr"])
     notes += [*optimizer_notes, note("scheduler", knobs["scheduler"], MOVED, text)]
@@ -253,7 +258,7 @@ def _device(device: str | None) -> Part:
                 "accelerator and devices are left to Lightning's defaults.",
             )
         ]
-    # autotune trains on one device
+    # a trial's devices: one, or devices_per_trial (render)
     return {"accelerator": lookup("lightning", "device", device, ACCELERATOR), "devices": 1}, []
 
 

@@ -21,6 +21,7 @@ from autotune.export.common import (
     ONECYCLE,
     built_in_optimizer,
     knobs_and_params,
+    launcher,
     lookup,
     max_epochs,
     provenance,
@@ -45,10 +46,16 @@ The winning training settings in plain PyTorch, built as autotune's trial built 
 
 Evaluate `training.module` (never compiled), \
 its inputs moved by `to_device(inputs, training.device)`.
+$distributed_usage
+Under torch.distributed's launcher (a process group initialised before make_training), each
+process trains its shard of every epoch (DistributedSampler) with the model in
+DistributedDataParallel, all-reducing once an optimizer step, as autotune's trials on several
+devices did; batch_size is then per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 ${inspect}import itertools
 import math
@@ -97,8 +104,12 @@ start with _orig_mod.).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
 else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores - NUM_WORKERS))  # the cores the loader workers leave free
-    loader = DataLoader(train_dataset, **LOADER, pin_memory=PIN_MEMORY and device.type == "cuda",  \
-# it helps CUDA copies only
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    # under torchrun: each process its shard of every epoch, shuffled by the sampler
+    shards = {"shuffle": False, "sampler": torch.utils.data.DistributedSampler(
+        train_dataset, shuffle=LOADER["shuffle"], seed=seed or 0)} if distributed else {}
+    loader = DataLoader(train_dataset, **{**LOADER, **shards}, \
+pin_memory=PIN_MEMORY and device.type == "cuda",  # it helps CUDA copies only
                         worker_init_fn=_worker_init if NUM_WORKERS > 0 else None,
                         generator=None if seed is None else torch.Generator().manual_seed(seed))
     model = model.to(device)
@@ -110,6 +121,10 @@ else (os.cpu_count() or 1)
         model = model.to(memory_format=torch.channels_last)  \
 # its 4-D weights; to_device lays out 4-D inputs
     model.train()
+    module = model
+    if distributed:  # before compile, as the trial wrapped it
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     torch.backends.cudnn.benchmark = CUDNN_BENCHMARK  # set either way, as the trial set it
     torch.set_float32_matmul_precision("high" if TF32 else "highest")  # "high": TF32 tensor cores
     optimizer = make_optimizer(model.parameters(), LR, \
@@ -122,12 +137,20 @@ enabled=$autocast_enabled)
     scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  \
 # fp16: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
-    batches = itertools.chain.from_iterable(itertools.repeat(loader))
-    return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=model, \
+    batches = _epochs(loader)
+    return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=module, \
 device=device,
                                  loader=loader, batches=batches, optimizer=optimizer, \
 scheduler=scheduler,
                                  total_steps=total_steps, autocast=autocast, scaler=scaler)
+
+
+def _epochs(loader):
+    """The loader's batches, epoch after epoch (a DistributedSampler told each epoch's number)."""
+    for epoch in itertools.count():
+        if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
 
 
 def to_device(inputs, device, *, non_blocking=False):
@@ -145,10 +168,14 @@ def train_step(training, *, loss_fn):
     equals that of one batch holding all of them.
     """
     micro_batches = list(itertools.islice(training.batches, ACCUMULATION_STEPS))
-    for inputs, targets in micro_batches:
+    for index, (inputs, targets) in enumerate(micro_batches):
         inputs = to_device(inputs, training.device, non_blocking=PIN_MEMORY)
         targets = targets.to(training.device, non_blocking=PIN_MEMORY)
-        with training.autocast():
+        # under DistributedDataParallel, gradients are all-reduced at the last micro-batch only
+        last = index == len(micro_batches) - 1
+        synced = contextlib.nullcontext() if last or not hasattr(training.model, "no_sync") \
+else training.model.no_sync()
+        with synced, training.autocast():
             loss = loss_fn(training.model(inputs), targets) / len(micro_batches)
         training.scaler.scale(loss).backward()
     training.scaler.step(training.optimizer)
@@ -236,9 +263,17 @@ def render(summary: Summary) -> str:
     )
     # pinned on CUDA only: make_training
     loader = {k: v for k, v in loader_kwargs(knobs).items() if k != "pin_memory"}
+    line = launcher(summary, "your_script.py")
     return MODULE.substitute(
         # safe in a docstring
         provenance=provenance(summary).replace("\\", "\\\\").replace('"""', '\\"""'),
+        distributed_usage=(
+            f"\nThe winner trained on {summary.devices_per_trial} devices: launch it as it did, "
+            f"with\n\n    {line}\n\nand in each process torch.distributed.init_process_group() "
+            'and device=torch.device("cuda", int(os.environ["LOCAL_RANK"])).\n'
+            if line
+            else ""
+        ),
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
         imports=imports,
         constants=constants,

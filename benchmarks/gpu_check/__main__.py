@@ -14,6 +14,8 @@ Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by
   confirm    the finished shapes study's winner against the baseline on fresh seeds, side by
              side, with GPU utilisation, input wait and peak memory
   isolation  what a child process per trial costs on the GPU
+  distributed  a trial as one rank of a process group (NCCL), as devices_per_trial runs its ranks:
+             it trains, and the GPU's memory is back after
 
 `--objective goodput` or `--objective systems_only` runs the study and confirm stages on the same
 shapes study with that objective, as a study of its own (its own storage and results files).
@@ -100,6 +102,7 @@ STAGES: dict[str, Stage] = {
     "study": speed_stages.study,
     "confirm": speed_stages.confirm,
     "isolation": memory_stages.isolation_overhead,
+    "distributed": memory_stages.distributed,
 }
 
 ROUNDED = ("precision", "isolation")  # the stages that interleave rounds

@@ -239,3 +239,62 @@ def isolation_overhead(
         lines,
         True,
     )
+
+
+def distributed(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
+    """A trial as the ranks of a trial on several devices run it (runners/distributed.py), with one
+    rank: its process group joined (NCCL on a GPU, gloo on the CPU), the baseline trained for a
+    tenth of an epoch, and the GPU's memory back where it started once it is over. Then the same
+    trial in a child process of its own, for the time the process group adds."""
+    from autotune.runners import distributed as ranks
+
+    config = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
+    limits = Limits(
+        target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0
+    )
+    study_path = setting.results / "gpu-check.yaml"
+    start = memory_in_use(setting.device)
+    runs: dict[str, Any] = {}
+    for name, run_trial in (
+        (
+            "one rank",
+            ranks.on_devices(setting.task, study_path=study_path, hang_after=300, devices=1),
+        ),
+        ("child process", isolation.in_child(setting.task, study_path=study_path, hang_after=300)),
+    ):
+        started = time.perf_counter()
+        try:
+            result = run_trial(config, limits=limits, device=setting.device, seed=0)
+            runs[name] = {
+                "wall": time.perf_counter() - started,
+                "train": result.train_seconds,
+                "samples_per_second": result.samples_per_second,
+                "error": None,
+            }
+        except isolation.TrialFailure as failure:
+            runs[name] = {"wall": time.perf_counter() - started, "error": failure.reason}
+        runs[name]["memory_after"] = memory_in_use(setting.device)
+    growth = [
+        r["memory_after"]["nvml_used"] - start["nvml_used"]
+        for r in runs.values()
+        if r["memory_after"]["nvml_used"] is not None and start["nvml_used"] is not None
+    ]
+    ok = all(r["error"] is None for r in runs.values()) and all(g <= LEAK_TOLERANCE for g in growth)
+    backend = "NCCL" if setting.cuda else "gloo"
+    lines = [f"| {backend} | wall s | training s | samples/s | error |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {name} | {r['wall']:.2f} | {r.get('train') or 0:.2f} | "
+        f"{r.get('samples_per_second') or 0:,.0f} | {r['error'] or ''} |"
+        for name, r in runs.items()
+    ]
+    lines.append(
+        f"GPU memory in use before {mib(start['nvml_used'])}; largest growth after a run "
+        f"{mib(max(growth))}"
+        if growth
+        else "GPU memory: not measured (no GPU)"
+    )
+    return (
+        {"start": start, "runs": runs, "largest_growth_bytes": max(growth, default=None)},
+        lines,
+        ok,
+    )

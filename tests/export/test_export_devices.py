@@ -1,0 +1,117 @@
+"""A winner trained on several devices (devices_per_trial) in every format: the device count and
+the strategy where the trainer takes them, the torchrun line where it does not, and a torch
+module that trains under a process group as the trial's ranks did."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+import socket
+from pathlib import Path
+from typing import Any
+
+import lightning
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+import yaml
+from lightning.pytorch.strategies import DDPStrategy
+
+from autotune.export import render
+from tests.export.test_export import _blobs, blobs_model, fp32_precisions, knobs, summary_for
+
+TWO = dataclasses.replace(
+    summary_for(knobs(0.05, "constant", 16, 2, 0, "fp32")), devices_per_trial=2
+)
+
+
+def notes_about_devices(export: dict[str, Any]) -> list[str]:
+    return [n["note"] for n in export["notes"] if n["setting"] == "devices_per_trial"]
+
+
+def test_one_device_writes_no_device_count_or_strategy() -> None:
+    one = dataclasses.replace(TWO, devices_per_trial=1)
+    assert "devices_per_trial" not in yaml.safe_load(render(one, "yaml"))
+    assert json.loads(render(one, "lightning"))["trainer"]["devices"] == 1
+    assert "ddp_backend" not in json.loads(render(one, "hf"))["training_arguments"]
+    assert "--nproc-per-node" not in render(one, "torch")
+
+
+def test_flat_formats_and_provenance_carry_the_device_count() -> None:
+    assert yaml.safe_load(render(TWO, "yaml"))["devices_per_trial"] == 2
+    assert json.loads(render(TWO, "json"))["devices_per_trial"] == 2
+    assert "on 2 devices" in render(TWO, "yaml").splitlines()[0]
+
+
+def test_lightning_trains_on_two_devices_with_ddp() -> None:
+    export = json.loads(render(TWO, "lightning"))
+    assert export["trainer"]["devices"] == 2 and export["trainer"]["strategy"] == "ddp"
+    trainer = lightning.Trainer(
+        **export["trainer"], logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.num_devices == 2
+    [text] = notes_about_devices(export)
+    assert "per device" in text and "torchrun --standalone --nproc-per-node=2" in text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_hf_names_the_backend_and_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelerate.state import AcceleratorState, PartialState
+
+    export = json.loads(render(TWO, "hf"))
+    assert "torchrun --standalone --nproc-per-node=2" in notes_about_devices(export)[0]
+    # as torchrun launches one of its processes (here the only one): the Trainer's state joins
+    # the process group with the backend named
+    launched = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launched, "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        arguments = transformers.TrainingArguments(
+            output_dir=str(tmp_path), **export["training_arguments"]
+        )
+        assert arguments.ddp_backend == "gloo" and arguments.per_device_train_batch_size == 16
+        assert dist.is_initialized() and dist.get_backend() == "gloo"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        AcceleratorState._reset_state(True)
+        PartialState._reset_state()
+
+
+def test_the_torch_module_trains_in_a_process_group_as_a_ranks_trial() -> None:
+    source = render(TWO, "torch")
+    assert "torchrun --standalone --nproc-per-node=2 your_script.py" in source
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(compile(source, "exported.py", "exec"), namespace)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
+    # make_training sets them for the whole process, as the trial did for its run
+    matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
+    precisions = fp32_precisions() if hasattr(torch.backends, "fp32_precision") else {}
+    try:
+        model = blobs_model(TWO)
+        training = namespace["make_training"](model, _blobs(104, 0), device="cpu", seed=3)
+        assert isinstance(training.model, torch.nn.parallel.DistributedDataParallel)
+        assert training.module is model  # evaluate and save the unwrapped one
+        assert isinstance(training.loader.sampler, torch.utils.data.DistributedSampler)
+        before = [p.detach().clone() for p in model.parameters()]
+        for _ in range(3):  # two micro-batches a step: the first under no_sync
+            namespace["train_step"](training, loss_fn=torch.nn.functional.cross_entropy)
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    finally:
+        dist.destroy_process_group()
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.benchmark = benchmark
+        for name, value in precisions.items():
+            (
+                operator.attrgetter(name)(torch.backends) if name else torch.backends
+            ).fp32_precision = value
