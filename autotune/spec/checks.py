@@ -150,6 +150,28 @@ def require(path: Path, key: str, value: Any, ok: bool, accepted: str) -> None:
         raise SpecError(path, key, value, f"expected {accepted}")
 
 
+def whole_number(
+    path: Path,
+    raw: Mapping[str, Any],
+    key: str,
+    *,
+    default: int,
+    low: int,
+    high: int,
+    what: str = "",
+) -> int:
+    """`raw[key]` (else `default`): a whole number from `low` to `high`; `what`: what it counts."""
+    value = raw.get(key, default)
+    require(
+        path,
+        key,
+        value,
+        is_int(value) and low <= value <= high,
+        f"a whole number from {low} to {high}{what}",
+    )
+    return value
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -17,7 +17,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.search.space import Space
 from autotune.spec import sections, space_section
-from autotune.spec.checks import is_int, read_yaml, reject_unknown, require
+from autotune.spec.checks import read_yaml, reject_unknown, require, whole_number
 from autotune.spec.sections import Budget, Confirm, Target, Task
 from autotune.spec.storage_url import storage_url
 
@@ -187,15 +187,31 @@ def from_mapping(
     name, task, seed, device = (
         _name(path, raw),
         _task(path, raw),
-        _seed(path, raw),
+        whole_number(path, raw, "seed", default=0, low=0, high=MAX_SEED),
         _device(path, raw),
     )
     isolation = _mode(path, raw, "isolation", given=isolation)
     prune, probe, objective, first_trial = (
         _mode(path, raw, key) for key in ("prune", "probe", "objective", "first_trial")
     )
-    replicates = _replicates(path, raw, objective)
-    devices_per_trial = _devices_per_trial(path, raw)
+    replicates = whole_number(
+        path,
+        raw,
+        "replicates",
+        default=REPLICATES_DEFAULT[objective],
+        low=1,
+        high=20,
+        what=": the seeds each trial runs",
+    )
+    devices_per_trial = whole_number(
+        path,
+        raw,
+        "devices_per_trial",
+        default=1,
+        low=1,
+        high=MAX_DEVICES_PER_TRIAL,
+        what=": the devices (one process each) a trial trains on",
+    )
     storage = storage_url(path, storage if storage is not None else raw.get("storage"))
 
     budget = sections.budget(path, raw.get("budget", {}))
@@ -270,18 +286,6 @@ def _task(path: Path, raw: Mapping[str, Any]) -> str | Mapping[str, Any]:
     return task
 
 
-def _seed(path: Path, raw: Mapping[str, Any]) -> int:
-    seed = raw.get("seed", 0)
-    require(
-        path,
-        "seed",
-        seed,
-        is_int(seed) and 0 <= seed <= MAX_SEED,
-        f"a whole number from 0 to {MAX_SEED}",
-    )
-    return seed
-
-
 def _device(path: Path, raw: Mapping[str, Any]) -> str:
     device = raw.get("device", "auto")
     require(
@@ -294,18 +298,6 @@ def _device(path: Path, raw: Mapping[str, Any]) -> str:
     return device
 
 
-def _replicates(path: Path, raw: Mapping[str, Any], objective: str) -> int:
-    replicates = raw.get("replicates", REPLICATES_DEFAULT[objective])
-    require(
-        path,
-        "replicates",
-        replicates,
-        is_int(replicates) and 1 <= replicates <= 20,
-        "a whole number from 1 to 20: the seeds each trial runs",
-    )
-    return replicates
-
-
 def _check_objective_runs(path: Path, objective: str, task: str | Mapping[str, Any]) -> None:
     """Every objective but time_to_target needs a training autotune runs, which a command is not."""
     if objective != TIME_TO_TARGET and isinstance(task, Mapping):
@@ -316,16 +308,3 @@ def _check_objective_runs(path: Path, objective: str, task: str | Mapping[str, A
             "time_to_target for a command task, which stops itself at the "
             f"target; {objective} needs a built-in or Python task, whose training autotune runs",
         )
-
-
-def _devices_per_trial(path: Path, raw: Mapping[str, Any]) -> int:
-    devices = raw.get("devices_per_trial", 1)
-    require(
-        path,
-        "devices_per_trial",
-        devices,
-        is_int(devices) and 1 <= devices <= MAX_DEVICES_PER_TRIAL,
-        f"a whole number from 1 to {MAX_DEVICES_PER_TRIAL}: the devices (one process each) a "
-        "trial trains on",
-    )
-    return devices
