@@ -120,8 +120,7 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
 def render(summary: Summary) -> str:
     knobs, params = knobs_and_params(summary)
     trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
-    if summary.devices_per_trial != 1 and "devices" in trainer:
-        # one process a device, each its shard of the data: Lightning's DDP, as the trial's
+    if summary.devices_per_trial != 1 and "devices" in trainer:  # DDP, as the trial trained
         trainer.update(devices=summary.devices_per_trial, strategy="ddp")
     notes += devices_note(summary)
     optimizer, optimizer_notes, make_optimizer = _optimizer(summary, knobs)

@@ -54,19 +54,9 @@ PRIOR = "prior"
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
 
 # Version 0: before RESULT, each measured figure was a trial attribute of its own.
-_V0_MEASURED = (
-    "reached",
-    "time_to_target",
-    "best_metric",
-    "train_seconds",
-    "epochs",
-    "optimizer_steps",
-    "samples_per_second",
-    "peak_memory_bytes",
-    "device_name",
-    "torch_version",
-    "stop_reason",
-    "curve",
+_V0_MEASURED = tuple(
+    "reached time_to_target best_metric train_seconds epochs optimizer_steps samples_per_second "
+    "peak_memory_bytes device_name torch_version stop_reason curve".split()
 )
 
 

@@ -7,9 +7,8 @@ Time to target: the clock starts before the DataLoader is built, runs through ev
 training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
 the target. CUDA work is synchronized before the clock is read for a measurement.
 
-On several devices every rank runs this loop (train/distributed.py): rank 0 evaluates and its
-metric, and its clock's word on the time limit, reach every rank, so all stop at the same step.
-"""
+On several devices every rank runs this loop (train/distributed.py): rank 0 evaluates, and its
+metric and its clock's word on the time limit reach every rank, so all stop at the same step."""
 
 from __future__ import annotations
 
