@@ -15,9 +15,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.search.space import FORMAT_KNOBS
+from autotune.search.space import FORMAT_KNOBS, Space, formats_for
 
 CHECKED = 3  # the best predicted settings measured end to end
+# Change speed, never the maths. Compilation is left to the search (its cost is paid once a
+# trial, which a rate does not show), and so is checkpointing: at the probe's one batch it only
+# recomputes, while what it buys is a larger batch that fits.
+MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k not in ("compile", "checkpointing"))
+
 INPUT, COMPUTE = "input", "compute"
 
 
@@ -168,7 +173,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
             f"{head}, {outcome['seconds']:.1f} s): nothing settled, "
             f"as {outcome.get('unsettled', 'no setting ran')}"
         )
-    head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s)"
+    head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s{_phases(outcome)})"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [
         f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
@@ -190,6 +195,16 @@ def describe(outcome: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _phases(outcome: Mapping[str, Any]) -> str:
+    """Where the probe's time went: `: compute 40 s, loaders 60 s, ...`; nothing where unstored."""
+    phases = outcome.get("phase_seconds") or {}
+    return (
+        (": " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in phases.items()))
+        if phases
+        else ""
+    )
+
+
 def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
     """torch.compile weighed once against the longest trial, in optimizer steps at the probe's
     batch."""
@@ -206,3 +221,26 @@ def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
     return f"{head}: {steps}; {longest}, so it " + (
         "stays in the search" if compiled["kept"] else "is fixed off"
     )
+
+
+def loader_settings(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (num_workers, pin_memory) of `loaders` once, fewest workers first, at the largest
+    prefetch_factor among them: a loader read alone runs at one rate whatever its prefetch
+    (nothing lets a queue build), and in a run more prefetch only absorbs the step's jitter."""
+    most: dict[tuple[int, bool], dict[str, Any]] = {}
+    for setting in loaders:
+        key = (setting["num_workers"], setting["pin_memory"])
+        if most.get(key) is None or (setting["prefetch_factor"] or 0) > (
+            most[key]["prefetch_factor"] or 0
+        ):
+            most[key] = setting
+    return [most[key] for key in sorted(most)]
+
+
+def compute_settings(space: Space) -> list[dict[str, Any]]:
+    """Every precision x format of the space (TF32 only with fp32: formats_for)."""
+    return [
+        {"precision": p, **f}
+        for p in space["precision"].values
+        for f in formats_for(space, p, MEASURED_FORMATS)
+    ]

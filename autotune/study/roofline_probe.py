@@ -32,44 +32,23 @@ from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import probe, roofline
-from autotune.search.space import FORMAT_KNOBS, Space, complete, formats_for
+from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.measure import other_load, threads_for
 
+# The probe's phases, by the measurement that runs each.
+PHASES = {
+    "measure_in_groups": "compute",
+    "measure_loaders_in_turn": "loaders",
+    "measure_in_turn": "end_to_end",
+}
 ENOUGH_MARGIN = 1.1  # a loader this many times the fastest step's rate needs no more workers
 # compute settings measured side by side at once: each holds a model, its optimizer and a few
 # batches on the device, and an out-of-memory error among too many would be taken for the setting's
 COMPUTE_GROUP = 4
-# Change speed, never the maths. Compilation is left to the search (its cost is paid once a
-# trial, which a rate does not show), and so is checkpointing: at the probe's one batch it only
-# recomputes, while what it buys is a larger batch that fits.
-MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k not in ("compile", "checkpointing"))
-
-
-def loader_settings(space: Space) -> list[dict[str, Any]]:
-    """Each (num_workers, pin_memory) of the space once, fewest workers first, at the space's
-    largest prefetch_factor: a loader read alone runs at one rate whatever its prefetch (nothing
-    lets a queue build), and in a run more prefetch only absorbs the step's jitter."""
-    most = {}
-    for setting in probe.loader_settings(space):
-        key = (setting["num_workers"], setting["pin_memory"])
-        if most.get(key) is None or (setting["prefetch_factor"] or 0) > (
-            most[key]["prefetch_factor"] or 0
-        ):
-            most[key] = setting
-    return [most[key] for key in sorted(most)]
-
-
-def compute_settings(space: Space) -> list[dict[str, Any]]:
-    """Every precision x format of the space (TF32 only with fp32: formats_for)."""
-    return [
-        {"precision": p, **f}
-        for p in space["precision"].values
-        for f in formats_for(space, p, MEASURED_FORMATS)
-    ]
 
 
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
@@ -98,18 +77,31 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     weighed at the fastest: the probe's outcome."""
     space, device, measure = prepared.space, prepared.device, prepared.measure
     maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
-    loaders = loader_settings(space)
+    loaders = roofline.loader_settings(probe.loader_settings(space))
     seed = seeds.for_probe(spec.seed)
 
     def config(setting: dict[str, Any]) -> TrialConfig:
         return TrialConfig.from_mapping(complete({**maths, **setting}))
 
+    phases: dict[str, float] = {}  # where the probe's time went, for the report
+
     def measured(work: Any, *args: Any) -> dict[str, Any]:
-        return measure(work, *args, device=device, seed=seed)
+        started = time.monotonic()
+        try:
+            return measure(work, *args, device=device, seed=seed)
+        finally:
+            phase = PHASES[work.__name__]
+            phases[phase] = phases.get(phase, 0.0) + time.monotonic() - started
 
     predictions, figures = _predicted(
-        measured, loaders, compute_settings(space), config, on_cpu=device.type == "cpu", bar=bar
+        measured,
+        loaders,
+        roofline.compute_settings(space),
+        config,
+        on_cpu=device.type == "cpu",
+        bar=bar,
     )
+    figures["phase_seconds"] = phases  # filled in as the phases below run
     if not predictions:
         why = "no setting had both rates at that batch"
         return {**_nothing_settled(batch, space, why), **figures}
@@ -126,12 +118,14 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     if not any(speed for _, speed in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
-    fixed = {k: chosen.compute[k] for k in MEASURED_FORMATS}
+    fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
     compiled = None
     if set(space["compile"].values) == {False, True}:
+        started = time.monotonic()
         compiled = _weigh_compile(
             spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed
         )
+        phases["compile"] = time.monotonic() - started
         bar.update(2)
         if not compiled["kept"]:
             fixed["compile"] = False

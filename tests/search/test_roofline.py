@@ -15,6 +15,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.search import roofline
+from autotune.search.probe import loader_settings
 from autotune.search.space import complete
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
@@ -176,6 +177,11 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
         (2, "bf16"),
     }
     assert "Joint systems probe (batch 128: 3 loader and 4 compute settings measured apart" in out
+    phases = joint["phase_seconds"]  # where the probe's time went, each phase timed
+    assert set(phases) == {"compute", "loaders", "end_to_end"} and all(
+        v > 0 for v in phases.values()
+    )
+    assert f"compute {phases['compute']:.0f} s, loaders {phases['loaders']:.0f} s" in out
     assert "compute-bound" in out and "Limit of the knob space: " in out
     assert "the end-to-end measurement decided" in out  # a CPU: loader and step share the cores
     trial = load(tmp_path / "joint.yaml").trials[0]
@@ -283,14 +289,13 @@ def test_the_probe_measures_each_loader_once_per_workers_and_pinning_at_the_larg
     None
 ):
     from autotune.search.space import Choices
-    from autotune.study import roofline_probe
 
     space = {
         "num_workers": Choices((8, 0, 2)),
         "prefetch_factor": Choices((2, 4)),
         "pin_memory": Choices((False, True)),
     }
-    settings = roofline_probe.loader_settings(space)
+    settings = roofline.loader_settings(loader_settings(space))
     assert [(s["num_workers"], s["pin_memory"], s["prefetch_factor"]) for s in settings] == [
         (0, False, None),
         (0, True, None),
