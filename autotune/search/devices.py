@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from autotune.search.space import Choices, Space
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.search.knob import DDP_KNOBS
+from autotune.search.space import Choices, Range, Space
 
 
 def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
@@ -115,3 +120,34 @@ def restrict_to_device(
             notices.append(f"{knob} fixed to false: {reason}")
             space = space.replace(knob, Choices((False,)))
     return space, notices, impossible
+
+
+# DistributedDataParallel wraps the model only on several devices: on one, its knobs change nothing.
+ONE_DEVICE = "DistributedDataParallel's settings apply only with devices_per_trial > 1"
+
+
+def without_ddp(
+    space: Space, baseline: Mapping[str, Any]
+) -> tuple[Space, dict[str, Any], list[str], dict[str, tuple[Any, str]]]:
+    """A study on one device: DDP's knobs fixed to its defaults, with one notice for the space
+    and one for the baseline, rather than sampled and ignored. A knob whose domain leaves out the
+    default maps to its domain as written and the reason (the caller's error): a value that
+    changes nothing is a mistake to point out, not to store."""
+    fixed, reset, impossible, baseline = [], [], {}, dict(baseline)
+    for knob in DDP_KNOBS.values():
+        name, default, domain = knob.name, knob.absent, space[knob.name]
+        if isinstance(domain, Range):
+            inside, given = domain.low <= default <= domain.high, dataclasses.asdict(domain)
+        else:
+            inside, given = default in domain.values, list(domain.values)
+        if not inside:
+            impossible[name] = (given, f"{ONE_DEVICE}: give that, or leave {name} out")
+        elif domain != Choices((default,)):
+            fixed.append(f"{name} to {str(default).lower()}")
+            space = space.replace(name, Choices((default,)))
+        if baseline[name] != default:
+            reset.append(f"{name} to {str(default).lower()}")
+            baseline[name] = default
+    notices = [f"{', '.join(fixed)} fixed: {ONE_DEVICE}"] if fixed else []
+    notices += [f"baseline {', '.join(reset)} set: {ONE_DEVICE}"] if reset else []
+    return space, baseline, notices, impossible

@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from autotune.search.knob import DDP_NAMES
 from autotune.search.probe import load_note
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space, formats_for
 
@@ -288,7 +289,7 @@ def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def same_maths(a: Mapping[str, Any], b: Mapping[str, Any], *, batch_norm: bool) -> bool:
     """True when `a` and `b` train the same maths: they differ at most in systems settings."""
-    systems = {*LOADER_KNOBS, *FORMAT_KNOBS, "accumulation_steps", "batch_size"}
+    systems = {*LOADER_KNOBS, *FORMAT_KNOBS, *DDP_NAMES, "accumulation_steps", "batch_size"}
     if a["batch_size"] * a["accumulation_steps"] != b["batch_size"] * b["accumulation_steps"]:
         return False
     if batch_norm and a["batch_size"] != b["batch_size"]:

@@ -1,10 +1,12 @@
-"""What one knob accepts (`Knob`), and what each value of the precision knob means to each layer
-and trainer (`PRECISIONS`). search/space.py's KNOBS is the table of knobs made of them."""
+"""What one knob accepts (`Knob`), what each value of the precision knob means to each layer
+and trainer (`PRECISIONS`), and the knobs DistributedDataParallel takes (`DDP_KNOBS`).
+search/space.py's KNOBS is the table of knobs made of them."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -86,6 +88,40 @@ class Knob:
         if self.shares and not isinstance(value, bool):
             return value == 1 if value in (0, 1) else float(value)
         return value
+
+
+# DistributedDataParallel's keyword for each knob it takes: how a trial's ranks bucket and
+# all-reduce gradients, never what a step computes. Each knob's absent value is DDP's own default,
+# so a study that leaves them out trains as DDP does unasked; one device has nothing to all-reduce.
+DDP_KNOBS: dict[str, Knob] = {
+    "bucket_cap_mb": Knob(
+        "ddp_bucket_cap_mb",
+        int,
+        1,
+        doc="MB of gradients per DDP all-reduce bucket (several devices only)",
+        absent=25,
+    ),
+    "gradient_as_bucket_view": Knob(
+        "ddp_gradient_as_bucket_view",
+        bool,
+        doc="gradients as views into DDP's buckets: no copy, less memory (several devices only)",
+        absent=False,
+    ),
+    "static_graph": Knob(
+        "ddp_static_graph",
+        bool,
+        doc="DDP told that the graph and the parameters used are the same every step "
+        "(several devices only)",
+        absent=False,
+    ),
+}
+
+DDP_NAMES = tuple(knob.name for knob in DDP_KNOBS.values())
+
+
+def ddp_args(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DistributedDataParallel's keyword arguments from a full configuration's knobs."""
+    return {arg: config[knob.name] for arg, knob in DDP_KNOBS.items()}
 
 
 def share(value: bool | float | None) -> float:

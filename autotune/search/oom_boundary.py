@@ -16,16 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.search.knob import PRECISIONS, share
+from autotune.search.knob import DDP_NAMES, PRECISIONS, share
 from autotune.search.space import FORMAT_KNOBS, KNOBS, filled
 
 # Knobs that change memory in either direction (compiled kernels fuse away activations; layouts and
 # cuDNN's algorithms need other workspaces): a bound holds only between equal settings of these.
 # TF32 changes the arithmetic's precision, not its tensors, and the fused step the kernels that
 # update the parameters, not what they hold: a bound holds across them. Checkpointing is ordered:
-# checkpointing fewer blocks keeps more activations.
-SAME_LAYOUT = tuple(
-    k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimizer", "checkpointing")
+# checkpointing fewer blocks keeps more activations. DDP's buckets hold gradients (once more, or as
+# their storage with gradient_as_bucket_view): a bound holds only between equal DDP settings.
+SAME_LAYOUT = (
+    *(k for k in FORMAT_KNOBS if k not in ("tf32", "fused_optimizer", "checkpointing")),
+    *DDP_NAMES,
 )
 
 

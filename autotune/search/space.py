@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from autotune.search.knob import PRECISIONS, Knob
+from autotune.search.knob import DDP_KNOBS, PRECISIONS, Knob
 
 SCHEDULERS = ("constant", "step", "cosine", "onecycle")
 
@@ -91,6 +91,7 @@ KNOBS: dict[str, Knob] = {
             absent=False,
             shares=True,
         ),
+        *DDP_KNOBS.values(),
     )
 }
 
@@ -143,6 +144,7 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "tf32": False,
     "fused_optimizer": False,
     "checkpointing": False,
+    **{knob.name: knob.absent for knob in DDP_KNOBS.values()},  # DistributedDataParallel's own
 }
 
 

@@ -279,6 +279,11 @@ def fit_to_device(
         raise SpecError(
             spec.path, f"space.{knob}", spec.space[knob].values, f"{reason} ({device.type})"
         )
+    if spec.devices_per_trial == 1:
+        space, baseline, fixed, ddp = devices.without_ddp(space, baseline)
+        for knob, (value, reason) in ddp.items():
+            raise SpecError(spec.path, f"space.{knob}", value, reason)
+        notices += fixed
     unsupported = devices.unsupported_precisions(cuda=cuda, bf16=bf16)
     if baseline["precision"] in unsupported:
         reason = unsupported[baseline["precision"]]

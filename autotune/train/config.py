@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.search.knob import DDP_KNOBS
 from autotune.search.space import KNOBS, filled
 
 # (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
@@ -35,6 +36,10 @@ class TrialConfig:
     fused_optimizer: bool = False
     # true: every block of the model's checkpoint_blocks(); a fraction: the first share of them
     checkpointing: bool | float = False
+    # DistributedDataParallel's (search/knob.DDP_KNOBS); read only on several devices
+    ddp_bucket_cap_mb: int = DDP_KNOBS["bucket_cap_mb"].absent
+    ddp_gradient_as_bucket_view: bool = DDP_KNOBS["gradient_as_bucket_view"].absent
+    ddp_static_graph: bool = DDP_KNOBS["static_graph"].absent
     # (name, value) pairs: hashable, in the study file's order
     params: tuple[tuple[str, Any], ...] = ()
 

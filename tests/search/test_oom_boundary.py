@@ -44,6 +44,19 @@ def test_knobs_that_do_not_change_memory_are_ignored_and_parameters_must_match()
     assert needs_at_least({**BASE, "width": 64}, {**BASE, "width": 64})
 
 
+def test_a_bound_holds_only_between_equal_ddp_settings() -> None:
+    """DDP's buckets hold a copy of the gradients, or their storage with gradient_as_bucket_view;
+    a study begun before the knobs ran DDP's defaults."""
+    for knob, value in (
+        ("ddp_bucket_cap_mb", 100),
+        ("ddp_gradient_as_bucket_view", True),
+        ("ddp_static_graph", True),
+    ):
+        assert not needs_at_least({**BASE, "batch_size": 256, knob: value}, BASE)
+        assert needs_at_least({**BASE, "batch_size": 256, knob: value}, {**BASE, knob: value})
+    assert needs_at_least({**BASE, "ddp_bucket_cap_mb": 25}, BASE)
+
+
 def test_a_bound_holds_only_between_equal_memory_formats_compilation_and_cudnn_search() -> None:
     """Compiled kernels, channels-last layouts and cuDNN's algorithms change memory either way."""
     for knob in ("channels_last", "compile", "cudnn_benchmark"):

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from autotune.search.devices import restrict_to_device
+from autotune.search.devices import restrict_to_device, without_ddp
+from autotune.search.knob import ddp_args
 from autotune.search.space import KNOBS, Choices, Domain, Range, Space, complete, suggest
 
 
@@ -31,6 +32,9 @@ def make_space(**overrides: Domain) -> Space:
         "tf32": Choices((False,)),
         "fused_optimizer": Choices((False,)),
         "checkpointing": Choices((False,)),
+        "ddp_bucket_cap_mb": Choices((25,)),
+        "ddp_gradient_as_bucket_view": Choices((False,)),
+        "ddp_static_graph": Choices((False,)),
     }
     fixed.update(overrides)
     return Space(tuple((name, fixed[name]) for name in KNOBS))
@@ -86,6 +90,9 @@ def test_fully_fixed_space_asks_nothing() -> None:
         "tf32": False,
         "fused_optimizer": False,
         "checkpointing": False,
+        "ddp_bucket_cap_mb": 25,
+        "ddp_gradient_as_bucket_view": False,
+        "ddp_static_graph": False,
     }
 
 
@@ -247,7 +254,10 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
         "checkpointing",
     )
     assert [full[k] for k in new] == [False] * len(new)
-    new = ("prefetch_factor", "schedule_epochs", *new)
+    # DistributedDataParallel's own defaults, as every trial on several devices ran before
+    ddp = {"ddp_bucket_cap_mb": 25, "ddp_gradient_as_bucket_view": False, "ddp_static_graph": False}
+    assert {k: full[k] for k in ddp} == ddp
+    new = ("prefetch_factor", "schedule_epochs", *new, *ddp)
     assert {k: v for k, v in full.items() if k not in new} == stored
 
 
@@ -500,4 +510,57 @@ def test_checkpointing_shares_are_fixed_off_with_on_for_a_model_without_the_hook
     )
     assert impossible == {
         "checkpointing": "checkpointing: 0.5 or true is not possible here: no hook"
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# DistributedDataParallel's knobs on one device
+
+DDP_DEFAULTS = {"ddp_bucket_cap_mb": 25, "ddp_gradient_as_bucket_view": False}
+BASELINE = {**DDP_DEFAULTS, "ddp_static_graph": False}
+
+
+def test_ddp_knobs_left_out_are_ddp_defaults_and_change_nothing_on_one_device() -> None:
+    space = make_space()
+    assert without_ddp(space, BASELINE) == (space, BASELINE, [], {})
+    assert ddp_args(complete({})) == {
+        "bucket_cap_mb": 25,
+        "gradient_as_bucket_view": False,
+        "static_graph": False,
+    }
+
+
+def test_ddp_choices_on_one_device_are_fixed_to_the_defaults_with_one_notice() -> None:
+    space = make_space(
+        ddp_bucket_cap_mb=Range(10, 100),
+        ddp_gradient_as_bucket_view=Choices((False, True)),
+        ddp_static_graph=Choices((True, False)),
+    )
+    baseline = {**BASELINE, "ddp_static_graph": True}
+    fixed, fitted, notices, impossible = without_ddp(space, baseline)
+    assert fixed == make_space() and impossible == {}
+    assert fitted == BASELINE
+    assert notices == [
+        "ddp_bucket_cap_mb to 25, ddp_gradient_as_bucket_view to false, ddp_static_graph to "
+        "false fixed: DistributedDataParallel's settings apply only with devices_per_trial > 1",
+        "baseline ddp_static_graph to false set: DistributedDataParallel's settings apply only "
+        "with devices_per_trial > 1",
+    ]
+
+
+def test_a_ddp_value_without_the_default_is_refused_on_one_device() -> None:
+    space = make_space(ddp_bucket_cap_mb=Range(50, 100), ddp_static_graph=Choices((True,)))
+    _, _, notices, impossible = without_ddp(space, BASELINE)
+    assert notices == []
+    assert impossible == {
+        "ddp_bucket_cap_mb": (
+            {"low": 50, "high": 100, "log": False},
+            "DistributedDataParallel's settings apply only with devices_per_trial > 1: give "
+            "that, or leave ddp_bucket_cap_mb out",
+        ),
+        "ddp_static_graph": (
+            [True],
+            "DistributedDataParallel's settings apply only with devices_per_trial > 1: give "
+            "that, or leave ddp_static_graph out",
+        ),
     }
