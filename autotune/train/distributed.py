@@ -19,6 +19,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from autotune.search.knob import ddp_args
+from autotune.train.config import TrialConfig
+
 T = TypeVar("T")
 # How long a rank waits for the others to join. A rank that never comes is the trial runner's to
 # end (trial_timeout); this only keeps a rank from waiting forever with nobody watching.
@@ -44,12 +47,17 @@ class Ranks:
     def several(self) -> bool:
         return self.world_size > 1
 
-    def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
-        """The module to train: DistributedDataParallel over several ranks, else `model`."""
+    def wrap(
+        self, model: nn.Module, device: torch.device, config: TrialConfig | None = None
+    ) -> nn.Module:
+        """The module to train: DistributedDataParallel over several ranks, with `config`'s DDP
+        knobs (None: DDP's defaults), else `model`."""
         if not self.several:
             return model
         return DistributedDataParallel(
-            model, device_ids=[device] if device.type == "cuda" else None
+            model,
+            device_ids=[device] if device.type == "cuda" else None,
+            **(ddp_args(config.as_dict()) if config is not None else {}),
         )
 
     def syncing(self, model: nn.Module, *, last: bool) -> contextlib.AbstractContextManager[Any]:

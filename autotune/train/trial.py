@@ -184,7 +184,7 @@ def build(
         channels_last=config.channels_last,
         compile=config.compile,
         checkpointing=config.checkpointing,
-        wrap=functools.partial(ranks.wrap, device=device) if ranks.several else None,
+        wrap=functools.partial(ranks.wrap, device=device, config=config) if ranks.several else None,
     )
     model.train()
     # a factory without one never gets it (fit_to_device)

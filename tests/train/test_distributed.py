@@ -5,14 +5,17 @@ with gloo and 2 processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
 from autotune.runners.distributed import free_port
@@ -183,3 +186,30 @@ def test_one_device_asks_nothing_of_torch_distributed() -> None:
     assert ALONE.from_main(lambda: 3) == 3
     model = _model()
     assert ALONE.wrap(model, CPU) is model
+
+
+def test_the_ddp_knobs_reach_distributed_data_parallel() -> None:
+    """build hands the configuration's DDP knobs to the module it wraps; left at their defaults,
+    DDP's own. One process, as rank 0 of 2 for Ranks (so that it wraps) in a gloo group of one
+    (so that DDP's constructor has no peer to wait for)."""
+    tuned = dataclasses.replace(
+        config(BATCH, 1),
+        ddp_bucket_cap_mb=7,
+        ddp_gradient_as_bucket_view=True,
+        ddp_static_graph=True,
+    )
+    address = f"tcp://127.0.0.1:{free_port()}"
+    dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
+    try:
+        ranks = Ranks(rank=0, world_size=2)
+        training = build(task(), tuned, limits=LIMITS, device=CPU, seed=SEED, ranks=ranks)
+        wrapped = training.step.args[0]  # the module train_step runs
+        assert isinstance(wrapped, DistributedDataParallel)
+        assert wrapped.bucket_bytes_cap == 7 * 2**20
+        assert wrapped.gradient_as_bucket_view is True and wrapped.static_graph is True
+        for default in (ranks.wrap(_model(), CPU, config(BATCH, 1)), ranks.wrap(_model(), CPU)):
+            assert isinstance(default, DistributedDataParallel)
+            assert default.bucket_bytes_cap == 25 * 2**20
+            assert default.gradient_as_bucket_view is False and default.static_graph is False
+    finally:
+        dist.destroy_process_group()
