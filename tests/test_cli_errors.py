@@ -293,6 +293,18 @@ CASES = [
         storage=GARBAGE,
     ),
     Case(
+        "a DDP bucket of 0 MB",
+        HEAD + "devices_per_trial: 2\nspace: {ddp_bucket_cap_mb: 0}\n",
+        ("space.ddp_bucket_cap_mb: got 0", "a whole number of at least 1"),
+        storage=GARBAGE,
+    ),
+    Case(
+        "DDP's static graph fixed on, on one device",
+        HEAD + "space: {ddp_static_graph: true}\n",
+        ("space.ddp_static_graph: got [True]", "only with devices_per_trial > 1"),
+        storage=GARBAGE,
+    ),
+    Case(
         "checkpointing only, for a model without checkpoint_blocks()",
         "task: tests.tasks:blobs\n" + TARGET + "space: {checkpointing: true}\n",
         ("space.checkpointing", "true is not possible here", "no checkpoint_blocks()"),

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from autotune.errors import SpecError
-from autotune.record import definition
+from autotune.record import definition, schema
 from autotune.spec.study_file import load as load_spec
 from autotune.study import preparation
 from tests.study.test_study import finished, load, run_cli, write_study
@@ -44,6 +44,62 @@ def test_a_study_on_two_devices_reaches_its_target_and_stores_its_trials(
     assert code == 0 and "Each trial trained on 2 devices" in out
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
     assert json.loads(out)["devices_per_trial"] == 2
+
+
+DDP_SPACE = {
+    "ddp_bucket_cap_mb": [1, 50],
+    "ddp_gradient_as_bucket_view": [False, True],
+    "ddp_static_graph": True,
+}
+
+
+def with_space(path: Path, **domains: object) -> Path:
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(domains)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_a_study_on_two_devices_searches_ddp_s_knobs_and_stores_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = with_space(on_devices(write_study(tmp_path, trials=3, batch_sizes=(16,))), **DDP_SPACE)
+    code, out, _ = run_cli("run", str(path), capsys=capsys)
+    assert code == 0 and "Winner: " in out
+    trials = finished(load(path))
+    assert len(trials) == 3
+    for trial in trials:
+        config = schema.config(trial)
+        assert config["ddp_bucket_cap_mb"] in (1, 50) and config["ddp_static_graph"] is True
+        assert config["ddp_gradient_as_bucket_view"] in (False, True)
+        # sampled where the space leaves a choice, as Optuna parameters
+        assert {"ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view"} <= set(trial.params)
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert trial.user_attrs["result"]["reached"]
+    code, out, _ = run_cli("export", str(path), "--format", "yaml", capsys=capsys)
+    exported = yaml.safe_load(out)
+    assert code == 0 and exported["ddp_static_graph"] is True
+
+
+def test_on_one_device_ddp_s_knobs_are_fixed_to_its_defaults_with_one_notice(
+    tmp_path: Path,
+) -> None:
+    path = with_space(write_study(tmp_path), **{**DDP_SPACE, "ddp_bucket_cap_mb": [25, 50]})
+    with pytest.raises(SpecError) as refused:  # static_graph fixed true: it would change nothing
+        preparation.prepare(load_spec(path))
+    assert refused.value.key == "space.ddp_static_graph" and refused.value.value == [True]
+    assert "leave ddp_static_graph out" in str(refused.value)
+
+    path = with_space(path, ddp_static_graph=[True, False])
+    prepared = preparation.prepare(load_spec(path))
+    assert prepared.space.fixed()["ddp_bucket_cap_mb"] == 25
+    assert prepared.space.fixed()["ddp_gradient_as_bucket_view"] is False
+    assert prepared.space.fixed()["ddp_static_graph"] is False
+    [notice] = [n for n in prepared.notices if "ddp_" in n]
+    assert notice == (
+        "ddp_bucket_cap_mb to 25, ddp_gradient_as_bucket_view to false, ddp_static_graph to false "
+        "fixed: DistributedDataParallel's settings apply only with devices_per_trial > 1"
+    )
 
 
 def test_the_stored_definition_holds_the_devices_so_a_change_is_refused(tmp_path: Path) -> None:
