@@ -17,6 +17,7 @@ from autotune.errors import AutotuneError
 from autotune.record.derived import current_reference
 from autotune.record.summary import Summary, counted, speedup_phrase
 from autotune.search import recipe
+from autotune.search.knob import DDP_NAMES
 from autotune.search.recipe import Schedule
 from autotune.search.space import KNOBS, SCHEDULE, filled
 
@@ -44,6 +45,8 @@ def settings(summary: Summary) -> dict[str, Any]:
     A study stored before a knob existed has no value for it (or None, which a trial record holds
     for a knob its trial lacked), and its trials ran without it: such a knob takes what leaving it
     out meant, KNOBS[name].absent, in every format. A knob without one stays as stored, or missing.
+    DistributedDataParallel's knobs are written only for a winner trained on several devices: on
+    one, DDP never ran, and a script's argparse need not know them.
     """
     params = summary.best.params
     # an objective function's study: the knobs it reads
@@ -52,9 +55,15 @@ def settings(summary: Summary) -> dict[str, Any]:
     knobs = {
         name: full[name]
         for name, knob in KNOBS.items()
-        if name in read and (name in params or knob.absent is not None)
+        if name in read and (name in params or knob.absent is not None) and name in written(summary)
     }
     return {**knobs, **{k: v for k, v in params.items() if k not in KNOBS}}
+
+
+def written(summary: Summary) -> tuple[str, ...]:
+    """The knobs an export writes, in KNOBS order: DDP's only for several devices (`settings`)."""
+    several = summary.devices_per_trial != 1
+    return tuple(k for k in KNOBS if several or k not in DDP_NAMES)
 
 
 def knobs_and_params(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -69,12 +78,12 @@ def knobs_and_params(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
         )
     values = settings(summary)
     # nothing can stand in for these
-    missing = [k for k in KNOBS if k not in values and k != SCHEDULE]
+    missing = [k for k in written(summary) if k not in values and k != SCHEDULE]
     if missing:
         raise AutotuneError(
             f"the winner's settings lack {', '.join(missing)}; the study storage looks damaged"
         )
-    return {k: values[k] for k in KNOBS if k != SCHEDULE}, {
+    return {k: values[k] for k in written(summary) if k != SCHEDULE}, {
         k: v for k, v in values.items() if k not in KNOBS
     }
 

@@ -6,7 +6,8 @@ beside the user's parameters that are not TrainingArguments fields (`params`) an
 every setting TrainingArguments cannot take or takes only approximately (`notes`).
 Written for transformers 5 (warmup_steps as a fraction; 4.x calls that warmup_ratio). compile
 is `torch_compile`, tf32 `tf32` and checkpointing `activation_checkpointing`; channels_last,
-cudnn_benchmark and fused_optimizer have no field, so their notes say what to do.
+cudnn_benchmark and fused_optimizer have no field, so their notes say what to do; on several
+devices DistributedDataParallel's knobs go as export/ddp.py says.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.export import ddp
 from autotune.export.common import (
     APPROXIMATION,
     MOVED,
@@ -126,6 +128,9 @@ def render(summary: Summary) -> str:
         # the Trainer runs DDP when launched as several processes: the backend the trial used
         args["ddp_backend"] = "gloo" if summary.device == "cpu" else "nccl"
         notes += devices_note(summary)
+    ddp_fields, ddp_notes = ddp.hf(summary, knobs)
+    args.update(ddp_fields)
+    notes += ddp_notes
     export = {
         "source": provenance(summary),
         "training_arguments": args,

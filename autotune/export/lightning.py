@@ -14,7 +14,7 @@ The Trainer takes no DataLoader, optimizer or scheduler settings, so those have 
 sections (the scheduler's: lightning_schedule.py), and `usage` spells out the lines above for
 this winner. cudnn_benchmark is the Trainer's `benchmark`; channels_last, compile and
 checkpointing are done to the model, tf32 to the process and fused_optimizer to the optimizer,
-as their notes (and, when on, `usage`) say.
+as their notes (and, when on, `usage`) say; DistributedDataParallel's knobs are export/ddp.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.export import ddp
 from autotune.export.common import (
     APPROXIMATION,
     MOVED,
@@ -120,17 +121,14 @@ def model_notes(knobs: Mapping[str, Any]) -> list[dict[str, Any]]:
 def render(summary: Summary) -> str:
     knobs, params = knobs_and_params(summary)
     trainer, dataloader, notes = _trainer(knobs, device=summary.device, epochs=max_epochs(summary))
-    if summary.devices_per_trial != 1 and "devices" in trainer:  # DDP, as the trial trained
-        trainer.update(devices=summary.devices_per_trial, strategy="ddp")
-    notes += devices_note(summary)
+    strategy, strategy_notes, make_trainer = ddp.lightning(summary, knobs, trainer)
+    notes += [*devices_note(summary), *strategy_notes]
     optimizer, optimizer_notes, make_optimizer = _optimizer(summary, knobs)
     lr_scheduler, text, schedule_lines = scheduler_section(knobs["scheduler"], knobs["lr"])
     notes += [*optimizer_notes, note("scheduler", knobs["scheduler"], MOVED, text)]
-    extras = params_note(params, "lightning.Trainer")
-    if extras:
-        notes.append(extras)
+    notes += [extras] if (extras := params_note(params, "lightning.Trainer")) else []
     usage = [
-        "trainer = lightning.Trainer(**export['trainer'])",
+        make_trainer,
         "loader = torch.utils.data.DataLoader(train_dataset, **export['dataloader'])",
         *_model_usage(knobs),
         "# and in your LightningModule's configure_optimizers(self):",
@@ -140,6 +138,7 @@ def render(summary: Summary) -> str:
     export = {
         "source": provenance(summary),
         "trainer": trainer,
+        **({"ddp": strategy} if strategy else {}),  # DDPStrategy's, where not DDP's defaults
         "dataloader": dataloader,
         "optimizer": optimizer,
         "lr_scheduler": lr_scheduler,
@@ -257,7 +256,7 @@ def _device(device: str | None) -> Part:
                 "accelerator and devices are left to Lightning's defaults.",
             )
         ]
-    # a trial's devices: one, or devices_per_trial (render)
+    # a trial's devices: one, or devices_per_trial (ddp.lightning)
     return {"accelerator": lookup("lightning", "device", device, ACCELERATOR), "devices": 1}, []
 
 

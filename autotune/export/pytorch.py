@@ -17,6 +17,7 @@ import textwrap
 from string import Template
 
 from autotune.errors import AutotuneError
+from autotune.export import ddp
 from autotune.export.common import (
     ONECYCLE,
     built_in_optimizer,
@@ -124,7 +125,8 @@ pin_memory=PIN_MEMORY and device.type == "cuda",  # it helps CUDA copies only
     module = model
     if distributed:  # before compile, as the trial wrapped it
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            $ddp_args)
     torch.backends.cudnn.benchmark = CUDNN_BENCHMARK  # set either way, as the trial set it
     torch.set_float32_matmul_precision("high" if TF32 else "highest")  # "high": TF32 tensor cores
     optimizer = make_optimizer(model.parameters(), LR, \
@@ -275,6 +277,7 @@ def render(summary: Summary) -> str:
             else ""
         ),
         inspect="import inspect\n" if "_takes" in make_optimizer else "",
+        ddp_args=ddp.torch_args(summary),
         imports=imports,
         constants=constants,
         loader=repr(loader),
