@@ -206,8 +206,12 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
         "tf32": "tf32",
         "fused_optimizer": "fused",
         "checkpointing": "checkpointing",
+        "ddp_bucket_cap_mb": "DDP bucket MB",
+        "ddp_gradient_as_bucket_view": "DDP bucket view",
+        "ddp_static_graph": "DDP static graph",
     }
-    table = top[list(columns)].rename(columns=columns)
+    # DDP's knobs are columns only for a study on several devices (results.knobs_shown)
+    table = top[[c for c in columns if c in top]].rename(columns=columns)
     table["input wait"] = table["input wait"].map(
         lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %"
     )

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.record import derived, schema
+from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS
 
 # NVML figures (telemetry.gpu_summary) as columns, named gpu_<figure>; empty without an NVIDIA GPU
@@ -53,9 +54,13 @@ def looks_like_trials_csv(text: str) -> bool:
 
 
 def knobs_shown(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
-    """The knobs a study's training reads, in KNOBS order: all of them unless it stored them."""
+    """The knobs a study's training reads, in KNOBS order: all of them unless it stored them;
+    DistributedDataParallel's only where its trials trained on several devices."""
     stored = schema.knobs_read(study_attrs)
-    return tuple(KNOBS) if stored is None else tuple(k for k in KNOBS if k in stored)
+    several = schema.devices_per_trial(study_attrs) != 1
+    return tuple(
+        k for k in KNOBS if (stored is None or k in stored) and (several or k not in DDP_NAMES)
+    )
 
 
 def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS)) -> pd.DataFrame:

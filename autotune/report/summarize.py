@@ -19,6 +19,7 @@ from autotune.record.summary import (
     Winner,
 )
 from autotune.report import results, winner
+from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS, complete
 from autotune.spec.sections import Target
 from autotune.spec.study_file import TIME_TO_TARGET
@@ -57,7 +58,7 @@ def summarize(
         best = won or best
     if best is not None:
         best = _with_detail(best, records, confirmation, confusions or {})
-    return Summary(
+    summary = Summary(
         study=name,
         target=Target(metric=target["metric"], value=target["value"]),
         counts=Counts(**results.counts(records)),
@@ -74,6 +75,8 @@ def summarize(
         throughput=dict(throughput) if throughput else None,
         devices_per_trial=devices_per_trial,
     )
+    # on one device DDP never ran: its knobs would only say so (results.knobs_shown)
+    return _without(summary, DDP_NAMES) if devices_per_trial == 1 else summary
 
 
 def _stale(
@@ -246,9 +249,15 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
 def _show_only(summary: Summary, knobs: Sequence[str]) -> Summary:
     """A study whose function reads only some knobs: its configurations show only those (and
     the parameters), and `knobs` tells exports not to invent the rest."""
+    hidden = [k for k in KNOBS if k not in knobs]
+    return dataclasses.replace(_without(summary, hidden), knobs=tuple(knobs))
+
+
+def _without(summary: Summary, names: Sequence[str]) -> Summary:
+    """The summary with the winner's and the baseline's configurations lacking `names`."""
 
     def shown(params: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in params.items() if k in knobs or k not in KNOBS}
+        return {k: v for k, v in params.items() if k not in names}
 
     best = (
         None
@@ -260,7 +269,7 @@ def _show_only(summary: Summary, knobs: Sequence[str]) -> Summary:
         if summary.baseline is None
         else dataclasses.replace(summary.baseline, params=shown(summary.baseline.params))
     )
-    return dataclasses.replace(summary, knobs=tuple(knobs), best=best, baseline=base)
+    return dataclasses.replace(summary, best=best, baseline=base)
 
 
 def _params(row: pd.Series, extra: list[str]) -> dict[str, Any]:

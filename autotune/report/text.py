@@ -22,6 +22,9 @@ SHORT_NAMES = {
     "cudnn_benchmark": "cudnn",
     "fused_optimizer": "fused",
     "checkpointing": "ckpt",
+    "ddp_bucket_cap_mb": "bucket_mb",
+    "ddp_gradient_as_bucket_view": "bucket_view",
+    "ddp_static_graph": "static",
 }
 
 

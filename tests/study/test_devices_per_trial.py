@@ -79,6 +79,9 @@ def test_a_study_on_two_devices_searches_ddp_s_knobs_and_stores_them(
     code, out, _ = run_cli("export", str(path), "--format", "yaml", capsys=capsys)
     exported = yaml.safe_load(out)
     assert code == 0 and exported["ddp_static_graph"] is True
+    # the report shows them (on one device it leaves them out: DDP never ran)
+    code, out, _ = run_cli("report", str(path), capsys=capsys)
+    assert code == 0 and "bucket_mb" in out and "  ddp_static_graph: True" in out
 
 
 def test_on_one_device_ddp_s_knobs_are_fixed_to_its_defaults_with_one_notice(
