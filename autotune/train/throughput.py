@@ -105,18 +105,7 @@ def measure(
 ) -> dict[K, Throughput]:
     """The throughput of each configuration of `configs` (only its systems settings matter),
     interleaved; `rounds`: interleave's min_windows, max_rounds and max_spread."""
-    builders = {
-        key: functools.partial(
-            _Session,
-            task,
-            config,
-            device=device,
-            seed=seed,
-            window_steps=window_steps,
-            interleaved=len(configs) > 1,
-        )
-        for key, config in configs.items()
-    }
+    builders = _builders(task, configs, device, seed, window_steps, interleaved=len(configs) > 1)
     return measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
 
 
@@ -132,13 +121,31 @@ def measure_in_turn(
     """As `measure`, but each configuration alone, one after the other (in_turn): for settings
     with loader workers on a GPU host, where interleaving would time one while the others'
     workers refill their queues on the same cores."""
-    builders = {
+    builders = _builders(task, configs, device, seed, window_steps, interleaved=False)
+    return in_turn(builders, out_of_memory=_out_of_memory, **rounds)
+
+
+def _builders(
+    task: Task,
+    configs: Mapping[K, TrialConfig],
+    device: torch.device,
+    seed: int,
+    window_steps: int,
+    *,
+    interleaved: bool,
+) -> dict[K, Callable[[], _Session]]:
+    return {
         key: functools.partial(
-            _Session, task, config, device=device, seed=seed, window_steps=window_steps
+            _Session,
+            task,
+            config,
+            device=device,
+            seed=seed,
+            window_steps=window_steps,
+            interleaved=interleaved,
         )
         for key, config in configs.items()
     }
-    return in_turn(builders, out_of_memory=_out_of_memory, **rounds)
 
 
 def _out_of_memory(reason: str) -> Throughput:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import operator
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,29 +63,33 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_hf_names_the_backend_and_the_launch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as torchrun launches one of its processes (here the only one); the process
+    group and accelerate's state that a Trainer makes of it undone after."""
     from accelerate.state import AcceleratorState, PartialState
 
-    export = json.loads(render(TWO, "hf"))
-    assert "torchrun --standalone --nproc-per-node=2" in notes_about_devices(export)[0]
-    # as torchrun launches one of its processes (here the only one): the Trainer's state joins
-    # the process group with the backend named
     launched = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     for name, value in {**launched, "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
     try:
-        arguments = transformers.TrainingArguments(
-            output_dir=str(tmp_path), **export["training_arguments"]
-        )
-        assert arguments.ddp_backend == "gloo" and arguments.per_device_train_batch_size == 16
-        assert dist.is_initialized() and dist.get_backend() == "gloo"
+        yield
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         AcceleratorState._reset_state(True)
         PartialState._reset_state()
+
+
+def test_hf_names_the_backend_and_the_launch(tmp_path: Path, one_rank: None) -> None:
+    export = json.loads(render(TWO, "hf"))
+    assert "torchrun --standalone --nproc-per-node=2" in notes_about_devices(export)[0]
+    # the Trainer's state joins the process group with the backend named
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path), **export["training_arguments"]
+    )
+    assert arguments.ddp_backend == "gloo" and arguments.per_device_train_batch_size == 16
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def test_the_torch_module_trains_in_a_process_group_as_a_ranks_trial() -> None:
@@ -168,36 +173,25 @@ def test_lightning_builds_a_ddp_strategy_with_the_winner_s_knobs() -> None:
 
 
 def test_hf_carries_two_ddp_fields_and_says_how_to_set_the_third(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, one_rank: None
 ) -> None:
-    from accelerate.state import AcceleratorState, PartialState
-
     export = json.loads(render(TUNED, "hf"))
     arguments = export["training_arguments"]
     assert (arguments["ddp_bucket_cap_mb"], arguments["ddp_static_graph"]) == (5, True)
     [view] = [n for n in export["notes"] if n["setting"] == "ddp_gradient_as_bucket_view"]
     assert view["status"] == "no equivalent" and view["value"] is True
     assert "trainer.accelerator.ddp_handler.gradient_as_bucket_view = True" in view["note"]
-    launched = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**launched, "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(name, value)
-    try:
-        trainer = transformers.Trainer(
-            model=blobs_model(TUNED),
-            args=transformers.TrainingArguments(output_dir=str(tmp_path), **arguments),
-        )
-        trainer.accelerator.ddp_handler.gradient_as_bucket_view = True  # as the note says
-        # what the Trainer's accelerator hands DistributedDataParallel
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            blobs_model(TUNED), **trainer.accelerator.ddp_handler.to_kwargs()
-        )
-        assert ddp.bucket_bytes_cap == 5 * 2**20
-        assert ddp.gradient_as_bucket_view is True and ddp.static_graph is True
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        AcceleratorState._reset_state(True)
-        PartialState._reset_state()
+    trainer = transformers.Trainer(
+        model=blobs_model(TUNED),
+        args=transformers.TrainingArguments(output_dir=str(tmp_path), **arguments),
+    )
+    trainer.accelerator.ddp_handler.gradient_as_bucket_view = True  # as the note says
+    # what the Trainer's accelerator hands DistributedDataParallel
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        blobs_model(TUNED), **trainer.accelerator.ddp_handler.to_kwargs()
+    )
+    assert ddp.bucket_bytes_cap == 5 * 2**20
+    assert ddp.gradient_as_bucket_view is True and ddp.static_graph is True
 
 
 def test_the_torch_module_wraps_with_the_winner_s_ddp_knobs() -> None:
