@@ -18,6 +18,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
+from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS
 from tests import tasks
 
@@ -128,7 +129,7 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 0
     summary = json.loads(out)
     best = summary["best"]
-    assert set(best["params"]) == set(KNOBS)
+    assert set(best["params"]) == set(KNOBS) - set(DDP_NAMES)  # one device: no DDP
     assert best["time_to_target"] > 0 and best["metric"] >= 0.9 and best["source"] == "confirmed"
     assert best["runs"] == 2 and summary["baseline"]["runs"] == 2 and summary["speedup"] > 0
     assert {"complete", "pruned", "failed", "oom"} <= set(summary["counts"])
@@ -192,7 +193,10 @@ def test_params_are_tuned_stored_reported_and_confirmed_like_the_knobs(
 
     summary = json.loads(run_cli("report", str(path), "--json", capsys=capsys)[1])
     best, baseline = summary["best"], summary["baseline"]
-    assert list(best["params"]) == [*KNOBS, *params] and isinstance(best["params"]["width"], int)
+    one_device = [k for k in KNOBS if k not in DDP_NAMES]  # DDP's knobs: on several devices only
+    assert list(best["params"]) == [*one_device, *params] and isinstance(
+        best["params"]["width"], int
+    )
     # middle, first choice
     assert (baseline["params"]["width"], baseline["params"]["kind"]) == (
         28,
