@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import yaml
 from lightning.pytorch.strategies import DDPStrategy
 
 from autotune.export import render
+from autotune.runners.distributed import free_port
 from tests.export.test_export import _blobs, blobs_model, fp32_precisions, knobs, summary_for
 
 TWO = dataclasses.replace(
@@ -57,10 +57,25 @@ def test_lightning_trains_on_two_devices_with_ddp() -> None:
     assert "per device" in text and "torchrun --standalone --nproc-per-node=2" in text
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@pytest.fixture
+def process_group() -> Iterator[None]:
+    """This process as the only rank of a gloo group, as the exported module runs under torchrun;
+    the process-wide settings make_training sets (as the trial did for its run) put back after."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
+    precisions = fp32_precisions() if hasattr(torch.backends, "fp32_precision") else {}
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.benchmark = benchmark
+        for name, value in precisions.items():
+            (
+                operator.attrgetter(name)(torch.backends) if name else torch.backends
+            ).fp32_precision = value
 
 
 @pytest.fixture
@@ -92,34 +107,20 @@ def test_hf_names_the_backend_and_the_launch(tmp_path: Path, one_rank: None) -> 
     assert dist.is_initialized() and dist.get_backend() == "gloo"
 
 
-def test_the_torch_module_trains_in_a_process_group_as_a_ranks_trial() -> None:
+def test_the_torch_module_trains_in_a_process_group_as_a_ranks_trial(process_group: None) -> None:
     source = render(TWO, "torch")
     assert "torchrun --standalone --nproc-per-node=2 your_script.py" in source
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(source, "exported.py", "exec"), namespace)
-    address = f"tcp://127.0.0.1:{free_port()}"
-    dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
-    # make_training sets them for the whole process, as the trial did for its run
-    matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
-    precisions = fp32_precisions() if hasattr(torch.backends, "fp32_precision") else {}
-    try:
-        model = blobs_model(TWO)
-        training = namespace["make_training"](model, _blobs(104, 0), device="cpu", seed=3)
-        assert isinstance(training.model, torch.nn.parallel.DistributedDataParallel)
-        assert training.module is model  # evaluate and save the unwrapped one
-        assert isinstance(training.loader.sampler, torch.utils.data.DistributedSampler)
-        before = [p.detach().clone() for p in model.parameters()]
-        for _ in range(3):  # two micro-batches a step: the first under no_sync
-            namespace["train_step"](training, loss_fn=torch.nn.functional.cross_entropy)
-        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    finally:
-        dist.destroy_process_group()
-        torch.set_float32_matmul_precision(matmul)
-        torch.backends.cudnn.benchmark = benchmark
-        for name, value in precisions.items():
-            (
-                operator.attrgetter(name)(torch.backends) if name else torch.backends
-            ).fp32_precision = value
+    model = blobs_model(TWO)
+    training = namespace["make_training"](model, _blobs(104, 0), device="cpu", seed=3)
+    assert isinstance(training.model, torch.nn.parallel.DistributedDataParallel)
+    assert training.module is model  # evaluate and save the unwrapped one
+    assert isinstance(training.loader.sampler, torch.utils.data.DistributedSampler)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(3):  # two micro-batches a step: the first under no_sync
+        namespace["train_step"](training, loss_fn=torch.nn.functional.cross_entropy)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 DDP = {"ddp_bucket_cap_mb": 5, "ddp_gradient_as_bucket_view": True, "ddp_static_graph": True}
@@ -194,27 +195,12 @@ def test_hf_carries_two_ddp_fields_and_says_how_to_set_the_third(
     assert ddp.gradient_as_bucket_view is True and ddp.static_graph is True
 
 
-def test_the_torch_module_wraps_with_the_winner_s_ddp_knobs() -> None:
+def test_the_torch_module_wraps_with_the_winner_s_ddp_knobs(process_group: None) -> None:
     source = render(TUNED, "torch")
     assert "DDP_BUCKET_CAP_MB = 5" in source and "static_graph=DDP_STATIC_GRAPH" in source
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(source, "exported.py", "exec"), namespace)
-    address = f"tcp://127.0.0.1:{free_port()}"
-    dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
-    matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
-    precisions = fp32_precisions() if hasattr(torch.backends, "fp32_precision") else {}
-    try:
-        training = namespace["make_training"](
-            blobs_model(TUNED), _blobs(104, 0), device="cpu", seed=3
-        )
-        assert training.model.bucket_bytes_cap == 5 * 2**20
-        assert training.model.gradient_as_bucket_view is True
-        assert training.model.static_graph is True
-    finally:
-        dist.destroy_process_group()
-        torch.set_float32_matmul_precision(matmul)
-        torch.backends.cudnn.benchmark = benchmark
-        for name, value in precisions.items():
-            (
-                operator.attrgetter(name)(torch.backends) if name else torch.backends
-            ).fp32_precision = value
+    training = namespace["make_training"](blobs_model(TUNED), _blobs(104, 0), device="cpu", seed=3)
+    assert training.model.bucket_bytes_cap == 5 * 2**20
+    assert training.model.gradient_as_bucket_view is True
+    assert training.model.static_graph is True
