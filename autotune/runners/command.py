@@ -89,6 +89,7 @@ def command_trial(
             )
             return _run(
                 launched(argv, devices),
+                launcher=devices > 1,
                 cwd=cwd,
                 env=child_env,
                 limits=limits,
@@ -120,6 +121,7 @@ def launched(argv: list[str], devices: int) -> list[str]:
 def _run(
     argv: list[str],
     *,
+    launcher: bool,
     cwd: Path,
     env: dict[str, str],
     limits: Limits,
@@ -130,7 +132,6 @@ def _run(
 ) -> TrialResult:
     read_fd, write_fd = os.pipe()
     # under a launcher the ranks reach the pipe by path: this process keeps its end open for them
-    launcher = argv[1:3] == ["-m", "torch.distributed.run"]
     reach = (
         {
             protocol.REPORT_PIPE: str(os.fstat(write_fd).st_ino),
