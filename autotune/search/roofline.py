@@ -15,13 +15,18 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.search.space import FORMAT_KNOBS, Space, formats_for
+from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for
 
 CHECKED = 3  # the best predicted settings measured end to end
-# Change speed, never the maths. Compilation is left to the search (its cost is paid once a
-# trial, which a rate does not show), and so is checkpointing: at the probe's one batch it only
+# Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
+# which a rate does not show), and so is checkpointing: at the probe's one batch it only
 # recomputes, while what it buys is a larger batch that fits.
 MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k not in ("compile", "checkpointing"))
+# Activation checkpointing runs each checkpointed block's forward twice (the shapes ResNet's step
+# ran 2.5x slower with it on an H100): where the space's largest micro-batch fits without it, it
+# can only slow a trial. The fit is the probe's peak scaled with the batch (an overestimate: the
+# weights and the optimizer's state do not grow with it) within this share of the device's memory.
+FITS_SHARE = 0.8
 
 INPUT, COMPUTE = "input", "compute"
 
@@ -187,6 +192,8 @@ def describe(outcome: Mapping[str, Any]) -> str:
     compiled = outcome.get("compile")
     if compiled:
         lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
+    if outcome.get("checkpointing"):
+        lines.append(_checkpointing_text(outcome["checkpointing"]))
     if outcome.get("shared_cores"):
         lines.append(
             "On a CPU the loader and the step share the same cores, so what runs together "
@@ -210,6 +217,11 @@ def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
     batch."""
     if compiled.get("failed"):
         return f"torch.compile fixed off: {compiled['failed']}"
+    if compiled.get("unmeasured") == INPUT:
+        return (
+            "torch.compile fixed off unmeasured: the chosen setting is input-bound, and a faster "
+            "step saves nothing there"
+        )
     head = (
         f"torch.compile measured once: {compiled['once_seconds']:.1f} s to compile, then "
         f"{_rate(compiled['faster'])} against {_rate(compiled['speed'])} predicted"
@@ -221,6 +233,44 @@ def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
     return f"{head}: {steps}; {longest}, so it " + (
         "stays in the search" if compiled["kept"] else "is fixed off"
     )
+
+
+def checkpointing_fit(
+    space: Space,
+    compute_rates: Sequence[Mapping[str, Any]],
+    *,
+    batch: int,
+    device_bytes: int | None,
+) -> dict[str, Any] | None:
+    """Where checkpointing is a choice with off among it: the space's largest micro-batch's
+    predicted peak without it (the hungriest compute setting's at `batch`, as measured), beside
+    the device's memory, and whether it fits (FITS_SHARE). None where it is no choice, or a figure
+    is missing (a setting out of memory at `batch` among them)."""
+    values = space["checkpointing"].values
+    peaks = [rate.get("peak_memory_bytes") for rate in compute_rates]
+    if len(values) < 2 or False not in values or not peaks or not all(peaks) or not device_bytes:
+        return None
+    sizes = space["batch_size"]
+    largest_batch = int(max(sizes.values) if isinstance(sizes, Choices) else sizes.high)
+    predicted = max(peaks) * max(1.0, largest_batch / batch)
+    return {
+        "largest_batch": largest_batch,
+        "predicted_bytes": round(predicted),
+        "device_bytes": device_bytes,
+        "fits": predicted <= FITS_SHARE * device_bytes,
+    }
+
+
+def _checkpointing_text(fit: Mapping[str, Any]) -> str:
+    gib = 2**30
+    memory = (
+        f"the largest micro-batch ({fit['largest_batch']}) should peak at "
+        f"{fit['predicted_bytes'] / gib:.1f} GiB without it, of the device's "
+        f"{fit['device_bytes'] / gib:.1f} GiB"
+    )
+    if fit["fits"]:
+        return f"Activation checkpointing fixed off: {memory}, and it only recomputes"
+    return f"Activation checkpointing stays in the search: {memory}"
 
 
 def loader_settings(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from autotune.search import probe, roofline
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
-from autotune.train import rates, throughput
+from autotune.train import rates, telemetry, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.measure import other_load, threads_for
 
@@ -119,13 +119,19 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
+    memory = roofline.checkpointing_fit(
+        space, figures["compute_rates"], batch=batch, device_bytes=telemetry.memory_bytes(device)
+    )
+    if memory is not None and memory["fits"]:
+        fixed["checkpointing"] = False
     compiled = None
     if set(space["compile"].values) == {False, True}:
         started = time.monotonic()
         compiled = _weigh_compile(
             spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed
         )
-        phases["compile"] = time.monotonic() - started
+        if "unmeasured" not in compiled:
+            phases["compile"] = time.monotonic() - started
         bar.update(2)
         if not compiled["kept"]:
             fixed["compile"] = False
@@ -147,6 +153,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "chosen": {**_figures(chosen), "measured": speed},
         "moves": roofline.what_moves_it(predictions[0]),
         **({"compile": compiled} if compiled else {}),
+        **({"checkpointing": memory} if memory else {}),
     }
 
 
@@ -220,6 +227,10 @@ def _weigh_compile(
     being on its clock); elsewhere every trial that sampled it would pay the compile for nothing."""
     assert prepared.task is not None and prepared.measure is not None
     longest = spec.budget.max_epochs * len(prepared.task.train)
+    if chosen.bottleneck == roofline.INPUT and prepared.device.type != "cpu":
+        # a faster step cannot raise a rate the loader holds (on a CPU, compiling may leave the
+        # loader cores: there it is measured)
+        return {"kept": False, "unmeasured": roofline.INPUT, "longest_samples": longest}
     try:
         figures = prepared.measure(
             rates.measure,

@@ -39,6 +39,11 @@ from autotune.train.trial import build, seed_everything
 K = TypeVar("K", bound=Hashable)
 KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device
 BURSTS = 8  # a loader window holds at least this many batches a worker
+# Windows of one loader alone, at most. Its workers deliver in bursts, and where a window's edges
+# fall among them moves its figure: a few workers' windows spread past MAX_SPREAD however many are
+# timed (4 workers on an H100 host: 25% after 20 windows, against 6-10% for 8 or 16), so more
+# rounds only spend the probe's time.
+LOADER_ROUNDS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +142,7 @@ def measure_loaders_in_turn(
         skipped=lambda _: Rate(
             None, None, 0, 0.0, reason=f"not measured: a loader before it delivered {enough:,.0f}/s"
         ),
-        **rounds,
+        **{"max_rounds": LOADER_ROUNDS, **rounds},
     )
 
 

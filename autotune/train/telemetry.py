@@ -64,6 +64,20 @@ def nvml_reader(device: torch.device) -> Callable[[], Reading] | None:
     return read
 
 
+def memory_bytes(device: torch.device) -> int | None:
+    """`device`'s memory in bytes, from NVML (no CUDA context started for it); None off CUDA or
+    without NVML."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(_handle(pynvml, device)).total)
+    except Exception:  # as nvml_reader: the figure is absent, nothing more
+        return None
+
+
 def _handle(pynvml: Any, device: torch.device) -> Any:
     """NVML's handle for the torch device. CUDA_VISIBLE_DEVICES renumbers CUDA's devices but not
     NVML's: where this process has CUDA up, by the device's UUID; else (the study's process,

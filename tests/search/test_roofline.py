@@ -4,6 +4,7 @@ the winner back."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -284,6 +285,21 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     assert ("is fixed off" in text) is not weighed["kept"]
     assert not weighed["kept"]  # a few milliseconds a step cannot win back seconds within 16 steps
 
+    # Where the loader holds the chosen setting, a faster step saves nothing: on a GPU host the
+    # compile is not measured at all (nothing runs: the device here is only named).
+    input_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=1.0, compute_rate=2.0)
+    calls = []
+    gpu_host = dataclasses.replace(
+        prepared, device=torch.device("cuda"), measure=lambda *a, **k: calls.append(a)
+    )
+    skipped = roofline_probe._weigh_compile(spec, gpu_host, input_bound, plain, seed=0)
+    longest = len(prepared.task.train)
+    assert skipped == {"kept": False, "unmeasured": "input", "longest_samples": longest}
+    assert calls == []
+    assert roofline._compile_text(skipped, batch=64).startswith(
+        "torch.compile fixed off unmeasured: the chosen setting is input-bound"
+    )
+
 
 def test_the_probe_measures_each_loader_once_per_workers_and_pinning_at_the_largest_prefetch() -> (
     None
@@ -337,3 +353,79 @@ def test_loaders_measured_in_turn_run_alone_and_stop_once_one_outpaces_the_step(
     stopped = rates.measure_loaders_in_turn(task, loaders, enough, device=CPU, seed=1)
     assert stopped["w1"].samples_per_second and stopped["w2"].samples_per_second is None
     assert "not measured" in stopped["w2"].reason
+
+
+def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_without_it() -> None:
+    """Checkpointing only recomputes at a batch that fits: the probe's hungriest peak, scaled to
+    the space's largest micro-batch, decides it against the device's memory."""
+    from autotune.spec.study_file import from_mapping
+
+    def space(**domains):
+        raw = {"batch_size": [128, 512], "checkpointing": [False, True], **domains}
+        return from_mapping(
+            {"task": "digits", "target": {"metric": "accuracy", "value": 0.9}, "space": raw},
+            path=Path("fit.yaml"),
+        ).space
+
+    gib = 2**30
+    rates_at_128 = [{"peak_memory_bytes": gib}, {"peak_memory_bytes": 3 * gib}]
+    fit = roofline.checkpointing_fit(space(), rates_at_128, batch=128, device_bytes=80 * gib)
+    # 3 GiB at 128 is 12 GiB at 512
+    assert fit == {
+        "largest_batch": 512,
+        "predicted_bytes": 12 * gib,
+        "device_bytes": 80 * gib,
+        "fits": True,
+    }
+    assert not roofline.checkpointing_fit(space(), rates_at_128, batch=128, device_bytes=14 * gib)[
+        "fits"
+    ]  # 12 GiB is more than 80% of 14
+    ranged = space(batch_size={"low": 64, "high": 1024})
+    assert (
+        roofline.checkpointing_fit(ranged, rates_at_128, batch=128, device_bytes=30 * gib)[
+            "largest_batch"
+        ]
+        == 1024
+    )
+    # nothing to decide: no choice, no off among it, a setting out of memory, no device figure
+    for undecided, peaks, device in [
+        (space(checkpointing=True), rates_at_128, 80 * gib),
+        (space(checkpointing=[True, 0.5]), rates_at_128, 80 * gib),
+        (space(), [*rates_at_128, {"peak_memory_bytes": None, "oom": True}], 80 * gib),
+        (space(), rates_at_128, None),
+    ]:
+        assert roofline.checkpointing_fit(undecided, peaks, batch=128, device_bytes=device) is None
+    assert roofline._checkpointing_text(fit) == (
+        "Activation checkpointing fixed off: the largest micro-batch (512) should peak at 12.0 GiB "
+        "without it, of the device's 80.0 GiB, and it only recomputes"
+    )
+
+
+class Bursty(torch.utils.data.Dataset):
+    """`dataset`, with one batch in about seven taking fifteen times as long to load."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices):
+        import random
+        import time
+
+        time.sleep(0.03 if random.random() < 0.15 else 0.002)
+        return [self[i] for i in indices]
+
+    def __getitem__(self, index):
+        return self.dataset.inputs[index], self.dataset.labels[index]
+
+
+def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows() -> None:
+    """Windows that disagree however many are timed (batches loaded in bursts) stop at
+    rates.LOADER_ROUNDS, the figure kept with its spread."""
+    task = paced.make(load_seconds=0.0, compute_seconds=0.0)
+    bursty = dataclasses.replace(task, train=Bursty(task.train))
+    rate = rates.measure_loaders_in_turn(bursty, {"w1": config(**loader(1))}, device=CPU, seed=1)
+    assert rate["w1"].windows == rates.LOADER_ROUNDS < throughput.MAX_ROUNDS
+    assert rate["w1"].spread > throughput.MAX_SPREAD and rate["w1"].samples_per_second > 0
