@@ -9,8 +9,9 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
   as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
   (each as the device allows);
-- `limit`: the knob space's limit, the joint probe's best predicted rate, times the samples the
-  joint winner needed to reach the target (as the judge measured them);
+- `limit`: the knob space's limit: the one-off costs of the joint probe's best predicted setting
+  (its loader's start-up and its step's first steps, each measured apart), then the samples the
+  joint winner needed to reach the target (as the judge measured them) at its predicted rate;
 - `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
   a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
   `isolation: warm` (one trial process kept between trials). Each against `joint` decides a
@@ -198,6 +199,20 @@ def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> flo
     return float(task.metric(torch.cat(outputs), torch.cat(targets)))
 
 
+def fixed_seconds(probe: dict[str, Any], setting: dict[str, Any]) -> float:
+    """`setting`'s one-off costs as the probe measured them apart: its loader's start-up beyond
+    its rate, and its step's (0 where a figure is missing)."""
+
+    def matching(rates: list[dict[str, Any]]) -> float:
+        for rate in rates:
+            keys = set(rate) & set(setting) - {"samples_per_second"}
+            if all(rate[k] == setting[k] for k in keys):
+                return rate.get("fixed_seconds") or 0.0
+        return 0.0
+
+    return matching(probe["loader_rates"]) + matching(probe["compute_rates"])
+
+
 def median_time(runs: list[dict[str, Any]]) -> float:
     """The median time to target, a miss counting as infinitely slow."""
     return statistics.median(r["time_to_target"] if r["reached"] else math.inf for r in runs)
@@ -307,7 +322,13 @@ def judge(
     our_runs = [r for r in runs[ours] if r["reached"]]
     if limit and our_runs:
         samples = statistics.median(r["samples"] for r in our_runs)
-        record["limit"] = {**limit, "samples": samples, "seconds": samples / limit["predicted"]}
+        fixed = fixed_seconds(record["arms"][ours]["probe"], limit)
+        record["limit"] = {
+            **limit,
+            "samples": samples,
+            "fixed_seconds": fixed,
+            "seconds": fixed + samples / limit["predicted"],
+        }
     mine, peers = medians[ours], [medians.get(k, math.inf) for k in ("tpe", "expert")]
     gpu = {arm: found["gpu_seconds"] for arm, found in record["arms"].items()}
     record["goals"] = {
