@@ -18,6 +18,7 @@ from typing import Any
 from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for
 
 CHECKED = 3  # the best predicted settings measured end to end
+TIE = 0.05  # end-to-end speeds this close are one speed: the windows' noise
 # Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
 # which a rate does not show), and so is checkpointing: at the probe's one batch it only
 # recomputes, while what it buys is a larger batch that fits.
@@ -102,11 +103,16 @@ def to_check(predictions: Sequence[Prediction], *, count: int = CHECKED) -> list
 
 
 def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Prediction, float]:
-    """The checked setting that ran fastest end to end, with its measured speed."""
+    """The checked setting that ran fastest end to end, with its measured speed; among those
+    within TIE of it, the one with the fastest step: held by the same loader they measure alike,
+    and the faster step runs ahead wherever batches wait (after each evaluation, the clock paused
+    while the workers loaded)."""
     measured = [(p, speed) for p, speed in checked if speed and math.isfinite(speed)]
     if not measured:
         raise ValueError("no setting ran end to end")
-    return max(measured, key=lambda pair: pair[1])
+    fastest = max(speed for _, speed in measured)
+    tied = [(p, speed) for p, speed in measured if speed >= (1 - TIE) * fastest]
+    return max(tied, key=lambda pair: pair[0].compute_rate)
 
 
 @dataclasses.dataclass(frozen=True)

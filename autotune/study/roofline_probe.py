@@ -111,7 +111,9 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     # one at a time, as the loaders: side by side, each one's workers would refill their queue
     # while another is timed
     ends = measured(
-        throughput.measure_in_turn, {str(i): config(p.setting) for i, p in enumerate(checked)}
+        throughput.measure_in_turn,
+        {str(i): config(p.setting) for i, p in enumerate(checked)},
+        {str(i): p.loader_rate / p.compute_rate for i, p in enumerate(checked) if p.overlapped},
     )
     bar.update(len(checked))
     speeds = [(p, ends[str(i)].samples_per_second) for i, p in enumerate(checked)]

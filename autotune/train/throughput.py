@@ -39,6 +39,10 @@ WINDOW_STEPS = 10  # optimizer steps per timed window
 MIN_WINDOWS = 3  # before a spread means anything
 MAX_ROUNDS = 20
 MAX_SPREAD = 0.1  # interquartile range / median of a configuration's windows
+# Where the loader is the slower, each drained step takes a batch off the queue and the workers put
+# back `loader_share` (loader rate / step rate) of one: emptying it takes 1 / (1 - share) times its
+# length. Nearer rates leave a queue that moves the figure little, and cost more to empty: capped.
+MAX_DRAIN_FACTOR = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,7 @@ def measure(
 def measure_in_turn(
     task: Task,
     configs: Mapping[K, TrialConfig],
+    loader_shares: Mapping[K, float] | None = None,
     *,
     device: torch.device,
     seed: int,
@@ -120,8 +125,9 @@ def measure_in_turn(
 ) -> dict[K, Throughput]:
     """As `measure`, but each configuration alone, one after the other (in_turn): for settings
     with loader workers on a GPU host, where interleaving would time one while the others'
-    workers refill their queues on the same cores."""
-    builders = _builders(task, configs, device, seed, window_steps, interleaved=False)
+    workers refill their queues on the same cores. `loader_shares`: each one's loader rate over
+    its step's, where known (measured apart), so that its windows begin on an empty queue."""
+    builders = _builders(task, configs, device, seed, window_steps, shares=loader_shares)
     return in_turn(builders, out_of_memory=_out_of_memory, **rounds)
 
 
@@ -132,7 +138,8 @@ def _builders(
     seed: int,
     window_steps: int,
     *,
-    interleaved: bool,
+    interleaved: bool = False,
+    shares: Mapping[K, float] | None = None,
 ) -> dict[K, Callable[[], _Session]]:
     return {
         key: functools.partial(
@@ -143,6 +150,7 @@ def _builders(
             seed=seed,
             window_steps=window_steps,
             interleaved=interleaved,
+            loader_share=(shares or {}).get(key),
         )
         for key, config in configs.items()
     }
@@ -215,6 +223,7 @@ class _Session:
         seed: int,
         window_steps: int = WINDOW_STEPS,
         interleaved: bool = False,
+        loader_share: float | None = None,
     ) -> None:
         # The schedule's length does not change the speed; a long one never runs out
         # mid-measurement.
@@ -245,16 +254,15 @@ class _Session:
         per_epoch = len(self.training.loader) // self.config.accumulation_steps
         self.window_steps = max(1, min(window_steps, per_epoch // 2))
         self.keep_epoch_starts = per_epoch < 2
-        # While the other configurations are timed, this one's workers load ahead until their
-        # queue is full; those batches, and the one after (its workers are part-way through the
-        # next), are trained untimed before each window, or the window would time batches loaded
-        # before it began and overstate a loader-bound setting. Alone, only its first window
-        # needs it (the workers loaded ahead while the model was built); the others follow one
-        # another with nothing loaded between them.
-        ahead = config.num_workers * (config.prefetch_factor or 0) + (
-            1 if config.num_workers else 0
-        )
-        self.drain_steps = math.ceil(ahead / self.config.accumulation_steps)
+        # While the other configurations are timed, this one's workers fill their queue; those
+        # batches, and the one after (part-way loaded), are trained untimed before each window,
+        # or it would time batches loaded before it began and overstate a loader-bound setting.
+        # Alone, only its first window needs it (the workers loaded ahead while the model was
+        # built), drained until empty where the loader is the slower (MAX_DRAIN_FACTOR).
+        ahead = config.num_workers * (config.prefetch_factor or 0) + bool(config.num_workers)
+        share = 0.0 if interleaved or loader_share is None else min(loader_share, 1.0)
+        deeper = min(MAX_DRAIN_FACTOR, 1 / (1 - share)) if share < 1 else 1.0
+        self.drain_steps = math.ceil(ahead * deeper / self.config.accumulation_steps)
         self.interleaved = interleaved
 
     def _steps(self, count: int) -> tuple[int, bool]:

@@ -69,6 +69,14 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
     assert "input pipeline" in roofline.what_moves_it(best) and "1.33x" in roofline.what_moves_it(
         best
     )
+    # Held by one loader, two steps measure alike: within the windows' noise the faster step wins
+    # (it runs ahead wherever batches wait), outside it the measurement.
+    slow_step, fast_step = (
+        roofline.Prediction(loader(4), compute(p), loader_rate=3000.0, compute_rate=rate)
+        for p, rate in (("fp32", 3500.0), ("bf16", 6000.0))
+    )
+    assert roofline.decide([(slow_step, 3050.0), (fast_step, 2950.0)]) == (fast_step, 2950.0)
+    assert roofline.decide([(slow_step, 3200.0), (fast_step, 2950.0)]) == (slow_step, 3200.0)
 
 
 def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() -> None:
@@ -419,6 +427,26 @@ class Bursty(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         return self.dataset.inputs[index], self.dataset.labels[index]
+
+
+def test_a_lone_setting_held_by_its_loader_drains_its_queue_before_it_is_timed() -> None:
+    """Its workers fill their queue while it starts (a GPU's first steps take seconds); where the
+    loader is the slower, draining the queue's length leaves what the workers put back meanwhile,
+    and windows timed on it would measure the step. The drain lasts 1 / (1 - loader share) times
+    as long, capped, so the windows time the loader."""
+    task = paced.make(load_seconds=0.0, compute_seconds=0.0)
+    deep = config(**{**loader(2), "prefetch_factor": 8})  # 2 x 8 queued, and one part-way
+
+    def drain(share, interleaved=False):
+        session = throughput._Session(
+            task, deep, device=CPU, seed=1, interleaved=interleaved, loader_share=share
+        )
+        session.close()
+        return session.drain_steps
+
+    assert drain(None) == drain(1.5) == drain(0.6, interleaved=True) == 17
+    assert drain(0.6) == math.ceil(17 / 0.4)
+    assert drain(0.99) == 17 * throughput.MAX_DRAIN_FACTOR
 
 
 def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows() -> None:
