@@ -177,11 +177,13 @@ def describe(outcome: Mapping[str, Any]) -> str:
         )
     # older studies did not store it
     at = f" at batch {outcome['batch_size']}" if "batch_size" in outcome else ""
+    memory = outcome.get("checkpointing")
     return (
         f"Systems probe ({len(outcome['runs'])} short runs{at}, "
         f"{outcome['seconds']:.1f} s of training): "
         + ("; ".join(parts) if parts else "nothing to settle")
         + load_note(outcome)
+        + (f"\n{roofline.checkpointing_text(memory)}" if memory else "")
     )
 
 

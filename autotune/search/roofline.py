@@ -199,7 +199,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
     if compiled:
         lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
     if outcome.get("checkpointing"):
-        lines.append(_checkpointing_text(outcome["checkpointing"]))
+        lines.append(checkpointing_text(outcome["checkpointing"]))
     if outcome.get("shared_cores"):
         lines.append(
             "On a CPU the loader and the step share the same cores, so what runs together "
@@ -267,7 +267,7 @@ def checkpointing_fit(
     }
 
 
-def _checkpointing_text(fit: Mapping[str, Any]) -> str:
+def checkpointing_text(fit: Mapping[str, Any]) -> str:
     gib = 2**30
     memory = (
         f"the largest micro-batch ({fit['largest_batch']}) should peak at "

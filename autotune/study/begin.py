@@ -14,13 +14,14 @@ import optuna
 from autotune import progress, signals
 from autotune.record import definition, schema, seeds
 from autotune.runners import isolation
-from autotune.search import prior, probe
+from autotune.search import prior, probe, roofline
 from autotune.search.space import KNOBS, Space, complete, sampled_values
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import recovery, roofline_probe, run_plan, storage, throughput_phase
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
+from autotune.train import telemetry
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.measure import other_load
 from autotune.train.tasks import reference
@@ -131,6 +132,8 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs
     )
 
+    peaks: list[int | None] = []  # each run's peak memory; None: it failed
+
     def measure(config: dict[str, Any]) -> float:
         signals.check()
         try:
@@ -141,7 +144,9 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
                 seed=seeds.for_probe(spec.seed),
             )
         except isolation.TrialFailure:
+            peaks.append(None)
             return math.inf
+        peaks.append(result.peak_memory_bytes)
         bar.update(1)
         return result.train_seconds
 
@@ -156,4 +161,14 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
             prepared.baseline,
             samples=int(epochs * len(prepared.task.train)),
         )
+    # every run at most the probe's batch, any precision: the hungriest decides (roofline's rule)
+    memory = roofline.checkpointing_fit(
+        prepared.space,
+        [{"peak_memory_bytes": max(peaks) if peaks and None not in peaks else None}],
+        batch=outcome["batch_size"],
+        device_bytes=telemetry.memory_bytes(prepared.device),
+    )
+    if memory is not None:
+        outcome["checkpointing"] = memory
+        outcome["fixed"] = {"checkpointing": False} if memory["fits"] else {}
     return {**outcome, **load.record()}

@@ -16,7 +16,9 @@ import yaml
 
 from autotune.cli import main
 from autotune.search import roofline
+from autotune.search.probe import describe as probe_describe
 from autotune.search.probe import loader_settings
+from autotune.search.probe import restrict as probe_restrict
 from autotune.search.space import complete
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
@@ -403,7 +405,7 @@ def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_with
         (space(), rates_at_128, None),
     ]:
         assert roofline.checkpointing_fit(undecided, peaks, batch=128, device_bytes=device) is None
-    assert roofline._checkpointing_text(fit) == (
+    assert roofline.checkpointing_text(fit) == (
         "Activation checkpointing fixed off: the largest micro-batch (512) should peak at 12.0 GiB "
         "without it, of the device's 80.0 GiB, and it only recomputes"
     )
@@ -457,3 +459,37 @@ def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows
     rate = rates.measure_loaders_in_turn(bursty, {"w1": config(**loader(1))}, device=CPU, seed=1)
     assert rate["w1"].windows == rates.LOADER_ROUNDS < throughput.MAX_ROUNDS
     assert rate["w1"].spread > throughput.MAX_SPREAD and rate["w1"].samples_per_second > 0
+
+
+def test_the_systems_probe_fixes_checkpointing_off_where_its_runs_peaks_leave_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The greedy probe's short runs report their peak memory (on a CPU, the process's): against
+    the device's memory, scaled to the space's largest micro-batch, it fixes a checkpointing
+    choice off, or leaves it and says why."""
+    from autotune.search.space import Choices
+    from autotune.spec import study_file
+    from autotune.study import begin, preparation
+    from autotune.train import telemetry
+
+    spec = study_file.load(write_study(tmp_path, probe="systems"))
+    prepared = preparation.prepare(spec)
+    # a CPU fixes the choice before any probe: here it is left open, as on a GPU
+    open_choice = dataclasses.replace(
+        prepared, space=prepared.space.replace("checkpointing", Choices((False, True)))
+    )
+    monkeypatch.setattr(telemetry, "memory_bytes", lambda device: 2**50)
+    roomy = begin.run_probe(spec, open_choice)
+    assert roomy["fixed"] == {"checkpointing": False} and roomy["checkpointing"]["fits"]
+    assert roomy["checkpointing"]["largest_batch"] == 128
+    assert "Activation checkpointing fixed off: the largest micro-batch (128)" in probe_describe(
+        roomy
+    )
+    space = probe_restrict(open_choice.space, roomy)
+    assert space["checkpointing"].values == (False,)
+
+    monkeypatch.setattr(telemetry, "memory_bytes", lambda device: 2**20)  # 1 MiB
+    tight = begin.run_probe(spec, open_choice)
+    assert tight["fixed"] == {} and not tight["checkpointing"]["fits"]
+    assert probe_restrict(open_choice.space, tight)["checkpointing"].values == (False, True)
+    assert "Activation checkpointing stays in the search" in probe_describe(tight)
