@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from autotune import export  # noqa: E402
 from autotune.report import summarize  # noqa: E402
+from autotune.report.winner import start_up_seconds  # noqa: E402
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.spec.checks import read_yaml  # noqa: E402
@@ -199,20 +200,6 @@ def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> flo
     return float(task.metric(torch.cat(outputs), torch.cat(targets)))
 
 
-def fixed_seconds(probe: dict[str, Any], setting: dict[str, Any]) -> float:
-    """`setting`'s one-off costs as the probe measured them apart: its loader's start-up beyond
-    its rate, and its step's (0 where a figure is missing)."""
-
-    def matching(rates: list[dict[str, Any]]) -> float:
-        for rate in rates:
-            keys = set(rate) & set(setting) - {"samples_per_second"}
-            if all(rate[k] == setting[k] for k in keys):
-                return rate.get("fixed_seconds") or 0.0
-        return 0.0
-
-    return matching(probe["loader_rates"]) + matching(probe["compute_rates"])
-
-
 def median_time(runs: list[dict[str, Any]]) -> float:
     """The median time to target, a miss counting as infinitely slow."""
     return statistics.median(r["time_to_target"] if r["reached"] else math.inf for r in runs)
@@ -322,7 +309,7 @@ def judge(
     our_runs = [r for r in runs[ours] if r["reached"]]
     if limit and our_runs:
         samples = statistics.median(r["samples"] for r in our_runs)
-        fixed = fixed_seconds(record["arms"][ours]["probe"], limit)
+        fixed = start_up_seconds(record["arms"][ours]["probe"], limit)
         record["limit"] = {
             **limit,
             "samples": samples,

@@ -55,6 +55,9 @@ class Winner:
     reached: int | None = None  # confirmed only
     telemetry: Mapping[str, Any] | None = None  # report/winner.telemetry
     per_class: Mapping[str, Any] | None = None  # report/winner.pooled_per_class
+    # training samples to the target: the median of its confirmation runs that reached it, else
+    # its trial's first run's; None where no run counted them
+    samples_to_target: float | None = None
 
     @property
     def is_baseline(self) -> bool:
@@ -80,6 +83,11 @@ class Winner:
             "epochs": self.epochs,
             "telemetry": _plain_mapping(self.telemetry),
             "per_class": _plain_mapping(self.per_class),
+            **(
+                {}
+                if self.samples_to_target is None
+                else {"samples_to_target": self.samples_to_target}
+            ),
         }
 
 

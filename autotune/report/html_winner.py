@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.record.summary import Summary, counted, plural
+from autotune.report import winner
 
 
 def section(summary: Summary) -> str:
@@ -58,6 +59,8 @@ def section(summary: Summary) -> str:
             "<p>No configuration the study found beat the baseline on fresh seeds: "
             "keep the baseline.</p>"
         )
+    limit = winner.limit_line(summary.probe, best)
+    lines += [f"<p>{_e(limit)}</p>"] if limit else []
     settings = "".join(
         f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>'
         for k, v in best.params.items()

@@ -212,6 +212,7 @@ def _with_detail(
         best,
         telemetry=winner.telemetry(runs, row),
         per_class=winner.pooled_per_class(runs, confusions.get(best.trial)),
+        samples_to_target=winner.samples_to_target(runs, row),
     )
 
 

@@ -53,6 +53,50 @@ def telemetry(
     }
 
 
+def samples_to_target(
+    runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any] | None
+) -> float | None:
+    """The training samples the winner needed to reach the target: the median over `runs` (its
+    confirmation runs) that counted them, else its trial's first run's (`row`)."""
+    counted_runs = [r["samples_to_target"] for r in runs if r.get("samples_to_target")]
+    if counted_runs:
+        return float(statistics.median(counted_runs))
+    value = (row or {}).get("samples_to_target")
+    return float(value) if value else None
+
+
+def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> float:
+    """`setting`'s one-off costs as the joint probe measured them apart: its loader's start-up
+    beyond its rate, and its step's (0 where a figure is missing)."""
+
+    def matching(rates: Sequence[Mapping[str, Any]]) -> float:
+        for rate in rates:
+            shared = set(rate) & set(setting) - {"samples_per_second"}
+            if all(rate[k] == setting[k] for k in shared):
+                return rate.get("fixed_seconds") or 0.0
+        return 0.0
+
+    return matching(outcome.get("loader_rates", [])) + matching(outcome.get("compute_rates", []))
+
+
+def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
+    """The winner beside the knob space's limit as a time: its samples to the target at the
+    limit's predicted rate, after the limit setting's start-up (the joint probe's figures); None
+    without a limit or a count of samples."""
+    limit = (outcome or {}).get("limit")
+    samples = best.samples_to_target
+    if not limit or not samples:
+        return None
+    start = start_up_seconds(outcome, limit)
+    seconds = start + samples / limit["predicted"]
+    return (
+        f"At the knob space's limit ({limit['predicted']:,.0f} samples/s predicted at batch "
+        f"{outcome['batch_size']}, after {start:.2f} s of start-up measured apart) the winner's "
+        f"{samples:,.0f} samples to the target would take {seconds:.2f} s; it took "
+        f"{best.time_to_target:.2f} s, {best.time_to_target / seconds:.2f}x the limit."
+    )
+
+
 def pooled_per_class(
     runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Sequence[int]] | None
 ) -> dict[str, Any] | None:

@@ -213,7 +213,52 @@ def test_the_report_names_an_input_bound_limit(
     outcome = load(path).user_attrs["probe"]
     assert outcome["limit"]["bottleneck"] == "input" and outcome["loader"]["num_workers"] == 4
     assert "input-bound" in out and "what would move it: the input pipeline" in out
+    # the winner beside the limit, as times: its samples at the limit's rate after its start-up
+    from autotune.report import winner
+
+    limit = outcome["limit"]
+    start = winner.start_up_seconds(outcome, limit)
+    loader_start = next(
+        r["fixed_seconds"]
+        for r in outcome["loader_rates"]
+        if r["num_workers"] == limit["num_workers"] and r["pin_memory"] == limit["pin_memory"]
+    )
+    assert start >= loader_start > 0  # its workers' start-up, and its step's
     assert math.isfinite(outcome["seconds"]) and outcome["seconds"] > 0
+
+
+def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
+    """The winner's samples to the target at the limit's rate, after the limit setting's start-up
+    (its loader's and its step's, as measured apart), beside the time it took."""
+    import types
+
+    from autotune.report import winner
+
+    setting = {**loader(4), **compute("bf16")}
+    outcome = {
+        "batch_size": 128,
+        "limit": {**setting, "predicted": 4000.0},
+        "loader_rates": [
+            {**loader(2), "fixed_seconds": 9.0},  # another setting's start-up: not this one's
+            {**loader(4), "samples_per_second": 4100.0, "fixed_seconds": 0.3},
+        ],
+        "compute_rates": [{**compute("bf16"), "fixed_seconds": 0.2}],
+    }
+    assert winner.start_up_seconds(outcome, outcome["limit"]) == pytest.approx(0.5)
+    best = types.SimpleNamespace(samples_to_target=6000.0, time_to_target=4.0)
+    assert winner.limit_line(outcome, best) == (
+        "At the knob space's limit (4,000 samples/s predicted at batch 128, after 0.50 s of "
+        "start-up measured apart) the winner's 6,000 samples to the target would take 2.00 s; "
+        "it took 4.00 s, 2.00x the limit."
+    )
+    uncounted = types.SimpleNamespace(samples_to_target=None, time_to_target=4.0)
+    assert winner.limit_line(outcome, uncounted) is None
+    assert winner.limit_line({"limit": None}, best) is None
+    # confirmation runs that counted their samples, else the trial's own
+    runs = [{"samples_to_target": 5000}, {"samples_to_target": 7000}, {"reached": False}]
+    assert winner.samples_to_target(runs, {"samples_to_target": 1}) == 6000.0
+    assert winner.samples_to_target([], {"samples_to_target": 1234}) == 1234.0
+    assert winner.samples_to_target([], None) is None
 
 
 def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
