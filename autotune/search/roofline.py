@@ -67,6 +67,17 @@ class Prediction:
     def setting(self) -> dict[str, Any]:
         return {**self.loader, **self.compute}
 
+    def figures(self) -> dict[str, Any]:
+        """The setting with its prediction, as the probe's outcome stores it."""
+        return {
+            **self.setting,
+            "predicted": self.samples_per_second,
+            "loader_rate": self.loader_rate,
+            "compute_rate": self.compute_rate,
+            "bottleneck": self.bottleneck,
+            "idle_share": self.idle_share,
+        }
+
 
 # (loader, compute) -> rate
 ComputeRate = Callable[[Mapping[str, Any], Mapping[str, Any]], "float | None"]
@@ -177,6 +188,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
     head = (
         f"Joint systems probe (batch {outcome['batch_size']}: "
         f"{loaders} loader and {computes} compute settings measured apart"
+        + (f" (screened from {outcome['screened_from']})" if outcome.get("screened_from") else "")
     )
     chosen, limit = outcome.get("chosen"), outcome.get("limit")
     if chosen is None:

@@ -31,7 +31,7 @@ from typing import Any
 from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
-from autotune.search import probe, roofline
+from autotune.search import probe, roofline, screening
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
@@ -151,8 +151,8 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "checked": [
             {**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds
         ],
-        "limit": _figures(predictions[0]),
-        "chosen": {**_figures(chosen), "measured": speed},
+        "limit": predictions[0].figures(),
+        "chosen": {**chosen.figures(), "measured": speed},
         "moves": roofline.what_moves_it(predictions[0]),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
@@ -178,13 +178,24 @@ def _predicted(
     keyed = {
         f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
     }
-    # in one process (each another CUDA context and task to load: seconds on a GPU host)
-    compute_rates = measured(
-        rates.measure_in_groups,
-        {k: config({**c, "num_workers": w}) for k, (c, w) in keyed.items()},
-        COMPUTE_GROUP,
-    )
-    bar.update(len(keyed))
+    compute_rates: dict[str, rates.Rate] = {}
+
+    def measure_stage(indices: list[int]) -> dict[int, float | None]:
+        """Each stage's settings in one process (each another CUDA context and task to load:
+        seconds on a GPU host), at every thread count; their rates at the most threads."""
+        stage = {k: v for k, v in keyed.items() if int(k.partition("@")[0]) in indices}
+        compute_rates.update(
+            measured(
+                rates.measure_in_groups,
+                {k: config({**c, "num_workers": w}) for k, (c, w) in stage.items()},
+                COMPUTE_GROUP,
+            )
+        )
+        bar.update(len(stage))
+        return {i: compute_rates[f"{i}@{max(workers_for)}"].samples_per_second for i in indices}
+
+    screening.screened(computes, measure_stage)
+    keyed = {k: v for k, v in keyed.items() if k in compute_rates}
     fastest_step = max((r.samples_per_second or 0.0 for r in compute_rates.values()), default=0.0)
     loader_rates = measured(
         rates.measure_loaders_in_turn,
@@ -201,7 +212,7 @@ def _predicted(
 
     predictions = roofline.predict(
         [(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
-        computes,
+        [c for i, c in enumerate(computes) if f"{i}@{max(workers_for)}" in compute_rates],
         compute_rate,
     )
     figures = {
@@ -210,6 +221,7 @@ def _predicted(
             {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
             for k, (c, _) in keyed.items()
         ],
+        **({"screened_from": len(computes)} if len(computes) > screening.SCREEN_ABOVE else {}),
     }
     return predictions, figures
 
@@ -265,17 +277,6 @@ def _weigh_compile(
         "samples": payback.samples,
         "longest_samples": longest,
         "kept": payback.pays_within(longest),
-    }
-
-
-def _figures(prediction: roofline.Prediction) -> dict[str, Any]:
-    return {
-        **prediction.setting,
-        "predicted": prediction.samples_per_second,
-        "loader_rate": prediction.loader_rate,
-        "compute_rate": prediction.compute_rate,
-        "bottleneck": prediction.bottleneck,
-        "idle_share": prediction.idle_share,
     }
 
 

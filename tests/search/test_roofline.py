@@ -538,3 +538,34 @@ def test_the_systems_probe_fixes_checkpointing_off_where_its_runs_peaks_leave_ro
     assert tight["fixed"] == {} and not tight["checkpointing"]["fits"]
     assert probe_restrict(open_choice.space, tight)["checkpointing"].values == (False, True)
     assert "Activation checkpointing stays in the search" in probe_describe(tight)
+
+
+def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more compute settings than screening.SCREEN_ABOVE the probe measures them in stages
+    (each in one process) and predicts over those measured; the report says it screened."""
+    from autotune.search import screening
+    from autotune.spec import study_file
+    from autotune.study import preparation, roofline_probe
+
+    monkeypatch.setattr(screening, "SCREEN_ABOVE", 1)
+    spec = study_file.load(write_study(tmp_path, probe="joint"))
+    prepared = preparation.prepare(spec)
+    computes = roofline.compute_settings(prepared.space)
+    stages = []
+    measure = prepared.measure
+
+    def counted(work, *args, **kwargs):
+        if work is rates.measure_in_groups:
+            stages.append(len(args[0]))
+        return measure(work, *args, **kwargs)
+
+    outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
+    assert outcome["screened_from"] == len(computes) > 1
+    measured = {(r["precision"], r["channels_last"]) for r in outcome["compute_rates"]}
+    assert stages and sum(stages) == len(outcome["compute_rates"])
+    assert (outcome["chosen"]["precision"], outcome["chosen"]["channels_last"]) in measured
+    assert f"compute settings measured apart (screened from {len(computes)})" in (
+        roofline.describe(outcome)
+    )

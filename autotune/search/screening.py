@@ -1,0 +1,100 @@
+"""The joint probe's compute settings screened: fewer measured for the same choice.
+
+Every precision x memory format x toggle (cuDNN's search, TF32 with fp32, the fused step) is 32
+settings on a GPU, each a model built, warmed up and timed. Their effects barely interact: on
+an H200 and an H100 the shapes step ran 1.4-1.9x faster channels-last at every precision,
+cuDNN's search and TF32 moved no rate by more than 3%, and the fused step 1% at fp32 and 9-13%
+at fp16, the same with either memory format. So, where a space has more than SCREEN_ABOVE:
+
+1. each precision with each memory format, the toggles at their base (off where the space
+   allows it);
+2. at each precision's faster memory format, each toggle changed alone;
+3. at each precision, the toggles that each ran at least `probe.FASTER_BY` faster, together,
+   where two or more did.
+
+On the shapes study's space that is 13 settings in place of 32; the joint probe then predicts
+over the settings measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.search.probe import FASTER_BY
+
+SCREEN_ABOVE = 8  # compute settings measured all at once up to this many
+FORMAT = "channels_last"
+# setting index -> its rate (None: no figure, out of memory say)
+Rates = dict[int, "float | None"]
+
+
+def screened(settings: Sequence[Mapping[str, Any]], measure: Callable[[list[int]], Rates]) -> Rates:
+    """The rates of the settings screening picks (all of them, up to SCREEN_ABOVE), each stage
+    `measure`d in one call with the indices of `settings` it picks."""
+    if len(settings) <= SCREEN_ABOVE:
+        return measure(list(range(len(settings))))
+    measured: Rates = {}
+    for stage in (_formats, _each_toggle, _helpful_toggles):
+        picked = [i for i in stage(settings, measured) if i not in measured]
+        if picked:
+            measured.update(measure(picked))
+    return measured
+
+
+def _toggles(settings: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The knobs besides precision and memory format that take more than one value."""
+    names = [k for k in settings[0] if k not in ("precision", FORMAT)]
+    return [k for k in names if len({s[k] for s in settings}) > 1]
+
+
+def _base(settings: Sequence[Mapping[str, Any]], knob: str) -> Any:
+    return False if any(s[knob] is False for s in settings) else settings[0][knob]
+
+
+def _changed(settings: Sequence[Mapping[str, Any]], setting: Mapping[str, Any]) -> set[str]:
+    """The toggles `setting` has away from their base."""
+    return {k for k in _toggles(settings) if setting[k] != _base(settings, k)}
+
+
+def _formats(settings: Sequence[Mapping[str, Any]], _: Rates) -> list[int]:
+    return [i for i, s in enumerate(settings) if not _changed(settings, s)]
+
+
+def _fastest_format(settings: Sequence[Mapping[str, Any]], measured: Rates, precision: str) -> Any:
+    """`precision`'s faster memory format with every toggle at its base; None unmeasured."""
+    ran = [
+        (measured[i], settings[i][FORMAT])
+        for i in _formats(settings, measured)
+        if settings[i]["precision"] == precision and measured.get(i)
+    ]
+    return max(ran, key=lambda pair: pair[0])[1] if ran else None
+
+
+def _at_fastest_format(
+    settings: Sequence[Mapping[str, Any]], measured: Rates
+) -> list[tuple[int, Mapping[str, Any]]]:
+    fastest = {
+        p: _fastest_format(settings, measured, p) for p in {s["precision"] for s in settings}
+    }
+    return [(i, s) for i, s in enumerate(settings) if s[FORMAT] == fastest[s["precision"]]]
+
+
+def _each_toggle(settings: Sequence[Mapping[str, Any]], measured: Rates) -> list[int]:
+    return [i for i, s in _at_fastest_format(settings, measured) if len(_changed(settings, s)) == 1]
+
+
+def _helpful_toggles(settings: Sequence[Mapping[str, Any]], measured: Rates) -> list[int]:
+    at_format = _at_fastest_format(settings, measured)
+    base = {s["precision"]: measured.get(i) for i, s in at_format if not _changed(settings, s)}
+    helpful: dict[str, set[str]] = {}
+    for i, s in at_format:
+        changed, rate, reference = _changed(settings, s), measured.get(i), base[s["precision"]]
+        if len(changed) == 1 and rate and reference and rate >= (1 + FASTER_BY) * reference:
+            helpful.setdefault(s["precision"], set()).update(changed)
+    return [
+        i
+        for i, s in at_format
+        if len(helpful.get(s["precision"], ())) > 1
+        and _changed(settings, s) == helpful[s["precision"]]
+    ]

@@ -1,0 +1,85 @@
+"""Screening the joint probe's compute settings: the same choice from fewer measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.search import roofline, screening
+from autotune.spec.study_file import from_mapping
+
+REPO = Path(__file__).resolve().parents[2]
+# The 32 compute settings an H100 measured, every one, for the shapes study (batch 512).
+H100 = json.loads((REPO / "benchmarks/results/roofline-shapes-small-cuda.json").read_text())
+MEASURED = H100["arms"]["prior"]["probe"]["compute_rates"]
+
+
+def settings_of(space_section: dict) -> list[dict]:
+    raw = {"task": "shapes", "target": {"metric": "accuracy", "value": 0.9}, "space": space_section}
+    return roofline.compute_settings(from_mapping(raw, path=Path("s.yaml")).space)
+
+
+def h100_rate(setting: dict) -> float:
+    return next(
+        r["samples_per_second"] for r in MEASURED if all(r[k] == v for k, v in setting.items())
+    )
+
+
+def test_the_shapes_space_is_screened_to_13_settings_with_the_fastest_among_them() -> None:
+    settings = settings_of({"precision": ["fp32", "fp16", "bf16"]})
+    assert len(settings) == 32
+    calls = []
+
+    def measure(indices):
+        calls.append(indices)
+        return {i: h100_rate(settings[i]) for i in indices}
+
+    rates = screening.screened(settings, measure)
+    # 6 precision x memory format, then each toggle alone at the faster format: 3 at fp32 (TF32
+    # too), 2 at each 16-bit precision; on the H100 only the fused step helped, and alone
+    assert [len(c) for c in calls] == [6, 7] and len(rates) == 13
+    every = max(h100_rate(s) for s in settings)
+    assert max(rates.values()) >= 0.99 * every  # fp16, channels-last, the fused step
+    best = settings[max(rates, key=rates.get)]
+    assert (best["precision"], best["channels_last"], best["fused_optimizer"]) == (
+        "fp16",
+        True,
+        True,
+    )
+
+
+def test_toggles_that_each_help_are_measured_together() -> None:
+    settings = settings_of({"precision": ["fp32", "bf16"]})
+
+    def rate(setting: dict) -> float:
+        # channels-last doubles; at fp32 TF32 and the fused step each add a fifth
+        speed = 100.0 * (2 if setting["channels_last"] else 1)
+        if setting["precision"] == "fp32":
+            speed *= (1.2 if setting["tf32"] else 1) * (1.2 if setting["fused_optimizer"] else 1)
+        return speed
+
+    rates = screening.screened(settings, lambda indices: {i: rate(settings[i]) for i in indices})
+    both = [settings[i] for i in rates if settings[i]["tf32"] and settings[i]["fused_optimizer"]]
+    assert both == [
+        {
+            "precision": "fp32",
+            "channels_last": True,
+            "cudnn_benchmark": False,
+            "tf32": True,
+            "fused_optimizer": True,
+        }
+    ]
+    assert max(rates.values()) == max(rate(s) for s in settings)  # 100 x 2 x 1.2 x 1.2
+
+
+def test_a_few_settings_are_all_measured_at_once_and_a_missing_figure_is_passed_over() -> None:
+    few = settings_of({"precision": ["fp32", "bf16"], "cudnn_benchmark": False, "tf32": False})
+    assert len(few) <= screening.SCREEN_ABOVE
+    calls = []
+    rates = screening.screened(few, lambda indices: calls.append(indices) or dict.fromkeys(indices))
+    assert calls == [list(range(len(few)))] and set(rates) == set(range(len(few)))
+    many = settings_of({"precision": ["fp32", "fp16", "bf16"]})
+    # every setting out of memory: the first stage only, nothing to build on
+    calls.clear()
+    screening.screened(many, lambda indices: calls.append(indices) or dict.fromkeys(indices))
+    assert [len(c) for c in calls] == [6]
