@@ -113,4 +113,7 @@ def joined(rank: int, world_size: int, *, port: int, device: torch.device) -> It
     )
     control = dist.new_group(backend="gloo") if cuda else None
     yield Ranks(rank=rank, world_size=world_size, control=control)
+    # Every rank here before any tears its connections down: gloo aborts a rank whose last
+    # messages a peer's exit cut off ("Connection reset by peer", a SIGABRT), rarely.
+    dist.barrier(group=control)
     dist.destroy_process_group()
