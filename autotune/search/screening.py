@@ -1,4 +1,7 @@
-"""The joint probe's compute settings screened: fewer measured for the same choice.
+"""The joint probe's settings screened: fewer measured for the same choice.
+
+Loader settings: each worker count unpinned first, then pinned only at the worker counts that
+came within PIN_WITHIN of the fastest (`screened_loaders`). Compute settings (`screened`):
 
 Every precision x memory format x toggle (cuDNN's search, TF32 with fp32, the fused step) is 32
 settings on a GPU, each a model built, warmed up and timed. Their effects barely interact: on
@@ -24,6 +27,10 @@ from typing import Any
 from autotune.search.probe import FASTER_BY
 
 SCREEN_ABOVE = 8  # compute settings measured all at once up to this many
+# Pinned memory made no loader more than 10% faster (15 worker counts measured both ways on an
+# H100 and an H200; several ran slower): it is measured only at the worker counts whose unpinned
+# rate came this close to the fastest.
+PIN_WITHIN = 0.1
 FORMAT = "channels_last"
 # setting index -> its rate (None: no figure, out of memory say)
 Rates = dict[int, "float | None"]
@@ -39,6 +46,27 @@ def screened(settings: Sequence[Mapping[str, Any]], measure: Callable[[list[int]
         picked = [i for i in stage(settings, measured) if i not in measured]
         if picked:
             measured.update(measure(picked))
+    return measured
+
+
+def screened_loaders(
+    loaders: Sequence[Mapping[str, Any]], measure: Callable[[list[int]], Rates]
+) -> Rates:
+    """The rates of the loader settings screening picks: every unpinned one, then the pinned ones
+    at the worker counts whose unpinned rate came within PIN_WITHIN of the fastest (all of them
+    where none ran, or the space leaves pinning no choice)."""
+    unpinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is False]
+    pinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is True]
+    if not (unpinned and pinned):
+        return measure(list(range(len(loaders))))
+    measured = measure(unpinned)
+    fastest = max((rate for rate in measured.values() if rate), default=None)
+    close = {
+        loaders[i]["num_workers"]
+        for i in unpinned
+        if fastest is None or (measured.get(i) or 0) >= (1 - PIN_WITHIN) * fastest
+    }
+    measured.update(measure([i for i in pinned if loaders[i]["num_workers"] in close]))
     return measured
 
 

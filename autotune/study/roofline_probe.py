@@ -197,13 +197,18 @@ def _predicted(
     screening.screened(computes, measure_stage)
     keyed = {k: v for k, v in keyed.items() if k in compute_rates}
     fastest_step = max((r.samples_per_second or 0.0 for r in compute_rates.values()), default=0.0)
-    loader_rates = measured(
-        rates.measure_loaders_in_turn,
-        {str(i): config({**computes[0], **s}) for i, s in enumerate(loaders)},
-        # a loader this much faster than every step leaves more workers nothing to feed
-        ENOUGH_MARGIN * fastest_step if fastest_step else None,
-    )
-    bar.update(len(loaders))
+    # a loader this much faster than every step leaves more workers nothing to feed
+    enough = ENOUGH_MARGIN * fastest_step if fastest_step else None
+    loader_rates: dict[str, rates.Rate] = {}
+
+    def measure_loaders(indices: list[int]) -> dict[int, float | None]:
+        these = {str(i): config({**computes[0], **loaders[i]}) for i in indices}
+        loader_rates.update(measured(rates.measure_loaders_in_turn, these, enough))
+        bar.update(len(indices))
+        return {i: loader_rates[str(i)].samples_per_second for i in indices}
+
+    screening.screened_loaders(loaders, measure_loaders)
+    ran = [(str(i), s) for i, s in enumerate(loaders) if str(i) in loader_rates]
 
     def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
         return compute_rates[
@@ -211,12 +216,12 @@ def _predicted(
         ].samples_per_second
 
     predictions = roofline.predict(
-        [(s, loader_rates[str(i)].samples_per_second) for i, s in enumerate(loaders)],
+        [(s, loader_rates[i].samples_per_second) for i, s in ran],
         [c for i, c in enumerate(computes) if f"{i}@{max(workers_for)}" in compute_rates],
         compute_rate,
     )
     figures = {
-        "loader_rates": [{**s, **loader_rates[str(i)].as_json()} for i, s in enumerate(loaders)],
+        "loader_rates": [{**s, **loader_rates[i].as_json()} for i, s in ran],
         "compute_rates": [
             {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
             for k, (c, _) in keyed.items()

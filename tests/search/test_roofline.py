@@ -546,25 +546,37 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     """With more compute settings than screening.SCREEN_ABOVE the probe measures them in stages
     (each in one process) and predicts over those measured; the report says it screened."""
     from autotune.search import screening
+    from autotune.search.space import Choices
     from autotune.spec import study_file
     from autotune.study import preparation, roofline_probe
 
     monkeypatch.setattr(screening, "SCREEN_ABOVE", 1)
     spec = study_file.load(write_study(tmp_path, probe="joint"))
     prepared = preparation.prepare(spec)
+    # pinning a choice, as on a GPU (a CPU loader pins nothing whatever it says)
+    prepared = dataclasses.replace(
+        prepared, space=prepared.space.replace("pin_memory", Choices((False, True)))
+    )
     computes = roofline.compute_settings(prepared.space)
-    stages = []
+    stages, loader_calls = [], []
     measure = prepared.measure
 
     def counted(work, *args, **kwargs):
         if work is rates.measure_in_groups:
             stages.append(len(args[0]))
+        if work is rates.measure_loaders_in_turn:
+            loader_calls.append(sorted((c.num_workers, c.pin_memory) for c in args[0].values()))
         return measure(work, *args, **kwargs)
 
     outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
     assert outcome["screened_from"] == len(computes) > 1
     measured = {(r["precision"], r["channels_last"]) for r in outcome["compute_rates"]}
     assert stages and sum(stages) == len(outcome["compute_rates"])
+    # every worker count unpinned, then pinned only near the fastest: not all three again
+    assert loader_calls[0] == [(0, False), (2, False), (4, False)]
+    assert len(loader_calls) == 2 and 1 <= len(loader_calls[1]) < 3
+    assert all(pin for _, pin in loader_calls[1])
+    assert len(outcome["loader_rates"]) == 3 + len(loader_calls[1])
     assert (outcome["chosen"]["precision"], outcome["chosen"]["channels_last"]) in measured
     assert f"compute settings measured apart (screened from {len(computes)})" in (
         roofline.describe(outcome)

@@ -83,3 +83,39 @@ def test_a_few_settings_are_all_measured_at_once_and_a_missing_figure_is_passed_
     calls.clear()
     screening.screened(many, lambda indices: calls.append(indices) or dict.fromkeys(indices))
     assert [len(c) for c in calls] == [6]
+
+
+def test_pinning_is_measured_only_where_the_unpinned_loader_came_close_to_the_fastest() -> None:
+    loaders = roofline.loader_settings(
+        [
+            {"num_workers": w, "prefetch_factor": 4 if w else None, "pin_memory": p}
+            for w in (0, 2, 4, 8, 16)
+            for p in (False, True)
+        ]
+    )
+    h100 = {
+        (r["num_workers"], r["pin_memory"]): r["samples_per_second"]
+        for r in H100["arms"]["prior"]["probe"]["loader_rates"]
+    }
+    calls = []
+
+    def measure(indices):
+        calls.append([(loaders[i]["num_workers"], loaders[i]["pin_memory"]) for i in indices])
+        return {i: h100[loaders[i]["num_workers"], loaders[i]["pin_memory"]] for i in indices}
+
+    rates = screening.screened_loaders(loaders, measure)
+    # every worker count unpinned, fewest first; then pinned at 16 workers alone (8 delivered
+    # 33,737/s against 16's 57,673)
+    assert calls == [[(w, False) for w in (0, 2, 4, 8, 16)], [(16, True)]]
+    assert len(rates) == 6
+
+    # a space that leaves pinning no choice: all at once; none unpinned ran: every pinned one
+    unpinned_only = [s for s in loaders if not s["pin_memory"]]
+    calls.clear()
+    screening.screened_loaders(unpinned_only, lambda indices: calls.append(indices) or {})
+    assert calls == [list(range(5))]
+    calls.clear()
+    screening.screened_loaders(
+        loaders, lambda indices: calls.append(indices) or dict.fromkeys(indices)
+    )
+    assert [len(c) for c in calls] == [5, 5]
