@@ -4,10 +4,11 @@ Loader settings: each worker count unpinned first, then pinned only at the worke
 came within PIN_WITHIN of the fastest (`screened_loaders`). Compute settings (`screened`):
 
 Every precision x memory format x toggle (cuDNN's search, TF32 with fp32, the fused step) is 32
-settings on a GPU, each a model built, warmed up and timed. Their effects barely interact: on
-an H200 and an H100 the shapes step ran 1.4-1.9x faster channels-last at every precision,
-cuDNN's search and TF32 moved no rate by more than 3%, and the fused step 1% at fp32 and 9-13%
-at fp16, the same with either memory format. So, where a space has more than SCREEN_ABOVE:
+settings on a GPU, each a model built, warmed up and timed. Most of them tell little: on an
+H200 and an H100 the shapes step ran 1.4-1.8x faster channels-last at every precision, cuDNN's
+search and TF32 moved no rate by more than 3%, and the fused step 1-2% at fp32 and bf16 and
+9-20% at fp16 (more with channels-last, so each toggle is measured at the faster memory
+format). So, where a space has more than SCREEN_ABOVE:
 
 1. each precision with each memory format, the toggles at their base (off where the space
    allows it);
