@@ -76,10 +76,22 @@ def drifted(stored: dict[str, Any] | None, spec: StudySpec) -> list[str]:
 
 
 def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Each difference as `key: old -> new`, keys dotted as in the study file."""
+    """Each difference as `key: old -> new`, keys dotted as in the study file; a key left out at
+    its default (see for_spec) reads as that default."""
     found: list[str] = []
-    _compare(stored, current, "", found)
+    _compare(_with_defaults(stored), _with_defaults(current), "", found)
     return found
+
+
+def _with_defaults(definition: dict[str, Any]) -> dict[str, Any]:
+    # only where one side is a definition: drifted() compares a part of one
+    if "space" not in definition:
+        return definition
+    defaults = {
+        "objective": {"name": TIME_TO_TARGET, "replicates": 1},
+        "devices_per_trial": 1,
+    }
+    return {**defaults, **definition}
 
 
 def _compare(old: Any, new: Any, key: str, found: list[str]) -> None:

@@ -114,7 +114,7 @@ def test_the_stored_definition_holds_the_devices_so_a_change_is_refused(tmp_path
     # one device, the default, leaves the key out: studies stored before it still match
     assert "devices_per_trial" not in definition.for_spec(one, space=space, device="cpu")
     current = definition.for_spec(one, space=space, device="cpu")
-    assert definition.changes(stored, current) == ["devices_per_trial: 2 -> (none)"]
+    assert definition.changes(stored, current) == ["devices_per_trial: 2 -> 1"]
 
 
 @pytest.mark.parametrize(
