@@ -255,17 +255,16 @@ def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
 
 def checkpointing_fit(
     space: Space,
-    compute_rates: Sequence[Mapping[str, Any]],
+    peaks: Sequence[int | None],
     *,
     batch: int,
     device_bytes: int | None,
 ) -> dict[str, Any] | None:
     """Where checkpointing is a choice with off among it: the space's largest micro-batch's
-    predicted peak without it (the hungriest compute setting's at `batch`, as measured), beside
-    the device's memory, and whether it fits (FITS_SHARE). None where it is no choice, or a figure
-    is missing (a setting out of memory at `batch` among them)."""
+    predicted peak without it (the hungriest of `peaks`, each a setting's at `batch` as measured),
+    beside the device's memory, and whether it fits (FITS_SHARE). None where it is no choice, or a
+    peak is missing (None: a setting out of memory at `batch`, or failed)."""
     values = space["checkpointing"].values
-    peaks = [rate.get("peak_memory_bytes") for rate in compute_rates]
     if len(values) < 2 or False not in values or not peaks or not all(peaks) or not device_bytes:
         return None
     sizes = space["batch_size"]

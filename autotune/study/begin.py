@@ -164,7 +164,7 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     # every run at most the probe's batch, any precision: the hungriest decides (roofline's rule)
     memory = roofline.checkpointing_fit(
         prepared.space,
-        [{"peak_memory_bytes": max(peaks) if peaks and None not in peaks else None}],
+        peaks,
         batch=outcome["batch_size"],
         device_bytes=telemetry.memory_bytes(prepared.device),
     )

@@ -121,8 +121,9 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = roofline.decide(speeds)
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
+    peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
     memory = roofline.checkpointing_fit(
-        space, figures["compute_rates"], batch=batch, device_bytes=telemetry.memory_bytes(device)
+        space, peaks, batch=batch, device_bytes=telemetry.memory_bytes(device)
     )
     if memory is not None and memory["fits"]:
         fixed["checkpointing"] = False
