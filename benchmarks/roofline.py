@@ -23,7 +23,9 @@ runs), evaluating off the clock every `budget.eval_every` epochs, on `--seeds` f
 the arms interleaved within each seed. The GPU time each arm spent searching is its wall time.
 
 Stages, each under 8 minutes on an H100 and each writing its figures as it goes (a stage cut short
-still tells something); the arms' studies and winners are kept in --work for the judge:
+still tells something). The arms' studies are kept in --work; the judge reads only the results
+file (each arm's winner and the joint probe's figures), so the stages may run in separate sessions
+with nothing carried between them but that file:
 
     .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR]
                                             [--study FILE] [joint systems tpe prior warm judge]
@@ -56,13 +58,14 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from autotune import export  # noqa: E402
-from autotune.report import summarize  # noqa: E402
+from autotune.record.summary import Counts, Summary, Winner  # noqa: E402
 from autotune.report.winner import start_up_seconds  # noqa: E402
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.train.measure import cpu_count  # noqa: E402
+from autotune.train.tasks import reference  # noqa: E402
 from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 
@@ -129,8 +132,37 @@ def expert(prepared: preparation.Prepared) -> dict[str, Any]:
     return complete(config)
 
 
+def export_template(spec: study_file.StudySpec, prepared: preparation.Prepared) -> Summary:
+    """What the plain-PyTorch export reads of a study (its task's optimizer, the device, the
+    limits), from the study file as prepared, with a winner whose params the judge replaces: the
+    judge reads no arm's storage, so it runs from the results file alone, in a later session too."""
+    budget = spec.budget
+    return Summary(
+        study=spec.name,
+        target=spec.target,
+        counts=Counts(**{field.name: 0 for field in dataclasses.fields(Counts)}),
+        best=Winner(
+            trial=None,
+            label="judged",
+            params=complete(prepared.baseline),
+            time_to_target=math.nan,
+            metric=math.nan,
+            runs=0,
+            source="judge",
+            epochs=None,
+        ),
+        limits={
+            "max_epochs": budget.max_epochs,
+            "max_seconds": budget.max_seconds,
+            "eval_every": budget.eval_every,
+        },
+        optimizer=reference(prepared.task.optimizer),
+        device=prepared.device.type,
+    )
+
+
 def judge_run(
-    template: Any,
+    template: Summary,
     config: dict[str, Any],
     prepared: preparation.Prepared,
     spec: study_file.StudySpec,
@@ -286,11 +318,7 @@ def judge(
     if cpu:
         spec = dataclasses.replace(spec, device="cpu")
     prepared = preparation.prepare(spec)
-    _, template = summarize.of_study(spec, storage.open_study(spec, create=False))
-    if template.best is None:
-        raise SystemExit(
-            f"the {ours} arm found no winner to take the export's shape from: run it again"
-        )
+    template = export_template(spec, prepared)
     candidates = {
         "baseline": complete(prepared.baseline),
         "expert": expert(prepared),

@@ -15,7 +15,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> None:
+def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alone(
+    tmp_path: Path,
+) -> None:
     study = yaml.safe_load((REPO / "studies" / "paced.yaml").read_text())
     study.update(
         task="tests.tasks:paced_quick",
@@ -24,27 +26,36 @@ def test_every_stage_runs_and_the_judge_measures_every_arm(tmp_path: Path) -> No
     study["space"].update(batch_size=[64, 128], lr=0.1)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/roofline.py",
-            "--cpu",
-            "--small",
-            "--study",
-            str(path),
-            "--work",
-            str(tmp_path / "work"),
-            "--results",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+
+    def stages(*names: str, work: Path) -> None:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "benchmarks/roofline.py",
+                "--cpu",
+                "--small",
+                "--study",
+                str(path),
+                "--work",
+                str(work),
+                "--results",
+                str(tmp_path),
+                *names,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    stages("joint", "systems", "tpe", work=tmp_path / "work")
     record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
-    assert set(record["arms"]) == {"joint", "systems", "tpe"}
+    assert set(record["arms"]) == {"joint", "systems", "tpe"} and "judge" not in record
+    # the judge in another session: nothing but the results file carried over, no arm's storage
+    stages("judge", work=tmp_path / "elsewhere")
+    assert not list((tmp_path / "elsewhere").glob("*.db"))
+    record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
     assert all(arm["gpu_seconds"] > 0 for arm in record["arms"].values())
     assert record["arms"]["joint"]["probe"]["kind"] == "joint"
     runs = record["judge"]["runs"]
