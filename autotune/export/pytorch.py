@@ -72,6 +72,7 @@ shuffled, whole
 # micro-batches only (accumulation stays exact, BatchNorm never sees a batch of one), \
 workers kept across epochs.
 LOADER = $loader
+_BATCHING = ("batch_size", "shuffle", "drop_last")  # EpochBatches' part of LOADER
 
 # Your own parameters as the study chose them. autotune passed each by keyword to whichever of the
 # task's model factory and optimizer names it: build `model` with those your model factory takes.
@@ -106,13 +107,20 @@ start with _orig_mod.).
 else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores - NUM_WORKERS))  # the cores the loader workers leave free
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    # under torchrun: each process its shard of every epoch, shuffled by the sampler
-    shards = {"shuffle": False, "sampler": torch.utils.data.DistributedSampler(
-        train_dataset, shuffle=LOADER["shuffle"], seed=seed or 0)} if distributed else {}
-    loader = DataLoader(train_dataset, **{**LOADER, **shards}, \
-pin_memory=PIN_MEMORY and device.type == "cuda",  # it helps CUDA copies only
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    if distributed:  # under torchrun: each process its shard of every epoch, shuffled
+        sampler = torch.utils.data.DistributedSampler(train_dataset, shuffle=LOADER["shuffle"], \
+seed=seed or 0)
+    elif LOADER["shuffle"]:
+        sampler = torch.utils.data.RandomSampler(train_dataset, generator=generator)
+    else:
+        sampler = torch.utils.data.SequentialSampler(train_dataset)
+    loader = DataLoader(train_dataset, batch_sampler=EpochBatches(sampler, LOADER["batch_size"], \
+LOADER["drop_last"]),
+                        **{k: v for k, v in LOADER.items() if k not in _BATCHING},
+                        pin_memory=PIN_MEMORY and device.type == "cuda",  # helps CUDA copies only
                         worker_init_fn=_worker_init if NUM_WORKERS > 0 else None,
-                        generator=None if seed is None else torch.Generator().manual_seed(seed))
+                        generator=generator)
     model = model.to(device)
     if CHECKPOINTING:  # the first blocks of model.checkpoint_blocks(), as the trial did
         from autotune.train.checkpointing import apply
@@ -139,7 +147,7 @@ enabled=$autocast_enabled)
     scaler = torch.amp.GradScaler(device.type, enabled=$scaler_enabled)  \
 # fp16: keeps small gradients from underflowing
     # Micro-batches epoch after epoch, so an effective batch may span an epoch boundary.
-    batches = _epochs(loader)
+    batches = _batches(loader)
     return types.SimpleNamespace(model=torch.compile(model) if COMPILE else model, module=module, \
 device=device,
                                  loader=loader, batches=batches, optimizer=optimizer, \
@@ -147,12 +155,28 @@ scheduler=scheduler,
                                  total_steps=total_steps, autocast=autocast, scaler=scaler)
 
 
-def _epochs(loader):
-    """The loader's batches, epoch after epoch (a DistributedSampler told each epoch's number)."""
-    for epoch in itertools.count():
-        if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
+class EpochBatches(torch.utils.data.Sampler):
+    """The batches of `sampler`'s epochs one after another, without end: one loader iterator then
+    serves the whole run, and its workers load the next epoch's first batches while this epoch's
+    last ones train (a new iterator each epoch would ask for them only after). Each epoch is
+    shuffled afresh, a DistributedSampler told its number. len(): one epoch's batches."""
+
+    def __init__(self, sampler, batch_size, drop_last):
+        self.batches = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for epoch in itertools.count():
+            if hasattr(self.batches.sampler, "set_epoch"):
+                self.batches.sampler.set_epoch(epoch)
+            yield from self.batches
+
+
+def _batches(loader):
+    """The loader's batches, epoch after epoch; its workers start at the first one asked for."""
+    yield from loader
 
 
 def to_device(inputs, device, *, non_blocking=False):

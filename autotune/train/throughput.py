@@ -3,8 +3,8 @@
 A time to target mixes how many samples a run needs (the maths: lr, schedule, effective batch,
 seed) with how fast this machine trains them (micro-batch, loader, precision, memory format,
 compilation, and whatever else the machine is doing). This measures the second alone, as
-airbench and Pollux do: the real DataLoader in the loop, warm-up and start-up apart, windows of
-steps that hold an epoch's first batch left out, and the configurations interleaved in rounds so
+airbench and Pollux do: the real DataLoader in the loop (its workers running on across epochs, as
+in a trial), warm-up and start-up apart, and the configurations interleaved in rounds so
 that a drift in the machine's speed falls on all of them alike, until every configuration's
 windows agree (interquartile range / median at most `max_spread`) or a cap on rounds is hit.
 
@@ -85,8 +85,7 @@ def interleave(
 ) -> dict[K, list[float]]:
     """Each round times one window of every configuration, always in the same order; rounds go
     on until every configuration has `min_windows` figures whose spread is at most `max_spread`,
-    or for `max_rounds`. A window that returns None (it held an epoch's first batch) adds
-    nothing."""
+    or for `max_rounds`. A window that returns None (no time measured) adds nothing."""
     figures: dict[K, list[float]] = {key: [] for key in windows}
     for _ in range(max_rounds):
         for key, window in windows.items():
@@ -240,20 +239,16 @@ class _Session:
             device=device,
             seed=seed,
         )
-        self.batches = endless(self.training.loader, epoch_starts=True)
+        self.batches = endless(self.training.loader)
         try:
-            self.warmup_samples = self._steps(MIN_WARMUP_STEPS)[0]
+            self.warmup_samples = self._steps(MIN_WARMUP_STEPS)
         except BaseException:
             self.close()
             raise
         self.startup_seconds = clock.stop()
-        # Windows of `window_steps` optimizer steps, or of half an epoch where epochs are shorter:
-        # a longer window would nearly always hold an epoch's first batch (a large batch on a small
-        # dataset) and the setting would get no figure. Where an epoch is a single step, every
-        # window holds one: then they count, as every step of a run pays it.
-        per_epoch = len(self.training.loader) // self.config.accumulation_steps
-        self.window_steps = max(1, min(window_steps, per_epoch // 2))
-        self.keep_epoch_starts = per_epoch < 2
+        # An epoch's start costs a window nothing: the loader's workers run on across it
+        # (loader.EpochBatches), as in a trial.
+        self.window_steps = window_steps
         # While the other configurations are timed, this one's workers fill their queue; those
         # batches, and the one after (part-way loaded), are trained untimed before each window,
         # or it would time batches loaded before it began and overstate a loader-bound setting.
@@ -265,22 +260,20 @@ class _Session:
         self.drain_steps = math.ceil(ahead * deeper / self.config.accumulation_steps)
         self.interleaved = interleaved
 
-    def _steps(self, count: int) -> tuple[int, bool]:
-        """Train `count` optimizer steps: the samples they took, and whether an epoch began among
-        them."""
-        samples, epoch_began = 0, False
+    def _steps(self, count: int) -> int:
+        """Train `count` optimizer steps: the samples they took."""
+        samples = 0
         # the sessions differ in them
         with process_settings(cudnn_benchmark=self.config.cudnn_benchmark, tf32=self.config.tf32):
             for _ in range(count):
                 group = [next(self.batches) for _ in range(self.config.accumulation_steps)]
-                self.training.step([batch for _, batch in group])
+                self.training.step(group)
                 self.training.scheduler.step()
-                samples += sum(len(batch[1]) for _, batch in group)
-                epoch_began = epoch_began or any(first for first, _ in group)
-        return samples, epoch_began
+                samples += sum(len(targets) for _, targets in group)
+        return samples
 
     def window(self) -> float | None:
-        """Samples per second over a window; None when an epoch began in it."""
+        """Samples per second over a window; None where the clock saw no time pass."""
         # the sessions differ in workers
         torch.set_num_threads(threads_for(self.config.num_workers))
         self._steps(self.drain_steps)
@@ -288,13 +281,9 @@ class _Session:
             self.drain_steps = 0
         clock = Clock(self.device)
         clock.start()
-        samples, epoch_began = self._steps(self.window_steps)
+        samples = self._steps(self.window_steps)
         seconds = clock.stop()
-        return (
-            None
-            if (epoch_began and not self.keep_epoch_starts) or seconds <= 0
-            else samples / seconds
-        )
+        return samples / seconds if seconds > 0 else None
 
     def result(self, figures: Sequence[float]) -> Throughput:
         if not figures:
@@ -303,7 +292,7 @@ class _Session:
                 None,
                 0,
                 self.startup_seconds,
-                reason="no window without an epoch's first batch",
+                reason="no window took a measurable time",
                 window_steps=self.window_steps,
             )
         speed = statistics.median(figures)

@@ -45,6 +45,8 @@ from autotune.search.space import KNOBS, SCHEDULERS
 from autotune.spec import study_file
 from autotune.study import storage
 from autotune.train import checkpointing, systems, trial
+from autotune.train.config import TrialConfig
+from autotune.train.loader import endless, make_loader
 from autotune.train.tasks import digits, sgd, takes
 from tests.tasks import ActivationBudgetNet, _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
 
@@ -833,10 +835,11 @@ def check_torch(
         assert training.model is model
 
     loader = training.loader
+    batches = loader.batch_sampler.batches  # each epoch's, as the trial's EpochBatches makes them
     assert (
-        loader.batch_size == knob_values["batch_size"]
-        and loader.drop_last
-        and isinstance(loader.sampler, RandomSampler)
+        batches.batch_size == knob_values["batch_size"]
+        and batches.drop_last
+        and isinstance(batches.sampler, RandomSampler)
     )
     assert (
         loader.num_workers == knob_values["num_workers"]
@@ -925,6 +928,25 @@ def test_torch_module_trains_as_the_trial_did(name: str) -> None:
     check_torch(
         render(summary, "torch"), summary, dataset=_blobs(104, 0), model_factory=blobs_model
     )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torch_module_loads_the_batches_the_trial_loaded(num_workers: int) -> None:
+    """The same seed, the same micro-batches epoch after epoch, from one loader iterator whose
+    workers run on across each epoch's end, as the trial's (autotune.train.loader)."""
+    summary = summary_for(knobs(0.05, "constant", 16, 1, num_workers, "fp32"))
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(render(summary, "torch"), namespace)
+    dataset = _blobs(104, 0)  # 6 batches of 16 an epoch, 8 samples dropped
+    training = namespace["make_training"](blobs_model(summary), dataset, device="cpu", seed=5)
+    mine = [x for x, _ in itertools.islice(training.batches, 3 * 6)]
+    config = TrialConfig.from_mapping(summary.best.params)
+    loader = make_loader(dataset, config, seed=5, device=torch.device("cpu"))
+    theirs = [x for x, _ in itertools.islice(endless(loader), 3 * 6)]
+    assert len(training.loader) == len(loader) == 6
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    assert not torch.equal(mine[0], mine[6])  # each epoch shuffled afresh
+    training.batches.close()
 
 
 @pytest.mark.parametrize("accumulation_steps, precision", [(1, "fp32"), (2, "bf16")])

@@ -116,7 +116,9 @@ def test_the_torch_module_trains_in_a_process_group_as_a_ranks_trial(process_gro
     training = namespace["make_training"](model, _blobs(104, 0), device="cpu", seed=3)
     assert isinstance(training.model, torch.nn.parallel.DistributedDataParallel)
     assert training.module is model  # evaluate and save the unwrapped one
-    assert isinstance(training.loader.sampler, torch.utils.data.DistributedSampler)
+    assert isinstance(
+        training.loader.batch_sampler.batches.sampler, torch.utils.data.DistributedSampler
+    )
     before = [p.detach().clone() for p in model.parameters()]
     for _ in range(3):  # two micro-batches a step: the first under no_sync
         namespace["train_step"](training, loss_fn=torch.nn.functional.cross_entropy)
