@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.arguments import build_parser, resume_command
 from autotune.errors import AutotuneError, StorageError
 
 if TYPE_CHECKING:  # the heavy imports wait until a command needs them
@@ -26,6 +25,17 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `autotune` command; `argv` None: this process is the command (sys.argv), and exits with
+    what this returns."""
+    code = _main(argv)
+    if argv is None and code == 128 + signal.SIGINT:
+        from autotune import signals
+
+        signals.stopping()  # the interpreter's exit comes next: a second Ctrl-C would break it
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         try:
             return _command(argv)
@@ -50,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(argv: Sequence[str] | None) -> int:
+    # imported here, inside main's handling of Ctrl-C, as every import past the interpreter's own
+    from autotune.arguments import build_parser
+
     args = build_parser().parse_args(argv)
     try:
         return {
@@ -64,13 +77,11 @@ def _command(argv: Sequence[str] | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune import progress, signals
-    from autotune.report import results
+    from autotune import progress
     from autotune.spec.study_file import load
-    from autotune.study import preparation, storage
-    from autotune.study.run import run_sequence
 
     progress.set_mode(progress.choose(quiet=args.quiet, terminal=sys.stderr.isatty()))
+    # the study file is checked before torch is imported (seconds): a mistake in it is told at once
     spec = load(
         args.study,
         storage=args.storage,
@@ -78,6 +89,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         trials=args.trials,
         timeout=args.timeout,
     )
+    from autotune import arguments, signals
+
+    # A Ctrl-C that lands inside torch's import can abort the process with a C++ message
+    # (pybind11::error_already_set): a signal sent meanwhile is taken once the import is done.
+    with signals.held():
+        from autotune.report import results
+        from autotune.study import preparation, storage
+        from autotune.study.run import run_sequence
+
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
         return _run_as_worker(args, spec, prepared)
@@ -89,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as interrupt:
         print(
             f"\nautotune: interrupted ({signals.name(interrupt)}); every finished trial is saved "
-            f"in {spec.storage}.\nResume with: {resume_command(args)}",
+            f"in {spec.storage}.\nResume with: {arguments.resume_command(args)}",
             file=sys.stderr,
         )
         return signals.exit_code(interrupt)
@@ -136,11 +156,13 @@ def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[], None]
 
 def _disk_full(args: argparse.Namespace, spec: StudySpec) -> StorageError:
     """The error for a run whose storage found the disk full."""
+    from autotune import arguments
+
     # SQLite rolled the failed write back: what was stored stays whole, and the trial that was
     # being written is marked interrupted and run again by the next start.
     return StorageError(
         f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
-        f"before is saved. Free some space, then resume with: {resume_command(args)}"
+        f"before is saved. Free some space, then resume with: {arguments.resume_command(args)}"
     )
 
 

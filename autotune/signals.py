@@ -36,6 +36,13 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
     return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
 
 
+def stopping() -> None:
+    """The process is stopping on a signal and has said so: a second Ctrl-C (pressed twice, or
+    sent to the whole group again) would only break its exit, a traceback from one of torch's exit
+    handlers, so it is ignored from here on. SIGTERM and SIGKILL still end a stuck exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def name(interrupt: KeyboardInterrupt) -> str:
     """SIGTERM, or SIGINT for Ctrl-C."""
     return signal.Signals(
