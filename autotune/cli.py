@@ -95,12 +95,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (pybind11::error_already_set): a signal sent meanwhile is taken once the import is done.
     with signals.held():
         from autotune.report import results
-        from autotune.study import preparation, storage
+        from autotune.study import preparation, storage, workers
         from autotune.study.run import run_sequence
 
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
-        return _run_as_worker(args, spec, prepared)
+        return workers.run_as_worker(spec, prepared, worker=args.as_worker)
     run_trials = _in_workers(args, spec)
     try:
         study = run_sequence(
@@ -164,28 +164,6 @@ def _disk_full(args: argparse.Namespace, spec: StudySpec) -> StorageError:
         f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
         f"before is saved. Free some space, then resume with: {arguments.resume_command(args)}"
     )
-
-
-def _run_as_worker(args: argparse.Namespace, spec: StudySpec, prepared: object) -> int:
-    """One of `--workers K`: trials only; the parent recovers, confirms and reports."""
-    from autotune import signals
-    from autotune.study import run_plan, runner_lock, storage, workers
-    from autotune.study.run import run_study
-
-    if spec.storage.startswith("sqlite"):
-        raise AutotuneError(
-            f"{spec.path}: --as-worker is for the processes that --workers starts, "
-            f"on a shared storage"
-        )
-    workers.die_with_parent()
-    try:
-        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            study = storage.open_study(spec, create=True)
-            plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
-            run_study(spec, plan, study, worker=args.as_worker)
-    except KeyboardInterrupt as interrupt:
-        return signals.exit_code(interrupt)
-    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

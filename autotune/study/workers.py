@@ -225,3 +225,25 @@ def _stop(processes: list[subprocess.Popen], signum: int) -> None:
         except subprocess.TimeoutExpired:
             process.kill()  # its trial stays RUNNING; the next start marks and retries it
             process.wait()
+
+
+def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
+    """One of `--workers K` (`autotune run --as-worker N`): trials only; the parent recovers,
+    confirms and reports. Its exit status."""
+    from autotune.study import run_plan, runner_lock
+    from autotune.study.run import run_study
+
+    if spec.storage.startswith("sqlite"):
+        raise AutotuneError(
+            f"{spec.path}: --as-worker is for the processes that --workers starts, "
+            f"on a shared storage"
+        )
+    die_with_parent()
+    try:
+        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
+            study = storage.open_study(spec, create=True)
+            plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
+            run_study(spec, plan, study, worker=worker)
+    except KeyboardInterrupt as interrupt:
+        return signals.exit_code(interrupt)
+    return 0
