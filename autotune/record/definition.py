@@ -16,6 +16,10 @@ from typing import Any
 from autotune.search.space import SCHEDULE, Choices, Domain, Space, absent_domain
 from autotune.spec.study_file import TIME_TO_TARGET, StudySpec
 
+# Keys a definition leaves out at these values, so that studies stored before they existed still
+# match; a change reads them as these.
+LEFT_OUT = {"objective": {"name": TIME_TO_TARGET, "replicates": 1}, "devices_per_trial": 1}
+
 
 def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     """The definition as plain JSON values, from the space as fitted to the device."""
@@ -40,10 +44,11 @@ def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     # absent when there are none, so studies begun before parameters existed still match
     if space.params:
         definition["params"] = {name: _domain(domain) for name, domain in space.params}
-    if (spec.objective, spec.replicates) != (TIME_TO_TARGET, 1):  # likewise absent at the defaults
-        definition["objective"] = {"name": spec.objective, "replicates": spec.replicates}
-    if spec.devices_per_trial != 1:  # likewise
-        definition["devices_per_trial"] = spec.devices_per_trial
+    optional = {
+        "objective": {"name": spec.objective, "replicates": spec.replicates},
+        "devices_per_trial": spec.devices_per_trial,
+    }
+    definition.update({k: v for k, v in optional.items() if v != LEFT_OUT[k]})
     return json.loads(json.dumps(definition))  # tuples become lists, as they come back from storage
 
 
@@ -77,21 +82,10 @@ def drifted(stored: dict[str, Any] | None, spec: StudySpec) -> list[str]:
 
 def changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Each difference as `key: old -> new`, keys dotted as in the study file; a key left out at
-    its default (see for_spec) reads as that default."""
+    its default (LEFT_OUT) reads as that default."""
     found: list[str] = []
-    _compare(_with_defaults(stored), _with_defaults(current), "", found)
+    _compare({**LEFT_OUT, **stored}, {**LEFT_OUT, **current}, "", found)
     return found
-
-
-def _with_defaults(definition: dict[str, Any]) -> dict[str, Any]:
-    # only where one side is a definition: drifted() compares a part of one
-    if "space" not in definition:
-        return definition
-    defaults = {
-        "objective": {"name": TIME_TO_TARGET, "replicates": 1},
-        "devices_per_trial": 1,
-    }
-    return {**defaults, **definition}
 
 
 def _compare(old: Any, new: Any, key: str, found: list[str]) -> None:
