@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[], None] | None:
+def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[StudySpec], None] | None:
     """What runs the trials in the processes of `--workers`, as many as can be used (args.workers
     says how many, for the command that resumes); None where one process runs them all."""
     from autotune.study import workers
@@ -142,7 +142,6 @@ def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[], None]
     gpus = workers.gpu_shares(spec, args.workers, workers.gpu_ids(spec))
     return functools.partial(
         workers.run_workers,
-        spec,
         study_file=args.study,
         workers=args.workers,
         gpus=gpus,

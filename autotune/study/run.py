@@ -31,15 +31,18 @@ def run_sequence(
     prepared: Prepared,
     *,
     allow_changes: bool = False,
-    run_trials: Callable[[], None] | None = None,
+    run_trials: Callable[[StudySpec], None] | None = None,
 ) -> optuna.Study:
     """The run, as `autotune run`, `autotune.tune` and the benchmarks all do it: under the signal
     handling and the runner's lock, take the study as it began, check it is unchanged, say the
-    notices, run the trials (here, or `run_trials`: the workers of --workers), confirm the best.
+    notices, run the trials (here, or `run_trials`: the workers of --workers, given the study
+    with what is left of its timeout), confirm the best. budget.timeout counts from here: the
+    probe and the throughput phase spend it too.
 
     A signal ends it with `signals.Stopped` (a KeyboardInterrupt) once every trial this process
     was running is marked interrupted and queued again; the caller says so and how to go on.
     """
+    started = time.monotonic()
     with signals.handled(), runner_lock.sole_runner(spec, storage.local_path(spec.storage)):
         stored = storage.read_study(spec)  # read, not written, until the checks have passed
         prepared = as_begun(spec, prepared, stored)
@@ -52,10 +55,11 @@ def run_sequence(
             storage.check_writable(spec)
         study = stored if stored is not None else storage.open_study(spec, create=True)
         plan = begin(spec, prepared, study)  # recovery and the definition, before any worker starts
-        if run_trials is None:
-            run_study(spec, plan, study)
+        left = _time_left(spec, started)
+        if run_trials is None or left.budget.timeout == 0:  # none to start: said here, once
+            run_study(spec, plan, study, started=started)
         else:
-            run_trials()
+            run_trials(left)
         tell_measured_settings(spec, plan, study)
         confirm_best(spec, plan.prepared, study)
     return study
@@ -81,11 +85,16 @@ def tell_measured_settings(spec: StudySpec, plan: RunPlan, study: optuna.Study) 
 
 
 def run_study(
-    spec: StudySpec, plan: RunPlan, study: optuna.Study, *, worker: int | None = None
+    spec: StudySpec,
+    plan: RunPlan,
+    study: optuna.Study,
+    *,
+    worker: int | None = None,
+    started: float | None = None,
 ) -> optuna.Study:
     """Run trials until the budget's trials have finished, counting earlier runs and other
-    workers', or until its timeout. `worker` is this process's index among `--workers`; None when
-    it runs alone.
+    workers', or until its timeout, counted from `started` (time.monotonic(); default: now).
+    `worker` is this process's index among `--workers`; None when it runs alone.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     timeout = spec.budget.timeout
@@ -94,7 +103,7 @@ def run_study(
     )
     budget = trials_to_train(spec, study.get_trials(deepcopy=False))  # systems_only's can grow
     policy = _policy(spec, plan, budget)
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     mine: list[int] = []  # the trials this process asked for
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
     # parent's, under --workers).
@@ -165,6 +174,15 @@ def _spent(trials: list[optuna.trial.FrozenTrial], budget: int) -> bool:
 
 def _timed_out(timeout: float | None, started: float) -> bool:
     return timeout is not None and time.monotonic() - started >= timeout
+
+
+def _time_left(spec: StudySpec, started: float) -> StudySpec:
+    """`spec` with budget.timeout the seconds of it not yet spent since `started`."""
+    timeout = spec.budget.timeout
+    if timeout is None:
+        return spec
+    left = max(0.0, timeout - (time.monotonic() - started))
+    return dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, timeout=left))
 
 
 def _show_progress(bar: progress.Bar, trials: list[optuna.trial.FrozenTrial], budget: int) -> None:

@@ -110,7 +110,7 @@ def study(
     setting: Setting, *, timeout: float = 360, objective: str | None = None
 ) -> tuple[dict[str, Any], list[str], bool]:
     """The shapes study's trials: `autotune run` with each trial in a child process, for at most
-    `timeout` seconds of new trials (run the stage again to go on: the study resumes). The
+    `timeout` seconds, its probe included (run the stage again to go on: the study resumes). The
     confirmation on fresh seeds is the `confirm` stage's, so that each stage stays under 8 minutes.
     `objective` runs the same study with another objective (goodput, systems_only), apart."""
     study_file, storage, budget = _study_files(setting, objective)

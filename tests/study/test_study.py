@@ -122,6 +122,34 @@ def test_timeout_stops_starting_trials_and_says_how_to_go_on(
     assert f"with {done} of 500 trials finished; run the same command again" in err
 
 
+def test_the_timeout_counts_from_the_runs_start_the_probe_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """budget.timeout is the run's: a probe that outlasts it leaves no time to start a trial, and
+    what it measured is kept for the next run."""
+    study = {
+        "task": "tests.tasks:paced_quick",
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {
+            "lr": 0.1,
+            "batch_size": [64, 128],
+            "num_workers": [0, 2],
+            "precision": ["fp32", "bf16"],
+            "fused_optimizer": False,
+        },
+        "probe": "systems",  # 13 short runs of about half a second on the paced task
+        "budget": {"trials": 4, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.5},
+        "confirm": {"top": 0, "runs": 0},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    code, _, err = run_cli("run", str(path), "--timeout", "2", capsys=capsys)
+    stored = load(path)
+    assert code == 0 and schema.probe(stored.user_attrs) is not None
+    assert stored.get_trials() == []
+    assert "timeout of 2 s reached with 0 of 4 trials finished" in err
+
+
 def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=3)
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
