@@ -241,7 +241,7 @@ def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
     die_with_parent()
     try:
         with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            study = storage.open_study(spec, create=True)
+            study = storage.open_study(spec, create=False)  # the parent created it
             plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
             run_study(spec, plan, study, worker=worker)
     except KeyboardInterrupt as interrupt:

@@ -92,6 +92,7 @@ def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     assert not (
         tmp_path / "study.journal.runner.lock"
     ).exists()  # the run and its workers are over: nothing beside it
+    assert "[I " not in result.stderr, result.stderr  # autotune speaks for Optuna's INFO logs
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
