@@ -211,11 +211,19 @@ def trial_prediction_error(study: optuna.Study) -> float | None:
     return statistics.median(errors) if errors else None
 
 
-def plain_tpe_study(spec: StudySpec, prepared: preparation.Prepared, load_machine: bool) -> dict:
+def plain_tpe_study(
+    spec: StudySpec,
+    prepared: preparation.Prepared,
+    load_machine: bool,
+    *,
+    storage_url: str | None = None,
+) -> dict:
     """What a user writes instead of autotune: Optuna's default TPE over the same knobs, one
-    training run per trial, the study's trial budget; the fastest trial wins."""
+    training run per trial, the study's trial budget; the fastest trial wins. With `storage_url`
+    the trials are kept there and a later call goes on with them (a TPE seeded past the stored
+    trials, so as not to replay their random start); no new trial starts after the spec's
+    budget.timeout. `counts["trials"]`: the completed trials, every call's."""
     limits = preparation.limits_for(spec)
-    spent: list[float] = []
 
     def objective(trial: optuna.Trial) -> float:
         config = suggest(prepared.space, trial)
@@ -228,30 +236,41 @@ def plain_tpe_study(spec: StudySpec, prepared: preparation.Prepared, load_machin
             )
         except TrialFailure:
             return math.inf
-        spent.append(result.train_seconds)
+        trial.set_user_attr("train_seconds", result.train_seconds)
         return result.time_to_target if result.reached else math.inf
 
-    sampler = optuna.samplers.TPESampler(seed=spec.seed)
-    study = optuna.create_study(direction="minimize", sampler=sampler)
+    name = f"{spec.name}-plain-tpe"
+    study = optuna.create_study(
+        study_name=name, storage=storage_url, direction="minimize", load_if_exists=True
+    )
+    study.sampler = optuna.samplers.TPESampler(
+        seed=seeds.for_sampler(spec.seed, stored_trials=len(study.trials), worker=None)
+    )
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     started = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
-        study.optimize(objective, n_trials=spec.budget.trials)
+        if done < spec.budget.trials:
+            study.optimize(
+                objective, n_trials=spec.budget.trials - done, timeout=spec.budget.timeout
+            )
     tuning_wall = time.perf_counter() - started
-    reached = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    reached = [t for t in complete if math.isfinite(t.value)]
     best = min(reached, key=lambda t: t.value) if reached else None
     params = (
         suggest(prepared.space, optuna.trial.FixedTrial(best.params)) if best else prepared.baseline
     )
+    spent = sum(t.user_attrs.get("train_seconds", 0.0) for t in complete)
     return {
         "winner": verdict.label(best.number) if best else NONE_FOUND,
         "params": params,
         "study_says": None,
         "tuning_wall": tuning_wall,
-        "trial_compute": sum(spent),
+        "trial_compute": spent,
         "probe_seconds": None,
         "phase_seconds": 0.0,
-        "compute": sum(spent),
-        "counts": {"trials": len(study.trials), "reached": len(reached)},
+        "compute": spent,
+        "counts": {"trials": len(complete), "reached": len(reached)},
         "prediction_error": None,
     }
 

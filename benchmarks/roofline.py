@@ -22,17 +22,25 @@ the plain-PyTorch module `autotune export --format torch` writes for it (what a 
 runs), evaluating off the clock every `budget.eval_every` epochs, on `--seeds` fresh seeds with
 the arms interleaved within each seed. The GPU time each arm spent searching is its wall time.
 
-Stages, each under 8 minutes on an H100 and each writing its figures as it goes (a stage cut short
-still tells something). The arms' studies are kept in --work; the judge reads only the results
-file (each arm's winner and the joint probe's figures), so the stages may run in separate sessions
-with nothing carried between them but that file:
+Stages write their figures as they go (a stage cut short still tells something). The arms'
+studies are kept in --work; the judge reads only the results file (each arm's winner and the joint
+probe's figures), so the judge may run in another session with nothing carried but that file:
 
     .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR]
-                                            [--study FILE] [joint systems tpe prior warm judge]
+                                            [--minutes M] [--fresh] [--study FILE]
+                                            [joint systems tpe prior warm judge]
 
 With no stage, joint, systems, tpe and judge, in that order. --small: 3 trials, confirmation on 1
 seed, 1 judge seed. --study: another study file (the test suite's is smaller still). Writes
 benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another folder).
+
+A GPU lent for minutes at a time takes the full benchmark in sittings: with --minutes M no stage
+starts a trial, a confirmation or a judge's run once M minutes have passed since the command
+began (what runs then finishes), and the same command later goes on where it stopped. A stage the
+results file holds as finished is skipped; an unfinished arm goes on with its study in --work
+(keep that folder, and the results file, between sittings); the judge keeps the runs it made of
+candidates that are unchanged, on the same device. Each arm's GPU time is the sum of its
+sittings'. --fresh measures the named stages again from the start.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
+from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
 from autotune.train.measure import cpu_count  # noqa: E402
 from autotune.train.tasks import reference  # noqa: E402
 from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
@@ -207,9 +216,7 @@ def judge_run(
         sync()
         seconds = time.perf_counter() - started - paused
     finally:
-        iterator = getattr(training.loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()  # its persistent workers, now
+        training.batches.close()  # its loader iterator, and so its workers, go now
         del training
         gc.collect()
     return {
@@ -238,6 +245,7 @@ def median_time(runs: list[dict[str, Any]]) -> float:
 
 
 def main() -> None:
+    begun = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "stages",
@@ -261,6 +269,14 @@ def main() -> None:
         help="the study file (default: studies/shapes.yaml, or paced.yaml with --cpu)",
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        help="start nothing new after this many minutes; the same command goes on later",
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="measure the named stages again from the start"
+    )
     args = parser.parse_args()
     unknown = [s for s in args.stages if s not in STAGES]
     if unknown:
@@ -272,31 +288,93 @@ def main() -> None:
     small, hardware = "-small" if args.small else "", "cpu" if args.cpu else "cuda"
     out = args.results / f"roofline-{study.stem}{small}-{hardware}.json"
     record = json.loads(out.read_text()) if out.exists() else {"arms": {}}
+    if args.fresh:
+        for stage in args.stages:
+            record["arms"].pop(stage, None)
+            if stage == "judge":
+                for key in ("judge", "limit", "goals"):
+                    record.pop(key, None)
+    deadline = None if args.minutes is None else begun + 60 * args.minutes
 
     def save() -> None:
         out.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
     for stage in args.stages:
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"{stage}: not begun, the {args.minutes:g} minutes are spent", flush=True)
+            continue
         if stage == "judge":
-            judge(record, study, args.work, small=args.small, cpu=args.cpu, seeds=seeds, save=save)
+            judge(
+                record,
+                study,
+                args.work,
+                small=args.small,
+                cpu=args.cpu,
+                seeds=seeds,
+                save=save,
+                deadline=deadline,
+            )
+            continue
+        arm = record["arms"].get(stage)
+        if arm is not None and arm.get("finished", True):
+            print(f"{stage}: measured already (--fresh measures it again)", flush=True)
             continue
         spec = study_spec(study, arm=stage, work=args.work, small=args.small)
         if args.cpu:
             spec = dataclasses.replace(spec, device="cpu")
-        for suffix in ("", "-journal", ".runner.lock"):
-            # a fresh study
-            Path(storage.local_path(spec.storage).as_posix() + suffix).unlink(missing_ok=True)
+        db = storage.local_path(spec.storage)
+        if arm is None or not db.exists():
+            for suffix in ("", "-journal", ".runner.lock"):  # a fresh study
+                Path(db.as_posix() + suffix).unlink(missing_ok=True)
+            arm = {"sittings": []}
         prepared = preparation.prepare(spec)
         record["provenance"] = provenance(prepared.device)
-        found = (plain_tpe_study if stage == "tpe" else autotune_study)(spec, prepared, False)
+        found, finished = search(stage, spec, prepared, deadline)
         if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
-        record["arms"][stage] = {**found, "gpu_seconds": found["tuning_wall"]}
+        sittings = [*arm["sittings"], {"seconds": found["tuning_wall"], **record["provenance"]}]
+        record["arms"][stage] = {
+            **found,
+            "finished": finished,
+            "sittings": sittings,
+            "gpu_seconds": sum(s["seconds"] for s in sittings),
+        }
+        save()
         print(
-            f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s: {found['params']}",
+            f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s"
+            + ("" if finished else " (unfinished: the same command goes on)")
+            + f": {found['params']}",
             flush=True,
         )
-        save()
+
+
+def search(
+    stage: str, spec: study_file.StudySpec, prepared: preparation.Prepared, deadline: float | None
+) -> tuple[dict[str, Any], bool]:
+    """One sitting of a searching arm: its trials until `deadline` (time.monotonic()), then, once
+    every one has finished and if the deadline has not passed, the confirmation. Its figures and
+    whether the arm is finished. `tuning_wall`: this sitting's seconds."""
+    if deadline is None:
+        timed = spec
+    else:
+        left = max(0.0, deadline - time.monotonic())
+        timed = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, timeout=left))
+    if stage == "tpe":
+        found = plain_tpe_study(timed, prepared, False, storage_url=spec.storage)
+        return found, found["counts"]["trials"] >= spec.budget.trials
+    if deadline is None:
+        return autotune_study(spec, prepared, False), True
+    # the confirmation waits until every trial has finished, which may be a later sitting
+    found = autotune_study(
+        dataclasses.replace(timed, confirm=dataclasses.replace(spec.confirm, top=0)),
+        prepared,
+        False,
+    )
+    trials = storage.open_study(spec, create=False).get_trials(deepcopy=False)
+    if finished_count(trials) < trials_to_train(spec, trials) or time.monotonic() >= deadline:
+        return found, False
+    confirmed = autotune_study(spec, prepared, False)
+    return {**confirmed, "tuning_wall": found["tuning_wall"] + confirmed["tuning_wall"]}, True
 
 
 def judge(
@@ -308,12 +386,19 @@ def judge(
     cpu: bool,
     seeds: int,
     save: Any,
+    deadline: float | None = None,
 ) -> None:
     """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
-    interleaved; then the limit and the goals, for the first of JOINT_ARMS that ran."""
+    interleaved; then the limit and the goals, for the first of JOINT_ARMS that ran. The runs an
+    earlier sitting made on this device of a candidate that is unchanged are kept; none starts
+    after `deadline` (time.monotonic()), and the limit and goals wait until every run is made."""
     ours = next((arm for arm in JOINT_ARMS if arm in record["arms"]), None)
     if ours is None:
         raise SystemExit(f"no arm of {', '.join(JOINT_ARMS)} has run: run one of them first")
+    unfinished = [arm for arm, found in record["arms"].items() if not found.get("finished", True)]
+    if unfinished:
+        print(f"judge: not begun, {', '.join(unfinished)} unfinished", flush=True)
+        return
     spec = study_spec(study, arm=ours, work=work, small=small)
     if cpu:
         spec = dataclasses.replace(spec, device="cpu")
@@ -324,10 +409,31 @@ def judge(
         "expert": expert(prepared),
         **{arm: complete(found["params"]) for arm, found in record["arms"].items()},
     }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in candidates}
-    record["judge"] = {"candidates": candidates, "runs": runs}
+    device = provenance(prepared.device)["device"]
+    before = record.get("judge") or {}
+    same_device = before.get("device") == device
+    runs: dict[str, list[dict[str, Any]]] = {
+        name: before["runs"].get(name, [])[:seeds]
+        if same_device and before["candidates"].get(name) == config
+        else []
+        for name, config in candidates.items()
+    }
+    record["judge"] = {"device": device, "candidates": candidates, "runs": runs}
+    for key in ("limit", "goals"):
+        record.pop(key, None)
+    save()
     for index in range(seeds):
         for name, config in candidates.items():
+            if len(runs[name]) > index:
+                continue  # an earlier sitting's
+            if deadline is not None and time.monotonic() >= deadline:
+                made = sum(map(len, runs.values()))
+                print(
+                    f"judge: {made} of {seeds * len(candidates)} runs made; the same command "
+                    "goes on",
+                    flush=True,
+                )
+                return
             runs[name].append(judge_run(template, config, prepared, spec, JUDGE_SEED + index))
             print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
             save()

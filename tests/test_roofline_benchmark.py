@@ -27,7 +27,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
 
-    def stages(*names: str, work: Path) -> None:
+    def stages(*names: str, work: Path) -> str:
         result = subprocess.run(
             [
                 sys.executable,
@@ -48,10 +48,24 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
             timeout=600,
         )
         assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
 
-    stages("joint", "systems", "tpe", work=tmp_path / "work")
-    record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
+    results = tmp_path / "roofline-tiny-small-cpu.json"
+    # A first sitting of under a second: the joint probe runs, no trial starts after it, and
+    # the stages after it wait.
+    said = stages("--minutes", "0.01", "joint", "systems", "tpe", work=tmp_path / "work")
+    record = json.loads(results.read_text())
+    assert set(record["arms"]) == {"joint"} and not record["arms"]["joint"]["finished"]
+    assert "systems: not begun" in said and "tpe: not begun" in said
+    probe = record["arms"]["joint"]["probe"]
+    first = record["arms"]["joint"]["gpu_seconds"]
+    stages("joint", "systems", "tpe", work=tmp_path / "work")  # the next sitting goes on
+    record = json.loads(results.read_text())
     assert set(record["arms"]) == {"joint", "systems", "tpe"} and "judge" not in record
+    joint = record["arms"]["joint"]
+    assert joint["finished"] and len(joint["sittings"]) == 2 and joint["counts"]["total"] >= 2
+    assert joint["probe"] == probe  # measured once, in the first sitting
+    assert joint["gpu_seconds"] > first
     # the judge in another session: nothing but the results file carried over, no arm's storage
     stages("judge", work=tmp_path / "elsewhere")
     assert not list((tmp_path / "elsewhere").glob("*.db"))
@@ -78,6 +92,18 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     }
     assert record["goals"]["arm"] == "joint"
     assert record["provenance"]["commit"]
+    assert "measured already" in stages("joint", work=tmp_path / "work")  # finished: skipped
+
+    # tpe's winner changes (measured again, say): the judge re-makes its runs alone
+    before = record["judge"]["runs"]
+    record["arms"]["tpe"]["params"]["batch_size"] ^= 64 | 128
+    results.write_text(json.dumps(record))
+    stages("judge", work=tmp_path / "elsewhere")
+    after = json.loads(results.read_text())["judge"]["runs"]
+    assert after["tpe"] != before["tpe"] and len(after["tpe"]) == 1
+    assert {k: v for k, v in after.items() if k != "tpe"} == {
+        k: v for k, v in before.items() if k != "tpe"
+    }
 
 
 def test_the_arms_run_only_when_named_set_what_they_are_to_decide(tmp_path: Path) -> None:
