@@ -166,10 +166,10 @@ def _disk_full(args: argparse.Namespace, spec: StudySpec) -> StorageError:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    spec, study = _reported(args)  # a mistake in the file is told before pandas and plots load
     from autotune import outputs
     from autotune.report import html_page, results, tensorboard, text
 
-    spec, study = _reported(args)
     wanted = [
         (option, Path(path), ours)
         for option, path, ours in (
@@ -235,9 +235,9 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    spec, study = _reported(args)
     from autotune import export, outputs
 
-    spec, study = _reported(args)
     _, summary = _summary(spec, study)
     if summary.best is None:
         raise AutotuneError(
@@ -272,12 +272,14 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     for a study with no file) the one its storage describes. A file that no longer says what the
     stored study began with gets a notice: the report reads the stored trials by the file's
     target."""
-    from autotune.record import definition, schema
     from autotune.spec.study_file import load
-    from autotune.study import storage
 
     where = f"autotune {args.command}"
-    if args.study is None:
+    spec = None if args.study is None else load(args.study, storage=args.storage)
+    from autotune.record import definition, schema
+    from autotune.study import storage
+
+    if spec is None:
         if not (args.storage and args.study_name):
             raise AutotuneError(
                 f"{where}: give a study file, or --storage URL with --study NAME for a study that "
@@ -290,7 +292,6 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
             f"{where}: --study {args.study_name} is for a stored study that has no study file; "
             f"with a study file, its name: key says which study it is"
         )
-    spec = load(args.study, storage=args.storage)
     study = storage.open_study(spec, create=False)
     for change in definition.drifted(schema.definition(study.user_attrs), spec):
         print(

@@ -524,3 +524,23 @@ def test_the_resume_line_repeats_every_option_and_quotes_paths(
     from autotune.arguments import build_parser, resume_command
 
     assert resume_command(build_parser().parse_args(argv)) == expected
+
+
+def test_a_mistake_in_the_study_file_is_told_before_torch_optuna_or_pandas_is_imported(
+    tmp_path: Path,
+) -> None:
+    """Those imports take seconds; a mistake in the file needs none of them to be told."""
+    bad = tmp_path / "study.yaml"
+    bad.write_text(HEAD + "budget: {trials: many}\n")
+    code = (
+        "import sys\nfrom autotune.cli import main\n"
+        f"codes = [main([*c, {str(bad)!r}]) for c in (['run'], ['report'], ['export', '--format', "
+        "'json'])]\n"
+        "print(codes, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'optuna', "
+        "'pandas'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "[2, 2, 2] []", result.stderr
+    assert result.stderr.count("budget.trials") == 3
