@@ -149,12 +149,13 @@ def _confirmation(summary: Summary) -> list[str]:
     if confirmation.precision_sentence():
         lines.append("  " + confirmation.precision_sentence())
     if confirmation.baseline_stopped_early():
+        runs = confirmation.configs["baseline"]["runs"]
         lines.append(
-            f"  The baseline ran on {confirmation.configs['baseline']['runs']} "
-            f"of the {len(confirmation.seeds)} seeds: "
-            f"by then each of its runs took at least {confirmation.baseline_resolved_by:g}x "
-            "the slowest run of every other configuration, "
-            "so more could not change which is faster (confirm.baseline: until_resolved)"
+            f"  The baseline ran on {runs} of the {len(confirmation.seeds)} seeds: "
+            f"by then {'its run' if runs == 1 else 'each of its runs'} took at least "
+            f"{confirmation.baseline_resolved_by:g}x the slowest run of every other "
+            "configuration, so more could not change which is faster "
+            "(confirm.baseline: until_resolved)"
         )
     return lines
 

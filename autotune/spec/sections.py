@@ -211,8 +211,8 @@ def confirm(path: Path, raw: Any) -> Confirm:
         "confirm.baseline",
         raw["baseline"],
         raw["baseline"] in CONFIRM_BASELINE,
-        "all (the baseline on every fresh seed) or until_resolved (on at least two, "
-        "then only until its runs are told apart from every candidate's)",
+        "all (the baseline on every fresh seed) or until_resolved (only until its runs are "
+        "told apart from every candidate's)",
     )
     require(
         path,

@@ -97,7 +97,11 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
         "runs": records,
         "objective": spec.objective,
         "target": spec.target.value,
-        "baseline_resolved_by": verdict.RESOLVED_BY if until_resolved else None,
+        "baseline_resolved_by": (
+            verdict.resolved_by(sum(r["label"] == BASELINE for r in records))
+            if until_resolved
+            else None
+        ),
         "precision_checked": spec.confirm.precision,
     }
     predicted = {

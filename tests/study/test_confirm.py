@@ -103,8 +103,14 @@ def test_fresh_seeds_differ_from_every_trial_seed() -> None:
 
 def test_baseline_is_resolved_once_all_its_runs_are_clearly_slower_than_every_candidates() -> None:
     fast = [record("trial 1", t) for t in (1.0, 1.2)] + [record("trial 2", 1.5)]
-    # one run tells nothing yet
+    # one run tells nothing while a candidate has run once
     assert not verdict.baseline_resolved(fast + [record("baseline", 9.0)])
+    # once each has run twice, one run 2x the slowest of theirs is enough, and 1.25x is not
+    twice = fast + [record("trial 2", 1.4)]
+    assert verdict.baseline_resolved(twice + [record("baseline", 3.0)])
+    assert verdict.baseline_resolved(twice + [record("baseline", None)])  # a miss: slower still
+    assert not verdict.baseline_resolved(twice + [record("baseline", 2.9)])
+    assert (verdict.resolved_by(1), verdict.resolved_by(2)) == (2.0, 1.25)
     # a miss is slower still
     assert verdict.baseline_resolved(fast + [record("baseline", 9.0), record("baseline", None)])
     # within 1.25x of 1.5

@@ -842,7 +842,7 @@ def test_a_trial_killed_in_the_last_slot_of_the_budget_runs_again(
     )
 
 
-def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_report_says_so(
+def test_a_baseline_told_apart_by_its_first_run_is_not_run_on_the_rest_and_the_report_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """confirm.baseline: until_resolved, with a baseline that learns too slowly to reach the
@@ -858,14 +858,15 @@ def test_a_baseline_told_apart_after_two_seeds_is_not_run_on_the_rest_and_the_re
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     runs = load(path).user_attrs["confirmation"]["runs"]
-    assert [r["label"] for r in runs].count("baseline") == 2 and len(runs) == 2 + 4
+    # checked at its second seed, once the winner has run twice: its one run missed the target
+    assert [r["label"] for r in runs].count("baseline") == 1 and len(runs) == 1 + 4
     assert (
-        "The baseline ran on 2 of the 4 seeds: by then each of its runs took at least 1.25x the "
+        "The baseline ran on 1 of the 4 seeds: by then its run took at least 2x the "
         "slowest run of every other configuration, so more could not change which is faster "
         "(confirm.baseline: until_resolved)"
     ) in out
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
-    assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 1.25
+    assert json.loads(out)["confirmation"]["baseline_resolved_by"] == 2.0
 
 
 def test_the_largest_seed_runs_and_resumes(
