@@ -127,22 +127,14 @@ def test_the_timeout_counts_from_the_runs_start_the_probe_included(
 ) -> None:
     """budget.timeout is the run's: a probe that outlasts it leaves no time to start a trial, and
     what it measured is kept for the next run."""
-    study = {
-        "task": "tests.tasks:paced_quick",
-        "target": {"metric": "accuracy", "value": 0.9},
-        "space": {
-            "lr": 0.1,
-            "batch_size": 64,
-            "num_workers": [0, 2],
-            "prefetch_factor": 2,
-            "precision": "fp32",
-            "fused_optimizer": False,
-        },
-        "probe": "systems",  # 5 short runs of over half a second each on the paced task
-        "budget": {"trials": 4, "max_epochs": 4, "max_seconds": 10, "eval_every": 0.5},
-        "confirm": {"top": 0, "runs": 0},
-    }
-    path = tmp_path / "study.yaml"
+    path = write_study(
+        tmp_path, task="tests.tasks:paced_quick", batch_sizes=(64,), confirm={"top": 0}
+    )
+    study = yaml.safe_load(path.read_text())
+    study["space"].update(
+        lr=0.1, scheduler="constant", num_workers=[0, 2], prefetch_factor=2, fused_optimizer=False
+    )
+    study["probe"] = "systems"  # 5 short runs of over half a second each on the paced task
     path.write_text(yaml.safe_dump(study))
     code, _, err = run_cli("run", str(path), "--timeout", "1", capsys=capsys)
     stored = load(path)
