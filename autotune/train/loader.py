@@ -3,7 +3,9 @@ stop."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +23,12 @@ from autotune import signals
 from autotune.search import recipe
 from autotune.train.config import TrialConfig
 from autotune.train.distributed import ALONE, Ranks
+
+# torch warns, when a loader is built and again when it starts, that it has more workers than the
+# process has cores. The space allows up to 4 a core (a worker waiting on storage or decoding
+# leaves its core to another) and the study measures whether they pay: in a study the warning
+# would repeat, twice, in every trial that tries them.
+MORE_WORKERS_THAN_CORES = r"This DataLoader will create \d+ worker processes in total"
 
 
 def make_loader(
@@ -48,13 +56,14 @@ def make_loader(
         sampler = (
             RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         )
-    return DataLoader(
-        dataset,
-        batch_sampler=EpochBatches(sampler, batch_size=batch_size, drop_last=drop_last),
-        **kwargs,
-        worker_init_fn=_worker_init if config.num_workers > 0 else None,
-        generator=generator,
-    )
+    with _more_workers_than_cores():
+        return DataLoader(
+            dataset,
+            batch_sampler=EpochBatches(sampler, batch_size=batch_size, drop_last=drop_last),
+            **kwargs,
+            worker_init_fn=_worker_init if config.num_workers > 0 else None,
+            generator=generator,
+        )
 
 
 class EpochBatches(Sampler[list[Any]]):
@@ -113,7 +122,7 @@ def endless(loader: DataLoader) -> Iterator[Any]:
     (EpochBatches), so an effective batch may span an epoch boundary. The loader's workers
     (persistent: started once) are forked with SIGINT and SIGTERM held back, and are shut down
     when the generator is closed, whatever ended the trial."""
-    with signals.held():
+    with signals.held(), _more_workers_than_cores():
         batches = iter(loader)
     try:
         yield from batches  # a trial's every batch passes here: nothing added to it
@@ -130,6 +139,13 @@ def shut_down_workers(loader: DataLoader) -> None:
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
     loader._iterator = None
+
+
+@contextlib.contextmanager
+def _more_workers_than_cores() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MORE_WORKERS_THAN_CORES, category=UserWarning)
+        yield
 
 
 def _worker_init(_: int) -> None:

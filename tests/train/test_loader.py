@@ -6,14 +6,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing
+import os
+import re
 import time
+import warnings
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from autotune.train.config import TrialConfig
-from autotune.train.loader import KeyedSampler, endless, make_loader
+from autotune.train.loader import MORE_WORKERS_THAN_CORES, KeyedSampler, endless, make_loader
 
 CPU = torch.device("cpu")
 CONFIG = TrialConfig(
@@ -120,3 +123,19 @@ def test_workers_load_the_next_epoch_before_this_epochs_last_batch_is_trained() 
         assert data.loaded.value == 9 + 2 * 3  # the next epoch's first 2 batches, and no more
     finally:
         batches.close()
+
+
+def test_more_workers_than_cores_are_tried_without_torchs_warning() -> None:
+    """The space allows up to 4 workers a core and the study measures whether they pay: torch's
+    warning would repeat in every trial that tries them. A plain DataLoader still warns."""
+    workers = len(os.sched_getaffinity(0)) + 1
+    config = dataclasses.replace(CONFIG, num_workers=workers, prefetch_factor=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        DataLoader(Numbers(), num_workers=workers)
+        assert any(re.match(MORE_WORKERS_THAN_CORES, str(w.message)) for w in seen)
+        seen.clear()
+        batches = endless(make_loader(Numbers(), config, seed=0, device=CPU))
+        assert len(next(batches)) == 3
+        batches.close()
+    assert not [str(w.message) for w in seen if "worker" in str(w.message)]
