@@ -32,14 +32,16 @@ def run_candidates(
     on_run: Callable[[], None] | None = None,
     until_resolved: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run every candidate once per seed, interleaved; one record per run. With `until_resolved`,
-    the baseline's runs stop once `baseline_resolved`.
+    """Run every candidate once per seed, interleaved, the baseline last; one record per run.
+    With `until_resolved`, the baseline's runs stop once `baseline_resolved`: last, so that at its
+    second turn every candidate has run twice, and its first run may be enough.
 
     A run that fails (runs out of memory, hangs, crashes) counts as not reaching the target.
     """
     records: list[dict[str, Any]] = []
+    order = sorted(candidates.items(), key=lambda item: item[0] == BASELINE)  # stable
     for seed in seeds:
-        for label, config in candidates.items():
+        for label, config in order:
             if label == BASELINE and until_resolved and baseline_resolved(records):
                 continue
             try:

@@ -83,10 +83,10 @@ def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
         device=torch.device("cpu"),
     )
     assert [(r["label"], r["seed"]) for r in records] == [
-        ("baseline", 11),
         ("trial 7", 11),
-        ("baseline", 12),
+        ("baseline", 11),
         ("trial 7", 12),
+        ("baseline", 12),
     ]
     assert all(r["reached"] for r in records if r["label"] == "baseline")
     assert all(
@@ -148,7 +148,7 @@ class Timed:
         )
 
 
-def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go_on() -> None:
+def test_until_resolved_the_baseline_stops_once_told_apart_and_the_candidates_go_on() -> None:
     base = {
         "lr": 0.01,
         "scheduler": "constant",
@@ -170,15 +170,26 @@ def test_until_resolved_the_baseline_stops_after_two_seeds_and_the_candidates_go
         device=torch.device("cpu"),
         until_resolved=True,
     )
+    # last on each seed: at its second turn trial 3 has run twice, and 10 s is past 2x its 1 s
     assert [(r["label"], r["seed"]) for r in records] == [
-        ("baseline", 1),
         ("trial 3", 1),
-        ("baseline", 2),
+        ("baseline", 1),
         ("trial 3", 2),
         ("trial 3", 3),
         ("trial 3", 4),
         ("trial 3", 5),
     ]
+    # 1.5x: past 1.25x, short of 2x: told apart at its third turn, after two runs
+    nearer = Timed({0.01: 1.5, 0.1: 1.0})
+    records = confirm.run_candidates(
+        nearer,
+        candidates,
+        seeds=[1, 2, 3, 4],
+        limits=limits,
+        device=torch.device("cpu"),
+        until_resolved=True,
+    )
+    assert [r["label"] for r in records] == ["trial 3", "baseline"] * 2 + ["trial 3"] * 2
     close = Timed({0.01: 1.1, 0.1: 1.0})  # never told apart: the baseline runs on every seed
     records = confirm.run_candidates(
         close,
