@@ -11,6 +11,18 @@ from autotune.study import confirm
 from autotune.train.config import Limits
 from tests.tasks import cuda_oom
 
+# a baseline's configuration, its knobs left out at their defaults
+BASE = {
+    "lr": 0.01,
+    "scheduler": "constant",
+    "batch_size": 32,
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "prefetch_factor": None,
+    "pin_memory": False,
+    "precision": "fp32",
+}
+
 
 def record(label: str, time: float | None) -> dict:
     return {"label": label, "reached": time is not None, "time_to_target": time, "best_metric": 0.9}
@@ -63,16 +75,7 @@ def test_no_winner_when_nothing_reaches_the_target() -> None:
 
 
 def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
-    base = {
-        "lr": 0.05,
-        "scheduler": "constant",
-        "batch_size": 32,
-        "accumulation_steps": 1,
-        "num_workers": 0,
-        "prefetch_factor": None,
-        "pin_memory": False,
-        "precision": "fp32",
-    }
+    base = {**BASE, "lr": 0.05}
     candidates = {"baseline": base, "trial 7": {**base, "batch_size": 256}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
     records = confirm.run_candidates(
@@ -149,16 +152,7 @@ class Timed:
 
 
 def test_until_resolved_the_baseline_stops_once_told_apart_and_the_candidates_go_on() -> None:
-    base = {
-        "lr": 0.01,
-        "scheduler": "constant",
-        "batch_size": 32,
-        "accumulation_steps": 1,
-        "num_workers": 0,
-        "prefetch_factor": None,
-        "pin_memory": False,
-        "precision": "fp32",
-    }
+    base = BASE
     candidates = {"baseline": base, "trial 3": {**base, "lr": 0.1}}
     limits = Limits(target=0.9, max_epochs=5, max_seconds=30, eval_every=0.5)
     slow = Timed({0.01: 10.0, 0.1: 1.0})
