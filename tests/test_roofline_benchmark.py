@@ -92,13 +92,13 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     }
     assert record["goals"]["arm"] == "joint"
     assert record["provenance"]["commit"]
-    assert "measured already" in stages("joint", work=tmp_path / "work")  # finished: skipped
 
-    # tpe's winner changes (measured again, say): the judge re-makes its runs alone
+    # tpe's winner changes (measured again, say): the judge re-makes its runs alone; joint,
+    # finished, is not measured again
     before = record["judge"]["runs"]
     record["arms"]["tpe"]["params"]["batch_size"] ^= 64 | 128
     results.write_text(json.dumps(record))
-    stages("judge", work=tmp_path / "elsewhere")
+    assert "joint: measured already" in stages("joint", "judge", work=tmp_path / "elsewhere")
     after = json.loads(results.read_text())["judge"]["runs"]
     assert after["tpe"] != before["tpe"] and len(after["tpe"]) == 1
     assert {k: v for k, v in after.items() if k != "tpe"} == {
