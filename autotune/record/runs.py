@@ -24,6 +24,7 @@ TIMES = (
     "final_metric",
     "stop_reason",
     "samples_to_target",
+    "paused_seconds",
 )
 
 

@@ -231,6 +231,8 @@ class Summary:
     # goodput: the throughput phase's table and cost (search/goodput.py)
     throughput: Mapping[str, Any] | None = None
     devices_per_trial: int = 1  # processes (one device each) every trial trained on
+    # where the study's time went, by part (report/time_spent.py); None: nothing has run
+    time_spent: Mapping[str, Any] | None = None
 
     @property
     def fixed_schedule(self) -> bool:
@@ -253,6 +255,7 @@ class Summary:
             "device": self.device,
             "probe": _plain_mapping(self.probe),
             "objective": self.objective,
+            "time_spent": _plain_mapping(self.time_spent),
         }
         if self.stale_confirmation is not None:
             out["stale_confirmation"] = self.stale_confirmation.as_dict()

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.record.summary import Counts, Summary, counted
-from autotune.report import html_winner, plots
+from autotune.report import html_winner, plots, time_spent
 from autotune.report.results import best_feasible
 from autotune.report.text import TABLE_ROWS
 from autotune.search import goodput, probe
@@ -172,10 +172,12 @@ def _device(summary: Summary) -> str:
 
 
 def _probe(summary: Summary) -> str:
-    """What the systems probe and the throughput phase settled, each in a line."""
+    """What the systems probe and the throughput phase settled, and where the time went, each in
+    a line."""
     # the joint probe's are several
     lines = probe.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
+    lines += [time_spent.describe(summary.time_spent)] if summary.time_spent else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 
 

@@ -18,7 +18,7 @@ from autotune.record.summary import (
     Summary,
     Winner,
 )
-from autotune.report import results, winner
+from autotune.report import results, time_spent, winner
 from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS, complete
 from autotune.spec.sections import Target
@@ -242,6 +242,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         throughput=schema.throughput(attrs),
         devices_per_trial=schema.devices_per_trial(attrs),
     )
+    summary = dataclasses.replace(summary, time_spent=time_spent.of_study(trials, attrs))
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)
     return records, summary

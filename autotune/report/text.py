@@ -9,7 +9,7 @@ import pandas as pd
 
 from autotune.record import objectives
 from autotune.record.summary import Baseline, Summary, Winner, counted, speedup_phrase
-from autotune.report import results, winner
+from autotune.report import results, time_spent, winner
 from autotune.search import goodput, probe
 
 TABLE_ROWS = 5
@@ -41,6 +41,8 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
         lines.append(probe.describe(summary.probe))
     if summary.throughput:
         lines.append(goodput.describe(summary.throughput))
+    if summary.time_spent:
+        lines.append(time_spent.describe(summary.time_spent))
     top = results.best_feasible(records, count=TABLE_ROWS)
     if top.empty or summary.best is None:
         lines.append("No trial reached the target yet.")

@@ -5,6 +5,7 @@ interleaved, so that all see the same machine load; what the runs mean is record
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -80,6 +81,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     # Told apart by time to target only: a fixed schedule's runs all take about as long.
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     total = len(fresh_seeds) * len(candidates)
+    started = time.monotonic()
     with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
         with signals.interruptible():
             records = run_candidates(
@@ -105,6 +107,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
             else None
         ),
         "precision_checked": spec.confirm.precision,
+        "seconds": time.monotonic() - started,  # wall: its runs and their start-up
     }
     predicted = {
         verdict.label(t.number): t.value

@@ -108,6 +108,9 @@ class TrialResult:
     # previous evaluation, one beside each point of `curve`; None where none was measured (an
     # objective function, a command that reports none), as is a command's point without one.
     train_loss: tuple[float | None, ...] | None = None
+    # Wall seconds off the training clock once it had started: evaluations, and stopping the
+    # loader's workers at the end. None where not measured (a command, an objective function).
+    paused_seconds: float | None = None
 
     @property
     def final_metric(self) -> float:

@@ -13,7 +13,7 @@ import torch
 
 from autotune.train import telemetry
 from autotune.train.config import Diverged, Limits, TrialResult
-from autotune.train.measure import device_name, peak_memory
+from autotune.train.measure import Clock, device_name, peak_memory
 
 WARMUP_FRACTION = 0.1  # of a trial's optimizer steps, left out of the throughput figure
 MIN_WARMUP_STEPS = 3
@@ -105,13 +105,14 @@ class Ledger:
 
     def result(
         self,
+        clock: Clock,
         *,
-        elapsed: float,
         waited: float,
         device: torch.device,
         gpu: dict[str, float] | None,
     ) -> TrialResult:
-        """The run's result, its clock stopped at `elapsed` after `waited` seconds of input wait."""
+        """The run's result, its `clock` stopped, after `waited` seconds of input wait."""
+        elapsed = clock.elapsed
         throughput, input_wait = self._after_warm_up(elapsed=elapsed, waited=waited)
         return TrialResult(
             reached=self.reached_at is not None,
@@ -131,6 +132,7 @@ class Ledger:
             confusion=self.confusion,
             samples_to_target=self.reached_samples,
             train_loss=tuple(self.losses),
+            paused_seconds=clock.paused,
         )
 
     def _after_warm_up(self, *, elapsed: float, waited: float) -> tuple[float | None, float | None]:

@@ -18,7 +18,8 @@ from autotune.search.recipe import training_threads
 
 
 class Clock:
-    """Training time that can be paused; synchronizes CUDA before every measured read."""
+    """Training time that can be paused; synchronizes CUDA before every measured read. `paused`:
+    the wall time off it since it first started (evaluations, the end's shutdown)."""
 
     def __init__(self, device: torch.device) -> None:
         self._sync = (
@@ -28,18 +29,29 @@ class Clock:
         )
         self.elapsed = 0.0
         self._started: float | None = None
+        self._stopped: float | None = None
+        self._paused = 0.0
 
     @property
     def running(self) -> bool:
         return self._started is not None
 
+    @property
+    def paused(self) -> float:
+        since = 0.0 if self._stopped is None else time.perf_counter() - self._stopped
+        return self._paused + since
+
     def start(self) -> None:
         self._sync()
         self._started = time.perf_counter()
+        if self._stopped is not None:
+            self._paused += self._started - self._stopped
+            self._stopped = None
 
     def stop(self) -> float:
         self._sync()
-        self.elapsed += time.perf_counter() - self._started
+        self._stopped = time.perf_counter()
+        self.elapsed += self._stopped - self._started
         self._started = None
         return self.elapsed
 

@@ -129,7 +129,7 @@ def run(
         clock.stop()
 
     # Result: the clock, the curve, and the speed and input wait after warm-up.
-    return ledger.result(elapsed=clock.elapsed, waited=waiting.seconds, device=device, gpu=gpu)
+    return ledger.result(clock, waited=waiting.seconds, device=device, gpu=gpu)
 
 
 def _check_effective_batch(config: TrialConfig, n_train: int, *, ranks: int = 1) -> None:

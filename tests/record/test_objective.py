@@ -103,6 +103,7 @@ def test_a_replicate_is_stored_with_its_seed_final_metric_and_samples_to_target(
         "final_metric": 0.7,
         "stop_reason": "max_epochs",
         "samples_to_target": None,
+        "paused_seconds": None,
     }
     reached = dataclasses.replace(run(seconds=2.0, finals=(0.95,)), samples_to_target=640)
     assert runs.replicate(reached, 7)["samples_to_target"] == 640

@@ -145,10 +145,20 @@ def test_the_timeout_counts_from_the_runs_start_the_probe_included(
 
 def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_study(tmp_path, trials=3)
+    started = time.monotonic()
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    wall = time.monotonic() - started
     code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
     assert code == 0
     summary = json.loads(out)
+    # where the run's time went: its parts, within the run's wall time
+    spent = summary["time_spent"]
+    parts = [spent[k] for k in ("probe", "throughput_phase", "trials", "confirmation")]
+    assert spent["trial_count"] == 3 and spent["trials"] >= spent["training"] > 0
+    assert spent["confirmation"] > 0 and spent["total"] == pytest.approx(
+        sum(p for p in parts if p is not None)
+    )
+    assert spent["total"] <= wall
     best = summary["best"]
     assert set(best["params"]) == set(KNOBS) - set(DDP_NAMES)  # one device: no DDP
     assert best["time_to_target"] > 0 and best["metric"] >= 0.9 and best["source"] == "confirmed"

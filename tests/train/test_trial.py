@@ -125,7 +125,7 @@ def test_time_limit_stops_the_trial() -> None:
     assert result.stop_reason == "max_seconds" and 0.2 <= result.train_seconds < 5
 
 
-def test_evaluation_runs_on_a_paused_clock() -> None:
+def test_evaluation_runs_on_a_paused_clock_and_its_time_is_recorded() -> None:
     task = blobs()
     pause = 0.2
 
@@ -139,6 +139,8 @@ def test_evaluation_runs_on_a_paused_clock() -> None:
     wall = time.perf_counter() - started
     assert len(result.curve) == 8
     assert wall - result.train_seconds >= pause * len(result.curve)
+    # the time off the clock: every evaluation's, and no training
+    assert pause * len(result.curve) <= result.paused_seconds <= wall - result.train_seconds
 
 
 def recording_optimizers() -> tuple[Task, list[torch.optim.Optimizer]]:

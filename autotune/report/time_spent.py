@@ -1,0 +1,63 @@
+"""Where a study's time went, from its storage: the systems probe, the throughput phase, the
+trials (their training clocks, and the rest of their wall time: evaluating, starting a process and
+its loader workers, building, storing) and the confirmation. Wall seconds summed over every run of
+the study; trials that ran side by side (--workers) each count in full, as each held its device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.record import schema
+
+# Below this many seconds in all the line speaks in seconds, above it in minutes.
+MINUTES_FROM = 120
+
+
+def of_study(trials: Sequence[Any], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The study's time by part, each None where the study has none or did not record it (a
+    confirmation stored before its time was); None when nothing has run."""
+    ran = [t for t in trials if t.datetime_start is not None and t.datetime_complete is not None]
+    parts = {
+        "probe": (schema.probe(study_attrs) or {}).get("seconds"),
+        "throughput_phase": (schema.throughput(study_attrs) or {}).get("seconds"),
+        "trials": sum((t.datetime_complete - t.datetime_start).total_seconds() for t in ran)
+        if ran
+        else None,
+        "confirmation": (schema.confirmation(study_attrs) or {}).get("seconds"),
+    }
+    known = [v for v in parts.values() if v is not None]
+    if not known:
+        return None
+    return {
+        **parts,
+        "trial_count": len(ran),
+        "training": sum(schema.training_seconds(t) for t in ran),
+        "total": sum(known),
+    }
+
+
+def describe(spent: Mapping[str, Any]) -> str:
+    """One line: `Time spent: 4.9 min in all: systems probe 1.2 min, 16 trials 2.5 min (training
+    1.4 min; evaluating, starting and storing 1.1 min), confirmation 1.2 min.`"""
+    minutes = spent["total"] >= MINUTES_FROM
+
+    def amount(seconds: float) -> str:
+        return f"{seconds / 60:.1f} min" if minutes else f"{seconds:.1f} s"
+
+    shown = []
+    if spent["probe"] is not None:
+        shown.append(f"systems probe {amount(spent['probe'])}")
+    if spent["throughput_phase"] is not None:
+        shown.append(f"throughput phase {amount(spent['throughput_phase'])}")
+    if spent["trials"] is not None:
+        rest = max(0.0, spent["trials"] - spent["training"])
+        count = spent["trial_count"]
+        shown.append(
+            f"{count} trial{'s' if count != 1 else ''} {amount(spent['trials'])} "
+            f"(training {amount(spent['training'])}; evaluating, starting and storing "
+            f"{amount(rest)})"
+        )
+    if spent["confirmation"] is not None:
+        shown.append(f"confirmation {amount(spent['confirmation'])}")
+    return f"Time spent: {amount(spent['total'])} in all: {', '.join(shown)}."

@@ -1,0 +1,60 @@
+"""Where a study's time went (report/time_spent.py), from what its storage holds."""
+
+from __future__ import annotations
+
+import datetime
+
+import optuna
+
+from autotune.record import schema
+from autotune.report import time_spent
+
+START = datetime.datetime(2026, 1, 1, 12, 0, 0)
+
+
+def trial(number: int, *, wall: float, training: float) -> optuna.trial.FrozenTrial:
+    """A finished trial that took `wall` seconds, `training` of them on its training clock."""
+    return optuna.trial.FrozenTrial(
+        number=number,
+        state=optuna.trial.TrialState.COMPLETE,
+        value=training,
+        datetime_start=START,
+        datetime_complete=START + datetime.timedelta(seconds=wall),
+        params={},
+        distributions={},
+        user_attrs={schema.RESULT: {"train_seconds": training}},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=number,
+    )
+
+
+def test_each_part_is_its_wall_time_and_the_trials_are_split_into_training_and_the_rest() -> None:
+    attrs = {schema.PROBE: {"seconds": 70.0}, schema.CONFIRMATION: {"seconds": 80.0}}
+    trials = [trial(0, wall=9.0, training=4.0), trial(1, wall=6.0, training=3.0)]
+    waiting = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING)
+    spent = time_spent.of_study([*trials, waiting], attrs)
+    assert spent == {
+        "probe": 70.0,
+        "throughput_phase": None,
+        "trials": 15.0,
+        "confirmation": 80.0,
+        "trial_count": 2,
+        "training": 7.0,
+        "total": 165.0,
+    }
+    assert time_spent.describe(spent) == (
+        "Time spent: 2.8 min in all: systems probe 1.2 min, 2 trials 0.2 min "
+        "(training 0.1 min; evaluating, starting and storing 0.1 min), confirmation 1.3 min."
+    )
+
+
+def test_a_short_study_speaks_in_seconds_and_what_was_not_recorded_is_left_out() -> None:
+    # a confirmation stored before its time was: no seconds
+    spent = time_spent.of_study([trial(0, wall=2.5, training=1.0)], {schema.CONFIRMATION: {}})
+    assert spent is not None and spent["confirmation"] is None and spent["total"] == 2.5
+    assert time_spent.describe(spent) == (
+        "Time spent: 2.5 s in all: 1 trial 2.5 s "
+        "(training 1.0 s; evaluating, starting and storing 1.5 s)."
+    )
+    assert time_spent.of_study([], {}) is None
