@@ -193,6 +193,7 @@ def autotune_study(spec: StudySpec, prepared: preparation.Prepared, load_machine
         "counts": dataclasses.asdict(summary.counts),
         "prediction_error": error,
         "trial_prediction_error": trial_prediction_error(study),
+        "time_spent": summary.time_spent,  # by part: probe, trials, confirmation
     }
 
 

@@ -72,6 +72,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
     assert all(arm["gpu_seconds"] > 0 for arm in record["arms"].values())
     assert record["arms"]["joint"]["probe"]["kind"] == "joint"
+    assert record["arms"]["joint"]["time_spent"]["probe"] > 0  # where its GPU time went
     runs = record["judge"]["runs"]
     assert set(runs) == {"baseline", "expert", "joint", "systems", "tpe"}
     assert all(len(r) == 1 and r[0]["seconds"] > 0 for r in runs.values())
