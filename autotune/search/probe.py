@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.search import roofline
+from autotune.search import roofline_text
 from autotune.search.knob import PRECISIONS
 from autotune.search.space import LOADER_KNOBS, Choices, Range, Space
 
@@ -156,7 +156,7 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
 def describe(outcome: Mapping[str, Any]) -> str:
     """One line for the report: what the probe settled, and what it cost."""
     if outcome.get("kind") == "joint":
-        return roofline.describe(outcome) + load_note(outcome)
+        return roofline_text.describe(outcome) + load_note(outcome)
     parts = []
     if outcome["probed_loader"]:
         loader = outcome["loader"]
@@ -183,7 +183,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"{outcome['seconds']:.1f} s of training): "
         + ("; ".join(parts) if parts else "nothing to settle")
         + load_note(outcome)
-        + (f"\n{roofline.checkpointing_text(memory)}" if memory else "")
+        + (f"\n{roofline_text.checkpointing_text(memory)}" if memory else "")
     )
 
 

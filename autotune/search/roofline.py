@@ -151,108 +151,6 @@ def payback(chosen: Prediction, *, compute_rate: float, once_seconds: float) -> 
     return Payback(once_seconds, chosen.samples_per_second, faster.samples_per_second)
 
 
-def what_moves_it(best: Prediction) -> str:
-    """What would raise the limit, in numbers: the other rate's headroom."""
-    if best.bottleneck == INPUT:
-        headroom = best.compute_rate / best.loader_rate
-        return (
-            f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
-            f"(more loader workers or cores, cheaper decoding, or decoding on the device)"
-        )
-    headroom = best.loader_rate / best.compute_rate
-    return (
-        f"the compute: the loader could deliver {headroom:.2f}x more "
-        "(a narrower precision, channels-last, compilation or a larger batch "
-        "raise the step's rate)"
-    )
-
-
-def _setting_text(setting: Mapping[str, Any]) -> str:
-    shown = [f"num_workers {setting['num_workers']}"]
-    if setting.get("prefetch_factor") is not None:
-        shown.append(f"prefetch_factor {setting['prefetch_factor']}")
-    shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
-    # compile is never in a setting
-    shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]
-    return ", ".join(shown)
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.0f}/s"
-
-
-def describe(outcome: Mapping[str, Any]) -> str:
-    """The joint probe's lines for the report: what it chose, measured beside predicted, the
-    bottleneck, the knob space's limit and what would move it."""
-    loaders, computes = len(outcome["loader_rates"]), len(outcome["compute_rates"])
-    head = (
-        f"Joint systems probe (batch {outcome['batch_size']}: "
-        f"{loaders} loader and {computes} compute settings measured apart"
-        + (f" (screened from {outcome['screened_from']})" if outcome.get("screened_from") else "")
-    )
-    chosen, limit = outcome.get("chosen"), outcome.get("limit")
-    if chosen is None:
-        return (
-            f"{head}, {outcome['seconds']:.1f} s): nothing settled, "
-            f"as {outcome.get('unsettled', 'no setting ran')}"
-        )
-    head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s{_phases(outcome)})"
-    error = chosen["measured"] / chosen["predicted"] - 1
-    lines = [
-        f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
-        f"predicted {_rate(chosen['predicted'])} ({error:+.0%}); "
-        f"{chosen['bottleneck']}-bound (loader {_rate(chosen['loader_rate'])}, "
-        f"compute {_rate(chosen['compute_rate'])}, "
-        f"the device waiting for input {chosen['idle_share']:.0%} of the time)",
-        f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
-        f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
-    ]
-    compiled = outcome.get("compile")
-    if compiled:
-        lines.append(_compile_text(compiled, batch=outcome["batch_size"]))
-    if outcome.get("checkpointing"):
-        lines.append(checkpointing_text(outcome["checkpointing"]))
-    if outcome.get("shared_cores"):
-        lines.append(
-            "On a CPU the loader and the step share the same cores, so what runs together "
-            "differs from their rates apart: the end-to-end measurement decided"
-        )
-    return "\n".join(lines)
-
-
-def _phases(outcome: Mapping[str, Any]) -> str:
-    """Where the probe's time went: `: compute 40 s, loaders 60 s, ...`; nothing where unstored."""
-    phases = outcome.get("phase_seconds") or {}
-    return (
-        (": " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in phases.items()))
-        if phases
-        else ""
-    )
-
-
-def _compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:
-    """torch.compile weighed once against the longest trial, in optimizer steps at the probe's
-    batch."""
-    if compiled.get("failed"):
-        return f"torch.compile fixed off: {compiled['failed']}"
-    if compiled.get("unmeasured") == INPUT:
-        return (
-            "torch.compile fixed off unmeasured: the chosen setting is input-bound, and a faster "
-            "step saves nothing there"
-        )
-    head = (
-        f"torch.compile measured once: {compiled['once_seconds']:.1f} s to compile, then "
-        f"{_rate(compiled['faster'])} against {_rate(compiled['speed'])} predicted"
-    )
-    longest = f"a trial runs at most {compiled['longest_samples'] / batch:,.0f} steps"
-    if compiled["samples"] is None:
-        return f"{head}: it never pays back, so it is fixed off"
-    steps = f"it pays back after {compiled['samples'] / batch:,.0f} steps of batch {batch}"
-    return f"{head}: {steps}; {longest}, so it " + (
-        "stays in the search" if compiled["kept"] else "is fixed off"
-    )
-
-
 def checkpointing_fit(
     space: Space,
     peaks: Sequence[int | None],
@@ -276,18 +174,6 @@ def checkpointing_fit(
         "device_bytes": device_bytes,
         "fits": predicted <= FITS_SHARE * device_bytes,
     }
-
-
-def checkpointing_text(fit: Mapping[str, Any]) -> str:
-    gib = 2**30
-    memory = (
-        f"the largest micro-batch ({fit['largest_batch']}) should peak at "
-        f"{fit['predicted_bytes'] / gib:.1f} GiB without it, of the device's "
-        f"{fit['device_bytes'] / gib:.1f} GiB"
-    )
-    if fit["fits"]:
-        return f"Activation checkpointing fixed off: {memory}, and it only recomputes"
-    return f"Activation checkpointing stays in the search: {memory}"
 
 
 def loader_settings(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:

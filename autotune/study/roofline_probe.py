@@ -31,13 +31,13 @@ from typing import Any
 from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
-from autotune.search import probe, roofline, screening
+from autotune.search import probe, roofline, roofline_text, screening
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
 from autotune.train import rates, telemetry, throughput
 from autotune.train.config import TrialConfig
-from autotune.train.measure import other_load, threads_for
+from autotune.train.measure import cpu_count, other_load, threads_for
 
 # The probe's phases, by the measurement that runs each.
 PHASES = {
@@ -154,7 +154,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         ],
         "limit": predictions[0].figures(),
         "chosen": {**chosen.figures(), "measured": speed},
-        "moves": roofline.what_moves_it(predictions[0]),
+        "moves": roofline_text.what_moves_it(predictions[0], space, batch=batch, cores=cpu_count()),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }

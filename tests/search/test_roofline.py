@@ -15,11 +15,11 @@ import torch
 import yaml
 
 from autotune.cli import main
-from autotune.search import roofline
+from autotune.search import roofline, roofline_text
 from autotune.search.probe import describe as probe_describe
 from autotune.search.probe import loader_settings
 from autotune.search.probe import restrict as probe_restrict
-from autotune.search.space import complete
+from autotune.search.space import Choices, Space, complete
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.tasks import paced
@@ -42,6 +42,48 @@ def loader(workers: int) -> dict:
 
 def compute(precision: str) -> dict:
     return {"precision": precision, "channels_last": False, "cudnn_benchmark": False}
+
+
+def knob_space(**domains: tuple) -> Space:
+    """The paced study's knob space (workers 0-4, fp32 and bf16, batches 32-128), each of
+    `domains` replacing a knob's values."""
+    space = Space(
+        tuple(
+            (name, Choices(values))
+            for name, values in {
+                "num_workers": (0, 2, 4),
+                "batch_size": (32, 64, 128),
+                "precision": ("fp32", "bf16"),
+                "channels_last": (False, True),
+                "compile": (False, True),
+            }.items()
+        )
+    )
+    for name, values in domains.items():
+        space = space.replace(name, Choices(values))
+    return space
+
+
+def test_what_would_move_a_compute_bound_limit_is_what_the_space_left_out() -> None:
+    """Within the space the limit has weighed every lever: what moves it lies outside."""
+    fast_loader = roofline.predict([(loader(4), 5000.0)], [compute("fp32")], lambda _, c: 2000.0)[0]
+    assert fast_loader.bottleneck == roofline.COMPUTE
+    everything = roofline_text.what_moves_it(fast_loader, knob_space(), batch=64, cores=16)
+    assert (
+        everything
+        == "the compute: the loader could deliver 2.50x more (a faster device, or a lighter model)"
+    )
+    narrowed = knob_space(precision=("fp32",), channels_last=(False,), compile=(False,))
+    assert roofline_text.what_moves_it(fast_loader, narrowed, batch=128, cores=16) == (
+        "the compute: the loader could deliver 2.50x more (bf16 or fp16, which the space leaves "
+        "out; channels-last, where the model has 2-D convolutions; compilation; a micro-batch "
+        "larger than 128)"
+    )
+    # input-bound below the space's most workers: the cores held it
+    slow_loader = roofline.predict([(loader(2), 1000.0)], [compute("bf16")], lambda _, c: 2000.0)
+    assert "(more cores (2 workers delivered the most here); cheaper decoding" in (
+        roofline_text.what_moves_it(slow_loader[0], knob_space(), batch=64, cores=16)
+    )
 
 
 def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without() -> None:
@@ -72,8 +114,11 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         checked[1],
         2700.0,
     )
-    assert "input pipeline" in roofline.what_moves_it(best) and "1.33x" in roofline.what_moves_it(
-        best
+    moves = roofline_text.what_moves_it(best, knob_space(), batch=128, cores=2)
+    assert moves == (
+        "the input pipeline: the step could run 1.33x faster if loading kept up (more loader "
+        "workers than the space's 4, with more cores than this machine's 2; cheaper decoding, "
+        "or decoding on the device)"
     )
     # Held by one loader, two steps measure alike: within the windows' noise the faster step wins
     # (it runs ahead wherever batches wait), outside it the measurement.
@@ -341,7 +386,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     assert weighed["kept"] is (
         weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"]
     )
-    text = roofline._compile_text(weighed, batch=64)
+    text = roofline_text.compile_text(weighed, batch=64)
     assert text.startswith(
         f"torch.compile measured once: {weighed['once_seconds']:.1f} s to compile"
     )
@@ -359,7 +404,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     longest = len(prepared.task.train)
     assert skipped == {"kept": False, "unmeasured": "input", "longest_samples": longest}
     assert calls == []
-    assert roofline._compile_text(skipped, batch=64).startswith(
+    assert roofline_text.compile_text(skipped, batch=64).startswith(
         "torch.compile fixed off unmeasured: the chosen setting is input-bound"
     )
 
@@ -458,7 +503,7 @@ def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_with
         (space(), rates_at_128, None),
     ]:
         assert roofline.checkpointing_fit(undecided, peaks, batch=128, device_bytes=device) is None
-    assert roofline.checkpointing_text(fit) == (
+    assert roofline_text.checkpointing_text(fit) == (
         "Activation checkpointing fixed off: the largest micro-batch (512) should peak at 12.0 GiB "
         "without it, of the device's 80.0 GiB, and it only recomputes"
     )
@@ -587,5 +632,5 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     assert len(outcome["loader_rates"]) == 3 + len(loader_calls[1])
     assert (outcome["chosen"]["precision"], outcome["chosen"]["channels_last"]) in measured
     assert f"compute settings measured apart (screened from {len(computes)})" in (
-        roofline.describe(outcome)
+        roofline_text.describe(outcome)
     )
