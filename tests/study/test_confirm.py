@@ -7,21 +7,12 @@ import torch
 
 from autotune.record import seeds, verdict
 from autotune.runners import isolation
+from autotune.search.space import DEFAULT_BASELINE
 from autotune.study import confirm
 from autotune.train.config import Limits
 from tests.tasks import cuda_oom
 
-# a baseline's configuration, its knobs left out at their defaults
-BASE = {
-    "lr": 0.01,
-    "scheduler": "constant",
-    "batch_size": 32,
-    "accumulation_steps": 1,
-    "num_workers": 0,
-    "prefetch_factor": None,
-    "pin_memory": False,
-    "precision": "fp32",
-}
+BASE = DEFAULT_BASELINE  # a hand-written script's configuration
 
 
 def record(label: str, time: float | None) -> dict:
