@@ -1,7 +1,9 @@
 """Where a study's time went, from its storage: the systems probe, the throughput phase, the
 trials (their training clocks, and the rest of their wall time: evaluating, starting a process and
 its loader workers, building, storing) and the confirmation. Wall seconds summed over every run of
-the study; trials that ran side by side (--workers) each count in full, as each held its device."""
+the study; trials that ran side by side (--workers) each count in full, as each held its device.
+An interrupted trial is left out: one killed is marked when the next run starts, maybe days later,
+and its configuration runs again anyway."""
 
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ MINUTES_FROM = 120
 def of_study(trials: Sequence[Any], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     """The study's time by part, each None where the study has none or did not record it (a
     confirmation stored before its time was); None when nothing has run."""
-    ran = [t for t in trials if t.datetime_start is not None and t.datetime_complete is not None]
+    ran = [
+        t
+        for t in trials
+        if t.datetime_start is not None
+        and t.datetime_complete is not None
+        and not schema.is_interrupted(t)
+    ]
     parts = {
         "probe": (schema.probe(study_attrs) or {}).get("seconds"),
         "throughput_phase": (schema.throughput(study_attrs) or {}).get("seconds"),

@@ -33,7 +33,11 @@ def test_each_part_is_its_wall_time_and_the_trials_are_split_into_training_and_t
     attrs = {schema.PROBE: {"seconds": 70.0}, schema.CONFIRMATION: {"seconds": 80.0}}
     trials = [trial(0, wall=9.0, training=4.0), trial(1, wall=6.0, training=3.0)]
     waiting = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING)
-    spent = time_spent.of_study([*trials, waiting], attrs)
+    # killed, and marked at the next run's start a day later: its wall time says nothing
+    killed = trial(2, wall=86_400.0, training=0.0)
+    killed.state = optuna.trial.TrialState.FAIL
+    killed.set_user_attr(schema.INTERRUPTED, True)
+    spent = time_spent.of_study([*trials, waiting, killed], attrs)
     assert spent == {
         "probe": 70.0,
         "throughput_phase": None,
