@@ -73,7 +73,7 @@ from autotune.spec import study_file
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
-from autotune.train.measure import cpu_count  # noqa: E402
+from autotune.train.measure import cpu_count, device_name  # noqa: E402
 from autotune.train.tasks import reference  # noqa: E402
 from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
@@ -409,7 +409,7 @@ def judge(
         "expert": expert(prepared),
         **{arm: complete(found["params"]) for arm, found in record["arms"].items()},
     }
-    device = provenance(prepared.device)["device"]
+    device = device_name(prepared.device)
     before = record.get("judge") or {}
     same_device = before.get("device") == device
     runs: dict[str, list[dict[str, Any]]] = {
