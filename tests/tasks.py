@@ -350,8 +350,8 @@ def exits_on_rank_one() -> Task:
     return Task(model=lambda: _FailsOnRankOne("exit"), train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
-def slow_blobs() -> Task:
-    """The blobs task, each training forward pass 0.2 s long: a trial lasts seconds."""
+def _slowed_blobs(step_seconds: float) -> Task:
+    """The blobs task, each training forward pass `step_seconds` long."""
 
     class Slow(nn.Module):
         def __init__(self) -> None:
@@ -360,7 +360,18 @@ def slow_blobs() -> Task:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if self.training:
-                time.sleep(0.2)
+                time.sleep(step_seconds)
             return self.net(x)
 
     return Task(model=Slow, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def slow_blobs() -> Task:
+    """Each training step 0.2 s long: a trial lasts seconds."""
+    return _slowed_blobs(0.2)
+
+
+def steady_blobs() -> Task:
+    """Each training step 5 ms long: a trial spends nearly all its time training, and a study
+    of a dozen trials still takes seconds."""
+    return _slowed_blobs(0.005)

@@ -468,8 +468,11 @@ def wait_for_trials(
 
 
 def test_kill_9_then_the_same_command_keeps_every_finished_trial(tmp_path: Path) -> None:
-    # Enough trials that one is caught training before the budget ends (each takes milliseconds).
-    path = write_study(tmp_path, trials=12, confirm={"top": 1, "runs": 1})
+    # Steps of 5 ms: a trial spends nearly all its time training, so the stop below lands in
+    # one (with plain blobs a trial trains for milliseconds, and the study could end first).
+    path = write_study(
+        tmp_path, task="tests.tasks:steady_blobs", trials=12, confirm={"top": 1, "runs": 1}
+    )
     db = path.with_suffix(".db")
     process = start_run(path)
     while True:  # stopped (SIGSTOP) while a trial is training, so that the kill lands inside it
