@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -228,11 +229,17 @@ def judge_run(
     }
 
 
+@functools.cache
+def val_batches(val: Any) -> list[Any]:
+    """The validation set collated once: the judge evaluates it a dozen times a run."""
+    return list(DataLoader(val, batch_size=256))
+
+
 def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> float:
     training.module.eval()
     outputs, targets = [], []
     with torch.no_grad(), training.autocast():
-        for inputs, labels in DataLoader(task.val, batch_size=256):
+        for inputs, labels in val_batches(task.val):
             outputs.append(training.module(module.to_device(inputs, device)).float().cpu())
             targets.append(labels)
     training.module.train()
