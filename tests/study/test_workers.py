@@ -284,8 +284,8 @@ def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     study_file = yaml.safe_load(path.read_text())
-    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 8 s
-    study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=8)
+    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 5 s
+    study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=5)
     path.write_text(yaml.safe_dump(study_file))
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--quiet"]
     parent = subprocess.Popen(
