@@ -15,7 +15,8 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
   a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
   `isolation: warm` (one trial process kept between trials). Each against `joint` decides a
-  default.
+  default. A fresh one starts from the probe another joint arm measured with the same code on
+  the same machine (share_probe), its seconds counted in the arm's GPU time.
 
 The judge is not autotune's training loop: it trains each arm's winner, and the baseline, with
 the plain-PyTorch module `autotune export --format torch` writes for it (what a user's own trainer
@@ -67,6 +68,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from autotune import export  # noqa: E402
+from autotune.record import schema  # noqa: E402
 from autotune.record.summary import Counts, Summary, Winner  # noqa: E402
 from autotune.report.winner import start_up_seconds  # noqa: E402
 from autotune.search.space import Choices, complete
@@ -330,12 +332,12 @@ def main() -> None:
         if args.cpu:
             spec = dataclasses.replace(spec, device="cpu")
         db = storage.local_path(spec.storage)
+        prepared = preparation.prepare(spec)
+        record["provenance"] = provenance(prepared.device)
         if arm is None or not db.exists():
             for suffix in ("", "-journal", ".runner.lock"):  # a fresh study
                 Path(db.as_posix() + suffix).unlink(missing_ok=True)
-            arm = {"sittings": []}
-        prepared = preparation.prepare(spec)
-        record["provenance"] = provenance(prepared.device)
+            arm = {"sittings": [*share_probe(record, stage, spec)]}
         found, finished = search(stage, spec, prepared, deadline)
         if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
@@ -353,6 +355,28 @@ def main() -> None:
             + f": {found['params']}",
             flush=True,
         )
+
+
+def share_probe(
+    record: dict[str, Any], stage: str, spec: study_file.StudySpec
+) -> list[dict[str, Any]]:
+    """A fresh joint-probe arm starts from the probe another joint arm measured with this code on
+    this device, and counts its seconds as a sitting of its own: the arms differ only in what
+    follows the probe, and each probe costs minutes of GPU. None found: the arm measures its own
+    (its sittings start empty)."""
+    if spec.probe != "joint":
+        return []
+    here = record["provenance"]
+    for source in JOINT_ARMS:
+        arm = record["arms"].get(source)
+        if source == stage or not arm or not arm.get("probe") or not arm.get("sittings"):
+            continue
+        measured = arm["sittings"][0]  # the probe runs in an arm's first sitting
+        if all(measured.get(k) == here[k] for k in ("device", "machine", "commit")):
+            study = storage.open_study(spec, create=True)
+            schema.record_probe(study, arm["probe"])
+            return [{"seconds": arm["probe"]["seconds"], "shared_probe": source, **here}]
+    return []
 
 
 def search(

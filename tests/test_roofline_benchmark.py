@@ -59,13 +59,18 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert "systems: not begun" in said and "tpe: not begun" in said
     probe = record["arms"]["joint"]["probe"]
     first = record["arms"]["joint"]["gpu_seconds"]
-    stages("joint", "systems", "tpe", work=tmp_path / "work")  # the next sitting goes on
+    stages("joint", "systems", "tpe", "prior", work=tmp_path / "work")  # the next sitting goes on
     record = json.loads(results.read_text())
-    assert set(record["arms"]) == {"joint", "systems", "tpe"} and "judge" not in record
+    assert set(record["arms"]) == {"joint", "systems", "tpe", "prior"} and "judge" not in record
     joint = record["arms"]["joint"]
     assert joint["finished"] and len(joint["sittings"]) == 2 and joint["counts"]["total"] >= 2
     assert joint["probe"] == probe  # measured once, in the first sitting
     assert joint["gpu_seconds"] > first
+    # prior starts from joint's probe, its seconds counted as a sitting of prior's own
+    prior = record["arms"]["prior"]
+    assert prior["probe"] == probe and prior["sittings"][0]["shared_probe"] == "joint"
+    assert prior["sittings"][0]["seconds"] == probe["seconds"] == prior["time_spent"]["probe"]
+    assert prior["gpu_seconds"] > probe["seconds"] and prior["counts"]["total"] >= 2
     # the judge in another session: nothing but the results file carried over, no arm's storage
     stages("judge", work=tmp_path / "elsewhere")
     assert not list((tmp_path / "elsewhere").glob("*.db"))
@@ -74,7 +79,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert record["arms"]["joint"]["probe"]["kind"] == "joint"
     assert record["arms"]["joint"]["time_spent"]["probe"] > 0  # where its GPU time went
     runs = record["judge"]["runs"]
-    assert set(runs) == {"baseline", "expert", "joint", "systems", "tpe"}
+    assert set(runs) == {"baseline", "expert", "joint", "systems", "tpe", "prior"}
     assert all(len(r) == 1 and r[0]["seconds"] > 0 for r in runs.values())
     assert record["judge"]["candidates"]["expert"]["precision"] == "bf16"
     assert record["judge"]["candidates"]["expert"]["scheduler"] == "onecycle"
