@@ -153,6 +153,26 @@ def test_the_disk_cache_is_written_once_and_read_by_a_later_build(
     assert same(first, drawn())
 
 
+def test_the_cache_keeps_the_validation_images_decoded_and_a_file_without_them_gains_them(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = drawn()
+    (path,) = cache.iterdir()
+    with np.load(path) as npz:
+        assert npz["val_pixels"].shape == (N_VAL, shapes.SIDE, shapes.SIDE, 3)
+        older = {k: npz[k] for k in npz.files if k != "val_pixels"}
+    np.savez(path, **older)  # as the cache was written before it kept them
+    monkeypatch.setattr(shapes, "_generate", lambda *args: pytest.fail("drew the images again"))
+    shapes.datasets.cache_clear()
+    assert same(first, drawn())  # decoded from the PNGs, the same pixels
+
+    decoded = []
+    monkeypatch.setattr(shapes.Encoded, "image", lambda self, i: decoded.append(i))
+    shapes.datasets.cache_clear()
+    drawn()  # the file now holds them: no image is decoded to build the task
+    assert decoded == []
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_a_damaged_cache_file_is_drawn_again(cache: Path, damage: str) -> None:
     first = drawn()
