@@ -154,7 +154,10 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         ],
         "limit": predictions[0].figures(),
         "chosen": {**chosen.figures(), "measured": speed},
-        "moves": roofline_text.what_moves_it(predictions[0], space, batch=batch, cores=cpu_count()),
+        # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
+        "moves": roofline_text.what_moves_it(
+            predictions[0], spec.space, batch=batch, cores=cpu_count()
+        ),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }
@@ -263,12 +266,8 @@ def _weigh_compile(
         return {"kept": False, "failed": failure.reason, "longest_samples": longest}
     rate, base = figures["compiled"], figures["plain"]
     if not (rate.samples_per_second and base.samples_per_second):
-        why = rate.reason or base.reason or "no figure"
-        return {
-            "kept": False,
-            "failed": f"its step could not be measured ({why})",
-            "longest_samples": longest,
-        }
+        why = f"its step could not be measured ({rate.reason or base.reason or 'no figure'})"
+        return {"kept": False, "failed": why, "longest_samples": longest}
     # The chosen setting's loader with each step rate: both from this pair, measured side by side.
     at_loader = dataclasses.replace(chosen, compute_rate=base.samples_per_second)
     payback = roofline.payback(

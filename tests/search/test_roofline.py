@@ -247,6 +247,10 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     )
     assert f"compute {phases['compute']:.0f} s, loaders {phases['loaders']:.0f} s" in out
     assert "compute-bound" in out and "Limit of the knob space: " in out
+    # the study asked for channels-last and compilation (the preset's), which the paced MLP and
+    # the CPU fitted away: neither is named as a lever
+    assert joint["moves"].startswith("the compute: the loader could deliver ")
+    assert joint["moves"].endswith("x more (a micro-batch larger than 128)")
     assert "the end-to-end measurement decided" in out  # a CPU: loader and step share the cores
     trial = load(tmp_path / "joint.yaml").trials[0]
     assert (trial.params.get("num_workers", 4), trial.params.get("precision", "bf16")) == (
