@@ -60,6 +60,7 @@ def run_sequence(
             run_study(spec, plan, study, started=started)
         else:
             run_trials(left)
+        _say_if_timed_out(spec, study, started)
         tell_measured_settings(spec, plan, study)
         confirm_best(spec, plan.prepared, study)
     return study
@@ -136,14 +137,20 @@ def run_study(
             )
             recovery.queue_retries(study, only=stopped)
             raise
-    done = finished_count(study.get_trials(deepcopy=False))
-    if done < budget and _timed_out(timeout, started):
+    return study
+
+
+def _say_if_timed_out(spec: StudySpec, study: optuna.Study, started: float) -> None:
+    """Once, by the process the user started (not by each of --workers, each given what was left
+    of it), with the timeout the user gave."""
+    trials = study.get_trials(deepcopy=False)
+    done, budget = finished_count(trials), trials_to_train(spec, trials)
+    if done < budget and _timed_out(spec.budget.timeout, started):
         print(
-            f"autotune: timeout of {timeout:g} s reached with {done} of {budget} trials finished; "
-            f"run the same command again to go on",
+            f"autotune: timeout of {spec.budget.timeout:g} s reached with {done} of {budget} "
+            f"trials finished; run the same command again to go on",
             file=sys.stderr,
         )
-    return study
 
 
 def _policy(spec: StudySpec, plan: RunPlan, budget: int) -> one_trial.Policy:

@@ -30,6 +30,9 @@ from autotune.train.measure import cpu_count
 STOP_GRACE_SECONDS = 60  # after a signal, how long workers get to mark their trials before a kill
 PARENT = signals.WORKERS_PARENT
 GPUS = "AUTOTUNE_WORKER_GPUS"  # a worker's GPUs, as the parent gave them (comma-separated ids)
+# when the parent started the worker (time.time()): its --timeout counts from then, not from once
+# it has imported torch and prepared the task, seconds later
+SPAWNED = "AUTOTUNE_WORKER_SPAWNED"
 # For tests, on a machine without GPUs: share out this many GPU ids as if the machine had them
 # (the trials still train on the study's device).
 SIMULATED_GPUS = "AUTOTUNE_SIMULATED_GPUS"
@@ -125,7 +128,7 @@ def core_share(index: int, workers: int, cores: Sequence[int]) -> set[int]:
 def worker_env(gpus: Sequence[str]) -> dict[str, str]:
     """A worker's environment: its GPUs alone visible to it."""
     # One progress bar, the parent's; in lines mode each worker prints its own trials' lines.
-    env = {**os.environ, "TQDM_DISABLE": "1", PARENT: str(os.getpid())}
+    env = {**os.environ, "TQDM_DISABLE": "1", PARENT: str(os.getpid()), SPAWNED: repr(time.time())}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = env[GPUS] = ",".join(gpus)
     return env
@@ -243,7 +246,8 @@ def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
         with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
             study = storage.open_study(spec, create=False)  # the parent created it
             plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
-            run_study(spec, plan, study, worker=worker)
+            since = time.time() - float(os.environ.get(SPAWNED, time.time()))
+            run_study(spec, plan, study, worker=worker, started=time.monotonic() - max(0.0, since))
     except KeyboardInterrupt as interrupt:
         return signals.exit_code(interrupt)
     return 0

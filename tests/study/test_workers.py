@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,27 @@ def test_workers_on_a_journal_file(tmp_path: Path) -> None:
         tmp_path / "study.journal.runner.lock"
     ).exists()  # the run and its workers are over: nothing beside it
     assert "[I " not in result.stderr, result.stderr  # autotune speaks for Optuna's INFO logs
+
+
+def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Path) -> None:
+    """Each worker is given what is left of the timeout; the run says it was reached once, as
+    the user gave it, and only when the budget is not done."""
+    path = write_study(tmp_path, f"journal:///{tmp_path / 'study.journal'}")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 1 s
+    study_file["budget"].update(trials=10, max_epochs=1000, max_seconds=1)
+    path.write_text(yaml.safe_dump(study_file))
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--timeout", "6"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "(2 workers)" in result.stderr, result.stderr  # the workers ran, each with less than 6 s
+    assert result.stderr.count("timeout of") == 1, result.stderr
+    assert re.search(r"timeout of 6 s reached with \d of 10 trials finished", result.stderr)
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
