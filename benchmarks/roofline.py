@@ -363,8 +363,8 @@ def share_probe(
     """A fresh joint-probe arm starts from the probe another joint arm measured with this code on
     this device, and counts its seconds as a sitting of its own: the arms differ only in what
     follows the probe, and each probe costs minutes of GPU. None found: the arm measures its own
-    (its sittings start empty)."""
-    if spec.probe != "joint":
+    (its sittings start empty). Plain TPE has no probe, whatever the study file says."""
+    if stage not in JOINT_ARMS:
         return []
     here = record["provenance"]
     for source in JOINT_ARMS:

@@ -71,6 +71,8 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert prior["probe"] == probe and prior["sittings"][0]["shared_probe"] == "joint"
     assert prior["sittings"][0]["seconds"] == probe["seconds"] == prior["time_spent"]["probe"]
     assert prior["gpu_seconds"] > probe["seconds"] and prior["counts"]["total"] >= 2
+    # plain TPE has no probe to share, though the study file asks for one
+    assert not any(s.get("shared_probe") for s in record["arms"]["tpe"]["sittings"])
     # the judge in another session: nothing but the results file carried over, no arm's storage
     stages("judge", work=tmp_path / "elsewhere")
     assert not list((tmp_path / "elsewhere").glob("*.db"))
