@@ -4,11 +4,13 @@ trains each on a fresh seed, and the limit and the goals are computed from what 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 
@@ -133,3 +135,34 @@ def test_the_arms_run_only_when_named_set_what_they_are_to_decide(tmp_path: Path
         "warm": ("joint", "sampled", "warm"),
     }
     assert len({s.storage for s in specs.values()}) == 3  # each arm a study of its own
+
+
+@pytest.mark.parametrize("differs", ["commit", "machine", "device"])
+def test_a_probe_is_shared_only_from_the_same_code_machine_and_device(
+    tmp_path: Path, differs: str
+) -> None:
+    """A probe measured by other code, or on another machine or device, is not this arm's: it
+    measures its own, and no study is made for it."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import roofline
+
+    here = {"commit": "abc1234", "machine": "node", "device": "NVIDIA H100"}
+    probe = {"kind": "joint", "seconds": 61.5}
+    record = {
+        "provenance": here,
+        "arms": {"joint": {"probe": probe, "sittings": [{"seconds": 90.0, **here}]}},
+    }
+    spec = roofline.study_spec(
+        REPO / "studies" / "paced.yaml", arm="prior", work=tmp_path, small=True
+    )
+    assert roofline.share_probe(record, "prior", spec) == [
+        {"seconds": 61.5, "shared_probe": "joint", **here}
+    ]
+    assert (
+        optuna.load_study(study_name=spec.name, storage=spec.storage).user_attrs["probe"] == probe
+    )
+
+    other = dataclasses.replace(spec, name="other", storage=f"sqlite:///{tmp_path / 'other.db'}")
+    record["arms"]["joint"]["sittings"][0][differs] = "elsewhere"
+    assert roofline.share_probe(record, "prior", other) == []
+    assert not (tmp_path / "other.db").exists()
