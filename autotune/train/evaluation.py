@@ -39,15 +39,16 @@ def _collate(val: Dataset) -> Iterable[Batch]:
     kept: list[Batch] | None = []
     size = 0
     for batch in DataLoader(val, batch_size=EVAL_BATCH_SIZE):
-        if kept is not None:
-            if _tensors(batch):
-                size += sum(t.numel() * t.element_size() for t in batch)
-            if not _tensors(batch) or size > KEEP_BYTES:
-                kept = None
-            else:
-                kept.append(batch)
+        if kept is not None and _tensors(batch) and (size := size + _bytes(batch)) <= KEEP_BYTES:
+            kept.append(batch)
+        else:
+            kept = None
         yield batch
     _kept = (val, kept)
+
+
+def _bytes(batch: Batch) -> int:
+    return sum(t.numel() * t.element_size() for t in batch)
 
 
 def _tensors(batch: Any) -> bool:
