@@ -217,10 +217,10 @@ def plain_tpe_study(
     prepared: preparation.Prepared,
     load_machine: bool,
     *,
-    storage_url: str | None = None,
+    storage: str | optuna.storages.BaseStorage | None = None,
 ) -> dict:
     """What a user writes instead of autotune: Optuna's default TPE over the same knobs, one
-    training run per trial, the study's trial budget; the fastest trial wins. With `storage_url`
+    training run per trial, the study's trial budget; the fastest trial wins. With `storage`
     the trials are kept there and a later call goes on with them (a TPE seeded past the stored
     trials, so as not to replay their random start); no new trial starts after the spec's
     budget.timeout. `counts["trials"]`: the completed trials, every call's."""
@@ -242,7 +242,7 @@ def plain_tpe_study(
 
     name = f"{spec.name}-plain-tpe"
     study = optuna.create_study(
-        study_name=name, storage=storage_url, direction="minimize", load_if_exists=True
+        study_name=name, storage=storage, direction="minimize", load_if_exists=True
     )
     study.sampler = optuna.samplers.TPESampler(
         seed=seeds.for_sampler(spec.seed, stored_trials=len(study.trials), worker=None)

@@ -9,9 +9,10 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
   as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
   (each as the device allows);
-- `limit`: the knob space's limit: the one-off costs of the joint probe's best predicted setting
-  (its loader's start-up and its step's first steps, each measured apart), then the samples the
-  joint winner needed to reach the target (as the judge measured them) at its predicted rate;
+- `limit`, for each arm with the joint probe: the knob space's limit: the one-off costs of the
+  probe's best predicted setting (its loader's start-up and its step's first steps, each measured
+  apart), then the samples the arm's winner needed to reach the target (as the judge measured
+  them) at its predicted rate;
 - `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
   a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
   `isolation: warm` (one trial process kept between trials). Each against `joint` decides a
@@ -24,8 +25,9 @@ runs), evaluating off the clock every `budget.eval_every` epochs, on `--seeds` f
 the arms interleaved within each seed. The GPU time each arm spent searching is its wall time.
 
 Stages write their figures as they go (a stage cut short still tells something). The arms'
-studies are kept in --work; the judge reads only the results file (each arm's winner and the joint
-probe's figures), so the judge may run in another session with nothing carried but that file:
+studies are Optuna journal files (text) in a folder beside the results file (--work: another);
+the judge reads only the results file (each arm's winner and the joint probe's figures), so the
+judge may run in another session with nothing carried but that file:
 
     .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR]
                                             [--minutes M] [--fresh] [--study FILE]
@@ -38,9 +40,9 @@ benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another fo
 A GPU lent for minutes at a time takes the full benchmark in sittings: with --minutes M no stage
 starts a trial, a confirmation or a judge's run once M minutes have passed since the command
 began (what runs then finishes), and the same command later goes on where it stopped. A stage the
-results file holds as finished is skipped; an unfinished arm goes on with its study in --work
-(keep that folder, and the results file, between sittings); the judge keeps the runs it made of
-candidates that are unchanged, on the same device. Each arm's GPU time is the sum of its
+results file holds as finished is skipped; an unfinished arm goes on with its study (keep the
+results folder between sittings: its files are text, to commit); the judge keeps the runs it made
+of candidates that are unchanged, on the same device. Each arm's GPU time is the sum of its
 sittings'. --fresh measures the named stages again from the start.
 """
 
@@ -55,7 +57,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -90,8 +91,8 @@ ARMS: dict[str, dict[str, str]] = {
     "warm": {"probe": "joint", "isolation": "warm"},
 }
 STAGES = (*ARMS, "judge")
-# The autotune arms with the joint probe, in the order the judge takes the one it weighs against
-# the peers and the limit (a short GPU session may run `prior` alone).
+# The autotune arms with the joint probe: the judge weighs each that ran against the peers and
+# its limit (a short GPU session may run `prior` alone).
 JOINT_ARMS = ("joint", "prior", "warm")
 DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
 JUDGE_SEED = 8_000_000  # far from every seed a study uses
@@ -115,7 +116,7 @@ def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> study_file.S
         raw["confirm"] = {"top": 1, "runs": 1}
     name = f"{path.stem}-{arm}"
     return dataclasses.replace(
-        study_file.from_mapping(raw, path=path, storage=f"sqlite:///{work / (name + '.db')}"),
+        study_file.from_mapping(raw, path=path, storage=f"journal:///{work / (name + '.journal')}"),
         name=name,
     )
 
@@ -270,7 +271,9 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
-        "--work", type=Path, default=Path(tempfile.gettempdir()) / "autotune-roofline"
+        "--work",
+        type=Path,
+        help="the arms' studies (default: beside the results file, its name + -studies)",
     )
     parser.add_argument(
         "--study",
@@ -293,9 +296,10 @@ def main() -> None:
     args.stages = args.stages or list(DEFAULT_STAGES)
     study = args.study or REPO / "studies" / ("paced.yaml" if args.cpu else "shapes.yaml")
     seeds = 1 if args.small else args.seeds
-    args.work.mkdir(parents=True, exist_ok=True)
     small, hardware = "-small" if args.small else "", "cpu" if args.cpu else "cuda"
     out = args.results / f"roofline-{study.stem}{small}-{hardware}.json"
+    args.work = args.work or out.with_name(out.stem + "-studies")
+    args.work.mkdir(parents=True, exist_ok=True)
     record = json.loads(out.read_text()) if out.exists() else {"arms": {}}
     if args.fresh:
         for stage in args.stages:
@@ -335,9 +339,12 @@ def main() -> None:
         prepared = preparation.prepare(spec)
         record["provenance"] = provenance(prepared.device)
         if arm is None or not db.exists():
-            for suffix in ("", "-journal", ".runner.lock"):  # a fresh study
+            for suffix in ("", ".lock", ".runner.lock"):  # a fresh study
                 Path(db.as_posix() + suffix).unlink(missing_ok=True)
             arm = {"sittings": [*share_probe(record, stage, spec)]}
+        elsewhere = {s["device"] for s in arm["sittings"]} - {record["provenance"]["device"]}
+        if elsewhere:  # its GPU time then adds two devices' seconds: say so, keep each's
+            print(f"{stage}: goes on here, its earlier sittings on {', '.join(elsewhere)}")
         found, finished = search(stage, spec, prepared, deadline)
         if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
@@ -372,7 +379,7 @@ def share_probe(
         if source == stage or not arm or not arm.get("probe") or not arm.get("sittings"):
             continue
         measured = arm["sittings"][0]  # the probe runs in an arm's first sitting
-        if all(measured.get(k) == here[k] for k in ("device", "machine", "commit")):
+        if all(measured.get(k) == here[k] for k in ("device", "machine", "code")):
             study = storage.open_study(spec, create=True)
             schema.record_probe(study, arm["probe"])
             return [{"seconds": arm["probe"]["seconds"], "shared_probe": source, **here}]
@@ -391,7 +398,8 @@ def search(
         left = max(0.0, deadline - time.monotonic())
         timed = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, timeout=left))
     if stage == "tpe":
-        found = plain_tpe_study(timed, prepared, False, storage_url=spec.storage)
+        kept = storage.make_storage(spec, create=True)
+        found = plain_tpe_study(timed, prepared, False, storage=kept)
         return found, found["counts"]["trials"] >= spec.budget.trials
     if deadline is None:
         return autotune_study(spec, prepared, False), True
@@ -420,17 +428,17 @@ def judge(
     deadline: float | None = None,
 ) -> None:
     """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
-    interleaved; then the limit and the goals, for the first of JOINT_ARMS that ran. The runs an
+    interleaved; then the limit and the goals for each of JOINT_ARMS that ran. The runs an
     earlier sitting made on this device of a candidate that is unchanged are kept; none starts
     after `deadline` (time.monotonic()), and the limit and goals wait until every run is made."""
-    ours = next((arm for arm in JOINT_ARMS if arm in record["arms"]), None)
-    if ours is None:
+    first = next((arm for arm in JOINT_ARMS if arm in record["arms"]), None)
+    if first is None:
         raise SystemExit(f"no arm of {', '.join(JOINT_ARMS)} has run: run one of them first")
     unfinished = [arm for arm, found in record["arms"].items() if not found.get("finished", True)]
     if unfinished:
         print(f"judge: not begun, {', '.join(unfinished)} unfinished", flush=True)
         return
-    spec = study_spec(study, arm=ours, work=work, small=small)
+    spec = study_spec(study, arm=first, work=work, small=small)
     if cpu:
         spec = dataclasses.replace(spec, device="cpu")
     prepared = preparation.prepare(spec)
@@ -470,33 +478,44 @@ def judge(
             save()
     medians = {name: median_time(r) for name, r in runs.items()}
     record["judge"]["medians"] = medians
-    limit = (record["arms"][ours].get("probe") or {}).get("limit")
-    our_runs = [r for r in runs[ours] if r["reached"]]
-    if limit and our_runs:
-        samples = statistics.median(r["samples"] for r in our_runs)
-        fixed = start_up_seconds(record["arms"][ours]["probe"], limit)
-        record["limit"] = {
-            **limit,
-            "samples": samples,
-            "fixed_seconds": fixed,
-            "seconds": fixed + samples / limit["predicted"],
-        }
-    mine, peers = medians[ours], [medians.get(k, math.inf) for k in ("tpe", "expert")]
-    gpu = {arm: found["gpu_seconds"] for arm, found in record["arms"].items()}
-    record["goals"] = {
-        "arm": ours,
-        # goal: >= 1.5
-        "joint_vs_best_peer": min(peers) / mine if mine and math.isfinite(mine) else None,
-        # goal: <= 1.15
-        "joint_vs_limit": mine / record["limit"]["seconds"] if "limit" in record else None,
-        # goal: <= 0.5
-        "gpu_vs_tpe": gpu[ours] / gpu["tpe"] if "tpe" in gpu else None,
-        "joint_study_seconds": gpu[ours],  # goal: < 360 on an H100
-    }
+    ours = [arm for arm in JOINT_ARMS if arm in record["arms"]]
+    record["limit"] = {arm: limit_of(record["arms"][arm], runs[arm]) for arm in ours}
+    record["goals"] = {arm: goals_of(arm, record, medians) for arm in ours}
     save()
     for name, value in medians.items():
         print(f"{name:>9}: median {value:.2f} s over {seeds} seed(s)")
     print(json.dumps(record["goals"], indent=2))
+
+
+def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The knob space's limit as the arm's probe predicted it: its best setting's one-off costs,
+    then the samples the arm's winner needed (the judge's median) at that setting's rate."""
+    limit = (arm.get("probe") or {}).get("limit")
+    reached = [r["samples"] for r in runs if r["reached"]]
+    if not limit or not reached:
+        return None
+    samples = statistics.median(reached)
+    fixed = start_up_seconds(arm["probe"], limit)
+    return {
+        **limit,
+        "samples": samples,
+        "fixed_seconds": fixed,
+        "seconds": fixed + samples / limit["predicted"],
+    }
+
+
+def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dict[str, Any]:
+    """One autotune arm against the goals: its judged time beside the best peer's and the limit's,
+    its GPU time beside plain TPE's, and its study's length."""
+    mine, peers = medians[arm], [medians.get(k, math.inf) for k in ("tpe", "expert")]
+    limit, gpu = record["limit"][arm], record["arms"][arm]["gpu_seconds"]
+    tpe = record["arms"].get("tpe", {}).get("gpu_seconds")
+    return {
+        "vs_best_peer": min(peers) / mine if mine and math.isfinite(mine) else None,  # >= 1.5
+        "vs_limit": mine / limit["seconds"] if limit else None,  # <= 1.15
+        "gpu_vs_tpe": gpu / tpe if tpe else None,  # <= 0.5
+        "study_seconds": gpu,  # < 360 on an H100
+    }
 
 
 if __name__ == "__main__":

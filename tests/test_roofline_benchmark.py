@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
+
+from autotune.study import storage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,7 +30,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
 
-    def stages(*names: str, work: Path) -> str:
+    def stages(*names: str, work: Path | None = None) -> str:
         result = subprocess.run(
             [
                 sys.executable,
@@ -38,8 +39,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
                 "--small",
                 "--study",
                 str(path),
-                "--work",
-                str(work),
+                *(["--work", str(work)] if work else []),
                 "--results",
                 str(tmp_path),
                 *names,
@@ -55,13 +55,13 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     results = tmp_path / "roofline-tiny-small-cpu.json"
     # A first sitting of under a second: the joint probe runs, no trial starts after it, and
     # the stages after it wait.
-    said = stages("--minutes", "0.01", "joint", "systems", "tpe", work=tmp_path / "work")
+    said = stages("--minutes", "0.01", "joint", "systems", "tpe")
     record = json.loads(results.read_text())
     assert set(record["arms"]) == {"joint"} and not record["arms"]["joint"]["finished"]
     assert "systems: not begun" in said and "tpe: not begun" in said
     probe = record["arms"]["joint"]["probe"]
     first = record["arms"]["joint"]["gpu_seconds"]
-    stages("joint", "systems", "tpe", "prior", work=tmp_path / "work")  # the next sitting goes on
+    stages("joint", "systems", "tpe", "prior")  # the next sitting goes on
     record = json.loads(results.read_text())
     assert set(record["arms"]) == {"joint", "systems", "tpe", "prior"} and "judge" not in record
     joint = record["arms"]["joint"]
@@ -75,9 +75,14 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert prior["gpu_seconds"] > probe["seconds"] and prior["counts"]["total"] >= 2
     # plain TPE has no probe to share, though the study file asks for one
     assert not any(s.get("shared_probe") for s in record["arms"]["tpe"]["sittings"])
+    # the arms' studies are text beside the results file, to keep (commit) between sittings
+    studies = tmp_path / "roofline-tiny-small-cpu-studies"
+    assert sorted(p.name for p in studies.iterdir()) == [
+        f"tiny-{arm}.journal" for arm in ("joint", "prior", "systems", "tpe")
+    ]
     # the judge in another session: nothing but the results file carried over, no arm's storage
     stages("judge", work=tmp_path / "elsewhere")
-    assert not list((tmp_path / "elsewhere").glob("*.db"))
+    assert not list((tmp_path / "elsewhere").iterdir())
     record = json.loads((tmp_path / "roofline-tiny-small-cpu.json").read_text())
     assert all(arm["gpu_seconds"] > 0 for arm in record["arms"].values())
     assert record["arms"]["joint"]["probe"]["kind"] == "joint"
@@ -87,21 +92,23 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert all(len(r) == 1 and r[0]["seconds"] > 0 for r in runs.values())
     assert record["judge"]["candidates"]["expert"]["precision"] == "bf16"
     assert record["judge"]["candidates"]["expert"]["scheduler"] == "onecycle"
-    if runs["joint"][0]["reached"]:
-        limit = record["limit"]
-        assert limit["fixed_seconds"] > 0  # the limit setting's loader and step started up
-        assert limit["seconds"] == pytest.approx(
-            limit["fixed_seconds"] + runs["joint"][0]["samples"] / limit["predicted"]
+    # the limit and the goals for each arm with the joint probe, each against the same peers
+    assert set(record["limit"]) == set(record["goals"]) == {"joint", "prior"}
+    for arm in ("joint", "prior"):
+        limit = record["limit"][arm]
+        if runs[arm][0]["reached"]:
+            assert limit["fixed_seconds"] > 0  # the limit setting's loader and step started up
+            assert limit["seconds"] == pytest.approx(
+                limit["fixed_seconds"] + runs[arm][0]["samples"] / limit["predicted"]
+            )
+        else:
+            assert limit is None
+        goals = record["goals"][arm]
+        assert set(goals) == {"vs_best_peer", "vs_limit", "gpu_vs_tpe", "study_seconds"}
+        assert goals["gpu_vs_tpe"] == pytest.approx(
+            record["arms"][arm]["gpu_seconds"] / record["arms"]["tpe"]["gpu_seconds"]
         )
-    assert set(record["goals"]) == {
-        "arm",
-        "joint_vs_best_peer",
-        "joint_vs_limit",
-        "gpu_vs_tpe",
-        "joint_study_seconds",
-    }
-    assert record["goals"]["arm"] == "joint"
-    assert record["provenance"]["commit"]
+    assert record["provenance"]["commit"] and record["provenance"]["code"]
 
     # tpe's winner changes (measured again, say): the judge re-makes its runs alone; joint,
     # finished, is not measured again
@@ -137,7 +144,7 @@ def test_the_arms_run_only_when_named_set_what_they_are_to_decide(tmp_path: Path
     assert len({s.storage for s in specs.values()}) == 3  # each arm a study of its own
 
 
-@pytest.mark.parametrize("differs", ["commit", "machine", "device"])
+@pytest.mark.parametrize("differs", ["code", "machine", "device"])
 def test_a_probe_is_shared_only_from_the_same_code_machine_and_device(
     tmp_path: Path, differs: str
 ) -> None:
@@ -146,7 +153,7 @@ def test_a_probe_is_shared_only_from_the_same_code_machine_and_device(
     sys.path.insert(0, str(REPO))
     from benchmarks import roofline
 
-    here = {"commit": "abc1234", "machine": "node", "device": "NVIDIA H100"}
+    here = {"commit": "abc1234", "code": "9f2c0e", "machine": "node", "device": "NVIDIA H100"}
     probe = {"kind": "joint", "seconds": 61.5}
     record = {
         "provenance": here,
@@ -155,14 +162,37 @@ def test_a_probe_is_shared_only_from_the_same_code_machine_and_device(
     spec = roofline.study_spec(
         REPO / "studies" / "paced.yaml", arm="prior", work=tmp_path, small=True
     )
+    # a commit of results between the sittings changes the commit, not the code
+    record["arms"]["joint"]["sittings"][0]["commit"] = "def5678"
     assert roofline.share_probe(record, "prior", spec) == [
         {"seconds": 61.5, "shared_probe": "joint", **here}
     ]
-    assert (
-        optuna.load_study(study_name=spec.name, storage=spec.storage).user_attrs["probe"] == probe
-    )
+    assert storage.open_study(spec, create=False).user_attrs["probe"] == probe
 
     other = dataclasses.replace(spec, name="other", storage=f"sqlite:///{tmp_path / 'other.db'}")
     record["arms"]["joint"]["sittings"][0][differs] = "elsewhere"
     assert roofline.share_probe(record, "prior", other) == []
     assert not (tmp_path / "other.db").exists()
+
+
+def test_the_code_identity_follows_the_code_not_the_results_or_the_docs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from benchmarks.provenance import code_identity
+
+    for name, text in {
+        "autotune/train/step.py": "STEP = 1\n",
+        "benchmarks/roofline.py": "ARMS = ()\n",
+        "benchmarks/results/roofline-shapes-cuda.json": "{}\n",
+        "studies/shapes.yaml": "task: shapes\n",
+        "docs/gpu.md": "# figures\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    first = code_identity(tmp_path)
+    (tmp_path / "benchmarks/results/roofline-shapes-cuda.json").write_text('{"arms": {}}\n')
+    (tmp_path / "docs/gpu.md").write_text("# figures, measured\n")
+    assert code_identity(tmp_path) == first
+    for changed in ("autotune/train/step.py", "benchmarks/roofline.py", "studies/shapes.yaml"):
+        (tmp_path / changed).write_text((tmp_path / changed).read_text() + "# changed\n")
+        assert code_identity(tmp_path) != first, changed
+        first = code_identity(tmp_path)
