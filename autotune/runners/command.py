@@ -26,7 +26,6 @@ import os
 import selectors
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -76,7 +75,7 @@ def command_trial(
     ) -> TrialResult:
         if config.schedule_epochs is not None:  # the command's max_epochs is its schedule's length
             limits = dataclasses.replace(limits, max_epochs=config.schedule_epochs)
-        with tempfile.TemporaryDirectory(prefix="autotune-trial-") as folder:
+        with command_inputs.trial_folder() as folder:
             argv, child_env = command_inputs.inputs_for(
                 args,
                 env,

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +19,35 @@ from autotune.runners import protocol
 from autotune.runners.isolation import TrialFailure
 from autotune.spec import command_line
 from autotune.train.config import Limits, TrialConfig
+
+FOLDER_PREFIX = "autotune-trial-"
+
+
+def trial_folder() -> tempfile.TemporaryDirectory:
+    """A temporary folder for one trial's inputs, named after this process: removed when the trial
+    ends, and, where the process that made one was killed before it could remove it (SIGKILL),
+    by the next command trial on this machine."""
+    for leftover in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = leftover.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and _mine(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _mine(path: Path) -> bool:
+    """A folder of this user's, not a link: never remove what another user or a link points to."""
+    status = path.lstat()
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
 
 
 def inputs_for(

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 import yaml
 
 from autotune import signals
-from autotune.runners import protocol
+from autotune.runners import command_inputs, protocol
 from autotune.runners.command import command_trial
 from autotune.runners.isolation import TrialFailure
 from autotune.runners.tally import Tally
@@ -256,6 +257,14 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
     while (alive(pid) or alive(helper)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(pid) and not alive(helper)
+    # the killed process could not remove its trial's folder: the next command trial does, and
+    # leaves a live process's alone
+    left = list(Path(tempfile.gettempdir()).glob(f"autotune-trial-{study.pid}-*"))
+    assert len(left) == 1 and (left[0] / "config.json").is_file()
+    with command_inputs.trial_folder() as mine, command_inputs.trial_folder() as other:
+        assert not left[0].exists()
+        assert Path(mine).is_dir() and Path(other).is_dir()
+    assert not Path(mine).exists()
 
 
 def test_garbage_on_the_channel_is_ignored(tmp_path: Path) -> None:
