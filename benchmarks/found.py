@@ -173,7 +173,7 @@ def autotune_study(spec: StudySpec, prepared: preparation.Prepared, load_machine
         else (NONE_FOUND, prepared.baseline)
     )
     # training seconds the trials spent: a pruned one up to where it was stopped
-    compute = sum(schema.training_seconds(t) for t in study.get_trials(deepcopy=False))
+    compute = sum(schema.run_seconds(t)[0] for t in study.get_trials(deepcopy=False))
     phase = (schema.throughput(study.user_attrs) or {}).get("seconds", 0.0)
     probe = (summary.probe or {}).get("seconds")
     error = (

@@ -37,6 +37,7 @@ SEED = "seed"
 DEVICES = "devices"  # the GPUs (CUDA_VISIBLE_DEVICES ids) of the --workers worker that ran it
 REASON = "reason"  # why it was pruned or failed; autotune records one for every end of its own
 PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
+PAUSED_AT = "paused_at"  # and seconds off the training clock (evaluating) until then
 OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
@@ -139,10 +140,13 @@ def record_oom_bound(trial: Any, *, reason: str, bound: int) -> None:
     trial.set_user_attr(OOM_BOUND, bound)
 
 
-def record_pruned(trial: Any, *, reason: str, seconds: float | None) -> None:
+def record_pruned(
+    trial: Any, *, reason: str, seconds: float | None, paused: float | None = None
+) -> None:
     trial.set_user_attr(REASON, reason)
-    if seconds is not None:  # the compute it took counts toward the study's
+    if seconds is not None:  # the compute it took counts toward the study's, evaluations apart
         trial.set_user_attr(PRUNED_AT, seconds)
+        trial.set_user_attr(PAUSED_AT, paused)
 
 
 def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> None:
@@ -227,9 +231,8 @@ def reason(trial: Any) -> str | None:
 
 
 def is_interrupted(trial: Any) -> bool:
-    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start) or
-    a database server's heartbeat check. autotune records a reason for every failure of its own.
-    """
+    """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start)
+    or a database server's heartbeat check; autotune stores why each failure of its own ended."""
     return trial.state.name == "FAIL" and (
         bool(trial.user_attrs.get(INTERRUPTED)) or REASON not in trial.user_attrs
     )
@@ -265,11 +268,8 @@ def prediction(trial: Any) -> dict[str, Any] | None:
 
 def ran_out_of_memory(trial: Any) -> bool:
     """Pruned because it really ran out of memory (not bounded by another that did)."""
-    return (
-        trial.state.name == "PRUNED"
-        and bool(trial.user_attrs.get(OOM))
-        and CONFIG in trial.user_attrs
-    )
+    attrs = trial.user_attrs
+    return trial.state.name == "PRUNED" and bool(attrs.get(OOM)) and CONFIG in attrs
 
 
 def measured(trial: Any) -> dict[str, Any]:
@@ -293,12 +293,16 @@ def stored_end(trial: Any) -> dict[str, Any]:
     }
 
 
-def training_seconds(trial: Any) -> float:
-    """Training seconds the trial spent over all its runs: a pruned one up to where it stopped."""
-    result = measured(trial)
-    if result.get("replicates"):
-        return float(sum(r["train_seconds"] for r in result["replicates"]))
-    return float(result.get("train_seconds", trial.user_attrs.get(PRUNED_AT, 0.0)))
+def run_seconds(trial: Any) -> tuple[float, float | None]:
+    """Seconds the trial's runs spent on the training clock and off it (evaluating), over all its
+    runs, a pruned one's until it stopped. Off it: None where no run said (a command evaluates on
+    its own clock; a trial stored before this was)."""
+    result, attrs = measured(trial), trial.user_attrs
+    runs = result.get("replicates") or ([result] if "train_seconds" in result else [])
+    if not runs:
+        return float(attrs.get(PRUNED_AT, 0.0)), attrs.get(PAUSED_AT)
+    paused = [r.get("paused_seconds") for r in runs]
+    return sum(r["train_seconds"] for r in runs), None if None in paused else sum(paused)
 
 
 def retried_from(trial: Any) -> int | None:

@@ -1,9 +1,9 @@
 """Where a study's time went, from its storage: the systems probe, the throughput phase, the
-trials (their training clocks, and the rest of their wall time: evaluating, starting a process and
-its loader workers, building, storing) and the confirmation. Wall seconds summed over every run of
-the study; trials that ran side by side (--workers) each count in full, as each held its device.
-An interrupted trial is left out: one killed is marked when the next run starts, maybe days later,
-and its configuration runs again anyway."""
+trials (their training clocks, their evaluations, and the rest of their wall time: starting a
+process and its loader workers, building, storing) and the confirmation. Wall seconds summed over
+every run of the study; trials that ran side by side (--workers) each count in full, as each
+held its device. An interrupted trial is left out: one killed is marked when the next run starts,
+maybe days later, and its configuration runs again anyway."""
 
 from __future__ import annotations
 
@@ -37,17 +37,20 @@ def of_study(trials: Sequence[Any], study_attrs: Mapping[str, Any]) -> dict[str,
     known = [v for v in parts.values() if v is not None]
     if not known:
         return None
+    on, off = zip(*map(schema.run_seconds, ran)) if ran else ((), ())
     return {
         **parts,
         "trial_count": len(ran),
-        "training": sum(schema.training_seconds(t) for t in ran),
+        "training": float(sum(on)),
+        # None: no trial said (commands evaluate on their own clock, counted as training)
+        "evaluating": sum(p for p in off if p is not None) or None,
         "total": sum(known),
     }
 
 
 def describe(spent: Mapping[str, Any]) -> str:
     """One line: `Time spent: 4.9 min in all: systems probe 1.2 min, 16 trials 2.5 min (training
-    1.4 min; evaluating, starting and storing 1.1 min), confirmation 1.2 min.`"""
+    1.4 min, evaluating 0.3 min; starting and storing 0.8 min), confirmation 1.2 min.`"""
     minutes = spent["total"] >= MINUTES_FROM
 
     def amount(seconds: float) -> str:
@@ -59,12 +62,18 @@ def describe(spent: Mapping[str, Any]) -> str:
     if spent["throughput_phase"] is not None:
         shown.append(f"throughput phase {amount(spent['throughput_phase'])}")
     if spent["trials"] is not None:
-        rest = max(0.0, spent["trials"] - spent["training"])
+        evaluating = spent.get("evaluating")  # absent from a figure stored before it was
+        rest = max(0.0, spent["trials"] - spent["training"] - (evaluating or 0.0))
         count = spent["trial_count"]
+        inside = (
+            f"training {amount(spent['training'])}, evaluating {amount(evaluating)}; "
+            f"starting and storing {amount(rest)}"
+            if evaluating
+            else f"training {amount(spent['training'])}; evaluating, starting and storing "
+            f"{amount(rest)}"
+        )
         shown.append(
-            f"{count} trial{'s' if count != 1 else ''} {amount(spent['trials'])} "
-            f"(training {amount(spent['training'])}; evaluating, starting and storing "
-            f"{amount(rest)})"
+            f"{count} trial{'s' if count != 1 else ''} {amount(spent['trials'])} ({inside})"
         )
     if spent["confirmation"] is not None:
         shown.append(f"confirmation {amount(spent['confirmation'])}")

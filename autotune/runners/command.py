@@ -238,9 +238,9 @@ def _watch(
                 )
             # reports or not, its clock runs: a silent command is pruned too
             if progress is not None:
-                progress(
-                    tally.steps, tally.total_steps, tally.last_metric, time.perf_counter() - started
-                )
+                elapsed = time.perf_counter() - started
+                # a command evaluates on the clock, which autotune never pauses
+                progress(tally.steps, tally.total_steps, tally.last_metric, elapsed, 0.0)
 
 
 def _take_reports(
@@ -271,7 +271,7 @@ def _take_reports(
             )
         tally.add(report, seconds=seconds)
         if progress is not None:
-            progress(tally.steps, tally.total_steps, tally.last_metric, seconds)
+            progress(tally.steps, tally.total_steps, tally.last_metric, seconds, 0.0)
         if tally.reached:
             return seconds
     return None

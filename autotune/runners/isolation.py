@@ -56,10 +56,12 @@ class Pruned(Exception):
     """Raised by a study's progress callback to stop a trial that can no longer win; passes through
     every way of running a trial unchanged (a child process or a command is killed first)."""
 
-    def __init__(self, reason: str, *, seconds: float | None = None) -> None:
+    def __init__(
+        self, reason: str, *, seconds: float | None = None, paused: float | None = None
+    ) -> None:
         super().__init__(reason)
-        # seconds: the training clock when it was stopped
-        self.reason, self.seconds = reason, seconds
+        # seconds: the training clock when it was stopped; paused: the seconds off it until then
+        self.reason, self.seconds, self.paused = reason, seconds, paused
 
 
 class RunTrial(Protocol):
@@ -295,12 +297,14 @@ def reporter(sender: Any, *, stop: Callable[[], bool] | None = None) -> Progress
     answer to the last progress sent, so no step pays for a look at the pipe."""
     last = 0.0
 
-    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+    def progress(
+        steps: int, total: int, metric: float | None, seconds: float, paused: float
+    ) -> None:
         nonlocal last
         if metric is not None or time.monotonic() - last >= PROGRESS_SECONDS:
             if stop is not None and stop():
                 raise Pruned("stopped by the study")
             last = time.monotonic()
-            sender.send(("progress", steps, total, metric, seconds))
+            sender.send(("progress", steps, total, metric, seconds, paused))
 
     return progress

@@ -193,7 +193,9 @@ def _tell_failure(
     before: Before,
 ) -> None:
     if isinstance(failure, isolation.Pruned):
-        schema.record_pruned(trial, reason=failure.reason, seconds=failure.seconds)
+        schema.record_pruned(
+            trial, reason=failure.reason, seconds=failure.seconds, paused=failure.paused
+        )
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         progress.tell(
             f"{derived.trial_label(trial)}: {failure.reason}",

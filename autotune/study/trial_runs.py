@@ -27,6 +27,7 @@ class _Clock:
     effective: int  # samples an optimizer step
     done: float = 0.0  # the trial's finished runs on the objective's clock
     trained: float = 0.0  # their training seconds
+    paused: float = 0.0  # their seconds off the training clock (evaluating)
 
     def of(self, steps: int, seconds: float) -> float:
         """A run's progress on the objective's clock."""
@@ -36,6 +37,7 @@ class _Clock:
         """A finished run."""
         self.done += self.of(run.optimizer_steps or 0, run.train_seconds)
         self.trained += run.train_seconds
+        self.paused += run.paused_seconds or 0.0
 
 
 def train(
@@ -59,7 +61,9 @@ def train(
     # time_to_target one, and more only once its first run beats the best (objective.runs_for).
     planned = policy.objective.first_runs(policy.replicates)
 
-    def on_progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+    def on_progress(
+        steps: int, total: int, metric: float | None, seconds: float, paused: float
+    ) -> None:
         signals.check()
         bar.total = total
         bar.update(steps - bar.n)
@@ -69,7 +73,7 @@ def train(
         # be longer than the incumbent's.
         spent = clock.done + clock.of(steps, seconds)
         if policy.prune and best is not None and spent > best[0] * planned:
-            raise _pruned(spent, best, planned=planned, clock=clock, seconds=seconds)
+            raise _pruned(spent, best, planned=planned, clock=clock, seconds=(seconds, paused))
 
     runs: list[TrialResult] = []
     limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
@@ -104,15 +108,21 @@ def train(
 
 
 def _pruned(
-    spent: float, best: tuple[float, int], *, planned: int, clock: _Clock, seconds: float
+    spent: float,
+    best: tuple[float, int],
+    *,
+    planned: int,
+    clock: _Clock,
+    seconds: tuple[float, float],
 ) -> isolation.Pruned:
     """What stops a trial whose `planned` runs have `spent` more than `planned` times the best
-    time so far, `seconds` into the run on now."""
+    time so far, `seconds` (on the training clock, off it) into the run on now."""
     runs = f" over {planned} runs" if planned > 1 else ""
     what = "of training" if clock.predict is None else "predicted for the samples trained"
     return isolation.Pruned(
         f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
         f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
         f"it can no longer win",
-        seconds=clock.trained + seconds,
+        seconds=clock.trained + seconds[0],
+        paused=clock.paused + seconds[1],
     )

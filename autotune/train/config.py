@@ -11,9 +11,10 @@ from typing import Any
 from autotune.search.knob import DDP_KNOBS
 from autotune.search.space import KNOBS, filled
 
-# (optimizer steps, total steps, last metric, training-clock seconds). It may raise to stop the
-# trial (isolation.Pruned): the exception leaves `run` as it is, after the loader is shut down.
-Progress = Callable[[int, int, "float | None", float], None]
+# (optimizer steps, total steps, last metric, training-clock seconds, seconds off that clock so
+# far: its evaluations). It may raise to stop the trial (isolation.Pruned): the exception leaves
+# `run` as it is, after the loader is shut down.
+Progress = Callable[[int, int, "float | None", float, float], None]
 
 
 @dataclasses.dataclass(frozen=True)

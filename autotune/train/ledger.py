@@ -103,6 +103,10 @@ class Ledger:
             return True
         return False
 
+    def told(self, clock: Clock) -> tuple[int, int, float | None, float, float]:
+        """What a progress callback is told now (train/config.Progress)."""
+        return self.steps, self.total_steps, self.metric, clock.read(sync=False), clock.paused
+
     def result(
         self,
         clock: Clock,

@@ -119,9 +119,7 @@ def run(
                         break
                     clock.start()
                 if progress is not None:
-                    progress(
-                        ledger.steps, training.total_steps, ledger.metric, clock.read(sync=False)
-                    )
+                    progress(*ledger.told(clock))
     finally:
         batches.close()  # shuts down DataLoader workers even when training raised
         gpu = sampler.stop()

@@ -12,8 +12,11 @@ from autotune.report import time_spent
 START = datetime.datetime(2026, 1, 1, 12, 0, 0)
 
 
-def trial(number: int, *, wall: float, training: float) -> optuna.trial.FrozenTrial:
-    """A finished trial that took `wall` seconds, `training` of them on its training clock."""
+def trial(
+    number: int, *, wall: float, training: float, paused: float | None = None
+) -> optuna.trial.FrozenTrial:
+    """A finished trial that took `wall` seconds, `training` of them on its training clock and
+    `paused` off it (evaluating; None: not said, as a command's)."""
     return optuna.trial.FrozenTrial(
         number=number,
         state=optuna.trial.TrialState.COMPLETE,
@@ -22,7 +25,7 @@ def trial(number: int, *, wall: float, training: float) -> optuna.trial.FrozenTr
         datetime_complete=START + datetime.timedelta(seconds=wall),
         params={},
         distributions={},
-        user_attrs={schema.RESULT: {"train_seconds": training}},
+        user_attrs={schema.RESULT: {"train_seconds": training, "paused_seconds": paused}},
         system_attrs={},
         intermediate_values={},
         trial_id=number,
@@ -45,6 +48,7 @@ def test_each_part_is_its_wall_time_and_the_trials_are_split_into_training_and_t
         "confirmation": 80.0,
         "trial_count": 2,
         "training": 7.0,
+        "evaluating": None,
         "total": 165.0,
     }
     assert time_spent.describe(spent) == (
@@ -62,3 +66,23 @@ def test_a_short_study_speaks_in_seconds_and_what_was_not_recorded_is_left_out()
         "(training 1.0 s; evaluating, starting and storing 1.5 s)."
     )
     assert time_spent.of_study([], {}) is None
+
+
+def test_the_trials_evaluations_are_told_apart_where_their_runs_said_pruned_ones_included() -> None:
+    finished = trial(0, wall=9.0, training=4.0, paused=2.0)
+    # pruned in its second run: the seconds on and off the clock over both runs until then
+    pruned = trial(1, wall=8.0, training=0.0)
+    pruned.state = optuna.trial.TrialState.PRUNED
+    pruned.user_attrs = {schema.PRUNED_AT: 3.0, schema.PAUSED_AT: 1.5}
+    # a command's: its evaluations ran on its own clock, counted as training
+    command = trial(2, wall=3.0, training=2.5)
+    spent = time_spent.of_study([finished, pruned, command], {})
+    assert spent is not None
+    assert (spent["trials"], spent["training"], spent["evaluating"]) == (20.0, 9.5, 3.5)
+    assert time_spent.describe(spent) == (
+        "Time spent: 20.0 s in all: 3 trials 20.0 s "
+        "(training 9.5 s, evaluating 3.5 s; starting and storing 7.0 s)."
+    )
+    # a figure stored before evaluations were told apart reads as it did
+    del spent["evaluating"]
+    assert "(training 9.5 s; evaluating, starting and storing 10.5 s)" in time_spent.describe(spent)

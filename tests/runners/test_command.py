@@ -82,7 +82,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def test_a_command_that_reaches_the_target_is_stopped_and_timed(tmp_path: Path) -> None:
-    calls: list[tuple[int, int, float | None, float]] = []
+    calls: list[tuple[int, int, float | None, float, float]] = []
     launched = time.perf_counter()
     # 0.05 more each 0.05 s
     result = run("climbs", tmp_path, progress=lambda *call: calls.append(call))
@@ -102,7 +102,7 @@ def test_a_command_that_reaches_the_target_is_stopped_and_timed(tmp_path: Path) 
     assert not alive(info(tmp_path)["pid"])
     steps = [c[0] for c in calls]  # every report, and the clock between reports
     assert steps == sorted(steps) and sorted(set(steps) - {0}) == list(range(1, 11))
-    assert calls[-1] == (10, 20, 0.5, result.time_to_target)
+    assert calls[-1] == (10, 20, 0.5, result.time_to_target, 0.0)
     # 32 samples at most every 0.05 s (sleeps only overrun)
     assert 0 < result.samples_per_second < 32 / 0.05 * 1.2
     assert result.peak_memory_bytes > 10 * 2**20  # a Python process with torch loaded
@@ -206,7 +206,10 @@ def test_an_exception_from_progress_kills_the_command_and_comes_out_unchanged(
 ) -> None:
     prune = Prune("trial 3 pruned at step 2")
 
-    def progress(steps: int, total: int, metric: float | None, seconds: float) -> None:
+    def progress(
+        steps: int, total: int, metric: float | None, seconds: float, paused: float
+    ) -> None:
+        assert paused == 0.0  # a command evaluates on its own clock, which runs
         if steps >= 2:
             raise prune
 
@@ -580,7 +583,7 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
         hang_after=120,
         metric_name=study["target"]["metric"],
     )
-    calls: list[tuple[int, int, float | None, float]] = []
+    calls: list[tuple[int, int, float | None, float, float]] = []
     result = run_trial(
         config, limits=limits_, device=CPU, seed=3, progress=lambda *call: calls.append(call)
     )
@@ -596,6 +599,7 @@ def test_the_lightning_example_reaches_the_study_target(precision: str) -> None:
         budget["max_epochs"] * batches,
         result.best_metric,
         result.time_to_target,
+        0.0,  # its evaluations ran on its clock
     )
     assert 0 < result.epochs <= budget["max_epochs"] and result.samples_per_second is not None
 

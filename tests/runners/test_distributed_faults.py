@@ -112,8 +112,10 @@ def test_a_trial_the_study_prunes_stops_on_every_rank() -> None:
         "tests.tasks:slow_blobs", study_path=REPO / "study.yaml", hang_after=120, devices=2
     )
 
-    def past_the_incumbent(steps: int, total: int, metric: float | None, seconds: float) -> None:
-        raise Pruned("pruned: past the best time so far", seconds=seconds)
+    def past_the_incumbent(
+        steps: int, total: int, metric: float | None, seconds: float, paused: float
+    ) -> None:
+        raise Pruned("pruned: past the best time so far", seconds=seconds, paused=paused)
 
     with pytest.raises(Pruned, match="past the best time"):
         run_trial(CONFIG, limits=LIMITS, device=CPU, seed=1, progress=past_the_incumbent)

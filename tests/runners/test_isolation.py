@@ -68,7 +68,7 @@ def test_a_child_trains_the_same_trial_as_this_process() -> None:
         limits=LIMITS,
         device=CPU,
         seed=7,
-        progress=lambda s, t, m, seconds: steps.append(s),
+        progress=lambda s, t, m, seconds, paused: steps.append(s),
     )
     here = isolation.in_process(blobs())(config(32), limits=LIMITS, device=CPU, seed=7)
     # same metric at the same epochs

@@ -56,7 +56,7 @@ def test_one_warm_child_trains_trial_after_trial_as_this_process_would() -> None
             limits=LIMITS,
             device=CPU,
             seed=7,
-            progress=lambda s, t, m, seconds: steps.append(s),
+            progress=lambda s, t, m, seconds, paused: steps.append(s),
         )
         pids.append(child.pid)
         assert [point[1:] for point in there.curve] == [point[1:] for point in here.curve]
@@ -105,7 +105,7 @@ def test_a_pruned_trial_is_stopped_inside_the_child_which_then_runs_the_next() -
     pid, reports = child.pid, []
 
     def prune_at_the_third_report(
-        steps: int, total: int, metric: float | None, seconds: float
+        steps: int, total: int, metric: float | None, seconds: float, paused: float
     ) -> None:
         reports.append(steps)
         if len(reports) == 3:

@@ -159,6 +159,10 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
         sum(p for p in parts if p is not None)
     )
     assert spent["total"] <= wall
+    # the trials' evaluations told apart from their training and the rest, pruned ones' too
+    assert spent["evaluating"] > 0 and spent["trials"] > spent["training"] + spent["evaluating"]
+    stopped = [t for t in load(path).get_trials() if "pruned_at" in t.user_attrs]
+    assert all(t.user_attrs["paused_at"] >= 0 for t in stopped)
     best = summary["best"]
     assert set(best["params"]) == set(KNOBS) - set(DDP_NAMES)  # one device: no DDP
     assert best["time_to_target"] > 0 and best["metric"] >= 0.9 and best["source"] == "confirmed"

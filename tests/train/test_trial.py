@@ -135,12 +135,24 @@ def test_evaluation_runs_on_a_paused_clock_and_its_time_is_recorded() -> None:
 
     slow = dataclasses.replace(task, metric=slow_metric)
     started = time.perf_counter()
-    result = run(slow, BASE, limits=dataclasses.replace(NEVER, eval_every=0.25), device=CPU, seed=1)
+    told: list[float] = []
+    result = run(
+        slow,
+        BASE,
+        limits=dataclasses.replace(NEVER, eval_every=0.25),
+        device=CPU,
+        seed=1,
+        progress=lambda steps, total, metric, seconds, paused: told.append(paused),
+    )
     wall = time.perf_counter() - started
     assert len(result.curve) == 8
     assert wall - result.train_seconds >= pause * len(result.curve)
     # the time off the clock: every evaluation's, and no training
     assert pause * len(result.curve) <= result.paused_seconds <= wall - result.train_seconds
+    # progress tells it as it grows (what a trial stopped midway stores): every evaluation's
+    # before the last, after which the run ends without another word
+    assert told == sorted(told) and told[0] < pause
+    assert pause * (len(result.curve) - 1) <= told[-1] <= result.paused_seconds
 
 
 def recording_optimizers() -> tuple[Task, list[torch.optim.Optimizer]]:
@@ -357,7 +369,7 @@ def test_a_diverging_run_stops_within_a_few_steps_of_its_first_non_finite_loss()
             limits=NEVER,
             device=CPU,
             seed=0,
-            progress=lambda steps, total, metric, seconds: seen.append(steps),
+            progress=lambda steps, total, metric, seconds, paused: seen.append(steps),
         )
     match = re.fullmatch(
         r"loss became (nan|inf) at step (\d+) \(epoch (\d+\.\d\d)\): "
