@@ -40,15 +40,17 @@ benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another fo
 A GPU lent for minutes at a time takes the full benchmark in sittings: with --minutes M no stage
 starts a trial, a confirmation or a judge's run once M minutes have passed since the command
 began (what runs then finishes), and the same command later goes on where it stopped. A stage the
-results file holds as finished is skipped; an unfinished arm goes on with its study (keep the
-results folder between sittings: its files are text, to commit); the judge keeps the runs it made
-of candidates that are unchanged, on the same device. Each arm's GPU time is the sum of its
-sittings'. --fresh measures the named stages again from the start.
+results file holds as finished is skipped; an unfinished arm goes on with its study, also one
+whose sitting was killed (keep the results folder between sittings: its files are text, to
+commit; a killed sitting's seconds are counted to within TICK_SECONDS); the judge keeps the runs
+it made of candidates that are unchanged, on the same device. Each arm's GPU time is the sum of
+its sittings'. --fresh measures the named stages again from the start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -57,8 +59,10 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +100,7 @@ STAGES = (*ARMS, "judge")
 JOINT_ARMS = ("joint", "prior", "warm")
 DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
 JUDGE_SEED = 8_000_000  # far from every seed a study uses
+TICK_SECONDS = 5.0  # what a sitting killed midway can leave uncounted
 EXPERT = {
     "precision": "bf16",
     "channels_last": True,
@@ -309,8 +314,10 @@ def main() -> None:
                     record.pop(key, None)
     deadline = None if args.minutes is None else begun + 60 * args.minutes
 
-    def save() -> None:
-        out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    def save() -> None:  # whole or not at all: a sitting may be killed at any moment
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        os.replace(partial, out)
 
     for stage in args.stages:
         if deadline is not None and time.monotonic() >= deadline:
@@ -345,10 +352,17 @@ def main() -> None:
         elsewhere = {s["device"] for s in arm["sittings"]} - {record["provenance"]["device"]}
         if elsewhere:  # its GPU time then adds two devices' seconds: say so, keep each's
             print(f"{stage}: goes on here, its earlier sittings on {', '.join(elsewhere)}")
-        found, finished = search(stage, spec, prepared, deadline)
+        # stored before it begins, so that a sitting killed midway (a machine's time limit) leaves
+        # its study to go on with and most of its seconds counted
+        sitting = {"seconds": 0.0, **record["provenance"]}
+        sittings = [*arm["sittings"], sitting]
+        record["arms"][stage] = {**arm, "finished": False, "sittings": sittings}
+        save()
+        with counted(sitting, save):
+            found, finished = search(stage, spec, prepared, deadline)
         if spec.probe == "joint" and stage != "tpe":
             found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
-        sittings = [*arm["sittings"], {"seconds": found["tuning_wall"], **record["provenance"]}]
+        sitting["seconds"] = found["tuning_wall"]
         record["arms"][stage] = {
             **found,
             "finished": finished,
@@ -362,6 +376,25 @@ def main() -> None:
             + f": {found['params']}",
             flush=True,
         )
+
+
+@contextlib.contextmanager
+def counted(sitting: dict[str, Any], save: Callable[[], None]) -> Iterator[None]:
+    """While the body runs, its seconds so far in `sitting`, saved every TICK_SECONDS."""
+    began, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(TICK_SECONDS):
+            sitting["seconds"] = time.monotonic() - began
+            save()
+
+    ticker = threading.Thread(target=tick, name="sitting-seconds", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
 
 
 def share_probe(

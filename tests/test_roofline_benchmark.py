@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,20 +31,23 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
 
+    def command(*names: str, work: Path | None = None) -> list[str]:
+        return [
+            sys.executable,
+            "benchmarks/roofline.py",
+            "--cpu",
+            "--small",
+            "--study",
+            str(path),
+            *(["--work", str(work)] if work else []),
+            "--results",
+            str(tmp_path),
+            *names,
+        ]
+
     def stages(*names: str, work: Path | None = None) -> str:
         result = subprocess.run(
-            [
-                sys.executable,
-                "benchmarks/roofline.py",
-                "--cpu",
-                "--small",
-                "--study",
-                str(path),
-                *(["--work", str(work)] if work else []),
-                "--results",
-                str(tmp_path),
-                *names,
-            ],
+            command(*names, work=work),
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -61,11 +65,24 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert "systems: not begun" in said and "tpe: not begun" in said
     probe = record["arms"]["joint"]["probe"]
     first = record["arms"]["joint"]["gpu_seconds"]
+    # A sitting killed midway (a machine's time limit): stored before its study went on, so the
+    # next sitting goes on with that study, the same probe.
+    killed = subprocess.Popen(
+        command("joint"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    while len(json.loads(results.read_text())["arms"]["joint"]["sittings"]) < 2:
+        assert killed.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)  # into its trials
+    killed.kill()
+    killed.wait()
+    assert not json.loads(results.read_text())["arms"]["joint"]["finished"]
     stages("joint", "systems", "tpe", "prior")  # the next sitting goes on
     record = json.loads(results.read_text())
     assert set(record["arms"]) == {"joint", "systems", "tpe", "prior"} and "judge" not in record
     joint = record["arms"]["joint"]
-    assert joint["finished"] and len(joint["sittings"]) == 2 and joint["counts"]["total"] >= 2
+    assert joint["finished"] and len(joint["sittings"]) == 3 and joint["counts"]["total"] >= 2
     assert joint["probe"] == probe  # measured once, in the first sitting
     assert joint["gpu_seconds"] > first
     # prior starts from joint's probe, its seconds counted as a sitting of prior's own
@@ -205,3 +222,19 @@ def test_the_code_identity_follows_the_code_not_the_results_or_the_docs(tmp_path
         (tmp_path / changed).write_text((tmp_path / changed).read_text() + "# changed\n")
         assert code_identity(tmp_path) != first, changed
         first = code_identity(tmp_path)
+
+
+def test_a_running_sitting_s_seconds_are_saved_as_it_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a sitting killed midway leaves counted: its seconds up to the last tick."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import roofline
+
+    monkeypatch.setattr(roofline, "TICK_SECONDS", 0.05)
+    sitting = {"seconds": 0.0}
+    saved: list[float] = []
+    with roofline.counted(sitting, lambda: saved.append(sitting["seconds"])):
+        time.sleep(0.5)
+    assert len(saved) >= 3 and saved == sorted(saved) and 0 < saved[0] < saved[-1] <= 0.5
+    count = len(saved)
+    time.sleep(0.2)
+    assert len(saved) == count  # none after the sitting ended

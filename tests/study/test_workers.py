@@ -413,6 +413,9 @@ def test_workers_are_given_gpus_of_their_own_and_each_trial_stores_them(tmp_path
     path = write_study(tmp_path, f"journal:///{journal}")
     study_file = yaml.safe_load(path.read_text())
     study_file["budget"]["trials"] = 8
+    # trials of about a second: blobs' take milliseconds, and one worker could run them all
+    # before the other had imported torch
+    study_file["task"] = "tests.tasks:brisk_blobs"
     path.write_text(yaml.safe_dump(study_file))
     env = {**os.environ, "AUTOTUNE_SIMULATED_GPUS": "4"}
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
