@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -24,14 +25,16 @@ FOLDER_PREFIX = "autotune-trial-"
 
 
 def trial_folder() -> tempfile.TemporaryDirectory:
-    """A temporary folder for one trial's inputs, named after this process: removed when the trial
-    ends, and, where the process that made one was killed before it could remove it (SIGKILL),
-    by the next command trial on this machine."""
-    for leftover in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
-        pid = leftover.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+    """A temporary folder for one trial's inputs, named after this process (host:pid): removed
+    when the trial ends, and, where the process that made one was killed before it could remove
+    it (SIGKILL), by the next command trial on this host. Only this host's: a temporary folder
+    shared with another host (or container) names processes this one cannot see."""
+    host = socket.gethostname()
+    for leftover in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}{host}:*-*"):
+        pid = leftover.name.removeprefix(f"{FOLDER_PREFIX}{host}:").split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)) and _mine(leftover):
             shutil.rmtree(leftover, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
+    return tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{host}:{os.getpid()}-")
 
 
 def _alive(pid: int) -> bool:

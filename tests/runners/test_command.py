@@ -11,6 +11,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -262,12 +263,18 @@ def test_the_command_outlives_no_study_process_killed_with_sigkill(tmp_path: Pat
     assert not alive(pid) and not alive(helper)
     # the killed process could not remove its trial's folder: the next command trial does, and
     # leaves a live process's alone
-    left = list(Path(tempfile.gettempdir()).glob(f"autotune-trial-{study.pid}-*"))
+    host = socket.gethostname()
+    left = list(Path(tempfile.gettempdir()).glob(f"autotune-trial-{host}:{study.pid}-*"))
     assert len(left) == 1 and (left[0] / "config.json").is_file()
-    with command_inputs.trial_folder() as mine, command_inputs.trial_folder() as other:
-        assert not left[0].exists()
-        assert Path(mine).is_dir() and Path(other).is_dir()
-    assert not Path(mine).exists()
+    # the same process number on another host (a temporary folder shared with a container)
+    elsewhere = Path(tempfile.mkdtemp(prefix=f"autotune-trial-elsewhere:{study.pid}-"))
+    try:
+        with command_inputs.trial_folder() as mine, command_inputs.trial_folder() as other:
+            assert not left[0].exists() and elsewhere.is_dir()
+            assert Path(mine).is_dir() and Path(other).is_dir()
+        assert not Path(mine).exists()
+    finally:
+        elsewhere.rmdir()
 
 
 def test_garbage_on_the_channel_is_ignored(tmp_path: Path) -> None:
