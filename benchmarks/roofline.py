@@ -19,10 +19,11 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
   default. A fresh one starts from the probe another joint arm measured with the same code on
   the same machine (share_probe), its seconds counted in the arm's GPU time.
 
-The judge is not autotune's training loop: it trains each arm's winner, and the baseline, with
-the plain-PyTorch module `autotune export --format torch` writes for it (what a user's own trainer
-runs), evaluating off the clock every `budget.eval_every` epochs, on `--seeds` fresh seeds with
-the arms interleaved within each seed. The GPU time each arm spent searching is its wall time.
+The judge (roofline_judge.py) is not autotune's training loop: it trains each arm's winner, and
+the baseline, with the plain-PyTorch module `autotune export --format torch` writes for it (what
+a user's own trainer runs), evaluating off the clock every `budget.eval_every` epochs, on
+`--seeds` fresh seeds with the arms interleaved within each seed. The GPU time each arm spent
+searching is its wall time.
 
 Stages write their figures as they go (a stage cut short still tells something). The arms'
 studies are Optuna journal files (text) in a folder beside the results file (--work: another);
@@ -52,16 +53,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
-import gc
 import json
-import math
 import os
-import statistics
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,22 +65,14 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
-from autotune import export  # noqa: E402
 from autotune.record import schema  # noqa: E402
-from autotune.record.summary import Counts, Summary, Winner  # noqa: E402
-from autotune.report.winner import start_up_seconds  # noqa: E402
-from autotune.search.space import Choices, complete
-from autotune.spec import study_file
+from autotune.spec import study_file  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
-from autotune.train.measure import cpu_count, device_name  # noqa: E402
-from autotune.train.tasks import reference  # noqa: E402
 from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+from benchmarks.roofline_judge import JOINT_ARMS, judge  # noqa: E402
 
 # What each searching arm sets in the study file (tpe: Optuna alone, no autotune settings).
 ARMS: dict[str, dict[str, str]] = {
@@ -95,23 +83,8 @@ ARMS: dict[str, dict[str, str]] = {
     "warm": {"probe": "joint", "isolation": "warm"},
 }
 STAGES = (*ARMS, "judge")
-# The autotune arms with the joint probe: the judge weighs each that ran against the peers and
-# its limit (a short GPU session may run `prior` alone).
-JOINT_ARMS = ("joint", "prior", "warm")
 DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
-JUDGE_SEED = 8_000_000  # far from every seed a study uses
 TICK_SECONDS = 5.0  # what a sitting killed midway can leave uncounted
-EXPERT = {
-    "precision": "bf16",
-    "channels_last": True,
-    "cudnn_benchmark": True,
-    "pin_memory": True,
-    "scheduler": "onecycle",
-    "lr": 0.2,
-    "accumulation_steps": 1,
-    "compile": False,
-}
-EXPERT_BATCH = 512
 
 
 def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> study_file.StudySpec:
@@ -124,139 +97,6 @@ def study_spec(path: Path, *, arm: str, work: Path, small: bool) -> study_file.S
         study_file.from_mapping(raw, path=path, storage=f"journal:///{work / (name + '.journal')}"),
         name=name,
     )
-
-
-def expert(prepared: preparation.Prepared) -> dict[str, Any]:
-    """The expert recipe, each knob as the space (fitted to the device) allows it."""
-    space = prepared.space
-    config = {**prepared.baseline, **EXPERT}
-    for knob in (
-        "precision",
-        "channels_last",
-        "cudnn_benchmark",
-        "pin_memory",
-    ):  # what the device can run
-        if config[knob] not in space[knob].values:
-            config[knob] = prepared.baseline[knob]
-    workers = space["num_workers"]
-    most = max(workers.values) if isinstance(workers, Choices) else int(workers.high)
-    config["num_workers"] = min(most, cpu_count())
-    config["prefetch_factor"] = config.get("prefetch_factor") or 2
-    batches = space["batch_size"]
-    sizes = (
-        batches.values if isinstance(batches, Choices) else [int(batches.low), int(batches.high)]
-    )
-    config["batch_size"] = max([b for b in sizes if b <= EXPERT_BATCH] or [min(sizes)])
-    return complete(config)
-
-
-def export_template(spec: study_file.StudySpec, prepared: preparation.Prepared) -> Summary:
-    """What the plain-PyTorch export reads of a study (its task's optimizer, the device, the
-    limits), from the study file as prepared, with a winner whose params the judge replaces: the
-    judge reads no arm's storage, so it runs from the results file alone, in a later session too."""
-    budget = spec.budget
-    return Summary(
-        study=spec.name,
-        target=spec.target,
-        counts=Counts(**{field.name: 0 for field in dataclasses.fields(Counts)}),
-        best=Winner(
-            trial=None,
-            label="judged",
-            params=complete(prepared.baseline),
-            time_to_target=math.nan,
-            metric=math.nan,
-            runs=0,
-            source="judge",
-            epochs=None,
-        ),
-        limits={
-            "max_epochs": budget.max_epochs,
-            "max_seconds": budget.max_seconds,
-            "eval_every": budget.eval_every,
-        },
-        optimizer=reference(prepared.task.optimizer),
-        device=prepared.device.type,
-    )
-
-
-def judge_run(
-    template: Summary,
-    config: dict[str, Any],
-    prepared: preparation.Prepared,
-    spec: study_file.StudySpec,
-    seed: int,
-) -> dict[str, Any]:
-    """Train `config` with the exported plain-PyTorch module to the target: its time to target
-    (evaluation off the clock) and the samples it took."""
-    winner = dataclasses.replace(template.best, params=dict(config))
-    source = export.render(dataclasses.replace(template, best=winner), "torch")
-    module = types.ModuleType("exported")
-    exec(compile(source, "<export>", "exec"), module.__dict__)
-    task, device, budget = prepared.task, prepared.device, spec.budget
-    torch.manual_seed(seed)
-    model = task.model()
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    sync()
-    started, paused = time.perf_counter(), 0.0
-    training = module.make_training(
-        model,
-        task.train,
-        device=device,
-        seed=seed,
-        max_epochs=config.get("schedule_epochs") or budget.max_epochs,
-    )
-    per_epoch = len(training.loader) / config["accumulation_steps"]
-    every = max(1, round(budget.eval_every * per_epoch))
-    samples, reached, metric = 0, False, None
-    try:
-        for step in range(1, training.total_steps + 1):
-            module.train_step(training, loss_fn=task.loss)
-            samples += config["batch_size"] * config["accumulation_steps"]
-            if step % every == 0 or step == training.total_steps:
-                sync()
-                pause = time.perf_counter()
-                metric = evaluate(training, module, task, device)
-                paused += time.perf_counter() - pause
-                if metric >= spec.target.value:
-                    reached = True
-                    break
-            if time.perf_counter() - started - paused > budget.max_seconds:
-                break
-        sync()
-        seconds = time.perf_counter() - started - paused
-    finally:
-        training.batches.close()  # its loader iterator, and so its workers, go now
-        del training
-        gc.collect()
-    return {
-        "reached": reached,
-        "time_to_target": seconds if reached else None,
-        "samples": samples,
-        "seconds": seconds,
-        "metric": metric,
-    }
-
-
-@functools.cache
-def val_batches(val: Any) -> list[Any]:
-    """The validation set collated once: the judge evaluates it a dozen times a run."""
-    return list(DataLoader(val, batch_size=256))
-
-
-def evaluate(training: Any, module: Any, task: Any, device: torch.device) -> float:
-    training.module.eval()
-    outputs, targets = [], []
-    with torch.no_grad(), training.autocast():
-        for inputs, labels in val_batches(task.val):
-            outputs.append(training.module(module.to_device(inputs, device)).float().cpu())
-            targets.append(labels)
-    training.module.train()
-    return float(task.metric(torch.cat(outputs), torch.cat(targets)))
-
-
-def median_time(runs: list[dict[str, Any]]) -> float:
-    """The median time to target, a miss counting as infinitely slow."""
-    return statistics.median(r["time_to_target"] if r["reached"] else math.inf for r in runs)
 
 
 def main() -> None:
@@ -319,63 +159,65 @@ def main() -> None:
         partial.write_text(json.dumps(record, indent=2, default=str) + "\n")
         os.replace(partial, out)
 
+    def spec_of(stage: str) -> study_file.StudySpec:
+        spec = study_spec(study, arm=stage, work=args.work, small=args.small)
+        return dataclasses.replace(spec, device="cpu") if args.cpu else spec
+
     for stage in args.stages:
         if deadline is not None and time.monotonic() >= deadline:
             print(f"{stage}: not begun, the {args.minutes:g} minutes are spent", flush=True)
-            continue
-        if stage == "judge":
-            judge(
-                record,
-                study,
-                args.work,
-                small=args.small,
-                cpu=args.cpu,
-                seeds=seeds,
-                save=save,
-                deadline=deadline,
-            )
-            continue
-        arm = record["arms"].get(stage)
-        if arm is not None and arm.get("finished", True):
+        elif stage == "judge":
+            judge(record, spec_of, seeds=seeds, save=save, deadline=deadline)
+        elif stage in record["arms"] and record["arms"][stage].get("finished", True):
             print(f"{stage}: measured already (--fresh measures it again)", flush=True)
-            continue
-        spec = study_spec(study, arm=stage, work=args.work, small=args.small)
-        if args.cpu:
-            spec = dataclasses.replace(spec, device="cpu")
-        db = storage.local_path(spec.storage)
-        prepared = preparation.prepare(spec)
-        record["provenance"] = provenance(prepared.device)
-        if arm is None or not db.exists():
-            for suffix in ("", ".lock", ".runner.lock"):  # a fresh study
-                Path(db.as_posix() + suffix).unlink(missing_ok=True)
-            arm = {"sittings": [*share_probe(record, stage, spec)]}
-        elsewhere = {s["device"] for s in arm["sittings"]} - {record["provenance"]["device"]}
-        if elsewhere:  # its GPU time then adds two devices' seconds: say so, keep each's
-            print(f"{stage}: goes on here, its earlier sittings on {', '.join(elsewhere)}")
-        # stored before it begins, so that a sitting killed midway (a machine's time limit) leaves
-        # its study to go on with and most of its seconds counted
-        sitting = {"seconds": 0.0, **record["provenance"]}
-        sittings = [*arm["sittings"], sitting]
-        record["arms"][stage] = {**arm, "finished": False, "sittings": sittings}
-        save()
-        with counted(sitting, save):
-            found, finished = search(stage, spec, prepared, deadline)
-        if spec.probe == "joint" and stage != "tpe":
-            found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
-        sitting["seconds"] = found["tuning_wall"]
-        record["arms"][stage] = {
-            **found,
-            "finished": finished,
-            "sittings": sittings,
-            "gpu_seconds": sum(s["seconds"] for s in sittings),
-        }
-        save()
-        print(
-            f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s"
-            + ("" if finished else " (unfinished: the same command goes on)")
-            + f": {found['params']}",
-            flush=True,
-        )
+        else:
+            sit(stage, spec_of(stage), record, save=save, deadline=deadline)
+
+
+def sit(
+    stage: str,
+    spec: study_file.StudySpec,
+    record: dict[str, Any],
+    *,
+    save: Callable[[], None],
+    deadline: float | None,
+) -> None:
+    """One sitting of a searching arm: its study begun or gone on with, then its figures."""
+    arm = record["arms"].get(stage)
+    db = storage.local_path(spec.storage)
+    prepared = preparation.prepare(spec)
+    record["provenance"] = provenance(prepared.device)
+    if arm is None or not db.exists():
+        for suffix in ("", ".lock", ".runner.lock"):  # a fresh study
+            Path(db.as_posix() + suffix).unlink(missing_ok=True)
+        arm = {"sittings": [*share_probe(record, stage, spec)]}
+    elsewhere = {s["device"] for s in arm["sittings"]} - {record["provenance"]["device"]}
+    if elsewhere:  # its GPU time then adds two devices' seconds: say so, keep each's
+        print(f"{stage}: goes on here, its earlier sittings on {', '.join(elsewhere)}")
+    # stored before it begins, so that a sitting killed midway (a machine's time limit) leaves
+    # its study to go on with and most of its seconds counted
+    sitting = {"seconds": 0.0, **record["provenance"]}
+    sittings = [*arm["sittings"], sitting]
+    record["arms"][stage] = {**arm, "finished": False, "sittings": sittings}
+    save()
+    with counted(sitting, save):
+        found, finished = search(stage, spec, prepared, deadline)
+    if spec.probe == "joint" and stage != "tpe":
+        found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
+    sitting["seconds"] = found["tuning_wall"]
+    record["arms"][stage] = {
+        **found,
+        "finished": finished,
+        "sittings": sittings,
+        "gpu_seconds": sum(s["seconds"] for s in sittings),
+    }
+    save()
+    print(
+        f"{stage}: {found['winner']} in {found['tuning_wall']:.1f} s"
+        + ("" if finished else " (unfinished: the same command goes on)")
+        + f": {found['params']}",
+        flush=True,
+    )
 
 
 @contextlib.contextmanager
@@ -447,111 +289,6 @@ def search(
         return found, False
     confirmed = autotune_study(spec, prepared, False)
     return {**confirmed, "tuning_wall": found["tuning_wall"] + confirmed["tuning_wall"]}, True
-
-
-def judge(
-    record: dict[str, Any],
-    study: Path,
-    work: Path,
-    *,
-    small: bool,
-    cpu: bool,
-    seeds: int,
-    save: Any,
-    deadline: float | None = None,
-) -> None:
-    """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
-    interleaved; then the limit and the goals for each of JOINT_ARMS that ran. The runs an
-    earlier sitting made on this device of a candidate that is unchanged are kept; none starts
-    after `deadline` (time.monotonic()), and the limit and goals wait until every run is made."""
-    first = next((arm for arm in JOINT_ARMS if arm in record["arms"]), None)
-    if first is None:
-        raise SystemExit(f"no arm of {', '.join(JOINT_ARMS)} has run: run one of them first")
-    unfinished = [arm for arm, found in record["arms"].items() if not found.get("finished", True)]
-    if unfinished:
-        print(f"judge: not begun, {', '.join(unfinished)} unfinished", flush=True)
-        return
-    spec = study_spec(study, arm=first, work=work, small=small)
-    if cpu:
-        spec = dataclasses.replace(spec, device="cpu")
-    prepared = preparation.prepare(spec)
-    template = export_template(spec, prepared)
-    candidates = {
-        "baseline": complete(prepared.baseline),
-        "expert": expert(prepared),
-        **{arm: complete(found["params"]) for arm, found in record["arms"].items()},
-    }
-    device = device_name(prepared.device)
-    before = record.get("judge") or {}
-    same_device = before.get("device") == device
-    runs: dict[str, list[dict[str, Any]]] = {
-        name: before["runs"].get(name, [])[:seeds]
-        if same_device and before["candidates"].get(name) == config
-        else []
-        for name, config in candidates.items()
-    }
-    record["judge"] = {"device": device, "candidates": candidates, "runs": runs}
-    for key in ("limit", "goals"):
-        record.pop(key, None)
-    save()
-    for index in range(seeds):
-        for name, config in candidates.items():
-            if len(runs[name]) > index:
-                continue  # an earlier sitting's
-            if deadline is not None and time.monotonic() >= deadline:
-                made = sum(map(len, runs.values()))
-                print(
-                    f"judge: {made} of {seeds * len(candidates)} runs made; the same command "
-                    "goes on",
-                    flush=True,
-                )
-                return
-            runs[name].append(judge_run(template, config, prepared, spec, JUDGE_SEED + index))
-            print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
-            save()
-    medians = {name: median_time(r) for name, r in runs.items()}
-    record["judge"]["medians"] = medians
-    ours = [arm for arm in JOINT_ARMS if arm in record["arms"]]
-    record["limit"] = {arm: limit_of(record["arms"][arm], runs[arm]) for arm in ours}
-    record["goals"] = {arm: goals_of(arm, record, medians) for arm in ours}
-    save()
-    for name, value in medians.items():
-        print(f"{name:>9}: median {value:.2f} s over {seeds} seed(s)")
-    print(json.dumps(record["goals"], indent=2))
-
-
-def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The knob space's limit as the arm's probe predicted it: its best setting's one-off costs,
-    then the samples the arm's winner needed (the judge's median) at that setting's rate."""
-    limit = (arm.get("probe") or {}).get("limit")
-    reached = [r["samples"] for r in runs if r["reached"]]
-    if not limit or not reached:
-        return None
-    samples = statistics.median(reached)
-    fixed = start_up_seconds(arm["probe"], limit)
-    return {
-        **limit,
-        "samples": samples,
-        "fixed_seconds": fixed,
-        "seconds": fixed + samples / limit["predicted"],
-    }
-
-
-def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dict[str, Any]:
-    """One autotune arm against the goals: its judged time beside the best peer's and the limit's,
-    the GPU time it took to find its winner (probe and trials: plain TPE confirms nothing) and
-    its whole study's beside plain TPE's, and its study's length."""
-    mine, peers = medians[arm], [medians.get(k, math.inf) for k in ("tpe", "expert")]
-    limit, gpu = record["limit"][arm], record["arms"][arm]["gpu_seconds"]
-    found = gpu - ((record["arms"][arm].get("time_spent") or {}).get("confirmation") or 0.0)
-    tpe = record["arms"].get("tpe", {}).get("gpu_seconds")
-    return {
-        "vs_best_peer": min(peers) / mine if mine and math.isfinite(mine) else None,  # >= 1.5
-        "vs_limit": mine / limit["seconds"] if limit else None,  # <= 1.15
-        "found_vs_tpe": found / tpe if tpe else None,  # <= 0.5
-        "gpu_vs_tpe": gpu / tpe if tpe else None,  # the same, its confirmation included
-        "study_seconds": gpu,  # < 360 on an H100
-    }
 
 
 if __name__ == "__main__":
