@@ -5,7 +5,7 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `joint`: autotune with `probe: joint` (the loader and compute settings chosen together);
 - `systems`: autotune with `probe: systems` (the loader first, then the precision);
 - `tpe`: what a user writes instead: Optuna's TPE over the same knobs in a hand-written loop, the
-  same trial budget, one run a trial, the fastest trial wins (found.plain_tpe_study);
+  same trial budget, one run a trial, the fastest trial wins (arms.plain_tpe_study);
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
   as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
   (each as the device allows);
@@ -70,7 +70,7 @@ from autotune.spec import study_file  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
-from benchmarks.found import autotune_study, plain_tpe_study  # noqa: E402
+from benchmarks.arms import autotune_study, plain_tpe_study  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.roofline_judge import JOINT_ARMS, judge  # noqa: E402
 

@@ -269,7 +269,7 @@ def test_prediction_error_sets_each_trials_runs_against_its_prediction_skips_tol
     import optuna
 
     from autotune.record import schema
-    from benchmarks.found import trial_prediction_error
+    from benchmarks.arms import trial_prediction_error
 
     study = optuna.create_study()
 
@@ -293,7 +293,8 @@ def test_prediction_error_sets_each_trials_runs_against_its_prediction_skips_tol
 
 
 def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
-    from benchmarks.found import NONE_FOUND, summarize_rows
+    from benchmarks.arms import NONE_FOUND
+    from benchmarks.found import summarize_rows
 
     def row(winner: str, won: float, not_worse: bool) -> dict:
         return {
