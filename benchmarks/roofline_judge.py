@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from autotune import export
 from autotune.record.summary import Counts, Summary, Winner
-from autotune.report.winner import start_up_seconds
+from autotune.report.winner import predicted_seconds, start_up_seconds
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.study import preparation
@@ -270,16 +270,25 @@ def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] 
 
 
 def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dict[str, Any]:
-    """One autotune arm against the goals: its judged time beside the best peer's and the limit's,
-    the GPU time it took to find its winner (probe and trials: plain TPE confirms nothing) and
-    its whole study's beside plain TPE's, and its study's length."""
+    """One autotune arm against the goals: its judged time beside the best peer's, the limit's and
+    the one its report predicts, the GPU time it took to find its winner (probe and trials: plain
+    TPE confirms nothing) and its whole study's beside plain TPE's, and its study's length."""
     mine, peers = medians[arm], [medians.get(k, math.inf) for k in ("tpe", "expert")]
     limit, gpu = record["limit"][arm], record["arms"][arm]["gpu_seconds"]
     found = gpu - ((record["arms"][arm].get("time_spent") or {}).get("confirmation") or 0.0)
     tpe = record["arms"].get("tpe", {}).get("gpu_seconds")
+    samples = [r["samples"] for r in record["judge"]["runs"][arm] if r["reached"]]
+    predicted = predicted_seconds(
+        record["arms"][arm].get("probe"),
+        record["judge"]["candidates"][arm],
+        statistics.median(samples) if samples else None,
+    )
+    finite = mine is not None and math.isfinite(mine)
     return {
-        "vs_best_peer": min(peers) / mine if mine and math.isfinite(mine) else None,  # >= 1.5
-        "vs_limit": mine / limit["seconds"] if limit else None,  # <= 1.15
+        "vs_best_peer": min(peers) / mine if mine and finite else None,  # >= 1.5
+        "vs_limit": mine / limit["seconds"] if limit and finite else None,  # <= 1.15
+        # where the winner trained at the setting and batch the probe measured
+        "vs_predicted": mine / predicted if predicted and finite else None,  # within 0.85-1.15
         "found_vs_tpe": found / tpe if tpe else None,  # <= 0.5
         "gpu_vs_tpe": gpu / tpe if tpe else None,  # the same, its confirmation included
         "study_seconds": gpu,  # < 360 on an H100

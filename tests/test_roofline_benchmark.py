@@ -124,6 +124,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
         assert set(goals) == {
             "vs_best_peer",
             "vs_limit",
+            "vs_predicted",
             "found_vs_tpe",
             "gpu_vs_tpe",
             "study_seconds",

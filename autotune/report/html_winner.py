@@ -59,8 +59,9 @@ def section(summary: Summary) -> str:
             "<p>No configuration the study found beat the baseline on fresh seeds: "
             "keep the baseline.</p>"
         )
-    limit = winner.limit_line(summary.probe, best)
-    lines += [f"<p>{_e(limit)}</p>"] if limit else []
+    for line in (winner.prediction_line, winner.limit_line):
+        said = line(summary.probe, best)
+        lines += [f"<p>{_e(said)}</p>"] if said else []
     settings = "".join(
         f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>'
         for k, v in best.params.items()

@@ -64,8 +64,9 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     # as the table shows a knob that does not apply
     lines += [f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()]
     lines.append(_verdict(summary, best, summary.baseline))
-    limit = winner.limit_line(summary.probe, best)
-    lines += [limit] if limit else []
+    for line in (winner.prediction_line, winner.limit_line):
+        said = line(summary.probe, best)
+        lines += [said] if said else []
     lines += winner.figure_lines(best.telemetry, best.per_class)
     return "\n".join(lines)
 

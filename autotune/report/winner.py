@@ -97,6 +97,39 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     )
 
 
+def predicted_seconds(
+    outcome: Mapping[str, Any] | None, params: Mapping[str, Any], samples: float | None
+) -> float | None:
+    """What the joint probe's figures predict for training `samples` with `params`: the chosen
+    setting's one-off costs, then its rate measured end to end. None where `params` trains at
+    another setting or micro-batch than the one measured (a rate is one setting's at one batch),
+    or without the figures."""
+    chosen = (outcome or {}).get("chosen") or {}
+    if not chosen.get("measured") or not samples:
+        return None
+    if params.get("batch_size") != outcome["batch_size"] or any(
+        params[k] != v for k, v in chosen.items() if k in params
+    ):
+        return None
+    return start_up_seconds(outcome, chosen) + samples / chosen["measured"]
+
+
+def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
+    """The winner's time beside what the joint probe predicted for its samples at the setting it
+    chose; None where there is no such prediction (predicted_seconds)."""
+    seconds = predicted_seconds(outcome, best.params, best.samples_to_target)
+    if seconds is None:
+        return None
+    chosen = outcome["chosen"]
+    return (
+        f"Predicted at the setting the probe chose ({chosen['measured']:,.0f} samples/s measured "
+        f"end to end at batch {outcome['batch_size']}, after "
+        f"{start_up_seconds(outcome, chosen):.2f} s of start-up): {seconds:.2f} s for the "
+        f"winner's {best.samples_to_target:,.0f} samples; it took {best.time_to_target:.2f} s "
+        f"({best.time_to_target / seconds - 1:+.0%})."
+    )
+
+
 def pooled_per_class(
     runs: Sequence[Mapping[str, Any]], trial_confusion: Sequence[Sequence[int]] | None
 ) -> dict[str, Any] | None:

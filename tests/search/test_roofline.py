@@ -282,6 +282,15 @@ def test_the_report_names_an_input_bound_limit(
     )
     assert start >= loader_start > 0  # its workers' start-up, and its step's
     assert math.isfinite(outcome["seconds"]) and outcome["seconds"] > 0
+    # the winner's time beside the prediction, where it trained at the setting and batch measured
+    trial = load(path).trials[0]
+    params = trial.params
+    at_chosen = (
+        trial.user_attrs["result"]["reached"]
+        and params.get("batch_size", 32) == outcome["batch_size"]
+        and all(params.get(k, v) == v for k, v in outcome["chosen"].items() if k in params)
+    )
+    assert ("Predicted at the setting the probe chose" in out) == at_chosen
 
 
 def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
@@ -308,9 +317,22 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
         "start-up measured apart) the winner's 6,000 samples to the target would take 2.00 s; "
         "it took 4.00 s, 2.00x the limit."
     )
-    uncounted = types.SimpleNamespace(samples_to_target=None, time_to_target=4.0)
+    uncounted = types.SimpleNamespace(samples_to_target=None, time_to_target=4.0, params={})
     assert winner.limit_line(outcome, uncounted) is None
     assert winner.limit_line({"limit": None}, best) is None
+    # beside the prediction at the setting the probe chose: its start-up and its rate measured end
+    # to end, where the winner trained at that setting and the batch it was measured at
+    outcome["chosen"] = {**setting, "predicted": 4000.0, "measured": 3000.0}
+    best.params = {**setting, "batch_size": 128, "lr": 0.1}
+    assert winner.prediction_line(outcome, best) == (
+        "Predicted at the setting the probe chose (3,000 samples/s measured end to end at batch "
+        "128, after 0.50 s of start-up): 2.50 s for the winner's 6,000 samples; it took 4.00 s "
+        "(+60%)."
+    )
+    for other in ({"precision": "fp32"}, {"batch_size": 64}, {"num_workers": 2}):
+        assert winner.predicted_seconds(outcome, {**best.params, **other}, 6000.0) is None
+    assert winner.prediction_line(outcome, uncounted) is None
+    assert winner.prediction_line({"chosen": None}, best) is None
     # confirmation runs that counted their samples, else the trial's own
     runs = [{"samples_to_target": 5000}, {"samples_to_target": 7000}, {"reached": False}]
     assert winner.samples_to_target(runs, {"samples_to_target": 1}) == 6000.0
