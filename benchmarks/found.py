@@ -245,6 +245,13 @@ def one_study(
 
 
 def main() -> None:
+    args = arguments()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for path in args.studies_files:
+        run_file(path, args)
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "studies_files", nargs="*", type=Path, default=[REPO / "studies" / "digits.yaml"]
@@ -280,106 +287,111 @@ def main() -> None:
     parser.add_argument(
         "--to-target", action="store_true", help="re-measurement runs stop at the target"
     )
-    args = parser.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for path in args.studies_files:
-        spec = load(path, objective=args.objective, replicates=args.replicates)
-        device = preparation.resolve_device(spec)
-        replicated = spec.replicates != REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
-        out = RESULTS / results_name(
-            path.stem,
-            PLAIN_TPE if args.plain_tpe else spec.objective,
-            replicates=spec.replicates if replicated else None,
-            load=args.load,
-            regret=args.oracle is not None,
-            device=device.type,
-        )
-        # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
-        # the commit that produced it; --fresh starts over.
-        kept = (
-            json.loads(out.read_text()).get("studies", [])
-            if out.exists() and not args.fresh
-            else []
-        )
-        rows = {
-            r["seed"]: r
-            for r in kept
-            if r.get("fresh_seeds", args.seeds) == args.seeds
-            and (not args.oracle or "oracle_variants" in r)
-        }
-        with tempfile.TemporaryDirectory() as tmp:
-            for seed in range(args.first, args.first + args.studies):
-                if seed in rows:
-                    continue
-                row = one_study(
-                    path,
-                    seed=seed,
-                    seeds=args.seeds,
-                    folder=Path(tmp),
-                    objective=args.objective,
-                    replicates=args.replicates,
-                    load_machine=args.load,
-                    plain_tpe=args.plain_tpe,
-                    grid=args.oracle,
-                    to_target=args.to_target,
-                )
-                rows[seed] = {
-                    **row,
-                    "fresh_seeds": args.seeds,
-                    "commit": provenance(device)["commit"],
-                }
-                speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-                print(
-                    f"{path.stem} study seed {seed}: winner {row['winner']}, "
-                    f"baseline {row['baseline_median']} s, "
-                    f"winner {row['winner_median']} s, {speed}"
-                    + (
-                        f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)"
-                        if "regret" in row
-                        else ""
-                    )
-                    + f", study took {row['tuning_wall']:.0f} s, compute {row['compute']:.0f} s",
-                    flush=True,
-                )
-                write(out, path, spec, device, args, sorted(rows.values(), key=lambda r: r["seed"]))
-        results = sorted(rows.values(), key=lambda r: r["seed"])
-        summary = write(out, path, spec, device, args, results)
-        print(
-            f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): "
-            f"{len(results)} studies, winners re-measured on {args.seeds} "
-            f"fresh seeds beside the baseline, by time to target"
-        )
-        print(
-            f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} "
-            f"{'speedup':>8} {'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}"
-        )
-        for r in results:
-            reached = f"{r['stats']['winner']['reached']}/{r['stats']['winner']['runs']}"
-            print(
-                f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} "
-                f"{_s(r['winner_median']):>11} {reached:>8} {_x(r['speedup']):>8} "
-                f"{_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
-                f"{r['trial_compute']:>12.0f}"
+    return parser.parse_args()
+
+
+def run_file(path: Path, args: argparse.Namespace) -> None:
+    """The studies of one study file not yet in its results file, then its table."""
+    spec = load(path, objective=args.objective, replicates=args.replicates)
+    device = preparation.resolve_device(spec)
+    replicated = spec.replicates != REPLICATES_DEFAULT[spec.objective] and not args.plain_tpe
+    out = RESULTS / results_name(
+        path.stem,
+        PLAIN_TPE if args.plain_tpe else spec.objective,
+        replicates=spec.replicates if replicated else None,
+        load=args.load,
+        regret=args.oracle is not None,
+        device=device.type,
+    )
+    # Resumable: the studies already in the file (same fresh-seed count) are kept, each with
+    # the commit that produced it; --fresh starts over.
+    kept = json.loads(out.read_text()).get("studies", []) if out.exists() and not args.fresh else []
+    rows = {
+        r["seed"]: r
+        for r in kept
+        if r.get("fresh_seeds", args.seeds) == args.seeds
+        and (not args.oracle or "oracle_variants" in r)
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.first, args.first + args.studies):
+            if seed in rows:
+                continue
+            row = one_study(
+                path,
+                seed=seed,
+                seeds=args.seeds,
+                folder=Path(tmp),
+                objective=args.objective,
+                replicates=args.replicates,
+                load_machine=args.load,
+                plain_tpe=args.plain_tpe,
+                grid=args.oracle,
+                to_target=args.to_target,
             )
-        print(
-            f"median speedup {_x(summary['median_speedup'])} "
-            f"(lowest {_x(summary['min_speedup'])}), by the "
-            f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
-            f"a winner other than the baseline beat the baseline's median "
-            f"in {summary['beats_baseline']} of "
-            f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
-            f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)"
-        )
-        if args.oracle:
+            rows[seed] = {
+                **row,
+                "fresh_seeds": args.seeds,
+                "commit": provenance(device)["commit"],
+            }
+            speed = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
             print(
-                f"regret (winner's median over the oracle's, side by side): "
-                f"median {_x(summary['median_regret'])}, "
-                f"within 10% of the oracle in {summary['within_10']} of {len(results)}; "
-                f"winner at or below the baseline's median in {summary['not_worse']} of "
-                f"{len(results)}; predicted vs measured, median "
-                f"|error| {summary['median_prediction_error']}"
+                f"{path.stem} study seed {seed}: winner {row['winner']}, "
+                f"baseline {row['baseline_median']} s, "
+                f"winner {row['winner_median']} s, {speed}"
+                + (
+                    f", regret {_x(row['regret'])} (oracle {row['oracle_median']} s)"
+                    if "regret" in row
+                    else ""
+                )
+                + f", study took {row['tuning_wall']:.0f} s, compute {row['compute']:.0f} s",
+                flush=True,
             )
-        print(f"written: {out.relative_to(REPO)}")
+            write(out, path, spec, device, args, sorted(rows.values(), key=lambda r: r["seed"]))
+    results = sorted(rows.values(), key=lambda r: r["seed"])
+    summary = write(out, path, spec, device, args, results)
+    print_table(path, spec, args, results, summary)
+    print(f"written: {out.relative_to(REPO)}")
+
+
+def print_table(
+    path: Path, spec: StudySpec, args: argparse.Namespace, results: list[dict], summary: dict
+) -> None:
+    """The studies of one file, each winner beside the baseline, and their summary."""
+    print(
+        f"\n{path.stem} ({PLAIN_TPE if args.plain_tpe else spec.objective}): "
+        f"{len(results)} studies, winners re-measured on {args.seeds} "
+        f"fresh seeds beside the baseline, by time to target"
+    )
+    print(
+        f"{'seed':>4} {'winner':>10} {'baseline (s)':>13} {'winner (s)':>11} {'reached':>8} "
+        f"{'speedup':>8} {'fixed':>7} {'tuning (s)':>11} {'compute (s)':>12}"
+    )
+    for r in results:
+        reached = f"{r['stats']['winner']['reached']}/{r['stats']['winner']['runs']}"
+        print(
+            f"{r['seed']:>4} {r['winner']:>10} {_s(r['baseline_median']):>13} "
+            f"{_s(r['winner_median']):>11} {reached:>8} {_x(r['speedup']):>8} "
+            f"{_x(r.get('fixed_speedup')):>7} {r['tuning_wall']:>11.0f} "
+            f"{r['trial_compute']:>12.0f}"
+        )
+    print(
+        f"median speedup {_x(summary['median_speedup'])} "
+        f"(lowest {_x(summary['min_speedup'])}), by the "
+        f"fixed-schedule yardstick {_x(summary['median_fixed_speedup'])}; "
+        f"a winner other than the baseline beat the baseline's median "
+        f"in {summary['beats_baseline']} of "
+        f"{len(results)} studies; {summary['kept_baseline']} kept the baseline; median compute "
+        f"{summary['median_compute']:.0f} s (trials {summary['median_trial_compute']:.0f} s)"
+    )
+    if args.oracle:
+        print(
+            f"regret (winner's median over the oracle's, side by side): "
+            f"median {_x(summary['median_regret'])}, "
+            f"within 10% of the oracle in {summary['within_10']} of {len(results)}; "
+            f"winner at or below the baseline's median in {summary['not_worse']} of "
+            f"{len(results)}; predicted vs measured, median "
+            f"|error| {summary['median_prediction_error']}"
+        )
 
 
 def summarize_rows(results: list[dict]) -> dict:
