@@ -1247,7 +1247,9 @@ def test_every_format_for_a_real_digits_study(
             "params": {"width": [8, 16]},
         },
         "budget": {"trials": 2, "max_epochs": 2, "max_seconds": 10, "eval_every": 0.25},
-        "confirm": {"top": 1, "runs": 1},
+        # no confirmation: the baseline (channels_last off) could win one fresh seed by noise,
+        # and what is exported here is a trial of this space
+        "confirm": {"top": 0},
         "seed": 0,
     }
     path = tmp_path / "study.yaml"
