@@ -42,6 +42,7 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,11 +120,12 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
 
     raw = read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
-    spec = study_file.from_mapping(
-        raw, path=REPO / "studies" / "digits.yaml", storage="sqlite:///:memory:"
-    )
-    prepared = preparation.prepare(spec)
-    return run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
+    with tempfile.TemporaryDirectory() as folder:  # a storage the study file accepts; unopened
+        spec = study_file.from_mapping(
+            raw, path=REPO / "studies" / "digits.yaml", storage=f"sqlite:///{folder}/probe.db"
+        )
+        prepared = preparation.prepare(spec)
+        return run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
 
 
 def searched_space(

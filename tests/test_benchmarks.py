@@ -322,3 +322,14 @@ def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
         and summary["not_worse"] == 3
         and summary["beats_baseline"] == 1
     )
+
+
+def test_the_replays_probe_runs_for_real_on_the_grids_settings() -> None:
+    """The systems probe the replay charges is autotune's own, run on digits over the grid's
+    loader settings and precisions (it opens no storage), with the task's baseline beside it."""
+    from benchmarks.search import measure_probe
+
+    probed, baseline = measure_probe()
+    assert set(baseline) == set(GRID)
+    assert probed["seconds"] > 0 and probed["loader"]["num_workers"] in GRID["num_workers"]
+    assert set(probed["precisions"]) <= set(GRID["precision"])
