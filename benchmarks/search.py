@@ -304,17 +304,7 @@ def first_within(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
-    parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument(
-        "--studies", type=int, default=200, help="whole studies replayed per variant"
-    )
-    parser.add_argument(
-        "--study-trials", type=int, default=20, help="their budget (the shipped study's)"
-    )
-    args = parser.parse_args()
+    args = arguments()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     header, grid = load_grid(args.grid)
     configs = 1
@@ -330,31 +320,6 @@ def main() -> None:
     reached = [t for t in truth.values() if math.isfinite(t)]
     optimum = min(reached)
     grid_compute = sum(outcome(row) for runs in grid.values() for row in runs)
-
-    probed, baseline = measure_probe()
-    runs = {
-        name: [
-            replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
-            for seed in range(args.seeds)
-        ]
-        for name, strategy in STRATEGIES.items()
-    }
-    summary = {}
-    for name, searches in runs.items():
-        summary[name] = {
-            "compute": statistics.median(s["compute"] for s in searches),
-            "best": median_or_inf([s["best"] for s in searches]),
-        }
-        for within in WITHIN:
-            near = [first_within(s["improvements"], optimum * (1 + within)) for s in searches]
-            summary[name][f"trials_{within:.0%}"] = median_or_inf(
-                [n[0] if n else None for n in near]
-            )
-            summary[name][f"compute_{within:.0%}"] = median_or_inf(
-                [n[1] if n else None for n in near]
-            )
-            summary[name][f"reached_{within:.0%}"] = sum(n is not None for n in near)
-
     print(
         f"grid: {len(grid)} configurations x {len(seeds)} seed(s); "
         f"{len(reached)} reach the target by their median; "
@@ -367,9 +332,74 @@ def main() -> None:
         f"the optimum: {best}, runs {', '.join(f'{t:.2f}' for t in times)} s; "
         f"{sum(t <= optimum * 1.1 for t in truth.values())} configurations within 10% of it"
     )
+    probed, baseline = measure_probe()
     from autotune.search.probe import describe
 
     print(describe(probed))
+    runs, summary = searches(args, grid, probed, optimum)
+    study_summary = whole_studies(args, grid, probed, baseline, truth, optimum)
+    record = {
+        "benchmark": "search",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "grid": header,
+        "optimum": optimum,
+        "grid_compute": grid_compute,
+        "probe": probed,
+        "within": list(WITHIN),
+        "summary": {
+            n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
+            for n, s in summary.items()
+        },
+        "runs": runs,
+        "baseline": baseline,
+        "studies": study_summary,
+    }
+    out = RESULTS / args.grid.name.replace("grid-", "search-").replace(".jsonl", ".json")
+    out.write_text(json.dumps(record, indent=1))
+    print(f"written: {out.relative_to(REPO)}")
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument(
+        "--studies", type=int, default=200, help="whole studies replayed per variant"
+    )
+    parser.add_argument(
+        "--study-trials", type=int, default=20, help="their budget (the shipped study's)"
+    )
+    return parser.parse_args()
+
+
+def searches(
+    args: argparse.Namespace, grid: dict[str, Any], probed: dict[str, Any], optimum: float
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Each strategy's `--seeds` searches of `--trials` trials, replayed, and their medians: how
+    soon each got within WITHIN of the optimum, in trials and compute; printed as a table."""
+    runs = {
+        name: [
+            replay(grid, strategy=strategy, seed=seed, trials=args.trials, probed=probed)
+            for seed in range(args.seeds)
+        ]
+        for name, strategy in STRATEGIES.items()
+    }
+    summary = {}
+    for name, found in runs.items():
+        summary[name] = {
+            "compute": statistics.median(s["compute"] for s in found),
+            "best": median_or_inf([s["best"] for s in found]),
+        }
+        for within in WITHIN:
+            near = [first_within(s["improvements"], optimum * (1 + within)) for s in found]
+            summary[name][f"trials_{within:.0%}"] = median_or_inf(
+                [n[0] if n else None for n in near]
+            )
+            summary[name][f"compute_{within:.0%}"] = median_or_inf(
+                [n[1] if n else None for n in near]
+            )
+            summary[name][f"reached_{within:.0%}"] = sum(n is not None for n in near)
     print(
         f"{args.seeds} searches of {args.trials} trials per strategy; medians over searches "
         "(inf: the median search did not get within that much of the optimum "
@@ -388,6 +418,19 @@ def main() -> None:
             for w in WITHIN
         )
         print(f"{name:<27} {s['compute']:>11.0f} {s['best']:>9.2f}{cells}")
+    return runs, summary
+
+
+def whole_studies(
+    args: argparse.Namespace,
+    grid: dict[str, Any],
+    probed: dict[str, Any],
+    baseline: dict[str, Any],
+    truth: dict[str, float],
+    optimum: float,
+) -> dict[str, dict[str, Any]]:
+    """Each variant's `--studies` whole studies, replayed to the winner each reports: its regret
+    over the optimum, and how often it was not worse than the baseline; printed as a table."""
     studies = {
         name: [
             replay_study(
@@ -428,25 +471,7 @@ def main() -> None:
             f"{row['not_worse']:>5}/{args.studies} {row['kept_baseline']:>9}/{args.studies} "
             f"{row['median_compute']:>11.0f}"
         )
-    record = {
-        "benchmark": "search",
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "grid": header,
-        "optimum": optimum,
-        "grid_compute": grid_compute,
-        "probe": probed,
-        "within": list(WITHIN),
-        "summary": {
-            n: {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in s.items()}
-            for n, s in summary.items()
-        },
-        "runs": runs,
-        "baseline": baseline,
-        "studies": study_summary,
-    }
-    out = RESULTS / args.grid.name.replace("grid-", "search-").replace(".jsonl", ".json")
-    out.write_text(json.dumps(record, indent=1))
-    print(f"written: {out.relative_to(REPO)}")
+    return study_summary
 
 
 if __name__ == "__main__":
