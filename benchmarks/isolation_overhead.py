@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write it")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -92,11 +93,11 @@ def main() -> None:
             f"{row['train'] - here['train']:.3f} s on the training clock"
         )
 
-    RESULTS.mkdir(exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    out = RESULTS / f"isolation_overhead-{device.type}-{args.epochs:g}ep.json"
+    out = args.results / f"isolation_overhead-{device.type}-{args.epochs:g}ep.json"
     out.write_text(
         json.dumps(
             {

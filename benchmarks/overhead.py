@@ -96,6 +96,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write it")
     args = parser.parse_args()
     os.chdir(REPO)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -145,15 +146,15 @@ def main() -> None:
 
     record = {
         "benchmark": "overhead",
-        "args": vars(args),
+        "args": {k: v for k, v in vars(args).items() if k != "results"},
         **provenance(torch.device("cpu")),
         "summary": summary,
         "samples": samples,
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "overhead-cpu.json"
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / "overhead-cpu.json"
     out.write_text(json.dumps(record, indent=2))
-    print(f"written: {out.relative_to(REPO)}")
+    print(f"written: {out}")
 
 
 def split(

@@ -63,6 +63,7 @@ CANDIDATES = {  # label: (changes to the baseline, schedule length in epochs)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write it")
     args = parser.parse_args()
     spec = study_file.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
@@ -95,7 +96,8 @@ def main() -> None:
         }
         ratio = f"{base / median:.2f}x" if math.isfinite(median) else "-"
         print(f"{label:<36} {median:>10.2f} {reached:>5}/{args.seeds} {ratio:>12}")
-    out = RESULTS / "schedule_length-digits-cpu.json"
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / "schedule_length-digits-cpu.json"
     out.write_text(
         json.dumps(
             {
@@ -107,7 +109,7 @@ def main() -> None:
             indent=1,
         )
     )
-    print(f"written: {out.relative_to(REPO)}")
+    print(f"written: {out}")
 
 
 if __name__ == "__main__":

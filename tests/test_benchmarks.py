@@ -7,11 +7,16 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.grid import GRID, key
 from benchmarks.search import STRATEGIES, STUDIES, first_within, replay, replay_study, true_time
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def made_up_grid() -> dict[str, list[dict]]:
@@ -333,3 +338,37 @@ def test_the_replays_probe_runs_for_real_on_the_grids_settings() -> None:
     assert set(baseline) == set(GRID)
     assert probed["seconds"] > 0 and probed["loader"]["num_workers"] in GRID["num_workers"]
     assert set(probed["precisions"]) <= set(GRID["precision"])
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "written", "holds"),
+    [
+        (
+            "overhead.py",
+            ["--trials", "2", "3", "--rounds", "1", "--epochs", "0.1"],
+            "overhead-cpu.json",
+            "commit",
+        ),
+        (
+            "isolation_overhead.py",
+            ["--runs", "1", "--epochs", "0.1", "--device", "cpu"],
+            "isolation_overhead-cpu-0.1ep.json",
+            "commit",
+        ),
+        ("schedule_length.py", ["--seeds", "1"], "schedule_length-digits-cpu.json", "summary"),
+    ],
+)
+def test_each_cpu_benchmark_runs_at_its_smallest(
+    tmp_path: Path, script: str, args: list[str], written: str, holds: str
+) -> None:
+    """A benchmark no test runs can stop running unseen (one did): each runs here, small, and
+    writes its figures where --results says, not over the recorded ones."""
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args, "--results", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert holds in json.loads((tmp_path / written).read_text())
