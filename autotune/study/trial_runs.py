@@ -73,7 +73,7 @@ def train(
         # be longer than the incumbent's.
         spent = clock.done + clock.of(steps, seconds)
         if policy.prune and best is not None and spent > best[0] * planned:
-            raise _pruned(spent, best, planned=planned, clock=clock, seconds=(seconds, paused))
+            raise _pruned(spent, best, planned=planned, clock=clock, at=(seconds, paused))
 
     runs: list[TrialResult] = []
     limits = dataclasses.replace(policy.limits, stop_at_target=policy.objective.stops_at_target)
@@ -113,16 +113,16 @@ def _pruned(
     *,
     planned: int,
     clock: _Clock,
-    seconds: tuple[float, float],
+    at: tuple[float, float],
 ) -> isolation.Pruned:
     """What stops a trial whose `planned` runs have `spent` more than `planned` times the best
-    time so far, `seconds` (on the training clock, off it) into the run on now."""
+    time so far, `at` (seconds on the training clock, and off it) into the run on now."""
     runs = f" over {planned} runs" if planned > 1 else ""
     what = "of training" if clock.predict is None else "predicted for the samples trained"
     return isolation.Pruned(
         f"pruned: {spent:.2f} s {what}{runs} passed the best time so far "
         f"({best[0]:.2f} s{' each' if runs else ''}, trial {best[1]}); "
         f"it can no longer win",
-        seconds=clock.trained + seconds[0],
-        paused=clock.paused + seconds[1],
+        seconds=clock.trained + at[0],
+        paused=clock.paused + at[1],
     )
