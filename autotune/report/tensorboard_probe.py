@@ -6,7 +6,9 @@ seconds of short measurements before the search, not learning curves.
 - `probe: joint`, one run per measured setting, each figure at step 0:
   DIR/probe/loader/SETTING `probe/loader_rate`, DIR/probe/compute/SETTING `probe/compute_rate`
   (samples/s, measured apart), DIR/probe/end_to_end/SETTING `probe/end_to_end_predicted` and
-  `probe/end_to_end_measured` (samples/s of the settings checked end to end).
+  `probe/end_to_end_measured` (samples/s of the settings checked end to end), and DIR/probe/batches
+  the chosen setting at each micro-batch measured, its batch the step: `probe/batch_loader_rate`,
+  `probe/batch_compute_rate` and `probe/batch_expected` (measured end to end at the probe's own).
 - `probe: systems`: DIR/probe/runs/SETTING `probe/run_seconds`, the training-clock seconds of
   each of its short runs (all of the same samples), at the step of the run's place in the
   probe's order.
@@ -28,7 +30,13 @@ from autotune.search import probe
 
 # A measurement's figures, apart from the knobs of the setting it measured.
 RATE_FIGURES = ("samples_per_second", "spread", "windows", "fixed_seconds", "peak_memory_bytes")
-NOT_KNOBS = {*RATE_FIGURES, "oom", "reason", "threads", "seconds", "predicted", "measured"}
+# The chosen setting's figures at one micro-batch (study/chosen_setting.py).
+BATCH_FIGURES = ("batch_size", "loader_rate", "compute_rate", "predicted", "expected")
+NOT_KNOBS = {
+    *RATE_FIGURES,
+    *BATCH_FIGURES[1:],
+    *("oom", "reason", "threads", "seconds", "measured", "bottleneck", "idle_share"),
+}
 
 
 def write(folder: Path, outcome: Mapping[str, Any] | None, *, protected: Iterable[Path]) -> int:
@@ -72,7 +80,31 @@ def _joint(outcome: Mapping[str, Any]) -> dict[str, Points]:
                 ],
             )
         ]
+    batches = _batches(outcome)
+    if batches:
+        figures["batches"] = [
+            (
+                row["batch_size"],
+                [
+                    ("probe/batch_loader_rate", row.get("loader_rate")),
+                    ("probe/batch_compute_rate", row.get("compute_rate")),
+                    ("probe/batch_expected", row.get("expected")),
+                ],
+            )
+            for row in batches
+            if row.get("expected")
+        ]
     return figures
+
+
+def _batches(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chosen setting at each micro-batch measured, the probe's own among them, by batch."""
+    chosen = outcome.get("chosen")
+    if not chosen or not outcome.get("batches"):
+        return []
+    own = {**chosen, "batch_size": outcome["batch_size"], "expected": chosen["measured"]}
+    rows = [{k: own[k] for k in (*BATCH_FIGURES, "bottleneck")}, *outcome["batches"]]
+    return sorted(rows, key=lambda row: row["batch_size"])
 
 
 def _greedy(outcome: Mapping[str, Any]) -> dict[str, Points]:
@@ -118,6 +150,17 @@ def _text(outcome: Mapping[str, Any]) -> str:
                 [("predicted", "predicted", _number), ("measured", "measured", _number)],
             ),
         ]
+        if outcome.get("batches"):
+            parts += [
+                "The chosen setting by micro-batch (samples/s; expected: the prediction scaled "
+                "as the end-to-end check found, measured at the probe's own batch):",
+                _table(
+                    _batches(outcome),
+                    [(key.replace("_", " "), key, _number) for key in BATCH_FIGURES[1:]]
+                    + [("bottleneck", "bottleneck", str), ("note", "reason", str)],
+                    first=("batch_size",),
+                ),
+            ]
     elif outcome.get("runs"):
         rows = [{"run": n, **row} for n, row in enumerate(outcome["runs"], start=1)]
         batch = outcome.get("batch_size")

@@ -97,36 +97,65 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     )
 
 
+def expected_rate(
+    outcome: Mapping[str, Any] | None, params: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What the joint probe's figures expect of training with `params`, where it trains at the
+    setting the probe chose: `start_up` seconds (its loader's and step's, and a compile's), then
+    `rate` samples a second: measured end to end at the probe's micro-batch; at another the rates
+    measured there, scaled as the end-to-end check found (`scaled`). None where `params` trains at
+    another setting, or at a batch (or compiled at a batch) the probe did not measure."""
+    chosen = (outcome or {}).get("chosen") or {}
+    if not chosen.get("measured") or any(params[k] != v for k, v in chosen.items() if k in params):
+        return None
+    batch = params.get("batch_size", outcome["batch_size"])
+    if batch == outcome["batch_size"]:
+        expected = {"start_up": start_up_seconds(outcome, chosen), "rate": chosen["measured"]}
+    else:
+        there = [e for e in outcome.get("batches", []) if e["batch_size"] == batch]
+        if not there or not there[0].get("expected") or params.get("compile"):
+            return None
+        expected = {"start_up": there[0]["fixed_seconds"], "rate": there[0]["expected"]}
+    compiled = outcome.get("compile") or {}
+    if params.get("compile"):
+        if not compiled.get("faster"):
+            return None
+        # its compile once, then its step's gain as weighed at the chosen loader
+        expected["start_up"] += compiled["once_seconds"]
+        expected["rate"] *= compiled["faster"] / compiled["speed"]
+    return {**expected, "batch_size": batch, "scaled": batch != outcome["batch_size"]}
+
+
 def predicted_seconds(
     outcome: Mapping[str, Any] | None, params: Mapping[str, Any], samples: float | None
 ) -> float | None:
-    """What the joint probe's figures predict for training `samples` with `params`: the chosen
-    setting's one-off costs, then its rate measured end to end. None where `params` trains at
-    another setting or micro-batch than the one measured (a rate is one setting's at one batch),
-    or without the figures."""
-    chosen = (outcome or {}).get("chosen") or {}
-    if not chosen.get("measured") or not samples:
+    """What the joint probe's figures predict for training `samples` with `params`
+    (expected_rate); None where they predict nothing."""
+    expected = expected_rate(outcome, params)
+    if expected is None or not samples:
         return None
-    if params.get("batch_size") != outcome["batch_size"] or any(
-        params[k] != v for k, v in chosen.items() if k in params
-    ):
-        return None
-    return start_up_seconds(outcome, chosen) + samples / chosen["measured"]
+    return expected["start_up"] + samples / expected["rate"]
 
 
 def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     """The winner's time beside what the joint probe predicted for its samples at the setting it
-    chose; None where there is no such prediction (predicted_seconds)."""
+    chose; None where there is no such prediction (expected_rate)."""
+    expected = expected_rate(outcome, best.params)
     seconds = predicted_seconds(outcome, best.params, best.samples_to_target)
-    if seconds is None:
+    if expected is None or seconds is None:
         return None
-    chosen = outcome["chosen"]
+    how = (
+        f"the rates measured there, scaled as the end-to-end check at batch "
+        f"{outcome['batch_size']} found"
+        if expected["scaled"]
+        else "measured end to end"
+    )
+    compiled = " and a compile" if best.params.get("compile") else ""
     return (
-        f"Predicted at the setting the probe chose ({chosen['measured']:,.0f} samples/s measured "
-        f"end to end at batch {outcome['batch_size']}, after "
-        f"{start_up_seconds(outcome, chosen):.2f} s of start-up): {seconds:.2f} s for the "
-        f"winner's {best.samples_to_target:,.0f} samples; it took {best.time_to_target:.2f} s "
-        f"({best.time_to_target / seconds - 1:+.0%})."
+        f"Predicted at the setting the probe chose ({expected['rate']:,.0f} samples/s at batch "
+        f"{expected['batch_size']}, {how}, after {expected['start_up']:.2f} s of start-up"
+        f"{compiled}): {seconds:.2f} s for the winner's {best.samples_to_target:,.0f} samples; "
+        f"it took {best.time_to_target:.2f} s ({best.time_to_target / seconds - 1:+.0%})."
     )
 
 

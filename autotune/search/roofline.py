@@ -126,6 +126,24 @@ def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Predicti
     return max(tied, key=lambda pair: pair[0].compute_rate)
 
 
+def at_batch(
+    chosen: Prediction, measured: float, *, loader_rate: float, compute_rate: float
+) -> dict[str, Any]:
+    """`chosen` at another micro-batch, from its two rates there: the speed they predict, and the
+    speed to expect, scaled as the end-to-end check found the prediction at the probe's batch
+    (`measured` against `chosen`'s): what the rates apart leave out (a copy waiting for a step,
+    the cores a CPU's workers share) is taken to cost the same share at every batch."""
+    there = dataclasses.replace(chosen, loader_rate=loader_rate, compute_rate=compute_rate)
+    return {
+        "loader_rate": loader_rate,
+        "compute_rate": compute_rate,
+        "predicted": there.samples_per_second,
+        "expected": there.samples_per_second * measured / chosen.samples_per_second,
+        "bottleneck": there.bottleneck,
+        "idle_share": there.idle_share,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Payback:
     """A cost paid once a run (torch.compile's) against the time it saves each sample after."""

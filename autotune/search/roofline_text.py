@@ -37,6 +37,8 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
         f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
     ]
+    if outcome.get("batches"):
+        lines.append(batches_text(outcome))
     compiled = outcome.get("compile")
     if compiled:
         lines.append(compile_text(compiled, batch=outcome["batch_size"]))
@@ -48,6 +50,26 @@ def describe(outcome: Mapping[str, Any]) -> str:
             "differs from their rates apart: the end-to-end measurement decided"
         )
     return "\n".join(lines)
+
+
+def batches_text(outcome: Mapping[str, Any]) -> str:
+    """The chosen setting at every micro-batch measured: the speed to expect (its rates there,
+    scaled as the end-to-end check found the prediction at the probe's batch) and what holds it,
+    or why there is none."""
+    chosen = outcome["chosen"]
+    at = {outcome["batch_size"]: f"{_rate(chosen['measured'])} end to end"}
+    for entry in outcome["batches"]:
+        if entry.get("expected"):
+            said = f"{_rate(entry['expected'])} {entry['bottleneck']}-bound"
+        elif entry.get("oom"):
+            said = "out of memory"
+        else:
+            said = f"no figure ({entry.get('reason')})"
+        at[entry["batch_size"]] = said
+    return (
+        "The chosen setting by micro-batch (rates measured at each, scaled as the end-to-end "
+        "check found): " + ", ".join(f"{b}: {at[b]}" for b in sorted(at))
+    )
 
 
 def what_moves_it(best: Prediction, space: Space, *, batch: int, cores: int) -> str:

@@ -23,7 +23,6 @@ adds both rates, predicted beside measured, the bottleneck and the limit.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +31,10 @@ from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import probe, roofline, roofline_text, screening
+from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
+from autotune.study import chosen_setting
 from autotune.study.preparation import Prepared
 from autotune.train import rates, telemetry, throughput
 from autotune.train.config import TrialConfig
@@ -85,12 +86,12 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
 
     phases: dict[str, float] = {}  # where the probe's time went, for the report
 
-    def measured(work: Any, *args: Any) -> dict[str, Any]:
+    def measured(work: Any, *args: Any, phase: str | None = None) -> dict[str, Any]:
         started = time.monotonic()
         try:
             return measure(work, *args, device=device, seed=seed)
         finally:
-            phase = PHASES[work.__name__]
+            phase = phase or PHASES[work.__name__]
             phases[phase] = phases.get(phase, 0.0) + time.monotonic() - started
 
     predictions, figures = _predicted(
@@ -130,7 +131,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     compiled = None
     if set(space["compile"].values) == {False, True}:
         started = time.monotonic()
-        compiled = _weigh_compile(
+        compiled = chosen_setting.weigh_compile(
             spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed
         )
         if "unmeasured" not in compiled:
@@ -138,6 +139,11 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         bar.update(2)
         if not compiled["kept"]:
             fixed["compile"] = False
+    others = [b for b in values_of(space["batch_size"], most=MAX_MEASURED_BATCHES) if b != batch]
+    at_batches = chosen_setting.at_batches(
+        lambda work, *args: measured(work, *args, phase="batches"), chosen, speed, others, config
+    )
+    bar.update(len(others))
     return {
         "kind": "joint",
         "batch_size": batch,
@@ -158,6 +164,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "moves": roofline_text.what_moves_it(
             predictions[0], spec.space, batch=batch, cores=cpu_count()
         ),
+        "batches": at_batches,
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }
@@ -233,56 +240,6 @@ def _predicted(
         **({"screened_from": len(computes)} if len(computes) > screening.SCREEN_ABOVE else {}),
     }
     return predictions, figures
-
-
-def _weigh_compile(
-    spec: StudySpec,
-    prepared: Prepared,
-    chosen: roofline.Prediction,
-    plain: TrialConfig,
-    *,
-    seed: int,
-) -> dict[str, Any]:
-    """torch.compile measured once, on the chosen setting's step beside the same step uncompiled:
-    what it costs at start-up and what it saves a sample at the chosen loader. It stays in the
-    search only where it pays back within the longest trial the budget allows (a trial that
-    reaches the target sooner may still not win it back: the search weighs that, compile time
-    being on its clock); elsewhere every trial that sampled it would pay the compile for nothing."""
-    assert prepared.task is not None and prepared.measure is not None
-    longest = spec.budget.max_epochs * len(prepared.task.train)
-    if chosen.bottleneck == roofline.INPUT and prepared.device.type != "cpu":
-        # a faster step cannot raise a rate the loader holds (on a CPU, compiling may leave the
-        # loader cores: there it is measured)
-        return {"kept": False, "unmeasured": roofline.INPUT, "longest_samples": longest}
-    try:
-        figures = prepared.measure(
-            rates.measure,
-            {},
-            {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
-            device=prepared.device,
-            seed=seed,
-        )
-    except isolation.TrialFailure as failure:
-        return {"kept": False, "failed": failure.reason, "longest_samples": longest}
-    rate, base = figures["compiled"], figures["plain"]
-    if not (rate.samples_per_second and base.samples_per_second):
-        why = f"its step could not be measured ({rate.reason or base.reason or 'no figure'})"
-        return {"kept": False, "failed": why, "longest_samples": longest}
-    # The chosen setting's loader with each step rate: both from this pair, measured side by side.
-    at_loader = dataclasses.replace(chosen, compute_rate=base.samples_per_second)
-    payback = roofline.payback(
-        at_loader,
-        compute_rate=rate.samples_per_second,
-        once_seconds=rate.fixed_seconds - base.fixed_seconds,
-    )
-    return {
-        "once_seconds": payback.once_seconds,
-        "speed": payback.speed,
-        "faster": payback.faster,
-        "samples": payback.samples,
-        "longest_samples": longest,
-        "kept": payback.pays_within(longest),
-    }
 
 
 def _precisions_kept(

@@ -33,7 +33,7 @@ def probed(folder: Path, probe: str) -> tuple[Path, dict]:
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {
             "lr": 0.1,
-            "batch_size": 32,
+            "batch_size": [16, 32],
             "num_workers": [0, 1],
             "prefetch_factor": 2,
             "precision": ["fp32", "bf16"],
@@ -94,10 +94,24 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     assert sorted(v for [(_, v)] in measured.values()) == pytest.approx(
         sorted(c["measured"] for c in outcome["checked"]), rel=1e-6
     )
+    # the chosen setting at each micro-batch, its batch the step: at the probe's own, as measured
+    # end to end
+    chosen = outcome["chosen"]
+    [(smaller, elsewhere)] = [(e["batch_size"], e["expected"]) for e in outcome["batches"]]
+    batches = read(folder / "batches")
+    expected = batches.Scalars("probe/batch_expected")
+    assert [e.step for e in expected] == [smaller, 32]
+    assert [e.value for e in expected] == pytest.approx([elsewhere, chosen["measured"]], rel=1e-6)
+    steps = batches.Scalars("probe/batch_compute_rate")
+    assert steps[1].value == pytest.approx(chosen["compute_rate"], rel=1e-6)
     text = summary(folder)
     assert text.startswith("Joint systems probe (batch 32: 2 loader and ")
     assert "| num_workers | prefetch_factor | pin_memory | samples/s |" in text
     assert "| predicted | measured |" in text
+    assert (
+        "| batch_size | loader rate | compute rate | predicted | expected | bottleneck | note |"
+        in text
+    )
 
 
 def test_the_greedy_probe_s_runs_read_back_in_the_order_they_ran(tmp_path: Path) -> None:

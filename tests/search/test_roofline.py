@@ -242,7 +242,7 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     }
     assert "Joint systems probe (batch 128: 3 loader and 4 compute settings measured apart" in out
     phases = joint["phase_seconds"]  # where the probe's time went, each phase timed
-    assert set(phases) == {"compute", "loaders", "end_to_end"} and all(
+    assert set(phases) == {"compute", "loaders", "end_to_end", "batches"} and all(
         v > 0 for v in phases.values()
     )
     assert f"compute {phases['compute']:.0f} s, loaders {phases['loaders']:.0f} s" in out
@@ -325,8 +325,8 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
     outcome["chosen"] = {**setting, "predicted": 4000.0, "measured": 3000.0}
     best.params = {**setting, "batch_size": 128, "lr": 0.1}
     assert winner.prediction_line(outcome, best) == (
-        "Predicted at the setting the probe chose (3,000 samples/s measured end to end at batch "
-        "128, after 0.50 s of start-up): 2.50 s for the winner's 6,000 samples; it took 4.00 s "
+        "Predicted at the setting the probe chose (3,000 samples/s at batch 128, measured end to "
+        "end, after 0.50 s of start-up): 2.50 s for the winner's 6,000 samples; it took 4.00 s "
         "(+60%)."
     )
     for other in ({"precision": "fp32"}, {"batch_size": 64}, {"num_workers": 2}):
@@ -385,7 +385,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     uncompiled: its start-up is its cost; a budget too short to win it back fixes it off, and the
     report says after how many steps it would pay back."""
     from autotune.spec import study_file
-    from autotune.study import preparation, roofline_probe
+    from autotune.study import chosen_setting, preparation, roofline_probe
     from autotune.train import systems
 
     if systems.compile_problem(CPU):
@@ -405,7 +405,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     plain = config(batch_size=64)
     # the step holds it
     chosen = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0)
-    weighed = roofline_probe._weigh_compile(spec, prepared, chosen, plain, seed=0)
+    weighed = chosen_setting.weigh_compile(spec, prepared, chosen, plain, seed=0)
     # compiling takes seconds; the plain step starts in milliseconds
     assert weighed["once_seconds"] > 0.5
     assert weighed["longest_samples"] == len(prepared.task.train)  # one epoch
@@ -426,7 +426,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     gpu_host = dataclasses.replace(
         prepared, device=torch.device("cuda"), measure=lambda *a, **k: calls.append(a)
     )
-    skipped = roofline_probe._weigh_compile(spec, gpu_host, input_bound, plain, seed=0)
+    skipped = chosen_setting.weigh_compile(spec, gpu_host, input_bound, plain, seed=0)
     longest = len(prepared.task.train)
     assert skipped == {"kept": False, "unmeasured": "input", "longest_samples": longest}
     assert calls == []
@@ -641,6 +641,9 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     measure = prepared.measure
 
     def counted(work, *args, **kwargs):
+        if any(c.batch_size != 128 for c in args[0].values()):
+            # the chosen setting at the space's other batch (study/chosen_setting.py)
+            return measure(work, *args, **kwargs)
         if work is rates.measure_in_groups:
             stages.append(len(args[0]))
         if work is rates.measure_loaders_in_turn:

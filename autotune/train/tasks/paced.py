@@ -2,7 +2,8 @@
 
 Loading a sample waits `load_seconds` in whichever process loads it (a DataLoader worker, or the
 training process with none); a training step waits `compute_seconds` a sample, `narrow_factor`
-of that under a 16-bit autocast. Both wait rather than spin, so that on two cores four loader
+of that under a 16-bit autocast, and `step_seconds` a step whatever its batch (a GPU's kernel
+launches and small kernels: what makes a larger micro-batch faster a sample). Both wait rather than spin, so that on two cores four loader
 workers really load four times as fast, as they would on a GPU host with cores to spare: the
 loader's rate is then workers / load_seconds, the compute's 1 / compute_seconds, and a setting's
 speed the slower of the two (the sum of both costs with no workers).
@@ -54,12 +55,15 @@ class PacedSamples(Dataset):
 class PacedModel(nn.Module):
     """A small MLP whose training forward pass waits as the set compute cost says."""
 
-    def __init__(self, *, compute_seconds: float, narrow_factor: float) -> None:
+    def __init__(
+        self, *, compute_seconds: float, narrow_factor: float, step_seconds: float = 0.0
+    ) -> None:
         super().__init__()
         self.layers = nn.Sequential(
             nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
         )
         self.compute_seconds, self.narrow_factor = compute_seconds, narrow_factor
+        self.step_seconds = step_seconds
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.training:  # evaluation runs off the clock: no need to wait there
@@ -68,7 +72,8 @@ class PacedModel(nn.Module):
                 torch.bfloat16,
                 torch.float16,
             )
-            time.sleep(self.compute_seconds * len(inputs) * (self.narrow_factor if narrow else 1.0))
+            per_sample = self.compute_seconds * (self.narrow_factor if narrow else 1.0)
+            time.sleep(self.step_seconds + per_sample * len(inputs))
         return self.layers(inputs)
 
 
@@ -77,14 +82,17 @@ def make(
     load_seconds: float = LOAD_SECONDS,
     compute_seconds: float = COMPUTE_SECONDS,
     narrow_factor: float = NARROW_FACTOR,
+    step_seconds: float = 0.0,
 ) -> Task:
-    """The task with the given costs (seconds a sample)."""
+    """The task with the given costs (seconds a sample, and a step)."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
     labels = (positive[:, 0] ^ positive[:, 1]).long() + 2 * (positive[:, 2] ^ positive[:, 3]).long()
 
     def model() -> PacedModel:
-        return PacedModel(compute_seconds=compute_seconds, narrow_factor=narrow_factor)
+        return PacedModel(
+            compute_seconds=compute_seconds, narrow_factor=narrow_factor, step_seconds=step_seconds
+        )
 
     return Task(
         model=model,

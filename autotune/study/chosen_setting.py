@@ -1,0 +1,117 @@
+"""What the joint probe measures of the setting it chose (study/roofline_probe.py), once chosen:
+torch.compile's cost against what it saves, and the setting's two rates at the space's other
+micro-batches, so that a trial at any of them has a predicted time.
+
+The probe chooses at one micro-batch; the search then samples others. A step's rate grows with
+its batch (a GPU's kernels fill, per-step costs spread) and a loader's falls at small ones (a
+batch handed over per worker round trip), so the chosen setting's rates are measured again at
+each: its compute at each batch side by side, its loader at each in turn, one measurement each,
+not one per combination.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autotune.runners import isolation
+from autotune.search import roofline
+from autotune.spec.study_file import StudySpec
+from autotune.study.preparation import Prepared
+from autotune.train import rates
+from autotune.train.config import TrialConfig
+
+# compute settings side by side at once (study/roofline_probe.py: COMPUTE_GROUP)
+GROUP = 4
+
+
+def at_batches(
+    measured: Callable[..., dict[str, rates.Rate]],
+    chosen: roofline.Prediction,
+    speed: float,
+    batches: Sequence[int],
+    config: Callable[[dict[str, Any]], TrialConfig],
+) -> list[dict[str, Any]]:
+    """The chosen setting at each of `batches` (not the probe's own: measured already): its
+    loader's and compute's rates there, the speed they predict, and that speed as the end-to-end
+    check at the probe's batch (`speed`) found the prediction; a batch out of memory is a result.
+    `measured(work, *args)` runs one of train/rates.py's measurements."""
+    configs = {str(b): config({**chosen.setting, "batch_size": b}) for b in batches}
+    if not configs:
+        return []
+    steps = measured(rates.measure_in_groups, configs, GROUP)
+    # a batch whose step does not run needs no loader
+    fed = {k: c for k, c in configs.items() if steps[k].samples_per_second}
+    loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
+    entries = []
+    for batch in sorted(batches):
+        step, load = steps[str(batch)], loads.get(str(batch))
+        entry: dict[str, Any] = {"batch_size": batch, "peak_memory_bytes": step.peak_memory_bytes}
+        if step.oom or not step.samples_per_second:
+            entry.update(oom=step.oom, reason=step.reason or "no compute rate")
+        elif load is None or not load.samples_per_second:
+            entry.update(oom=False, reason=(load and load.reason) or "no loader rate")
+        else:
+            entry.update(
+                oom=False,
+                fixed_seconds=load.fixed_seconds + step.fixed_seconds,
+                **roofline.at_batch(
+                    chosen,
+                    speed,
+                    loader_rate=load.samples_per_second,
+                    compute_rate=step.samples_per_second,
+                ),
+            )
+        entries.append(entry)
+    return entries
+
+
+def weigh_compile(
+    spec: StudySpec,
+    prepared: Prepared,
+    chosen: roofline.Prediction,
+    plain: TrialConfig,
+    *,
+    seed: int,
+) -> dict[str, Any]:
+    """torch.compile measured once, on the chosen setting's step beside the same step uncompiled:
+    what it costs at start-up and what it saves a sample at the chosen loader. It stays in the
+    search only where it pays back within the longest trial the budget allows (a trial that
+    reaches the target sooner may still not win it back: the search weighs that, compile time
+    being on its clock); elsewhere every trial that sampled it would pay the compile for nothing."""
+    assert prepared.task is not None and prepared.measure is not None
+    longest = spec.budget.max_epochs * len(prepared.task.train)
+    if chosen.bottleneck == roofline.INPUT and prepared.device.type != "cpu":
+        # a faster step cannot raise a rate the loader holds (on a CPU, compiling may leave the
+        # loader cores: there it is measured)
+        return {"kept": False, "unmeasured": roofline.INPUT, "longest_samples": longest}
+    try:
+        figures = prepared.measure(
+            rates.measure,
+            {},
+            {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
+            device=prepared.device,
+            seed=seed,
+        )
+    except isolation.TrialFailure as failure:
+        return {"kept": False, "failed": failure.reason, "longest_samples": longest}
+    rate, base = figures["compiled"], figures["plain"]
+    if not (rate.samples_per_second and base.samples_per_second):
+        why = f"its step could not be measured ({rate.reason or base.reason or 'no figure'})"
+        return {"kept": False, "failed": why, "longest_samples": longest}
+    # The chosen setting's loader with each step rate: both from this pair, measured side by side.
+    at_loader = dataclasses.replace(chosen, compute_rate=base.samples_per_second)
+    payback = roofline.payback(
+        at_loader,
+        compute_rate=rate.samples_per_second,
+        once_seconds=rate.fixed_seconds - base.fixed_seconds,
+    )
+    return {
+        "once_seconds": payback.once_seconds,
+        "speed": payback.speed,
+        "faster": payback.faster,
+        "samples": payback.samples,
+        "longest_samples": longest,
+        "kept": payback.pays_within(longest),
+    }

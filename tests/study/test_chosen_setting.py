@@ -1,0 +1,159 @@
+"""The joint probe measures the setting it chose at each of the space's micro-batches, so that a
+trial at any of them has a predicted time: on the paced task with a cost a step, a smaller batch
+computes slower a sample, and a real run at it takes what its prediction says."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from autotune.report import winner
+from autotune.search import roofline, roofline_text
+from autotune.search.space import complete
+from autotune.spec import study_file
+from autotune.study import preparation, roofline_probe
+from autotune.train import rates, trial
+from autotune.train.config import Limits, TrialConfig
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+# A run's time against its prediction from the probe's figures, on this shared 2-core machine:
+# the same tolerance the roofline's own tests give a compute-bound setting whose loader shares
+# the cores (tests/search/test_roofline.py).
+TOLERANCE = 0.3
+STEP, SAMPLE = 6e-3, 0.1e-3  # tests.tasks:paced_per_step's compute costs
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
+
+
+def study(folder: Path) -> Path:
+    path = folder / "batches.yaml"
+    space = {
+        "lr": 0.05,
+        "scheduler": "constant",
+        "batch_size": [32, 64, 128],
+        "accumulation_steps": 1,
+        "num_workers": [0, 2],
+        "prefetch_factor": 2,
+        "precision": ["fp32", "bf16"],
+        "fused_optimizer": False,
+    }
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "task": "tests.tasks:paced_per_step",
+                "target": {"metric": "accuracy", "value": 0.5},
+                "space": space,
+                "baseline": {"lr": 0.05, "batch_size": 32},
+                "probe": "joint",
+                "budget": {"trials": 1, "max_epochs": 1},
+            }
+        )
+    )
+    return path
+
+
+def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) -> None:
+    spec = study_file.load(study(tmp_path))
+    prepared = preparation.prepare(spec)
+    calls = []
+
+    def counted(work, *args, **kwargs):
+        calls.append((work, sorted(c.batch_size for c in args[0].values())))
+        return prepared.measure(work, *args, **kwargs)
+
+    outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
+    chosen = outcome["chosen"]
+    assert outcome["batch_size"] == 128 and chosen["measured"]
+    # each other batch once: its step's rate side by side, then its loader's
+    assert calls[-2:] == [
+        (rates.measure_in_groups, [32, 64]),
+        (rates.measure_loaders_in_turn, [32, 64]),
+    ]
+    assert outcome["phase_seconds"]["batches"] > 0
+    at = {e["batch_size"]: e for e in outcome["batches"]}
+    assert sorted(at) == [32, 64]
+    narrow = 0.5 if chosen["precision"] == "bf16" else 1.0
+    for batch, entry in at.items():
+        # the step's rate follows its costs: a step's cost spread over fewer samples
+        assert entry["compute_rate"] == pytest.approx(
+            batch / (STEP + SAMPLE * narrow * batch), rel=0.25
+        )
+        # the end-to-end check's finding carried to each batch, the same share everywhere
+        scale = chosen["measured"] / chosen["predicted"]
+        assert entry["expected"] == pytest.approx(entry["predicted"] * scale)
+        assert entry["fixed_seconds"] > 0 and entry["oom"] is False
+    assert at[32]["expected"] < at[64]["expected"] < chosen["measured"]
+    text = roofline_text.describe(outcome)
+    assert "The chosen setting by micro-batch (" in text
+    assert f"32: {at[32]['expected']:,.0f}/s {at[32]['bottleneck']}-bound" in text
+    assert f"128: {chosen['measured']:,.0f}/s end to end" in text
+
+    # A real run of the chosen setting at the smallest and the probe's batch, one epoch each, the
+    # target out of reach: its training time beside what the figures predict for its samples.
+    limits = Limits(target=1.01, max_epochs=1, max_seconds=60, eval_every=1)
+    setting = {k: chosen[k] for k in (*roofline.MEASURED_FORMATS, "precision") if k in chosen}
+    setting.update({k: chosen[k] for k in ("num_workers", "prefetch_factor", "pin_memory")})
+    assert prepared.task is not None
+    samples = len(prepared.task.train)
+    for batch in (32, 128):
+        params = {**prepared.baseline, **setting, "batch_size": batch}
+        config = TrialConfig.from_mapping(complete(params))
+        result = trial.run(prepared.task, config, limits=limits, device=CPU, seed=5)
+        predicted = winner.predicted_seconds(outcome, params, samples)
+        assert predicted is not None
+        assert result.train_seconds == pytest.approx(predicted, rel=TOLERANCE), batch
+        best = types.SimpleNamespace(
+            params=params, samples_to_target=samples, time_to_target=result.train_seconds
+        )
+        line = winner.prediction_line(outcome, best)
+        assert line is not None and f"at batch {batch}, " in line
+        assert ("scaled as the end-to-end check at batch 128 found" in line) is (batch != 128)
+    # a batch the probe did not measure, or another setting, predicts nothing
+    assert winner.predicted_seconds(outcome, {**params, "batch_size": 96}, samples) is None
+    other = "fp32" if chosen["precision"] == "bf16" else "bf16"
+    assert winner.predicted_seconds(outcome, {**params, "precision": other}, samples) is None
+
+
+def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothing() -> None:
+    chosen = roofline.Prediction(
+        {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False},
+        {"precision": "bf16", "channels_last": False, "cudnn_benchmark": False},
+        loader_rate=10_000.0,
+        compute_rate=8_000.0,
+    )
+    outcome = {
+        "batch_size": 128,
+        "chosen": {**chosen.figures(), "measured": 7_200.0},
+        "loader_rates": [],
+        "compute_rates": [],
+        "batches": [
+            {
+                "batch_size": 64,
+                "fixed_seconds": 0.5,
+                **roofline.at_batch(chosen, 7_200.0, loader_rate=9_000.0, compute_rate=6_000.0),
+            },
+            {"batch_size": 512, "oom": True, "reason": "out of memory", "peak_memory_bytes": None},
+        ],
+    }
+    at_64 = outcome["batches"][0]
+    assert at_64["predicted"] == 6_000.0 and at_64["expected"] == pytest.approx(5_400.0)
+    assert at_64["bottleneck"] == "compute"
+    text = roofline_text.batches_text(outcome)
+    assert text.endswith("64: 5,400/s compute-bound, 128: 7,200/s end to end, 512: out of memory")
+    params = {**chosen.setting, "batch_size": 64}
+    assert winner.predicted_seconds(outcome, params, 5_400.0) == pytest.approx(1.5)
+    assert winner.predicted_seconds(outcome, {**params, "batch_size": 512}, 5_400.0) is None
+    # a compiled run: its compile once and its step's gain, as weighed at the probe's batch only
+    outcome["compile"] = {"once_seconds": 20.0, "speed": 7_200.0, "faster": 9_000.0}
+    compiled = {**params, "batch_size": 128, "compile": True}
+    assert winner.predicted_seconds(outcome, compiled, 9_000.0) == pytest.approx(21.0)
+    assert winner.predicted_seconds(outcome, {**compiled, "batch_size": 64}, 9_000.0) is None
