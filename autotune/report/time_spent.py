@@ -54,7 +54,9 @@ def describe(spent: Mapping[str, Any]) -> str:
     minutes = spent["total"] >= MINUTES_FROM
 
     def amount(seconds: float) -> str:
-        return f"{seconds / 60:.1f} min" if minutes else f"{seconds:.1f} s"
+        value, unit = (seconds / 60, "min") if minutes else (seconds, "s")
+        # a part that took some time is not shown as none
+        return f"under 0.1 {unit}" if 0 < value < 0.05 else f"{value:.1f} {unit}"
 
     shown = []
     if spent["probe"] is not None:

@@ -83,6 +83,11 @@ def test_the_trials_evaluations_are_told_apart_where_their_runs_said_pruned_ones
         "Time spent: 20.0 s in all: 3 trials 20.0 s "
         "(training 9.5 s, evaluating 3.5 s; starting and storing 7.0 s)."
     )
+    # a part that took a few milliseconds is not shown as none
+    brief = {**spent, "evaluating": 0.02, "training": 19.0}
+    assert "(training 19.0 s, evaluating under 0.1 s; starting and storing 1.0 s)" in (
+        time_spent.describe(brief)
+    )
     # a figure stored before evaluations were told apart reads as it did
     del spent["evaluating"]
     assert "(training 9.5 s; evaluating, starting and storing 10.5 s)" in time_spent.describe(spent)
