@@ -108,7 +108,7 @@ def expected_rate(
     chosen = (outcome or {}).get("chosen") or {}
     if not chosen.get("measured") or any(params[k] != v for k, v in chosen.items() if k in params):
         return None
-    batch = params.get("batch_size", outcome["batch_size"])
+    batch = params.get("batch_size")  # None: a row that shows only the knobs sampled
     if batch == outcome["batch_size"]:
         expected = {"start_up": start_up_seconds(outcome, chosen), "rate": chosen["measured"]}
     else:
