@@ -385,7 +385,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     uncompiled: its start-up is its cost; a budget too short to win it back fixes it off, and the
     report says after how many steps it would pay back."""
     from autotune.spec import study_file
-    from autotune.study import chosen_setting, preparation, roofline_probe
+    from autotune.study import chosen_setting, preparation
     from autotune.train import systems
 
     if systems.compile_problem(CPU):

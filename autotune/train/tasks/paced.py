@@ -3,10 +3,11 @@
 Loading a sample waits `load_seconds` in whichever process loads it (a DataLoader worker, or the
 training process with none); a training step waits `compute_seconds` a sample, `narrow_factor`
 of that under a 16-bit autocast, and `step_seconds` a step whatever its batch (a GPU's kernel
-launches and small kernels: what makes a larger micro-batch faster a sample). Both wait rather than spin, so that on two cores four loader
-workers really load four times as fast, as they would on a GPU host with cores to spare: the
-loader's rate is then workers / load_seconds, the compute's 1 / compute_seconds, and a setting's
-speed the slower of the two (the sum of both costs with no workers).
+launches and small kernels: what makes a larger micro-batch faster a sample; none by default).
+Both wait rather than spin, so that on two cores four loader workers really load four times as
+fast, as they would on a GPU host with cores to spare: the loader's rate is then workers /
+load_seconds, the compute's 1 / compute_seconds, and a setting's speed the slower of the two (the
+sum of both costs with no workers).
 
 The defaults make deciding one knob at a time go wrong, as on a real GPU host: at fp32 two loader
 workers already outrun the compute, so a loader chosen at fp32 stops at two; at two workers bf16
