@@ -16,6 +16,9 @@ Resumable: rows already in the file (same seed and configuration) are kept and s
 Seeds run one whole pass after another. The first line of the file says how it was made; each
 further line is one run of one configuration, with its seed and the commit that measured it. Run
 it on a quiet machine: its times are the ground truth the search benchmarks are judged by.
+`--results DIR` writes grid-digits-cpu.jsonl there instead (`--out` names the file itself);
+`--configs N` and `--max-seconds S` make a smoke run: the first N configurations of each pass,
+each run's training clock cut at S seconds (the file's first line records the limits).
 """
 
 from __future__ import annotations
@@ -24,22 +27,25 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from autotune.runners import isolation  # noqa: E402
+from autotune.runners import isolation
 from autotune.spec import study_file
-from autotune.study.preparation import limits_for  # noqa: E402
-from autotune.train.config import TrialConfig
-from autotune.train.tasks import load_task  # noqa: E402
-from autotune.train.trial import run  # noqa: E402
-from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
+from autotune.study.preparation import limits_for
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.tasks import load_task
+from autotune.train.trial import run
+from benchmarks.provenance import REPO, RESULTS, provenance
 
 # The discretized space: 4 x 3 x 4 x 2 x 2 x 2 = 384 configurations. Loader workers and precision
 # are in it so that a search can waste trials on them; prefetch_factor is 2 wherever it exists.
@@ -53,6 +59,7 @@ GRID = {
 }
 SEED = 12345  # one seed for every configuration
 ORDER_SEED = 0
+FILE_NAME = "grid-digits-cpu.jsonl"
 
 
 def configurations() -> list[dict]:
@@ -68,40 +75,31 @@ def key(config: dict) -> str:
     return json.dumps({k: config[k] for k in GRID}, sort_keys=True)
 
 
+def load_grid(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The grid's header, and every configuration's runs (one per seed it was measured with)."""
+    lines = path.read_text().splitlines()
+    grid: dict[str, list[dict[str, Any]]] = {}
+    for row in map(json.loads, lines[1:]):
+        grid.setdefault(key(row["config"]), []).append(row)
+    return json.loads(lines[0]), grid
+
+
+def true_time(runs: list[dict[str, Any]]) -> float:
+    """A configuration's time to target as the benchmarks judge it: the median over its runs, a
+    run that missed the target counting as infinitely slow (so a lucky run alone is not enough)."""
+    return statistics.median(r["time_to_target"] if r["reached"] else math.inf for r in runs)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "grid-digits-cpu.jsonl")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        nargs="+",
-        default=[SEED],
-        help="each seed adds a run of every configuration",
-    )
-    args = parser.parse_args()
+    args = arguments()
     spec = study_file.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
+    if args.max_seconds is not None:
+        limits = dataclasses.replace(limits, max_seconds=args.max_seconds)
     device = torch.device("cpu")
     isolation.warm_up()
     task = load_task(spec.task, study_path=spec.path)
-
-    done: set[tuple[int, str]] = set()
-    if args.out.exists():
-        lines = args.out.read_text().splitlines()
-        done = {(row.get("seed", SEED), key(row["config"])) for row in map(json.loads, lines[1:])}
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        header = {
-            "benchmark": "grid",
-            "task": "digits",
-            "study": "studies/digits.yaml",
-            "grid": GRID,
-            "seed": args.seed,
-            "limits": dataclasses.asdict(limits),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            **provenance(device),
-        }
-        args.out.write_text(json.dumps(header) + "\n")
+    done = start(args.out, seeds=args.seed, limits=limits, device=device)
     commit = provenance(device)["commit"]
 
     for seed in args.seed:
@@ -112,6 +110,7 @@ def main() -> None:
             f"{len(todo)} to go",
             flush=True,
         )
+        todo = todo[: args.configs]
         for index, config in enumerate(todo, 1):
             result = run(
                 task, TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed
@@ -138,6 +137,54 @@ def main() -> None:
                 else f"missed ({result.best_metric:.3f})"
             )
             print(f"{index}/{len(todo)} {key(config)} -> {outcome}", flush=True)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, metavar="DIR", help="where to write it"
+    )
+    parser.add_argument(
+        "--out", type=Path, help=f"the file itself (default: {FILE_NAME} in --results)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=[SEED],
+        help="each seed adds a run of every configuration",
+    )
+    parser.add_argument(
+        "--configs", type=int, metavar="N", help="only the first N configurations of each pass"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, metavar="S", help="each run's training clock, not the study's"
+    )
+    args = parser.parse_args()
+    args.out = args.out or args.results / FILE_NAME
+    return args
+
+
+def start(
+    out: Path, *, seeds: list[int], limits: Limits, device: torch.device
+) -> set[tuple[int, str]]:
+    """The (seed, configuration) pairs the file already holds; a new file gets its header."""
+    if out.exists():
+        lines = out.read_text().splitlines()
+        return {(row.get("seed", SEED), key(row["config"])) for row in map(json.loads, lines[1:])}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = {
+        "benchmark": "grid",
+        "task": "digits",
+        "study": "studies/digits.yaml",
+        "grid": GRID,
+        "seed": seeds,
+        "limits": dataclasses.asdict(limits),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance(device),
+    }
+    out.write_text(json.dumps(header) + "\n")
+    return set()
 
 
 if __name__ == "__main__":

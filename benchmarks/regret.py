@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.found import PLAIN_TPE, RESULTS_NAME  # noqa: E402
+from benchmarks.found_report import PLAIN_TPE, RESULTS_NAME  # noqa: E402
 from benchmarks.provenance import RESULTS  # noqa: E402
 
 ORDER = ("time_to_target", "goodput", "systems_only", PLAIN_TPE)  # the docs' order

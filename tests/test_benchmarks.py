@@ -1,6 +1,6 @@
 """The search benchmarks' bookkeeping (benchmarks/search.py, found.py's oracle), on a made-up grid:
 what it charges a pruned trial, how it judges a configuration, when a search counts as near the
-optimum, which configuration is the oracle."""
+optimum, which configuration is the oracle. And every CPU benchmark run whole, at its smallest."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.grid import GRID, key
-from benchmarks.search import STRATEGIES, STUDIES, first_within, replay, replay_study, true_time
+from benchmarks.grid import GRID, key, true_time
+from benchmarks.search_replay import STRATEGIES, STUDIES, replay, replay_study
+from benchmarks.search_tables import first_within
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,7 +164,7 @@ def test_first_trial_baseline_starts_the_replay_at_the_baseline_where_the_probe_
 def test_the_oracle_is_the_lowest_median_and_under_systems_only_keeps_the_baselines_maths(
     tmp_path,
 ) -> None:
-    from benchmarks.found import oracle
+    from benchmarks.found_study import oracle
 
     grid = made_up_grid()
     path = tmp_path / "grid.jsonl"
@@ -205,7 +206,7 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
     tmp_path, monkeypatch
 ) -> None:
     from benchmarks import regret
-    from benchmarks.found import results_name
+    from benchmarks.found_report import results_name
 
     def write(name: str, compute: float, regrets: list[float]) -> None:
         studies = [{"baseline_median": 2.0, "oracle_median": 1.0, "regret": x} for x in regrets]
@@ -252,7 +253,7 @@ def test_the_regret_table_sets_each_strategy_beside_plain_tpe_in_the_same_machin
 
 def test_the_oracle_is_remeasured_under_each_value_of_a_searched_knob_the_grid_leaves_out() -> None:
     from autotune.search.space import Choices, Range, Space
-    from benchmarks.found import oracle_variants
+    from benchmarks.found_study import oracle_variants
 
     space = Space(
         domains=(
@@ -299,7 +300,7 @@ def test_prediction_error_sets_each_trials_runs_against_its_prediction_skips_tol
 
 def test_a_study_that_found_nothing_leaves_the_user_with_the_baseline() -> None:
     from benchmarks.arms import NONE_FOUND
-    from benchmarks.found import summarize_rows
+    from benchmarks.found_report import summarize_rows
 
     def row(winner: str, won: float, not_worse: bool) -> dict:
         return {
@@ -340,6 +341,19 @@ def test_the_replays_probe_runs_for_real_on_the_grids_settings() -> None:
     assert set(probed["precisions"]) <= set(GRID["precision"])
 
 
+def run_benchmark(script: str, *args: str) -> str:
+    """Run benchmarks/`script` whole, as a user does from the repository root; what it printed."""
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 @pytest.mark.parametrize(
     ("script", "args", "written", "holds"),
     [
@@ -363,12 +377,79 @@ def test_each_cpu_benchmark_runs_at_its_smallest(
 ) -> None:
     """A benchmark no test runs can stop running unseen (one did): each runs here, small, and
     writes its figures where --results says, not over the recorded ones."""
-    done = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", *args, "--results", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark(script, *args, "--results", str(tmp_path))
     assert holds in json.loads((tmp_path / written).read_text())
+
+
+def test_the_grid_benchmark_measures_its_first_configurations_where_results_says(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.grid import SEED, load_grid
+
+    printed = run_benchmark(
+        "grid.py", "--configs", "2", "--max-seconds", "2", "--results", str(tmp_path)
+    )
+    header, grid = load_grid(tmp_path / "grid-digits-cpu.jsonl")
+    assert header["benchmark"] == "grid" and header["grid"] == GRID and header["seed"] == [SEED]
+    assert header["limits"]["max_seconds"] == 2 and "commit" in header
+    assert len(grid) == 2 and "2/2 " in printed
+    for runs in grid.values():
+        (row,) = runs
+        assert row["seed"] == SEED and row["train_seconds"] > 0 and row["curve"]
+        assert row["reached"] == (row["time_to_target"] is not None)
+
+
+# A study small enough to run whole in seconds: digits, to a lower target, 3 short trials
+TINY_STUDY = """
+task: digits
+target: {metric: accuracy, value: 0.9}
+objective: time_to_target
+replicates: 1
+space: {preset: default, num_workers: [0]}
+budget: {trials: 3, max_epochs: 4, max_seconds: 4, eval_every: 0.5}
+confirm: {top: 1, runs: 1}
+seed: 0
+device: cpu
+"""
+RECORDED_GRID = REPO / "benchmarks" / "results" / "grid-digits-cpu.jsonl"
+
+
+def test_the_found_benchmark_runs_a_study_remeasures_it_and_resumes(tmp_path: Path) -> None:
+    """One study, its winner re-measured beside the baseline and the recorded grid's oracle (under
+    each value of the knobs the grid leaves out); run again, it keeps the study it has."""
+    study = tmp_path / "tiny.yaml"
+    study.write_text(TINY_STUDY)
+    args = ["--studies", "1", "--seeds", "1", "--oracle", str(RECORDED_GRID)]
+    args += ["--results", str(tmp_path / "results"), str(study)]
+    printed = run_benchmark("found.py", *args)
+    out = tmp_path / "results" / "found-tiny-time_to_target-regret-cpu.json"
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "found" and record["args"]["oracle"] == str(RECORDED_GRID)
+    assert record["summary"]["studies"] == 1 and "median_regret" in record["summary"]
+    (row,) = record["studies"]
+    assert row["seed"] == 1 and row["fresh_seeds"] == 1
+    assert {"winner", "speedup", "regret", "oracle_median", "fixed_speedup"} <= set(row)
+    oracles = [label for label in row["stats"] if label.startswith("oracle")]
+    assert oracles and set(row["oracle_variants"]) == set(oracles)
+    assert all(stats["runs"] == 1 for stats in row["stats"].values())
+    assert "tiny study seed 1:" in printed and f"written: {out}" in printed
+
+    again = run_benchmark("found.py", *args)
+    assert "study seed" not in again and f"written: {out}" in again
+    assert json.loads(out.read_text())["studies"] == record["studies"]
+
+
+def test_the_search_benchmark_replays_every_strategy_on_the_recorded_grid(
+    tmp_path: Path,
+) -> None:
+    printed = run_benchmark(
+        "search.py",
+        *("--seeds", "1", "--trials", "4", "--studies", "1", "--study-trials", "4"),
+        *("--grid", str(RECORDED_GRID), "--results", str(tmp_path)),
+    )
+    record = json.loads((tmp_path / "search-digits-cpu.json").read_text())
+    assert record["benchmark"] == "search" and record["within"] == [0.1, 0.25]
+    assert list(record["summary"]) == list(record["runs"]) == list(STRATEGIES)
+    assert all(len(searches) == 1 for searches in record["runs"].values())
+    assert list(record["studies"]) == list(STUDIES) and set(record["baseline"]) == set(GRID)
+    assert "results" not in record["args"] and "written: " in printed
