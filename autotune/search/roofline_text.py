@@ -72,9 +72,17 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
     )
 
 
-def what_moves_it(best: Prediction, space: Space, *, batch: int, cores: int) -> str:
+def what_moves_it(
+    best: Prediction,
+    space: Space,
+    *,
+    batch: int,
+    cores: int,
+    step_rates: Mapping[int, float] | None = None,
+) -> str:
     """What would raise the limit, in numbers: the other rate's headroom, and the levers the knob
-    space left out (within it, the limit has weighed every one already)."""
+    space left out (within it, the limit has weighed every one already). `step_rates`: the chosen
+    setting's step rate at each micro-batch measured, to say how much the last doubling gave."""
     if best.bottleneck == INPUT:
         headroom = best.compute_rate / best.loader_rate
         most = _largest(space["num_workers"])
@@ -97,7 +105,15 @@ def what_moves_it(best: Prediction, space: Space, *, batch: int, cores: int) -> 
     if not any(space["compile"].values):
         levers.append("compilation")
     if batch >= _largest(space["batch_size"]):
-        levers.append(f"a micro-batch larger than {batch}")
+        rates = step_rates or {}
+        below = max((b for b in rates if b < batch), default=None)
+        growth = (
+            f" (the step ran {rates[batch] / rates[below]:.2f}x as fast a sample at {batch} as "
+            f"at {below})"
+            if below is not None and batch in rates
+            else ""
+        )
+        levers.append(f"a micro-batch larger than {batch}{growth}")
     return f"the compute: the loader could deliver {headroom:.2f}x more" + (
         f" ({'; '.join(levers)})" if levers else " (a faster device, or a lighter model)"
     )

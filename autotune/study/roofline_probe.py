@@ -162,7 +162,14 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "chosen": {**chosen.figures(), "measured": speed},
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
         "moves": roofline_text.what_moves_it(
-            predictions[0], spec.space, batch=batch, cores=cpu_count()
+            predictions[0],
+            spec.space,
+            batch=batch,
+            cores=cpu_count(),
+            step_rates={
+                batch: chosen.compute_rate,
+                **{e["batch_size"]: e["compute_rate"] for e in at_batches if e.get("compute_rate")},
+            },
         ),
         "batches": at_batches,
         **({"compile": compiled} if compiled else {}),
