@@ -318,6 +318,24 @@ def paced_per_step() -> Task:
     return paced.make(load_seconds=0.2e-3, compute_seconds=0.1e-3, step_seconds=6e-3)
 
 
+class _ExitsAtSmallBatches(nn.Module):
+    """The blobs MLP, whose process exits without a word at a training batch under 64: a crash
+    that only a measurement at a smaller batch meets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and len(x) < 64:
+            os._exit(3)
+        return self.net(x)
+
+
+def exits_at_small_batches() -> Task:
+    return Task(model=_ExitsAtSmallBatches, train=_blobs(4096, 0), val=_blobs(512, 1))
+
+
 def paced_input_bound() -> Task:
     """The paced task with loading so slow that four workers still hold the step back."""
     from autotune.train.tasks import paced

@@ -22,9 +22,6 @@ from autotune.study.preparation import Prepared
 from autotune.train import rates
 from autotune.train.config import TrialConfig
 
-# compute settings side by side at once (study/roofline_probe.py: COMPUTE_GROUP)
-GROUP = 4
-
 
 def at_batches(
     measured: Callable[..., dict[str, rates.Rate]],
@@ -40,10 +37,15 @@ def at_batches(
     configs = {str(b): config({**chosen.setting, "batch_size": b}) for b in batches}
     if not configs:
         return []
-    steps = measured(rates.measure_in_groups, configs, GROUP)
-    # a batch whose step does not run needs no loader
-    fed = {k: c for k, c in configs.items() if steps[k].samples_per_second}
-    loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
+    try:
+        steps = measured(rates.measure_in_groups, configs, rates.COMPUTE_GROUP)
+        # a batch whose step does not run needs no loader
+        fed = {k: c for k, c in configs.items() if steps[k].samples_per_second}
+        loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
+    except isolation.TrialFailure as failure:
+        # the choice stands: only these batches go without a prediction
+        why = f"a measurement failed: {failure.reason}"
+        return [{"batch_size": b, "oom": False, "reason": why} for b in sorted(batches)]
     entries = []
     for batch in sorted(batches):
         step, load = steps[str(batch)], loads.get(str(batch))

@@ -47,9 +47,6 @@ PHASES = {
     "measure_in_turn": "end_to_end",
 }
 ENOUGH_MARGIN = 1.1  # a loader this many times the fastest step's rate needs no more workers
-# compute settings measured side by side at once: each holds a model, its optimizer and a few
-# batches on the device, and an out-of-memory error among too many would be taken for the setting's
-COMPUTE_GROUP = 4
 
 
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
@@ -206,7 +203,7 @@ def _predicted(
             measured(
                 rates.measure_in_groups,
                 {k: config({**c, "num_workers": w}) for k, (c, w) in stage.items()},
-                COMPUTE_GROUP,
+                rates.COMPUTE_GROUP,
             )
         )
         bar.update(len(stage))

@@ -38,6 +38,9 @@ from autotune.train.trial import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device
+# compute settings measured side by side at once: each holds a model, its optimizer and a few
+# batches on the device, and an out-of-memory error among too many would be taken for the setting's
+COMPUTE_GROUP = 4
 BURSTS = 8  # a loader window holds at least this many batches a worker
 # Windows of one loader alone, at most. Its workers deliver in bursts, and where a window's edges
 # fall among them moves its figure: a few workers' windows spread past MAX_SPREAD however many are

@@ -157,3 +157,24 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     compiled = {**params, "batch_size": 128, "compile": True}
     assert winner.predicted_seconds(outcome, compiled, 9_000.0) == pytest.approx(21.0)
     assert winner.predicted_seconds(outcome, {**compiled, "batch_size": 64}, 9_000.0) is None
+
+
+def test_a_crash_at_another_batch_leaves_the_choice_and_says_why(tmp_path: Path) -> None:
+    """A process that dies only at a smaller batch than the probe's (a real exit, in the child
+    process the measurement runs in): the choice stands, that batch has no prediction, and the
+    report says why."""
+    path = study(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["task"] = "tests.tasks:exits_at_small_batches"
+    spec["space"]["batch_size"] = [32, 128]
+    spec["isolation"] = "process"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = study_file.load(path)
+    outcome = roofline_probe.run(loaded, preparation.prepare(loaded))
+    assert outcome["chosen"] is not None and outcome["chosen"]["measured"]
+    [entry] = outcome["batches"]
+    assert entry["batch_size"] == 32 and "expected" not in entry
+    assert entry["reason"].startswith("a measurement failed: ")
+    assert "32: no figure (a measurement failed: " in roofline_text.describe(outcome)
+    params = {**{k: outcome["chosen"][k] for k in ("num_workers", "precision")}, "batch_size": 32}
+    assert winner.predicted_seconds(outcome, params, 1000.0) is None
