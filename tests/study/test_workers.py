@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 BUDGET, WORKERS = 40, min(4, len(os.sched_getaffinity(0)))
 
 
-def write_study(folder: Path, storage: str) -> Path:
+def write_study(folder: Path, storage: str, *, task: str = "tests.tasks:blobs") -> Path:
     study = {
-        "task": "tests.tasks:blobs",
+        "task": task,
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {
             "lr": {"low": 0.01, "high": 0.3, "log": True},
@@ -169,7 +169,9 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
 
 def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path) -> None:
     journal = tmp_path / "study.journal"
-    path = write_study(tmp_path, f"journal:///{journal}")
+    # trials of a few hundred milliseconds: blobs' take ten, and under load the two workers once
+    # took the whole budget between two looks at the storage, before the signal was sent
+    path = write_study(tmp_path, f"journal:///{journal}", task="tests.tasks:steady_blobs")
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
     parent = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
