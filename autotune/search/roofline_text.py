@@ -108,8 +108,8 @@ def what_moves_it(
         rates = step_rates or {}
         below = max((b for b in rates if b < batch), default=None)
         growth = (
-            f" (the step ran {rates[batch] / rates[below]:.2f}x as fast a sample at {batch} as "
-            f"at {below})"
+            f": the step ran {rates[batch] / rates[below]:.2f}x as fast a sample at {batch} as "
+            f"at {below}"
             if below is not None and batch in rates
             else ""
         )

@@ -84,7 +84,7 @@ def test_what_would_move_a_compute_bound_limit_is_what_the_space_left_out() -> N
         fast_loader, narrowed, batch=128, cores=16, step_rates={32: 1500.0, 64: 1800.0, 128: 2000.0}
     )
     assert grew.endswith(
-        "a micro-batch larger than 128 (the step ran 1.11x as fast a sample at 128 as at 64))"
+        "a micro-batch larger than 128: the step ran 1.11x as fast a sample at 128 as at 64)"
     )
     # input-bound below the space's most workers: the cores held it
     slow_loader = roofline.predict([(loader(2), 1000.0)], [compute("bf16")], lambda _, c: 2000.0)
@@ -257,7 +257,7 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     # the study asked for channels-last and compilation (the preset's), which the paced MLP and
     # the CPU fitted away: neither is named as a lever
     assert joint["moves"].startswith("the compute: the loader could deliver ")
-    assert joint["moves"].endswith(" as fast a sample at 128 as at 32))")
+    assert joint["moves"].endswith(" as fast a sample at 128 as at 32)")
     assert "the end-to-end measurement decided" in out  # a CPU: loader and step share the cores
     trial = load(tmp_path / "joint.yaml").trials[0]
     assert (trial.params.get("num_workers", 4), trial.params.get("precision", "bf16")) == (
