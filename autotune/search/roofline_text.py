@@ -4,6 +4,7 @@ move it, compile's payback and checkpointing's fit."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,13 +86,20 @@ def what_moves_it(
     setting's step rate at each micro-batch measured, to say how much the last doubling gave."""
     if best.bottleneck == INPUT:
         headroom = best.compute_rate / best.loader_rate
-        most = _largest(space["num_workers"])
+        most, used = _largest(space["num_workers"]), best.loader["num_workers"]
         workers = (
             f"more loader workers than the space's {most}"
             + (f", with more cores than this machine's {cores}" if most >= cores else "")
-            if best.loader["num_workers"] >= most
-            else f"more cores ({best.loader['num_workers']} workers delivered the most here)"
+            if used >= most
+            else f"more cores ({used} workers delivered the most here)"
         )
+        if used:
+            # workers load apart, so their rate grows about as their number, cores allowing
+            each = best.loader_rate / used
+            workers += (
+                f": at the {each:,.0f} samples/s a worker delivered, about "
+                f"{math.ceil(best.compute_rate / each)} would keep up"
+            )
         return (
             f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
             f"({workers}; cheaper decoding, or decoding on the device)"

@@ -88,9 +88,16 @@ def test_what_would_move_a_compute_bound_limit_is_what_the_space_left_out() -> N
     )
     # input-bound below the space's most workers: the cores held it
     slow_loader = roofline.predict([(loader(2), 1000.0)], [compute("bf16")], lambda _, c: 2000.0)
-    assert "(more cores (2 workers delivered the most here); cheaper decoding" in (
-        roofline_text.what_moves_it(slow_loader[0], knob_space(), batch=64, cores=16)
-    )
+    assert (
+        "(more cores (2 workers delivered the most here): at the 500 samples/s a worker "
+        "delivered, about 4 would keep up; cheaper decoding"
+    ) in roofline_text.what_moves_it(slow_loader[0], knob_space(), batch=64, cores=16)
+    # at the space's most workers, on a machine with no more cores: the workers a step needs
+    at_most = roofline.predict([(loader(4), 6000.0)], [compute("bf16")], lambda _, c: 9500.0)[0]
+    assert (
+        "(more loader workers than the space's 4, with more cores than this machine's 4: at the "
+        "1,500 samples/s a worker delivered, about 7 would keep up; cheaper decoding"
+    ) in roofline_text.what_moves_it(at_most, knob_space(), batch=64, cores=4)
 
 
 def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without() -> None:
