@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.roofline import INPUT, Prediction
+from autotune.search.roofline import INPUT, MEASURED_FORMATS, Prediction
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
@@ -58,7 +58,17 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
     scaled as the end-to-end check found the prediction at the probe's batch) and what holds it,
     or why there is none."""
     chosen = outcome["chosen"]
-    at = {outcome["batch_size"]: f"{_rate(chosen['measured'])} end to end"}
+    own = next(
+        (
+            r.get("peak_memory_bytes")
+            for r in outcome.get("compute_rates", [])
+            if all(
+                r.get(k) == v for k, v in chosen.items() if k in MEASURED_FORMATS + ("precision",)
+            )
+        ),
+        None,
+    )
+    at = {outcome["batch_size"]: f"{_rate(chosen['measured'])} end to end{_peak(own)}"}
     for entry in outcome["batches"]:
         if entry.get("expected"):
             said = f"{_rate(entry['expected'])} {entry['bottleneck']}-bound"
@@ -66,11 +76,18 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
             said = "out of memory"
         else:
             said = f"no figure ({entry.get('reason')})"
-        at[entry["batch_size"]] = said
+        at[entry["batch_size"]] = said + (
+            "" if entry.get("oom") else _peak(entry.get("peak_memory_bytes"))
+        )
     return (
         "The chosen setting by micro-batch (rates measured at each, scaled as the end-to-end "
         "check found): " + ", ".join(f"{b}: {at[b]}" for b in sorted(at))
     )
+
+
+def _peak(peak_bytes: int | None) -> str:
+    """`, 1.2 GiB at peak` where the device's allocator peak was measured (CUDA), else nothing."""
+    return f", {peak_bytes / 2**30:.1f} GiB at peak" if peak_bytes else ""
 
 
 def what_moves_it(

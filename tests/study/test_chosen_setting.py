@@ -134,10 +134,15 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
         "batch_size": 128,
         "chosen": {**chosen.figures(), "measured": 7_200.0},
         "loader_rates": [],
-        "compute_rates": [],
+        # the device's peaks where measured (CUDA): the chosen step's at the probe's batch
+        "compute_rates": [
+            {"precision": "fp32", "channels_last": False, "peak_memory_bytes": 9 * 2**30},
+            {**chosen.compute, "peak_memory_bytes": 3 * 2**30},
+        ],
         "batches": [
             {
                 "batch_size": 64,
+                "peak_memory_bytes": 1.6 * 2**30,
                 "fixed_seconds": 0.5,
                 **roofline.at_batch(chosen, 7_200.0, loader_rate=9_000.0, compute_rate=6_000.0),
             },
@@ -148,7 +153,10 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     assert at_64["predicted"] == 6_000.0 and at_64["expected"] == pytest.approx(5_400.0)
     assert at_64["bottleneck"] == "compute"
     text = roofline_text.batches_text(outcome)
-    assert text.endswith("64: 5,400/s compute-bound, 128: 7,200/s end to end, 512: out of memory")
+    assert text.endswith(
+        "64: 5,400/s compute-bound, 1.6 GiB at peak, 128: 7,200/s end to end, 3.0 GiB at peak, "
+        "512: out of memory"
+    )
     params = {**chosen.setting, "batch_size": 64}
     assert winner.predicted_seconds(outcome, params, 5_400.0) == pytest.approx(1.5)
     assert winner.predicted_seconds(outcome, {**params, "batch_size": 512}, 5_400.0) is None
