@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.record.summary import Counts, Summary, counted
-from autotune.report import html_winner, plots, time_spent
+from autotune.report import html_winner, plots, time_spent, winner
 from autotune.report.results import best_feasible
 from autotune.report.text import TABLE_ROWS
 from autotune.search import goodput, probe
@@ -214,6 +214,9 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     }
     # DDP's knobs are columns only for a study on several devices (results.knobs_shown)
     table = top[[c for c in columns if c in top]].rename(columns=columns)
+    predicted = winner.predicted_column(summary.probe, top.to_dict("records"))
+    if predicted is not None:  # the joint probe's figures, for its samples at its setting
+        table.insert(2, "predicted", predicted)
     table["input wait"] = table["input wait"].map(
         lambda v: "-" if pd.isna(v) else f"{100 * v:.0f} %"
     )

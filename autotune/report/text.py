@@ -103,6 +103,9 @@ def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
         *(["devices"] if top["devices"].notna().any() else []),  # under --workers on GPUs
     ]
     table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
+    predicted = winner.predicted_column(summary.probe, top.to_dict("records"))
+    if predicted is not None:  # the joint probe's figures, for its samples at its setting
+        table.insert(2, "predicted", predicted)
     if top["baseline"].eq(True).any():  # first_trial: baseline
         table["trial"] = [
             f"{n} (baseline)" if queued is True else str(n)

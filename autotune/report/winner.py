@@ -7,13 +7,15 @@ confusion matrices pooled), else from the study's own run of it.
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
+from autotune.search.space import KNOBS
 
 
 def telemetry(
@@ -135,6 +137,20 @@ def predicted_seconds(
     if expected is None or not samples:
         return None
     return expected["start_up"] + samples / expected["rate"]
+
+
+def predicted_column(
+    outcome: Mapping[str, Any] | None, records: Iterable[Mapping[str, Any]]
+) -> list[float | None] | None:
+    """Each trial's predicted time for the samples its run needed (predicted_seconds), None for
+    one the joint probe's figures predict nothing for; None where they predict none."""
+    times = []
+    for record in records:
+        samples = record.get("samples_to_target")
+        counted_samples = isinstance(samples, (int, float)) and math.isfinite(samples)
+        params = {k: record[k] for k in KNOBS if k in record}
+        times.append(predicted_seconds(outcome, params, samples if counted_samples else None))
+    return times if any(t is not None for t in times) else None
 
 
 def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:

@@ -160,6 +160,14 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     params = {**chosen.setting, "batch_size": 64}
     assert winner.predicted_seconds(outcome, params, 5_400.0) == pytest.approx(1.5)
     assert winner.predicted_seconds(outcome, {**params, "batch_size": 512}, 5_400.0) is None
+    # the report's trial table: each trial's prediction for the samples its run needed
+    records = [
+        {**params, "number": 3, "samples_to_target": 5_400},
+        {**params, "number": 4, "samples_to_target": float("nan")},  # not counted
+        {**params, "number": 5, "samples_to_target": 5_400, "precision": "fp32"},
+    ]
+    assert winner.predicted_column(outcome, records) == [pytest.approx(1.5), None, None]
+    assert winner.predicted_column(outcome, records[1:]) is None
     # a compiled run: its compile once and its step's gain, as weighed at the probe's batch only
     outcome["compile"] = {"once_seconds": 20.0, "speed": 7_200.0, "faster": 9_000.0}
     compiled = {**params, "batch_size": 128, "compile": True}
@@ -186,3 +194,31 @@ def test_a_crash_at_another_batch_leaves_the_choice_and_says_why(tmp_path: Path)
     assert "32: no figure (a measurement failed: " in roofline_text.describe(outcome)
     params = {**{k: outcome["chosen"][k] for k in ("num_workers", "precision")}, "batch_size": 32}
     assert winner.predicted_seconds(outcome, params, 1000.0) is None
+
+
+def test_the_report_sets_each_trial_beside_its_predicted_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole study: its trials at the chosen setting each get the time the probe's figures
+    predict for the samples they needed, in the text report and the HTML page, and the winner's
+    line says what it was predicted from."""
+    from autotune.cli import main
+
+    path = study(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 2, "max_epochs": 4, "eval_every": 0.25}
+    spec["confirm"] = {"top": 0}
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["run", str(path), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(path), "--html", str(tmp_path / "page.html")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("Fastest trials"))) + 1
+    columns = lines[header].split()
+    assert columns[:3] == ["trial", "seconds", "predicted"]
+    row = lines[header + 1].split()
+    seconds, predicted = float(row[1]), float(row[2])
+    assert predicted == pytest.approx(seconds, rel=TOLERANCE)
+    assert "Predicted at the setting the probe chose (" in out
+    assert "<th>predicted</th>" in (tmp_path / "page.html").read_text()
