@@ -16,6 +16,7 @@ import optuna
 
 from autotune.record import schema, seeds, verdict
 from autotune.report import summarize
+from autotune.report.winner import predicted_seconds
 from autotune.runners.isolation import TrialFailure
 from autotune.search.space import suggest
 from autotune.spec.study_file import StudySpec
@@ -97,6 +98,28 @@ def trial_prediction_error(study: optuna.Study) -> float | None:
         if all(t is not None for t in times):
             errors.append(statistics.fmean(times) / predicted["seconds"] - 1)
     return statistics.median(errors) if errors else None
+
+
+def roofline_trials(study: optuna.Study) -> dict | None:
+    """Under `probe: joint`, the trials that reached the target at the setting the probe chose:
+    each one's time to target over what the probe's figures predicted for its samples
+    (report.winner.predicted_seconds), their median and range; None where none did."""
+    outcome = schema.probe(study.user_attrs)
+    ratios = []
+    for trial in study.get_trials(deepcopy=False):
+        result, config = schema.measured(trial), schema.config(trial)
+        if config is None or not result.get("time_to_target"):
+            continue
+        predicted = predicted_seconds(outcome, config, result.get("samples_to_target"))
+        if predicted:
+            ratios.append(result["time_to_target"] / predicted)
+    if not ratios:
+        return None
+    return {
+        "trials": len(ratios),
+        "median": statistics.median(ratios),
+        "range": [min(ratios), max(ratios)],
+    }
 
 
 def plain_tpe_study(

@@ -70,7 +70,7 @@ from autotune.spec import study_file  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
 from autotune.study import preparation, storage  # noqa: E402
 from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
-from benchmarks.arms import autotune_study, plain_tpe_study  # noqa: E402
+from benchmarks.arms import autotune_study, plain_tpe_study, roofline_trials  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.roofline_judge import JOINT_ARMS, judge  # noqa: E402
 
@@ -203,7 +203,10 @@ def sit(
     with counted(sitting, save):
         found, finished = search(stage, spec, prepared, deadline)
     if spec.probe == "joint" and stage != "tpe":
-        found["probe"] = storage.open_study(spec, create=False).user_attrs.get("probe")
+        study = storage.open_study(spec, create=False)
+        found["probe"] = study.user_attrs.get("probe")
+        # every trial at the chosen setting checks the prediction, not only the winner
+        found["trials_vs_predicted"] = roofline_trials(study)
     sitting["seconds"] = found["tuning_wall"]
     record["arms"][stage] = {
         **found,

@@ -83,6 +83,12 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert set(record["arms"]) == {"joint", "systems", "tpe", "prior"} and "judge" not in record
     joint = record["arms"]["joint"]
     assert joint["finished"] and len(joint["sittings"]) == 3 and joint["counts"]["total"] >= 2
+    # its trials at the chosen setting beside what the probe's figures predicted for each
+    checked = joint["trials_vs_predicted"]
+    assert (
+        checked["trials"] >= 1 and checked["range"][0] <= checked["median"] <= checked["range"][1]
+    )
+    assert 0.5 < checked["median"] < 2.0  # the paced roofline predicts within tens of percent
     assert joint["probe"] == probe  # measured once, in the first sitting
     assert joint["gpu_seconds"] > first
     # prior starts from joint's probe, its seconds counted as a sitting of prior's own
