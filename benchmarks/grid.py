@@ -110,6 +110,8 @@ def main() -> None:
             f"{len(todo)} to go",
             flush=True,
         )
+        if args.configs is not None and args.configs < len(todo):
+            print(f"running the first {args.configs} of them (--configs)", flush=True)
         todo = todo[: args.configs]
         for index, config in enumerate(todo, 1):
             result = run(
@@ -171,6 +173,12 @@ def start(
     """The (seed, configuration) pairs the file already holds; a new file gets its header."""
     if out.exists():
         lines = out.read_text().splitlines()
+        held, now = json.loads(lines[0]).get("limits") or {}, dataclasses.asdict(limits)
+        if any(now.get(name) != value for name, value in held.items()):
+            # rows under other limits (--max-seconds) would join the ground truth unseen
+            raise SystemExit(
+                f"grid: {out} holds runs under other limits ({held}); give --out a new file"
+            )
         return {(row.get("seed", SEED), key(row["config"])) for row in map(json.loads, lines[1:])}
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {

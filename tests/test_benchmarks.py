@@ -397,6 +397,31 @@ def test_the_grid_benchmark_measures_its_first_configurations_where_results_says
         (row,) = runs
         assert row["seed"] == SEED and row["train_seconds"] > 0 and row["curve"]
         assert row["reached"] == (row["time_to_target"] is not None)
+    # the same file goes on under the same limits; under others it is refused, untouched
+    before = (tmp_path / "grid-digits-cpu.jsonl").read_bytes()
+    refused = subprocess.run(
+        [sys.executable, "benchmarks/grid.py", "--configs", "1", "--results", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode != 0 and "holds runs under other limits" in refused.stderr
+    assert (tmp_path / "grid-digits-cpu.jsonl").read_bytes() == before
+
+
+def test_the_recorded_grid_s_limits_are_the_digits_study_s() -> None:
+    """grid.py with its defaults goes on with the recorded ground truth, not refuse it."""
+    import torch
+
+    from autotune.spec import study_file
+    from autotune.study.preparation import limits_for
+    from benchmarks.grid import start
+
+    recorded = REPO / "benchmarks" / "results" / "grid-digits-cpu.jsonl"
+    limits = limits_for(study_file.load(REPO / "studies" / "digits.yaml"))
+    done = start(recorded, seeds=[1], limits=limits, device=torch.device("cpu"))
+    assert len(done) > 100
 
 
 # A study small enough to run whole in seconds: digits, to a lower target, 3 short trials
