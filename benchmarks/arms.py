@@ -108,8 +108,10 @@ def roofline_trials(study: optuna.Study) -> dict | None:
     ratios = []
     for trial in study.get_trials(deepcopy=False):
         result, config = schema.measured(trial), schema.config(trial)
-        if config is None or not result.get("time_to_target"):
-            continue
+        prediction = schema.prediction(trial)
+        told = prediction is not None and "trained" not in prediction
+        if config is None or not result.get("time_to_target") or told:
+            continue  # told trials' times are predictions themselves (goodput, systems_only)
         predicted = predicted_seconds(outcome, config, result.get("samples_to_target"))
         if predicted:
             ratios.append(result["time_to_target"] / predicted)

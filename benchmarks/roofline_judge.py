@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader
 
 from autotune import export
 from autotune.record.summary import Counts, Summary, Winner
-from autotune.report.winner import predicted_seconds, start_up_seconds
+from autotune.report.winner import predicted_seconds
+from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.study import preparation

@@ -214,7 +214,7 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
     }
     # DDP's knobs are columns only for a study on several devices (results.knobs_shown)
     table = top[[c for c in columns if c in top]].rename(columns=columns)
-    predicted = winner.predicted_column(summary.probe, top.to_dict("records"))
+    predicted = winner.predicted_column(winner.timing(summary), top.to_dict("records"))
     if predicted is not None:  # the joint probe's figures, for its samples at its setting
         table.insert(2, "predicted", predicted)
     table["input wait"] = table["input wait"].map(

@@ -60,7 +60,7 @@ def section(summary: Summary) -> str:
             "keep the baseline.</p>"
         )
     for line in (winner.prediction_line, winner.limit_line):
-        said = line(summary.probe, best)
+        said = line(winner.timing(summary), best)
         lines += [f"<p>{_e(said)}</p>"] if said else []
     settings = "".join(
         f'<tr><td class="key">{_e(k)}</td><td>{_setting(k, v)}</td></tr>'

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.report import tensorboard
-from autotune.search import probe
+from autotune.search import probe, roofline_figures
 
 # A measurement's figures, apart from the knobs of the setting it measured.
 RATE_FIGURES = ("samples_per_second", "spread", "windows", "fixed_seconds", "peak_memory_bytes")
-# The chosen setting's figures at one micro-batch (study/chosen_setting.py).
-BATCH_FIGURES = ("batch_size", "loader_rate", "compute_rate", "predicted", "expected")
+# The chosen setting's figures at one micro-batch (search/roofline_figures.py).
+BATCH_FIGURES = ("batch_size", *(k for k in roofline_figures.AT_BATCH if k != "bottleneck"))
 NOT_KNOBS = {
     *RATE_FIGURES,
     *BATCH_FIGURES[1:],
@@ -98,13 +98,11 @@ def _joint(outcome: Mapping[str, Any]) -> dict[str, Points]:
 
 
 def _batches(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The chosen setting at each micro-batch measured, the probe's own among them, by batch."""
-    chosen = outcome.get("chosen")
-    if not chosen or not outcome.get("batches"):
+    """The chosen setting at each micro-batch measured, the probe's own among them, by batch;
+    none where the probe measured no other batch."""
+    if not outcome.get("batches"):
         return []
-    own = {**chosen, "batch_size": outcome["batch_size"], "expected": chosen["measured"]}
-    rows = [{k: own[k] for k in (*BATCH_FIGURES, "bottleneck")}, *outcome["batches"]]
-    return sorted(rows, key=lambda row: row["batch_size"])
+    return [{"batch_size": b, **entry} for b, entry in roofline_figures.by_batch(outcome).items()]
 
 
 def _greedy(outcome: Mapping[str, Any]) -> dict[str, Points]:

@@ -65,7 +65,7 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     lines += [f"  {k}: {'-' if v is None else v}" for k, v in best.params.items()]
     lines.append(_verdict(summary, best, summary.baseline))
     for line in (winner.prediction_line, winner.limit_line):
-        said = line(summary.probe, best)
+        said = line(winner.timing(summary), best)
         lines += [said] if said else []
     lines += winner.figure_lines(best.telemetry, best.per_class)
     return "\n".join(lines)
@@ -103,7 +103,7 @@ def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
         *(["devices"] if top["devices"].notna().any() else []),  # under --workers on GPUs
     ]
     table = top[columns].rename(columns={**SHORT_NAMES, "objective_metric": metric_label})
-    predicted = winner.predicted_column(summary.probe, top.to_dict("records"))
+    predicted = winner.predicted_column(winner.timing(summary), top.to_dict("records"))
     if predicted is not None:  # the joint probe's figures, for its samples at its setting
         table.insert(2, "predicted", predicted)
     if top["baseline"].eq(True).any():  # first_trial: baseline

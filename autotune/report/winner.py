@@ -15,6 +15,7 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
+from autotune.search.roofline_figures import by_batch, start_up_seconds
 from autotune.search.space import KNOBS
 
 
@@ -67,18 +68,10 @@ def samples_to_target(
     return float(value) if value else None
 
 
-def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> float:
-    """`setting`'s one-off costs as the joint probe measured them apart: its loader's start-up
-    beyond its rate, and its step's (0 where a figure is missing)."""
-
-    def matching(rates: Sequence[Mapping[str, Any]]) -> float:
-        for rate in rates:
-            shared = set(rate) & set(setting) - {"samples_per_second"}
-            if all(rate[k] == setting[k] for k in shared):
-                return rate.get("fixed_seconds") or 0.0
-        return 0.0
-
-    return matching(outcome.get("loader_rates", [])) + matching(outcome.get("compute_rates", []))
+def timing(summary: Any) -> Mapping[str, Any] | None:
+    """The joint probe's figures where the report's times are times to the target, which they
+    predict; None under fixed_schedule, whose times are whole schedules."""
+    return None if summary.fixed_schedule else summary.probe
 
 
 def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
@@ -111,16 +104,13 @@ def expected_rate(
     if not chosen.get("measured") or any(params[k] != v for k, v in chosen.items() if k in params):
         return None
     batch = params.get("batch_size")  # None: a row that shows only the knobs sampled
-    if batch == outcome["batch_size"]:
-        expected = {"start_up": start_up_seconds(outcome, chosen), "rate": chosen["measured"]}
-    else:
-        there = [e for e in outcome.get("batches", []) if e["batch_size"] == batch]
-        if not there or not there[0].get("expected") or params.get("compile"):
-            return None
-        expected = {"start_up": there[0]["fixed_seconds"], "rate": there[0]["expected"]}
+    there = by_batch(outcome).get(batch) or {}
+    if not there.get("expected"):
+        return None
+    expected = {"start_up": there["fixed_seconds"], "rate": there["expected"]}
     compiled = outcome.get("compile") or {}
     if params.get("compile"):
-        if not compiled.get("faster"):
+        if not compiled.get("faster") or batch != outcome["batch_size"]:
             return None
         # its compile once, then its step's gain as weighed at the chosen loader
         expected["start_up"] += compiled["once_seconds"]
@@ -148,8 +138,11 @@ def predicted_column(
     for record in records:
         samples = record.get("samples_to_target")
         counted_samples = isinstance(samples, (int, float)) and math.isfinite(samples)
+        # its time is a mean over its runs, its samples its first run's: not comparable
+        one_run = record.get("runs") in (None, 1) or not math.isfinite(record["runs"])
         params = {k: record[k] for k in KNOBS if k in record}
-        times.append(predicted_seconds(outcome, params, samples if counted_samples else None))
+        known = counted_samples and one_run
+        times.append(predicted_seconds(outcome, params, samples if known else None))
     return times if any(t is not None for t in times) else None
 
 

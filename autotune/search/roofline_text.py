@@ -8,7 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.roofline import INPUT, MEASURED_FORMATS, Prediction
+from autotune.search.roofline import INPUT, Prediction
+from autotune.search.roofline_figures import by_batch
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
@@ -57,31 +58,20 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
     """The chosen setting at every micro-batch measured: the speed to expect (its rates there,
     scaled as the end-to-end check found the prediction at the probe's batch) and what holds it,
     or why there is none."""
-    chosen = outcome["chosen"]
-    own = next(
-        (
-            r.get("peak_memory_bytes")
-            for r in outcome.get("compute_rates", [])
-            if all(
-                r.get(k) == v for k, v in chosen.items() if k in MEASURED_FORMATS + ("precision",)
-            )
-        ),
-        None,
-    )
-    at = {outcome["batch_size"]: f"{_rate(chosen['measured'])} end to end{_peak(own)}"}
-    for entry in outcome["batches"]:
-        if entry.get("expected"):
+    at = {}
+    for batch, entry in by_batch(outcome).items():
+        if batch == outcome["batch_size"]:
+            said = f"{_rate(entry['expected'])} end to end"
+        elif entry.get("expected"):
             said = f"{_rate(entry['expected'])} {entry['bottleneck']}-bound"
         elif entry.get("oom"):
             said = "out of memory"
         else:
             said = f"no figure ({entry.get('reason')})"
-        at[entry["batch_size"]] = said + (
-            "" if entry.get("oom") else _peak(entry.get("peak_memory_bytes"))
-        )
+        at[batch] = said + ("" if entry.get("oom") else _peak(entry.get("peak_memory_bytes")))
     return (
         "The chosen setting by micro-batch (rates measured at each, scaled as the end-to-end "
-        "check found): " + ", ".join(f"{b}: {at[b]}" for b in sorted(at))
+        "check found): " + ", ".join(f"{b}: {said}" for b, said in at.items())
     )
 
 

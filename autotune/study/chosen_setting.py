@@ -5,8 +5,8 @@ micro-batches, so that a trial at any of them has a predicted time.
 The probe chooses at one micro-batch; the search then samples others. A step's rate grows with
 its batch (a GPU's kernels fill, per-step costs spread) and a loader's falls at small ones (a
 batch handed over per worker round trip), so the chosen setting's rates are measured again at
-each: its compute at each batch side by side, its loader at each in turn, one measurement each,
-not one per combination.
+each: its compute and its loader at each batch in turn, one measurement each, not one per
+combination.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def at_batches(
     if not configs:
         return []
     try:
-        steps = measured(rates.measure_in_groups, configs, rates.COMPUTE_GROUP)
+        # one at a time: beside the others, a batch's peak and out of memory would be theirs too
+        steps = measured(rates.measure_in_groups, configs, 1)
         # a batch whose step does not run needs no loader
         fed = {k: c for k, c in configs.items() if steps[k].samples_per_second}
         loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
@@ -53,7 +54,11 @@ def at_batches(
         if step.oom or not step.samples_per_second:
             entry.update(oom=step.oom, reason=step.reason or "no compute rate")
         elif load is None or not load.samples_per_second:
-            entry.update(oom=False, reason=(load and load.reason) or "no loader rate")
+            entry.update(
+                oom=False,
+                compute_rate=step.samples_per_second,
+                reason=(load and load.reason) or "no loader rate",
+            )
         else:
             entry.update(
                 oom=False,

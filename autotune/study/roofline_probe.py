@@ -156,7 +156,12 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
             {**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds
         ],
         "limit": predictions[0].figures(),
-        "chosen": {**chosen.figures(), "measured": speed},
+        # checkpointing as measured (the baseline's): a trial with another recomputes otherwise
+        "chosen": {
+            **chosen.figures(),
+            "measured": speed,
+            "checkpointing": config(chosen.setting).checkpointing,
+        },
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
         "moves": roofline_text.what_moves_it(
             predictions[0],

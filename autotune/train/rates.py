@@ -57,7 +57,8 @@ class Rate:
     spread: float | None  # interquartile range / median of its windows
     windows: int
     fixed_seconds: float  # start-up beyond what its first batches take at full speed
-    peak_memory_bytes: int | None = None  # the device's allocator peak (CUDA only)
+    # the device's allocator peak, less what the sessions beside it held (CUDA only)
+    peak_memory_bytes: int | None = None
     oom: bool = False
     reason: str | None = None
 
@@ -253,6 +254,8 @@ class _ComputeSession(_Session):
         )
         self.device, self.window_steps = device, window_steps
         seed_everything(seed)
+        # what the sessions built before it hold: its peak is its own, not theirs too
+        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         kept = []
         # loaded before the clock: the loader's cost is the other rate's
         for inputs, targets in make_loader(task.train, self.config, seed=seed, device=device):
@@ -276,7 +279,7 @@ class _ComputeSession(_Session):
         self.warmup_samples = self._steps(MIN_WARMUP_STEPS)
         self.startup_seconds = clock.stop()
         if device.type == "cuda":
-            self.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+            self.peak_memory_bytes = torch.cuda.max_memory_allocated(device) - held
 
     def _steps(self, count: int) -> int:
         samples = 0

@@ -132,7 +132,7 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     )
     outcome = {
         "batch_size": 128,
-        "chosen": {**chosen.figures(), "measured": 7_200.0},
+        "chosen": {**chosen.figures(), "measured": 7_200.0, "checkpointing": False},
         "loader_rates": [],
         # the device's peaks where measured (CUDA): the chosen step's at the probe's batch
         "compute_rates": [
@@ -168,6 +168,14 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     ]
     assert winner.predicted_column(outcome, records) == [pytest.approx(1.5), None, None]
     assert winner.predicted_column(outcome, records[1:]) is None
+    # a time that is a mean over runs is not set beside its first run's samples
+    assert winner.predicted_column(outcome, [{**records[0], "runs": 3}]) is None
+    # the probe measured without checkpointing: a run that recomputes is not predicted by it
+    assert winner.predicted_seconds(outcome, {**params, "checkpointing": True}, 5_400.0) is None
+    # whole schedules are no times to the target: no prediction beside them
+    whole = types.SimpleNamespace(fixed_schedule=True, probe=outcome)
+    assert winner.timing(whole) is None
+    assert winner.timing(types.SimpleNamespace(fixed_schedule=False, probe=outcome)) is outcome
     # a compiled run: its compile once and its step's gain, as weighed at the probe's batch only
     outcome["compile"] = {"once_seconds": 20.0, "speed": 7_200.0, "faster": 9_000.0}
     compiled = {**params, "batch_size": 128, "compile": True}
