@@ -73,7 +73,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
     outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
     chosen = outcome["chosen"]
     assert outcome["batch_size"] == 128 and chosen["measured"]
-    # each other batch once: its step's rate side by side, then its loader's
+    # each other batch once: its step's rate, then its loader's, one batch at a time
     assert calls[-2:] == [
         (rates.measure_in_groups, [32, 64]),
         (rates.measure_loaders_in_turn, [32, 64]),
