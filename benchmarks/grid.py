@@ -172,14 +172,14 @@ def start(
 ) -> set[tuple[int, str]]:
     """The (seed, configuration) pairs the file already holds; a new file gets its header."""
     if out.exists():
-        lines = out.read_text().splitlines()
-        held, now = json.loads(lines[0]).get("limits") or {}, dataclasses.asdict(limits)
+        header, grid = load_grid(out)
+        held, now = header.get("limits") or {}, dataclasses.asdict(limits)
         if any(now.get(name) != value for name, value in held.items()):
             # rows under other limits (--max-seconds) would join the ground truth unseen
             raise SystemExit(
                 f"grid: {out} holds runs under other limits ({held}); give --out a new file"
             )
-        return {(row.get("seed", SEED), key(row["config"])) for row in map(json.loads, lines[1:])}
+        return {(row.get("seed", SEED), name) for name, runs in grid.items() for row in runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {
         "benchmark": "grid",
