@@ -84,11 +84,26 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
         return None
     start = start_up_seconds(outcome, limit)
     seconds = start + samples / limit["predicted"]
-    return (
+    line = (
         f"At the knob space's limit ({limit['predicted']:,.0f} samples/s predicted at batch "
         f"{outcome['batch_size']}, after {start:.2f} s of start-up measured apart) the winner's "
         f"{samples:,.0f} samples to the target would take {seconds:.2f} s; it took "
         f"{best.time_to_target:.2f} s, {best.time_to_target / seconds:.2f}x the limit."
+    )
+    expected = expected_rate(outcome, getattr(best, "params", {}))
+    if expected is None:  # the winner trained elsewhere: its rate and start-up are unmeasured
+        return line
+    # what holds the winner from the limit, in seconds that add up to the difference
+    rate = samples / expected["rate"] - samples / limit["predicted"]
+    start_up = expected["start_up"] - start
+    run = best.time_to_target - (expected["start_up"] + samples / expected["rate"])
+    where = f"expected at batch {expected['batch_size']}" if expected["scaled"] else "end to end"
+    return (
+        f"{line} The {best.time_to_target - seconds:.2f} s between: {rate:+.2f} s of rate (the "
+        f"winner's setting {expected['rate']:,.0f} samples/s {where}, against the limit's "
+        f"{limit['predicted']:,.0f} predicted from its rates apart), {start_up:+.2f} s of "
+        f"start-up ({expected['start_up']:.2f} s against {start:.2f} s, each measured apart), "
+        f"{run:+.2f} s the run beside its prediction."
     )
 
 

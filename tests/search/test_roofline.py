@@ -343,8 +343,33 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
         "end, after 0.50 s of start-up): 2.50 s for the winner's 6,000 samples; it took 4.00 s "
         "(+60%)."
     )
+    # and the limit line then says what held it there, in seconds that add up to the difference
+    assert winner.limit_line(outcome, best).endswith(
+        "it took 4.00 s, 2.00x the limit. The 2.00 s between: +0.50 s of rate (the winner's "
+        "setting 3,000 samples/s end to end, against the limit's 4,000 predicted from its rates "
+        "apart), +0.00 s of start-up (0.50 s against 0.50 s, each measured apart), +1.50 s the "
+        "run beside its prediction."
+    )
+    # a chosen setting other than the limit's (a fused step, its first steps dearer)
+    steps = {
+        fused: {**compute("bf16"), "fused_optimizer": fused, "fixed_seconds": 0.6 if fused else 0.2}
+        for fused in (True, False)
+    }
+    dearer = {
+        **outcome,
+        "limit": {**outcome["limit"], "fused_optimizer": False},
+        "compute_rates": list(steps.values()),
+        "chosen": {**setting, "fused_optimizer": True, "predicted": 4000.0, "measured": 3000.0},
+    }
+    best.params = {**setting, "fused_optimizer": True, "batch_size": 128}
+    assert "+0.40 s of start-up (0.90 s against 0.50 s, each measured apart), +1.10 s the run" in (
+        winner.limit_line(dearer, best)
+    )
+    best.params = {**setting, "batch_size": 128, "lr": 0.1}
     for other in ({"precision": "fp32"}, {"batch_size": 64}, {"num_workers": 2}):
         assert winner.predicted_seconds(outcome, {**best.params, **other}, 6000.0) is None
+        elsewhere = types.SimpleNamespace(**{**vars(best), "params": {**best.params, **other}})
+        assert winner.limit_line(outcome, elsewhere).endswith("2.00x the limit.")
     assert winner.prediction_line(outcome, uncounted) is None
     assert winner.prediction_line({"chosen": None}, best) is None
     # confirmation runs that counted their samples, else the trial's own
