@@ -9,10 +9,10 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
   as the space allows up to the cores, pinned, the largest micro-batch up to 512, onecycle, lr 0.2
   (each as the device allows);
-- `limit`, for each arm with the joint probe: the knob space's limit: the one-off costs of the
-  probe's best predicted setting (its loader's start-up and its step's first steps, each measured
-  apart), then the samples the arm's winner needed to reach the target (as the judge measured
-  them) at its predicted rate;
+- `limit`, for each arm with the joint probe: the knob space's limit for the samples the arm's
+  winner needed to reach the target (as the judge measured them): of the probe's predicted
+  settings, the one that would train them soonest, its one-off costs (its loader's start-up and
+  its step's first steps, each measured apart) then those samples at its predicted rate;
 - `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
   a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
   `isolation: warm` (one trial process kept between trials). Each against `joint` decides a

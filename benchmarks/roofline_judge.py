@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from autotune import export
 from autotune.record.summary import Counts, Summary, Winner
 from autotune.report.winner import predicted_seconds
-from autotune.search.roofline_figures import start_up_seconds
+from autotune.search.roofline_figures import limit_for
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.study import preparation
@@ -254,20 +254,17 @@ def judge(
 
 
 def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The knob space's limit as the arm's probe predicted it: its best setting's one-off costs,
-    then the samples the arm's winner needed (the judge's median) at that setting's rate."""
-    limit = (arm.get("probe") or {}).get("limit")
+    """The knob space's limit as the arm's probe predicted it for the samples the arm's winner
+    needed (the judge's median): the setting predicted fastest for that many, its one-off costs
+    then those samples at its rate (roofline_figures.limit_for)."""
     reached = [r["samples"] for r in runs if r["reached"]]
-    if not limit or not reached:
+    if not arm.get("probe") or not reached:
         return None
     samples = statistics.median(reached)
-    fixed = start_up_seconds(arm["probe"], limit)
-    return {
-        **limit,
-        "samples": samples,
-        "fixed_seconds": fixed,
-        "seconds": fixed + samples / limit["predicted"],
-    }
+    limit = limit_for(arm["probe"], samples)
+    if limit is None:
+        return None
+    return {**limit, "samples": samples, "fixed_seconds": limit["start_up"]}
 
 
 def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dict[str, Any]:

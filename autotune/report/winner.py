@@ -15,7 +15,8 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, start_up_seconds
+from autotune.search.roofline_figures import by_batch, limit_for
+from autotune.search.roofline_text import setting_text
 from autotune.search.space import KNOBS
 
 
@@ -76,18 +77,25 @@ def timing(summary: Any) -> Mapping[str, Any] | None:
 
 def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     """The winner beside the knob space's limit as a time: its samples to the target at the
-    limit's predicted rate, after the limit setting's start-up (the joint probe's figures); None
-    without a limit or a count of samples."""
-    limit = (outcome or {}).get("limit")
+    predicted rate of the setting fastest for that many (roofline_figures.limit_for), after that
+    setting's start-up, and what holds the winner there; None without a limit or a count of
+    samples."""
     samples = best.samples_to_target
-    if not limit or not samples:
+    limit = limit_for(outcome, samples) if outcome and samples else None
+    if not limit:
         return None
-    start = start_up_seconds(outcome, limit)
-    seconds = start + samples / limit["predicted"]
+    start, seconds = limit["start_up"], limit["seconds"]
+    fastest = outcome["limit"]
+    sooner = (
+        ""
+        if all(limit.get(k) == v for k, v in fastest.items() if k in KNOBS)
+        else f"; {setting_text(limit)}, starting sooner than the fastest rate's "
+        f"{fastest['predicted']:,.0f}/s"
+    )
     line = (
         f"At the knob space's limit ({limit['predicted']:,.0f} samples/s predicted at batch "
-        f"{outcome['batch_size']}, after {start:.2f} s of start-up measured apart) the winner's "
-        f"{samples:,.0f} samples to the target would take {seconds:.2f} s; it took "
+        f"{outcome['batch_size']}, after {start:.2f} s of start-up measured apart{sooner}) the "
+        f"winner's {samples:,.0f} samples to the target would take {seconds:.2f} s; it took "
         f"{best.time_to_target:.2f} s, {best.time_to_target / seconds:.2f}x the limit."
     )
     expected = expected_rate(outcome, getattr(best, "params", {}))

@@ -3,7 +3,8 @@ rates, measured apart (train/rates.py), and what holds it there.
 
 With loader workers, batches are loaded while the step computes, so a setting trains at about
 the slower of its two rates; with none, the training process loads and then computes each batch,
-so their times add. The best predicted setting is the limit of the knob space. The few best are
+so their times add. The best predicted setting is the limit of the knob space (for a short run,
+the one predicted fastest with its start-up counted: frontier). The few best are
 then measured end to end, and what was measured decides: the rates leave out what runs only when
 both run at once (the two sharing a CPU's cores, a copy waiting for a step).
 """
@@ -101,6 +102,36 @@ def predict(
     ]
     # Equal predictions: fewer workers and the simpler compute first, as the caller listed them.
     return sorted(combined, key=lambda p: -p.samples_per_second)
+
+
+def frontier(timed: Sequence[tuple[Prediction, float]]) -> list[tuple[Prediction, float]]:
+    """Of (prediction, start-up seconds) pairs, each that is the fastest for some run length:
+    start-up + samples / rate the least. The fastest predicted first, then each with less
+    start-up, for shorter runs: a short run favours a setting that starts sooner (fewer workers,
+    no pinning) over one that trains faster."""
+    kept: list[tuple[Prediction, float]] = []
+    for prediction, start in sorted(timed, key=lambda pair: (-pair[0].samples_per_second, pair[1])):
+        if not all(start < other for _, other in kept):
+            continue  # as slow or slower, and as late or later
+        # the last kept is fastest only between the run lengths where the one before it and
+        # this one overtake it; where those cross, it never is
+        while len(kept) >= 2 and crossing(
+            _timing(kept[-1]), (prediction.samples_per_second, start)
+        ) >= crossing(_timing(kept[-2]), _timing(kept[-1])):
+            kept.pop()
+        kept.append((prediction, start))
+    return kept
+
+
+def crossing(faster: tuple[float, float], sooner: tuple[float, float]) -> float:
+    """The samples a run must train for the faster of two settings, each (samples a second,
+    start-up seconds), to overtake the one that starts sooner."""
+    (fast, fast_start), (slow, slow_start) = faster, sooner
+    return (fast_start - slow_start) / (1 / slow - 1 / fast)
+
+
+def _timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
+    return timed[0].samples_per_second, timed[1]
 
 
 def to_check(predictions: Sequence[Prediction], *, count: int = CHECKED) -> list[Prediction]:

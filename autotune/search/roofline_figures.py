@@ -1,7 +1,8 @@
 """The joint probe's stored outcome read back (study/roofline_probe.py writes it): a setting's
-one-off costs as measured apart, and the chosen setting at each micro-batch measured, its own
-batch among them. Plain mappings in, plain values out: the report, TensorBoard and the
-benchmarks read the figures through here, whatever version of autotune stored them."""
+one-off costs as measured apart, the knob space's limit for a run's length, and the chosen
+setting at each micro-batch measured, its own batch among them. Plain mappings in, plain values
+out: the report, TensorBoard and the benchmarks read the figures through here, whatever version
+of autotune stored them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> 
     loader = _matching(outcome.get("loader_rates", []), setting)
     step = _matching(outcome.get("compute_rates", []), setting)
     return ((loader or {}).get("fixed_seconds") or 0.0) + ((step or {}).get("fixed_seconds") or 0.0)
+
+
+def limit_for(outcome: Mapping[str, Any], samples: float) -> dict[str, Any] | None:
+    """The knob space's limit for a run of `samples`: of the settings the probe kept as best for
+    some run length (`frontier`; for an outcome stored before it had one, its fastest predicted
+    rate alone), the one predicted to take the least time, start-up measured apart + `samples` /
+    its predicted rate: its figures, with `start_up` and `seconds`. None without a limit."""
+    entries = outcome.get("frontier") or ([outcome["limit"]] if outcome.get("limit") else [])
+    timed = [
+        {
+            **entry,
+            "start_up": (start := start_up_seconds(outcome, entry)),
+            "seconds": start + samples / entry["predicted"],
+        }
+        for entry in entries
+    ]
+    return min(timed, key=lambda entry: entry["seconds"], default=None)
 
 
 def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:

@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.roofline import INPUT, Prediction
-from autotune.search.roofline_figures import by_batch
+from autotune.search.roofline import INPUT, Prediction, crossing
+from autotune.search.roofline_figures import by_batch, start_up_seconds
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
@@ -31,13 +31,13 @@ def describe(outcome: Mapping[str, Any]) -> str:
     head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s{_phases(outcome)})"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [
-        f"{head}: {_setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
+        f"{head}: {setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
         f"predicted {_rate(chosen['predicted'])} ({error:+.0%}); "
         f"{chosen['bottleneck']}-bound (loader {_rate(chosen['loader_rate'])}, "
         f"compute {_rate(chosen['compute_rate'])}, "
         f"the device waiting for input {chosen['idle_share']:.0%} of the time)",
-        f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({_setting_text(limit)}), "
-        f"{limit['bottleneck']}-bound; what would move it: {outcome['moves']}",
+        f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({setting_text(limit)}), "
+        f"{limit['bottleneck']}-bound{_sooner(outcome)}; what would move it: {outcome['moves']}",
     ]
     if outcome.get("batches"):
         lines.append(batches_text(outcome))
@@ -138,7 +138,24 @@ def _largest(domain: Any) -> int:
     return int(max(domain.values) if isinstance(domain, Choices) else domain.high)
 
 
-def _setting_text(setting: Mapping[str, Any]) -> str:
+def _sooner(outcome: Mapping[str, Any]) -> str:
+    """The setting that starts sooner than the fastest and so beats it over a shorter run, with
+    the run length below which it does (the probe's `frontier`), or nothing."""
+    kept = [(e, start_up_seconds(outcome, e)) for e in outcome.get("frontier") or []]
+    if len(kept) < 2:
+        return ""
+    (fastest, start), (sooner, sooner_start) = kept[:2]
+    samples = crossing((fastest["predicted"], start), (sooner["predicted"], sooner_start))
+    others = len(kept) - 2
+    return (
+        f"; for a run of under {samples:,.0f} samples, faster as it starts sooner: "
+        f"{setting_text(sooner)} ({_rate(sooner['predicted'])} after {sooner_start:.2f} s of "
+        f"start-up against {start:.2f} s)"
+        + (f", and {others} more for shorter runs still" if others else "")
+    )
+
+
+def setting_text(setting: Mapping[str, Any]) -> str:
     shown = [f"num_workers {setting['num_workers']}"]
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")

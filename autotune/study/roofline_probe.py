@@ -10,7 +10,9 @@ loader makes more workers look useless. Here instead:
    largest prefetch (side by side, one's workers would refill their queue on the cores another
    is timed on), and stop once one outpaces every step;
 2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
-   best predicted is the knob space's limit;
+   best predicted is the knob space's limit; for a short run, where a setting's start-up
+   (measured apart) outweighs a faster rate, the limit is the fastest with it counted, of the
+   settings kept as `frontier`;
 3. the best few predicted are measured end to end with the real pipeline, one at a time
    (train/throughput.py), and the fastest measured is kept: the loader knobs and the formats
    are fixed to it, and a narrower precision stays in the space only where it ran faster. On a
@@ -32,6 +34,7 @@ from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import probe, roofline, roofline_text, screening
 from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
+from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
 from autotune.study import chosen_setting
@@ -103,6 +106,8 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     if not predictions:
         why = "no setting had both rates at that batch"
         return {**_nothing_settled(batch, space, why), **figures}
+    # the limit for every run length: the fastest, then settings that start sooner
+    timed = roofline.frontier([(p, start_up_seconds(figures, p.setting)) for p in predictions])
     checked = roofline.to_check(
         predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1)
     )
@@ -155,7 +160,8 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "checked": [
             {**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds
         ],
-        "limit": predictions[0].figures(),
+        "limit": timed[0][0].figures(),
+        "frontier": [p.figures() for p, _ in timed],
         # checkpointing as measured (the baseline's): a trial with another recomputes otherwise
         "chosen": {
             **chosen.figures(),
@@ -164,7 +170,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         },
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
         "moves": roofline_text.what_moves_it(
-            predictions[0],
+            timed[0][0],
             spec.space,
             batch=batch,
             cores=cpu_count(),

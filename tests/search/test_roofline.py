@@ -379,6 +379,85 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
     assert winner.samples_to_target([], None) is None
 
 
+def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
+    """Pinning and more workers deliver faster but start later: over a short run the setting that
+    starts sooner finishes first. The frontier keeps each setting that is fastest for some run
+    length, and the limit of a run is the one of them with the least start-up + samples / rate."""
+    import types
+
+    from autotune.report import winner
+
+    def pinned(workers: int) -> dict:
+        return {**loader(workers), "pin_memory": True}
+
+    # (loader, its rate, its start-up): the step (bf16, 0.1 s to start) runs 2,000/s
+    loaders = [
+        (pinned(4), 1000.0, 0.8),
+        (loader(4), 900.0, 0.4),
+        (pinned(2), 800.0, 0.6),  # slower and later than unpinned 4: never the limit
+        (loader(2), 600.0, 0.35),  # sooner, but never the fastest: 4 unpinned or 1 overtake it
+        (loader(1), 500.0, 0.2),
+    ]
+    timed = [
+        (roofline.Prediction(setting, compute("bf16"), rate, 2000.0), start + 0.1)
+        for setting, rate, start in loaders
+    ]
+    kept = roofline.frontier(timed)
+    assert [p.loader_rate for p, _ in kept] == [1000.0, 900.0, 500.0]
+
+    def fastest(samples: float) -> float:
+        return min(timed, key=lambda t: t[1] + samples / t[0].samples_per_second)[0].loader_rate
+
+    # every run length's fastest setting is kept, and each kept is the fastest for some length
+    lengths = [10.0 * 1.1**k for k in range(120)]
+    assert {fastest(n) for n in lengths} == {p.loader_rate for p, _ in kept}
+    crossing = roofline.crossing((1000.0, 0.9), (900.0, 0.5))
+    assert crossing == pytest.approx(3600.0)
+    assert fastest(crossing * 0.99) == 900.0 and fastest(crossing * 1.01) == 1000.0
+    # stored as the probe stores it, and read back for a run's length
+    outcome = {
+        "batch_size": 128,
+        "limit": kept[0][0].figures(),
+        "frontier": [p.figures() for p, _ in kept],
+        "loader_rates": [{**s, "samples_per_second": r, "fixed_seconds": f} for s, r, f in loaders],
+        "compute_rates": [{**compute("bf16"), "fixed_seconds": 0.1}],
+    }
+    for samples in (100.0, 2000.0, 3000.0, 5000.0):
+        limit = roofline_figures.limit_for(outcome, samples)
+        assert limit["loader_rate"] == fastest(samples)
+        assert limit["seconds"] == pytest.approx(limit["start_up"] + samples / limit["predicted"])
+    # an outcome stored before the frontier: its fastest rate alone
+    older = {k: v for k, v in outcome.items() if k != "frontier"}
+    assert roofline_figures.limit_for(older, 100.0)["loader_rate"] == 1000.0
+    # the report: the limit the probe names, the setting that beats it over a short run
+    lines = roofline_text.describe(
+        {
+            **outcome,
+            "chosen": {**kept[0][0].figures(), "measured": 950.0},
+            "checked": [],
+            "seconds": 10.0,
+            "moves": "more workers",
+        }
+    ).splitlines()
+    assert (
+        "for a run of under 3,600 samples, faster as it starts sooner: num_workers 4, "
+        "prefetch_factor 2, pin_memory false, bf16 (900/s after 0.50 s of start-up against "
+        "0.90 s), and 1 more for shorter runs still;" in lines[1]
+    )
+    # the winner beside the limit for its own samples
+    best = types.SimpleNamespace(samples_to_target=2000.0, time_to_target=4.0, params={})
+    assert winner.limit_line(outcome, best) == (
+        "At the knob space's limit (900 samples/s predicted at batch 128, after 0.50 s of "
+        "start-up measured apart; num_workers 4, prefetch_factor 2, pin_memory false, bf16, "
+        "starting sooner than the fastest rate's 1,000/s) the winner's 2,000 samples to the "
+        "target would take 2.72 s; it took 4.00 s, 1.47x the limit."
+    )
+    best.samples_to_target = 20_000.0
+    assert "(1,000 samples/s predicted at batch 128, after 0.90 s of start-up measured apart)" in (
+        winner.limit_line(outcome, best)
+    )
+
+
 def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
