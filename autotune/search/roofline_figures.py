@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.search.roofline import MEASURED_FORMATS
+from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
+from autotune.search.space import LOADER_KNOBS
 
 # The chosen setting's figures at one micro-batch (study/chosen_setting.py), beside its batch.
 AT_BATCH = ("loader_rate", "compute_rate", "predicted", "expected", "bottleneck")
@@ -25,19 +26,43 @@ def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> 
 
 def limit_for(outcome: Mapping[str, Any], samples: float) -> dict[str, Any] | None:
     """The knob space's limit for a run of `samples`: of the settings the probe kept as best for
-    some run length (`frontier`; for an outcome stored before it had one, its fastest predicted
-    rate alone), the one predicted to take the least time, start-up measured apart + `samples` /
-    its predicted rate: its figures, with `start_up` and `seconds`. None without a limit."""
-    entries = outcome.get("frontier") or ([outcome["limit"]] if outcome.get("limit") else [])
+    some run length (`frontier`), the one predicted to take the least time, start-up measured
+    apart + `samples` / its predicted rate: its figures, with `start_up` and `seconds`. None
+    without a limit."""
     timed = [
         {
             **entry,
             "start_up": (start := start_up_seconds(outcome, entry)),
             "seconds": start + samples / entry["predicted"],
         }
-        for entry in entries
+        for entry in _frontier(outcome)
     ]
     return min(timed, key=lambda entry: entry["seconds"], default=None)
+
+
+def _frontier(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The settings fastest for some run length, as stored; for an outcome stored before the
+    probe kept them, found again from its rates where the step ran alike beside every loader (a
+    GPU's), else its fastest predicted setting alone."""
+    if outcome.get("frontier"):
+        return outcome["frontier"]
+    loaders = [r for r in outcome.get("loader_rates", []) if r.get("samples_per_second")]
+    computes = [r for r in outcome.get("compute_rates", []) if r.get("samples_per_second")]
+    if outcome.get("shared_cores") is False and loaders and computes:
+        compute_knobs = ("precision", *MEASURED_FORMATS)
+        predictions = [
+            Prediction(
+                {k: loader[k] for k in LOADER_KNOBS},
+                {k: step[k] for k in compute_knobs if k in step},
+                loader["samples_per_second"],
+                step["samples_per_second"],
+            )
+            for loader in loaders
+            for step in computes
+        ]
+        timed = [(p, start_up_seconds(outcome, p.setting)) for p in predictions]
+        return [p.figures() for p, _ in frontier(timed)]
+    return [outcome["limit"]] if outcome.get("limit") else []
 
 
 def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:

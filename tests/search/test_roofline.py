@@ -420,15 +420,19 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
         "limit": kept[0][0].figures(),
         "frontier": [p.figures() for p, _ in kept],
         "loader_rates": [{**s, "samples_per_second": r, "fixed_seconds": f} for s, r, f in loaders],
-        "compute_rates": [{**compute("bf16"), "fixed_seconds": 0.1}],
+        "compute_rates": [{**compute("bf16"), "samples_per_second": 2000.0, "fixed_seconds": 0.1}],
     }
     for samples in (100.0, 2000.0, 3000.0, 5000.0):
         limit = roofline_figures.limit_for(outcome, samples)
         assert limit["loader_rate"] == fastest(samples)
         assert limit["seconds"] == pytest.approx(limit["start_up"] + samples / limit["predicted"])
-    # an outcome stored before the frontier: its fastest rate alone
+    # an outcome stored before the frontier: found again from its rates where the step ran alike
+    # beside every loader (a GPU's), else its fastest rate alone
     older = {k: v for k, v in outcome.items() if k != "frontier"}
     assert roofline_figures.limit_for(older, 100.0)["loader_rate"] == 1000.0
+    for samples in (100.0, 2000.0, 3000.0, 5000.0):
+        found = roofline_figures.limit_for({**older, "shared_cores": False}, samples)
+        assert found["loader_rate"] == fastest(samples)
     # the report: the limit the probe names, the setting that beats it over a short run
     lines = roofline_text.describe(
         {
