@@ -4,9 +4,10 @@ rates, measured apart (train/rates.py), and what holds it there.
 With loader workers, batches are loaded while the step computes, so a setting trains at about
 the slower of its two rates; with none, the training process loads and then computes each batch,
 so their times add. The best predicted setting is the limit of the knob space (for a short run,
-the one predicted fastest with its start-up counted: frontier). The few best are
-then measured end to end, and what was measured decides: the rates leave out what runs only when
-both run at once (the two sharing a CPU's cores, a copy waiting for a step).
+the one predicted fastest with its start-up counted: frontier). The few best are then measured
+end to end, with any that starts sooner and so could finish a run the study might train first,
+and what was measured decides: the rates leave out what runs only when both run at once (the
+two sharing a CPU's cores, a copy waiting for a step).
 """
 
 from __future__ import annotations
@@ -134,14 +135,29 @@ def _timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
     return timed[0].samples_per_second, timed[1]
 
 
-def to_check(predictions: Sequence[Prediction], *, count: int = CHECKED) -> list[Prediction]:
-    """The best `count` predictions, and the best with no loader workers where that is not among
-    them (it pays no worker start-up, which short runs feel), to be measured end to end."""
+def to_check(
+    predictions: Sequence[Prediction], *, count: int = CHECKED, sooner: Sequence[Prediction] = ()
+) -> list[Prediction]:
+    """The best `count` predictions, then each of `sooner` not among them (settings that start
+    sooner, and so may finish a short run first: sooner_to_check), to be measured end to end."""
     chosen = list(predictions[:count])
-    serial = next((p for p in predictions if not p.overlapped), None)
-    if serial is not None and serial not in chosen:
-        chosen.append(serial)
+    chosen += [p for p in sooner if p not in chosen]
     return chosen
+
+
+def sooner_to_check(
+    timed: Sequence[tuple[Prediction, float]], *, shortest: float
+) -> list[Prediction]:
+    """Of a frontier (fastest first), the settings after the fastest that are the fastest for some
+    run of at least `shortest` samples (none reaches the target before its first evaluation):
+    fewer workers or no pinning, worth measuring end to end only where a run could be that
+    short."""
+    kept = []
+    for before, this in zip(timed, timed[1:]):
+        if crossing(_timing(before), _timing(this)) <= shortest:
+            break  # this one, and each after it, is fastest only for shorter runs
+        kept.append(this[0])
+    return kept
 
 
 def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Prediction, float]:

@@ -108,8 +108,12 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         return {**_nothing_settled(batch, space, why), **figures}
     # the limit for every run length: the fastest, then settings that start sooner
     timed = roofline.frontier([(p, start_up_seconds(figures, p.setting)) for p in predictions])
+    # no run reaches the target before its first evaluation
+    shortest = spec.budget.eval_every * len(prepared.task.train)
     checked = roofline.to_check(
-        predictions, count=roofline.CHECKED * (2 if device.type == "cpu" else 1)
+        predictions,
+        count=roofline.CHECKED * (2 if device.type == "cpu" else 1),
+        sooner=roofline.sooner_to_check(timed, shortest=shortest),
     )
     # one at a time, as the loaders: side by side, each one's workers would refill their queue
     # while another is timed

@@ -121,9 +121,20 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         p for p in predictions if p.loader["num_workers"] == 4 and p.compute["precision"] == "fp32"
     )
     assert fp32.bottleneck == roofline.COMPUTE and fp32.samples_per_second == 1000.0
-    checked = roofline.to_check(predictions, count=2)
-    # the best with no workers is checked too
-    assert len(checked) == 3 and not checked[-1].overlapped
+    # the best with no workers is checked too where it starts sooner and could finish a run the
+    # study might train first: the frontier says for which run lengths
+    timed = roofline.frontier([(p, 0.05 if not p.overlapped else 0.5) for p in predictions])
+    assert [p.loader["num_workers"] for p, _ in timed] == [4, 0]
+    crossing = roofline.crossing(
+        (timed[0][0].samples_per_second, 0.5), (timed[1][0].samples_per_second, 0.05)
+    )
+    assert crossing == pytest.approx(0.45 / (1 / 800 - 1 / 3000))  # 491 samples
+    assert roofline.sooner_to_check(timed, shortest=crossing * 1.01) == []
+    sooner = roofline.sooner_to_check(timed, shortest=crossing * 0.99)
+    assert sooner == [timed[1][0]] and not sooner[0].overlapped
+    checked = roofline.to_check(predictions, count=2, sooner=sooner)
+    assert len(checked) == 3 and checked[-1] is sooner[0]
+    assert roofline.to_check(predictions, count=2, sooner=predictions[:1]) == predictions[:2]
     assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (
         checked[1],
         2700.0,
