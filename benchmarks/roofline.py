@@ -22,7 +22,8 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 The judge (roofline_judge.py) is not autotune's training loop: it trains each arm's winner, and
 the baseline, with the plain-PyTorch module `autotune export --format torch` writes for it (what
 a user's own trainer runs), evaluating off the clock every `budget.eval_every` epochs, on
-`--seeds` fresh seeds with the arms interleaved within each seed. The GPU time each arm spent
+`--seeds` fresh seeds with the arms interleaved within each seed (the baseline, context for no
+goal and the longest to train, on the first seed only). The GPU time each arm spent
 searching is its wall time.
 
 Stages write their figures as they go (a stage cut short still tells something). The arms'

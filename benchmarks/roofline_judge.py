@@ -52,6 +52,9 @@ EXPERT = {
 
 EXPERT_BATCH = 512
 JUDGE_SEED = 8_000_000  # far from every seed a study uses
+# The baseline's time is context (each arm as x the baseline), no goal's measure, and its runs are
+# the judge's longest (about 40 s each on an H200 against 3 to 12 s for an arm's winner): one seed.
+BASELINE_SEEDS = 1
 
 
 def expert(prepared: preparation.Prepared) -> dict[str, Any]:
@@ -195,10 +198,11 @@ def judge(
     save: Callable[[], None],
     deadline: float | None = None,
 ) -> None:
-    """Each arm's winner, the expert recipe and the baseline, trained by the export on fresh seeds,
-    interleaved; then the limit and the goals for each of JOINT_ARMS that ran. The runs an
-    earlier sitting made on this device of a candidate that is unchanged are kept; none starts
-    after `deadline` (time.monotonic()), and the limit and goals wait until every run is made."""
+    """Each arm's winner and the expert recipe, trained by the export on `seeds` fresh seeds, and
+    the baseline on BASELINE_SEEDS of them, interleaved; then the limit and the goals for each of
+    JOINT_ARMS that ran. The runs an earlier sitting made on this device of a candidate that is
+    unchanged are kept; none starts after `deadline` (time.monotonic()), and the limit and goals
+    wait until every run is made."""
     first = next((arm for arm in JOINT_ARMS if arm in record["arms"]), None)
     if first is None:
         raise SystemExit(f"no arm of {', '.join(JOINT_ARMS)} has run: run one of them first")
@@ -227,21 +231,19 @@ def judge(
     for key in ("limit", "goals"):
         record.pop(key, None)
     save()
-    for index in range(seeds):
-        for name, config in candidates.items():
-            if len(runs[name]) > index:
-                continue  # an earlier sitting's
-            if deadline is not None and time.monotonic() >= deadline:
-                made = sum(map(len, runs.values()))
-                print(
-                    f"judge: {made} of {seeds * len(candidates)} runs made; the same command "
-                    "goes on",
-                    flush=True,
-                )
-                return
-            runs[name].append(judge_run(template, config, prepared, spec, JUDGE_SEED + index))
-            print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
-            save()
+    plan = to_make({name: len(made) for name, made in runs.items()}, seeds=seeds)
+    for index, name in plan:
+        if deadline is not None and time.monotonic() >= deadline:
+            made = sum(map(len, runs.values()))
+            print(
+                f"judge: {made} of {made + len(plan)} runs made; the same command goes on",
+                flush=True,
+            )
+            return
+        plan = plan[1:]
+        runs[name].append(judge_run(template, candidates[name], prepared, spec, JUDGE_SEED + index))
+        print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
+        save()
     medians = {name: median_time(r) for name, r in runs.items()}
     record["judge"]["medians"] = medians
     ours = [arm for arm in JOINT_ARMS if arm in record["arms"]]
@@ -251,6 +253,18 @@ def judge(
     for name, value in medians.items():
         print(f"{name:>9}: median {value:.2f} s over {seeds} seed(s)")
     print(json.dumps(record["goals"], indent=2))
+
+
+def to_make(made: dict[str, int], *, seeds: int) -> list[tuple[int, str]]:
+    """The runs still to make, as (seed index, candidate): seed by seed, the candidates in turn
+    within each, each to `seeds` runs but the baseline to BASELINE_SEEDS, those `made` skipped."""
+    wanted = {name: BASELINE_SEEDS if name == "baseline" else seeds for name in made}
+    return [
+        (index, name)
+        for index in range(seeds)
+        for name in made
+        if made[name] <= index < wanted[name]
+    ]
 
 
 def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -247,3 +247,29 @@ def test_a_running_sitting_s_seconds_are_saved_as_it_goes(monkeypatch: pytest.Mo
     count = len(saved)
     time.sleep(0.2)
     assert len(saved) == count  # none after the sitting ended
+
+
+def test_the_judge_runs_the_baseline_on_one_seed_and_goes_on_where_a_sitting_stopped() -> None:
+    """Seed by seed, the candidates in turn; the baseline (context, no goal's measure, and the
+    longest runs) on its first seed only; the runs an earlier sitting made are not made again."""
+    from benchmarks.roofline_judge import BASELINE_SEEDS, to_make
+
+    assert BASELINE_SEEDS == 1
+    fresh = to_make({"baseline": 0, "expert": 0, "prior": 0}, seeds=3)
+    assert fresh == [
+        (0, "baseline"),
+        (0, "expert"),
+        (0, "prior"),
+        (1, "expert"),
+        (1, "prior"),
+        (2, "expert"),
+        (2, "prior"),
+    ]
+    assert to_make({"baseline": 1, "expert": 2, "prior": 1}, seeds=3) == [
+        (1, "prior"),
+        (2, "expert"),
+        (2, "prior"),
+    ]
+    # a results file whose baseline ran on every seed keeps those runs and makes no more
+    assert to_make({"baseline": 3, "expert": 3}, seeds=3) == []
+    assert to_make({"baseline": 0, "expert": 0}, seeds=1) == [(0, "baseline"), (0, "expert")]
