@@ -251,7 +251,7 @@ def judge(
     record["goals"] = {arm: goals_of(arm, record, medians) for arm in ours}
     save()
     for name, value in medians.items():
-        print(f"{name:>9}: median {value:.2f} s over {seeds} seed(s)")
+        print(f"{name:>9}: median {value:.2f} s over {len(runs[name])} seed(s)")
     print(json.dumps(record["goals"], indent=2))
 
 

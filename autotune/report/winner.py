@@ -15,7 +15,7 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, limit_for
+from autotune.search.roofline_figures import by_batch, frontier_of, limit_for
 from autotune.search.roofline_text import setting_text
 from autotune.search.space import KNOBS
 
@@ -85,10 +85,10 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     if not limit:
         return None
     start, seconds = limit["start_up"], limit["seconds"]
-    fastest = outcome["limit"]
+    fastest = frontier_of(outcome)[0]
     sooner = (
         ""
-        if all(limit.get(k) == v for k, v in fastest.items() if k in KNOBS)
+        if limit["fastest"]
         else f"; {setting_text(limit)}, starting sooner than the fastest rate's "
         f"{fastest['predicted']:,.0f}/s"
     )
@@ -101,13 +101,15 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     expected = expected_rate(outcome, getattr(best, "params", {}))
     if expected is None:  # the winner trained elsewhere: its rate and start-up are unmeasured
         return line
-    # what holds the winner from the limit, in seconds that add up to the difference
-    rate = samples / expected["rate"] - samples / limit["predicted"]
-    start_up = expected["start_up"] - start
-    run = best.time_to_target - (expected["start_up"] + samples / expected["rate"])
+    # what holds the winner from the limit, in seconds that add up to the difference (as shown:
+    # the run's share is what the rounded others leave of the rounded whole)
+    between = round(best.time_to_target - seconds, 2)
+    rate = round(samples / expected["rate"] - samples / limit["predicted"], 2)
+    start_up = round(expected["start_up"] - start, 2)
+    run = between - rate - start_up
     where = f"expected at batch {expected['batch_size']}" if expected["scaled"] else "end to end"
     return (
-        f"{line} The {best.time_to_target - seconds:.2f} s between: {rate:+.2f} s of rate (the "
+        f"{line} The {between:.2f} s between: {rate:+.2f} s of rate (the "
         f"winner's setting {expected['rate']:,.0f} samples/s {where}, against the limit's "
         f"{limit['predicted']:,.0f} predicted from its rates apart), {start_up:+.2f} s of "
         f"start-up ({expected['start_up']:.2f} s against {start:.2f} s, each measured apart), "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.search.recipe import training_threads
 from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
 from autotune.search.space import LOADER_KNOBS
 
@@ -18,29 +19,37 @@ AT_BATCH = ("loader_rate", "compute_rate", "predicted", "expected", "bottleneck"
 
 def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> float:
     """`setting`'s one-off costs as the joint probe measured them apart: its loader's start-up
-    beyond its rate, and its step's (0 where a figure is missing)."""
+    beyond its rate, and its step's (0 where a figure is missing). Where the step shared the
+    CPU's cores with the loader (`shared_cores`), its step as measured with the threads that
+    loader left it."""
+    steps = outcome.get("compute_rates", [])
+    if outcome.get("shared_cores") and outcome.get("cores") and "num_workers" in setting:
+        threads = training_threads(outcome["cores"], setting["num_workers"])
+        steps = [s for s in steps if s.get("threads") in (None, threads)] or steps
     loader = _matching(outcome.get("loader_rates", []), setting)
-    step = _matching(outcome.get("compute_rates", []), setting)
+    step = _matching(steps, setting)
     return ((loader or {}).get("fixed_seconds") or 0.0) + ((step or {}).get("fixed_seconds") or 0.0)
 
 
 def limit_for(outcome: Mapping[str, Any], samples: float) -> dict[str, Any] | None:
     """The knob space's limit for a run of `samples`: of the settings the probe kept as best for
     some run length (`frontier`), the one predicted to take the least time, start-up measured
-    apart + `samples` / its predicted rate: its figures, with `start_up` and `seconds`. None
+    apart + `samples` / its predicted rate: its figures, with `start_up`, `seconds`, and
+    `fastest` (the frontier's first, the fastest rate: for a long enough run, the limit). None
     without a limit."""
     timed = [
         {
             **entry,
             "start_up": (start := start_up_seconds(outcome, entry)),
             "seconds": start + samples / entry["predicted"],
+            "fastest": index == 0,
         }
-        for entry in _frontier(outcome)
+        for index, entry in enumerate(frontier_of(outcome))
     ]
     return min(timed, key=lambda entry: entry["seconds"], default=None)
 
 
-def _frontier(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def frontier_of(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The settings fastest for some run length, as stored; for an outcome stored before the
     probe kept them, found again from its rates where the step ran alike beside every loader (a
     GPU's), else its fastest predicted setting alone."""

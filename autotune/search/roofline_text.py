@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.search.roofline import INPUT, Prediction, crossing
-from autotune.search.roofline_figures import by_batch, start_up_seconds
+from autotune.search.roofline_figures import by_batch, frontier_of, start_up_seconds
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
@@ -141,7 +141,7 @@ def _largest(domain: Any) -> int:
 def _sooner(outcome: Mapping[str, Any]) -> str:
     """The setting that starts sooner than the fastest and so beats it over a shorter run, with
     the run length below which it does (the probe's `frontier`), or nothing."""
-    kept = [(e, start_up_seconds(outcome, e)) for e in outcome.get("frontier") or []]
+    kept = [(e, start_up_seconds(outcome, e)) for e in frontier_of(outcome)]
     if len(kept) < 2:
         return ""
     (fastest, start), (sooner, sooner_start) = kept[:2]

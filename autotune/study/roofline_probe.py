@@ -107,7 +107,8 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         why = "no setting had both rates at that batch"
         return {**_nothing_settled(batch, space, why), **figures}
     # the limit for every run length: the fastest, then settings that start sooner
-    timed = roofline.frontier([(p, start_up_seconds(figures, p.setting)) for p in predictions])
+    measured_on = {**figures, "shared_cores": device.type == "cpu", "cores": cpu_count()}
+    timed = roofline.frontier([(p, start_up_seconds(measured_on, p.setting)) for p in predictions])
     # no run reaches the target before its first evaluation
     shortest = spec.budget.eval_every * len(prepared.task.train)
     checked = roofline.to_check(

@@ -444,6 +444,35 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
     for samples in (100.0, 2000.0, 3000.0, 5000.0):
         found = roofline_figures.limit_for({**older, "shared_cores": False}, samples)
         assert found["loader_rate"] == fastest(samples)
+    # steps that tie at their loader's rate (input-bound, as on a GPU): rebuilt from an older
+    # outcome's rates, the fastest is the one that starts soonest, and no "sooner" is named for it
+    tied = {
+        "batch_size": 128,
+        "shared_cores": False,
+        "limit": {**pinned(4), **compute("fp32"), "predicted": 1000.0},
+        "loader_rates": [{**pinned(4), "samples_per_second": 1000.0, "fixed_seconds": 0.8}],
+        "compute_rates": [
+            {**compute("fp32"), "samples_per_second": 3000.0, "fixed_seconds": 0.3},
+            {**compute("bf16"), "samples_per_second": 4000.0, "fixed_seconds": 0.1},
+        ],
+    }
+    long_run = types.SimpleNamespace(samples_to_target=1e6, time_to_target=2000.0, params={})
+    tied_limit = roofline_figures.limit_for(tied, 1e6)
+    assert tied_limit["precision"] == "bf16" and tied_limit["fastest"]
+    assert "starting sooner" not in winner.limit_line(tied, long_run)
+    # on a CPU the step's start-up as measured with the threads the loader's workers left it
+    shared = {
+        "shared_cores": True,
+        "cores": 2,
+        "loader_rates": [{**loader(0), "fixed_seconds": 0.0}, {**loader(1), "fixed_seconds": 0.2}],
+        "compute_rates": [
+            {**compute("fp32"), "threads": 1, "fixed_seconds": 0.6},
+            {**compute("fp32"), "threads": 2, "fixed_seconds": 0.15},
+        ],
+    }
+    start_up = roofline_figures.start_up_seconds
+    assert start_up(shared, {**loader(0), **compute("fp32")}) == pytest.approx(0.15)
+    assert start_up(shared, {**loader(1), **compute("fp32")}) == pytest.approx(0.8)
     # the report: the limit the probe names, the setting that beats it over a short run
     lines = roofline_text.describe(
         {
