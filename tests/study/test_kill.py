@@ -40,6 +40,10 @@ BUDGET = 25  # each tests.tasks:blobs trial takes 0.1-2 s; 20 kills finish about
 CONFIRM_KILLS = 3  # the last kills wait for the confirmation on fresh seeds
 MAX_ATTEMPTS = 45  # runs started while killing, those that finished before their kill included
 CONFIRMING = "confirming on fresh seeds"  # the progress bar autotune shows while confirming
+# The confirmation re-runs the fastest trials, blobs trials of tens of ms: with 8 runs each, its 32
+# runs took under half a second on an idle 2-core machine, and a kill drawn up to 1 s after it
+# began missed it. Now 12 runs each, and the kill within its first quarter second.
+CONFIRM_DELAY = 0.25
 
 # kind -> how many of the first KILLS - CONFIRM_KILLS kills are of it (the order is shuffled)
 KINDS = {"start-up": 4, "trial": 5, "between": 4, "writing": 4}
@@ -207,7 +211,7 @@ class Killer:
             delay = 3.5 * u
         elif kind == "confirm":
             came = self.wait_confirming(run)
-            delay = 1.0 * u
+            delay = CONFIRM_DELAY * u
         else:
             # let k trials (k + 1 for "between") finish in this run first, unless the budget is done
             need = base + k + (kind == "between")
@@ -219,7 +223,7 @@ class Killer:
             live = peek(self.db, run.after_id)
             if live is not None and live.finished >= BUDGET:
                 came = self.wait_confirming(run)
-                kind, delay = "confirm (the budget was done)", 1.0 * u
+                kind, delay = "confirm (the budget was done)", CONFIRM_DELAY * u
             elif kind == "between":  # just after a tell: in ask, suggest, writing the config
                 delay = 0.02 * u
             elif kind == "trial":  # the trial has its configuration and is training
@@ -374,8 +378,8 @@ def sqlite_rows(db: Path, sql: str) -> list[tuple]:
 def test_kill_9_at_random_moments_then_the_same_command_finishes_the_budget_exactly(
     tmp_path: Path,
 ) -> None:
-    # 32 runs: a window to see and kill in
-    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 8})
+    # 48 runs: a window to see and kill in
+    path = write_study(tmp_path, trials=BUDGET, confirm={"top": 3, "runs": 12})
     # Every trial runs to the end: the kill schedule is paced by whole trials, and with trials cut
     # short past the incumbent the budget can be done before a kill has landed in the confirmation.
     # Pruned trials' storage writes are those of an out-of-memory trial, which kills do meet.
