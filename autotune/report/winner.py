@@ -15,7 +15,7 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, frontier_of, limit_for
+from autotune.search.roofline_figures import by_batch, limit_for
 from autotune.search.roofline_text import setting_text
 from autotune.search.space import KNOBS
 
@@ -85,12 +85,11 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     if not limit:
         return None
     start, seconds = limit["start_up"], limit["seconds"]
-    fastest = frontier_of(outcome)[0]
     sooner = (
         ""
         if limit["fastest"]
         else f"; {setting_text(limit)}, starting sooner than the fastest rate's "
-        f"{fastest['predicted']:,.0f}/s"
+        f"{outcome['limit']['predicted']:,.0f}/s"  # the frontier's first rate
     )
     line = (
         f"At the knob space's limit ({limit['predicted']:,.0f} samples/s predicted at batch "

@@ -13,6 +13,8 @@ from autotune.search.recipe import training_threads
 from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
 from autotune.search.space import LOADER_KNOBS
 
+# What a compute setting names (a loader setting names LOADER_KNOBS).
+STEP_KNOBS = ("precision", *MEASURED_FORMATS)
 # The chosen setting's figures at one micro-batch (study/chosen_setting.py), beside its batch.
 AT_BATCH = ("loader_rate", "compute_rate", "predicted", "expected", "bottleneck")
 
@@ -58,11 +60,10 @@ def frontier_of(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     loaders = [r for r in outcome.get("loader_rates", []) if r.get("samples_per_second")]
     computes = [r for r in outcome.get("compute_rates", []) if r.get("samples_per_second")]
     if outcome.get("shared_cores") is False and loaders and computes:
-        compute_knobs = ("precision", *MEASURED_FORMATS)
         predictions = [
             Prediction(
                 {k: loader[k] for k in LOADER_KNOBS},
-                {k: step[k] for k in compute_knobs if k in step},
+                {k: step[k] for k in STEP_KNOBS if k in step},
                 loader["samples_per_second"],
                 step["samples_per_second"],
             )
@@ -97,7 +98,7 @@ def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
 def _matching(rates: Sequence[Mapping[str, Any]], setting: Mapping[str, Any]) -> Any:
     """The first of `rates` whose settings agree with `setting` on every knob both name (a
     compute rate names the precision and formats, a loader rate the loader's knobs)."""
-    knobs = {"num_workers", "prefetch_factor", "pin_memory", "precision", *MEASURED_FORMATS}
+    knobs = {*LOADER_KNOBS, *STEP_KNOBS}
     for rate in rates:
         shared = (set(rate) & set(setting)) & knobs
         if all(rate[k] == setting[k] for k in shared):
