@@ -4,10 +4,11 @@ rates, measured apart (train/rates.py), and what holds it there.
 With loader workers, batches are loaded while the step computes, so a setting trains at about
 the slower of its two rates; with none, the training process loads and then computes each batch,
 so their times add. The best predicted setting is the limit of the knob space (for a short run,
-the one predicted fastest with its start-up counted: frontier). The few best are then measured
-end to end, with any that starts sooner and so could finish a run the study might train first,
-and what was measured decides: the rates leave out what runs only when both run at once (the
-two sharing a CPU's cores, a copy waiting for a step).
+the one predicted fastest with its start-up counted: frontier). The few predicted soonest over
+the run the study is expected to train are then measured end to end, with the frontier's
+settings that could win a run it might train, and what was measured decides, start-up counted:
+the rates leave out what runs only when both run at once (the two sharing a CPU's cores, a copy
+waiting for a step).
 """
 
 from __future__ import annotations
@@ -135,41 +136,66 @@ def _timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
     return timed[0].samples_per_second, timed[1]
 
 
+def run_length(shortest: float, longest: float) -> float:
+    """The run, in samples, the probe chooses a setting for, before any trial has trained: the
+    middle on a log scale of the shortest run that can reach the target (to its first
+    evaluation) and the longest the budget allows. A trial's samples to target are unknown until
+    one reaches it; the log-scale middle is within sqrt(longest / shortest) of every run the study
+    can train, and a setting chosen for the wrong length loses least near where two settings
+    cross."""
+    return math.sqrt(max(shortest, 1.0) * max(longest, shortest, 1.0))
+
+
 def to_check(
-    predictions: Sequence[Prediction], *, count: int = CHECKED, sooner: Sequence[Prediction] = ()
-) -> list[Prediction]:
-    """The best `count` predictions, then each of `sooner` not among them (settings that start
-    sooner, and so may finish a short run first: sooner_to_check), to be measured end to end."""
-    chosen = list(predictions[:count])
-    chosen += [p for p in sooner if p not in chosen]
+    timed: Sequence[tuple[Prediction, float]],
+    *,
+    samples: float,
+    count: int = CHECKED,
+    within: tuple[float, float],
+) -> list[tuple[Prediction, float]]:
+    """Of (prediction, start-up seconds) pairs, the `count` predicted soonest over a run of
+    `samples` (start-up + samples / rate), then each setting of their frontier that is the
+    fastest for some run `within` (shortest, longest) not among them: the fastest rate for the
+    longest runs, one that starts sooner for the shortest. These are measured end to end."""
+    ranked = sorted(timed, key=lambda pair: pair[1] + samples / pair[0].samples_per_second)
+    chosen = list(ranked[:count])
+    chosen += [pair for pair in fastest_within(frontier(timed), *within) if pair not in chosen]
     return chosen
 
 
-def sooner_to_check(
-    timed: Sequence[tuple[Prediction, float]], *, shortest: float
-) -> list[Prediction]:
-    """Of a frontier (fastest first), the settings after the fastest that are the fastest for some
-    run of at least `shortest` samples (none reaches the target before its first evaluation):
-    fewer workers or no pinning, worth measuring end to end only where a run could be that
-    short."""
-    kept = []
-    for before, this in zip(timed, timed[1:]):
-        if crossing(_timing(before), _timing(this)) <= shortest:
-            break  # this one, and each after it, is fastest only for shorter runs
-        kept.append(this[0])
-    return kept
+def fastest_within(
+    kept: Sequence[tuple[Prediction, float]], shortest: float, longest: float
+) -> list[tuple[Prediction, float]]:
+    """Of a frontier (fastest first), the settings that are the fastest for some run of between
+    `shortest` and `longest` samples: a setting that wins only runs shorter than the first
+    evaluation, or longer than the budget allows, wins no run the study trains."""
+    fastest = []
+    for index, this in enumerate(kept):
+        # fastest from where the next overtakes it to where it overtakes the one before
+        below = crossing(_timing(this), _timing(kept[index + 1])) if index + 1 < len(kept) else 0
+        above = crossing(_timing(kept[index - 1]), _timing(this)) if index else math.inf
+        if below <= longest and above >= shortest:
+            fastest.append(this)
+    return fastest
 
 
-def decide(checked: Sequence[tuple[Prediction, float | None]]) -> tuple[Prediction, float]:
-    """The checked setting that ran fastest end to end, with its measured speed; among those
-    within TIE of it, the one with the fastest step: held by the same loader they measure alike,
-    and the faster step runs ahead wherever batches wait (after each evaluation, the clock paused
-    while the workers loaded)."""
-    measured = [(p, speed) for p, speed in checked if speed and math.isfinite(speed)]
-    if not measured:
+def decide(
+    checked: Sequence[tuple[Prediction, float | None, float]], *, samples: float
+) -> tuple[Prediction, float]:
+    """Of (prediction, speed measured end to end, start-up seconds measured apart) triples, the
+    setting that finishes a run of `samples` soonest (start-up + samples / speed), with its
+    measured speed; among those within TIE of it, the one with the fastest step: held by the same
+    loader they measure alike, and the faster step runs ahead wherever batches wait (after each
+    evaluation, the clock paused while the workers loaded)."""
+    timed = [
+        (p, speed, start + samples / speed)
+        for p, speed, start in checked
+        if speed and math.isfinite(speed)
+    ]
+    if not timed:
         raise ValueError("no setting ran end to end")
-    fastest = max(speed for _, speed in measured)
-    tied = [(p, speed) for p, speed in measured if speed >= (1 - TIE) * fastest]
+    soonest = min(seconds for _, _, seconds in timed)
+    tied = [(p, speed) for p, speed, seconds in timed if seconds <= (1 + TIE) * soonest]
     return max(tied, key=lambda pair: pair[0].compute_rate)
 
 

@@ -106,28 +106,42 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     if not predictions:
         why = "no setting had both rates at that batch"
         return {**_nothing_settled(batch, space, why), **figures}
-    # the limit for every run length: the fastest, then settings that start sooner
     measured_on = {**figures, "shared_cores": device.type == "cpu", "cores": cpu_count()}
-    timed = roofline.frontier([(p, start_up_seconds(measured_on, p.setting)) for p in predictions])
-    # no run reaches the target before its first evaluation
-    shortest = spec.budget.eval_every * len(prepared.task.train)
+    starts = [(p, start_up_seconds(measured_on, p.setting)) for p in predictions]
+    # the limit for every run length: the fastest, then settings that start sooner
+    timed = roofline.frontier(starts)
+    # no run reaches the target before its first evaluation, or trains past the budget
+    runs = (
+        spec.budget.eval_every * len(prepared.task.train),
+        min(
+            spec.budget.max_epochs * len(prepared.task.train),
+            spec.budget.max_seconds * timed[0][0].samples_per_second,
+        ),
+    )
+    run_samples = roofline.run_length(*runs)
     checked = roofline.to_check(
-        predictions,
+        starts,
+        samples=run_samples,
         count=roofline.CHECKED * (2 if device.type == "cpu" else 1),
-        sooner=roofline.sooner_to_check(timed, shortest=shortest),
+        within=runs,
     )
     # one at a time, as the loaders: side by side, each one's workers would refill their queue
     # while another is timed
     ends = measured(
         throughput.measure_in_turn,
-        {str(i): config(p.setting) for i, p in enumerate(checked)},
-        {str(i): p.loader_rate / p.compute_rate for i, p in enumerate(checked) if p.overlapped},
+        {str(i): config(p.setting) for i, (p, _) in enumerate(checked)},
+        {
+            str(i): p.loader_rate / p.compute_rate
+            for i, (p, _) in enumerate(checked)
+            if p.overlapped
+        },
     )
     bar.update(len(checked))
-    speeds = [(p, ends[str(i)].samples_per_second) for i, p in enumerate(checked)]
-    if not any(speed for _, speed in speeds):
+    # start-up as measured apart: the end-to-end windows begin after it
+    speeds = [(p, ends[str(i)].samples_per_second, start) for i, (p, start) in enumerate(checked)]
+    if not any(speed for _, speed, _ in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
-    chosen, speed = roofline.decide(speeds)
+    chosen, speed = roofline.decide(speeds, samples=run_samples)
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
     peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
     memory = roofline.checkpointing_fit(
@@ -163,8 +177,12 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "runs": [],
         **figures,
         "checked": [
-            {**p.setting, "predicted": p.samples_per_second, "measured": m} for p, m in speeds
+            {**p.setting, "predicted": p.samples_per_second, "measured": m, "start_up": start}
+            for p, m, start in speeds
         ],
+        # the run the setting was chosen for, between the shortest and the longest a trial trains
+        "run_samples": run_samples,
+        "run_range": list(runs),
         "limit": timed[0][0].figures(),
         "frontier": [p.figures() for p, _ in timed],
         # checkpointing as measured (the baseline's): a trial with another recomputes otherwise
@@ -264,12 +282,12 @@ def _predicted(
 
 def _precisions_kept(
     chosen: roofline.Prediction,
-    speeds: list[tuple[roofline.Prediction, float | None]],
+    speeds: list[tuple[roofline.Prediction, float | None, float]],
     space: Space,
 ) -> list[str]:
     """The chosen setting's precision, and every other that ran faster end to end at its loader,
     the search then weighing its speed against its effect on convergence."""
-    at_loader = [(p, speed) for p, speed in speeds if speed and p.loader == chosen.loader]
+    at_loader = [(p, speed) for p, speed, _ in speeds if speed and p.loader == chosen.loader]
     slowest = min(speed for _, speed in at_loader)
     kept = {chosen.compute["precision"]} | {
         p.compute["precision"] for p, speed in at_loader if speed >= (1 + probe.FASTER_BY) * slowest

@@ -122,23 +122,27 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
     )
     assert fp32.bottleneck == roofline.COMPUTE and fp32.samples_per_second == 1000.0
     # the best with no workers is checked too where it starts sooner and could finish a run the
-    # study might train first: the frontier says for which run lengths
-    timed = roofline.frontier([(p, 0.05 if not p.overlapped else 0.5) for p in predictions])
+    # study might train: the frontier says for which run lengths
+    starts = [(p, 0.05 if not p.overlapped else 0.5) for p in predictions]
+    timed = roofline.frontier(starts)
     assert [p.loader["num_workers"] for p, _ in timed] == [4, 0]
     crossing = roofline.crossing(
         (timed[0][0].samples_per_second, 0.5), (timed[1][0].samples_per_second, 0.05)
     )
     assert crossing == pytest.approx(0.45 / (1 / 800 - 1 / 3000))  # 491 samples
-    assert roofline.sooner_to_check(timed, shortest=crossing * 1.01) == []
-    sooner = roofline.sooner_to_check(timed, shortest=crossing * 0.99)
-    assert sooner == [timed[1][0]] and not sooner[0].overlapped
-    checked = roofline.to_check(predictions, count=2, sooner=sooner)
-    assert len(checked) == 3 and checked[-1] is sooner[0]
-    assert roofline.to_check(predictions, count=2, sooner=predictions[:1]) == predictions[:2]
-    assert roofline.decide([(checked[0], 2500.0), (checked[1], 2700.0), (checked[2], None)]) == (
-        checked[1],
-        2700.0,
-    )
+    assert roofline.fastest_within(timed, crossing * 1.01, 10_000) == timed[:1]
+    assert roofline.fastest_within(timed, 10, crossing * 0.99) == timed[1:]
+    assert roofline.fastest_within(timed, crossing * 0.99, 10_000) == timed
+    # soonest over a long run first, then the frontier's serial setting
+    checked = roofline.to_check(starts, samples=10_000, count=2, within=(crossing * 0.99, 10_000))
+    assert [p.loader["num_workers"] for p, _ in checked] == [4, 2, 0]
+    # ... over a short one the serial setting ranks first and is not checked twice
+    short = roofline.to_check(starts, samples=100, count=2, within=(50, 200))
+    assert [p.loader["num_workers"] for p, _ in short] == [0, 0]
+    assert roofline.decide(
+        [(checked[0][0], 2500.0, 0.5), (checked[1][0], 2700.0, 0.5), (checked[2][0], None, 0.05)],
+        samples=10_000,
+    ) == (checked[1][0], 2700.0)
     moves = roofline_text.what_moves_it(best, knob_space(), batch=128, cores=2)
     assert moves == (
         "the input pipeline: the step could run 1.33x faster if loading kept up (more loader "
@@ -152,15 +156,38 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         roofline.Prediction(loader(4), compute(p), loader_rate=3000.0, compute_rate=rate)
         for p, rate in (("fp32", 3500.0), ("bf16", 6000.0))
     )
-    assert roofline.decide([(slow_step, 3050.0), (fast_step, 2950.0)]) == (fast_step, 2950.0)
-    assert roofline.decide([(slow_step, 3200.0), (fast_step, 2950.0)]) == (slow_step, 3200.0)
+    run = {"samples": 30_000}
+    assert roofline.decide([(slow_step, 3050.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
+        fast_step,
+        2950.0,
+    )
+    assert roofline.decide([(slow_step, 3200.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
+        slow_step,
+        3200.0,
+    )
+
+
+def test_the_setting_chosen_is_the_soonest_over_the_run_it_is_chosen_for() -> None:
+    """A faster rate pays only once a run is long enough to win back its later start: measured
+    end to end at 4,000/s after 2 s, against 2,000/s after 0.2 s, it loses a run of 5,000 samples
+    (3.25 s against 2.7 s) and wins one of 50,000 (14.5 s against 25.2 s)."""
+    slow, fast = (
+        roofline.Prediction(loader(w), compute("fp32"), loader_rate=rate, compute_rate=9000.0)
+        for w, rate in ((2, 2000.0), (4, 4000.0))
+    )
+    checked = [(fast, 4000.0, 2.0), (slow, 2000.0, 0.2)]
+    assert roofline.decide(checked, samples=5_000) == (slow, 2000.0)
+    assert roofline.decide(checked, samples=50_000) == (fast, 4000.0)
+    # the run chosen for lies between the first evaluation and the budget's end, on a log scale
+    assert roofline.run_length(1_000, 100_000) == pytest.approx(10_000)
+    assert roofline.run_length(1_000, 500) == pytest.approx(1_000)  # a budget under one evaluation
 
 
 def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() -> None:
     assert roofline.predict([(loader(2), None)], [compute("fp32")], lambda *_: 1000.0) == []
     assert roofline.predict([(loader(2), 100.0)], [compute("fp32")], lambda *_: None) == []
     with pytest.raises(ValueError):
-        roofline.decide([])
+        roofline.decide([], samples=1000)
 
 
 def config(**settings) -> TrialConfig:
@@ -209,7 +236,36 @@ def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> 
         ), (w, p)
 
 
-def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quick") -> Path:
+def test_a_process_s_first_steps_land_on_no_setting_s_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a process's first steps load (on a GPU, 1 s on an H200) is paid before any setting
+    is timed: otherwise the setting measured first would carry it, and lose every short run."""
+    task = paced.make(
+        load_seconds=0.05e-3, compute_seconds=0.05e-3, narrow_factor=1.0, first_step_seconds=1.0
+    )
+    monkeypatch.setattr(rates, "_warmed", set())  # as in a fresh process
+    measured = rates.measure_in_groups(
+        task,
+        {p: config(**compute(p)) for p in ("fp32", "bf16")},
+        rates.COMPUTE_GROUP,
+        device=CPU,
+        seed=1,
+    )
+    starts = {k: v.fixed_seconds for k, v in measured.items()}
+    assert max(starts.values()) < 0.5, starts
+    # ... and it was paid: the task's first step has waited
+    assert task.model().first_use == {}
+
+
+def write_study(
+    folder: Path,
+    *,
+    probe: str,
+    task: str = "tests.tasks:paced_quick",
+    name: str | None = None,
+    **budget,
+) -> Path:
     study = {
         "task": task,
         "target": {"metric": "accuracy", "value": 0.5},
@@ -226,10 +282,10 @@ def write_study(folder: Path, *, probe: str, task: str = "tests.tasks:paced_quic
         },
         "baseline": {"lr": 0.05, "batch_size": 32},
         "probe": probe,
-        "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5},
+        "budget": {"trials": 1, "max_epochs": 1, "max_seconds": 5, "eval_every": 0.5, **budget},
         "confirm": {"top": 0},
     }
-    path = folder / f"{probe}.yaml"
+    path = folder / f"{name or probe}.yaml"
     path.write_text(yaml.safe_dump(study))
     return path
 
@@ -283,6 +339,58 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
         4,
         "bf16",
     )
+
+
+def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bf16 trains twice as fast after a start 1 s later: for trials of one epoch (4,096 samples)
+    the probe keeps fp32, for trials that may train 200 it takes bf16."""
+    chosen = {}
+    for name, epochs in (("short", 1), ("long", 200)):
+        path = write_study(
+            tmp_path,
+            probe="joint",
+            task="tests.tasks:paced_narrow_start",
+            name=name,
+            max_epochs=epochs,
+            max_seconds=60,
+        )
+        # its one trial stops at the target, at its first evaluation
+        assert main(["run", str(path), "--quiet"]) == 0
+        outcome = load(path).user_attrs["probe"]
+        chosen[name] = outcome["chosen"]["precision"]
+        shortest, longest = outcome["run_range"]
+        assert shortest == 0.5 * 4096 and outcome["run_samples"] == pytest.approx(
+            math.sqrt(shortest * longest)
+        )
+        # the choice is the soonest of what was checked, start-up as measured apart counted
+        seconds = {
+            (c["num_workers"], c["precision"]): c["start_up"]
+            + outcome["run_samples"] / c["measured"]
+            for c in outcome["checked"]
+            if c["measured"]
+        }
+        soonest = min(seconds.values())
+        picked = (outcome["chosen"]["num_workers"], outcome["chosen"]["precision"])
+        assert seconds[picked] <= (1 + roofline.TIE) * soonest
+        bf16_starts = [c["start_up"] for c in outcome["checked"] if c["precision"] == "bf16"]
+        fp32_starts = [c["start_up"] for c in outcome["checked"] if c["precision"] == "fp32"]
+        assert min(bf16_starts) > max(fp32_starts) + 0.5  # the first bf16 step's wait
+        capsys.readouterr()
+        assert main(["report", str(path)]) == 0
+        report = capsys.readouterr().out
+        assert f"Chosen for a run of {outcome['run_samples']:,.0f} samples" in report
+    assert chosen == {"short": "fp32", "long": "bf16"}
+    assert "the fastest end to end, num_workers 4, prefetch_factor 2, pin_memory false, bf16" in (
+        report_of(tmp_path / "short.yaml", capsys)
+    )
+
+
+def report_of(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    return capsys.readouterr().out
 
 
 def test_the_report_names_an_input_bound_limit(

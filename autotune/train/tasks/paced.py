@@ -3,7 +3,11 @@
 Loading a sample waits `load_seconds` in whichever process loads it (a DataLoader worker, or the
 training process with none); a training step waits `compute_seconds` a sample, `narrow_factor`
 of that under a 16-bit autocast, and `step_seconds` a step whatever its batch (a GPU's kernel
-launches and small kernels: what makes a larger micro-batch faster a sample; none by default).
+launches and small kernels: what makes a larger micro-batch faster a sample; none by default);
+a model's first 16-bit step waits `narrow_start_seconds` more (a GPU's narrow kernels loading,
+cuDNN's search for them: a faster rate that starts later), and the first training step of any
+model of the task `first_step_seconds` (a process's first steps on a GPU, loading what every
+later one reuses); none by default.
 Both wait rather than spin, so that on two cores four loader workers really load four times as
 fast, as they would on a GPU host with cores to spare: the loader's rate is then workers /
 load_seconds, the compute's 1 / compute_seconds, and a setting's speed the slower of the two (the
@@ -57,7 +61,13 @@ class PacedModel(nn.Module):
     """A small MLP whose training forward pass waits as the set compute cost says."""
 
     def __init__(
-        self, *, compute_seconds: float, narrow_factor: float, step_seconds: float = 0.0
+        self,
+        *,
+        compute_seconds: float,
+        narrow_factor: float,
+        step_seconds: float = 0.0,
+        narrow_start_seconds: float = 0.0,
+        first_use: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.Sequential(
@@ -65,6 +75,8 @@ class PacedModel(nn.Module):
         )
         self.compute_seconds, self.narrow_factor = compute_seconds, narrow_factor
         self.step_seconds = step_seconds
+        self.narrow_start_seconds = narrow_start_seconds  # paid once, then spent
+        self.first_use = first_use if first_use is not None else {}  # shared by the task's models
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.training:  # evaluation runs off the clock: no need to wait there
@@ -74,7 +86,12 @@ class PacedModel(nn.Module):
                 torch.float16,
             )
             per_sample = self.compute_seconds * (self.narrow_factor if narrow else 1.0)
-            time.sleep(self.step_seconds + per_sample * len(inputs))
+            start = (self.narrow_start_seconds if narrow else 0.0) + self.first_use.pop(
+                "seconds", 0.0
+            )
+            if narrow:
+                self.narrow_start_seconds = 0.0
+            time.sleep(start + self.step_seconds + per_sample * len(inputs))
         return self.layers(inputs)
 
 
@@ -84,15 +101,24 @@ def make(
     compute_seconds: float = COMPUTE_SECONDS,
     narrow_factor: float = NARROW_FACTOR,
     step_seconds: float = 0.0,
+    narrow_start_seconds: float = 0.0,
+    first_step_seconds: float = 0.0,
 ) -> Task:
-    """The task with the given costs (seconds a sample, and a step)."""
+    """The task with the given costs (seconds a sample, a step, a model's first 16-bit step, and
+    the first step of all)."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
     labels = (positive[:, 0] ^ positive[:, 1]).long() + 2 * (positive[:, 2] ^ positive[:, 3]).long()
 
+    first_use = {"seconds": first_step_seconds}
+
     def model() -> PacedModel:
         return PacedModel(
-            compute_seconds=compute_seconds, narrow_factor=narrow_factor, step_seconds=step_seconds
+            compute_seconds=compute_seconds,
+            narrow_factor=narrow_factor,
+            step_seconds=step_seconds,
+            narrow_start_seconds=narrow_start_seconds,
+            first_use=first_use,
         )
 
     return Task(
