@@ -35,7 +35,7 @@ BATCH_FIGURES = ("batch_size", *(k for k in roofline_figures.AT_BATCH if k != "b
 NOT_KNOBS = {
     *RATE_FIGURES,
     *BATCH_FIGURES[1:],
-    *("oom", "reason", "threads", "seconds", "measured", "bottleneck", "idle_share"),
+    *("oom", "reason", "threads", "seconds", "measured", "bottleneck", "idle_share", "start_up"),
 }
 
 

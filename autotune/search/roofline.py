@@ -20,8 +20,8 @@ from typing import Any
 
 from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for
 
-CHECKED = 3  # the best predicted settings measured end to end
-TIE = 0.05  # end-to-end speeds this close are one speed: the windows' noise
+CHECKED = 3  # the settings predicted soonest over the run chosen for, measured end to end
+TIE = 0.05  # times this close, from end-to-end speeds, are one time: the windows' noise
 # Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
 # which a rate does not show), and so is checkpointing: at the probe's one batch it only
 # recomputes, while what it buys is a larger batch that fits.
@@ -138,12 +138,11 @@ def _timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
 
 def run_length(shortest: float, longest: float) -> float:
     """The run, in samples, the probe chooses a setting for, before any trial has trained: the
-    middle on a log scale of the shortest run that can reach the target (to its first
-    evaluation) and the longest the budget allows. A trial's samples to target are unknown until
-    one reaches it; the log-scale middle is within sqrt(longest / shortest) of every run the study
-    can train, and a setting chosen for the wrong length loses least near where two settings
-    cross."""
-    return math.sqrt(max(shortest, 1.0) * max(longest, shortest, 1.0))
+    middle on a log scale of the shortest run a trial trains and the longest. A trial's samples
+    to target are unknown until one reaches it; the log-scale middle is within
+    sqrt(longest / shortest) of every run the study can train, and a setting chosen for the wrong
+    length loses least near where two settings cross."""
+    return math.sqrt(max(1.0, min(shortest, longest)) * max(1.0, longest))
 
 
 def to_check(
@@ -171,7 +170,8 @@ def fastest_within(
     evaluation, or longer than the budget allows, wins no run the study trains."""
     fastest = []
     for index, this in enumerate(kept):
-        # fastest from where the next overtakes it to where it overtakes the one before
+        # fastest from where it overtakes the next (which starts sooner) to where the one before
+        # (which trains faster) overtakes it
         below = crossing(_timing(this), _timing(kept[index + 1])) if index + 1 < len(kept) else 0
         above = crossing(_timing(kept[index - 1]), _timing(this)) if index else math.inf
         if below <= longest and above >= shortest:

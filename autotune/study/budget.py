@@ -1,4 +1,5 @@
-"""The trial budget: which stored trials count against it, and the slots that workers take."""
+"""The trial budget: which stored trials count against it, the slots that workers take, and how
+long a trial's run may be."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.record import derived, schema
-from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
+from autotune.search.space import SCHEDULE, Choices, Space
+from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, StudySpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -72,3 +74,21 @@ def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     """End a trial that would overrun the budget, before it trains; reports leave it out."""
     schema.record_surplus(trial)
     study.tell(trial, state=TrialState.FAIL)
+
+
+def run_range(
+    spec: StudySpec, space: Space, *, train_samples: int, fastest: float
+) -> tuple[float, float]:
+    """The shortest and the longest run, in samples, a trial of the study trains: at least to its
+    first evaluation (a run stops there at the earliest), or under fixed_schedule its shortest
+    schedule (each run trains its whole schedule); at most `max_epochs`, or `max_seconds` at the
+    `fastest` rate (samples a second), whichever is fewer, and the shortest no longer than that
+    (a budget that ends before the first evaluation evaluates there)."""
+    longest = min(spec.budget.max_epochs * train_samples, spec.budget.max_seconds * fastest)
+    if spec.objective == FIXED_SCHEDULE:
+        schedules = space[SCHEDULE]
+        least = min(schedules.values) if isinstance(schedules, Choices) else schedules.low
+        shortest = least * train_samples
+    else:
+        shortest = spec.budget.eval_every * train_samples
+    return min(shortest, longest), longest

@@ -37,7 +37,7 @@ from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
 from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
-from autotune.study import chosen_setting
+from autotune.study import budget, chosen_setting
 from autotune.study.preparation import Prepared
 from autotune.train import rates, telemetry, throughput
 from autotune.train.config import TrialConfig
@@ -110,13 +110,11 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     starts = [(p, start_up_seconds(measured_on, p.setting)) for p in predictions]
     # the limit for every run length: the fastest, then settings that start sooner
     timed = roofline.frontier(starts)
-    # no run reaches the target before its first evaluation, or trains past the budget
-    runs = (
-        spec.budget.eval_every * len(prepared.task.train),
-        min(
-            spec.budget.max_epochs * len(prepared.task.train),
-            spec.budget.max_seconds * timed[0][0].samples_per_second,
-        ),
+    runs = budget.run_range(
+        spec,
+        space,
+        train_samples=len(prepared.task.train),
+        fastest=timed[0][0].samples_per_second,
     )
     run_samples = roofline.run_length(*runs)
     checked = roofline.to_check(

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from autotune import signals
-from autotune.train import oom
+from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import endless, make_loader
@@ -81,8 +81,12 @@ def measure(
     the compute rate of each of `computes` (all but its loader settings; its num_workers sets
     only the torch threads), interleaved in one series of rounds; keys must differ between the
     two. `rounds`: interleave's options."""
-    if computes:
-        _warm_up(task, next(iter(computes.values())), device=device, seed=seed)
+    if computes:  # untimed, or the first setting measured would carry them
+        plain = first_steps.plain(next(iter(computes.values())))
+        first_steps.take_once(
+            device,
+            lambda: _ComputeSession(task, plain, device=device, seed=seed, window_steps=1).close(),
+        )
     builders = {
         key: functools.partial(
             _LoaderSession if key in loaders else _ComputeSession,
@@ -151,37 +155,6 @@ def measure_loaders_in_turn(
         ),
         **{"max_rounds": LOADER_ROUNDS, **rounds},
     )
-
-
-# Devices whose first steps this process has taken (_warm_up).
-_warmed: set[str] = set()
-
-
-def _warm_up(task: Task, config: TrialConfig, *, device: torch.device, seed: int) -> None:
-    """`config`'s step at fp32 in no special format, built and stepped untimed, once a process
-    and device. A process's first steps load what every later one reuses (on a GPU the CUDA
-    context's libraries and their first kernels: 1 s on an H200, where a later step of the same
-    kind started in 0.1 s); timed, that would land on whichever setting happened to be measured
-    first, and a setting's start-up then decides which runs it wins."""
-    if str(device) in _warmed:
-        return
-    plain = dataclasses.replace(
-        config,
-        precision="fp32",
-        channels_last=False,
-        cudnn_benchmark=False,
-        tf32=False,
-        fused_optimizer=False,
-        compile=False,
-    )
-    try:
-        _ComputeSession(task, plain, device=device, seed=seed, window_steps=1).close()
-    except Exception as exc:
-        if not oom.is_oom(exc):
-            raise
-        oom.free_memory()  # the settings' own sessions meet it, each a result
-        return
-    _warmed.add(str(device))
 
 
 def _out_of_memory(reason: str) -> Rate:

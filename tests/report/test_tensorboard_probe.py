@@ -12,6 +12,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
+from autotune.search.space import FORMAT_KNOBS
 
 REPO = Path(__file__).resolve().parents[2]
 event_accumulator = pytest.importorskip(
@@ -88,6 +89,9 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     predicted = figures(folder / "end_to_end", "probe/end_to_end_predicted")
     measured = figures(folder / "end_to_end", "probe/end_to_end_measured")
     assert len(predicted) == len(outcome["checked"]) and set(measured) == set(predicted)
+    # a run is named by its setting's knobs alone, not by its figures (its start-up, say)
+    knobs = {"num_workers", "prefetch_factor", "pin_memory", "precision", *FORMAT_KNOBS}
+    assert all({part.split("=")[0] for part in name.split(",")} <= knobs for name in predicted)
     assert sorted(v for [(_, v)] in predicted.values()) == pytest.approx(
         sorted(c["predicted"] for c in outcome["checked"]), rel=1e-6
     )

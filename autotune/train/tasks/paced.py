@@ -4,10 +4,10 @@ Loading a sample waits `load_seconds` in whichever process loads it (a DataLoade
 training process with none); a training step waits `compute_seconds` a sample, `narrow_factor`
 of that under a 16-bit autocast, and `step_seconds` a step whatever its batch (a GPU's kernel
 launches and small kernels: what makes a larger micro-batch faster a sample; none by default);
-a model's first 16-bit step waits `narrow_start_seconds` more (a GPU's narrow kernels loading,
-cuDNN's search for them: a faster rate that starts later), and the first training step of any
-model of the task `first_step_seconds` (a process's first steps on a GPU, loading what every
-later one reuses); none by default.
+a model's first 16-bit step waits `narrow_start_seconds` more (as a trial in a fresh process on
+a GPU loads its narrow kernels and runs cuDNN's search for them: a faster rate that starts
+later), and the first training step of any model of the task `first_step_seconds` (a process's
+first steps on a GPU, loading what every later one reuses); none by default.
 Both wait rather than spin, so that on two cores four loader workers really load four times as
 fast, as they would on a GPU host with cores to spare: the loader's rate is then workers /
 load_seconds, the compute's 1 / compute_seconds, and a setting's speed the slower of the two (the
