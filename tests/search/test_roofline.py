@@ -167,6 +167,21 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
     )
 
 
+def test_where_the_loader_holds_the_soonest_its_fastest_step_is_checked_too() -> None:
+    """Steps that all outpace the loader are predicted alike, but end to end the one with the
+    least CPU work may feed from the workers' cores fastest: it is measured as well."""
+    held = [
+        (roofline.Prediction(loader(4), compute(p), loader_rate=3000.0, compute_rate=rate), start)
+        for p, rate, start in (("fp32", 3500.0, 0.1), ("fp16", 5000.0, 0.2), ("bf16", 6000.0, 0.3))
+    ]
+    checked = roofline.to_check(held, samples=30_000, count=1, within=(1_000, 100_000))
+    assert [p.compute["precision"] for p, _ in checked] == ["fp32", "bf16"]
+    # a step that holds the setting is checked by its prediction alone
+    bound = [(dataclasses.replace(p, loader_rate=9000.0), start) for p, start in held]
+    checked = roofline.to_check(bound, samples=30_000, count=1, within=(10_000, 100_000))
+    assert [p.compute["precision"] for p, _ in checked] == ["bf16"]
+
+
 def test_the_setting_chosen_is_the_soonest_over_the_run_it_is_chosen_for() -> None:
     """A faster rate pays only once a run is long enough to win back its later start: measured
     end to end at 4,000/s after 2 s, against 2,000/s after 0.2 s, it loses a run of 5,000 samples
