@@ -101,8 +101,9 @@ def trial_prediction_error(study: optuna.Study) -> float | None:
 
 
 def roofline_trials(study: optuna.Study) -> dict | None:
-    """Under `probe: joint`, the trials that reached the target at the setting the probe chose:
-    each one's time to target over what the probe's figures predicted for its samples
+    """Under `probe: joint`, the trials that reached the target at a setting the probe measured
+    (the one it chose, or another it checked end to end, where the trials moved once one had
+    reached the target): each one's time to target over what its figures predicted for its samples
     (report.winner.predicted_seconds), their median and range; None where none did."""
     outcome = schema.probe(study.user_attrs)
     ratios = []

@@ -15,9 +15,9 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, limit_for
+from autotune.search.roofline_figures import STEP_KNOBS, by_batch, limit_for
 from autotune.search.roofline_text import setting_text
-from autotune.search.space import KNOBS
+from autotune.search.space import KNOBS, LOADER_KNOBS
 
 
 def telemetry(
@@ -125,8 +125,10 @@ def expected_rate(
     measured there, scaled as the end-to-end check found (`scaled`). None where `params` trains at
     another setting, or at a batch (or compiled at a batch) the probe did not measure."""
     chosen = (outcome or {}).get("chosen") or {}
-    if not chosen.get("measured") or any(params[k] != v for k, v in chosen.items() if k in params):
+    if not chosen.get("measured"):
         return None
+    if any(params[k] != v for k, v in chosen.items() if k in params):
+        return _checked_rate(outcome, params)
     batch = params.get("batch_size")  # None: a row that shows only the knobs sampled
     there = by_batch(outcome).get(batch) or {}
     if not there.get("expected"):
@@ -140,6 +142,21 @@ def expected_rate(
         expected["start_up"] += compiled["once_seconds"]
         expected["rate"] *= compiled["faster"] / compiled["speed"]
     return {**expected, "batch_size": batch, "scaled": batch != outcome["batch_size"]}
+
+
+def _checked_rate(outcome: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the probe measured of another setting it checked end to end, for a trial that trained
+    at it (chosen_setting.for_run): at the probe's micro-batch only, uncompiled."""
+    batch = params.get("batch_size")
+    if batch != outcome["batch_size"] or params.get("compile"):
+        return None
+    knobs = {*LOADER_KNOBS, *STEP_KNOBS}
+    for entry in outcome.get("checked", []):
+        if entry.get("measured") and "start_up" in entry:
+            if all(params[k] == entry[k] for k in knobs if k in params and k in entry):
+                rate = {"start_up": entry["start_up"], "rate": entry["measured"]}
+                return {**rate, "batch_size": batch, "scaled": False, "chosen": False}
+    return None
 
 
 def predicted_seconds(
@@ -184,8 +201,15 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
         else "measured end to end"
     )
     compiled = " and a compile" if best.params.get("compile") else ""
+    where = "the setting the probe chose"
+    if expected.get("chosen") is False:
+        where = (
+            "another setting the probe checked end to end, where trials move once one has "
+            "reached the target in a run it finishes sooner than the probe's choice for a run "
+            f"of {outcome.get('run_samples', 0):,.0f} samples"
+        )
     return (
-        f"Predicted at the setting the probe chose ({expected['rate']:,.0f} samples/s at batch "
+        f"Predicted at {where} ({expected['rate']:,.0f} samples/s at batch "
         f"{expected['batch_size']}, {how}, after {expected['start_up']:.2f} s of start-up"
         f"{compiled}): {seconds:.2f} s for the winner's {best.samples_to_target:,.0f} samples; "
         f"it took {best.time_to_target:.2f} s ({best.time_to_target / seconds - 1:+.0%})."

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.search.recipe import training_threads
-from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
+from autotune.search.roofline import MEASURED_FORMATS, TIE, Prediction, decide, frontier
 from autotune.search.space import LOADER_KNOBS
 
 # What a compute setting names (a loader setting names LOADER_KNOBS).
@@ -49,6 +49,48 @@ def limit_for(outcome: Mapping[str, Any], samples: float) -> dict[str, Any] | No
         for index, entry in enumerate(frontier_of(outcome))
     ]
     return min(timed, key=lambda entry: entry["seconds"], default=None)
+
+
+def setting_for_run(
+    outcome: Mapping[str, Any], samples: float, current: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Of the settings the joint probe measured end to end at `current`'s precision, the one
+    soonest over a run of `samples` (its start-up measured apart + samples / its measured speed):
+    its loader and step knobs, where it finishes that run more than TIE sooner than `current`'s
+    setting. None where `current`'s setting is as soon, was not checked, or the outcome stored no
+    start-ups (an older one)."""
+    checked = [
+        entry
+        for entry in outcome.get("checked", [])
+        if entry.get("measured") and "start_up" in entry and "compute_rate" in entry
+        if entry["precision"] == current.get("precision")
+    ]
+    now = [entry for entry in checked if _matching([entry], current)]
+    if not now:
+        return None
+    soonest, _ = decide(
+        [
+            (
+                Prediction(
+                    {k: entry[k] for k in LOADER_KNOBS},
+                    {k: entry[k] for k in STEP_KNOBS if k in entry},
+                    entry["loader_rate"],
+                    entry["compute_rate"],
+                ),
+                entry["measured"],
+                entry["start_up"],
+            )
+            for entry in checked
+        ],
+        samples=samples,
+    )
+
+    def seconds(entry: Mapping[str, Any]) -> float:
+        return entry["start_up"] + samples / entry["measured"]
+
+    if seconds(now[0]) <= (1 + TIE) * min(seconds(entry) for entry in checked):
+        return None  # as soon within the windows' noise: no reason to move
+    return soonest.setting
 
 
 def frontier_of(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -1,6 +1,7 @@
 """What the joint probe measures of the setting it chose (study/roofline_probe.py), once chosen:
 torch.compile's cost against what it saves, and the setting's two rates at the space's other
-micro-batches, so that a trial at any of them has a predicted time.
+micro-batches, so that a trial at any of them has a predicted time; and, once a trial has
+reached the target, the setting the trials after it train at (for_run).
 
 The probe chooses at one micro-batch; the search then samples others. A step's rate grows with
 its batch (a GPU's kernels fill, per-step costs spread) and a loader's falls at small ones (a
@@ -12,11 +13,13 @@ combination.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.runners import isolation
 from autotune.search import roofline
+from autotune.search.roofline_figures import setting_for_run
+from autotune.search.space import LOADER_KNOBS, Space
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
 from autotune.train import rates
@@ -122,3 +125,25 @@ def weigh_compile(
         "longest_samples": longest,
         "kept": payback.pays_within(longest),
     }
+
+
+def for_run(
+    outcome: Mapping[str, Any], space: Space, config: Mapping[str, Any], samples: float | None
+) -> dict[str, Any]:
+    """`config` at the setting the joint probe checked that is soonest over a run of `samples`
+    (the incumbent's samples to the target), where that is clearly sooner than the one it has
+    (roofline_figures.setting_for_run). The probe chose for a run length it could only estimate
+    from the budget; once a trial has reached the target the study knows one. Only the knobs the
+    probe fixed move (its loader, where it chose one, and its step's formats), never the
+    precision nor anything the sampler chose: `config` as it is otherwise."""
+    if not samples or outcome.get("kind") != "joint" or not outcome.get("chosen"):
+        return dict(config)
+    setting = setting_for_run(outcome, samples, config)
+    if setting is None:
+        return dict(config)
+    probed = [*(LOADER_KNOBS if outcome.get("probed_loader") else ()), *outcome.get("fixed", {})]
+    fixed = space.fixed()
+    moved = {k: setting[k] for k in probed if k in setting and k in fixed}
+    if moved.get("num_workers") and config.get("prefetch_factor") is None:
+        moved["prefetch_factor"] = setting["prefetch_factor"]  # workers queue what was measured
+    return {**config, **moved}

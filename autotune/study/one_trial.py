@@ -21,7 +21,14 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import recovery, storage, throughput_phase, trial_runs, workers
+from autotune.study import (
+    chosen_setting,
+    recovery,
+    storage,
+    throughput_phase,
+    trial_runs,
+    workers,
+)
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialResult
 
@@ -45,6 +52,9 @@ class Policy:
     # the task's training set, where autotune trains it: no effective batch may exceed it
     train_samples: int | None = None
     devices: int = 1  # a trial's processes, one micro-batch each per forward pass
+    # the joint probe's outcome, where trials train at its setting: once one reaches the target,
+    # the setting soonest over its run (chosen_setting.for_run)
+    probe: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +92,9 @@ def run_one(
     )
     with recovery.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
+        if policy.probe is not None and not schema.is_baseline(trial):
+            samples = _samples_to_target(known, before.incumbent)
+            config = chosen_setting.for_run(policy.probe, policy.space, config, samples)
         trained = config if policy.plan is None else policy.plan.to_train(config)
         trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
@@ -113,6 +126,16 @@ def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | Non
     """The best feasible (time to target, trial number) so far, or None."""
     feasible = [(t.value, t.number) for t in trials if derived.is_feasible(t)]
     return min(feasible) if feasible else None
+
+
+def _samples_to_target(
+    trials: list[optuna.trial.FrozenTrial], best: tuple[float, int] | None
+) -> float | None:
+    """The samples the incumbent (`best`: its time and number) needed to reach the target."""
+    if best is None:
+        return None
+    trial = next((t for t in trials if t.number == best[1]), None)
+    return schema.measured(trial).get("samples_to_target") if trial is not None else None
 
 
 def standing(finished: int, budget: int, best: tuple[float, int] | None) -> str:

@@ -174,10 +174,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "speed": {},
         "runs": [],
         **figures,
-        "checked": [
-            {**p.setting, "predicted": p.samples_per_second, "measured": m, "start_up": start}
-            for p, m, start in speeds
-        ],
+        "checked": [{**p.figures(), "measured": m, "start_up": start} for p, m, start in speeds],
         # the run the setting was chosen for, between the shortest and the longest a trial trains
         "run_samples": run_samples,
         "run_range": list(runs),

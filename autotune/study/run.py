@@ -168,6 +168,7 @@ def _policy(spec: StudySpec, plan: RunPlan, budget: int) -> one_trial.Policy:
         plan=plan.goodput,
         train_samples=plan.prepared.train_samples,
         devices=spec.devices_per_trial,
+        probe=plan.probe,
     )
 
 

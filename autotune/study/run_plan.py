@@ -30,6 +30,8 @@ class RunPlan:
         Space  # what the trials sample: as begun, then as the probe and the throughput plan left it
     )
     goodput: throughput_phase.Plan | None  # how a goodput trial trains its maths; None otherwise
+    # the joint probe's outcome where the trials train at its setting (not under goodput)
+    probe: dict | None = None
 
 
 def settle(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
@@ -49,7 +51,9 @@ def planned(spec: StudySpec, probed: Prepared, study: optuna.Study) -> RunPlan:
     """The plan of a study whose probe (if any) has settled `probed`: the throughput phase's
     table decides the systems knobs of a goodput study."""
     goodput, space = throughput_phase.plan_for(spec, probed, study, probed.space)
-    return RunPlan(prepared=probed, space=space, goodput=goodput)
+    outcome = schema.probe(study.user_attrs) if spec.probe == "joint" else None
+    joint = outcome if goodput is None and (outcome or {}).get("kind") == "joint" else None
+    return RunPlan(prepared=probed, space=space, goodput=goodput, probe=joint)
 
 
 def as_begun(spec: StudySpec, prepared: Prepared, stored: optuna.Study | None) -> Prepared:

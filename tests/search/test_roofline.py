@@ -403,6 +403,83 @@ def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
     )
 
 
+def test_once_a_trial_reaches_the_target_the_next_train_at_the_setting_soonest_over_its_run(
+    tmp_path: Path,
+) -> None:
+    """Four loader workers feed bf16 four times as fast as none, after 3 s of start-up: the probe
+    takes them for the run it estimates from a budget of 200 epochs (about 40,000 samples); the
+    first trial reaches the target within a few thousand, over which no workers finish sooner,
+    and the trials after it train there, at the same precision."""
+    path = write_study(
+        tmp_path,
+        probe="joint",
+        task="tests.tasks:paced_worker_start",
+        name="follows",
+        trials=3,
+        max_epochs=200,
+        max_seconds=60,
+    )
+    study_file = yaml.safe_load(path.read_text())
+    # at batch 32 every trial reaches the target at its first evaluation (2,048 samples): a run
+    # none of the workers' settings wins, however loaded the machine
+    study_file["space"]["batch_size"] = 32
+    path.write_text(yaml.safe_dump(study_file))
+    assert main(["run", str(path), "--quiet"]) == 0
+    study = load(path)
+    outcome = study.user_attrs["probe"]
+    assert outcome["chosen"]["num_workers"] > 0 and outcome["run_samples"] > 30_000
+    first, *later = [t.user_attrs["config"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert first["num_workers"] == outcome["chosen"]["num_workers"]
+    samples = study.trials[0].user_attrs["result"]["samples_to_target"]
+    assert samples == 2_048
+    assert later and all(
+        (c["num_workers"], c["prefetch_factor"], c["precision"]) == (0, None, first["precision"])
+        for c in later
+    )
+    # ... a setting the probe measured end to end, as soon over that run as the table says
+    serial = next(c for c in outcome["checked"] if c["num_workers"] == 0 and c["measured"])
+    assert serial["start_up"] + samples / serial["measured"] < first_time(outcome, samples)
+
+
+def first_time(outcome: dict, samples: float) -> float:
+    chosen = next(
+        c
+        for c in outcome["checked"]
+        if all(c[k] == outcome["chosen"][k] for k in ("num_workers", "precision"))
+    )
+    return chosen["start_up"] + samples / chosen["measured"]
+
+
+def test_a_setting_moves_for_the_run_found_only_where_it_is_clearly_sooner() -> None:
+    def entry(workers: int, precision: str, measured: float, start: float) -> dict:
+        return {
+            **loader(workers),
+            **compute(precision),
+            "loader_rate": measured,
+            "compute_rate": 16_000.0,
+            "measured": measured,
+            "start_up": start,
+        }
+
+    outcome = {
+        "checked": [
+            entry(4, "bf16", 13_000.0, 2.0),
+            entry(0, "bf16", 3_100.0, 0.01),
+            entry(0, "fp32", 9_000.0, 0.01),  # sooner still, but another precision: other maths
+        ]
+    }
+    current = {**loader(4), **compute("bf16"), "lr": 0.1}
+    assert roofline_figures.setting_for_run(outcome, 2_048, current) == {
+        **loader(0),
+        **compute("bf16"),
+    }
+    assert roofline_figures.setting_for_run(outcome, 100_000, current) is None
+    # 2.62 s against 2.59 s: within the windows' noise, no reason to move
+    assert roofline_figures.setting_for_run(outcome, 8_000, current) is None
+    # a setting the probe did not check has nothing to weigh against
+    assert roofline_figures.setting_for_run(outcome, 2_048, {**current, **loader(2)}) is None
+
+
 def report_of(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert main(["report", str(path)]) == 0
@@ -478,6 +555,23 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
         "end, after 0.50 s of start-up): 2.50 s for the winner's 6,000 samples; it took 4.00 s "
         "(+60%)."
     )
+    # a winner at another setting checked end to end (trials move there once one has reached the
+    # target: chosen_setting.for_run): at the probe's batch, as that check measured it
+    moved = {**loader(0), **compute("bf16")}
+    checked = {**moved, "predicted": 2000.0, "measured": 1500.0, "start_up": 0.1}
+    elsewhere = types.SimpleNamespace(
+        samples_to_target=6000.0, time_to_target=4.5, params={**moved, "batch_size": 128}
+    )
+    assert winner.prediction_line({**outcome, "run_samples": 40_960}, elsewhere) is None
+    with_checked = {**outcome, "run_samples": 40_960, "checked": [checked]}
+    assert winner.prediction_line(with_checked, elsewhere) == (
+        "Predicted at another setting the probe checked end to end, where trials move once one "
+        "has reached the target in a run it finishes sooner than the probe's choice for a run of "
+        "40,960 samples (1,500 samples/s at batch 128, measured end to end, after 0.10 s of "
+        "start-up): 4.10 s for the winner's 6,000 samples; it took 4.50 s (+10%)."
+    )
+    elsewhere.params["batch_size"] = 32  # measured at the probe's batch alone
+    assert winner.prediction_line(with_checked, elsewhere) is None
     # and the limit line then says what held it there, in seconds that add up to the difference
     assert winner.limit_line(outcome, best).endswith(
         "it took 4.00 s, 2.00x the limit. The 2.00 s between: +0.50 s of rate (the winner's "

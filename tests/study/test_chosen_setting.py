@@ -117,10 +117,22 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
         line = winner.prediction_line(outcome, best)
         assert line is not None and f"at batch {batch}, " in line
         assert ("scaled as the end-to-end check at batch 128 found" in line) is (batch != 128)
-    # a batch the probe did not measure, or another setting, predicts nothing
+    # a batch the probe did not measure predicts nothing; another setting, what the end-to-end
+    # check measured of it where it was checked, at the probe's batch
     assert winner.predicted_seconds(outcome, {**params, "batch_size": 96}, samples) is None
-    other = "fp32" if chosen["precision"] == "bf16" else "bf16"
-    assert winner.predicted_seconds(outcome, {**params, "precision": other}, samples) is None
+    other = {**params, "precision": "fp32" if chosen["precision"] == "bf16" else "bf16"}
+    checked = [
+        c
+        for c in outcome["checked"]
+        if all(c[k] == other[k] for k in ("num_workers", "pin_memory", "precision"))
+    ]
+    assert winner.predicted_seconds(outcome, other, samples) == (
+        pytest.approx(checked[0]["start_up"] + samples / checked[0]["measured"])
+        if checked
+        else None
+    )
+    unchecked = {**other, "num_workers": 3}
+    assert winner.predicted_seconds(outcome, unchecked, samples) is None
 
 
 def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothing() -> None:

@@ -7,7 +7,9 @@ launches and small kernels: what makes a larger micro-batch faster a sample; non
 a model's first 16-bit step waits `narrow_start_seconds` more (as a trial in a fresh process on
 a GPU loads its narrow kernels and runs cuDNN's search for them: a faster rate that starts
 later), and the first training step of any model of the task `first_step_seconds` (a process's
-first steps on a GPU, loading what every later one reuses); none by default.
+first steps on a GPU, loading what every later one reuses); a DataLoader worker waits
+`worker_start_seconds` before its first batch (its start-up: what more workers pay, and no
+workers do not); none by default.
 Both wait rather than spin, so that on two cores four loader workers really load four times as
 fast, as they would on a GPU host with cores to spare: the loader's rate is then workers /
 load_seconds, the compute's 1 / compute_seconds, and a setting's speed the slower of the two (the
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from autotune.train.tasks import Task
 
@@ -40,10 +42,19 @@ DATA_SEED = 0  # the data are part of the task: fixed
 
 
 class PacedSamples(Dataset):
-    """Gaussian blobs that take `load_seconds` a sample to load."""
+    """Gaussian blobs that take `load_seconds` a sample to load, and a DataLoader worker
+    `worker_start_seconds` before its first batch."""
 
-    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, *, load_seconds: float) -> None:
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        load_seconds: float,
+        worker_start_seconds: float = 0.0,
+    ) -> None:
         self.inputs, self.labels, self.load_seconds = inputs, labels, load_seconds
+        self.worker_start_seconds = worker_start_seconds  # each worker its own copy, spent once
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -53,7 +64,10 @@ class PacedSamples(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # A DataLoader fetches a batch in one call here: one wait, as precise as the clock allows.
-        time.sleep(self.load_seconds * len(indices))
+        start = 0.0
+        if get_worker_info() is not None:  # the training process's own copy keeps it
+            start, self.worker_start_seconds = self.worker_start_seconds, 0.0
+        time.sleep(start + self.load_seconds * len(indices))
         return [(self.inputs[i], self.labels[i]) for i in indices]
 
 
@@ -103,9 +117,10 @@ def make(
     step_seconds: float = 0.0,
     narrow_start_seconds: float = 0.0,
     first_step_seconds: float = 0.0,
+    worker_start_seconds: float = 0.0,
 ) -> Task:
-    """The task with the given costs (seconds a sample, a step, a model's first 16-bit step, and
-    the first step of all)."""
+    """The task with the given costs (seconds a sample, a step, a model's first 16-bit step, the
+    first step of all, and a training loader worker's first batch)."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
     labels = (positive[:, 0] ^ positive[:, 1]).long() + 2 * (positive[:, 2] ^ positive[:, 3]).long()
@@ -123,7 +138,12 @@ def make(
 
     return Task(
         model=model,
-        train=PacedSamples(inputs[:TRAIN], labels[:TRAIN], load_seconds=load_seconds),
+        train=PacedSamples(
+            inputs[:TRAIN],
+            labels[:TRAIN],
+            load_seconds=load_seconds,
+            worker_start_seconds=worker_start_seconds,
+        ),
         val=PacedSamples(inputs[TRAIN:], labels[TRAIN:], load_seconds=0.0),
     )
 
