@@ -206,7 +206,7 @@ def sit(
     if spec.probe == "joint" and stage != "tpe":
         study = storage.open_study(spec, create=False)
         found["probe"] = study.user_attrs.get("probe")
-        # every trial at the chosen setting checks the prediction, not only the winner
+        # every trial at a setting the probe measured checks the prediction, not only the winner
         found["trials_vs_predicted"] = roofline_trials(study)
     sitting["seconds"] = found["tuning_wall"]
     record["arms"][stage] = {

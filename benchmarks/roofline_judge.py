@@ -299,7 +299,7 @@ def goals_of(arm: str, record: dict[str, Any], medians: dict[str, float]) -> dic
     return {
         "vs_best_peer": min(peers) / mine if mine and finite else None,  # >= 1.5
         "vs_limit": mine / limit["seconds"] if limit and finite else None,  # <= 1.15
-        # where the winner trained at the setting the probe chose, at a batch it measured
+        # where the winner trained at a setting the probe measured, at a batch it measured it at
         "vs_predicted": mine / predicted if predicted and finite else None,  # within 0.85-1.15
         "found_vs_tpe": found / tpe if tpe else None,  # <= 0.5
         "gpu_vs_tpe": gpu / tpe if tpe else None,  # the same, its confirmation included

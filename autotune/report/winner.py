@@ -15,9 +15,9 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import STEP_KNOBS, by_batch, limit_for
+from autotune.search.roofline_figures import by_batch, checked_entry, limit_for
 from autotune.search.roofline_text import setting_text
-from autotune.search.space import KNOBS, LOADER_KNOBS
+from autotune.search.space import KNOBS
 
 
 def telemetry(
@@ -120,10 +120,12 @@ def expected_rate(
     outcome: Mapping[str, Any] | None, params: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """What the joint probe's figures expect of training with `params`, where it trains at the
-    setting the probe chose: `start_up` seconds (its loader's and step's, and a compile's), then
-    `rate` samples a second: measured end to end at the probe's micro-batch; at another the rates
-    measured there, scaled as the end-to-end check found (`scaled`). None where `params` trains at
-    another setting, or at a batch (or compiled at a batch) the probe did not measure."""
+    setting the probe chose (`at`: "chosen"): `start_up` seconds (its loader's and step's, and a
+    compile's), then `rate` samples a second: measured end to end at the probe's micro-batch; at
+    another the rates measured there, scaled as the end-to-end check found (`scaled`). At another
+    setting the probe checked end to end (`at`: "checked"), that check's figures, at the probe's
+    micro-batch only. None where `params` trains at a setting the probe did not measure, or at a
+    batch (or compiled at a batch) it did not measure it at."""
     chosen = (outcome or {}).get("chosen") or {}
     if not chosen.get("measured"):
         return None
@@ -141,22 +143,29 @@ def expected_rate(
         # its compile once, then its step's gain as weighed at the chosen loader
         expected["start_up"] += compiled["once_seconds"]
         expected["rate"] *= compiled["faster"] / compiled["speed"]
-    return {**expected, "batch_size": batch, "scaled": batch != outcome["batch_size"]}
+    return {
+        **expected,
+        "batch_size": batch,
+        "scaled": batch != outcome["batch_size"],
+        "at": "chosen",
+    }
 
 
 def _checked_rate(outcome: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the probe measured of another setting it checked end to end, for a trial that trained
-    at it (chosen_setting.for_run): at the probe's micro-batch only, uncompiled."""
+    """What the probe measured of another setting it checked end to end (one the trials moved to
+    once one had reached the target, chosen_setting.for_run, or a precision kept beside the
+    chosen one), for a trial that trained at it: at the probe's micro-batch only, uncompiled and
+    checkpointed as the probe measured."""
     batch = params.get("batch_size")
     if batch != outcome["batch_size"] or params.get("compile"):
         return None
-    knobs = {*LOADER_KNOBS, *STEP_KNOBS}
-    for entry in outcome.get("checked", []):
-        if entry.get("measured") and "start_up" in entry:
-            if all(params[k] == entry[k] for k in knobs if k in params and k in entry):
-                rate = {"start_up": entry["start_up"], "rate": entry["measured"]}
-                return {**rate, "batch_size": batch, "scaled": False, "chosen": False}
-    return None
+    if params.get("checkpointing", False) != outcome["chosen"].get("checkpointing", False):
+        return None  # a run that recomputes, or one that does not, is another rate
+    entry = checked_entry(outcome, params)
+    if entry is None:
+        return None
+    rate = {"start_up": entry["start_up"], "rate": entry["measured"]}
+    return {**rate, "batch_size": batch, "scaled": False, "at": "checked"}
 
 
 def predicted_seconds(
@@ -189,7 +198,7 @@ def predicted_column(
 
 def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     """The winner's time beside what the joint probe predicted for its samples at the setting it
-    chose; None where there is no such prediction (expected_rate)."""
+    trained at, where the probe measured that setting (expected_rate); None elsewhere."""
     expected = expected_rate(outcome, best.params)
     seconds = predicted_seconds(outcome, best.params, best.samples_to_target)
     if expected is None or seconds is None:
@@ -201,13 +210,10 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
         else "measured end to end"
     )
     compiled = " and a compile" if best.params.get("compile") else ""
-    where = "the setting the probe chose"
-    if expected.get("chosen") is False:
-        where = (
-            "another setting the probe checked end to end, where trials move once one has "
-            "reached the target in a run it finishes sooner than the probe's choice for a run "
-            f"of {outcome.get('run_samples', 0):,.0f} samples"
-        )
+    where = {
+        "chosen": "the setting the probe chose",
+        "checked": "another setting the probe checked end to end",
+    }[expected["at"]]
     return (
         f"Predicted at {where} ({expected['rate']:,.0f} samples/s at batch "
         f"{expected['batch_size']}, {how}, after {expected['start_up']:.2f} s of start-up"

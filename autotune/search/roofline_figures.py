@@ -55,20 +55,20 @@ def setting_for_run(
     outcome: Mapping[str, Any], samples: float, current: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """Of the settings the joint probe measured end to end at `current`'s precision, the one
-    soonest over a run of `samples` (its start-up measured apart + samples / its measured speed):
-    its loader and step knobs, where it finishes that run more than TIE sooner than `current`'s
-    setting. None where `current`'s setting is as soon, was not checked, or the outcome stored no
-    start-ups (an older one)."""
+    soonest over a run of `samples` (its start-up measured apart + samples / its measured speed;
+    roofline.decide): its loader and step knobs, where it finishes that run more than TIE sooner
+    than `current`'s setting. None where it does not, `current`'s setting was not checked, or the
+    outcome stored no start-ups (an older one)."""
     checked = [
         entry
         for entry in outcome.get("checked", [])
         if entry.get("measured") and "start_up" in entry and "compute_rate" in entry
         if entry["precision"] == current.get("precision")
     ]
-    now = [entry for entry in checked if _matching([entry], current)]
-    if not now:
+    now = checked_entry({"checked": checked}, current)
+    if now is None:
         return None
-    soonest, _ = decide(
+    picked, speed = decide(
         [
             (
                 Prediction(
@@ -84,13 +84,21 @@ def setting_for_run(
         ],
         samples=samples,
     )
-
-    def seconds(entry: Mapping[str, Any]) -> float:
-        return entry["start_up"] + samples / entry["measured"]
-
-    if seconds(now[0]) <= (1 + TIE) * min(seconds(entry) for entry in checked):
+    sooner = checked_entry({"checked": checked}, picked.setting)
+    assert sooner is not None, "decide picks among the entries given"
+    if now["start_up"] + samples / now["measured"] <= (1 + TIE) * (
+        sooner["start_up"] + samples / speed
+    ):
         return None  # as soon within the windows' noise: no reason to move
-    return soonest.setting
+    return picked.setting
+
+
+def checked_entry(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> Any:
+    """The joint probe's end-to-end check of `setting` (its loader and step knobs), measured and
+    with its start-up (an outcome stored before start-ups were has none): None where it was not
+    checked."""
+    measured = [e for e in outcome.get("checked", []) if e.get("measured") and "start_up" in e]
+    return _matching(measured, setting)
 
 
 def frontier_of(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:

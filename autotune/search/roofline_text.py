@@ -10,12 +10,12 @@ from typing import Any
 
 from autotune.search.roofline import INPUT, Prediction, crossing
 from autotune.search.roofline_figures import (
-    STEP_KNOBS,
     by_batch,
+    checked_entry,
     frontier_of,
     start_up_seconds,
 )
-from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space
+from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
 def describe(outcome: Mapping[str, Any]) -> str:
@@ -65,29 +65,24 @@ def run_text(outcome: Mapping[str, Any]) -> str:
     """The run the setting was chosen for, its time over that run with its start-up, and the
     fastest setting measured end to end beside it where that was another."""
     samples, (shortest, longest) = outcome["run_samples"], outcome["run_range"]
-    timed = [
-        (entry, entry["start_up"] + samples / entry["measured"])
-        for entry in outcome["checked"]
-        if entry.get("measured")
-    ]
-    chosen = next(pair for pair in timed if _same_setting(pair[0], outcome["chosen"]))
-    fastest = max(timed, key=lambda pair: pair[0]["measured"])
+
+    def seconds(entry: Mapping[str, Any]) -> float:
+        return entry["start_up"] + samples / entry["measured"]
+
+    chosen = checked_entry(outcome, outcome["chosen"])
+    fastest = max((e for e in outcome["checked"] if e.get("measured")), key=lambda e: e["measured"])
     line = (
-        f"Chosen for a run of {samples:,.0f} samples (the middle, on a log scale, of the first "
-        f"evaluation's {shortest:,.0f} and the budget's {longest:,.0f}): {chosen[1]:.2f} s, "
-        f"{chosen[0]['start_up']:.2f} s of it start-up (measured apart)"
+        f"Chosen for a run of {samples:,.0f} samples (the middle, on a log scale, of the "
+        f"shortest run a trial trains, {shortest:,.0f}, and the longest, {longest:,.0f}): "
+        f"{seconds(chosen):.2f} s, {chosen['start_up']:.2f} s of it start-up (measured apart)"
     )
-    if fastest[0] is not chosen[0]:
+    if fastest is not chosen:
         line += (
-            f"; the fastest end to end, {setting_text(fastest[0])} "
-            f"({_rate(fastest[0]['measured'])}), would take {fastest[1]:.2f} s, "
-            f"{fastest[0]['start_up']:.2f} s of it start-up"
+            f"; the fastest end to end, {setting_text(fastest)} "
+            f"({_rate(fastest['measured'])}), would take {seconds(fastest):.2f} s, "
+            f"{fastest['start_up']:.2f} s of it start-up"
         )
     return line
-
-
-def _same_setting(entry: Mapping[str, Any], setting: Mapping[str, Any]) -> bool:
-    return all(entry.get(k) == setting.get(k) for k in (*LOADER_KNOBS, *STEP_KNOBS))
 
 
 def batches_text(outcome: Mapping[str, Any]) -> str:

@@ -134,16 +134,19 @@ def for_run(
     (the incumbent's samples to the target), where that is clearly sooner than the one it has
     (roofline_figures.setting_for_run). The probe chose for a run length it could only estimate
     from the budget; once a trial has reached the target the study knows one. Only the knobs the
-    probe fixed move (its loader, where it chose one, and its step's formats), never the
-    precision nor anything the sampler chose: `config` as it is otherwise."""
+    probe fixed move (its loader and its step's formats), never the precision nor anything the
+    sampler chose, and only where all of them are fixed: `config` as it is otherwise."""
     if not samples or outcome.get("kind") != "joint" or not outcome.get("chosen"):
         return dict(config)
     setting = setting_for_run(outcome, samples, config)
     if setting is None:
         return dict(config)
-    probed = [*(LOADER_KNOBS if outcome.get("probed_loader") else ()), *outcome.get("fixed", {})]
+    probed = [k for k in (*LOADER_KNOBS, *outcome.get("fixed", {})) if k in setting]
     fixed = space.fixed()
-    moved = {k: setting[k] for k in probed if k in setting and k in fixed}
+    # prefetch_factor stays unfixed where the probe chose no workers
+    if any(k not in fixed for k in probed if k != "prefetch_factor"):
+        return dict(config)  # a knob the sampler chooses: the rest alone would be no setting
+    moved = {k: setting[k] for k in probed if k in fixed}
     if moved.get("num_workers") and config.get("prefetch_factor") is None:
         moved["prefetch_factor"] = setting["prefetch_factor"]  # workers queue what was measured
     return {**config, **moved}

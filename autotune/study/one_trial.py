@@ -92,9 +92,12 @@ def run_one(
     )
     with recovery.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
         config = suggest(policy.space, trial)
-        if policy.probe is not None and not schema.is_baseline(trial):
-            samples = _samples_to_target(known, before.incumbent)
-            config = chosen_setting.for_run(policy.probe, policy.space, config, samples)
+        # a run that stops at the target trains about the incumbent's samples (one of a whole
+        # schedule, its schedule's); the baseline's queued trial keeps its own setting
+        if policy.probe is not None and policy.objective.stops_at_target:
+            if not schema.is_baseline(trial):
+                samples = _samples_to_target(known, before.incumbent)
+                config = chosen_setting.for_run(policy.probe, policy.space, config, samples)
         trained = config if policy.plan is None else policy.plan.to_train(config)
         trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
@@ -131,7 +134,8 @@ def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | Non
 def _samples_to_target(
     trials: list[optuna.trial.FrozenTrial], best: tuple[float, int] | None
 ) -> float | None:
-    """The samples the incumbent (`best`: its time and number) needed to reach the target."""
+    """The samples the incumbent (`best`: its time and number) needed to reach the target (its
+    first run's: with replicates, an estimate of the run length like any other)."""
     if best is None:
         return None
     trial = next((t for t in trials if t.number == best[1]), None)

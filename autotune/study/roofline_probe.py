@@ -13,11 +13,14 @@ loader makes more workers look useless. Here instead:
    best predicted is the knob space's limit; for a short run, where a setting's start-up
    (measured apart) outweighs a faster rate, the limit is the fastest with it counted, of the
    settings kept as `frontier`;
-3. the best few predicted are measured end to end with the real pipeline, one at a time
-   (train/throughput.py), and the fastest measured is kept: the loader knobs and the formats
-   are fixed to it, and a narrower precision stays in the space only where it ran faster. On a
-   CPU the loader and the step share the same cores, so their rates apart overstate what runs
-   together: there the end-to-end measurement is what decides, and the report says so.
+3. the few predicted soonest over the run the budget suggests (roofline.run_length) are
+   measured end to end with the real pipeline, one at a time (train/throughput.py), and the one
+   measured soonest over that run is kept: the loader knobs and the formats are fixed to it
+   (until a trial reaching the target shows a run that another checked setting finishes
+   sooner: chosen_setting.for_run), and a narrower precision stays in the space only where it
+   ran faster. On a CPU the loader and the step share the same cores, so their rates apart
+   overstate what runs together: there the end-to-end measurement is what decides, and the
+   report says so.
 
 The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
 adds both rates, predicted beside measured, the bottleneck and the limit.
