@@ -364,6 +364,9 @@ def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
     the probe keeps fp32, and the report says what bf16 would have taken. (A long budget takes
     the faster rate: the next test.)"""
     path = write_study(tmp_path, probe="joint", task="tests.tasks:paced_narrow_start", max_epochs=1)
+    study_file = yaml.safe_load(path.read_text())
+    study_file["space"].update(batch_size=128, num_workers=[0, 4])  # fewer settings to measure
+    path.write_text(yaml.safe_dump(study_file))
     # its one trial stops at the target, at its first evaluation
     assert main(["run", str(path), "--quiet"]) == 0
     outcome = load(path).user_attrs["probe"]
@@ -407,8 +410,9 @@ def test_once_a_trial_reaches_the_target_the_next_train_at_the_setting_soonest_o
     )
     study_file = yaml.safe_load(path.read_text())
     # at batch 32 every trial reaches the target at its first evaluation (2,048 samples): a run
-    # none of the workers' settings wins, however loaded the machine
-    study_file["space"]["batch_size"] = 32
+    # none of the workers' settings wins, however loaded the machine; each setting with workers
+    # the probe measures waits their start-up, so it measures few
+    study_file["space"].update(batch_size=32, num_workers=[0, 4], precision="bf16")
     path.write_text(yaml.safe_dump(study_file))
     assert main(["run", str(path), "--quiet"]) == 0
     study = load(path)
