@@ -13,6 +13,7 @@ combination.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -136,7 +137,9 @@ def for_run(
     from the budget; once a trial has reached the target the study knows one. Only the knobs the
     probe fixed move (its loader and its step's formats), never the precision nor anything the
     sampler chose, and only where all of them are fixed: `config` as it is otherwise."""
-    if not samples or outcome.get("kind") != "joint" or not outcome.get("chosen"):
+    if not samples or not math.isfinite(samples):  # no trial has reached it, or none counted
+        return dict(config)
+    if outcome.get("kind") != "joint" or not outcome.get("chosen"):
         return dict(config)
     setting = setting_for_run(outcome, samples, config)
     if setting is None:

@@ -492,6 +492,7 @@ def test_only_the_knobs_the_probe_fixed_move_and_only_all_together() -> None:
     moved = chosen_setting.for_run(outcome, space(), config, 2_048)
     assert moved == {**config, **loader(0)}  # prefetch_factor gone with the workers
     assert chosen_setting.for_run(outcome, space(), config, None) == config  # nothing reached
+    assert chosen_setting.for_run(outcome, space(), config, math.nan) == config  # not counted
     # a loader knob the sampler chooses: moving the rest alone would train an unchecked mix
     assert chosen_setting.for_run(outcome, space(num_workers=(0, 4)), config, 2_048) == config
     assert chosen_setting.for_run({**outcome, "chosen": None}, space(), config, 2_048) == config
