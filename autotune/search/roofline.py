@@ -166,7 +166,7 @@ def to_check(
     if soonest is not None and soonest.bottleneck == INPUT:
         at_loader = [pair for pair in timed if pair[0].loader == soonest.loader]
         chosen.append(max(at_loader, key=lambda pair: pair[0].compute_rate))
-    chosen += [pair for pair in fastest_within(frontier(timed), *within)]
+    chosen += fastest_within(frontier(timed), *within)
     return [pair for index, pair in enumerate(chosen) if pair not in chosen[:index]]
 
 
