@@ -4,24 +4,18 @@ rates, measured apart (train/rates.py), and what holds it there.
 With loader workers, batches are loaded while the step computes, so a setting trains at about
 the slower of its two rates; with none, the training process loads and then computes each batch,
 so their times add. The best predicted setting is the limit of the knob space (for a short run,
-the one predicted fastest with its start-up counted: frontier). The few predicted soonest over
-the run the study is expected to train are then measured end to end, with the frontier's
-settings that could win a run it might train, and what was measured decides, start-up counted:
-the rates leave out what runs only when both run at once (the two sharing a CPU's cores, a copy
-waiting for a step).
+the one predicted fastest with its start-up counted: frontier). Which settings are then
+measured end to end, and which the measurements choose: search/end_to_end.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for
 
-CHECKED = 3  # the settings predicted soonest over the run chosen for, measured end to end
-TIE = 0.05  # times this close, from end-to-end speeds, are one time: the windows' noise
 # Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
 # which a rate does not show), and so is checkpointing: at the probe's one batch it only
 # recomputes, while what it buys is a larger batch that fits.
@@ -118,8 +112,8 @@ def frontier(timed: Sequence[tuple[Prediction, float]]) -> list[tuple[Prediction
         # the last kept is fastest only between the run lengths where the one before it and
         # this one overtake it; where those cross, it never is
         while len(kept) >= 2 and crossing(
-            _timing(kept[-1]), (prediction.samples_per_second, start)
-        ) >= crossing(_timing(kept[-2]), _timing(kept[-1])):
+            timing(kept[-1]), (prediction.samples_per_second, start)
+        ) >= crossing(timing(kept[-2]), timing(kept[-1])):
             kept.pop()
         kept.append((prediction, start))
     return kept
@@ -132,79 +126,8 @@ def crossing(faster: tuple[float, float], sooner: tuple[float, float]) -> float:
     return (fast_start - slow_start) / (1 / slow - 1 / fast)
 
 
-def _timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
+def timing(timed: tuple[Prediction, float]) -> tuple[float, float]:
     return timed[0].samples_per_second, timed[1]
-
-
-def run_length(shortest: float, longest: float) -> float:
-    """The run, in samples, the probe chooses a setting for, before any trial has trained: the
-    middle on a log scale of the shortest run a trial trains and the longest. A trial's samples
-    to target are unknown until one reaches it; the log-scale middle is within
-    sqrt(longest / shortest) of every run the study can train, and a setting chosen for the wrong
-    length loses least near where two settings cross."""
-    return math.sqrt(max(1.0, min(shortest, longest)) * max(1.0, longest))
-
-
-def to_check(
-    timed: Sequence[tuple[Prediction, float]],
-    *,
-    samples: float,
-    count: int = CHECKED,
-    within: tuple[float, float],
-) -> list[tuple[Prediction, float]]:
-    """Of (prediction, start-up seconds) pairs, the `count` predicted soonest over a run of
-    `samples` (start-up + samples / rate), then each setting of their frontier that is the
-    fastest for some run `within` (shortest, longest) not among them: the fastest rate for the
-    longest runs, one that starts sooner for the shortest. Where the loader holds the soonest,
-    its loader with the fastest step as well: the rates predict every step that outpaces the
-    loader alike, but end to end a step's own CPU work (launches, the optimizer) takes cores from
-    the workers (on an H200, 16 pinned workers fed the fused fp16 step 48,354 samples/s and the
-    unfused one 41,381). These are measured end to end."""
-    ranked = sorted(timed, key=lambda pair: pair[1] + samples / pair[0].samples_per_second)
-    chosen = list(ranked[:count])
-    soonest = ranked[0][0] if ranked else None
-    if soonest is not None and soonest.bottleneck == INPUT:
-        at_loader = [pair for pair in timed if pair[0].loader == soonest.loader]
-        chosen.append(max(at_loader, key=lambda pair: pair[0].compute_rate))
-    chosen += fastest_within(frontier(timed), *within)
-    return [pair for index, pair in enumerate(chosen) if pair not in chosen[:index]]
-
-
-def fastest_within(
-    kept: Sequence[tuple[Prediction, float]], shortest: float, longest: float
-) -> list[tuple[Prediction, float]]:
-    """Of a frontier (fastest first), the settings that are the fastest for some run of between
-    `shortest` and `longest` samples: a setting that wins only runs shorter than the first
-    evaluation, or longer than the budget allows, wins no run the study trains."""
-    fastest = []
-    for index, this in enumerate(kept):
-        # fastest from where it overtakes the next (which starts sooner) to where the one before
-        # (which trains faster) overtakes it
-        below = crossing(_timing(this), _timing(kept[index + 1])) if index + 1 < len(kept) else 0
-        above = crossing(_timing(kept[index - 1]), _timing(this)) if index else math.inf
-        if below <= longest and above >= shortest:
-            fastest.append(this)
-    return fastest
-
-
-def decide(
-    checked: Sequence[tuple[Prediction, float | None, float]], *, samples: float
-) -> tuple[Prediction, float]:
-    """Of (prediction, speed measured end to end, start-up seconds measured apart) triples, the
-    setting that finishes a run of `samples` soonest (start-up + samples / speed), with its
-    measured speed; among those within TIE of it, the one with the fastest step: held by the same
-    loader they measure alike, and the faster step runs ahead wherever batches wait (after each
-    evaluation, the clock paused while the workers loaded)."""
-    timed = [
-        (p, speed, start + samples / speed)
-        for p, speed, start in checked
-        if speed and math.isfinite(speed)
-    ]
-    if not timed:
-        raise ValueError("no setting ran end to end")
-    soonest = min(seconds for _, _, seconds in timed)
-    tied = [(p, speed) for p, speed, seconds in timed if seconds <= (1 + TIE) * soonest]
-    return max(tied, key=lambda pair: pair[0].compute_rate)
 
 
 def at_batch(

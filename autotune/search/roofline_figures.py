@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.search.end_to_end import TIE, decide
 from autotune.search.recipe import training_threads
-from autotune.search.roofline import MEASURED_FORMATS, TIE, Prediction, decide, frontier
+from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
 from autotune.search.space import LOADER_KNOBS
 
 # What a compute setting names (a loader setting names LOADER_KNOBS).
@@ -56,7 +57,7 @@ def setting_for_run(
 ) -> dict[str, Any] | None:
     """Of the settings the joint probe measured end to end at `current`'s precision, the one
     soonest over a run of `samples` (its start-up measured apart + samples / its measured speed;
-    roofline.decide): its loader and step knobs, where it finishes that run more than TIE sooner
+    end_to_end.decide): its loader and step knobs, where it finishes that run more than TIE sooner
     than `current`'s setting. None where it does not, `current`'s setting was not checked, or the
     outcome stored no start-ups (an older one)."""
     checked = [

@@ -33,7 +33,10 @@ def describe(outcome: Mapping[str, Any]) -> str:
             f"{head}, {outcome['seconds']:.1f} s): nothing settled, "
             f"as {outcome.get('unsettled', 'no setting ran')}"
         )
-    head += f", {len(outcome['checked'])} end to end, {outcome['seconds']:.1f} s{_phases(outcome)})"
+    ran = sum(1 for entry in outcome["checked"] if entry.get("measured"))
+    left = len(outcome["checked"]) - ran  # outrun before their turn (end_to_end), or failed
+    head += f", {ran} end to end" + (f" ({left} more left unmeasured)" if left else "")
+    head += f", {outcome['seconds']:.1f} s{_phases(outcome)})"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [
         f"{head}: {setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "

@@ -13,14 +13,14 @@ loader makes more workers look useless. Here instead:
    best predicted is the knob space's limit; for a short run, where a setting's start-up
    (measured apart) outweighs a faster rate, the limit is the fastest with it counted, of the
    settings kept as `frontier`;
-3. the few predicted soonest over the run the budget suggests (roofline.run_length) are
-   measured end to end with the real pipeline, one at a time (train/throughput.py), and the one
-   measured soonest over that run is kept: the loader knobs and the formats are fixed to it
-   (until a trial reaching the target shows a run that another checked setting finishes
-   sooner: chosen_setting.for_run), and a narrower precision stays in the space only where it
-   ran faster. On a CPU the loader and the step share the same cores, so their rates apart
-   overstate what runs together: there the end-to-end measurement is what decides, and the
-   report says so.
+3. the few predicted soonest over the run the budget suggests (end_to_end.run_length) are
+   measured end to end with the real pipeline, one at a time (train/throughput.py), soonest
+   first and none that one measured already outruns, and the one soonest over that run is kept:
+   the loader knobs and the formats are fixed to it (until a trial reaching the target shows a
+   run that another checked setting finishes sooner: chosen_setting.for_run), and a narrower
+   precision stays in the space only where it ran faster. On a CPU the loader and the step
+   share the same cores, so their rates apart overstate what runs together: there the
+   end-to-end measurement is what decides, and the report says so.
 
 The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
 adds both rates, predicted beside measured, the bottleneck and the limit.
@@ -35,7 +35,7 @@ from typing import Any
 from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
-from autotune.search import probe, roofline, roofline_text, screening
+from autotune.search import end_to_end, probe, roofline, roofline_text, screening
 from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
 from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Space, complete
@@ -119,15 +119,15 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         train_samples=len(prepared.task.train),
         fastest=timed[0][0].samples_per_second,
     )
-    run_samples = roofline.run_length(*runs)
-    checked = roofline.to_check(
+    run_samples = end_to_end.run_length(*runs)
+    checked = end_to_end.to_check(
         starts,
         samples=run_samples,
-        count=roofline.CHECKED * (2 if device.type == "cpu" else 1),
+        count=end_to_end.CHECKED * (2 if device.type == "cpu" else 1),
         within=runs,
     )
     # one at a time, as the loaders: side by side, each one's workers would refill their queue
-    # while another is timed
+    # while another is timed; soonest first, and none that one measured already outruns
     ends = measured(
         throughput.measure_in_turn,
         {str(i): config(p.setting) for i, (p, _) in enumerate(checked)},
@@ -136,13 +136,17 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
             for i, (p, _) in enumerate(checked)
             if p.overlapped
         },
+        end_to_end.Outrun(
+            {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
+            within=runs,
+        ),
     )
     bar.update(len(checked))
     # start-up as measured apart: the end-to-end windows begin after it
     speeds = [(p, ends[str(i)].samples_per_second, start) for i, (p, start) in enumerate(checked)]
     if not any(speed for _, speed, _ in speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
-    chosen, speed = roofline.decide(speeds, samples=run_samples)
+    chosen, speed = end_to_end.decide(speeds, samples=run_samples)
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
     peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
     memory = roofline.checkpointing_fit(
@@ -177,7 +181,10 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "speed": {},
         "runs": [],
         **figures,
-        "checked": [{**p.figures(), "measured": m, "start_up": start} for p, m, start in speeds],
+        "checked": [
+            {**p.figures(), "measured": m, "start_up": start, "reason": ends[str(i)].reason}
+            for i, (p, m, start) in enumerate(speeds)
+        ],
         # the run the setting was chosen for, between the shortest and the longest a trial trains
         "run_samples": run_samples,
         "run_range": list(runs),

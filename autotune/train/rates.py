@@ -149,10 +149,13 @@ def measure_loaders_in_turn(
     return in_turn(
         builders,
         out_of_memory=_out_of_memory,
-        enough=lambda _, rate: enough is not None and (rate.samples_per_second or 0) >= enough,
-        skipped=lambda _: Rate(
-            None, None, 0, 0.0, reason=f"not measured: a loader before it delivered {enough:,.0f}/s"
+        needless=lambda _, done: (
+            f"not measured: a loader before it delivered {enough:,.0f}/s"
+            if enough is not None
+            and any((r.samples_per_second or 0) >= enough for r in done.values())
+            else None
         ),
+        skipped=lambda why: Rate(None, None, 0, 0.0, reason=why),
         **{"max_rounds": LOADER_ROUNDS, **rounds},
     )
 

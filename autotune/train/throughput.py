@@ -116,6 +116,7 @@ def measure_in_turn(
     task: Task,
     configs: Mapping[K, TrialConfig],
     loader_shares: Mapping[K, float] | None = None,
+    needless: Callable[[K, Mapping[K, Throughput]], str | None] | None = None,
     *,
     device: torch.device,
     seed: int,
@@ -125,9 +126,17 @@ def measure_in_turn(
     """As `measure`, but each configuration alone, one after the other (in_turn): for settings
     with loader workers on a GPU host, where interleaving would time one while the others'
     workers refill their queues on the same cores. `loader_shares`: each one's loader rate over
-    its step's, where known (measured apart), so that its windows begin on an empty queue."""
+    its step's, where known (measured apart), so that its windows begin on an empty queue.
+    `needless(key, measured so far)`: why a configuration need not be measured (None: measure
+    it); it then has no figure, and that reason."""
     builders = _builders(task, configs, device, seed, window_steps, shares=loader_shares)
-    return in_turn(builders, out_of_memory=_out_of_memory, **rounds)
+    return in_turn(
+        builders,
+        out_of_memory=_out_of_memory,
+        needless=needless,
+        skipped=lambda why: Throughput(None, None, 0, 0.0, reason=why),
+        **rounds,
+    )
 
 
 def _builders(
@@ -188,21 +197,18 @@ def in_turn(
     builders: Mapping[K, Callable[[], Any]],
     *,
     out_of_memory: Callable[[str], R],
-    enough: Callable[[K, R], bool] | None = None,
-    skipped: Callable[[K], R] | None = None,
+    needless: Callable[[K, Mapping[K, R]], str | None] | None = None,
+    skipped: Callable[[str], R] | None = None,
     **rounds: Any,
 ) -> dict[K, R]:
     """measure_sessions for one session at a time, each closed (its loader workers gone) before
-    the next is built. `enough(key, result)`: True once the rest need not be measured; each of
-    them is then `skipped(key)`."""
+    the next is built. `needless(key, results so far)`: why `key` need not be measured (None:
+    measure it); it is then `skipped(why)`."""
     results: dict[K, R] = {}
     for key, build_session in builders.items():
-        if (
-            enough is not None
-            and skipped is not None
-            and any(enough(k, r) for k, r in results.items())
-        ):
-            results[key] = skipped(key)
+        why = needless(key, results) if needless is not None else None
+        if why is not None and skipped is not None:
+            results[key] = skipped(why)
             continue
         results.update(
             measure_sessions({key: build_session}, out_of_memory=out_of_memory, **rounds)
