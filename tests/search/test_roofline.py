@@ -188,11 +188,14 @@ def config(**settings) -> TrialConfig:
 
 def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> None:
     # smaller costs let the step's own arithmetic and hand-overs show
+    batch = 64  # a window is 10 steps: half as long as at 128
     load_seconds = paced.LOAD_SECONDS
     task = paced.make(load_seconds=load_seconds, compute_seconds=paced.COMPUTE_SECONDS)
-    loaders = {f"w{w}": config(**loader(w)) for w in (0, 2, 4)}
+    loaders = {f"w{w}": config(**loader(w), batch_size=batch) for w in (0, 2, 4)}
     computes = {
-        f"{p}@{w}": config(**compute(p), num_workers=w) for p in ("fp32", "bf16") for w in (0, 4)
+        f"{p}@{w}": config(**compute(p), num_workers=w, batch_size=batch)
+        for p in ("fp32", "bf16")
+        for w in (0, 4)
     }
     measured = rates.measure(task, loaders, computes, device=CPU, seed=1)
     speed = {k: v.samples_per_second for k, v in measured.items()}
@@ -205,7 +208,7 @@ def test_rates_apart_follow_the_set_costs_and_predict_the_end_to_end_speed() -> 
     assert measured["w4"].fixed_seconds > measured["w0"].fixed_seconds  # four workers to start
 
     combos = {
-        (w, p): config(**loader(w), **compute(p))
+        (w, p): config(**loader(w), **compute(p), batch_size=batch)
         for w, p in ((0, "fp32"), (2, "fp32"), (2, "bf16"), (4, "bf16"))
     }
     end_to_end = throughput.measure(
