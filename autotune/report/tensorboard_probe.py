@@ -145,7 +145,11 @@ def _text(outcome: Mapping[str, Any]) -> str:
             "Checked end to end (samples/s):",
             _table(
                 outcome.get("checked", []),
-                [("predicted", "predicted", _number), ("measured", "measured", _number)],
+                [
+                    ("predicted", "predicted", _number),
+                    ("measured", "measured", _number),
+                    ("note", "reason", str),
+                ],
             ),
         ]
         if outcome.get("batches"):

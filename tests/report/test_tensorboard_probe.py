@@ -59,9 +59,12 @@ def read(run: Path) -> event_accumulator.EventAccumulator:
 
 
 def figures(folder: Path, tag: str) -> dict[str, list[tuple[int, float]]]:
-    """Each run under `folder` -> its (step, value) points of `tag`."""
+    """Each run under `folder` that has `tag` -> its (step, value) points of it."""
+    runs = {run.name: read(run) for run in folder.iterdir()}
     return {
-        run.name: [(e.step, e.value) for e in read(run).Scalars(tag)] for run in folder.iterdir()
+        name: [(e.step, e.value) for e in run.Scalars(tag)]
+        for name, run in runs.items()
+        if tag in run.Tags()["scalars"]
     }
 
 
@@ -88,7 +91,10 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     assert any(name.startswith("precision=bf16") for name in computes)
     predicted = figures(folder / "end_to_end", "probe/end_to_end_predicted")
     measured = figures(folder / "end_to_end", "probe/end_to_end_measured")
-    assert len(predicted) == len(outcome["checked"]) and set(measured) == set(predicted)
+    # a setting left unmeasured (one measured before it outran it) has its prediction alone
+    ran = [c for c in outcome["checked"] if c["measured"]]
+    assert len(predicted) == len(outcome["checked"]) and set(measured) <= set(predicted)
+    assert len(measured) == len(ran) >= 1
     # a run is named by its setting's knobs alone, not by its figures (its start-up, say)
     knobs = {"num_workers", "prefetch_factor", "pin_memory", "precision", *FORMAT_KNOBS}
     assert all({part.split("=")[0] for part in name.split(",")} <= knobs for name in predicted)
@@ -96,7 +102,7 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
         sorted(c["predicted"] for c in outcome["checked"]), rel=1e-6
     )
     assert sorted(v for [(_, v)] in measured.values()) == pytest.approx(
-        sorted(c["measured"] for c in outcome["checked"]), rel=1e-6
+        sorted(c["measured"] for c in ran), rel=1e-6
     )
     # the chosen setting at each micro-batch, its batch the step: at the probe's own, as measured
     # end to end
@@ -111,7 +117,7 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     text = summary(folder)
     assert text.startswith("Joint systems probe (batch 32: 2 loader and ")
     assert "| num_workers | prefetch_factor | pin_memory | samples/s |" in text
-    assert "| predicted | measured |" in text
+    assert "| predicted | measured | note |" in text
     assert (
         "| batch_size | loader rate | compute rate | predicted | expected | bottleneck | note |"
         in text
