@@ -3,7 +3,7 @@ seconds of short measurements before the search, not learning curves.
 
 - DIR/probe: one text summary (tag `probe/summary`, the Text tab): the report's lines on the
   probe and a table of every measurement.
-- `probe: joint`, one run per measured setting, each figure at step 0:
+- `probe: joint`, one run per setting, each figure it has at step 0:
   DIR/probe/loader/SETTING `probe/loader_rate`, DIR/probe/compute/SETTING `probe/compute_rate`
   (samples/s, measured apart), DIR/probe/end_to_end/SETTING `probe/end_to_end_predicted` and
   `probe/end_to_end_measured` (samples/s of the settings checked end to end), and DIR/probe/batches
@@ -14,8 +14,9 @@ seconds of short measurements before the search, not learning curves.
   probe's order.
 
 SETTING names the knobs, as in `num_workers=2,prefetch_factor=2,pin_memory` (a knob that is
-off is left out). A setting with no figure (out of memory, say) has no point, only its row in
-the table.
+off is left out). A setting with no rate measured apart (out of memory, say) has no run, only its
+row in the table; one checked end to end but left unmeasured there (outrun before its turn) has
+its predicted figure alone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ NOT_KNOBS = {
     *RATE_FIGURES,
     *BATCH_FIGURES[1:],
     *("oom", "reason", "threads", "seconds", "measured", "bottleneck", "idle_share", "start_up"),
+    "first_steps_seconds",
 }
 
 

@@ -34,6 +34,14 @@ def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> 
     return ((loader or {}).get("fixed_seconds") or 0.0) + ((step or {}).get("fixed_seconds") or 0.0)
 
 
+def first_steps_seconds(outcome: Mapping[str, Any]) -> float | None:
+    """What a measuring process's first steps loaded (CUDA's libraries and first kernels), beyond
+    what a later step of the same took; in no setting's start-up. None where unmeasured (a probe
+    measured in a process that had taken them, or stored before the figure was)."""
+    figures = [r.get("first_steps_seconds") for r in outcome.get("compute_rates", [])]
+    return max((f for f in figures if f is not None), default=None)
+
+
 def limit_for(outcome: Mapping[str, Any], samples: float) -> dict[str, Any] | None:
     """The knob space's limit for a run of `samples`: of the settings the probe kept as best for
     some run length (`frontier`), the one predicted to take the least time, start-up measured

@@ -8,10 +8,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.search.end_to_end import OUTRUN
 from autotune.search.roofline import INPUT, Prediction, crossing
 from autotune.search.roofline_figures import (
     by_batch,
     checked_entry,
+    first_steps_seconds,
     frontier_of,
     start_up_seconds,
 )
@@ -33,10 +35,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
             f"{head}, {outcome['seconds']:.1f} s): nothing settled, "
             f"as {outcome.get('unsettled', 'no setting ran')}"
         )
-    ran = sum(1 for entry in outcome["checked"] if entry.get("measured"))
-    left = len(outcome["checked"]) - ran  # outrun before their turn (end_to_end), or failed
-    head += f", {ran} end to end" + (f" ({left} more left unmeasured)" if left else "")
-    head += f", {outcome['seconds']:.1f} s{_phases(outcome)})"
+    head += f", {_checked(outcome['checked'])}, {outcome['seconds']:.1f} s{_phases(outcome)})"
     error = chosen["measured"] / chosen["predicted"] - 1
     lines = [
         f"{head}: {setting_text(chosen)}: {_rate(chosen['measured'])} end to end, "
@@ -56,12 +55,29 @@ def describe(outcome: Mapping[str, Any]) -> str:
         lines.append(compile_text(compiled, batch=outcome["batch_size"]))
     if outcome.get("checkpointing"):
         lines.append(checkpointing_text(outcome["checkpointing"]))
+    first = first_steps_seconds(outcome)
+    if first is not None and not outcome.get("shared_cores"):
+        lines.append(
+            f"A process's first steps took {first:.2f} s more than later ones (loading the "
+            "device's libraries and first kernels), in no setting's start-up: a trial in a fresh "
+            "process pays them on its clock, one in a warm process (isolation: warm) once"
+        )
     if outcome.get("shared_cores"):
         lines.append(
             "On a CPU the loader and the step share the same cores, so what runs together "
             "differs from their rates apart: the end-to-end measurement decided"
         )
     return "\n".join(lines)
+
+
+def _checked(entries: list[Mapping[str, Any]]) -> str:
+    """`4 end to end (2 more outrun before their turn, 1 without a figure)`."""
+    ran = sum(1 for entry in entries if entry.get("measured"))
+    outrun = sum(1 for entry in entries if (entry.get("reason") or "").startswith(OUTRUN))
+    failed = len(entries) - ran - outrun  # out of memory, or no window timed
+    left = [f"{outrun} more outrun before their turn"] if outrun else []
+    left += [f"{failed} without a figure"] if failed else []
+    return f"{ran} end to end" + (f" ({', '.join(left)})" if left else "")
 
 
 def run_text(outcome: Mapping[str, Any]) -> str:

@@ -18,9 +18,9 @@ loader makes more workers look useless. Here instead:
    first and none that one measured already outruns, and the one soonest over that run is kept:
    the loader knobs and the formats are fixed to it (until a trial reaching the target shows a
    run that another checked setting finishes sooner: chosen_setting.for_run), and a narrower
-   precision stays in the space only where it ran faster. On a CPU the loader and the step
-   share the same cores, so their rates apart overstate what runs together: there the
-   end-to-end measurement is what decides, and the report says so.
+   precision stays only where it ran faster. On a CPU the loader and the step share the same
+   cores, so their rates apart overstate what runs together: there the end-to-end measurement
+   is what decides, and the report says so.
 
 The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
 adds both rates, predicted beside measured, the bottleneck and the limit.
@@ -291,7 +291,8 @@ def _precisions_kept(
     space: Space,
 ) -> list[str]:
     """The chosen setting's precision, and every other that ran faster end to end at its loader,
-    the search then weighing its speed against its effect on convergence."""
+    the search then weighing its speed against its effect on convergence. One left unmeasured
+    there (outrun over every run the study trains: end_to_end.Outrun) cannot win: dropped."""
     at_loader = [(p, speed) for p, speed, _ in speeds if speed and p.loader == chosen.loader]
     slowest = min(speed for _, speed in at_loader)
     kept = {chosen.compute["precision"]} | {

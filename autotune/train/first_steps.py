@@ -5,13 +5,15 @@ and their first kernels: 1 s on an H200, where a later step of the same kind sta
 Timed, that would land on whichever setting happened to be measured first, and a setting's
 start-up decides which runs it wins (search/roofline.py). What only a narrower precision, cuDNN's
 search or a fused step loads still lands on the first such setting measured: a trial of it in a
-fresh process pays that too.
+fresh process pays that too. The seconds the first steps took beyond a later process's are kept
+as a figure of their own: a trial in a fresh process pays them, one in a warm process once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,17 +36,25 @@ def plain(config: TrialConfig) -> TrialConfig:
     )
 
 
-def take_once(device: torch.device, steps: Callable[[], None]) -> None:
-    """`steps()` (build a plain step and take a few), unless this process has on `device`. Tried
-    once: a step out of memory would be again, and the settings' own sessions meet that limit,
-    each a result."""
+def take_once(device: torch.device, session: Callable[[], Any]) -> float | None:
+    """Build `session()` (a plain step that takes a few steps; its `startup_seconds` timed, its
+    `close()`) twice, unless this process has on `device`: the first build's start-up beyond the
+    second's is what the process's first steps loaded, returned. None where this process has
+    taken them, or a step ran out of memory (tried once: it would again, and the settings' own
+    sessions meet that limit, each a result)."""
     if str(device) in _taken:
-        return
+        return None
     _taken.add(str(device))
     try:
-        steps()
-        return
+        first, later = (_start_up(session()) for _ in range(2))
+        return max(0.0, first - later)
     except Exception as exc:
         if not oom.is_oom(exc):
             raise
     oom.free_memory()  # out of the handler: the failed step's tensors went with the exception
+    return None
+
+
+def _start_up(session: Any) -> float:
+    session.close()
+    return session.startup_seconds

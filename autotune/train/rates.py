@@ -62,6 +62,8 @@ class Rate:
     peak_memory_bytes: int | None = None
     oom: bool = False
     reason: str | None = None
+    # what the measuring process's first steps loaded, on a compute rate they preceded
+    first_steps_seconds: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,11 +83,11 @@ def measure(
     the compute rate of each of `computes` (all but its loader settings; its num_workers sets
     only the torch threads), interleaved in one series of rounds; keys must differ between the
     two. `rounds`: interleave's options."""
+    first_load = None
     if computes:  # untimed, or the first setting measured would carry them
         plain = first_steps.plain(next(iter(computes.values())))
-        first_steps.take_once(
-            device,
-            lambda: _ComputeSession(task, plain, device=device, seed=seed, window_steps=1).close(),
+        first_load = first_steps.take_once(
+            device, lambda: _ComputeSession(task, plain, device=device, seed=seed, window_steps=1)
         )
     builders = {
         key: functools.partial(
@@ -99,7 +101,11 @@ def measure(
         )
         for key, config in [*loaders.items(), *computes.items()]
     }
-    return measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
+    measured = measure_sessions(builders, out_of_memory=_out_of_memory, **rounds)
+    return {
+        k: dataclasses.replace(r, first_steps_seconds=first_load) if k in computes else r
+        for k, r in measured.items()
+    }
 
 
 def measure_in_groups(

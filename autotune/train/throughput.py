@@ -204,10 +204,13 @@ def in_turn(
     """measure_sessions for one session at a time, each closed (its loader workers gone) before
     the next is built. `needless(key, results so far)`: why `key` need not be measured (None:
     measure it); it is then `skipped(why)`."""
+    if needless is not None and skipped is None:
+        raise TypeError("in_turn: needless needs skipped, the result of a setting not measured")
     results: dict[K, R] = {}
     for key, build_session in builders.items():
         why = needless(key, results) if needless is not None else None
-        if why is not None and skipped is not None:
+        if why is not None:
+            assert skipped is not None  # checked above
             results[key] = skipped(why)
             continue
         results.update(

@@ -61,9 +61,12 @@ def test_measured_in_turn_each_setting_is_asked_whether_one_before_it_outruns_it
     assert measured == ["fast", "close"]
     assert results["slow"].samples_per_second is None
     assert results["slow"].reason == (
-        "not measured: at its predicted 1,000 samples/s it would finish every run the study "
-        "trains later than a setting measured at 3,000/s"
+        "not measured: even at 2x its predicted 1,000 samples/s it would finish every "
+        "run the study trains later than a setting measured at 3,000/s"
     )
+    # a rule for what need not be measured needs the result to record instead
+    with pytest.raises(TypeError):
+        throughput.in_turn({}, out_of_memory=lambda why: why, needless=needless)
     assert results["close"].samples_per_second == 2800.0
 
 

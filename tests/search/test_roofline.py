@@ -243,6 +243,40 @@ def test_a_process_s_first_steps_land_on_no_setting_s_start_up(
     assert max(starts.values()) < 0.5, starts
     # ... and it was paid: the task's first step has waited
     assert task.model().first_use == {}
+    # ... and measured, as a figure of its own: the first of two plain steps' start-up beyond
+    # the second's (the 1 s wait, and what torch loads on its first steps in a fresh process)
+    first = {v.first_steps_seconds for v in measured.values()}
+    assert len(first) == 1 and 0.9 < first.pop() < 5.0
+    again = rates.measure_in_groups(
+        task, {"fp32": config(**compute("fp32"))}, rates.COMPUTE_GROUP, device=CPU, seed=1
+    )
+    assert again["fp32"].first_steps_seconds is None  # this process had taken them
+    # the report says what a trial in a fresh process pays, on a device the loader does not
+    # share (a GPU's)
+    outcome = {
+        "batch_size": 128,
+        "loader_rates": [{**loader(2), "samples_per_second": 5000.0, "fixed_seconds": 0.3}],
+        "compute_rates": [
+            {**compute(p), **rate.as_json(), "threads": 1} for p, rate in measured.items()
+        ],
+        "limit": {**loader(2), **compute("bf16"), "predicted": 4000.0, "bottleneck": "compute"},
+        "chosen": {
+            **loader(2),
+            **compute("bf16"),
+            "predicted": 4000.0,
+            "measured": 3900.0,
+            "loader_rate": 5000.0,
+            "compute_rate": 4000.0,
+            "bottleneck": "compute",
+            "idle_share": 0.0,
+        },
+        "checked": [],
+        "seconds": 5.0,
+        "moves": "a larger batch",
+    }
+    said = f"A process's first steps took {measured['fp32'].first_steps_seconds:.2f} s more than"
+    assert said in roofline_text.describe({**outcome, "shared_cores": False})
+    assert said not in roofline_text.describe({**outcome, "shared_cores": True})
 
 
 def write_study(
@@ -356,14 +390,16 @@ def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
     assert picked[1] == "fp32"
     bf16 = [c for c in outcome["checked"] if c["precision"] == "bf16"]
     fp32_starts = [c["start_up"] for c in outcome["checked"] if c["precision"] == "fp32"]
-    assert min(c["start_up"] for c in bf16) > max(fp32_starts) + 0.5  # the first bf16 step's wait
     assert bf16 and all(c["measured"] is None for c in bf16)
-    assert all("would finish every run the study trains later" in c["reason"] for c in bf16)
+    assert min(c["start_up"] for c in bf16) > max(fp32_starts) + 0.5  # the first bf16 step's wait
+    assert all(c["reason"].startswith(end_to_end.OUTRUN) for c in bf16)
+    # outrun over every run the study trains, bf16 cannot win: the search keeps fp32 alone
+    assert outcome["precisions"] == ["fp32"]
     report = report_of(path, capsys)
     assert f"Chosen for a run of {outcome['run_samples']:,.0f} samples" in report
     measured = sum(1 for c in outcome["checked"] if c["measured"])
     left = len(outcome["checked"]) - measured
-    assert f"{measured} end to end ({left} more left unmeasured)" in report
+    assert f"{measured} end to end ({left} more outrun before their turn)" in report
 
 
 def test_once_a_trial_reaches_the_target_the_next_train_at_the_setting_soonest_over_its_run(
