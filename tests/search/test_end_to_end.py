@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.search import end_to_end, roofline
+from autotune.search import end_to_end, roofline, roofline_text
 from autotune.train import throughput
 from tests.search.test_roofline import compute, loader
 
@@ -100,3 +100,38 @@ def test_the_setting_chosen_is_the_soonest_over_the_run_it_is_chosen_for() -> No
     assert end_to_end.run_length(1_000, 100_000) == pytest.approx(10_000)
     # a budget that ends before the first evaluation evaluates there: every run is that long
     assert end_to_end.run_length(1_000, 500) == pytest.approx(500)
+
+
+def test_the_report_counts_settings_outrun_apart_from_those_without_a_figure() -> None:
+    chosen = roofline.Prediction(
+        loader(4), compute("bf16"), loader_rate=5000.0, compute_rate=4000.0
+    )
+    entries = [
+        {**chosen.figures(), "measured": 3900.0, "start_up": 0.1, "reason": None},
+        {
+            **roofline.Prediction(loader(0), compute("bf16"), 900.0, 4000.0).figures(),
+            "measured": None,
+            "start_up": 0.0,
+            "reason": f"{end_to_end.OUTRUN} even at 2x its predicted 734 samples/s ...",
+        },
+        {
+            **roofline.Prediction(loader(4), compute("fp32"), 5000.0, 2000.0).figures(),
+            "measured": None,
+            "start_up": 0.1,
+            "reason": "out of memory: CUDA out of memory",
+        },
+    ]
+    outcome = {
+        "batch_size": 128,
+        "loader_rates": [],
+        "compute_rates": [],
+        "limit": chosen.figures(),
+        "chosen": {**chosen.figures(), "measured": 3900.0},
+        "checked": entries,
+        "seconds": 5.0,
+        "moves": "a larger batch",
+    }
+    head = roofline_text.describe(outcome).splitlines()[0]
+    assert "1 end to end (1 more outrun before their turn, 1 without a figure)" in head
+    outcome["checked"] = entries[:1]
+    assert "1 end to end, 5.0 s" in roofline_text.describe(outcome).splitlines()[0]
