@@ -5,8 +5,8 @@ and their first kernels: 1 s on an H200, where a later step of the same kind sta
 Timed, that would land on whichever setting happened to be measured first, and a setting's
 start-up decides which runs it wins (search/roofline.py). What only a narrower precision, cuDNN's
 search or a fused step loads still lands on the first such setting measured: a trial of it in a
-fresh process pays that too. The seconds the first steps took beyond a later process's are kept
-as a figure of their own: a trial in a fresh process pays them, one in a warm process once.
+fresh process pays that too. What the first steps took beyond the same steps taken again is kept
+as a figure of its own: a trial in a fresh process pays it, one in a warm process once.
 """
 
 from __future__ import annotations
