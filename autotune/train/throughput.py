@@ -197,20 +197,17 @@ def in_turn(
     builders: Mapping[K, Callable[[], Any]],
     *,
     out_of_memory: Callable[[str], R],
+    skipped: Callable[[str], R],
     needless: Callable[[K, Mapping[K, R]], str | None] | None = None,
-    skipped: Callable[[str], R] | None = None,
     **rounds: Any,
 ) -> dict[K, R]:
     """measure_sessions for one session at a time, each closed (its loader workers gone) before
     the next is built. `needless(key, results so far)`: why `key` need not be measured (None:
     measure it); it is then `skipped(why)`."""
-    if needless is not None and skipped is None:
-        raise TypeError("in_turn: needless needs skipped, the result of a setting not measured")
     results: dict[K, R] = {}
     for key, build_session in builders.items():
         why = needless(key, results) if needless is not None else None
         if why is not None:
-            assert skipped is not None  # checked above
             results[key] = skipped(why)
             continue
         results.update(
