@@ -5,7 +5,7 @@ loader settled at fp32 makes a narrower precision look useless, and a precision 
 loader makes more workers look useless. Here instead:
 
 1. every compute setting's rate and every loader setting's rate are measured apart, at the
-   probe's micro-batch (train/rates.py): loader settings + compute settings runs. The compute
+   probe's micro-batch (study/rates_apart.py): loader settings + compute settings runs. The compute
    settings are interleaved; the loaders run one at a time, fewest workers first, at the
    largest prefetch (side by side, one's workers would refill their queue on the cores another
    is timed on), and stop once one outpaces every step;
@@ -29,22 +29,21 @@ adds both rates, predicted beside measured, the bottleneck and the limit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
-from autotune.search import end_to_end, probe, roofline, roofline_text, screening
+from autotune.search import end_to_end, probe, roofline, roofline_text
 from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
 from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import StudySpec
-from autotune.study import budget, chosen_setting
+from autotune.study import budget, chosen_setting, rates_apart
 from autotune.study.preparation import Prepared
-from autotune.train import rates, telemetry, throughput
+from autotune.train import telemetry, throughput
 from autotune.train.config import TrialConfig
-from autotune.train.measure import cpu_count, other_load, threads_for
+from autotune.train.measure import cpu_count, other_load
 
 # The probe's phases, by the measurement that runs each.
 PHASES = {
@@ -52,7 +51,6 @@ PHASES = {
     "measure_loaders_in_turn": "loaders",
     "measure_in_turn": "end_to_end",
 }
-ENOUGH_MARGIN = 1.1  # a loader this many times the fastest step's rate needs no more workers
 
 
 def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
@@ -97,7 +95,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
             phase = phase or PHASES[work.__name__]
             phases[phase] = phases.get(phase, 0.0) + time.monotonic() - started
 
-    predictions, figures = _predicted(
+    predictions, figures = rates_apart.predicted(
         measured,
         loaders,
         roofline.compute_settings(space),
@@ -211,78 +209,6 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }
-
-
-def _predicted(
-    measured: Callable[..., dict[str, rates.Rate]],
-    loaders: list[dict[str, Any]],
-    computes: list[dict[str, Any]],
-    config: Callable[[dict[str, Any]], TrialConfig],
-    *,
-    on_cpu: bool,
-    bar: Any,
-) -> tuple[list[roofline.Prediction], dict[str, Any]]:
-    """Every loader setting's rate and every compute setting's, measured apart, and each pair's
-    predicted speed, fastest first; the rates as the outcome's figures."""
-    # On a CPU the loader's workers take cores from the step: its rate is measured once for each
-    # thread count the loader settings leave it (recipe.training_threads); a GPU's step runs alike.
-    threads = {s["num_workers"]: threads_for(s["num_workers"] if on_cpu else 0) for s in loaders}
-    # a thread count -> the fewest workers leaving it
-    workers_for = {t: w for w, t in sorted(threads.items(), reverse=True)}
-    keyed = {
-        f"{i}@{t}": (c, w) for i, c in enumerate(computes) for t, w in sorted(workers_for.items())
-    }
-    compute_rates: dict[str, rates.Rate] = {}
-
-    def measure_stage(indices: list[int]) -> dict[int, float | None]:
-        """Each stage's settings in one process (each another CUDA context and task to load:
-        seconds on a GPU host), at every thread count; their rates at the most threads."""
-        stage = {k: v for k, v in keyed.items() if int(k.partition("@")[0]) in indices}
-        compute_rates.update(
-            measured(
-                rates.measure_in_groups,
-                {k: config({**c, "num_workers": w}) for k, (c, w) in stage.items()},
-                rates.COMPUTE_GROUP,
-            )
-        )
-        bar.update(len(stage))
-        return {i: compute_rates[f"{i}@{max(workers_for)}"].samples_per_second for i in indices}
-
-    screening.screened(computes, measure_stage)
-    keyed = {k: v for k, v in keyed.items() if k in compute_rates}
-    fastest_step = max((r.samples_per_second or 0.0 for r in compute_rates.values()), default=0.0)
-    # a loader this much faster than every step leaves more workers nothing to feed
-    enough = ENOUGH_MARGIN * fastest_step if fastest_step else None
-    loader_rates: dict[str, rates.Rate] = {}
-
-    def measure_loaders(indices: list[int]) -> dict[int, float | None]:
-        these = {str(i): config({**computes[0], **loaders[i]}) for i in indices}
-        loader_rates.update(measured(rates.measure_loaders_in_turn, these, enough))
-        bar.update(len(indices))
-        return {i: loader_rates[str(i)].samples_per_second for i in indices}
-
-    screening.screened_loaders(loaders, measure_loaders)
-    ran = [(str(i), s) for i, s in enumerate(loaders) if str(i) in loader_rates]
-
-    def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
-        return compute_rates[
-            f"{computes.index(compute)}@{threads[loader['num_workers']]}"
-        ].samples_per_second
-
-    predictions = roofline.predict(
-        [(s, loader_rates[i].samples_per_second) for i, s in ran],
-        [c for i, c in enumerate(computes) if f"{i}@{max(workers_for)}" in compute_rates],
-        compute_rate,
-    )
-    figures = {
-        "loader_rates": [{**s, **loader_rates[i].as_json()} for i, s in ran],
-        "compute_rates": [
-            {**c, "threads": int(k.partition("@")[2]), **compute_rates[k].as_json()}
-            for k, (c, _) in keyed.items()
-        ],
-        **({"screened_from": len(computes)} if len(computes) > screening.SCREEN_ABOVE else {}),
-    }
-    return predictions, figures
 
 
 def _precisions_kept(
