@@ -143,9 +143,10 @@ def measure_loaders_in_turn(
 ) -> dict[K, Rate]:
     """The loader rate of each of `loaders`, one at a time in the order given, each setting's
     workers gone before the next starts: side by side, the others' workers would refill their
-    queues on the same cores while one is timed. Once one delivers `enough` samples a second,
-    the rest are not measured (no figure, and the reason): given fewest workers first, each of
-    them would only feed the same step."""
+    queues on the same cores while one is timed. Once one with workers delivers `enough` samples
+    a second, the rest are not measured (no figure, and the reason): given fewest workers first,
+    each of them would only feed the same step. A loader with none counts for nothing there: it
+    loads between the steps, in the training process, so its time adds to theirs however fast."""
     builders = {
         key: functools.partial(
             _LoaderSession, task, config, device=device, seed=seed, window_steps=window_steps
@@ -158,7 +159,11 @@ def measure_loaders_in_turn(
         needless=lambda _, done: (
             f"not measured: a loader before it delivered {enough:,.0f}/s"
             if enough is not None
-            and any((r.samples_per_second or 0) >= enough for r in done.values())
+            and any(
+                (r.samples_per_second or 0) >= enough
+                for key, r in done.items()
+                if loaders[key].num_workers
+            )
             else None
         ),
         skipped=lambda why: Rate(None, None, 0, 0.0, reason=why),

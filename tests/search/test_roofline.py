@@ -902,6 +902,11 @@ def test_loaders_measured_in_turn_run_alone_and_stop_once_one_outpaces_the_step(
     stopped = rates.measure_loaders_in_turn(task, loaders, enough, device=CPU, seed=1)
     assert stopped["w1"].samples_per_second and stopped["w2"].samples_per_second is None
     assert "not measured" in stopped["w2"].reason
+    # a loader with no workers loads between the steps: however fast, workers may still pay
+    serial = {"w0": config(**loader(0)), **loaders}
+    after = rates.measure_loaders_in_turn(task, serial, enough, device=CPU, seed=1)
+    assert after["w0"].samples_per_second > enough and after["w1"].samples_per_second
+    assert after["w2"].samples_per_second is None
 
 
 def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_without_it() -> None:
