@@ -145,25 +145,21 @@ def measure_loaders_in_turn(
     workers gone before the next starts: side by side, the others' workers would refill their
     queues on the same cores while one is timed. Once one with workers delivers `enough` samples
     a second, the rest are not measured (no figure, and the reason): given fewest workers first,
-    each of them would only feed the same step. A loader with none counts for nothing there: it
-    loads between the steps, in the training process, so its time adds to theirs however fast."""
+    each would only feed the same step (one with none loads between the steps, however fast)."""
     builders = {
         key: functools.partial(
             _LoaderSession, task, config, device=device, seed=seed, window_steps=window_steps
         )
         for key, config in loaders.items()
     }
+    workers = {key for key, config in loaders.items() if config.num_workers}
     return in_turn(
         builders,
         out_of_memory=_out_of_memory,
         needless=lambda _, done: (
             f"not measured: a loader before it delivered {enough:,.0f}/s"
             if enough is not None
-            and any(
-                (r.samples_per_second or 0) >= enough
-                for key, r in done.items()
-                if loaders[key].num_workers
-            )
+            and any((done[k].samples_per_second or 0) >= enough for k in done.keys() & workers)
             else None
         ),
         skipped=lambda why: Rate(None, None, 0, 0.0, reason=why),
