@@ -15,7 +15,7 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, checked_entry, limit_for
+from autotune.search.roofline_figures import by_batch, checked_entry, compiled_speed, limit_for
 from autotune.search.roofline_text import setting_text
 from autotune.search.space import KNOBS
 
@@ -136,13 +136,11 @@ def expected_rate(
     if not there.get("expected"):
         return None
     expected = {"start_up": there["fixed_seconds"], "rate": there["expected"]}
-    compiled = outcome.get("compile") or {}
     if params.get("compile"):
-        if not compiled.get("faster") or batch != outcome["batch_size"]:
+        faster = compiled_speed(outcome, expected["start_up"], expected["rate"])
+        if faster is None or batch != outcome["batch_size"]:
             return None
-        # its compile once, then its step's gain as weighed at the chosen loader
-        expected["start_up"] += compiled["once_seconds"]
-        expected["rate"] *= compiled["faster"] / compiled["speed"]
+        expected["start_up"], expected["rate"] = faster
     return {
         **expected,
         "batch_size": batch,

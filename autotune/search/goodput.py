@@ -279,6 +279,9 @@ def describe(phase: Mapping[str, Any]) -> str:
             "largest micro-batch that fits: "
             + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items()))
         )
+    # from the joint probe: its own line says what it measured, and beside what load
+    if phase.get("from_probe"):
+        return "Throughput from the joint probe's rates (no phase of its own): " + "; ".join(parts)
     return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts) + load_note(phase)
 
 

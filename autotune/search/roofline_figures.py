@@ -154,6 +154,62 @@ def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return dict(sorted({**entries, outcome["batch_size"]: own}.items()))
 
 
+def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The goodput table's entries (search/goodput.py's Entry, as JSON) from the joint probe's
+    figures: the chosen setting at each micro-batch measured (by_batch), and each other precision
+    it kept at each of its own (`precision_batches`, measured under goodput), at the chosen loader
+    and formats, uncompiled: the speed to expect there, after its start-up; a batch out of memory
+    as one. Then, where the probe kept torch.compile, the chosen setting compiled at the probe's
+    batch, its compile on its start-up. Empty where nothing was chosen."""
+    chosen = outcome.get("chosen")
+    if not chosen or not chosen.get("measured"):
+        return []
+    knobs = {k: chosen[k] for k in (*LOADER_KNOBS, *STEP_KNOBS) if k in chosen}
+    base = {**knobs, "compile": False, "checkpointing": bool(chosen.get("checkpointing"))}
+    rows = [(chosen["precision"], batch, e) for batch, e in by_batch(outcome).items()]
+    rows += [(e["precision"], e["batch_size"], e) for e in outcome.get("precision_batches") or []]
+    entries = [
+        {
+            "settings": {**base, "precision": precision, "batch_size": batch},
+            "speed": (
+                {
+                    "samples_per_second": e["expected"],
+                    "fixed_seconds": e.get("fixed_seconds") or 0.0,
+                }
+                if e.get("expected")
+                else None
+            ),
+            "oom": bool(e.get("oom")),
+        }
+        for precision, batch, e in rows
+    ]
+    compiled = outcome.get("compile") or {}
+    own = by_batch(outcome)[outcome["batch_size"]]
+    faster = compiled_speed(outcome, own["fixed_seconds"], own["expected"])
+    if compiled.get("kept") and faster is not None:
+        start_up, rate = faster
+        entries.append(
+            {
+                "settings": {**base, "compile": True, "batch_size": outcome["batch_size"]},
+                "speed": {"samples_per_second": rate, "fixed_seconds": start_up},
+                "oom": False,
+            }
+        )
+    return entries
+
+
+def compiled_speed(
+    outcome: Mapping[str, Any], start_up: float, rate: float
+) -> tuple[float, float] | None:
+    """The chosen setting's start-up and rate at the probe's batch (`start_up`, `rate`) with
+    torch.compile as the probe weighed it: its compile once, then its step's gain at the chosen
+    loader. None where it was not weighed."""
+    compiled = outcome.get("compile") or {}
+    if not compiled.get("faster"):
+        return None
+    return start_up + compiled["once_seconds"], rate * compiled["faster"] / compiled["speed"]
+
+
 def _matching(rates: Sequence[Mapping[str, Any]], setting: Mapping[str, Any]) -> Any:
     """The first of `rates` whose settings agree with `setting` on every knob both name (a
     compute rate names the precision and formats, a loader rate the loader's knobs)."""

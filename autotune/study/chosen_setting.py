@@ -33,28 +33,53 @@ def at_batches(
     speed: float,
     batches: Sequence[int],
     config: Callable[[dict[str, Any]], TrialConfig],
+    *,
+    precisions: Mapping[str, Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """The chosen setting at each of `batches` (not the probe's own: measured already): its
     loader's and compute's rates there, the speed they predict, and that speed as the end-to-end
     check at the probe's batch (`speed`) found the prediction; a batch out of memory is a result.
-    `measured(work, *args)` runs one of train/rates.py's measurements."""
-    configs = {str(b): config({**chosen.setting, "batch_size": b}) for b in batches}
-    if not configs:
+    With `precisions` (another precision -> its batches), that precision's step at the chosen
+    formats and loader too, at each of its batches, its entries naming it (`precision`): the
+    same loader's rate, the same scale. `measured(work, *args)` runs one of train/rates.py's
+    measurements."""
+    wanted = {(None, b) for b in batches} | {
+        (p, b) for p, theirs in (precisions or {}).items() for b in theirs
+    }
+    if not wanted:
         return []
+
+    def key(precision: str | None, batch: int) -> str:
+        return f"{precision}@{batch}" if precision else str(batch)
+
+    steps_of = {
+        key(p, b): config({**chosen.setting, "batch_size": b, **({"precision": p} if p else {})})
+        for p, b in wanted
+    }
     try:
         # one at a time: beside the others, a batch's peak and out of memory would be theirs too
-        steps = measured(rates.measure_in_groups, configs, 1)
-        # a batch whose step does not run needs no loader
-        fed = {k: c for k, c in configs.items() if steps[k].samples_per_second}
+        steps = measured(rates.measure_in_groups, steps_of, 1)
+        # a batch whose steps do not run needs no loader; the loader is the same at any precision
+        fed = {
+            str(b): config({**chosen.setting, "batch_size": b})
+            for b in sorted({b for p, b in wanted if steps[key(p, b)].samples_per_second})
+        }
         loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
     except isolation.TrialFailure as failure:
         # the choice stands: only these batches go without a prediction
         why = f"a measurement failed: {failure.reason}"
-        return [{"batch_size": b, "oom": False, "reason": why} for b in sorted(batches)]
+        return [
+            {**({"precision": p} if p else {}), "batch_size": b, "oom": False, "reason": why}
+            for p, b in sorted(wanted, key=lambda w: (w[0] or "", w[1]))
+        ]
     entries = []
-    for batch in sorted(batches):
-        step, load = steps[str(batch)], loads.get(str(batch))
-        entry: dict[str, Any] = {"batch_size": batch, "peak_memory_bytes": step.peak_memory_bytes}
+    for precision, batch in sorted(wanted, key=lambda w: (w[0] or "", w[1])):
+        step, load = steps[key(precision, batch)], loads.get(str(batch))
+        entry: dict[str, Any] = {
+            **({"precision": precision} if precision else {}),
+            "batch_size": batch,
+            "peak_memory_bytes": step.peak_memory_bytes,
+        }
         if step.oom or not step.samples_per_second:
             entry.update(oom=step.oom, reason=step.reason or "no compute rate")
         elif load is None or not load.samples_per_second:

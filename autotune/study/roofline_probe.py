@@ -5,8 +5,8 @@ loader settled at fp32 makes a narrower precision look useless, and a precision 
 loader makes more workers look useless. Here instead:
 
 1. every compute setting's rate and every loader setting's rate are measured apart, at the
-   probe's micro-batch (study/rates_apart.py): loader settings + compute settings runs. The compute
-   settings are interleaved; the loaders run one at a time, fewest workers first, at the
+   probe's micro-batch (study/rates_apart.py): loader settings + compute settings runs. The
+   compute settings are interleaved; the loaders run one at a time, fewest workers first, at the
    largest prefetch (side by side, one's workers would refill their queue on the cores another
    is timed on), and stop once one outpaces every step;
 2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
@@ -20,7 +20,12 @@ loader makes more workers look useless. Here instead:
    run that another checked setting finishes sooner: chosen_setting.for_run), and a narrower
    precision stays only where it ran faster. On a CPU the loader and the step share the same
    cores, so their rates apart overstate what runs together: there the end-to-end measurement
-   is what decides, and the report says so.
+   is what decides, and the report says so;
+4. the chosen setting is measured again at the other micro-batches a trial may train
+   (chosen_setting.at_batches), under goodput each narrower precision kept too. Under goodput
+   and systems_only these figures are the table their trials are timed by
+   (throughput_phase.from_probe): no throughput phase of its own. Under systems_only the probe
+   chooses at the baseline's precision, the one its trials keep.
 
 The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
 adds both rates, predicted beside measured, the bottleneck and the limit.
@@ -28,6 +33,7 @@ adds both rates, predicted beside measured, the bottleneck and the limit.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -35,11 +41,10 @@ from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import end_to_end, probe, roofline, roofline_text
-from autotune.search.goodput import MAX_MEASURED_BATCHES, values_of
 from autotune.search.roofline_figures import start_up_seconds
 from autotune.search.space import Space, complete
-from autotune.spec.study_file import StudySpec
-from autotune.study import budget, chosen_setting, rates_apart
+from autotune.spec.study_file import GOODPUT, StudySpec
+from autotune.study import budget, chosen_setting, rates_apart, throughput_phase
 from autotune.study.preparation import Prepared
 from autotune.train import telemetry, throughput
 from autotune.train.config import TrialConfig
@@ -58,8 +63,11 @@ def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     assert prepared.task is not None and prepared.measure is not None, (
         "the probe trains the study's task"
     )
-    space, baseline = prepared.space, prepared.baseline
-    batch = probe.probe_batch(space, baseline, samples=len(prepared.task.train))
+    space = throughput_phase.probe_space(
+        spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
+    )
+    prepared = dataclasses.replace(prepared, space=space)
+    batch = probe.probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
     started = time.monotonic()
     with (
         progress.bar("joint probe", unit="measurement", leave=False) as bar,
@@ -163,18 +171,31 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         bar.update(2)
         if not compiled["kept"]:
             fixed["compile"] = False
-    others = [b for b in values_of(space["batch_size"], most=MAX_MEASURED_BATCHES) if b != batch]
-    at_batches = chosen_setting.at_batches(
-        lambda work, *args: measured(work, *args, phase="batches"), chosen, speed, others, config
+    batches = throughput_phase.table_batches(
+        spec, space, prepared.baseline, batch_norm=prepared.batch_norm
+    )
+    others = [b for b in batches if b != batch]
+    precisions = _precisions_kept(chosen, speeds, space)
+    # a goodput trial trains its maths at any precision kept: each one's table of its own
+    wanted = {p: sorted({batch, *batches}) for p in precisions if p != chosen.compute["precision"]}
+    entries = chosen_setting.at_batches(
+        lambda work, *args: measured(work, *args, phase="batches"),
+        chosen,
+        speed,
+        others,
+        config,
+        precisions=wanted if spec.objective == GOODPUT else None,
     )
     bar.update(len(others))
+    at_batches = [e for e in entries if "precision" not in e]
+    other_precisions = [e for e in entries if "precision" in e]
     return {
         "kind": "joint",
         "batch_size": batch,
         "shared_cores": device.type == "cpu",
         "loader": chosen.loader,
         "probed_loader": len(loaders) > 1,
-        "precisions": _precisions_kept(chosen, speeds, space),
+        "precisions": precisions,
         "fixed": fixed,
         "speed": {},
         "runs": [],
@@ -206,6 +227,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
             },
         ),
         "batches": at_batches,
+        **({"precision_batches": other_precisions} if other_precisions else {}),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }

@@ -20,7 +20,7 @@ import optuna
 from autotune import progress, signals
 from autotune.record import runs, schema, seeds
 from autotune.runners import isolation
-from autotune.search import goodput
+from autotune.search import goodput, roofline_figures
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study.preparation import Prepared
@@ -53,6 +53,44 @@ def phase_settings(
         space, baseline, precisions=[baseline["precision"]], batches=split
     )
     return [{**s, "accumulation_steps": split[s["batch_size"]]} for s in measured]
+
+
+def probe_space(
+    spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batch_norm: bool
+) -> Space:
+    """The space the joint probe chooses in: under systems_only, the baseline's precision and the
+    micro-batches that split its effective batch, as its trials train nothing else (a setting
+    chosen at another would serve none of them); `space` otherwise."""
+    if spec.objective != SYSTEMS_ONLY:
+        return space
+    micro = table_batches(spec, space, baseline, batch_norm=batch_norm)
+    return space.replace("precision", Choices((baseline["precision"],))).replace(
+        "batch_size", Choices(tuple(micro))
+    )
+
+
+def table_batches(
+    spec: StudySpec, space: Space, baseline: Mapping[str, Any], *, batch_norm: bool
+) -> list[int]:
+    """The micro-batches a trial of this study may train: the joint probe measures its chosen
+    setting at each (under goodput and systems_only, the table their trials are timed by)."""
+    if spec.objective != SYSTEMS_ONLY:
+        return goodput.values_of(space["batch_size"], most=goodput.MAX_MEASURED_BATCHES)
+    return sorted(
+        {s["batch_size"] for s in phase_settings(spec, space, baseline, batch_norm=batch_norm)}
+    )
+
+
+def from_probe(outcome: Mapping[str, Any], *, batch_norm: bool) -> dict[str, Any] | None:
+    """The table from the joint probe's rates, measured apart and checked end to end at its
+    batch (roofline_figures.table_entries), in place of a phase of its own; None where the
+    probe settled nothing or its figures time no setting of a precision it kept (a measurement
+    that failed, an outcome stored before it measured every one): a phase then measures them."""
+    entries = roofline_figures.table_entries(outcome)
+    timed = {e["settings"]["precision"] for e in entries if e["speed"]}
+    if not entries or not set(outcome.get("precisions") or ()) <= timed:
+        return None
+    return {"table": {"entries": entries, "batch_norm": batch_norm}, "from_probe": True}
 
 
 def run_phase(
@@ -113,21 +151,25 @@ def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:
 
 
 def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> None:
-    """Run the throughput phase once per study (a resumed one keeps its table) and store it."""
+    """The table once per study (a resumed one keeps its own), stored: from the joint probe's
+    rates where it settled a setting, else measured by a throughput phase."""
     if (
         spec.objective not in (GOODPUT, SYSTEMS_ONLY)
         or schema.throughput(study.user_attrs) is not None
     ):
         return
     assert prepared.measure is not None, "preparation refuses goodput without a task"
-    phase = run_phase(
-        spec,
-        prepared.measure,
-        prepared.device,
-        space,
-        prepared.baseline,
-        batch_norm=prepared.batch_norm,
-    )
+    probed = schema.probe(study.user_attrs) if spec.probe == "joint" else None
+    phase = from_probe(probed, batch_norm=prepared.batch_norm) if probed else None
+    if phase is None:
+        phase = run_phase(
+            spec,
+            prepared.measure,
+            prepared.device,
+            space,
+            prepared.baseline,
+            batch_norm=prepared.batch_norm,
+        )
     schema.record_throughput(study, phase)
     # the report repeats it, so quiet hides it
     progress.tell(f"autotune: {goodput.describe(phase)}")

@@ -1,0 +1,261 @@
+"""Under goodput and systems_only with the joint probe, the table their trials are timed by is the
+probe's: its rates measured apart, checked end to end at its batch and measured again at every
+micro-batch a trial may train, with no throughput phase of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from autotune.record import schema
+from autotune.search import goodput, roofline
+from autotune.search.roofline_figures import table_entries
+from autotune.search.space import LOADER_KNOBS
+from autotune.spec import study_file
+from autotune.study import chosen_setting, preparation, throughput_phase
+from autotune.train import rates
+from autotune.train.config import TrialConfig
+from tests.study.test_goodput import goodput_study
+from tests.study.test_study import in_repo, load, run_cli  # noqa: F401 (in_repo: a fixture)
+
+LOADER = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False}
+FORMATS = {
+    "channels_last": False,
+    "cudnn_benchmark": False,
+    "tf32": False,
+    "fused_optimizer": False,
+}
+
+
+def probed() -> dict:
+    """A joint probe's outcome as stored: bf16 chosen at batch 128 (7,200/s end to end against
+    8,000 predicted), measured again at 64 and out of memory at 512, fp32 kept beside it and
+    measured at 64 and 128, and a compile it kept."""
+    chosen = roofline.Prediction(
+        LOADER, {"precision": "bf16", **FORMATS}, loader_rate=10_000.0, compute_rate=8_000.0
+    )
+    at = roofline.at_batch
+    return {
+        "kind": "joint",
+        "batch_size": 128,
+        "chosen": {**chosen.figures(), "measured": 7_200.0, "checkpointing": False},
+        "loader_rates": [{**LOADER, "samples_per_second": 10_000.0, "fixed_seconds": 0.3}],
+        "compute_rates": [
+            {"precision": "bf16", **FORMATS, "samples_per_second": 8_000.0, "fixed_seconds": 0.1}
+        ],
+        "batches": [
+            {
+                "batch_size": 64,
+                "fixed_seconds": 0.5,
+                **at(chosen, 7_200.0, loader_rate=9_000.0, compute_rate=6_000.0),
+            },
+            {"batch_size": 512, "oom": True, "reason": "out of memory"},
+        ],
+        "precision_batches": [
+            {
+                "precision": "fp32",
+                "batch_size": batch,
+                "fixed_seconds": 0.6,
+                **at(chosen, 7_200.0, loader_rate=10_000.0, compute_rate=rate),
+            }
+            for batch, rate in ((64, 3_000.0), (128, 4_000.0))
+        ],
+        "compile": {"kept": True, "once_seconds": 20.0, "speed": 8_000.0, "faster": 10_000.0},
+    }
+
+
+def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> None:
+    table = goodput.Table.from_json({"entries": table_entries(probed()), "batch_norm": False})
+    settings = {"precision": "bf16", **LOADER, **FORMATS, "compile": False, "checkpointing": False}
+    # at its own batch what ran end to end, after its start-up measured apart (loader + step)
+    assert table.speed_of({**settings, "batch_size": 128}) == goodput.Speed(
+        7_200.0, pytest.approx(0.4)
+    )
+    # elsewhere its rates there, scaled as the end-to-end check found (0.9 of its prediction)
+    assert table.speed_of({**settings, "batch_size": 64}) == goodput.Speed(
+        pytest.approx(5_400.0), 0.5
+    )
+    # out of memory at 512: nothing from 512 up
+    assert table.speed_of({**settings, "batch_size": 512}) is None
+    assert table.largest_fitting() == {"bf16": 128, "fp32": 128}
+    fp32 = {**settings, "precision": "fp32"}
+    assert table.speed_of({**fp32, "batch_size": 64}).samples_per_second == pytest.approx(2_700.0)
+    assert table.speed_of({**fp32, "batch_size": 128}).samples_per_second == pytest.approx(3_600.0)
+    # compiled at the probe's batch only: its compile once, then its step's gain at the loader
+    compiled = table.speed_of({**settings, "compile": True, "batch_size": 128})
+    assert compiled == goodput.Speed(pytest.approx(9_000.0), pytest.approx(20.4))
+    assert table.speed_of({**settings, "compile": True, "batch_size": 64}) is None
+    # a goodput trial's maths trains at the setting soonest for its samples: compiled only
+    # where the run is long enough to win its compile back
+    space = goodput_space()
+    maths = {**settings, "lr": 0.1, "scheduler": "constant", "batch_size": 128}
+    maths["accumulation_steps"] = 1
+    few, _ = table.fastest(maths, space, samples=50_000)
+    many, _ = table.fastest(maths, space, samples=2_000_000)
+    assert (few["compile"], many["compile"]) == (False, True)
+    # the loader and formats a goodput study fixes are the probe's (throughput_phase.restrict)
+    restricted = throughput_phase.restrict(space, table).fixed()
+    assert {k: restricted[k] for k in LOADER_KNOBS} == LOADER
+    assert restricted["compile"] is False
+
+
+def goodput_space():
+    from autotune.search.space import Choices, Space
+
+    values = {
+        "batch_size": (64, 128, 512),
+        "accumulation_steps": (1, 2),
+        "precision": ("fp32", "bf16"),
+        "num_workers": (0, 2),
+        "prefetch_factor": (2,),
+        "pin_memory": (False,),
+        **{k: (False,) for k in FORMATS},
+        "compile": (False, True),
+        "checkpointing": (False,),
+    }
+    return Space(domains=tuple((k, Choices(v)) for k, v in values.items()))
+
+
+def test_a_probe_that_settled_nothing_leaves_the_table_to_a_phase_of_its_own() -> None:
+    unsettled = {**probed(), "chosen": None, "unsettled": "no setting ran end to end"}
+    assert table_entries(unsettled) == []
+    assert throughput_phase.from_probe(unsettled, batch_norm=False) is None
+    # a precision it kept with no figure (an outcome stored before it measured every one)
+    older = {**probed(), "precisions": ["fp32", "bf16"], "precision_batches": []}
+    assert throughput_phase.from_probe(older, batch_norm=False) is None
+    phase = throughput_phase.from_probe(
+        {**probed(), "precisions": ["fp32", "bf16"]}, batch_norm=True
+    )
+    assert phase is not None and phase["from_probe"] and "seconds" not in phase
+    assert phase["table"]["batch_norm"] is True
+    assert goodput.describe(phase).startswith(
+        "Throughput from the joint probe's rates (no phase of its own): 5 of 6 systems settings"
+    )
+
+
+def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
+    tmp_path: Path,
+) -> None:
+    """The chosen setting's step at another precision, at each batch, in the one measurement of
+    every step; the loader once a batch, whatever the precision."""
+    from tests.study.test_chosen_setting import SAMPLE, STEP, study
+
+    spec = study_file.load(study(tmp_path))
+    prepared = preparation.prepare(spec)
+    calls = []
+
+    def measured(work, *args):
+        calls.append((work, sorted(args[0])))
+        return prepared.measure(work, *args, device=torch.device("cpu"), seed=1)
+
+    def config(setting: dict) -> TrialConfig:
+        from autotune.search.space import complete
+
+        return TrialConfig.from_mapping(complete({**prepared.baseline, **setting}))
+
+    chosen = roofline.Prediction(
+        LOADER, {"precision": "bf16", **FORMATS}, loader_rate=20_000.0, compute_rate=10_000.0
+    )
+    entries = chosen_setting.at_batches(
+        measured, chosen, 9_000.0, [32], config, precisions={"fp32": [32, 128]}
+    )
+    assert calls == [
+        (rates.measure_in_groups, ["32", "fp32@128", "fp32@32"]),
+        (rates.measure_loaders_in_turn, ["128", "32"]),
+    ]
+    own = [e for e in entries if "precision" not in e]
+    fp32 = {e["batch_size"]: e for e in entries if e.get("precision") == "fp32"}
+    assert [e["batch_size"] for e in own] == [32] and sorted(fp32) == [32, 128]
+    for batch, entry in fp32.items():
+        # the step at fp32 costs its full sample cost (bf16's is half)
+        assert entry["compute_rate"] == pytest.approx(batch / (STEP + SAMPLE * batch), rel=0.25)
+        assert entry["expected"] == pytest.approx(entry["predicted"] * 0.9)
+    assert own[0]["compute_rate"] > fp32[32]["compute_rate"]
+
+
+def test_a_goodput_study_with_the_joint_probe_is_timed_by_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = goodput_study(tmp_path, "goodput")
+    raw = yaml.safe_load(path.read_text())
+    raw["probe"] = "joint"
+    raw["space"]["num_workers"] = [0, 2]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    code, out, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    study = load(path)
+    outcome, phase = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
+    assert outcome["kind"] == "joint" and outcome["chosen"]["measured"]
+    assert phase["from_probe"] and "seconds" not in phase
+    assert phase["table"]["entries"] == table_entries(outcome)
+    table = goodput.Table.from_json(phase["table"])
+    # the chosen setting at every micro-batch of the space
+    assert {e.settings["batch_size"] for e in table.entries} == {16, 32, 64}
+    space = study_file.load(path).space
+    timed = [t for t in study.trials if schema.prediction(t) is not None]
+    assert timed, "some trial reached the target"
+    for trial in timed:
+        predicted, config = schema.prediction(trial), schema.config(trial)
+        assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
+        _, speed = table.fastest(config, space, samples=predicted["samples_to_target"])
+        assert trial.value == pytest.approx(speed.seconds(predicted["samples_to_target"]))
+    assert "Throughput from the joint probe's rates (no phase of its own)" in out
+
+
+def test_a_systems_only_study_with_the_joint_probe_chooses_at_the_baselines_maths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = goodput_study(
+        tmp_path, "systems_only", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2}
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["probe"] = "joint"
+    raw["space"].update(num_workers=[0, 2], precision=["fp32", "bf16"])
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    study = load(path)
+    outcome, phase = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
+    # the baseline's precision only, at a micro-batch that splits its effective batch of 64
+    assert {r["precision"] for r in outcome["compute_rates"]} == {"fp32"}
+    assert outcome["batch_size"] in (16, 32, 64) and outcome["precisions"] == ["fp32"]
+    assert phase["from_probe"]
+    table = goodput.Table.from_json(phase["table"])
+    assert sorted(e.settings["batch_size"] for e in table.entries) == [16, 32, 64]
+    trials = [t for t in study.trials if schema.prediction(t) is not None]
+    splits = {
+        (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in trials
+    }
+    assert splits == {(16, 4), (32, 2), (64, 1)}
+    for trial in trials:
+        config = schema.config(trial)
+        assert (config["lr"], config["precision"]) == (0.1, "fp32")
+        assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
+
+
+def test_the_probe_space_under_systems_only_is_the_baselines_precision_and_splits(
+    tmp_path: Path,
+) -> None:
+    path = goodput_study(
+        tmp_path, "systems_only", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2}
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(precision=["fp32", "bf16"], batch_size=[16, 32, 64, 128])
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    spec = study_file.load(path)
+    prepared = preparation.prepare(spec)
+    space = throughput_phase.probe_space(spec, prepared.space, prepared.baseline, batch_norm=False)
+    assert space["precision"].values == ("fp32",)
+    assert space["batch_size"].values == (16, 32, 64)  # 128 does not split 64
+    with_batch_norm = throughput_phase.probe_space(
+        spec, prepared.space, prepared.baseline, batch_norm=True
+    )
+    assert with_batch_norm["batch_size"].values == (32,)
+    other = dataclasses.replace(spec, objective="goodput")
+    assert throughput_phase.probe_space(
+        other, prepared.space, prepared.baseline, batch_norm=False
+    ) is (prepared.space)
