@@ -18,7 +18,8 @@ Stages (each under 8 minutes on one modern GPU, each runnable on its own, all by
              it trains, and the GPU's memory is back after
 
 `--objective goodput` or `--objective systems_only` runs the study and confirm stages on the same
-shapes study with that objective, as a study of its own (its own storage and results files).
+shapes study with that objective and `probe: joint`, as a study of its own (its own storage and
+results files).
 
 Each writes benchmarks/results/gpu-check-STAGE-cuda.json (GPU, driver, torch and commit with the
 figures) and prints a Markdown summary. Without a GPU it says so and checks nothing (exit 0);

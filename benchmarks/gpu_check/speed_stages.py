@@ -191,7 +191,8 @@ def confirm(
 
 def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, Path, int]:
     """The study file, its storage and its trial budget: shapes.yaml on a GPU, a tiny one on CPU;
-    with `objective`, a copy of it with that objective, under its own name and storage."""
+    with `objective`, a copy of it with that objective and `probe: joint` (whose figures are the
+    table goodput and systems_only trials are timed by), under its own name and storage."""
     setting.results.mkdir(parents=True, exist_ok=True)
     if setting.cuda:
         study_file = REPO / "studies" / "shapes.yaml"
@@ -210,6 +211,7 @@ def _study_files(setting: Setting, objective: str | None = None) -> tuple[Path, 
                     **raw,
                     "name": f"{raw.get('name', study_file.stem)}-{objective}",
                     "objective": objective,
+                    "probe": "joint",
                 }
             )
         )
