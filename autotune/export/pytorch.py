@@ -2,11 +2,11 @@
 
 The generated module defines the settings as constants, `make_training(model, train_dataset,
 *, device)` (DataLoader, optimizer, LR scheduler, autocast and GradScaler, as
-autotune.train.trial.run builds them; the model checkpointed, channels-last and compiled as
+autotune.train.training.build builds them; the model checkpointed, channels-last and compiled as
 autotune.train.systems.prepare_model makes it; cuDNN's algorithm search and TF32 set),
 `to_device(inputs, device)` (autotune.train.systems.to_device) and `train_step(training,
 loss_fn=...)` (one optimizer step over the accumulated micro-batches, as
-autotune.train.trial.train_step, then one scheduler step). It imports autotune only where the
+autotune.train.training.train_step, then one scheduler step). It imports autotune only where the
 task's own optimizer lives there, and for activation checkpointing (the same wrapping of the
 model's checkpoint_blocks()); the built-in SGD is written out.
 """

@@ -35,7 +35,7 @@ from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
 from autotune.train.throughput import WINDOW_STEPS, in_turn, measure_sessions, spread
-from autotune.train.trial import build, seed_everything
+from autotune.train.training import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the device

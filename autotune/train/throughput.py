@@ -31,7 +31,7 @@ from autotune.train.loader import endless
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings
 from autotune.train.tasks import Task
-from autotune.train.trial import build, seed_everything
+from autotune.train.training import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")

@@ -34,7 +34,7 @@ import autotune
 from autotune.search.knob import PRECISIONS
 from autotune.search.space import SCHEDULERS
 from autotune.train.tasks import sgd
-from autotune.train.trial import make_scheduler
+from autotune.train.training import make_scheduler
 
 VAL_FRACTION = 0.2
 # the split is part of the task, not of a trial: the same validation set for every trial

@@ -44,10 +44,11 @@ from autotune.search.knob import DDP_NAMES, PRECISIONS
 from autotune.search.space import KNOBS, SCHEDULERS
 from autotune.spec import study_file
 from autotune.study import storage
-from autotune.train import checkpointing, systems, trial
+from autotune.train import checkpointing, systems
 from autotune.train.config import TrialConfig
 from autotune.train.loader import endless, make_loader
 from autotune.train.tasks import digits, sgd, takes
+from autotune.train.training import DTYPES, make_scheduler, train_step
 from tests.tasks import ActivationBudgetNet, _blobs, _tunable_mlp, _tunable_optimizer, lrs_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,10 +203,10 @@ def reference_optimizer(summary: Summary, model: torch.nn.Module) -> torch.optim
 
 
 def reference_lrs(summary: Summary, total_steps: int) -> list[float]:
-    """The lr of each optimizer step of autotune.train.trial.make_scheduler over `total_steps`."""
+    """The lr of each optimizer step of training.make_scheduler over `total_steps`."""
     knob_values, _ = knobs_and_params(summary)
     optimizer = reference_optimizer(summary, torch.nn.Linear(1, 1))
-    scheduler = trial.make_scheduler(
+    scheduler = make_scheduler(
         knob_values["scheduler"], optimizer, total_steps=total_steps, lr=knob_values["lr"]
     )
     return lrs_of(optimizer, scheduler, total_steps)
@@ -852,7 +853,7 @@ def check_torch(
     optimizer = reference_optimizer(summary, twin)
     total = max(1, math.floor(schedule(summary) * len(loader) / knob_values["accumulation_steps"]))
     assert training.total_steps == total
-    scheduler = trial.make_scheduler(
+    scheduler = make_scheduler(
         knob_values["scheduler"], optimizer, total_steps=total, lr=knob_values["lr"]
     )
     assert type(training.optimizer) is type(optimizer) and type(training.scheduler) is type(
@@ -868,10 +869,10 @@ def check_torch(
     with training.autocast():
         assert torch.is_autocast_enabled("cpu") == (precision != "fp32")
         if precision != "fp32":
-            assert torch.get_autocast_dtype("cpu") == trial.DTYPES[precision]
+            assert torch.get_autocast_dtype("cpu") == DTYPES[precision]
 
     autocast = functools.partial(
-        torch.autocast, "cpu", dtype=trial.DTYPES[precision], enabled=precision != "fp32"
+        torch.autocast, "cpu", dtype=DTYPES[precision], enabled=precision != "fp32"
     )
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
     batches = training.batches
@@ -890,7 +891,7 @@ def check_torch(
         torch.manual_seed(step)
         namespace["train_step"](training, loss_fn=F.cross_entropy)
         torch.manual_seed(step)
-        trial.train_step(
+        train_step(
             twin,
             group,
             loss_fn=F.cross_entropy,

@@ -34,7 +34,7 @@ from autotune.spec import command_line
 from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.tasks import sgd
-from autotune.train.trial import make_scheduler
+from autotune.train.training import make_scheduler
 from tests.runners.test_isolation import alive, still_alive
 from tests.tasks import lrs_of
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from autotune.search import recipe
 from autotune.search.space import SCHEDULERS
-from autotune.train import tasks, trial
+from autotune.train import tasks, training
 
 
 @pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 6, 8, 100])
@@ -52,7 +52,7 @@ def test_onecycle_warms_up_over_at_least_one_and_a_half_steps(total: int) -> Non
 @pytest.mark.parametrize("name", list(recipe.SCHEDULES))
 def test_make_scheduler_builds_the_recipes_schedule(name: str, total: int) -> None:
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    scheduler = trial.make_scheduler(name, optimizer, total_steps=total, lr=0.1)
+    scheduler = training.make_scheduler(name, optimizer, total_steps=total, lr=0.1)
     assert type(scheduler).__name__ == recipe.scheduler_args(name, total_steps=total, lr=0.1)[0]
 
 

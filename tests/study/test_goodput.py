@@ -19,7 +19,7 @@ from autotune.study import throughput_phase
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
 from autotune.train.tasks import load_task
-from autotune.train.trial import build, seed_everything
+from autotune.train.training import build, seed_everything
 from tests.study.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
 SPACE = Space(

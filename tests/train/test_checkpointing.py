@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from autotune.search.space import DEFAULT_BASELINE, Choices, complete
 from autotune.spec.study_file import load
 from autotune.study import preparation
-from autotune.train import checkpointing, oom, systems, trial
+from autotune.train import checkpointing, oom, systems, training, trial
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import digits, shapes
 from tests.tasks import ActivationBudgetNet, SavedBytes, activation_budget
@@ -34,7 +34,7 @@ def train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) ->
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     return [
         float(
-            trial.train_step(
+            training.train_step(
                 model,
                 [batch],
                 loss_fn=F.cross_entropy,

@@ -23,7 +23,7 @@ from autotune.train.config import Limits, TrialConfig
 from autotune.train.distributed import ALONE, Ranks, joined
 from autotune.train.loader import endless, make_loader
 from autotune.train.tasks import Task
-from autotune.train.trial import build, seed_everything
+from autotune.train.training import build, seed_everything
 
 CPU = torch.device("cpu")
 LIMITS = Limits(target=2.0, max_epochs=4, max_seconds=60, eval_every=1.0)

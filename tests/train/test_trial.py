@@ -18,14 +18,8 @@ from autotune.search.knob import PRECISIONS
 from autotune.train.config import Diverged, Limits, TrialConfig
 from autotune.train.loader import make_loader
 from autotune.train.tasks import Task, takes
-from autotune.train.trial import (
-    DTYPES,
-    FINITE_CHECK_EVERY,
-    LossWatch,
-    make_scheduler,
-    run,
-    train_step,
-)
+from autotune.train.training import DTYPES, make_scheduler, train_step
+from autotune.train.trial import FINITE_CHECK_EVERY, LossWatch, run
 from tests.tasks import blobs, nan_metric
 
 CPU = torch.device("cpu")
