@@ -59,8 +59,9 @@ def describe(outcome: Mapping[str, Any]) -> str:
     if first is not None and not outcome.get("shared_cores"):
         lines.append(
             f"A process's first steps took {first:.2f} s more than later ones (loading the "
-            "device's libraries and first kernels), in no setting's start-up: a trial in a fresh "
-            "process pays them on its clock, one in a warm process (isolation: warm) once"
+            "device's libraries and first kernels), in no setting's start-up and on no trial's "
+            "clock: each process takes them before its first trial, a fresh one each trial, a "
+            "warm one (isolation: warm) once"
         )
     if outcome.get("shared_cores"):
         lines.append(

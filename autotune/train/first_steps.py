@@ -1,12 +1,15 @@
-"""A process's first steps on a device, taken once and untimed before any setting is timed.
+"""A process's first steps on a device, taken once and untimed before any setting or trial is
+timed.
 
 A process's first steps load what every later one reuses (on a GPU the CUDA libraries' handles
 and their first kernels: 1 s on an H200, where a later step of the same kind started in 0.1 s).
-Timed, that would land on whichever setting happened to be measured first, and a setting's
-start-up decides which runs it wins (search/roofline.py). What only a narrower precision, cuDNN's
-search or a fused step loads still lands on the first such setting measured: a trial of it in a
-fresh process pays that too. What the first steps took beyond the same steps taken again is kept
-as a figure of its own: a trial in a fresh process pays it, one in a warm process once.
+That is the process's cost, not a configuration's: timed, it would land on whichever setting
+happened to be measured first (and a setting's start-up decides which runs it wins:
+search/roofline.py), and on every trial in a fresh process but on no trial in a warm one. So a
+measurement takes them first (`take_once`, which also keeps what they took beyond the same steps
+taken again, as a figure of its own) and so does a trial, before its clock starts
+(`take_before`). What only a narrower precision, cuDNN's search or a fused step loads still
+lands on the first such setting measured, and on a trial of it in a fresh process.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any
 import torch
 
 from autotune.train import oom
-from autotune.train.config import TrialConfig
+from autotune.train.config import Limits, TrialConfig
+from autotune.train.tasks import Task
+from autotune.train.training import build
 
 _taken: set[str] = set()  # the devices whose first steps this process has taken
+FIRST_STEPS = 3  # a backward and an optimizer step load theirs only once a forward has run
 
 
 def plain(config: TrialConfig) -> TrialConfig:
@@ -53,6 +59,31 @@ def take_once(device: torch.device, session: Callable[[], Any]) -> float | None:
             raise
     oom.free_memory()  # out of the handler: the failed step's tensors went with the exception
     return None
+
+
+def take_before(
+    task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int
+) -> None:
+    """A trial's process's first steps, before its clock starts: a few plain steps of its task at
+    its micro-batch, with no loader workers, unless this process has taken them on `device`. A
+    step out of memory leaves them untaken (the trial meets that limit itself, as a result)."""
+    if str(device) in _taken:
+        return
+    _taken.add(str(device))
+    steps = dataclasses.replace(
+        plain(config), num_workers=0, prefetch_factor=None, pin_memory=False, accumulation_steps=1
+    )
+    try:
+        training = build(task, steps, limits=limits, device=device, seed=seed)
+        batch = next(iter(training.loader), None)  # None: a batch larger than the data, which
+        if batch is not None:  # the trial itself refuses
+            losses = [training.step([batch]) for _ in range(FIRST_STEPS)]
+            float(losses[-1])  # waits for the device
+    except Exception as exc:
+        if not oom.is_oom(exc):
+            raise
+    # the trial's own peak and memory are its own: nothing of these steps stays cached
+    oom.free_memory()
 
 
 def _start_up(session: Any) -> float:

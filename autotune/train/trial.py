@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
-from autotune.train import systems, telemetry
+from autotune.train import first_steps, systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
 from autotune.train.distributed import ALONE, Ranks
 from autotune.train.evaluation import evaluate
@@ -50,6 +50,8 @@ def run(
 
     With the target not stopping it, `time_to_target` is still when the metric first reached it.
     """
+    # Off the clock: what this process's first steps load is its cost, not this configuration's.
+    first_steps.take_before(task, config, limits=limits, device=device, seed=seed)
     # Set up: seeds, CPU threads, the memory figure; a batch larger than the data is an error.
     seed_everything(seed)
     torch.set_num_threads(threads_for(config.num_workers, processes=ranks.world_size))

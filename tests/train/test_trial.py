@@ -119,6 +119,27 @@ def test_time_limit_stops_the_trial() -> None:
     assert result.stop_reason == "max_seconds" and 0.2 <= result.train_seconds < 5
 
 
+def test_a_process_s_first_steps_are_on_no_trial_s_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process's first steps load (on a GPU the CUDA libraries: 1 s on an H200) is the
+    process's cost, not the configuration's: taken before the clock, once a process, so that a
+    trial in a fresh process is timed as one in a warm process is."""
+    from autotune.train import first_steps
+    from autotune.train.tasks import paced
+
+    task = paced.make(load_seconds=0.05e-3, compute_seconds=0.05e-3, first_step_seconds=1.0)
+    monkeypatch.setattr(first_steps, "_taken", set())  # as in a fresh process
+    limits = dataclasses.replace(NEVER, max_epochs=0.5)
+    config = dataclasses.replace(BASE, batch_size=64, precision="bf16", num_workers=2)
+    config = dataclasses.replace(config, prefetch_factor=2)
+    fresh = run(task, config, limits=limits, device=CPU, seed=1)
+    assert task.model().first_use == {}  # paid: the task's first step waited its second
+    warm = run(task, config, limits=limits, device=CPU, seed=1)
+    assert fresh.train_seconds < 0.6 and warm.train_seconds < 0.6, (fresh, warm)
+    # ... and the trial trains as it would have: the same losses and metrics at every evaluation
+    assert fresh.train_loss == warm.train_loss
+    assert [point[1:] for point in fresh.curve] == [point[1:] for point in warm.curve]
+
+
 def test_evaluation_runs_on_a_paused_clock_and_its_time_is_recorded() -> None:
     task = blobs()
     pause = 0.2
