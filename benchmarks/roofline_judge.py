@@ -116,9 +116,11 @@ def judge_run(
     prepared: preparation.Prepared,
     spec: study_file.StudySpec,
     seed: int,
+    *,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Train `config` with the exported plain-PyTorch module to the target: its time to target
-    (evaluation off the clock) and the samples it took."""
+    """Train `config` with the exported plain-PyTorch module to the target (or `max_steps`
+    optimizer steps): its time to target (evaluation off the clock) and the samples it took."""
     winner = dataclasses.replace(template.best, params=dict(config))
     source = export.render(dataclasses.replace(template, best=winner), "torch")
     module = types.ModuleType("exported")
@@ -140,7 +142,7 @@ def judge_run(
     every = max(1, round(budget.eval_every * per_epoch))
     samples, reached, metric = 0, False, None
     try:
-        for step in range(1, training.total_steps + 1):
+        for step in range(1, min(training.total_steps, max_steps or training.total_steps) + 1):
             module.train_step(training, loss_fn=task.loss)
             samples += config["batch_size"] * config["accumulation_steps"]
             if step % every == 0 or step == training.total_steps:
@@ -232,6 +234,10 @@ def judge(
         record.pop(key, None)
     save()
     plan = to_make({name: len(made) for name, made in runs.items()}, seeds=seeds)
+    if plan:
+        # A process's first steps (on a GPU, the CUDA libraries: 1 s on an H200), untimed: else
+        # the first run of each sitting would carry them, whichever candidate it is.
+        judge_run(template, candidates["baseline"], prepared, spec, JUDGE_SEED, max_steps=3)
     for index, name in plan:
         if deadline is not None and time.monotonic() >= deadline:
             made = sum(map(len, runs.values()))

@@ -273,3 +273,45 @@ def test_the_judge_runs_the_baseline_on_one_seed_and_goes_on_where_a_sitting_sto
     # a results file whose baseline ran on every seed keeps those runs and makes no more
     assert to_make({"baseline": 3, "expert": 3}, seeds=3) == []
     assert to_make({"baseline": 0, "expert": 0}, seeds=1) == [(0, "baseline"), (0, "expert")]
+
+
+def test_the_judge_takes_a_process_s_first_steps_untimed_before_its_first_timed_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short run of the baseline's maths comes before the first run a sitting times, so that
+    what the process's first steps load (on a GPU, 1 s on an H200) lands on no candidate; a
+    sitting with no run to make makes none."""
+    from autotune.search.space import complete
+    from autotune.spec import study_file
+    from autotune.study import preparation
+    from benchmarks import roofline_judge
+
+    spec = study_file.load(REPO / "studies" / "paced.yaml")
+    prepared = preparation.prepare(spec)
+    template = roofline_judge.export_template(spec, prepared)
+    baseline = complete(prepared.baseline)
+    short = roofline_judge.judge_run(template, baseline, prepared, spec, seed=1, max_steps=3)
+    assert short["samples"] == 3 * baseline["batch_size"] and not short["reached"]
+
+    calls = []
+
+    def judged(template, config, prepared, spec, seed, *, max_steps=None):
+        calls.append((config == baseline, max_steps))
+        return {"reached": True, "time_to_target": 1.0, "samples": 64, "seconds": 1.0}
+
+    monkeypatch.setattr(roofline_judge, "judge_run", judged)
+    # the goals want a whole benchmark's figures: beside the point here
+    monkeypatch.setattr(roofline_judge, "limit_of", lambda arm, runs: None)
+    monkeypatch.setattr(roofline_judge, "goals_of", lambda arm, record, medians: {})
+    record = {"arms": {"prior": {"params": baseline, "finished": True}}}
+    # a sitting whose time is up as it begins: the untimed steps, and no run timed
+    roofline_judge.judge(
+        record, lambda arm: spec, seeds=1, save=lambda: None, deadline=time.monotonic()
+    )
+    assert calls == [(True, 3)]
+    calls.clear()
+    roofline_judge.judge(record, lambda arm: spec, seeds=1, save=lambda: None)
+    assert calls == [(True, 3), (True, None), (False, None), (True, None)]
+    calls.clear()
+    roofline_judge.judge(record, lambda arm: spec, seeds=1, save=lambda: None)  # all made
+    assert calls == []
