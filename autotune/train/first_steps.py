@@ -61,13 +61,22 @@ def take_once(device: torch.device, session: Callable[[], Any]) -> float | None:
     return None
 
 
+def load_much(device: torch.device) -> bool:
+    """Whether a process's first steps on `device` load enough to keep off a trial's clock: on a
+    GPU, CUDA's libraries and first kernels (1 s on an H200, against trials of seconds). On a CPU
+    next to nothing, and taking them would run the task's own code (its model, its data, whatever
+    they do besides) again for nothing."""
+    return device.type == "cuda"
+
+
 def take_before(
     task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int
 ) -> None:
     """A trial's process's first steps, before its clock starts: a few plain steps of its task at
-    its micro-batch, with no loader workers, unless this process has taken them on `device`. A
-    step out of memory leaves them untaken (the trial meets that limit itself, as a result)."""
-    if str(device) in _taken:
+    its micro-batch, with no loader workers, unless this process has taken them on `device` or
+    they load little there (`load_much`). A step out of memory leaves them untaken (the trial
+    meets that limit itself, as a result)."""
+    if str(device) in _taken or not load_much(device):
         return
     _taken.add(str(device))
     steps = dataclasses.replace(

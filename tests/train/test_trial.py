@@ -126,11 +126,18 @@ def test_a_process_s_first_steps_are_on_no_trial_s_clock(monkeypatch: pytest.Mon
     from autotune.train import first_steps
     from autotune.train.tasks import paced
 
-    task = paced.make(load_seconds=0.05e-3, compute_seconds=0.05e-3, first_step_seconds=1.0)
+    def paced_task():
+        return paced.make(load_seconds=0.05e-3, compute_seconds=0.05e-3, first_step_seconds=1.0)
+
     monkeypatch.setattr(first_steps, "_taken", set())  # as in a fresh process
     limits = dataclasses.replace(NEVER, max_epochs=0.5)
     config = dataclasses.replace(BASE, batch_size=64, precision="bf16", num_workers=2)
     config = dataclasses.replace(config, prefetch_factor=2)
+    # on a CPU they load next to nothing: the task's code runs once, its first step on the clock
+    assert run(paced_task(), config, limits=limits, device=CPU, seed=1).train_seconds > 1.0
+    # where they load much (a GPU's, here the paced task's 1 s wait)
+    monkeypatch.setattr(first_steps, "load_much", lambda device: True)
+    task = paced_task()
     fresh = run(task, config, limits=limits, device=CPU, seed=1)
     assert task.model().first_use == {}  # paid: the task's first step waited its second
     warm = run(task, config, limits=limits, device=CPU, seed=1)
