@@ -31,6 +31,8 @@ from autotune.search.roofline_figures import limit_for
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.study import preparation
+from autotune.train import first_steps
+from autotune.train.first_steps import FIRST_STEPS
 from autotune.train.measure import cpu_count, device_name
 from autotune.train.tasks import reference
 
@@ -234,10 +236,9 @@ def judge(
         record.pop(key, None)
     save()
     plan = to_make({name: len(made) for name, made in runs.items()}, seeds=seeds)
-    if plan:
-        # A process's first steps (on a GPU, the CUDA libraries: 1 s on an H200), untimed: else
-        # the first run of each sitting would carry them, whichever candidate it is.
-        judge_run(template, candidates["baseline"], prepared, spec, JUDGE_SEED, max_steps=3)
+    # A process's first steps (on a GPU, the CUDA libraries: 1 s on an H200), untimed before the
+    # first run: else the first run of each sitting would carry them, whichever candidate it is.
+    untimed = first_steps.load_much(prepared.device)
     for index, name in plan:
         if deadline is not None and time.monotonic() >= deadline:
             made = sum(map(len, runs.values()))
@@ -247,6 +248,9 @@ def judge(
             )
             return
         plan = plan[1:]
+        if untimed:
+            baseline, untimed = candidates["baseline"], False
+            judge_run(template, baseline, prepared, spec, JUDGE_SEED, max_steps=FIRST_STEPS)
         runs[name].append(judge_run(template, candidates[name], prepared, spec, JUDGE_SEED + index))
         print(f"judge seed {index}: {name} {runs[name][-1]}", flush=True)
         save()

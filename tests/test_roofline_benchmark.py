@@ -284,6 +284,7 @@ def test_the_judge_takes_a_process_s_first_steps_untimed_before_its_first_timed_
     from autotune.search.space import complete
     from autotune.spec import study_file
     from autotune.study import preparation
+    from autotune.train import first_steps
     from benchmarks import roofline_judge
 
     spec = study_file.load(REPO / "studies" / "paced.yaml")
@@ -300,18 +301,23 @@ def test_the_judge_takes_a_process_s_first_steps_untimed_before_its_first_timed_
         return {"reached": True, "time_to_target": 1.0, "samples": 64, "seconds": 1.0}
 
     monkeypatch.setattr(roofline_judge, "judge_run", judged)
+    monkeypatch.setattr(first_steps, "load_much", lambda device: True)  # as a GPU's do
     # the goals want a whole benchmark's figures: beside the point here
     monkeypatch.setattr(roofline_judge, "limit_of", lambda arm, runs: None)
     monkeypatch.setattr(roofline_judge, "goals_of", lambda arm, record, medians: {})
     record = {"arms": {"prior": {"params": baseline, "finished": True}}}
-    # a sitting whose time is up as it begins: the untimed steps, and no run timed
+    # a sitting whose time is up as it begins: no run, timed or not
     roofline_judge.judge(
         record, lambda arm: spec, seeds=1, save=lambda: None, deadline=time.monotonic()
     )
-    assert calls == [(True, 3)]
-    calls.clear()
+    assert calls == []
     roofline_judge.judge(record, lambda arm: spec, seeds=1, save=lambda: None)
-    assert calls == [(True, 3), (True, None), (False, None), (True, None)]
+    assert calls == [(True, first_steps.FIRST_STEPS), (True, None), (False, None), (True, None)]
     calls.clear()
     roofline_judge.judge(record, lambda arm: spec, seeds=1, save=lambda: None)  # all made
     assert calls == []
+    # where they load next to nothing (a CPU's): no untimed run
+    monkeypatch.setattr(first_steps, "load_much", lambda device: False)
+    fresh = {"arms": {"prior": {"params": baseline, "finished": True}}}
+    roofline_judge.judge(fresh, lambda arm: spec, seeds=1, save=lambda: None)
+    assert calls == [(True, None), (False, None), (True, None)]

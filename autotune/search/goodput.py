@@ -5,15 +5,16 @@ A configuration's knobs fall in two groups. The maths (lr, schedule, effective b
 and the micro-batch itself where the model has BatchNorm) decides how many samples a run needs to
 reach the target; the systems settings (how the effective batch splits into micro-batches, the
 loader, memory format, compilation, cuDNN's search) decide how fast this machine trains them and
-nothing else. The throughput phase measures the systems settings (train/throughput.py) into a
-`Table`; a trial trains its maths once per seed, and its time is
+nothing else. The joint probe's figures (study/roofline_probe.py), or a throughput phase of
+its own (train/throughput.py), time the systems settings into a `Table`; a trial trains its
+maths once per seed, and its time is
 
     fixed seconds + samples to target / samples per second
 
 of the setting that makes that smallest. A step-time model, time per optimizer step = a + b x
-micro-batch per precision and format, fills in micro-batches the phase did not measure, between
-the smallest and the largest one it did. The largest micro-batch that fits, per precision, is
-what the phase learned: out of memory is one of its results.
+micro-batch per precision and format, fills in micro-batches the table does not time, between
+the smallest and the largest one it does. The largest micro-batch that fits, per precision, is
+what the table learned: out of memory is one of its results.
 
 Plain data and arithmetic: no torch here, so the rules are testable without training.
 """
@@ -99,6 +100,12 @@ def contains(domain: Any, value: Any) -> bool:
     return domain.low <= value <= domain.high
 
 
+def measured_batches(space: Space) -> list[int]:
+    """The micro-batches a goodput table times: the space's (values_of), the step-time model
+    filling in between."""
+    return values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)
+
+
 def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
     """The loader setting the phase measures at: the one the space fixes (the probe settles it),
     else the baseline's."""
@@ -122,13 +129,7 @@ def settings_to_measure(
     the space's) x precision (`precisions`, else the space's) x format choice, at one loader
     setting; in increasing micro-batch, so that one that runs out of memory rules out the larger."""
     loader = loader_setting(space, baseline)
-    batches = sorted(
-        set(
-            batches
-            if batches is not None
-            else values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)
-        )
-    )
+    batches = sorted(set(batches if batches is not None else measured_batches(space)))
     precisions = list(precisions if precisions is not None else space["precision"].values)
     return [
         {"batch_size": b, "precision": p, **loader, **f}

@@ -157,17 +157,23 @@ def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
 def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The goodput table's entries (search/goodput.py's Entry, as JSON) from the joint probe's
     figures: the chosen setting at each micro-batch measured (by_batch), and each other precision
-    it kept at each of its own (`precision_batches`, measured under goodput), at the chosen loader
-    and formats, uncompiled: the speed to expect there, after its start-up; a batch out of memory
-    as one. Then, where the probe kept torch.compile, the chosen setting compiled at the probe's
-    batch, its compile on its start-up. Empty where nothing was chosen."""
+    it kept at each of its own (`precision_batches`, measured under goodput; at the probe's batch
+    its end-to-end check, where it had one), at the chosen loader and formats, uncompiled: the
+    speed to expect there, after its start-up; a batch out of memory as one. Then, where the
+    probe kept torch.compile, the chosen setting compiled at the probe's batch, its compile on its
+    start-up. Empty where nothing was chosen."""
     chosen = outcome.get("chosen")
     if not chosen or not chosen.get("measured"):
         return []
     knobs = {k: chosen[k] for k in (*LOADER_KNOBS, *STEP_KNOBS) if k in chosen}
-    base = {**knobs, "compile": False, "checkpointing": bool(chosen.get("checkpointing"))}
+    base = {**knobs, "compile": False, "checkpointing": chosen.get("checkpointing", False)}
     rows = [(chosen["precision"], batch, e) for batch, e in by_batch(outcome).items()]
-    rows += [(e["precision"], e["batch_size"], e) for e in outcome.get("precision_batches") or []]
+    for e in outcome.get("precision_batches") or []:
+        # at the probe's batch, what its own end-to-end check measured, where it had one
+        check = checked_entry(outcome, {**knobs, "precision": e["precision"]})
+        if check is not None and e["batch_size"] == outcome["batch_size"]:
+            e = {**e, "expected": check["measured"], "fixed_seconds": check["start_up"]}
+        rows.append((e["precision"], e["batch_size"], e))
     entries = [
         {
             "settings": {**base, "precision": precision, "batch_size": batch},

@@ -7,7 +7,8 @@ The probe chooses at one micro-batch; the search then samples others. A step's r
 its batch (a GPU's kernels fill, per-step costs spread) and a loader's falls at small ones (a
 batch handed over per worker round trip), so the chosen setting's rates are measured again at
 each: its compute and its loader at each batch in turn, one measurement each, not one per
-combination.
+combination. Under goodput a trial may train any precision the probe kept: each other one's step
+is measured at every batch too, beside the same loader.
 """
 
 from __future__ import annotations

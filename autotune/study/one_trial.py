@@ -26,6 +26,7 @@ from autotune.study import (
     recovery,
     storage,
     throughput_phase,
+    told_trials,
     trial_runs,
     workers,
 )
@@ -112,7 +113,7 @@ def run_one(
         if trained is None:
             failure = isolation.TrialFailure(
                 "out of memory: every systems setting that trains this configuration's "
-                "maths ran out of memory in the throughput phase",
+                "maths ran out of memory where its throughput was measured",
                 oom=True,
             )
             _tell_failure(study, trial, failure, policy, before)
@@ -265,7 +266,7 @@ def _tell_outcome(
         # Named by the setting that trains its samples soonest (the one the prediction is of).
         samples = sum(run.samples_to_target for run, _ in runs) / len(runs)
         best_config, speed = policy.plan.best(config, samples)
-        record[schema.PREDICTION] = throughput_phase.prediction_record(
+        record[schema.PREDICTION] = told_trials.prediction_record(
             speed, samples=samples, seconds=outcome.value, trained=config
         )
         schema.record_config(trial, best_config)

@@ -2,7 +2,7 @@
 compute setting's, measured apart at the probe's micro-batch, and each pair's speed predicted as
 the slower of the two (search/roofline.py). Loader settings + compute settings measurements, not
 their product: the compute settings screened (search/screening.py) and interleaved, the loaders
-one at a time, fewest workers first, stopping once one outpaces every step.
+one at a time, fewest workers first, stopping once one with workers outpaces every step.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ loader makes more workers look useless. Here instead:
    probe's micro-batch (study/rates_apart.py): loader settings + compute settings runs. The
    compute settings are interleaved; the loaders run one at a time, fewest workers first, at the
    largest prefetch (side by side, one's workers would refill their queue on the cores another
-   is timed on), and stop once one outpaces every step;
+   is timed on), and stop once one with workers outpaces every step;
 2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
    best predicted is the knob space's limit; for a short run, where a setting's start-up
    (measured apart) outweighs a faster rate, the limit is the fastest with it counted, of the
@@ -186,7 +186,7 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         config,
         precisions=wanted if spec.objective == GOODPUT else None,
     )
-    bar.update(len(others))
+    bar.update(len(entries))
     at_batches = [e for e in entries if "precision" not in e]
     other_precisions = [e for e in entries if "precision" in e]
     return {

@@ -18,7 +18,7 @@ import optuna
 from autotune import progress, signals
 from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import one_trial, recovery, runner_lock, sampler, storage, throughput_phase
+from autotune.study import one_trial, recovery, runner_lock, sampler, storage, told_trials
 from autotune.study.begin import begin
 from autotune.study.budget import finished_count, slots_taken, trials_to_train
 from autotune.study.confirm import confirm_best
@@ -68,7 +68,7 @@ def run_sequence(
 
 def tell_measured_settings(spec: StudySpec, plan: RunPlan, study: optuna.Study) -> None:
     """systems_only: once the baseline's maths has trained, a trial for every other setting the
-    throughput phase measured (throughput_phase.tell_settings). Told here, by the one process
+    throughput table timed (told_trials.tell_settings). Told here, by the one process
     that then confirms, not by each of --workers: two workers telling at once would each add
     them all."""
     if spec.objective != SYSTEMS_ONLY or plan.goodput is None:
@@ -82,7 +82,7 @@ def tell_measured_settings(spec: StudySpec, plan: RunPlan, study: optuna.Study) 
         None,
     )
     if trained is not None:
-        throughput_phase.tell_settings(study, plan.goodput, trained)
+        told_trials.tell_settings(study, plan.goodput, trained)
 
 
 def run_study(

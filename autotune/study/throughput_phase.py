@@ -1,24 +1,25 @@
-"""The goodput search in a study: the throughput phase before the trials, the plan each trial
+"""The goodput search in a study: the throughput table before the trials, the plan each trial
 follows, and the systems-only mode (search/goodput.py holds the arithmetic).
 
-The phase measures each systems setting's speed once per study, stored with it, so a resumed
-study and every worker use the same table. A goodput trial then trains its maths with the
-fastest setting for it and is timed by the samples it needed. The systems-only mode trains the
-baseline's maths once, and tells every other measured setting's time from that run's samples:
-the settings leave the training unchanged, so the samples are the same.
+The table holds each systems setting's speed, made once per study and stored with it, so a
+resumed study and every worker use the same one: from the joint probe's figures where it ran
+(`from_probe`), else measured by a throughput phase of its own. A goodput trial then trains
+its maths with the fastest setting for it and is timed by the samples it needed. The
+systems-only mode trains the baseline's maths once, and tells every other timed setting's time
+from that run's samples: the settings leave the training unchanged, so the samples are the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
 
 from autotune import progress, signals
-from autotune.record import runs, schema, seeds
+from autotune.record import schema, seeds
 from autotune.runners import isolation
 from autotune.search import goodput, roofline_figures
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
@@ -75,20 +76,34 @@ def table_batches(
     """The micro-batches a trial of this study may train: the joint probe measures its chosen
     setting at each (under goodput and systems_only, the table their trials are timed by)."""
     if spec.objective != SYSTEMS_ONLY:
-        return goodput.values_of(space["batch_size"], most=goodput.MAX_MEASURED_BATCHES)
+        return goodput.measured_batches(space)
     return sorted(
         {s["batch_size"] for s in phase_settings(spec, space, baseline, batch_norm=batch_norm)}
     )
 
 
-def from_probe(outcome: Mapping[str, Any], *, batch_norm: bool) -> dict[str, Any] | None:
+def from_probe(
+    outcome: Mapping[str, Any],
+    *,
+    space: Space,
+    precisions: Sequence[str],
+    batches: Sequence[int],
+    batch_norm: bool,
+) -> dict[str, Any] | None:
     """The table from the joint probe's rates, measured apart and checked end to end at its
-    batch (roofline_figures.table_entries), in place of a phase of its own; None where the
-    probe settled nothing or its figures time no setting of a precision it kept (a measurement
-    that failed, an outcome stored before it measured every one): a phase then measures them."""
+    batch (roofline_figures.table_entries), in place of a phase of its own. None, and a phase
+    measures instead, where it does not time (or find out of memory) each of `batches` at each
+    of `precisions` (a measurement failed; a probe stored before it measured them all), or where
+    `space` leaves checkpointing a choice, or another value than the one the probe measured."""
     entries = roofline_figures.table_entries(outcome)
-    timed = {e["settings"]["precision"] for e in entries if e["speed"]}
-    if not entries or not set(outcome.get("precisions") or ()) <= timed:
+    known = {
+        (e["settings"]["precision"], e["settings"]["batch_size"])
+        for e in entries
+        if e["speed"] or e["oom"]
+    }
+    if not entries or any((p, b) not in known for p in precisions for b in batches):
+        return None
+    if space["checkpointing"].values != (entries[0]["settings"]["checkpointing"],):
         return None
     return {"table": {"entries": entries, "batch_norm": batch_norm}, "from_probe": True}
 
@@ -160,7 +175,20 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
         return
     assert prepared.measure is not None, "preparation refuses goodput without a task"
     probed = schema.probe(study.user_attrs) if spec.probe == "joint" else None
-    phase = from_probe(probed, batch_norm=prepared.batch_norm) if probed else None
+    # what its trials may train: the baseline's precision (systems_only), or any the space keeps
+    precisions = (
+        [prepared.baseline["precision"]]
+        if spec.objective == SYSTEMS_ONLY
+        else list(space["precision"].values)
+    )
+    batches = table_batches(spec, space, prepared.baseline, batch_norm=prepared.batch_norm)
+    phase = probed and from_probe(
+        probed,
+        space=space,
+        precisions=precisions,
+        batches=batches,
+        batch_norm=prepared.batch_norm,
+    )
     if phase is None:
         phase = run_phase(
             spec,
@@ -243,64 +271,3 @@ def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
     return dataclasses.replace(
         space, params=tuple((name, Choices((baseline[name],))) for name, _ in space.params)
     )
-
-
-def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenTrial) -> int:
-    """systems_only: a trial for every other measured setting of the baseline's maths, timed by
-    the samples `trained` needed. Returns how many it added (none already told)."""
-    result, predicted = schema.measured(trained), schema.prediction(trained)
-    if predicted is None:
-        return 0
-    samples = predicted["samples_to_target"]
-    told = [
-        schema.config(t) for t in study.get_trials(deepcopy=False) if t.number != trained.number
-    ]
-    config = schema.config(trained)
-    added = 0
-    for knobs, speed in plan.table.options(config, plan.space):
-        candidate = {**config, **knobs}
-        if complete(candidate) in (config, *told):
-            continue
-        seconds = speed.seconds(samples)
-        prediction = prediction_record(
-            speed, samples=samples, seconds=seconds, trained=None, from_trial=trained.number
-        )
-        study.add_trial(
-            optuna.trial.create_trial(
-                value=seconds,
-                constraints={"target": trained.constraints["target"]},
-                user_attrs={
-                    schema.CONFIG: candidate,
-                    schema.RESULT: runs.predicted(
-                        seconds=seconds,
-                        samples=samples,
-                        best_metric=result.get("best_metric"),
-                        prediction=prediction,
-                    ),
-                },
-            )
-        )
-        added += 1
-    return added
-
-
-def prediction_record(
-    speed: goodput.Speed,
-    *,
-    samples: float,
-    seconds: float,
-    trained: Mapping[str, Any] | None,
-    from_trial: int | None = None,
-) -> dict[str, Any]:
-    """What a predicted time is made of, as the trial stores it."""
-    record = {
-        "seconds": seconds,
-        "samples_to_target": samples,
-        "samples_per_second": speed.samples_per_second,
-        "fixed_seconds": speed.fixed_seconds,
-    }
-    if trained is not None:
-        record["trained"] = dict(trained)
-    if from_trial is not None:
-        record["from_trial"] = from_trial
-    return record

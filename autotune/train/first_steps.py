@@ -74,25 +74,33 @@ def take_before(
 ) -> None:
     """A trial's process's first steps, before its clock starts: a few plain steps of its task at
     its micro-batch, with no loader workers, unless this process has taken them on `device` or
-    they load little there (`load_much`). A step out of memory leaves them untaken (the trial
-    meets that limit itself, as a result)."""
+    they load little there (`load_much`). A step out of memory leaves them untaken, for a later
+    trial at a smaller batch to take (this one meets that limit itself, as a result)."""
     if str(device) in _taken or not load_much(device):
         return
-    _taken.add(str(device))
     steps = dataclasses.replace(
         plain(config), num_workers=0, prefetch_factor=None, pin_memory=False, accumulation_steps=1
     )
     try:
-        training = build(task, steps, limits=limits, device=device, seed=seed)
-        batch = next(iter(training.loader), None)  # None: a batch larger than the data, which
-        if batch is not None:  # the trial itself refuses
-            losses = [training.step([batch]) for _ in range(FIRST_STEPS)]
-            float(losses[-1])  # waits for the device
+        _plain_steps(task, steps, limits=limits, device=device, seed=seed)
     except Exception as exc:
         if not oom.is_oom(exc):
             raise
-    # the trial's own peak and memory are its own: nothing of these steps stays cached
+    else:
+        _taken.add(str(device))
+    # out of the handler, the steps' model and batch gone with their frame: the trial's memory
+    # and peak are its own
     oom.free_memory()
+
+
+def _plain_steps(
+    task: Task, config: TrialConfig, *, limits: Limits, device: torch.device, seed: int
+) -> None:
+    training = build(task, config, limits=limits, device=device, seed=seed)
+    batch = next(iter(training.loader), None)  # None: a batch larger than the data, which the
+    if batch is not None:  # trial itself refuses
+        losses = [training.step([batch]) for _ in range(FIRST_STEPS)]
+        float(losses[-1])  # waits for the device
 
 
 def _start_up(session: Any) -> float:

@@ -14,7 +14,7 @@ import yaml
 from autotune.record import schema
 from autotune.search import goodput, roofline
 from autotune.search.roofline_figures import table_entries
-from autotune.search.space import LOADER_KNOBS
+from autotune.search.space import LOADER_KNOBS, Choices
 from autotune.spec import study_file
 from autotune.study import chosen_setting, preparation, throughput_phase
 from autotune.train import rates
@@ -34,7 +34,7 @@ FORMATS = {
 def probed() -> dict:
     """A joint probe's outcome as stored: bf16 chosen at batch 128 (7,200/s end to end against
     8,000 predicted), measured again at 64 and out of memory at 512, fp32 kept beside it and
-    measured at 64 and 128, and a compile it kept."""
+    measured at 64 and 128 (and checked end to end at 128), and a compile it kept."""
     chosen = roofline.Prediction(
         LOADER, {"precision": "bf16", **FORMATS}, loader_rate=10_000.0, compute_rate=8_000.0
     )
@@ -65,6 +65,10 @@ def probed() -> dict:
             for batch, rate in ((64, 3_000.0), (128, 4_000.0))
         ],
         "compile": {"kept": True, "once_seconds": 20.0, "speed": 8_000.0, "faster": 10_000.0},
+        # fp32 checked end to end at the chosen loader and formats
+        "checked": [
+            {**LOADER, "precision": "fp32", **FORMATS, "measured": 3_500.0, "start_up": 0.7}
+        ],
     }
 
 
@@ -84,7 +88,8 @@ def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> N
     assert table.largest_fitting() == {"bf16": 128, "fp32": 128}
     fp32 = {**settings, "precision": "fp32"}
     assert table.speed_of({**fp32, "batch_size": 64}).samples_per_second == pytest.approx(2_700.0)
-    assert table.speed_of({**fp32, "batch_size": 128}).samples_per_second == pytest.approx(3_600.0)
+    # at the probe's batch, what its own end-to-end check measured (its rates there said 3,600)
+    assert table.speed_of({**fp32, "batch_size": 128}) == goodput.Speed(3_500.0, 0.7)
     # compiled at the probe's batch only: its compile once, then its step's gain at the loader
     compiled = table.speed_of({**settings, "compile": True, "batch_size": 128})
     assert compiled == goodput.Speed(pytest.approx(9_000.0), pytest.approx(20.4))
@@ -104,7 +109,7 @@ def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> N
 
 
 def goodput_space():
-    from autotune.search.space import Choices, Space
+    from autotune.search.space import Space
 
     values = {
         "batch_size": (64, 128, 512),
@@ -120,21 +125,40 @@ def goodput_space():
     return Space(domains=tuple((k, Choices(v)) for k, v in values.items()))
 
 
-def test_a_probe_that_settled_nothing_leaves_the_table_to_a_phase_of_its_own() -> None:
-    unsettled = {**probed(), "chosen": None, "unsettled": "no setting ran end to end"}
-    assert table_entries(unsettled) == []
-    assert throughput_phase.from_probe(unsettled, batch_norm=False) is None
-    # a precision it kept with no figure (an outcome stored before it measured every one)
-    older = {**probed(), "precisions": ["fp32", "bf16"], "precision_batches": []}
-    assert throughput_phase.from_probe(older, batch_norm=False) is None
-    phase = throughput_phase.from_probe(
-        {**probed(), "precisions": ["fp32", "bf16"]}, batch_norm=True
-    )
+def test_a_table_with_a_hole_is_left_to_a_phase_of_its_own() -> None:
+    """The probe's table stands in for a phase only where it times (or finds out of memory) every
+    micro-batch a trial may train at every precision it may train, with checkpointing as the
+    space fixes it: else trials would be pruned as out of memory for want of a figure."""
+    space = goodput_space().replace("compile", Choices((False,)))
+
+    def table(outcome: dict, *, precisions=("bf16", "fp32"), batches=(64, 128), at=space):
+        return throughput_phase.from_probe(
+            outcome, space=at, precisions=precisions, batches=batches, batch_norm=True
+        )
+
+    phase = table(probed())
     assert phase is not None and phase["from_probe"] and "seconds" not in phase
     assert phase["table"]["batch_norm"] is True
     assert goodput.describe(phase).startswith(
         "Throughput from the joint probe's rates (no phase of its own): 5 of 6 systems settings"
     )
+    # out of memory is a figure: bf16 at 512 has one, fp32 none
+    assert table(probed(), precisions=("bf16",), batches=(64, 128, 512)) is not None
+    assert table(probed(), batches=(64, 128, 512)) is None
+    # a probe that settled nothing
+    unsettled = {**probed(), "chosen": None, "unsettled": "no setting ran end to end"}
+    assert table_entries(unsettled) == [] and table(unsettled) is None
+    # a precision trials train with no figure: one the probe stored before it measured every one,
+    # or the baseline's, which a systems_only probe stored before it chose at it left out
+    assert table({**probed(), "precision_batches": []}) is None
+    assert table(probed(), precisions=("fp16",)) is None
+    # a batch without a figure (its measurement failed, or stored before batches were measured)
+    failed = {**probed(), "batches": [{"batch_size": 64, "oom": False, "reason": "it crashed"}]}
+    assert table(failed, precisions=("bf16",)) is None
+    assert table(failed, precisions=("bf16",), batches=(128,)) is not None
+    # checkpointing left a choice, or fixed to what the probe did not measure
+    for values in ((False, True), (True,)):
+        assert table(probed(), at=space.replace("checkpointing", Choices(values))) is None
 
 
 def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
