@@ -182,12 +182,16 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
         else list(space["precision"].values)
     )
     batches = table_batches(spec, space, prepared.baseline, batch_norm=prepared.batch_norm)
-    phase = probed and from_probe(
-        probed,
-        space=space,
-        precisions=precisions,
-        batches=batches,
-        batch_norm=prepared.batch_norm,
+    phase = (
+        from_probe(
+            probed,
+            space=space,
+            precisions=precisions,
+            batches=batches,
+            batch_norm=prepared.batch_norm,
+        )
+        if probed
+        else None
     )
     if phase is None:
         phase = run_phase(
