@@ -167,7 +167,8 @@ def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     knobs = {k: chosen[k] for k in (*LOADER_KNOBS, *STEP_KNOBS) if k in chosen}
     base = {**knobs, "compile": False, "checkpointing": chosen.get("checkpointing", False)}
-    rows = [(chosen["precision"], batch, e) for batch, e in by_batch(outcome).items()]
+    at = by_batch(outcome)
+    rows = [(chosen["precision"], batch, e) for batch, e in at.items()]
     for e in outcome.get("precision_batches") or []:
         # at the probe's batch, what its own end-to-end check measured, where it had one
         check = checked_entry(outcome, {**knobs, "precision": e["precision"]})
@@ -189,10 +190,9 @@ def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         for precision, batch, e in rows
     ]
-    compiled = outcome.get("compile") or {}
-    own = by_batch(outcome)[outcome["batch_size"]]
+    own = at[outcome["batch_size"]]
     faster = compiled_speed(outcome, own["fixed_seconds"], own["expected"])
-    if compiled.get("kept") and faster is not None:
+    if (outcome.get("compile") or {}).get("kept") and faster is not None:
         start_up, rate = faster
         entries.append(
             {

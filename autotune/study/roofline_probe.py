@@ -177,14 +177,18 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     others = [b for b in batches if b != batch]
     precisions = _precisions_kept(chosen, speeds, space)
     # a goodput trial trains its maths at any precision kept: each one's table of its own
-    wanted = {p: sorted({batch, *batches}) for p in precisions if p != chosen.compute["precision"]}
+    wanted = (
+        {p: sorted({batch, *batches}) for p in precisions if p != chosen.compute["precision"]}
+        if spec.objective == GOODPUT
+        else None
+    )
     entries = chosen_setting.at_batches(
         lambda work, *args: measured(work, *args, phase="batches"),
         chosen,
         speed,
         others,
         config,
-        precisions=wanted if spec.objective == GOODPUT else None,
+        precisions=wanted,
     )
     bar.update(len(entries))
     at_batches = [e for e in entries if "precision" not in e]
