@@ -141,7 +141,8 @@ def test_a_process_s_first_steps_are_on_no_trial_s_clock(monkeypatch: pytest.Mon
     fresh = run(task, config, limits=limits, device=CPU, seed=1)
     assert task.model().first_use == {}  # paid: the task's first step waited its second
     warm = run(task, config, limits=limits, device=CPU, seed=1)
-    assert fresh.train_seconds < 0.6 and warm.train_seconds < 0.6, (fresh, warm)
+    # the 1 s wait is on neither clock: the fresh run took what the warm one did, not 1 s more
+    assert fresh.train_seconds < warm.train_seconds + 0.5, (fresh, warm)
     # ... and the trial trains as it would have: the same losses and metrics at every evaluation
     assert fresh.train_loss == warm.train_loss
     assert [point[1:] for point in fresh.curve] == [point[1:] for point in warm.curve]
