@@ -147,3 +147,21 @@ class Outrun:
             f"samples/s it would finish every run the study trains later than a setting measured "
             f"at {by[0]:,.0f}/s"
         )
+
+
+def precisions_kept(
+    chosen: Prediction,
+    checked: Sequence[tuple[Prediction, float | None, float]],
+    precisions: Sequence[str],
+    *,
+    faster_by: float,
+) -> list[str]:
+    """Of `precisions` (the space's, in its order), the chosen setting's and every other that ran
+    `faster_by` faster end to end at its loader, the search then weighing its speed against its
+    effect on convergence. One left unmeasured there (Outrun) cannot win: dropped."""
+    at_loader = [(p, speed) for p, speed, _ in checked if speed and p.loader == chosen.loader]
+    slowest = min(speed for _, speed in at_loader)
+    kept = {chosen.compute["precision"]} | {
+        p.compute["precision"] for p, speed in at_loader if speed >= (1 + faster_by) * slowest
+    }
+    return [p for p in precisions if p in kept]

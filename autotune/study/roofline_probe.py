@@ -82,121 +82,92 @@ def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     return {**outcome, "seconds": time.monotonic() - started, **load.record()}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Probing:
+    """What every step of one probe reads: the study, its measuring, and where the time went."""
+
+    spec: StudySpec
+    prepared: Prepared
+    batch: int
+    seed: int
+    phases: dict[str, float]  # seconds by phase, for the report
+
+    def config(self, setting: dict[str, Any]) -> TrialConfig:
+        """The baseline's maths at the probe's micro-batch, with `setting`'s systems knobs."""
+        maths = {
+            **self.prepared.baseline,
+            "batch_size": self.batch,
+            "accumulation_steps": 1,
+            "compile": False,
+        }
+        return TrialConfig.from_mapping(complete({**maths, **setting}))
+
+    def measured(self, work: Any, *args: Any, phase: str | None = None) -> Any:
+        """`work(*args)` where the study measures, its time counted to `phase`."""
+        started = time.monotonic()
+        try:
+            return self.prepared.measure(work, *args, device=self.prepared.device, seed=self.seed)
+        finally:
+            phase = phase or PHASES[work.__name__]
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - started
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """The end-to-end check: the frontier, the runs it was weighed over, and what ran."""
+
+    timed: list[tuple[roofline.Prediction, float]]  # the limit for every run length, fastest first
+    runs: tuple[float, float]  # the shortest and longest run a trial trains, in samples
+    run_samples: float  # the run the setting is chosen for
+    speeds: list[tuple[roofline.Prediction, float | None, float]]  # measured, start-up apart
+    reasons: list[str | None]  # why one has no speed
+
+
 def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[str, Any]:
     """Rates measured apart, combinations predicted, the best few checked end to end, compile
     weighed at the fastest: the probe's outcome."""
-    space, device, measure = prepared.space, prepared.device, prepared.measure
-    maths = {**prepared.baseline, "batch_size": batch, "accumulation_steps": 1, "compile": False}
+    space = prepared.space
+    probing = _Probing(spec, prepared, batch, seeds.for_probe(spec.seed), {})
     loaders = roofline.loader_settings(probe.loader_settings(space))
-    seed = seeds.for_probe(spec.seed)
-
-    def config(setting: dict[str, Any]) -> TrialConfig:
-        return TrialConfig.from_mapping(complete({**maths, **setting}))
-
-    phases: dict[str, float] = {}  # where the probe's time went, for the report
-
-    def measured(work: Any, *args: Any, phase: str | None = None) -> dict[str, Any]:
-        started = time.monotonic()
-        try:
-            return measure(work, *args, device=device, seed=seed)
-        finally:
-            phase = phase or PHASES[work.__name__]
-            phases[phase] = phases.get(phase, 0.0) + time.monotonic() - started
-
     predictions, figures = rates_apart.predicted(
-        measured,
+        probing.measured,
         loaders,
         roofline.compute_settings(space),
-        config,
-        on_cpu=device.type == "cpu",
+        probing.config,
+        on_cpu=prepared.device.type == "cpu",
         bar=bar,
     )
-    figures["phase_seconds"] = phases  # filled in as the phases below run
+    figures["phase_seconds"] = probing.phases  # filled in as the phases below run
     if not predictions:
         why = "no setting had both rates at that batch"
         return {**_nothing_settled(batch, space, why), **figures}
-    measured_on = {**figures, "shared_cores": device.type == "cpu", "cores": cpu_count()}
-    starts = [(p, start_up_seconds(measured_on, p.setting)) for p in predictions]
-    # the limit for every run length: the fastest, then settings that start sooner
-    timed = roofline.frontier(starts)
-    runs = budget.run_range(
-        spec,
-        space,
-        train_samples=len(prepared.task.train),
-        fastest=timed[0][0].samples_per_second,
-    )
-    run_samples = end_to_end.run_length(*runs)
-    checked = end_to_end.to_check(
-        starts,
-        samples=run_samples,
-        count=end_to_end.CHECKED * (2 if device.type == "cpu" else 1),
-        within=runs,
-    )
-    # one at a time, as the loaders: side by side, each one's workers would refill their queue
-    # while another is timed; soonest first, and none that one measured already outruns
-    ends = measured(
-        throughput.measure_in_turn,
-        {str(i): config(p.setting) for i, (p, _) in enumerate(checked)},
-        {
-            str(i): p.loader_rate / p.compute_rate
-            for i, (p, _) in enumerate(checked)
-            if p.overlapped
-        },
-        end_to_end.Outrun(
-            {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
-            within=runs,
-        ),
-    )
-    bar.update(len(checked))
-    # start-up as measured apart: the end-to-end windows begin after it
-    speeds = [(p, ends[str(i)].samples_per_second, start) for i, (p, start) in enumerate(checked)]
-    if not any(speed for _, speed, _ in speeds):
+    checked = _check_end_to_end(probing, predictions, figures)
+    bar.update(len(checked.speeds))
+    if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
-    chosen, speed = end_to_end.decide(speeds, samples=run_samples)
+    chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
     peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
     memory = roofline.checkpointing_fit(
-        space, peaks, batch=batch, device_bytes=telemetry.memory_bytes(device)
+        space, peaks, batch=batch, device_bytes=telemetry.memory_bytes(prepared.device)
     )
     if memory is not None and memory["fits"]:
         fixed["checkpointing"] = False
-    compiled = None
-    if set(space["compile"].values) == {False, True}:
-        started = time.monotonic()
-        compiled = chosen_setting.weigh_compile(
-            spec, prepared, chosen, config({**chosen.setting, "compile": False}), seed=seed
-        )
-        if "unmeasured" not in compiled:
-            phases["compile"] = time.monotonic() - started
-        bar.update(2)
-        if not compiled["kept"]:
-            fixed["compile"] = False
-    batches = throughput_phase.table_batches(
-        spec, space, prepared.baseline, batch_norm=prepared.batch_norm
+    compiled = _weigh_compile(probing, chosen)
+    bar.update(2 if compiled else 0)
+    if compiled and not compiled["kept"]:
+        fixed["compile"] = False
+    precisions = end_to_end.precisions_kept(
+        chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
     )
-    others = [b for b in batches if b != batch]
-    precisions = _precisions_kept(chosen, speeds, space)
-    # a goodput trial trains its maths at any precision kept: each one's table of its own
-    wanted = (
-        {p: sorted({batch, *batches}) for p in precisions if p != chosen.compute["precision"]}
-        if spec.objective == GOODPUT
-        else None
-    )
-    entries = chosen_setting.at_batches(
-        lambda work, *args: measured(work, *args, phase="batches"),
-        chosen,
-        speed,
-        others,
-        config,
-        precisions=wanted,
-    )
+    entries = _at_batches(probing, chosen, speed, precisions)
     bar.update(len(entries))
     at_batches = [e for e in entries if "precision" not in e]
     other_precisions = [e for e in entries if "precision" in e]
     return {
         "kind": "joint",
         "batch_size": batch,
-        "shared_cores": device.type == "cpu",
+        "shared_cores": prepared.device.type == "cpu",
         "loader": chosen.loader,
         "probed_loader": len(loaders) > 1,
         "precisions": precisions,
@@ -205,23 +176,23 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
         "runs": [],
         **figures,
         "checked": [
-            {**p.figures(), "measured": m, "start_up": start, "reason": ends[str(i)].reason}
-            for i, (p, m, start) in enumerate(speeds)
+            {**p.figures(), "measured": m, "start_up": start, "reason": reason}
+            for (p, m, start), reason in zip(checked.speeds, checked.reasons, strict=True)
         ],
         # the run the setting was chosen for, between the shortest and the longest a trial trains
-        "run_samples": run_samples,
-        "run_range": list(runs),
-        "limit": timed[0][0].figures(),
-        "frontier": [p.figures() for p, _ in timed],
+        "run_samples": checked.run_samples,
+        "run_range": list(checked.runs),
+        "limit": checked.timed[0][0].figures(),
+        "frontier": [p.figures() for p, _ in checked.timed],
         # checkpointing as measured (the baseline's): a trial with another recomputes otherwise
         "chosen": {
             **chosen.figures(),
             "measured": speed,
-            "checkpointing": config(chosen.setting).checkpointing,
+            "checkpointing": probing.config(chosen.setting).checkpointing,
         },
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
         "moves": roofline_text.what_moves_it(
-            timed[0][0],
+            checked.timed[0][0],
             spec.space,
             batch=batch,
             cores=cpu_count(),
@@ -237,20 +208,94 @@ def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[s
     }
 
 
-def _precisions_kept(
-    chosen: roofline.Prediction,
-    speeds: list[tuple[roofline.Prediction, float | None, float]],
-    space: Space,
-) -> list[str]:
-    """The chosen setting's precision, and every other that ran faster end to end at its loader,
-    the search then weighing its speed against its effect on convergence. One left unmeasured
-    there (outrun over every run the study trains: end_to_end.Outrun) cannot win: dropped."""
-    at_loader = [(p, speed) for p, speed, _ in speeds if speed and p.loader == chosen.loader]
-    slowest = min(speed for _, speed in at_loader)
-    kept = {chosen.compute["precision"]} | {
-        p.compute["precision"] for p, speed in at_loader if speed >= (1 + probe.FASTER_BY) * slowest
-    }
-    return [p for p in space["precision"].values if p in kept]
+def _check_end_to_end(
+    probing: _Probing, predictions: list[roofline.Prediction], figures: dict[str, Any]
+) -> _Checked:
+    """The settings predicted soonest over the run the budget suggests, and those fastest for
+    some run it may train, measured end to end with the real pipeline."""
+    spec, prepared = probing.spec, probing.prepared
+    on_cpu = prepared.device.type == "cpu"
+    measured_on = {**figures, "shared_cores": on_cpu, "cores": cpu_count()}
+    starts = [(p, start_up_seconds(measured_on, p.setting)) for p in predictions]
+    # the limit for every run length: the fastest, then settings that start sooner
+    timed = roofline.frontier(starts)
+    runs = budget.run_range(
+        spec,
+        prepared.space,
+        train_samples=len(prepared.task.train),
+        fastest=timed[0][0].samples_per_second,
+    )
+    run_samples = end_to_end.run_length(*runs)
+    checked = end_to_end.to_check(
+        starts,
+        samples=run_samples,
+        count=end_to_end.CHECKED * (2 if on_cpu else 1),
+        within=runs,
+    )
+    # one at a time, as the loaders: side by side, each one's workers would refill their queue
+    # while another is timed; soonest first, and none that one measured already outruns
+    ends = probing.measured(
+        throughput.measure_in_turn,
+        {str(i): probing.config(p.setting) for i, (p, _) in enumerate(checked)},
+        {
+            str(i): p.loader_rate / p.compute_rate
+            for i, (p, _) in enumerate(checked)
+            if p.overlapped
+        },
+        end_to_end.Outrun(
+            {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
+            within=runs,
+        ),
+    )
+    # start-up as measured apart: the end-to-end windows begin after it
+    results = [ends[str(i)] for i in range(len(checked))]
+    return _Checked(
+        timed,
+        runs,
+        run_samples,
+        [(p, r.samples_per_second, start) for (p, start), r in zip(checked, results, strict=True)],
+        [r.reason for r in results],
+    )
+
+
+def _weigh_compile(probing: _Probing, chosen: roofline.Prediction) -> dict[str, Any] | None:
+    """Compile measured once at the chosen setting, where the space leaves it a choice."""
+    if set(probing.prepared.space["compile"].values) != {False, True}:
+        return None
+    started = time.monotonic()
+    compiled = chosen_setting.weigh_compile(
+        probing.spec,
+        probing.prepared,
+        chosen,
+        probing.config({**chosen.setting, "compile": False}),
+        seed=probing.seed,
+    )
+    if "unmeasured" not in compiled:
+        probing.phases["compile"] = time.monotonic() - started
+    return compiled
+
+
+def _at_batches(
+    probing: _Probing, chosen: roofline.Prediction, speed: float, precisions: list[str]
+) -> list[dict[str, Any]]:
+    """The chosen setting measured at every other micro-batch a trial may train; under goodput
+    each other precision kept at every batch, a trial's table of its own."""
+    spec, prepared = probing.spec, probing.prepared
+    batches = throughput_phase.table_batches(
+        spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
+    )
+    # a goodput trial trains its maths at any precision kept: each one's table of its own
+    others = [p for p in precisions if p != chosen.compute["precision"]]
+    every = sorted({probing.batch, *batches})
+    wanted = {p: every for p in others} if spec.objective == GOODPUT else None
+    return chosen_setting.at_batches(
+        lambda work, *args: probing.measured(work, *args, phase="batches"),
+        chosen,
+        speed,
+        [b for b in batches if b != probing.batch],
+        probing.config,
+        precisions=wanted,
+    )
 
 
 def _nothing_settled(batch: int, space: Space, why: str) -> dict[str, Any]:
