@@ -124,13 +124,18 @@ def expected_rate(
     compile's), then `rate` samples a second: measured end to end at the probe's micro-batch; at
     another the rates measured there, scaled as the end-to-end check found (`scaled`). At another
     setting the probe checked end to end (`at`: "checked"), that check's figures, at the probe's
-    micro-batch only. None where `params` trains at a setting the probe did not measure, or at a
-    batch (or compiled at a batch) it did not measure it at."""
+    micro-batch only; at the chosen setting in another precision a goodput probe kept and had no
+    check of there (`at`: "precision"), its rates at that batch, scaled. None where `params`
+    trains at a setting the probe did not measure, or at a batch (or compiled at a batch) it did
+    not measure it at."""
     chosen = (outcome or {}).get("chosen") or {}
     if not chosen.get("measured"):
         return None
-    if any(params[k] != v for k, v in chosen.items() if k in params):
-        return _checked_rate(outcome, params)
+    if _differs(chosen, params):
+        checked = _checked_rate(outcome, params)
+        if checked is None and not _differs(chosen, {**params, "precision": chosen["precision"]}):
+            return _kept_precision_rate(outcome, params)
+        return checked
     batch = params.get("batch_size")  # None: a row that shows only the knobs sampled
     there = by_batch(outcome).get(batch) or {}
     if not there.get("expected"):
@@ -147,6 +152,27 @@ def expected_rate(
         "scaled": batch != outcome["batch_size"],
         "at": "chosen",
     }
+
+
+def _differs(chosen: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """Whether `params` trains at another setting than the chosen one."""
+    return any(params[k] != v for k, v in chosen.items() if k in params)
+
+
+def _kept_precision_rate(
+    outcome: Mapping[str, Any], params: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What the probe measured of the chosen setting at another precision it kept, for a goodput
+    trial that trained at it (`precision_batches`): its rates at the trial's micro-batch, scaled
+    as the chosen setting's end-to-end check found; uncompiled only."""
+    batch = params.get("batch_size")
+    if params.get("compile"):
+        return None
+    for e in outcome.get("precision_batches") or []:
+        if (e["precision"], e["batch_size"]) == (params["precision"], batch) and e.get("expected"):
+            rate = {"start_up": e.get("fixed_seconds") or 0.0, "rate": e["expected"]}
+            return {**rate, "batch_size": batch, "scaled": True, "at": "precision"}
+    return None
 
 
 def _checked_rate(outcome: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -211,6 +237,7 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     where = {
         "chosen": "the setting the probe chose",
         "checked": "another setting the probe checked end to end",
+        "precision": f"the setting the probe chose, in {best.params.get('precision')}",
     }[expected["at"]]
     return (
         f"Predicted at {where} ({expected['rate']:,.0f} samples/s at batch "

@@ -108,6 +108,38 @@ def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> N
     assert restricted["compile"] is False
 
 
+def test_the_report_predicts_a_trial_at_each_precision_the_probe_kept() -> None:
+    """A goodput trial at another precision than the chosen one is predicted from that
+    precision's figures at its batch, as its table timed it, not left without a prediction."""
+    from types import SimpleNamespace
+
+    from autotune.report import winner
+
+    outcome = probed()
+    fp32 = {"precision": "fp32", **LOADER, **FORMATS, "compile": False, "checkpointing": False}
+    # at 64, its rates there scaled as the chosen setting's check found: 2,700/s after 0.6 s
+    assert winner.predicted_seconds(outcome, {**fp32, "batch_size": 64}, 2_700.0) == (
+        pytest.approx(1.6)
+    )
+    # at the probe's batch, its own end-to-end check: 3,500/s after 0.7 s
+    assert winner.predicted_seconds(outcome, {**fp32, "batch_size": 128}, 3_500.0) == (
+        pytest.approx(1.7)
+    )
+    # compiled, at a batch it was not measured at, at another loader: nothing predicted
+    assert (
+        winner.predicted_seconds(outcome, {**fp32, "batch_size": 64, "compile": True}, 1.0) is None
+    )
+    assert winner.predicted_seconds(outcome, {**fp32, "batch_size": 512}, 1.0) is None
+    other_loader = {**fp32, "batch_size": 64, "num_workers": 0}
+    assert winner.predicted_seconds(outcome, other_loader, 1.0) is None
+    best = SimpleNamespace(
+        params={**fp32, "batch_size": 64}, samples_to_target=2_700.0, time_to_target=2.0
+    )
+    line = winner.prediction_line(outcome, best)
+    assert line is not None and "the setting the probe chose, in fp32" in line
+    assert "1.60 s for the winner's 2,700 samples" in line
+
+
 def goodput_space():
     from autotune.search.space import Space
 
