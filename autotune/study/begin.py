@@ -51,9 +51,10 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
         )
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
-    probed = run_plan.with_probe(spec, prepared, study)
+    stored = schema.probe(study.user_attrs)  # as every later run reads it
+    probed = run_plan.with_probe(spec, prepared, stored)
     throughput_phase.ensure_phase(spec, prepared, study, probed.space)
-    plan = run_plan.planned(spec, probed, study)
+    plan = run_plan.planned(spec, probed, study, stored)
     if (
         spec.first_trial != "sampled"
         and not study.get_trials(deepcopy=False)

@@ -36,24 +36,25 @@ class RunPlan:
 
 def settle(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     """The plan from what the study stored: its probe's outcome and its throughput phase."""
-    return planned(spec, with_probe(spec, prepared, study), study)
-
-
-def with_probe(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> Prepared:
-    """The space as the stored probe settled it; unchanged without one."""
     outcome = schema.probe(study.user_attrs)
+    return planned(spec, with_probe(spec, prepared, outcome), study, outcome)
+
+
+def with_probe(spec: StudySpec, prepared: Prepared, outcome: dict | None) -> Prepared:
+    """The space as the stored probe's `outcome` settled it; unchanged without one."""
     if spec.probe == "none" or outcome is None:
         return prepared
     return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
 
 
-def planned(spec: StudySpec, probed: Prepared, study: optuna.Study) -> RunPlan:
-    """The plan of a study whose probe (if any) has settled `probed`: the throughput phase's
-    table decides the systems knobs of a goodput study."""
+def planned(
+    spec: StudySpec, probed: Prepared, study: optuna.Study, outcome: dict | None
+) -> RunPlan:
+    """The plan of a study whose probe's `outcome` (if any) has settled `probed`: the throughput
+    phase's table decides the systems knobs of a goodput study."""
     goodput, space = throughput_phase.plan_for(spec, probed, study, probed.space)
-    outcome = schema.probe(study.user_attrs) if spec.probe == "joint" else None
-    joint = outcome if goodput is None and (outcome or {}).get("kind") == "joint" else None
-    return RunPlan(prepared=probed, space=space, goodput=goodput, probe=joint)
+    joint = (outcome or {}).get("kind") == "joint" and spec.probe == "joint" and goodput is None
+    return RunPlan(prepared=probed, space=space, goodput=goodput, probe=outcome if joint else None)
 
 
 def as_begun(spec: StudySpec, prepared: Prepared, stored: optuna.Study | None) -> Prepared:
