@@ -73,35 +73,40 @@ def at_batches(
             {**({"precision": p} if p else {}), "batch_size": b, "oom": False, "reason": why}
             for p, b in sorted(wanted, key=lambda w: (w[0] or "", w[1]))
         ]
-    entries = []
-    for precision, batch in sorted(wanted, key=lambda w: (w[0] or "", w[1])):
-        step, load = steps[key(precision, batch)], loads.get(str(batch))
-        entry: dict[str, Any] = {
-            **({"precision": precision} if precision else {}),
-            "batch_size": batch,
-            "peak_memory_bytes": step.peak_memory_bytes,
-        }
-        if step.oom or not step.samples_per_second:
-            entry.update(oom=step.oom, reason=step.reason or "no compute rate")
-        elif load is None or not load.samples_per_second:
-            entry.update(
-                oom=False,
-                compute_rate=step.samples_per_second,
-                reason=(load and load.reason) or "no loader rate",
-            )
-        else:
-            entry.update(
-                oom=False,
-                fixed_seconds=load.fixed_seconds + step.fixed_seconds,
-                **roofline.at_batch(
-                    chosen,
-                    speed,
-                    loader_rate=load.samples_per_second,
-                    compute_rate=step.samples_per_second,
-                ),
-            )
-        entries.append(entry)
-    return entries
+    return [
+        _entry(chosen, speed, p, b, steps[key(p, b)], loads.get(str(b)))
+        for p, b in sorted(wanted, key=lambda w: (w[0] or "", w[1]))
+    ]
+
+
+def _entry(
+    chosen: roofline.Prediction,
+    speed: float,
+    precision: str | None,
+    batch: int,
+    step: rates.Rate,
+    load: rates.Rate | None,
+) -> dict[str, Any]:
+    """One batch's (and precision's) entry from its step's and loader's rates: their prediction
+    scaled as the chosen setting's end-to-end check found, or why there is none."""
+    entry: dict[str, Any] = {
+        **({"precision": precision} if precision else {}),
+        "batch_size": batch,
+        "peak_memory_bytes": step.peak_memory_bytes,
+    }
+    if step.oom or not step.samples_per_second:
+        return {**entry, "oom": step.oom, "reason": step.reason or "no compute rate"}
+    if load is None or not load.samples_per_second:
+        why = (load and load.reason) or "no loader rate"
+        return {**entry, "oom": False, "compute_rate": step.samples_per_second, "reason": why}
+    return {
+        **entry,
+        "oom": False,
+        "fixed_seconds": load.fixed_seconds + step.fixed_seconds,
+        **roofline.at_batch(
+            chosen, speed, loader_rate=load.samples_per_second, compute_rate=step.samples_per_second
+        ),
+    }
 
 
 def weigh_compile(
