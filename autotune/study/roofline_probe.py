@@ -237,11 +237,6 @@ def _check_end_to_end(
     ends = probing.measured(
         throughput.measure_in_turn,
         {str(i): probing.config(p.setting) for i, (p, _) in enumerate(checked)},
-        {
-            str(i): p.loader_rate / p.compute_rate
-            for i, (p, _) in enumerate(checked)
-            if p.overlapped
-        },
         end_to_end.Outrun(
             {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
             within=runs,

@@ -39,10 +39,6 @@ WINDOW_STEPS = 10  # optimizer steps per timed window
 MIN_WINDOWS = 3  # before a spread means anything
 MAX_ROUNDS = 20
 MAX_SPREAD = 0.1  # interquartile range / median of a configuration's windows
-# Where the loader is the slower, each drained step takes a batch off the queue and the workers put
-# back `loader_share` (loader rate / step rate) of one: emptying it takes 1 / (1 - share) times its
-# length. Nearer rates leave a queue that moves the figure little, and cost more to empty: capped.
-MAX_DRAIN_FACTOR = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +111,6 @@ def measure(
 def measure_in_turn(
     task: Task,
     configs: Mapping[K, TrialConfig],
-    loader_shares: Mapping[K, float] | None = None,
     needless: Callable[[K, Mapping[K, Throughput]], str | None] | None = None,
     *,
     device: torch.device,
@@ -125,11 +120,10 @@ def measure_in_turn(
 ) -> dict[K, Throughput]:
     """As `measure`, but each configuration alone, one after the other (in_turn): for settings
     with loader workers on a GPU host, where interleaving would time one while the others'
-    workers refill their queues on the same cores. `loader_shares`: each one's loader rate over
-    its step's, where known (measured apart), so that its windows begin on an empty queue.
-    `needless(key, measured so far)`: why a configuration need not be measured (None: measure
-    it); it then has no figure, and that reason."""
-    builders = _builders(task, configs, device, seed, window_steps, shares=loader_shares)
+    workers refill their queues on the same cores. `needless(key, measured so far)`: why a
+    configuration need not be measured (None: measure it); it then has no figure, and that
+    reason."""
+    builders = _builders(task, configs, device, seed, window_steps)
     return in_turn(
         builders,
         out_of_memory=_out_of_memory,
@@ -147,7 +141,6 @@ def _builders(
     window_steps: int,
     *,
     interleaved: bool = False,
-    shares: Mapping[K, float] | None = None,
 ) -> dict[K, Callable[[], _Session]]:
     return {
         key: functools.partial(
@@ -158,7 +151,6 @@ def _builders(
             seed=seed,
             window_steps=window_steps,
             interleaved=interleaved,
-            loader_share=(shares or {}).get(key),
         )
         for key, config in configs.items()
     }
@@ -228,7 +220,6 @@ class _Session:
         seed: int,
         window_steps: int = WINDOW_STEPS,
         interleaved: bool = False,
-        loader_share: float | None = None,
     ) -> None:
         # The schedule's length does not change the speed; a long one never runs out
         # mid-measurement.
@@ -255,16 +246,17 @@ class _Session:
         # An epoch's start costs a window nothing: the loader's workers run on across it
         # (loader.EpochBatches), as in a trial.
         self.window_steps = window_steps
-        # While the other configurations are timed, this one's workers fill their queue; those
-        # batches, and the one after (part-way loaded), are trained untimed before each window,
-        # or it would time batches loaded before it began and overstate a loader-bound setting.
-        # Alone, only its first window needs it (the workers loaded ahead while the model was
-        # built), drained until empty where the loader is the slower (MAX_DRAIN_FACTOR).
-        ahead = config.num_workers * (config.prefetch_factor or 0) + bool(config.num_workers)
-        share = 0.0 if interleaved or loader_share is None else min(loader_share, 1.0)
-        deeper = min(MAX_DRAIN_FACTOR, 1 / (1 - share)) if share < 1 else 1.0
-        self.drain_steps = math.ceil(ahead * deeper / self.config.accumulation_steps)
+        # While the other configurations are timed, this one's workers fill their queue (alone,
+        # while its model was built); a window on those batches would time loading done before it
+        # began and overstate a loader-bound setting. So before each window (alone, its first) the
+        # batches loaded ahead, and the one part-way loaded, are taken off the queue and dropped,
+        # not trained: a ready batch is taken in a moment, where training them (and, held by the
+        # loader, what the workers put back meanwhile) took seconds on a GPU. Then a step a worker,
+        # untimed, so that a setting held by its step has batches waiting again when timing begins.
+        self.ahead = config.num_workers * (config.prefetch_factor or 0) + bool(config.num_workers)
+        self.settle_steps = math.ceil(config.num_workers / self.config.accumulation_steps)
         self.interleaved = interleaved
+        self.settled = False
 
     def _steps(self, count: int) -> int:
         """Train `count` optimizer steps: the samples they took."""
@@ -282,9 +274,11 @@ class _Session:
         """Samples per second over a window; None where the clock saw no time pass."""
         # the sessions differ in workers
         torch.set_num_threads(threads_for(self.config.num_workers))
-        self._steps(self.drain_steps)
-        if not self.interleaved:
-            self.drain_steps = 0
+        if self.interleaved or not self.settled:
+            for _ in range(self.ahead):
+                next(self.batches)
+            self._steps(self.settle_steps)
+            self.settled = True
         clock = Clock(self.device)
         clock.start()
         samples = self._steps(self.window_steps)

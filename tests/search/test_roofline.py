@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from pathlib import Path
 
 import optuna
@@ -975,24 +976,39 @@ class Bursty(torch.utils.data.Dataset):
         return self.dataset.inputs[index], self.dataset.labels[index]
 
 
-def test_a_lone_setting_held_by_its_loader_drains_its_queue_before_it_is_timed() -> None:
-    """Its workers fill their queue while it starts (a GPU's first steps take seconds); where the
-    loader is the slower, draining the queue's length leaves what the workers put back meanwhile,
-    and windows timed on it would measure the step. The drain lasts 1 / (1 - loader share) times
-    as long, capped, so the windows time the loader."""
-    task = paced.make(load_seconds=0.0, compute_seconds=0.0)
-    deep = config(**{**loader(2), "prefetch_factor": 8})  # 2 x 8 queued, and one part-way
+def test_a_setting_held_by_its_loader_is_timed_on_an_empty_queue_its_queued_batches_dropped() -> (
+    None
+):
+    """Its workers fill their queue while it starts (a GPU's first steps take seconds); a window
+    on those batches would time the step, not the loader. They are dropped untimed, not trained
+    (training them took seconds on a GPU), then a step a worker, and the window times the
+    loader."""
+    load_seconds, batch, workers = 2e-3, 32, 2
+    task = paced.make(load_seconds=load_seconds, compute_seconds=0.5e-3)  # the step 2x faster
+    deep = config(**{**loader(workers), "prefetch_factor": 8}, batch_size=batch)
+    session = throughput._Session(task, deep, device=CPU, seed=1, window_steps=20)
+    try:
+        time.sleep(1.0)  # the queue fills: 2 x 8 batches, and one part-way
+        trained, taken = [], []
+        steps, batches = session._steps, session.batches
 
-    def drain(share, interleaved=False):
-        session = throughput._Session(
-            task, deep, device=CPU, seed=1, interleaved=interleaved, loader_share=share
-        )
+        def counted_steps(count):
+            trained.append(count)
+            return steps(count)
+
+        def counted_batches():
+            for one in batches:
+                taken.append(1)
+                yield one
+
+        session._steps = counted_steps
+        session.batches = counted_batches()
+        speed = session.window()
+    finally:
         session.close()
-        return session.drain_steps
-
-    assert drain(None) == drain(1.5) == drain(0.6, interleaved=True) == 17
-    assert drain(0.6) == math.ceil(17 / 0.4)
-    assert drain(0.99) == 17 * throughput.MAX_DRAIN_FACTOR
+    # 17 batches dropped and 2 trained before the window's 20: none of the queue trained
+    assert (len(taken), trained) == (17 + 2 + 20, [2, 20])
+    assert speed == pytest.approx(workers / load_seconds, rel=0.25)
 
 
 def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows() -> None:
