@@ -34,7 +34,7 @@ from autotune.train.loader import endless, make_loader
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
-from autotune.train.throughput import WINDOW_STEPS, in_turn, measure_sessions, spread
+from autotune.train.throughput import BURSTS, WINDOW_STEPS, in_turn, measure_sessions, spread
 from autotune.train.training import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)
@@ -42,7 +42,6 @@ KEPT_BATCHES = 4  # distinct batches the compute cycles through, already on the 
 # compute settings measured side by side at once: each holds a model, its optimizer and a few
 # batches on the device, and an out-of-memory error among too many would be taken for the setting's
 COMPUTE_GROUP = 4
-BURSTS = 8  # a loader window holds at least this many batches a worker
 # Windows of one loader alone, at most. Its workers deliver in bursts, and where a window's edges
 # fall among them moves its figure: a few workers' windows spread past MAX_SPREAD however many are
 # timed (4 workers on an H100 host: 25% after 20 windows, against 6-10% for 8 or 16), so more

@@ -1011,6 +1011,19 @@ def test_a_setting_held_by_its_loader_is_timed_on_an_empty_queue_its_queued_batc
     assert speed == pytest.approx(workers / load_seconds, rel=0.25)
 
 
+def test_a_setting_held_by_many_workers_is_timed_in_windows_of_several_of_their_bursts() -> None:
+    """16 workers started together deliver 16 batches at once, then none until the next round;
+    windows of 10 steps fell within or between such bursts and measured 20% below the loader,
+    never agreeing. Windows of several bursts measure the loader end to end, and agree."""
+    task = paced.make(load_seconds=4e-3, compute_seconds=0.125e-3)  # the step 2x the loader
+    many = config(**{**loader(16), "prefetch_factor": 2}, batch_size=16)
+    alone = rates.measure(task, {"loader": many}, {}, device=CPU, seed=1)["loader"]
+    ran = throughput.measure_in_turn(task, {"many": many}, device=CPU, seed=1)["many"]
+    assert alone.samples_per_second == pytest.approx(16 / 4e-3, rel=0.1)
+    assert ran.samples_per_second == pytest.approx(alone.samples_per_second, rel=0.07)
+    assert ran.spread <= throughput.MAX_SPREAD and ran.windows < throughput.MAX_ROUNDS
+
+
 def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows() -> None:
     """Windows that disagree however many are timed (batches loaded in bursts) stop at
     rates.LOADER_ROUNDS, the figure kept with its spread."""
