@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -117,6 +117,7 @@ def measure_in_turn(
     task: Task,
     configs: Mapping[K, TrialConfig],
     needless: Callable[[K, Mapping[K, Throughput]], str | None] | None = None,
+    step_held: Collection[K] = (),
     *,
     device: torch.device,
     seed: int,
@@ -127,8 +128,9 @@ def measure_in_turn(
     with loader workers on a GPU host, where interleaving would time one while the others'
     workers refill their queues on the same cores. `needless(key, measured so far)`: why a
     configuration need not be measured (None: measure it); it then has no figure, and that
-    reason."""
-    builders = _builders(task, configs, device, seed, window_steps)
+    reason. `step_held`: those predicted to be held by their step, their loader well ahead: their
+    queue stays full, so their windows need not hold several of its bursts (BURSTS)."""
+    builders = _builders(task, configs, device, seed, window_steps, step_held=step_held)
     return in_turn(
         builders,
         out_of_memory=_out_of_memory,
@@ -146,6 +148,7 @@ def _builders(
     window_steps: int,
     *,
     interleaved: bool = False,
+    step_held: Collection[K] = (),
 ) -> dict[K, Callable[[], _Session]]:
     return {
         key: functools.partial(
@@ -156,6 +159,7 @@ def _builders(
             seed=seed,
             window_steps=window_steps,
             interleaved=interleaved,
+            bursts=key not in step_held,
         )
         for key, config in configs.items()
     }
@@ -225,6 +229,7 @@ class _Session:
         seed: int,
         window_steps: int = WINDOW_STEPS,
         interleaved: bool = False,
+        bursts: bool = True,
     ) -> None:
         # The schedule's length does not change the speed; a long one never runs out
         # mid-measurement.
@@ -250,9 +255,8 @@ class _Session:
         self.startup_seconds = clock.stop()
         # An epoch's start costs a window nothing: the loader's workers run on across it
         # (loader.EpochBatches), as in a trial.
-        self.window_steps = max(
-            window_steps, math.ceil(BURSTS * config.num_workers / config.accumulation_steps)
-        )
+        burst_steps = math.ceil(BURSTS * config.num_workers / config.accumulation_steps)
+        self.window_steps = max(window_steps, burst_steps if bursts else 0)
         # While the other configurations are timed, this one's workers fill their queue (alone,
         # while its model was built); a window on those batches would time loading done before it
         # began and overstate a loader-bound setting. So before each window (alone, its first) the

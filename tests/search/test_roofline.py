@@ -1024,6 +1024,16 @@ def test_a_setting_held_by_many_workers_is_timed_in_windows_of_several_of_their_
     assert ran.spread <= throughput.MAX_SPREAD and ran.windows < throughput.MAX_ROUNDS
 
 
+def test_a_setting_held_by_its_step_keeps_short_windows_its_queue_full() -> None:
+    """Where the loader is well ahead of the step (predicted apart), the queue stays full and
+    the step never waits: short windows time it, at the step's rate."""
+    task = paced.make(load_seconds=0.25e-3, compute_seconds=1e-3)  # the loader 16x ahead
+    ahead = config(**{**loader(4), "prefetch_factor": 2}, batch_size=16)
+    ran = throughput.measure_in_turn(task, {"k": ahead}, None, {"k"}, device=CPU, seed=1)["k"]
+    assert ran.window_steps == throughput.WINDOW_STEPS
+    assert ran.samples_per_second == pytest.approx(1 / 1e-3, rel=0.15)
+
+
 def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows() -> None:
     """Windows that disagree however many are timed (batches loaded in bursts) stop at
     rates.LOADER_ROUNDS, the figure kept with its spread."""
