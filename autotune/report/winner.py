@@ -15,7 +15,13 @@ from typing import Any
 from autotune.record import classes
 from autotune.record.summary import counted
 from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import by_batch, checked_entry, compiled_speed, limit_for
+from autotune.search.roofline_figures import (
+    by_batch,
+    checked_entry,
+    compiled_speed,
+    limit_for,
+    table_entries,
+)
 from autotune.search.roofline_text import setting_text
 from autotune.search.space import KNOBS
 
@@ -124,10 +130,8 @@ def expected_rate(
     compile's), then `rate` samples a second: measured end to end at the probe's micro-batch; at
     another the rates measured there, scaled as the end-to-end check found (`scaled`). At another
     setting the probe checked end to end (`at`: "checked"), that check's figures, at the probe's
-    micro-batch only; at the chosen setting in another precision a goodput probe kept and had no
-    check of there (`at`: "precision"), its rates at that batch, scaled. None where `params`
-    trains at a setting the probe did not measure, or at a batch (or compiled at a batch) it did
-    not measure it at."""
+    micro-batch only; in another precision a goodput probe kept (`at`: "precision"), its table's
+    entry. None where the probe did not measure that setting at that batch (or compiled)."""
     chosen = (outcome or {}).get("chosen") or {}
     if not chosen.get("measured"):
         return None
@@ -162,15 +166,13 @@ def _differs(chosen: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
 def _kept_precision_rate(
     outcome: Mapping[str, Any], params: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """What the probe measured of the chosen setting at another precision it kept, for a goodput
-    trial that trained at it (`precision_batches`): its rates at the trial's micro-batch, scaled
-    as the chosen setting's end-to-end check found; uncompiled only."""
+    """A goodput trial's entry in the table of the probe's figures (table_entries), scaled."""
     batch = params.get("batch_size")
-    if params.get("compile"):
-        return None
-    for e in outcome.get("precision_batches") or []:
-        if (e["precision"], e["batch_size"]) == (params["precision"], batch) and e.get("expected"):
-            rate = {"start_up": e.get("fixed_seconds") or 0.0, "rate": e["expected"]}
+    wanted = (params["precision"], batch, bool(params.get("compile")))
+    for entry in table_entries(outcome):
+        at, speed = entry["settings"], entry["speed"]
+        if speed and (at["precision"], at["batch_size"], at["compile"]) == wanted:
+            rate = {"start_up": speed["fixed_seconds"], "rate": speed["samples_per_second"]}
             return {**rate, "batch_size": batch, "scaled": True, "at": "precision"}
     return None
 
