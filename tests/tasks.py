@@ -365,7 +365,7 @@ def paced_input_bound() -> Task:
     """The paced task with loading so slow that four workers still hold the step back."""
     from autotune.train.tasks import paced
 
-    return paced.make(load_seconds=0.6e-3, compute_seconds=0.075e-3)
+    return paced.make(load_seconds=0.3e-3, compute_seconds=0.0375e-3)
 
 
 class _FailsOnRankOne(nn.Module):
