@@ -281,7 +281,7 @@ def figure_lines(figures: Mapping[str, Any] | None, quality: Mapping[str, Any] |
         )
         parts = []
         if figures["samples_per_second"] is not None:
-            parts.append(f"{figures['samples_per_second']:.0f} samples/s after warm-up")
+            parts.append(f"{figures['samples_per_second']:,.0f} samples/s after warm-up")
         if figures["input_wait"] is not None:
             parts.append(
                 f"{100 * figures['input_wait']:.0f}% of training time waiting for input"
