@@ -27,6 +27,7 @@ KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
+PROBE_SO_FAR = "probe_measurements"  # the joint probe's measurements until PROBE is stored
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
 THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
 
@@ -78,8 +79,7 @@ def begin_study(
 
 
 def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any) -> None:
-    """Store the definition when the study begins, and each allowed change with where it began;
-    `changes(stored, new)` describes one."""
+    """The definition as the study begins, then each allowed change (`changes(stored, new)`)."""
     stored = study.user_attrs.get(DEFINITION)
     if stored == definition:
         return
@@ -97,6 +97,12 @@ def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any
 
 def record_probe(study: Any, outcome: Mapping[str, Any]) -> None:
     study.set_user_attr(PROBE, dict(outcome))
+    if study.user_attrs.get(PROBE_SO_FAR):  # what its measurements were kept for is stored
+        study.set_user_attr(PROBE_SO_FAR, {})
+
+
+def record_probe_so_far(study: Any, kept: Mapping[str, Any]) -> None:
+    study.set_user_attr(PROBE_SO_FAR, dict(kept))
 
 
 def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
@@ -111,12 +117,7 @@ def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
 
 
 def begin_trial(
-    trial: Any,
-    *,
-    worker: str,
-    config: Mapping[str, Any],
-    seed: int,
-    devices: list[str] | None = None,
+    trial: Any, *, worker: str, config: Mapping[str, Any], seed: int, devices: list[str] | None
 ) -> None:
     trial.set_user_attr(WORKER, worker)
     trial.set_user_attr(CONFIG, dict(config))
@@ -202,6 +203,10 @@ def probe(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(PROBE)
 
 
+def probe_so_far(study_attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return study_attrs.get(PROBE_SO_FAR) or {}
+
+
 def confirmation(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(CONFIRMATION)
 
@@ -214,9 +219,8 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def config(trial: Any) -> dict[str, Any] | None:
-    """The configuration it trained, complete: a knob it was stored without (a study begun before
-    the knob existed) holds what leaving it out meant (space.complete). None where the trial
-    stopped before a configuration was chosen."""
+    """The configuration it trained, complete (a knob newer than the study: space.complete); None
+    where the trial stopped before a configuration was chosen."""
     stored = trial.user_attrs.get(CONFIG)
     return complete(stored) if stored is not None else None
 
@@ -280,8 +284,7 @@ def measured(trial: Any) -> dict[str, Any]:
 
 
 def stored_end(trial: Any) -> dict[str, Any]:
-    """Everything the trial stored of its end: why, out of memory, bounded, diverged, and what it
-    measured."""
+    """All the trial stored of its end: why, out of memory, bounded, diverged, what it measured."""
     attrs = trial.user_attrs
     return {
         "reason": attrs.get(REASON),
@@ -294,9 +297,8 @@ def stored_end(trial: Any) -> dict[str, Any]:
 
 
 def run_seconds(trial: Any) -> tuple[float, float | None]:
-    """Seconds the trial's runs spent on the training clock and off it (evaluating), over all its
-    runs, a pruned one's until it stopped. Off it: None where no run said (a command evaluates on
-    its own clock; a trial stored before this was)."""
+    """Seconds its runs spent on the training clock and off it (evaluating), a pruned one's until
+    it stopped; off it None where no run said (a command's, or a trial stored before it was)."""
     result, attrs = measured(trial), trial.user_attrs
     runs = result.get("replicates") or ([result] if "train_seconds" in result else [])
     if not runs:
@@ -311,8 +313,7 @@ def retried_from(trial: Any) -> int | None:
 
 
 def retry_attrs(trial: Any) -> dict[str, Any]:
-    """The system attributes of a retry of `trial`, as Optuna's RetryFailedTrialCallback writes
-    them."""
+    """A retry's system attributes, as Optuna's RetryFailedTrialCallback writes them."""
     return {
         FAILED_TRIAL: trial.number,
         RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number],

@@ -221,13 +221,15 @@ def _rate(value: float) -> str:
 
 
 def _phases(outcome: Mapping[str, Any]) -> str:
-    """Where the probe's time went: `: compute 40 s, loaders 60 s, ...`; nothing where unstored."""
+    """Where the probe's time went: `: compute 40 s, loaders 60 s, ...`; nothing where unstored.
+    Then how many of its measurements an earlier run, cut short, had taken."""
     phases = outcome.get("phase_seconds") or {}
+    kept = outcome.get("kept_measurements")
     return (
         (": " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in phases.items()))
         if phases
         else ""
-    )
+    ) + (f"; {kept} measurement{'s' * (kept > 1)} kept from a run cut short" if kept else "")
 
 
 def compile_text(compiled: Mapping[str, Any], *, batch: int) -> str:

@@ -17,7 +17,7 @@ from autotune.runners import isolation
 from autotune.search import prior, probe, roofline
 from autotune.search.space import KNOBS, Space, complete, sampled_values
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import recovery, roofline_probe, run_plan, storage, throughput_phase
+from autotune.study import probe_memo, recovery, roofline_probe, run_plan, storage, throughput_phase
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
@@ -45,7 +45,7 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
         _recover(study)
     if _probe_due(spec, prepared, study):
         outcome = (
-            roofline_probe.run(spec, prepared)
+            roofline_probe.run(spec, prepared, probe_memo.Memo(study))
             if spec.probe == "joint"
             else run_probe(spec, prepared)
         )

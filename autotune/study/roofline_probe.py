@@ -28,7 +28,8 @@ loader makes more workers look useless. Here instead:
    chooses at the baseline's precision, the one its trials keep.
 
 The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
-adds both rates, predicted beside measured, the bottleneck and the limit.
+adds both rates, predicted beside measured, the bottleneck and the limit. Each measurement is
+kept in the study as it ends (study/probe_memo.py): a probe cut short goes on from there.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
 from autotune.study import budget, chosen_setting, rates_apart, throughput_phase
 from autotune.study.preparation import Prepared
+from autotune.study.probe_memo import Memo
 from autotune.train import telemetry, throughput
 from autotune.train.config import TrialConfig
 from autotune.train.measure import cpu_count, other_load
@@ -58,16 +60,16 @@ PHASES = {
 }
 
 
-def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
-    """Measure, predict, check end to end and choose; the outcome as plain JSON values."""
-    assert prepared.task is not None and prepared.measure is not None, (
-        "the probe trains the study's task"
-    )
+def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[str, Any]:
+    """Measure, predict, check end to end and choose; the outcome as plain JSON values. `memo`:
+    the measurements an earlier run of this probe kept, and where to keep new ones."""
+    assert prepared.task is not None and prepared.measure is not None, "the probe trains its task"
     space = throughput_phase.probe_space(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     prepared = dataclasses.replace(prepared, space=space)
     batch = probe.probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
+    probing = _Probing(spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo())
     started = time.monotonic()
     with (
         progress.bar("joint probe", unit="measurement", leave=False) as bar,
@@ -75,11 +77,13 @@ def run(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
         other_load() as load,
     ):
         try:
-            outcome = _choose(spec, prepared, batch, bar)
+            outcome = _choose(probing, bar)
         except isolation.TrialFailure as failure:
             # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
-    return {**outcome, "seconds": time.monotonic() - started, **load.record()}
+    recalled = probing.memo.recalled
+    kept = {"kept_measurements": recalled} if recalled else {}
+    return {**outcome, "seconds": time.monotonic() - started, **kept, **load.record()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +95,7 @@ class _Probing:
     batch: int
     seed: int
     phases: dict[str, float]  # seconds by phase, for the report
+    memo: Memo  # measurements kept as they end, and those an earlier run kept
 
     def config(self, setting: dict[str, Any]) -> TrialConfig:
         """The baseline's maths at the probe's micro-batch, with `setting`'s systems knobs."""
@@ -106,7 +111,8 @@ class _Probing:
         """`work(*args)` where the study measures, its time counted to `phase`."""
         started = time.monotonic()
         try:
-            return self.prepared.measure(work, *args, device=self.prepared.device, seed=self.seed)
+            device, seed = self.prepared.device, self.seed
+            return self.memo.measured(self.prepared.measure, work, *args, device=device, seed=seed)
         finally:
             phase = phase or PHASES[work.__name__]
             self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - started
@@ -123,11 +129,11 @@ class _Checked:
     reasons: list[str | None]  # why one has no speed
 
 
-def _choose(spec: StudySpec, prepared: Prepared, batch: int, bar: Any) -> dict[str, Any]:
+def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     """Rates measured apart, combinations predicted, the best few checked end to end, compile
     weighed at the fastest: the probe's outcome."""
+    spec, prepared, batch = probing.spec, probing.prepared, probing.batch
     space = prepared.space
-    probing = _Probing(spec, prepared, batch, seeds.for_probe(spec.seed), {})
     loaders = roofline.loader_settings(probe.loader_settings(space))
     predictions, figures = rates_apart.predicted(
         probing.measured,
@@ -219,12 +225,8 @@ def _check_end_to_end(
     starts = [(p, start_up_seconds(measured_on, p.setting)) for p in predictions]
     # the limit for every run length: the fastest, then settings that start sooner
     timed = roofline.frontier(starts)
-    runs = budget.run_range(
-        spec,
-        prepared.space,
-        train_samples=len(prepared.task.train),
-        fastest=timed[0][0].samples_per_second,
-    )
+    fastest, samples = timed[0][0].samples_per_second, len(prepared.task.train)
+    runs = budget.run_range(spec, prepared.space, train_samples=samples, fastest=fastest)
     run_samples = end_to_end.run_length(*runs)
     checked = end_to_end.to_check(
         starts,

@@ -1,0 +1,146 @@
+"""A joint probe cut short goes on where it stopped: each measurement is kept in the study as it
+ends, and the same command, run again, takes those instead of measuring them again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import torch
+import yaml
+
+from autotune.record import schema
+from autotune.study import probe_memo
+from autotune.train import rates, throughput
+from autotune.train.rates import Rate
+from tests.search.test_roofline import load, write_study
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def autotune(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *args, "--quiet"],
+        cwd=REPO,  # so that `tests.tasks:...` imports
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its loader workers die with it
+    )
+
+
+def kept_so_far(path: Path) -> dict:
+    try:
+        return schema.probe_so_far(load(path).user_attrs)
+    except (KeyError, optuna.exceptions.StorageInternalError):  # not yet created
+        return {}
+
+
+def test_a_probe_killed_midway_keeps_what_it_measured_and_the_next_run_goes_on_from_there(
+    tmp_path: Path,
+) -> None:
+    path = write_study(tmp_path, probe="joint")
+    study_file = yaml.safe_load(path.read_text())
+    study_file["space"].update(batch_size=128, num_workers=[0, 2])  # fewer settings to measure
+    path.write_text(yaml.safe_dump(study_file))
+    first = autotune("run", str(path))
+    deadline = time.monotonic() + 120
+    while not (kept := kept_so_far(path)):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no measurement kept within 120 s"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)  # mid-probe: its first measurement kept, not the rest
+    first.wait()
+    assert schema.probe(load(path).user_attrs) is None  # the probe did not finish
+
+    second = autotune("run", str(path))
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err[-3000:]
+    attrs = load(path).user_attrs
+    outcome = schema.probe(attrs)
+    assert outcome["chosen"] is not None
+    assert outcome["kept_measurements"] >= len(kept) >= 1
+    # what the killed run measured is what the probe's figures hold, to the last digit
+    figures = {r["samples_per_second"] for r in outcome["compute_rates"] + outcome["loader_rates"]}
+    measured = {
+        value["samples_per_second"] for entry in kept.values() for value in entry["values"].values()
+    }
+    assert measured and measured <= figures
+    assert schema.probe_so_far(attrs) == {}  # kept until the outcome was stored
+    report = subprocess.run(
+        [sys.executable, "-m", "autotune", "report", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    kept_line = f"{outcome['kept_measurements']} measurement"
+    assert kept_line in report.stdout and "kept from a run cut short" in report.stdout
+
+
+class _Study:
+    """What the memo reads and writes of an Optuna study."""
+
+    def __init__(self) -> None:
+        self.user_attrs: dict = {}
+
+    def set_user_attr(self, key: str, value: object) -> None:
+        self.user_attrs[key] = value
+
+
+def test_a_measurement_is_taken_from_the_study_only_where_everything_it_measured_is_the_same() -> (
+    None
+):
+    study, calls = _Study(), []
+    cpu = torch.device("cpu")
+
+    def measure(work, *args, device, seed):
+        calls.append((work, args, seed))
+        return {"a": Rate(1000.0 + len(calls), 0.01, 3, 0.2)}
+
+    memo = probe_memo.Memo(study)
+    first = memo.measured(
+        measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=1
+    )
+    # a later run: the same measurement comes from the study, equal to what was measured
+    again = probe_memo.Memo(study)
+    same = again.measured(
+        measure, rates.measure_loaders_in_turn, {"c", "b"}, 1.5, device=cpu, seed=1
+    )
+    assert same == first and len(calls) == 1 and again.recalled == 1
+    # anything else measured differs: the function, an argument, the seed
+    again.measured(measure, throughput.measure_in_turn, {"b", "c"}, 1.5, device=cpu, seed=1)
+    again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 2.5, device=cpu, seed=1)
+    again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=2)
+    assert len(calls) == 4 and again.recalled == 1
+    # what is not a mapping of figures is measured each time, and not kept
+    odd = probe_memo.Memo(study)
+    for _ in range(2):
+        odd.measured(lambda *a, **k: 3.0, rates.measure, device=cpu, seed=1)
+    assert odd.recalled == 0 and len(schema.probe_so_far(study.user_attrs)) == 4
+
+
+def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
+    """Sets of strings iterate in another order in another process (hash randomization)."""
+    code = (
+        "import torch; from autotune.study import probe_memo; from autotune.train import rates; "
+        "print(probe_memo._digest(rates.measure, ({f'w{i}' for i in range(20)}, "
+        "{'x': 1.5, 'y': (2, 3)}, torch.device('cpu'), 7)))"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(digests) == 1 and len(digests.pop().strip()) == 32
