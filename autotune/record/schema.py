@@ -1,12 +1,10 @@
 """What a study stores, in one place: every attribute key, how trials and studies are written and
-read back, and the readers of the older layout (version 0).
+read back, and the readers of the older layout (version 0: a study without `schema_version`,
+which the `_V0` readers below read, and no other module).
 
 Everything else reads and writes a study through these functions; what follows from what they
 read, with no key of its own, is derived.py's. Trials and studies are duck-typed (Optuna's Trial,
 FrozenTrial and Study), so the report reads a storage without importing Optuna here.
-
-A study records `schema_version` (1) when it begins; one without it has the version 0 layout,
-which the `_V0` readers below read, and no other module.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
-PROBE_SO_FAR = "probe_measurements"  # the joint probe's measurements until PROBE is stored
+PROBE_SO_FAR = "probe_measurements"  # the probe's or phase's measurements until it is stored
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
 THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
 
@@ -97,7 +95,7 @@ def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any
 
 def record_probe(study: Any, outcome: Mapping[str, Any]) -> None:
     study.set_user_attr(PROBE, dict(outcome))
-    if study.user_attrs.get(PROBE_SO_FAR):  # what its measurements were kept for is stored
+    if study.user_attrs.get(PROBE_SO_FAR):  # what they were kept for is stored
         study.set_user_attr(PROBE_SO_FAR, {})
 
 
@@ -111,6 +109,8 @@ def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
 
 def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
     study.set_user_attr(THROUGHPUT, dict(phase))
+    if study.user_attrs.get(PROBE_SO_FAR):
+        study.set_user_attr(PROBE_SO_FAR, {})
 
 
 # Writing a trial.

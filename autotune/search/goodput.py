@@ -280,6 +280,8 @@ def describe(phase: Mapping[str, Any]) -> str:
             "largest micro-batch that fits: "
             + ", ".join(f"{p} {b}" for p, b in sorted(table.largest_fitting().items()))
         )
+    if phase.get("kept_measurements"):
+        parts.append(f"{phase['kept_measurements']} of its measurements kept from a run cut short")
     # from the joint probe: its own line says what it measured, and beside what load
     if phase.get("from_probe"):
         return "Throughput from the joint probe's rates (no phase of its own): " + "; ".join(parts)

@@ -1,6 +1,6 @@
-"""The joint probe's measurements kept in the study as each one ends, so that a probe cut short
-(Ctrl-C, a kill, a machine's time limit) goes on where it stopped when the same command runs
-again: on a GPU host a probe measures for minutes, most of a short study's time.
+"""The joint probe's measurements (and the throughput phase's) kept in the study as each one ends,
+so that a probe cut short (Ctrl-C, a kill, a machine's time limit) goes on where it stopped when
+the same command runs again: on a GPU host a probe measures for minutes, much of a short study.
 
 A measurement is kept under a digest of what it measured: the measuring function, its arguments
 (the settings, the rounds), the device, the seed, this host, and the autotune and torch versions.

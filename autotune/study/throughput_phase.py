@@ -12,6 +12,7 @@ from that run's samples: the settings leave the training unchanged, so the sampl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from autotune.runners import isolation
 from autotune.search import goodput, roofline_figures
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
+from autotune.study import probe_memo
 from autotune.study.preparation import Prepared
 from autotune.train import throughput
 from autotune.train.config import TrialConfig
@@ -194,14 +196,13 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
         else None
     )
     if phase is None:
+        # each measurement kept as it ends: a phase cut short goes on from there
+        memo = probe_memo.Memo(study)
+        measure = functools.partial(memo.measured, prepared.measure)
         phase = run_phase(
-            spec,
-            prepared.measure,
-            prepared.device,
-            space,
-            prepared.baseline,
-            batch_norm=prepared.batch_norm,
+            spec, measure, prepared.device, space, prepared.baseline, batch_norm=prepared.batch_norm
         )
+        phase.update({"kept_measurements": memo.recalled} if memo.recalled else {})
     schema.record_throughput(study, phase)
     # the report repeats it, so quiet hides it
     progress.tell(f"autotune: {goodput.describe(phase)}")

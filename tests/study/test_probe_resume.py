@@ -3,6 +3,7 @@ ends, and the same command, run again, takes those instead of measuring them aga
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -11,14 +12,18 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 import torch
 import yaml
 
 from autotune.record import schema
-from autotune.study import probe_memo
+from autotune.search import goodput
+from autotune.spec import study_file
+from autotune.study import preparation, probe_memo, throughput_phase
 from autotune.train import rates, throughput
 from autotune.train.rates import Rate
 from tests.search.test_roofline import load, write_study
+from tests.study.test_goodput import goodput_study
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -144,3 +149,37 @@ def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
         for seed in ("1", "2")
     }
     assert len(digests) == 1 and len(digests.pop().strip()) == 32
+
+
+def test_a_throughput_phase_cut_short_goes_on_from_its_last_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the phase's second measurement: the first is kept, the next run takes it."""
+    monkeypatch.chdir(REPO)
+    spec = study_file.load(goodput_study(tmp_path, "goodput"))
+    prepared = preparation.prepare(spec)
+    study = optuna.create_study()
+    measured = []
+
+    def measure(work, *args, **where):
+        if stop_at is not None and len(measured) == stop_at:
+            raise KeyboardInterrupt  # what Ctrl-C raises
+        measured.append(work)
+        return prepared.measure(work, *args, **where)
+
+    def phase() -> None:
+        throughput_phase.ensure_phase(
+            spec, dataclasses.replace(prepared, measure=measure), study, prepared.space
+        )
+
+    stop_at = 1
+    with pytest.raises(KeyboardInterrupt):
+        phase()
+    assert schema.throughput(study.user_attrs) is None and len(measured) == 1
+    assert len(schema.probe_so_far(study.user_attrs)) == 1
+    stop_at = None
+    phase()
+    stored = schema.throughput(study.user_attrs)
+    assert stored["kept_measurements"] == 1 and len(measured) >= 2  # the rest measured
+    assert "1 of its measurements kept from a run cut short" in goodput.describe(stored)
+    assert schema.probe_so_far(study.user_attrs) == {}
