@@ -144,6 +144,18 @@ def interruptible() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """A storage write inside an interruptible block: a signal waits for it to end, then stops
+    the run."""
+    was, _State.interruptible = _State.interruptible, False
+    try:
+        yield
+    finally:
+        _State.interruptible = was
+    check()
+
+
+@contextlib.contextmanager
 def handled() -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM stop the run as described above."""
     if threading.current_thread() is not threading.main_thread():

@@ -63,6 +63,17 @@ def test_a_signal_raised_where_it_lands_is_not_raised_again() -> None:
         signals.check()  # nothing left pending
 
 
+def test_a_signal_during_a_storage_write_in_an_interruptible_block_waits_for_the_write() -> None:
+    written = []
+    with signals.handled():
+        with pytest.raises(signals.Stopped), signals.interruptible():
+            with signals.writing():
+                os.kill(os.getpid(), signal.SIGTERM)  # delivered here, at once
+                written.append("the rest of the write")
+        assert written == ["the rest of the write"]  # stopped after it, not inside it
+        signals.check()  # raised once only
+
+
 def test_other_dropped_exceptions_are_still_printed(dropped: list[BaseException]) -> None:
     class Noisy:
         def __del__(self) -> None:

@@ -180,7 +180,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
     memory = outcome.get("checkpointing")
     return (
         f"Systems probe ({len(outcome['runs'])} short runs{at}, "
-        f"{outcome['seconds']:.1f} s of training): "
+        f"{outcome['seconds']:.1f} s of training{_kept(outcome)}): "
         + ("; ".join(parts) if parts else "nothing to settle")
         + load_note(outcome)
         + (f"\n{roofline_text.checkpointing_text(memory)}" if memory else "")
@@ -200,3 +200,9 @@ def load_note(record: Mapping[str, Any]) -> str:
         f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, "
         "so these choices suit that load, not a quiet machine"
     )
+
+
+def _kept(outcome: Mapping[str, Any]) -> str:
+    """How many of its runs an earlier run of the probe, cut short, had made."""
+    kept = outcome.get("kept_measurements")
+    return f"; {kept} of them kept from a run cut short" if kept else ""

@@ -44,10 +44,11 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     if storage.local_path(spec.storage) is not None:
         _recover(study)
     if _probe_due(spec, prepared, study):
+        memo = probe_memo.Memo(study)  # what a run cut short measured of it
         outcome = (
-            roofline_probe.run(spec, prepared, probe_memo.Memo(study))
+            roofline_probe.run(spec, prepared, memo)
             if spec.probe == "joint"
-            else run_probe(spec, prepared)
+            else run_probe(spec, prepared, memo)
         )
         schema.record_probe(study, outcome)
         progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
@@ -126,30 +127,35 @@ def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, tria
         study.enqueue_trial(params, user_attrs=schema.prior_marker())
 
 
-def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
-    """The systems probe (probe.py) with short runs of the study's task on a seed of its own."""
+def run_probe(
+    spec: StudySpec, prepared: Prepared, memo: probe_memo.Memo | None = None
+) -> dict[str, Any]:
+    """The systems probe (probe.py) with short runs of the study's task on a seed of its own.
+    `memo`: the runs an earlier run of this probe kept, and where to keep new ones."""
     epochs = min(probe.PROBE_EPOCHS, spec.budget.max_epochs)
     limits = Limits(
         target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs
     )
-
+    memo = memo or probe_memo.Memo()
     peaks: list[int | None] = []  # each run's peak memory; None: it failed
+
+    def short_run(_: str, config: dict[str, Any], limits: Limits, **where: Any) -> list:
+        """[training seconds, peak memory] of one short run; [inf, None] where it failed."""
+        try:
+            result = prepared.run_trial(
+                TrialConfig.from_mapping(complete(config)), limits=limits, **where
+            )
+        except isolation.TrialFailure:
+            return [math.inf, None]
+        return [result.train_seconds, result.peak_memory_bytes]
 
     def measure(config: dict[str, Any]) -> float:
         signals.check()
-        try:
-            result = prepared.run_trial(
-                TrialConfig.from_mapping(complete(config)),
-                limits=limits,
-                device=prepared.device,
-                seed=seeds.for_probe(spec.seed),
-            )
-        except isolation.TrialFailure:
-            peaks.append(None)
-            return math.inf
-        peaks.append(result.peak_memory_bytes)
-        bar.update(1)
-        return result.train_seconds
+        where = {"device": prepared.device, "seed": seeds.for_probe(spec.seed)}
+        seconds, peak = memo.measured(short_run, "systems probe run", config, limits, **where)
+        peaks.append(peak)
+        bar.update(1 if math.isfinite(seconds) else 0)
+        return seconds
 
     with (
         progress.bar("systems probe", unit="run", leave=False) as bar,
@@ -172,4 +178,5 @@ def run_probe(spec: StudySpec, prepared: Prepared) -> dict[str, Any]:
     if memory is not None:
         outcome["checkpointing"] = memory
         outcome["fixed"] = {"checkpointing": False} if memory["fits"] else {}
-    return {**outcome, **load.record()}
+    kept = {"kept_measurements": memo.recalled} if memo.recalled else {}
+    return {**outcome, **kept, **load.record()}

@@ -1,13 +1,15 @@
-"""The joint probe's measurements (and the throughput phase's) kept in the study as each one ends,
-so that a probe cut short (Ctrl-C, a kill, a machine's time limit) goes on where it stopped when
-the same command runs again: on a GPU host a probe measures for minutes, much of a short study.
+"""A probe's measurements (the joint probe's, the systems probe's short runs, the throughput
+phase's) kept in the study as each one ends, so that a probe cut short (Ctrl-C, a kill, a
+machine's time limit) goes on where it stopped when the same command runs again: on a GPU host a
+probe measures for minutes, much of a short study.
 
 A measurement is kept under a digest of what it measured: the measuring function, its arguments
 (the settings, the rounds), the device, the seed, this host, and the autotune and torch versions.
 A run that would measure anything else (another space, host or version) measures afresh. The
 probe's choices follow from its measurements alone, so a resumed probe asks for the same ones in
-the same order, takes them from the study, and measures from the one that was cut short. They
-are kept until the probe's outcome is stored.
+the same order (a measurement asked for again, as in rounds, is counted as another), takes them
+from the study, and measures from the one that was cut short. They are kept until the probe's
+outcome is stored.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from autotune import __version__
+from autotune import __version__, signals
 from autotune.record import schema
 from autotune.train.rates import Rate
 from autotune.train.throughput import Throughput
@@ -38,6 +40,7 @@ class Memo:
         self.study = study
         self.kept = dict(schema.probe_so_far(study.user_attrs)) if study is not None else {}
         self.recalled = 0  # measurements taken from an earlier run
+        self.asked: dict[str, int] = {}  # how often each measurement was asked for so far
 
     def measured(
         self, measure: Callable[..., Any], work: Callable[..., Any], *args: Any, **where: Any
@@ -45,6 +48,9 @@ class Memo:
         """`measure(work, *args, **where)`, or what it returned in an earlier run of this probe.
         `where`: the device and the seed, as `measure` takes them."""
         key = _digest(work, (*args, sorted(where.items())))
+        if key is not None:  # the same measurement again (a round of several) is another one
+            self.asked[key] = self.asked.get(key, 0) + 1
+            key = f"{key}.{self.asked[key]}"
         if key is not None and key in self.kept:
             self.recalled += 1
             return _loaded(self.kept[key])
@@ -52,7 +58,8 @@ class Memo:
         stored = _stored(value)
         if self.study is not None and key is not None and stored is not None:
             self.kept[key] = stored
-            schema.record_probe_so_far(self.study, self.kept)
+            with signals.writing():  # inside the probe's interruptible block
+                schema.record_probe_so_far(self.study, self.kept)
         return value
 
 
@@ -89,8 +96,10 @@ def _plain(value: Any) -> Any:
 
 
 def _stored(value: Any) -> dict[str, Any] | None:
-    """A measurement's result as JSON values: a mapping of string keys to one kind of figure;
-    None for anything else, which is then not kept."""
+    """A measurement's result as JSON values: a list of numbers, or a mapping of string keys to
+    one kind of figure; None for anything else, which is then not kept."""
+    if isinstance(value, list) and all(v is None or isinstance(v, (int, float)) for v in value):
+        return {"kind": "numbers", "values": value}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         return None
     kinds = {type(v).__name__ for v in value.values()}
@@ -99,6 +108,8 @@ def _stored(value: Any) -> dict[str, Any] | None:
     return {"kind": kinds.pop(), "values": {k: dataclasses.asdict(v) for k, v in value.items()}}
 
 
-def _loaded(stored: Mapping[str, Any]) -> dict[str, Any]:
+def _loaded(stored: Mapping[str, Any]) -> Any:
+    if stored["kind"] == "numbers":
+        return list(stored["values"])
     kind = _KINDS.get(stored["kind"])
     return {k: kind(**v) for k, v in stored["values"].items()} if kind else {}

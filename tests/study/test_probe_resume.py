@@ -18,8 +18,9 @@ import yaml
 
 from autotune.record import schema
 from autotune.search import goodput
+from autotune.search.probe import describe
 from autotune.spec import study_file
-from autotune.study import preparation, probe_memo, throughput_phase
+from autotune.study import begin, preparation, probe_memo, throughput_phase
 from autotune.train import rates, throughput
 from autotune.train.rates import Rate
 from tests.search.test_roofline import load, write_study
@@ -46,8 +47,13 @@ def kept_so_far(path: Path) -> dict:
         return {}
 
 
-def test_a_probe_killed_midway_keeps_what_it_measured_and_the_next_run_goes_on_from_there(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("stop", "status"),
+    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)],
+    ids=["kill", "ctrl-c"],
+)
+def test_a_probe_stopped_midway_keeps_what_it_measured_and_the_next_run_goes_on_from_there(
+    tmp_path: Path, stop: signal.Signals, status: int
 ) -> None:
     path = write_study(tmp_path, probe="joint")
     study_file = yaml.safe_load(path.read_text())
@@ -59,8 +65,9 @@ def test_a_probe_killed_midway_keeps_what_it_measured_and_the_next_run_goes_on_f
         assert first.poll() is None, first.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no measurement kept within 120 s"
         time.sleep(0.1)
-    os.killpg(first.pid, signal.SIGKILL)  # mid-probe: its first measurement kept, not the rest
-    first.wait()
+    os.killpg(first.pid, stop)  # mid-probe: its first measurement kept, not the rest
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == status and "Traceback" not in err, err[-3000:]
     assert schema.probe(load(path).user_attrs) is None  # the probe did not finish
 
     second = autotune("run", str(path))
@@ -123,11 +130,14 @@ def test_a_measurement_is_taken_from_the_study_only_where_everything_it_measured
     again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 2.5, device=cpu, seed=1)
     again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=2)
     assert len(calls) == 4 and again.recalled == 1
-    # what is not a mapping of figures is measured each time, and not kept
+    # the same measurement asked for again in one run (rounds of it) is another measurement
+    again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=1)
+    assert len(calls) == 5 and again.recalled == 1
+    # what is neither figures by name nor a list of numbers is measured each time, and not kept
     odd = probe_memo.Memo(study)
     for _ in range(2):
         odd.measured(lambda *a, **k: 3.0, rates.measure, device=cpu, seed=1)
-    assert odd.recalled == 0 and len(schema.probe_so_far(study.user_attrs)) == 4
+    assert odd.recalled == 0 and len(schema.probe_so_far(study.user_attrs)) == 5
 
 
 def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
@@ -183,3 +193,32 @@ def test_a_throughput_phase_cut_short_goes_on_from_its_last_measurement(
     assert stored["kept_measurements"] == 1 and len(measured) >= 2  # the rest measured
     assert "1 of its measurements kept from a run cut short" in goodput.describe(stored)
     assert schema.probe_so_far(study.user_attrs) == {}
+
+
+def test_a_systems_probe_cut_short_goes_on_from_its_last_short_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the greedy probe's third short run: the next run makes only those after it."""
+    monkeypatch.chdir(REPO)
+    spec = study_file.load(write_study(tmp_path, probe="systems"))
+    prepared = preparation.prepare(spec)
+    study, ran = _Study(), []
+
+    def run_trial(config, **kwargs):
+        if stop_at is not None and len(ran) == stop_at:
+            raise KeyboardInterrupt  # what Ctrl-C raises
+        ran.append(config)
+        return prepared.run_trial(config, **kwargs)
+
+    def probe() -> dict:
+        counted = dataclasses.replace(prepared, run_trial=run_trial)
+        return begin.run_probe(spec, counted, probe_memo.Memo(study))
+
+    stop_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        probe()
+    stop_at = None
+    outcome = probe()
+    assert outcome["kept_measurements"] == 2
+    assert len(ran) == len(outcome["runs"]) > 2  # each short run made once, over both runs
+    assert "; 2 of them kept from a run cut short" in describe(outcome)
