@@ -4,12 +4,12 @@ machine's time limit) goes on where it stopped when the same command runs again:
 probe measures for minutes, much of a short study.
 
 A measurement is kept under a digest of what it measured: the measuring function, its arguments
-(the settings, the rounds), the device, the seed, this host, and the autotune and torch versions.
-A run that would measure anything else (another space, host or version) measures afresh. The
-probe's choices follow from its measurements alone, so a resumed probe asks for the same ones in
-the same order (a measurement asked for again, as in rounds, is counted as another), takes them
-from the study, and measures from the one that was cut short. They are kept until the probe's
-outcome is stored.
+(the settings, the rounds), the device, the seed, this host, the autotune and torch versions, and
+the fields of the figures kept. A run that would measure anything else (another space, host or
+version) measures afresh. The probe's choices follow from its measurements alone, so a resumed
+probe asks for the same ones in the same order (a measurement asked for again, as in rounds, is
+another), takes them from the study, and measures from the one that was cut short. They are kept
+until the probe's outcome is stored.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from autotune.train.throughput import Throughput
 
 # What a measurement returns, by name: a mapping of its keys to one of these.
 _KINDS: dict[str, type] = {kind.__name__: kind for kind in (Rate, Throughput)}
+# their fields, in every digest: a figure kept by code that stored other fields is measured again
+_LAYOUT = {name: [f.name for f in dataclasses.fields(kind)] for name, kind in _KINDS.items()}
 
 
 class Memo:
@@ -69,7 +71,7 @@ def _digest(work: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
         what = _plain([work, *args])
     except TypeError:
         return None
-    where = [platform.node(), __version__, torch.__version__]
+    where = [platform.node(), __version__, torch.__version__, _LAYOUT]
     text = json.dumps([what, where], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
