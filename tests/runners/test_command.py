@@ -639,7 +639,12 @@ def test_the_lightning_example_trains_with_the_optimizer_and_schedules_of_a_tria
 
 
 def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
-    """`autotune run studies/lightning_digits.yaml`, as a user would, cut to 2 trials."""
+    """`autotune run studies/lightning_digits.yaml`, as a user would, cut to 2 trials and a
+    confirmation of one run each (the file beside its script, as shipped otherwise)."""
+    (tmp_path / "lightning").symlink_to(STUDY.parent / "lightning")
+    study = yaml.safe_load(STUDY.read_text())
+    study["confirm"]["runs"] = 1
+    (shipped := tmp_path / STUDY.name).write_text(yaml.safe_dump(study))
     storage = f"sqlite:///{tmp_path / 'lightning.db'}"
     result = subprocess.run(
         [
@@ -647,7 +652,7 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
             "-m",
             "autotune",
             "run",
-            str(STUDY),
+            str(shipped),
             "--trials",
             "2",
             "--storage",
@@ -679,7 +684,7 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
             "-m",
             "autotune",
             "export",
-            str(STUDY),
+            str(shipped),
             "--storage",
             storage,
             "--format",
@@ -698,7 +703,7 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
             "-m",
             "autotune",
             "report",
-            str(STUDY),
+            str(shipped),
             "--storage",
             storage,
             "--html",

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from autotune.cli import main
 from autotune.record import schema
 from autotune.search import goodput
 from autotune.search.probe import describe
@@ -47,52 +48,51 @@ def kept_so_far(path: Path) -> dict:
         return {}
 
 
-@pytest.mark.parametrize(
-    ("stop", "status"),
-    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)],
-    ids=["kill", "ctrl-c"],
-)
-def test_a_probe_stopped_midway_keeps_what_it_measured_and_the_next_run_goes_on_from_there(
-    tmp_path: Path, stop: signal.Signals, status: int
+def stopped(path: Path, how: signal.Signals, status: int, *, once_kept: int) -> dict:
+    """Run the study, stop it with `how` once its probe has kept more than `once_kept`
+    measurements, and return what the study kept."""
+    run = autotune("run", str(path))
+    deadline = time.monotonic() + 120
+    while len(kept_so_far(path)) <= once_kept:
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no more than {once_kept} kept within 120 s"
+        time.sleep(0.1)
+    os.killpg(run.pid, how)  # mid-probe: the measurement under way is lost, not those before
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == status and "Traceback" not in err, err[-3000:]
+    assert schema.probe(load(path).user_attrs) is None  # the probe did not finish
+    return kept_so_far(path)
+
+
+def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_goes_on_from_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_study(tmp_path, probe="joint")
     study_file = yaml.safe_load(path.read_text())
     study_file["space"].update(batch_size=128, num_workers=[0, 2])  # fewer settings to measure
     path.write_text(yaml.safe_dump(study_file))
-    first = autotune("run", str(path))
-    deadline = time.monotonic() + 120
-    while not (kept := kept_so_far(path)):
-        assert first.poll() is None, first.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no measurement kept within 120 s"
-        time.sleep(0.1)
-    os.killpg(first.pid, stop)  # mid-probe: its first measurement kept, not the rest
-    _, err = first.communicate(timeout=60)
-    assert first.returncode == status and "Traceback" not in err, err[-3000:]
-    assert schema.probe(load(path).user_attrs) is None  # the probe did not finish
+    # Ctrl-C to the whole group, then a kill -9 once the next run kept one more
+    after_ctrl_c = stopped(path, signal.SIGINT, 130, once_kept=0)
+    after_kill = stopped(path, signal.SIGKILL, -signal.SIGKILL, once_kept=len(after_ctrl_c))
+    assert after_kill.items() >= after_ctrl_c.items()  # what the first run kept, kept as it was
 
-    second = autotune("run", str(path))
-    _, err = second.communicate(timeout=300)
-    assert second.returncode == 0, err[-3000:]
+    last = autotune("run", str(path))
+    _, err = last.communicate(timeout=300)
+    assert last.returncode == 0, err[-3000:]
     attrs = load(path).user_attrs
     outcome = schema.probe(attrs)
     assert outcome["chosen"] is not None
-    assert outcome["kept_measurements"] >= len(kept) >= 1
-    # what the killed run measured is what the probe's figures hold, to the last digit
-    figures = {r["samples_per_second"] for r in outcome["compute_rates"] + outcome["loader_rates"]}
-    measured = {
-        value["samples_per_second"] for entry in kept.values() for value in entry["values"].values()
-    }
-    assert measured and measured <= figures
+    assert outcome["kept_measurements"] == len(after_kill) > len(after_ctrl_c) >= 1
+    # the first kept (the compute rates) are what the probe's figures hold, to the last digit
+    figures = {r["samples_per_second"] for r in outcome["compute_rates"]}
+    first = {v["samples_per_second"] for e in after_ctrl_c.values() for v in e["values"].values()}
+    assert first and first <= figures
     assert schema.probe_so_far(attrs) == {}  # kept until the outcome was stored
-    report = subprocess.run(
-        [sys.executable, "-m", "autotune", "report", str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    kept_line = f"{outcome['kept_measurements']} measurement"
-    assert kept_line in report.stdout and "kept from a run cut short" in report.stdout
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    said = f"{len(after_kill)} measurements kept from a run cut short"
+    assert said in capsys.readouterr().out
 
 
 class _Study:
