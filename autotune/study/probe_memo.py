@@ -44,11 +44,10 @@ class Memo:
         self.recalled = 0  # measurements taken from an earlier run
         self.asked: dict[str, int] = {}  # how often each measurement was asked for so far
 
-    def measured(
-        self, measure: Callable[..., Any], work: Callable[..., Any], *args: Any, **where: Any
-    ) -> Any:
+    def measured(self, measure: Callable[..., Any], work: Any, *args: Any, **where: Any) -> Any:
         """`measure(work, *args, **where)`, or what it returned in an earlier run of this probe.
-        `where`: the device and the seed, as `measure` takes them."""
+        `work`: the measuring function, or a name for what `measure` does; `where`: the device
+        and the seed, as `measure` takes them."""
         key = _digest(work, (*args, sorted(where.items())))
         if key is not None:  # the same measurement again (a round of several) is another one
             self.asked[key] = self.asked.get(key, 0) + 1
@@ -65,7 +64,7 @@ class Memo:
         return value
 
 
-def _digest(work: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
+def _digest(work: Any, args: tuple[Any, ...]) -> str | None:
     """What the measurement measures, as a digest; None where an argument has no plain form."""
     try:
         what = _plain([work, *args])
