@@ -219,8 +219,8 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def config(trial: Any) -> dict[str, Any] | None:
-    """The configuration it trained, complete (a knob newer than the study: space.complete); None
-    where the trial stopped before a configuration was chosen."""
+    """The configuration it trained, complete (space.complete fills a knob newer than the study);
+    None where the trial stopped before a configuration was chosen."""
     stored = trial.user_attrs.get(CONFIG)
     return complete(stored) if stored is not None else None
 
@@ -298,7 +298,7 @@ def stored_end(trial: Any) -> dict[str, Any]:
 
 def run_seconds(trial: Any) -> tuple[float, float | None]:
     """Seconds its runs spent on the training clock and off it (evaluating), a pruned one's until
-    it stopped; off it None where no run said (a command's, or a trial stored before it was)."""
+    it stopped; off it None where no run said (a command's runs, a trial stored before it was)."""
     result, attrs = measured(trial), trial.user_attrs
     runs = result.get("replicates") or ([result] if "train_seconds" in result else [])
     if not runs:
