@@ -233,6 +233,8 @@ class Summary:
     devices_per_trial: int = 1  # processes (one device each) every trial trained on
     # where the study's time went, by part (report/time_spent.py); None: nothing has run
     time_spent: Mapping[str, Any] | None = None
+    # of a probe or throughput phase cut short: kept in the study for the next run to go on from
+    measurements_kept: int = 0
 
     @property
     def fixed_schedule(self) -> bool:
@@ -240,8 +242,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
-        `stale_confirmation`, `knobs`, `throughput` and `devices_per_trial` (where not 1), there
-        only when they apply."""
+        `stale_confirmation`, `knobs`, `throughput`, `devices_per_trial` (where not 1) and
+        `measurements_kept` (where not 0), there only when they apply."""
         out: dict[str, Any] = {
             "study": self.study,
             "target": dataclasses.asdict(self.target),
@@ -265,6 +267,8 @@ class Summary:
             out["throughput"] = _plain_mapping(self.throughput)
         if self.devices_per_trial != 1:
             out["devices_per_trial"] = self.devices_per_trial
+        if self.measurements_kept:
+            out["measurements_kept"] = self.measurements_kept
         return out
 
 

@@ -177,6 +177,7 @@ def _probe(summary: Summary) -> str:
     # the joint probe's are several
     lines = probe.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
+    lines += [probe.cut_short(summary.measurements_kept)] if summary.measurements_kept else []
     lines += [time_spent.describe(summary.time_spent)] if summary.time_spent else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 

@@ -242,7 +242,11 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         throughput=schema.throughput(attrs),
         devices_per_trial=schema.devices_per_trial(attrs),
     )
-    summary = dataclasses.replace(summary, time_spent=time_spent.of_study(trials, attrs))
+    summary = dataclasses.replace(
+        summary,
+        time_spent=time_spent.of_study(trials, attrs),
+        measurements_kept=len(schema.probe_so_far(attrs)),
+    )
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)
     return records, summary

@@ -41,6 +41,8 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
         lines.append(probe.describe(summary.probe))
     if summary.throughput:
         lines.append(goodput.describe(summary.throughput))
+    if summary.measurements_kept:
+        lines.append(probe.cut_short(summary.measurements_kept))
     if summary.time_spent:
         lines.append(time_spent.describe(summary.time_spent))
     top = results.best_feasible(records, count=TABLE_ROWS)

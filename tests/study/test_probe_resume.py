@@ -4,6 +4,7 @@ ends, and the same command, run again, takes those instead of measuring them aga
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +76,13 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     after_ctrl_c = stopped(path, signal.SIGINT, 130, once_kept=0)
     after_kill = stopped(path, signal.SIGKILL, -signal.SIGKILL, once_kept=len(after_ctrl_c))
     assert after_kill.items() >= after_ctrl_c.items()  # what the first run kept, kept as it was
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    said = f"Systems measurements cut short: {len(after_kill)} measurements kept in the study"
+    assert said in capsys.readouterr().out
+    assert main(["report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["measurements_kept"] == len(after_kill)
 
     last = autotune("run", str(path))
     _, err = last.communicate(timeout=300)
@@ -88,11 +96,10 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     first = {v["samples_per_second"] for e in after_ctrl_c.values() for v in e["values"].values()}
     assert first and first <= figures
     assert schema.probe_so_far(attrs) == {}  # kept until the outcome was stored
-    monkeypatch.chdir(REPO)
-    capsys.readouterr()
     assert main(["report", str(path)]) == 0
-    said = f"{len(after_kill)} measurements kept from a run cut short"
-    assert said in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{len(after_kill)} measurements kept from a run cut short" in out
+    assert "Systems measurements cut short" not in out  # nothing is left to go on from
 
 
 class _Study:
