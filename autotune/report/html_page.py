@@ -18,7 +18,7 @@ import pandas as pd
 from autotune.record.summary import Counts, Summary, counted
 from autotune.report import html_winner, plots, time_spent, winner
 from autotune.report.results import best_feasible
-from autotune.report.text import TABLE_ROWS
+from autotune.report.text import TABLE_ROWS, cut_short
 from autotune.search import goodput, probe
 
 STYLE = """
@@ -177,7 +177,7 @@ def _probe(summary: Summary) -> str:
     # the joint probe's are several
     lines = probe.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
-    lines += [probe.cut_short(summary.measurements_kept)] if summary.measurements_kept else []
+    lines += [cut_short(summary.measurements_kept)] if summary.measurements_kept else []
     lines += [time_spent.describe(summary.time_spent)] if summary.time_spent else []
     return "".join(f"<p>{_e(line)}</p>" for line in lines)
 

@@ -28,6 +28,14 @@ SHORT_NAMES = {
 }
 
 
+def cut_short(kept: int) -> str:
+    """The line for a probe or throughput phase that a run did not finish."""
+    return (
+        f"Systems measurements cut short: {counted(kept, 'measurement')} kept in the study; "
+        "`autotune run` with the same study file goes on from them."
+    )
+
+
 def render(summary: Summary, records: pd.DataFrame) -> str:
     """The text report of `summary`, with the fastest of `records` (results.trial_records) as a
     table."""
@@ -42,7 +50,7 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
     if summary.throughput:
         lines.append(goodput.describe(summary.throughput))
     if summary.measurements_kept:
-        lines.append(probe.cut_short(summary.measurements_kept))
+        lines.append(cut_short(summary.measurements_kept))
     if summary.time_spent:
         lines.append(time_spent.describe(summary.time_spent))
     top = results.best_feasible(records, count=TABLE_ROWS)

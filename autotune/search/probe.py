@@ -202,15 +202,6 @@ def load_note(record: Mapping[str, Any]) -> str:
     )
 
 
-def cut_short(kept: int) -> str:
-    """The report's line for a probe or throughput phase that a run did not finish."""
-    runs = "measurement" if kept == 1 else "measurements"
-    return (
-        f"Systems measurements cut short: {kept} {runs} kept in the study; "
-        "`autotune run` with the same study file goes on from them."
-    )
-
-
 def _kept(outcome: Mapping[str, Any]) -> str:
     """How many of its runs an earlier run of the probe, cut short, had made."""
     kept = outcome.get("kept_measurements")

@@ -178,5 +178,4 @@ def run_probe(
     if memory is not None:
         outcome["checkpointing"] = memory
         outcome["fixed"] = {"checkpointing": False} if memory["fits"] else {}
-    kept = {"kept_measurements": memo.recalled} if memo.recalled else {}
-    return {**outcome, **kept, **load.record()}
+    return {**outcome, **memo.counted(), **load.record()}

@@ -44,6 +44,11 @@ class Memo:
         self.recalled = 0  # measurements taken from an earlier run
         self.asked: dict[str, int] = {}  # how often each measurement was asked for so far
 
+    def counted(self) -> dict[str, int]:
+        """What an outcome says of the measurements taken from an earlier run: nothing where
+        none were."""
+        return {"kept_measurements": self.recalled} if self.recalled else {}
+
     def measured(self, measure: Callable[..., Any], work: Any, *args: Any, **where: Any) -> Any:
         """`measure(work, *args, **where)`, or what it returned in an earlier run of this probe.
         `work`: the measuring function, or a name for what `measure` does; `where`: the device

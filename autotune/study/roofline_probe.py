@@ -81,9 +81,8 @@ def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[s
         except isolation.TrialFailure as failure:
             # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
-    recalled = probing.memo.recalled
-    kept = {"kept_measurements": recalled} if recalled else {}
-    return {**outcome, "seconds": time.monotonic() - started, **kept, **load.record()}
+    seconds = time.monotonic() - started
+    return {**outcome, "seconds": seconds, **probing.memo.counted(), **load.record()}
 
 
 @dataclasses.dataclass(frozen=True)

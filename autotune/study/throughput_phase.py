@@ -202,7 +202,7 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
         phase = run_phase(
             spec, measure, prepared.device, space, prepared.baseline, batch_norm=prepared.batch_norm
         )
-        phase.update({"kept_measurements": memo.recalled} if memo.recalled else {})
+        phase.update(memo.counted())
     schema.record_throughput(study, phase)
     # the report repeats it, so quiet hides it
     progress.tell(f"autotune: {goodput.describe(phase)}")
