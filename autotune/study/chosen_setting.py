@@ -110,32 +110,27 @@ def _entry(
 
 
 def weigh_compile(
+    measured: Callable[..., dict[str, rates.Rate]],
     spec: StudySpec,
     prepared: Prepared,
     chosen: roofline.Prediction,
     plain: TrialConfig,
-    *,
-    seed: int,
 ) -> dict[str, Any]:
     """torch.compile measured once, on the chosen setting's step beside the same step uncompiled:
     what it costs at start-up and what it saves a sample at the chosen loader. It stays in the
     search only where it pays back within the longest trial the budget allows (a trial that
     reaches the target sooner may still not win it back: the search weighs that, compile time
-    being on its clock); elsewhere every trial that sampled it would pay the compile for nothing."""
-    assert prepared.task is not None and prepared.measure is not None
+    being on its clock); elsewhere every trial that sampled it would pay the compile for nothing.
+    `measured(work, *args)` runs train/rates.py's measurement where the study measures."""
+    assert prepared.task is not None
     longest = spec.budget.max_epochs * len(prepared.task.train)
     if chosen.bottleneck == roofline.INPUT and prepared.device.type != "cpu":
         # a faster step cannot raise a rate the loader holds (on a CPU, compiling may leave the
         # loader cores: there it is measured)
         return {"kept": False, "unmeasured": roofline.INPUT, "longest_samples": longest}
     try:
-        figures = prepared.measure(
-            rates.measure,
-            {},
-            {"plain": plain, "compiled": dataclasses.replace(plain, compile=True)},
-            device=prepared.device,
-            seed=seed,
-        )
+        compiled = dataclasses.replace(plain, compile=True)
+        figures = measured(rates.measure, {}, {"plain": plain, "compiled": compiled})
     except isolation.TrialFailure as failure:
         return {"kept": False, "failed": failure.reason, "longest_samples": longest}
     rate, base = figures["compiled"], figures["plain"]

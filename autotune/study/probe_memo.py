@@ -9,7 +9,8 @@ the fields of the figures kept. A run that would measure anything else (another 
 version) measures afresh. The probe's choices follow from its measurements alone, so a resumed
 probe asks for the same ones in the same order (a measurement asked for again, as in rounds, is
 another), takes them from the study, and measures from the one that was cut short. They are kept
-until the probe's outcome is stored.
+until the probe's outcome is stored. Each is kept with the seconds it took, so that the study's
+time spent counts them once, whichever run measured them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import platform
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +44,7 @@ class Memo:
         self.study = study
         self.kept = dict(schema.probe_so_far(study.user_attrs)) if study is not None else {}
         self.recalled = 0  # measurements taken from an earlier run
+        self.recalled_seconds = 0.0  # what they took there
         self.asked: dict[str, int] = {}  # how often each measurement was asked for so far
 
     def counted(self) -> dict[str, int]:
@@ -59,11 +62,13 @@ class Memo:
             key = f"{key}.{self.asked[key]}"
         if key is not None and key in self.kept:
             self.recalled += 1
+            self.recalled_seconds += self.kept[key].get("seconds", 0.0)
             return _loaded(self.kept[key])
+        started = time.monotonic()
         value = measure(work, *args, **where)
         stored = _stored(value)
         if self.study is not None and key is not None and stored is not None:
-            self.kept[key] = stored
+            self.kept[key] = {**stored, "seconds": time.monotonic() - started}
             with signals.writing():  # inside the probe's interruptible block
                 schema.record_probe_so_far(self.study, self.kept)
         return value

@@ -81,7 +81,8 @@ def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[s
         except isolation.TrialFailure as failure:
             # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
-    seconds = time.monotonic() - started
+    # the seconds of every run that measured for it: a probe cut short took its share there
+    seconds = time.monotonic() - started + probing.memo.recalled_seconds
     return {**outcome, "seconds": seconds, **probing.memo.counted(), **load.record()}
 
 
@@ -107,14 +108,16 @@ class _Probing:
         return TrialConfig.from_mapping(complete({**maths, **setting}))
 
     def measured(self, work: Any, *args: Any, phase: str | None = None) -> Any:
-        """`work(*args)` where the study measures, its time counted to `phase`."""
-        started = time.monotonic()
+        """`work(*args)` where the study measures, its time counted to `phase` (where an
+        earlier run measured it, the time it took there)."""
+        started, recalled = time.monotonic(), self.memo.recalled_seconds
         try:
             device, seed = self.prepared.device, self.seed
             return self.memo.measured(self.prepared.measure, work, *args, device=device, seed=seed)
         finally:
+            took = time.monotonic() - started + self.memo.recalled_seconds - recalled
             phase = phase or PHASES[work.__name__]
-            self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - started
+            self.phases[phase] = self.phases.get(phase, 0.0) + took
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,17 +267,13 @@ def _weigh_compile(probing: _Probing, chosen: roofline.Prediction) -> dict[str, 
     """Compile measured once at the chosen setting, where the space leaves it a choice."""
     if set(probing.prepared.space["compile"].values) != {False, True}:
         return None
-    started = time.monotonic()
-    compiled = chosen_setting.weigh_compile(
+    return chosen_setting.weigh_compile(
+        lambda work, *args: probing.measured(work, *args, phase="compile"),
         probing.spec,
         probing.prepared,
         chosen,
         probing.config({**chosen.setting, "compile": False}),
-        seed=probing.seed,
     )
-    if "unmeasured" not in compiled:
-        probing.phases["compile"] = time.monotonic() - started
-    return compiled
 
 
 def _at_batches(

@@ -821,7 +821,10 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     plain = config(batch_size=64)
     # the step holds it
     chosen = roofline.Prediction(loader(0), compute("fp32"), loader_rate=1e9, compute_rate=1.0)
-    weighed = chosen_setting.weigh_compile(spec, prepared, chosen, plain, seed=0)
+    where = {"device": prepared.device, "seed": 0}
+    weighed = chosen_setting.weigh_compile(
+        lambda work, *args: prepared.measure(work, *args, **where), spec, prepared, chosen, plain
+    )
     # compiling takes seconds; the plain step starts in milliseconds
     assert weighed["once_seconds"] > 0.5
     assert weighed["longest_samples"] == len(prepared.task.train)  # one epoch
@@ -839,10 +842,8 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     # compile is not measured at all (nothing runs: the device here is only named).
     input_bound = roofline.Prediction(loader(4), compute("fp32"), loader_rate=1.0, compute_rate=2.0)
     calls = []
-    gpu_host = dataclasses.replace(
-        prepared, device=torch.device("cuda"), measure=lambda *a, **k: calls.append(a)
-    )
-    skipped = chosen_setting.weigh_compile(spec, gpu_host, input_bound, plain, seed=0)
+    gpu_host = dataclasses.replace(prepared, device=torch.device("cuda"))
+    skipped = chosen_setting.weigh_compile(calls.append, spec, gpu_host, input_bound, plain)
     longest = len(prepared.task.train)
     assert skipped == {"kept": False, "unmeasured": "input", "longest_samples": longest}
     assert calls == []

@@ -19,10 +19,11 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
-from autotune.search import goodput
+from autotune.search import goodput, roofline
 from autotune.search.probe import describe
+from autotune.search.space import Choices
 from autotune.spec import study_file
-from autotune.study import begin, preparation, probe_memo, throughput_phase
+from autotune.study import begin, preparation, probe_memo, roofline_probe, throughput_phase
 from autotune.train import rates, throughput
 from autotune.train.rates import Rate
 from tests.search.test_roofline import load, write_study
@@ -95,6 +96,8 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     figures = {r["samples_per_second"] for r in outcome["compute_rates"]}
     first = {v["samples_per_second"] for e in after_ctrl_c.values() for v in e["values"].values()}
     assert first and first <= figures
+    # its time counts what the runs cut short measured for it, once
+    assert outcome["seconds"] >= sum(e["seconds"] for e in after_kill.values()) > 0
     assert schema.probe_so_far(attrs) == {}  # kept until the outcome was stored
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
@@ -229,3 +232,45 @@ def test_a_systems_probe_cut_short_goes_on_from_its_last_short_run(
     assert outcome["kept_measurements"] == 2
     assert len(ran) == len(outcome["runs"]) > 2  # each short run made once, over both runs
     assert "; 2 of them kept from a run cut short" in describe(outcome)
+
+
+def test_a_kept_measurement_counts_the_seconds_it_took_and_the_compile_is_kept_as_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joint probe's phases count a kept measurement's seconds where it was measured, and
+    torch.compile, weighed once at the chosen setting (a minute on a GPU), is kept like the rest:
+    a probe going on from a run cut short after it does not compile again."""
+    monkeypatch.chdir(REPO)
+    spec = study_file.load(write_study(tmp_path, probe="joint"))
+    prepared = preparation.prepare(spec)
+    # a choice, as on a GPU (a CPU's space leaves it out: docs/reference.md)
+    space = prepared.space.replace("compile", Choices((False, True)))
+    study, calls = _Study(), []
+
+    def measure(work, *args, device, seed):  # a compile and its plain step: seconds of waiting
+        calls.append(work)
+        time.sleep(0.3)
+        return {"plain": Rate(1000.0, 0.01, 3, 0.1), "compiled": Rate(1500.0, 0.01, 3, 2.0)}
+
+    def probing() -> roofline_probe._Probing:
+        measuring = dataclasses.replace(prepared, space=space, measure=measure)
+        batch, seed = 128, 5
+        return roofline_probe._Probing(spec, measuring, batch, seed, {}, probe_memo.Memo(study))
+
+    step_held = roofline.Prediction(
+        {"num_workers": 0, "prefetch_factor": None, "pin_memory": False},
+        {"precision": "fp32", "channels_last": False, "cudnn_benchmark": False},
+        loader_rate=1e9,
+        compute_rate=1000.0,
+    )
+    first = probing()
+    weighed = roofline_probe._weigh_compile(first, step_held)
+    assert calls == [rates.measure] and weighed["once_seconds"] == pytest.approx(1.9)
+    (kept,) = schema.probe_so_far(study.user_attrs).values()
+    assert kept["seconds"] >= 0.3 and first.phases["compile"] >= 0.3
+
+    again = probing()  # the next run, cut short once the compile was weighed
+    assert roofline_probe._weigh_compile(again, step_held) == weighed
+    assert calls == [rates.measure]  # not compiled again
+    assert again.memo.recalled_seconds == kept["seconds"]
+    assert again.phases["compile"] >= kept["seconds"]  # counted where it was measured
