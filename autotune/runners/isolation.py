@@ -160,16 +160,6 @@ def in_child(task_name: str, *, study_path: Path, hang_after: float) -> RunTrial
     return run_trial
 
 
-def measure_in_child(task_name: str, *, study_path: Path, hang_after: float) -> Measure:
-    """Measurements in a fresh child process each, as a trial runs (`in_child`)."""
-    start = _child_starter(task_name, study_path=study_path, hang_after=hang_after)
-
-    def measure(work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
-        return start(take_measurement, (work, args, device, seed), progress=None)
-
-    return measure
-
-
 def fork_server(task_name: str) -> Any:
     """The multiprocessing context whose children fork from a server that imported torch, what
     torch imports lazily, the training loop and the task's module (digits' imports scikit-learn,

@@ -43,18 +43,22 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     schema.record_definition(study, prepared.definition, changes=definition.changes)
     if storage.local_path(spec.storage) is not None:
         _recover(study)
-    if _probe_due(spec, prepared, study):
-        memo = probe_memo.Memo(study)  # what a run cut short measured of it
-        outcome = (
-            roofline_probe.run(spec, prepared, memo)
-            if spec.probe == "joint"
-            else run_probe(spec, prepared, memo)
-        )
-        schema.record_probe(study, outcome)
-        progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
-    stored = schema.probe(study.user_attrs)  # as every later run reads it
-    probed = run_plan.with_probe(spec, prepared, stored)
-    throughput_phase.ensure_phase(spec, prepared, study, probed.space)
+    try:
+        if _probe_due(spec, prepared, study):
+            memo = probe_memo.Memo(study)  # what a run cut short measured of it
+            outcome = (
+                roofline_probe.run(spec, prepared, memo)
+                if spec.probe == "joint"
+                else run_probe(spec, prepared, memo)
+            )
+            schema.record_probe(study, outcome)
+            progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
+        stored = schema.probe(study.user_attrs)  # as every later run reads it
+        probed = run_plan.with_probe(spec, prepared, stored)
+        throughput_phase.ensure_phase(spec, prepared, study, probed.space)
+    finally:
+        if prepared.end_measuring is not None:  # the trials start with its memory back
+            prepared.end_measuring()
     plan = run_plan.planned(spec, probed, study, stored)
     if (
         spec.first_trial != "sampled"
@@ -141,10 +145,9 @@ def run_probe(
 
     def short_run(_: str, config: dict[str, Any], limits: Limits, **where: Any) -> list:
         """[training seconds, peak memory] of one short run; [inf, None] where it failed."""
+        run_trial = prepared.probe_trial or prepared.run_trial
         try:
-            result = prepared.run_trial(
-                TrialConfig.from_mapping(complete(config)), limits=limits, **where
-            )
+            result = run_trial(TrialConfig.from_mapping(complete(config)), limits=limits, **where)
         except isolation.TrialFailure:
             return [math.inf, None]
         return [result.train_seconds, result.peak_memory_bytes]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 from autotune import progress
 from autotune.errors import SpecError
 from autotune.record import definition, objectives
-from autotune.runners import command, distributed, isolation, warm
+from autotune.runners import command, distributed, isolation, modes
 from autotune.search import devices
 from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
@@ -43,6 +44,8 @@ class Prepared:
     knobs: tuple[str, ...] = tuple(KNOBS)  # the knobs its training reads; reports show only these
     # the throughput phase and the probe's rates, where the task is autotune's to train
     measure: isolation.Measure | None = None
+    probe_trial: isolation.RunTrial | None = None  # the systems probe's short runs; None: run_trial
+    end_measuring: Callable[[], None] | None = None  # once measuring is done, before any trial
     batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
     @property
@@ -122,12 +125,21 @@ def prepare(
             f"in this process ({where}), where a hung trial cannot be stopped; isolation: warm or "
             f"process runs each in a child that can be"
         )
-    run_trial, measure = _runners(spec, mode, task)
+    runners = modes.for_mode(
+        mode,
+        spec.task,
+        task,
+        study_path=spec.path,
+        trial_timeout=spec.budget.trial_timeout,
+        notice=progress.tell,
+    )
     return prepared(
         task=task,
         isolation=mode,
-        run_trial=run_trial,
-        measure=measure,
+        run_trial=runners.run_trial,
+        measure=runners.measure,
+        probe_trial=runners.probe_trial,
+        end_measuring=runners.end_measuring,
         batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline),
     )
 
@@ -204,35 +216,6 @@ def _check_in_memory(spec: StudySpec, *, objective: isolation.RunTrial | None) -
             "time_to_target or fixed_schedule for an objective "
             "function: autotune can measure throughput only of a task whose training it runs",
         )
-
-
-def _runners(
-    spec: StudySpec, mode: str, task: Task
-) -> tuple[isolation.RunTrial, isolation.Measure]:
-    """What trains a trial and what measures the systems settings, under isolation `mode`."""
-    # The phase measures every setting in one process: a trial's limit for each group of them.
-    measure_hang_after = PHASE_HANG_FACTOR * spec.budget.trial_timeout
-    if mode == "process":
-        run_trial = isolation.in_child(
-            spec.task, study_path=spec.path, hang_after=spec.budget.trial_timeout
-        )
-        measure = isolation.measure_in_child(
-            spec.task, study_path=spec.path, hang_after=measure_hang_after
-        )
-        return run_trial, measure
-    if mode == "warm":
-        kept = warm.WarmChild(
-            spec.task,
-            study_path=spec.path,
-            hang_after=spec.budget.trial_timeout,
-            measure_hang_after=measure_hang_after,
-            notice=progress.tell,
-        )
-        return kept.run_trial, kept.measure
-    return isolation.in_process(task), isolation.measure_in_process(task)
-
-
-PHASE_HANG_FACTOR = 4  # a group of the throughput phase may take this many trials' wall-clock limit
 
 
 def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:

@@ -221,7 +221,7 @@ def test_a_systems_probe_cut_short_goes_on_from_its_last_short_run(
         return prepared.run_trial(config, **kwargs)
 
     def probe() -> dict:
-        counted = dataclasses.replace(prepared, run_trial=run_trial)
+        counted = dataclasses.replace(prepared, probe_trial=run_trial)
         return begin.run_probe(spec, counted, probe_memo.Memo(study))
 
     stop_at = 2

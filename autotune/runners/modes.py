@@ -1,0 +1,71 @@
+"""What runs a study's training under each isolation mode (`isolation`: process, warm, none): its
+trials, and the measurements of its systems (the probes' and the throughput phase's)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.runners import isolation, warm
+from autotune.train.tasks import Task
+
+# A measurement (a group of the throughput phase, a stage of the joint probe) may take this many
+# trials' wall-clock limit before it is killed as hung.
+MEASURE_HANG_FACTOR = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Runners:
+    """A study's runners. `end_measuring` is called once the systems are measured, before the
+    first trial."""
+
+    run_trial: isolation.RunTrial  # the study's trials and its confirmation
+    measure: isolation.Measure  # the joint probe's and the throughput phase's measurements
+    probe_trial: isolation.RunTrial  # the systems probe's short runs
+    end_measuring: Callable[[], None]
+
+
+def for_mode(
+    mode: str,
+    task_name: str,
+    task: Task,
+    *,
+    study_path: Path,
+    trial_timeout: float,
+    notice: Callable[[str], None] | None = None,
+) -> Runners:
+    """The runners of `mode` for the task `task_name` (built here as `task`)."""
+    measure_hang_after = MEASURE_HANG_FACTOR * trial_timeout
+    if mode == "process":
+        # Each trial in a fresh child. The measurements share one child, ended before the first
+        # trial: a fresh one each would pay the CUDA context, the task's data and the first
+        # steps again (2.7 s on an H100) for each of a probe's 8 or more, none of which is a
+        # trial whose memory must go back before the next.
+        measuring = warm.WarmChild(
+            task_name,
+            study_path=study_path,
+            hang_after=trial_timeout,
+            measure_hang_after=measure_hang_after,
+        )
+        return Runners(
+            isolation.in_child(task_name, study_path=study_path, hang_after=trial_timeout),
+            measuring.measure,
+            measuring.run_trial,
+            measuring.close,
+        )
+    if mode == "warm":
+        kept = warm.WarmChild(
+            task_name,
+            study_path=study_path,
+            hang_after=trial_timeout,
+            measure_hang_after=measure_hang_after,
+            notice=notice,
+        )
+        return Runners(kept.run_trial, kept.measure, kept.run_trial, _nothing)
+    run_trial = isolation.in_process(task)
+    return Runners(run_trial, isolation.measure_in_process(task), run_trial, _nothing)
+
+
+def _nothing() -> None:
+    return None
