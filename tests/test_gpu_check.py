@@ -71,6 +71,18 @@ def test_every_stage_runs_its_plumbing_on_the_cpu(tmp_path: Path) -> None:
     assert outcomes[(256, "fp32")] == ("PRUNED", False, True)  # known to run out: never ran
     assert len(oom["memory_after_each_run"]) == 5  # every trial that ran, the OOM included
 
+    isolated = json.loads((tmp_path / "gpu-check-isolation-cpu.json").read_text())
+    assert set(isolated["summary"]) == {
+        "in-process",
+        "child process",
+        "warm child",
+        "child process, cuDNN's search",
+        "warm child, cuDNN's search",
+    }
+    assert all(row["train"] > 0 for row in isolated["summary"].values())
+    assert set(isolated["extra_wall_seconds_per_trial"]) == {"child process", "warm child"}
+    assert "search_skipped_seconds" in isolated
+
     ranks = json.loads((tmp_path / "gpu-check-distributed-cpu.json").read_text())
     assert set(ranks["runs"]) == {"one rank", "child process"}
     assert all(r["error"] is None and r["train"] > 0 for r in ranks["runs"].values())

@@ -186,21 +186,33 @@ def _watched(
 def isolation_overhead(
     setting: Setting, *, rounds: int = 5
 ) -> tuple[dict[str, Any], list[str], bool]:
-    """Wall time per trial in this process and in a child process of its own, interleaved."""
-    config = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
+    """Wall time per trial in this process and in a child process of its own, fresh or kept warm,
+    interleaved; and the same trial with cuDNN's search in a fresh child and in a warm one, whose
+    later trials find the algorithms the first searched for (what a warm child's clock leaves
+    out that a user's fresh run pays)."""
+    plain = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
+    searched = dataclasses.replace(plain, cudnn_benchmark=True)
     limits = Limits(
         target=2.0, max_epochs=0.1 if setting.cuda else 0.05, max_seconds=120, eval_every=1.0
     )
     study_path = setting.results / "gpu-check.yaml"
-    runners = {
-        "in-process": isolation.in_process(load_task(setting.task)),
-        "child process": isolation.in_child(setting.task, study_path=study_path, hang_after=300),
-        "warm child": warm.WarmChild(
+
+    def kept() -> isolation.RunTrial:
+        child = warm.WarmChild(
             setting.task, study_path=study_path, hang_after=300, measure_hang_after=300
-        ).run_trial,
+        )
+        return child.run_trial
+
+    fresh = isolation.in_child(setting.task, study_path=study_path, hang_after=300)
+    runners = {
+        "in-process": (isolation.in_process(load_task(setting.task)), plain),
+        "child process": (fresh, plain),
+        "warm child": (kept(), plain),
+        "child process, cuDNN's search": (fresh, searched),
+        "warm child, cuDNN's search": (kept(), searched),
     }
 
-    def timed(run_trial: isolation.RunTrial) -> Any:
+    def timed(run_trial: isolation.RunTrial, config: TrialConfig) -> Any:
         def run(index: int) -> dict[str, float]:
             started = time.perf_counter()
             result = run_trial(config, limits=limits, device=setting.device, seed=index)
@@ -214,7 +226,8 @@ def isolation_overhead(
         return run
 
     samples = interleaved(
-        {name: timed(run) for name, run in runners.items()}, rounds=rounds if setting.cuda else 1
+        {name: timed(*runner) for name, runner in runners.items()},
+        rounds=rounds if setting.cuda else 1,
     )
     summary = {
         name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")}
@@ -223,8 +236,13 @@ def isolation_overhead(
     extra = {
         name: row["wall"] - summary["in-process"]["wall"]
         for name, row in summary.items()
-        if name != "in-process"
+        if name in ("child process", "warm child")
     }
+    # on the training clock: the search a fresh child's trial pays and a warm child's does not
+    search_skipped = (
+        summary["child process, cuDNN's search"]["train"]
+        - summary["warm child, cuDNN's search"]["train"]
+    )
     lines = ["| where | wall s | training s | outside training s |", "|---|---|---|---|"]
     lines += [
         f"| {name} | {row['wall']:.3f} | {row['train']:.3f} | {row['outside']:.3f} |"
@@ -234,8 +252,17 @@ def isolation_overhead(
         f"A {name} adds {added:.3f} s a trial (median of {len(samples['in-process'])})."
         for name, added in extra.items()
     ]
+    lines.append(
+        f"With cuDNN's search, a warm child's trial trains {search_skipped:.3f} s less than a "
+        "fresh child's (medians): the search its first trial made, which the others reuse."
+    )
     return (
-        {"summary": summary, "extra_wall_seconds_per_trial": extra, "samples": samples},
+        {
+            "summary": summary,
+            "extra_wall_seconds_per_trial": extra,
+            "search_skipped_seconds": search_skipped,
+            "samples": samples,
+        },
         lines,
         True,
     )
