@@ -36,33 +36,27 @@ def for_mode(
     notice: Callable[[str], None] | None = None,
 ) -> Runners:
     """The runners of `mode` for the task `task_name` (built here as `task`)."""
-    measure_hang_after = MEASURE_HANG_FACTOR * trial_timeout
+
+    def kept(notice: Callable[[str], None] | None) -> warm.WarmChild:
+        return warm.WarmChild(
+            task_name,
+            study_path=study_path,
+            hang_after=trial_timeout,
+            measure_hang_after=MEASURE_HANG_FACTOR * trial_timeout,
+            notice=notice,
+        )
+
     if mode == "process":
         # Each trial in a fresh child. The measurements share one child, ended before the first
         # trial: a fresh one each would pay the CUDA context, the task's data and the first
         # steps again (2.7 s on an H100) for each of a probe's 8 or more, none of which is a
-        # trial whose memory must go back before the next.
-        measuring = warm.WarmChild(
-            task_name,
-            study_path=study_path,
-            hang_after=trial_timeout,
-            measure_hang_after=measure_hang_after,
-        )
-        return Runners(
-            isolation.in_child(task_name, study_path=study_path, hang_after=trial_timeout),
-            measuring.measure,
-            measuring.run_trial,
-            measuring.close,
-        )
+        # trial whose memory must go back before the next. Replacing it is no news to a user.
+        measuring = kept(notice=None)
+        fresh = isolation.in_child(task_name, study_path=study_path, hang_after=trial_timeout)
+        return Runners(fresh, measuring.measure, measuring.run_trial, measuring.close)
     if mode == "warm":
-        kept = warm.WarmChild(
-            task_name,
-            study_path=study_path,
-            hang_after=trial_timeout,
-            measure_hang_after=measure_hang_after,
-            notice=notice,
-        )
-        return Runners(kept.run_trial, kept.measure, kept.run_trial, _nothing)
+        trials = kept(notice)
+        return Runners(trials.run_trial, trials.measure, trials.run_trial, _nothing)
     run_trial = isolation.in_process(task)
     return Runners(run_trial, isolation.measure_in_process(task), run_trial, _nothing)
 
