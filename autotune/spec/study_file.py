@@ -57,9 +57,10 @@ class StudySpec:
     isolation: str
     # stop a trial once its training clock passes the best time to target; none
     prune: str = "incumbent"
-    # systems: settle loader knobs, then precision, by short runs (search/probe.py); joint: both
-    # together from rates measured apart (study/roofline_probe.py); none
-    probe: str = "systems"
+    # joint: loader knobs and precision together from rates measured apart
+    # (study/roofline_probe.py); systems: the loader knobs, then precision, by short runs
+    # (search/probe.py); none
+    probe: str = "joint"
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
     # baseline: a new study's first trial is the baseline (where it lies in the space); prior: its
@@ -145,10 +146,10 @@ MODES = {
     ),
     "probe": (
         PROBE_MODES,
-        "systems",
-        "systems (settle DataLoader settings, then precision, by short runs before the search), "
-        "joint (choose them together from the loader's and the compute's rates, measured apart) "
-        "or none",
+        "joint",
+        "joint (choose DataLoader settings, precision and memory format together from the "
+        "loader's and the compute's rates, measured apart), systems (settle the DataLoader "
+        "settings, then precision, by short runs before the search) or none",
     ),
     "first_trial": (
         FIRST_TRIAL_MODES,
@@ -212,6 +213,8 @@ def from_mapping(
         high=MAX_DEVICES_PER_TRIAL,
         what=": the devices (one process each) a trial trains on",
     )
+    if devices_per_trial > 1 and "probe" not in raw:
+        probe = "systems"  # the joint probe measures rates on one device
     storage = storage_url(path, storage if storage is not None else raw.get("storage"))
 
     budget = sections.budget(path, raw.get("budget", {}))

@@ -176,7 +176,8 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
     ):
         return
     assert prepared.measure is not None, "preparation refuses goodput without a task"
-    probed = schema.probe(study.user_attrs) if spec.probe == "joint" else None
+    stored = schema.probe(study.user_attrs)  # the joint probe's, not one a study began with
+    probed = stored if (stored or {}).get("kind") == "joint" else None
     # what its trials may train: the baseline's precision (systems_only), or any the space keeps
     precisions = (
         [prepared.baseline["precision"]]

@@ -668,7 +668,7 @@ BAD: list[tuple[str, str | None, str, Any, str]] = [
         HEAD + "probe: all\n",
         "probe",
         "all",
-        "systems (settle DataLoader settings",
+        "joint (choose DataLoader settings",
     ),
     (
         "unknown objective",
@@ -1012,3 +1012,14 @@ def test_params_sit_beside_the_knobs_with_their_types(tmp_path: Path) -> None:
     assert baseline["width"] == 40 and baseline["dropout"] == 0.25 and baseline["depth"] == 3
     assert baseline["weight_decay"] == pytest.approx(1e-4)  # geometric middle of a log range
     assert baseline["optimizer"] == "adamw"  # given in the file
+
+
+def test_the_probe_is_joint_unless_a_trial_spans_devices_or_the_file_says(tmp_path: Path) -> None:
+    """The joint probe measures one device's rates: a trial on several gets the systems probe,
+    unless the file names one (the joint one there is refused when the study is prepared)."""
+    assert load(write(tmp_path, HEAD)).probe == "joint"
+    several = HEAD + "devices_per_trial: 2\n"
+    assert load(write(tmp_path, several, "several.yaml")).probe == "systems"
+    named = several + "probe: none\n"
+    assert load(write(tmp_path, named, "named.yaml")).probe == "none"
+    assert load(write(tmp_path, HEAD + "probe: systems\n", "systems.yaml")).probe == "systems"

@@ -336,6 +336,7 @@ def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
     path = write_study(tmp_path, trials=3, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=[0, 1], prefetch_factor=[2], precision=["fp32", "bf16"])
+    raw["probe"] = "systems"
     path.write_text(yaml.safe_dump(raw))
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
