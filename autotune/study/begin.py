@@ -141,11 +141,11 @@ def run_probe(
         target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs
     )
     memo = memo or probe_memo.Memo()
+    run_trial = prepared.probe_trial or prepared.run_trial
     peaks: list[int | None] = []  # each run's peak memory; None: it failed
 
     def short_run(_: str, config: dict[str, Any], limits: Limits, **where: Any) -> list:
         """[training seconds, peak memory] of one short run; [inf, None] where it failed."""
-        run_trial = prepared.probe_trial or prepared.run_trial
         try:
             result = run_trial(TrialConfig.from_mapping(complete(config)), limits=limits, **where)
         except isolation.TrialFailure:
