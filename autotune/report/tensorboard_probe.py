@@ -8,7 +8,7 @@ seconds of short measurements before the search, not learning curves.
   (samples/s, measured apart), DIR/probe/end_to_end/SETTING `probe/end_to_end_predicted` and
   `probe/end_to_end_measured` (samples/s of the settings checked end to end), and DIR/probe/batches
   the chosen setting at each micro-batch measured, its batch the step: `probe/batch_loader_rate`,
-  `probe/batch_compute_rate` and `probe/batch_expected` (measured end to end at the probe's own).
+  `probe/batch_compute_rate` and `probe/batch_expected` (as measured end to end there).
 - `probe: systems`: DIR/probe/runs/SETTING `probe/run_seconds`, the training-clock seconds of
   each of its short runs (all of the same samples), at the step of the run's place in the
   probe's order.
@@ -156,8 +156,8 @@ def _text(outcome: Mapping[str, Any]) -> str:
         ]
         if outcome.get("batches"):
             parts += [
-                "The chosen setting by micro-batch (samples/s; expected: the prediction scaled "
-                "as the end-to-end check found, measured at the probe's own batch):",
+                "The chosen setting by micro-batch (samples/s; expected: as measured end to "
+                "end, else the prediction scaled as the end-to-end check found):",
                 _table(
                     _batches(outcome),
                     [(key.replace("_", " "), key, _number) for key in BATCH_FIGURES[1:]]

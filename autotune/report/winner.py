@@ -127,8 +127,8 @@ def expected_rate(
 ) -> dict[str, Any] | None:
     """What the joint probe's figures expect of training with `params`, where it trains at the
     setting the probe chose (`at`: "chosen"): `start_up` seconds (its loader's and step's, and a
-    compile's), then `rate` samples a second: measured end to end at the probe's micro-batch; at
-    another the rates measured there, scaled as the end-to-end check found (`scaled`). At another
+    compile's), then `rate` samples a second: measured end to end at that batch (stored before
+    other batches were: their rates scaled as the end-to-end check found, `scaled`). At another
     setting the probe checked end to end (`at`: "checked"), that check's figures, at the probe's
     micro-batch only; in another precision a goodput probe kept (`at`: "precision"), its table's
     entry. None where the probe did not measure that setting at that batch (or compiled)."""
@@ -153,7 +153,7 @@ def expected_rate(
     return {
         **expected,
         "batch_size": batch,
-        "scaled": batch != outcome["batch_size"],
+        "scaled": batch != outcome["batch_size"] and not there.get("measured"),
         "at": "chosen",
     }
 

@@ -17,7 +17,7 @@ from autotune.search.space import LOADER_KNOBS
 # What a compute setting names (a loader setting names LOADER_KNOBS).
 STEP_KNOBS = ("precision", *MEASURED_FORMATS)
 # The chosen setting's figures at one micro-batch (study/chosen_setting.py), beside its batch.
-AT_BATCH = ("loader_rate", "compute_rate", "predicted", "expected", "bottleneck")
+AT_BATCH = ("loader_rate", "compute_rate", "predicted", "measured", "expected", "bottleneck")
 
 
 def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> float:

@@ -106,13 +106,19 @@ def run_text(outcome: Mapping[str, Any]) -> str:
 
 
 def batches_text(outcome: Mapping[str, Any]) -> str:
-    """The chosen setting at every micro-batch measured: the speed to expect (its rates there,
-    scaled as the end-to-end check found the prediction at the probe's batch) and what holds it,
+    """The chosen setting at every micro-batch measured: the speed to expect (measured end to
+    end; for an outcome that has none there, its rates there scaled as the end-to-end check found
+    the prediction at the probe's batch) beside what its rates apart predict and which holds it,
     or why there is none."""
     at = {}
     for batch, entry in by_batch(outcome).items():
         if batch == outcome["batch_size"]:
             said = f"{_rate(entry['expected'])} end to end"
+        elif entry.get("measured"):
+            said = (
+                f"{_rate(entry['measured'])} end to end ({_rate(entry['predicted'])} "
+                f"predicted, {entry['bottleneck']}-bound)"
+            )
         elif entry.get("expected"):
             said = f"{_rate(entry['expected'])} {entry['bottleneck']}-bound"
         elif entry.get("oom"):
@@ -121,8 +127,9 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
             said = f"no figure ({entry.get('reason')})"
         at[batch] = said + ("" if entry.get("oom") else _peak(entry.get("peak_memory_bytes")))
     return (
-        "The chosen setting by micro-batch (rates measured at each, scaled as the end-to-end "
-        "check found): " + ", ".join(f"{b}: {said}" for b, said in at.items())
+        "The chosen setting by micro-batch (end to end where measured, else its rates there "
+        "scaled as the end-to-end check found): "
+        + ", ".join(f"{b}: {said}" for b, said in at.items())
     )
 
 

@@ -7,8 +7,12 @@ The probe chooses at one micro-batch; the search then samples others. A step's r
 its batch (a GPU's kernels fill, per-step costs spread) and a loader's falls at small ones (a
 batch handed over per worker round trip), so the chosen setting's rates are measured again at
 each: its compute and its loader at each batch in turn, one measurement each, not one per
-combination. Under goodput a trial may train any precision the probe kept: each other one's step
-is measured at every batch too, beside the same loader.
+combination, and then the setting end to end at each, which is what a trial there is expected to
+train: what the rates apart leave out is not the same share at every batch (on an H200, beside
+16 loader workers on 16 cores, a setting ran 0.6x the slower of its rates apart at batch 256 and
+0.9x at 512). Under goodput a trial may train any precision the
+probe kept: each other one's step is measured at every batch too, beside the same loader, and
+scaled as the chosen setting's end-to-end check found.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from autotune.search.roofline_figures import setting_for_run
 from autotune.search.space import LOADER_KNOBS, Space
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
-from autotune.train import rates
+from autotune.study.rates_apart import ENOUGH_MARGIN
+from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 
 
@@ -38,12 +43,13 @@ def at_batches(
     precisions: Mapping[str, Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """The chosen setting at each of `batches` (not the probe's own: measured already): its
-    loader's and compute's rates there, the speed they predict, and that speed as the end-to-end
-    check at the probe's batch (`speed`) found the prediction; a batch out of memory is a result.
-    With `precisions` (another precision -> its batches), that precision's step at the chosen
-    formats and loader too, at each of its batches, its entries naming it (`precision`): the
-    same loader's rate, the same scale. `measured(work, *args)` runs one of train/rates.py's
-    measurements."""
+    loader's and compute's rates there, the speed they predict, and its speed measured end to end
+    there (`measured`), the speed to expect (`expected`); where that has no figure, the predicted
+    speed as the end-to-end check at the probe's batch (`speed`) found the prediction. A batch out
+    of memory is a result. With `precisions` (another precision -> its batches), that
+    precision's step at the chosen formats and loader too, at each of its batches, its entries
+    naming it (`precision`): the same loader's rate, the scaled prediction.
+    `measured(work, *args)` runs one of train/rates.py's or train/throughput.py's measurements."""
     wanted = {(None, b) for b in batches} | {
         (p, b) for p, theirs in (precisions or {}).items() for b in theirs
     }
@@ -66,6 +72,8 @@ def at_batches(
             for b in sorted({b for p, b in wanted if steps[key(p, b)].samples_per_second})
         }
         loads = measured(rates.measure_loaders_in_turn, fed, None) if fed else {}
+        own = {b: c for b, c in fed.items() if (None, int(b)) in wanted}
+        ends = _end_to_end(measured, chosen, own, steps, loads)
     except isolation.TrialFailure as failure:
         # the choice stands: only these batches go without a prediction
         why = f"a measurement failed: {failure.reason}"
@@ -74,9 +82,40 @@ def at_batches(
             for p, b in sorted(wanted, key=lambda w: (w[0] or "", w[1]))
         ]
     return [
-        _entry(chosen, speed, p, b, steps[key(p, b)], loads.get(str(b)))
+        _entry(
+            chosen,
+            speed,
+            p,
+            b,
+            steps[key(p, b)],
+            loads.get(str(b)),
+            None if p else ends.get(str(b)),
+        )
         for p, b in sorted(wanted, key=lambda w: (w[0] or "", w[1]))
     ]
+
+
+def _end_to_end(
+    measured: Callable[..., dict[str, Any]],
+    chosen: roofline.Prediction,
+    fed: Mapping[str, TrialConfig],
+    steps: Mapping[str, rates.Rate],
+    loads: Mapping[str, rates.Rate],
+) -> dict[str, throughput.Throughput]:
+    """The chosen setting end to end at each batch of `fed` (its step ran there) whose loader ran
+    too, one at a time (as the probe's own check: side by side, one's workers would refill their
+    queue while another is timed)."""
+    ran = {b: c for b, c in fed.items() if loads.get(b) and loads[b].samples_per_second}
+    if not ran:
+        return {}
+    # held by its step, its loader well ahead: its windows need not hold the workers' bursts
+    held = {
+        b
+        for b in ran
+        if chosen.overlapped
+        and loads[b].samples_per_second >= ENOUGH_MARGIN * (steps[b].samples_per_second or 0)
+    }
+    return measured(throughput.measure_in_turn, dict(ran), None, held)
 
 
 def _entry(
@@ -86,9 +125,11 @@ def _entry(
     batch: int,
     step: rates.Rate,
     load: rates.Rate | None,
+    end: throughput.Throughput | None = None,
 ) -> dict[str, Any]:
-    """One batch's (and precision's) entry from its step's and loader's rates: their prediction
-    scaled as the chosen setting's end-to-end check found, or why there is none."""
+    """One batch's (and precision's) entry from its step's and loader's rates and its end-to-end
+    speed (`end`): the speed to expect is the measured one, else their prediction scaled as the
+    chosen setting's end-to-end check found; or why there is none."""
     entry: dict[str, Any] = {
         **({"precision": precision} if precision else {}),
         "batch_size": batch,
@@ -99,13 +140,17 @@ def _entry(
     if load is None or not load.samples_per_second:
         why = (load and load.reason) or "no loader rate"
         return {**entry, "oom": False, "compute_rate": step.samples_per_second, "reason": why}
+    figures = roofline.at_batch(
+        chosen, speed, loader_rate=load.samples_per_second, compute_rate=step.samples_per_second
+    )
+    if end is not None and end.samples_per_second:
+        rate = end.samples_per_second
+        figures = {**figures, "measured": rate, "expected": rate}
     return {
         **entry,
         "oom": False,
         "fixed_seconds": load.fixed_seconds + step.fixed_seconds,
-        **roofline.at_batch(
-            chosen, speed, loader_rate=load.samples_per_second, compute_rate=step.samples_per_second
-        ),
+        **figures,
     }
 
 

@@ -1,6 +1,7 @@
 """The joint probe measures the setting it chose at each of the space's micro-batches, so that a
 trial at any of them has a predicted time: on the paced task with a cost a step, a smaller batch
-computes slower a sample, and a real run at it takes what its prediction says."""
+computes slower a sample, and a real run at it takes what its prediction says: the setting as
+measured end to end there."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from autotune.search import roofline, roofline_text
 from autotune.search.space import complete
 from autotune.spec import study_file
 from autotune.study import preparation, roofline_probe
-from autotune.train import rates, trial
+from autotune.train import rates, throughput, trial
 from autotune.train.config import Limits, TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,10 +74,12 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
     outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
     chosen = outcome["chosen"]
     assert outcome["batch_size"] == 128 and chosen["measured"]
-    # each other batch once: its step's rate, then its loader's, one batch at a time
-    assert calls[-2:] == [
+    # each other batch once: its step's rate, then its loader's, then the two together, one
+    # batch at a time
+    assert calls[-3:] == [
         (rates.measure_in_groups, [32, 64]),
         (rates.measure_loaders_in_turn, [32, 64]),
+        (throughput.measure_in_turn, [32, 64]),
     ]
     assert outcome["phase_seconds"]["batches"] > 0
     at = {e["batch_size"]: e for e in outcome["batches"]}
@@ -87,14 +90,16 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
         assert entry["compute_rate"] == pytest.approx(
             batch / (STEP + SAMPLE * narrow * batch), rel=0.25
         )
-        # the end-to-end check's finding carried to each batch, the same share everywhere
-        scale = chosen["measured"] / chosen["predicted"]
-        assert entry["expected"] == pytest.approx(entry["predicted"] * scale)
+        # what a trial there is expected to train: the setting measured end to end there
+        assert entry["measured"] > 0 and entry["expected"] == entry["measured"]
         assert entry["fixed_seconds"] > 0 and entry["oom"] is False
     assert at[32]["expected"] < at[64]["expected"] < chosen["measured"]
     text = roofline_text.describe(outcome)
     assert "The chosen setting by micro-batch (" in text
-    assert f"32: {at[32]['expected']:,.0f}/s {at[32]['bottleneck']}-bound" in text
+    assert (
+        f"32: {at[32]['measured']:,.0f}/s end to end ({at[32]['predicted']:,.0f}/s predicted, "
+        f"{at[32]['bottleneck']}-bound)"
+    ) in text
     assert f"128: {chosen['measured']:,.0f}/s end to end" in text
 
     # A real run of the chosen setting at the smallest and the probe's batch, one epoch each, the
@@ -115,8 +120,24 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
             params=params, samples_to_target=samples, time_to_target=result.train_seconds
         )
         line = winner.prediction_line(outcome, best)
-        assert line is not None and f"at batch {batch}, " in line
-        assert ("scaled as the end-to-end check at batch 128 found" in line) is (batch != 128)
+        assert line is not None and f"at batch {batch}, measured end to end" in line
+    # an outcome stored before the other batches were measured end to end: their rates there,
+    # scaled as the check at the probe's batch found its prediction
+    scale = chosen["measured"] / chosen["predicted"]
+    unmeasured = [{k: v for k, v in e.items() if k != "measured"} for e in outcome["batches"]]
+    for e in unmeasured:
+        e["expected"] = e["predicted"] * scale
+    older = {**outcome, "batches": unmeasured}
+    params = {**prepared.baseline, **setting, "batch_size": 32}
+    expected = winner.expected_rate(older, params)
+    assert expected is not None and expected["scaled"]
+    assert expected["rate"] == pytest.approx(at[32]["predicted"] * scale)
+    best = types.SimpleNamespace(params=params, samples_to_target=samples, time_to_target=1.0)
+    assert "scaled as the end-to-end check at batch 128 found" in winner.prediction_line(
+        older, best
+    )
+    assert f"32: {at[32]['predicted'] * scale:,.0f}/s" in roofline_text.describe(older)
+    params = {**params, "batch_size": 128}
     # a batch the probe did not measure predicts nothing; another setting, what the end-to-end
     # check measured of it where it was checked, at the probe's batch
     assert winner.predicted_seconds(outcome, {**params, "batch_size": 96}, samples) is None

@@ -17,7 +17,7 @@ from autotune.search.roofline_figures import table_entries
 from autotune.search.space import LOADER_KNOBS, Choices
 from autotune.spec import study_file
 from autotune.study import chosen_setting, preparation, throughput_phase
-from autotune.train import rates
+from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from tests.study.test_goodput import goodput_study
 from tests.study.test_study import in_repo, load, run_cli  # noqa: F401 (in_repo: a fixture)
@@ -222,13 +222,17 @@ def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
     assert calls == [
         (rates.measure_in_groups, ["32", "fp32@128", "fp32@32"]),
         (rates.measure_loaders_in_turn, ["128", "32"]),
+        (throughput.measure_in_turn, ["32"]),  # the chosen setting's own, end to end
     ]
     own = [e for e in entries if "precision" not in e]
     fp32 = {e["batch_size"]: e for e in entries if e.get("precision") == "fp32"}
     assert [e["batch_size"] for e in own] == [32] and sorted(fp32) == [32, 128]
+    assert own[0]["expected"] == own[0]["measured"] > 0
     for batch, entry in fp32.items():
         # the step at fp32 costs its full sample cost (bf16's is half)
         assert entry["compute_rate"] == pytest.approx(batch / (STEP + SAMPLE * batch), rel=0.25)
+        # not run end to end: its prediction, scaled as the chosen setting's check found
+        assert "measured" not in entry
         assert entry["expected"] == pytest.approx(entry["predicted"] * 0.9)
     assert own[0]["compute_rate"] > fp32[32]["compute_rate"]
 
