@@ -2,8 +2,11 @@
 
 Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.yaml with --cpu):
 
-- `joint`: autotune with `probe: joint` (the loader and compute settings chosen together);
-- `systems`: autotune with `probe: systems` (the loader first, then the precision);
+- `prior`: autotune as shipped: `probe: joint` (the loader and compute settings chosen
+  together) and `first_trial: prior` (the first trials a larger batch with a scaled lr and a
+  schedule that ends);
+- `joint`: the same with the first trials sampled (`first_trial: sampled`), and `systems`: that
+  with `probe: systems` (the loader first, then the precision);
 - `tpe`: what a user writes instead: Optuna's TPE over the same knobs in a hand-written loop, the
   same trial budget, one run a trial, the fastest trial wins (arms.plain_tpe_study);
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
@@ -13,11 +16,10 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
   winner needed to reach the target (as the judge measured them): of the probe's predicted
   settings, the one that would train them soonest, its one-off costs (its loader's start-up and
   its step's first steps, each measured apart) then those samples at its predicted rate;
-- `prior` and `warm`, run only when named: `joint` with `first_trial: prior` (the first trials
-  a larger batch with a scaled lr and a schedule that ends, not sampled), and `joint` with
-  `isolation: warm` (one trial process kept between trials). Each against `joint` decides a
-  default. A fresh one starts from the probe another joint arm measured with the same code on
-  the same machine (share_probe), its seconds counted in the arm's GPU time.
+- `warm`, run only when named: `joint` with `isolation: warm` (one trial process kept between
+  trials). `joint` against `prior`, `systems` against `joint` and `warm` against `joint` each
+  decide a default. A fresh joint-probe arm starts from the probe another measured with the same
+  code on the same machine (share_probe), its seconds counted in the arm's GPU time.
 
 The judge (roofline_judge.py) is not autotune's training loop: it trains each arm's winner, and
 the baseline, with the plain-PyTorch module `autotune export --format torch` writes for it (what
@@ -76,15 +78,17 @@ from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
 from benchmarks.roofline_judge import JOINT_ARMS, judge  # noqa: E402
 
 # What each searching arm sets in the study file (tpe: Optuna alone, no autotune settings).
+# Each names its first trials, so that an arm means the same whatever the default.
 ARMS: dict[str, dict[str, str]] = {
-    "joint": {"probe": "joint"},
-    "systems": {"probe": "systems"},
+    "joint": {"probe": "joint", "first_trial": "sampled"},
+    "systems": {"probe": "systems", "first_trial": "sampled"},
     "tpe": {},
     "prior": {"probe": "joint", "first_trial": "prior"},
-    "warm": {"probe": "joint", "isolation": "warm"},
+    "warm": {"probe": "joint", "first_trial": "sampled", "isolation": "warm"},
 }
 STAGES = (*ARMS, "judge")
-DEFAULT_STAGES = ("joint", "systems", "tpe", "judge")
+# the goals first (autotune as shipped, its peers, the judge), then the arms that decide defaults
+DEFAULT_STAGES = ("prior", "tpe", "judge", "joint", "systems")
 TICK_SECONDS = 5.0  # what a sitting killed midway can leave uncounted
 
 

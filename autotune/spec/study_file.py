@@ -63,9 +63,10 @@ class StudySpec:
     probe: str = "joint"
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
-    # baseline: a new study's first trial is the baseline (where it lies in the space); prior: its
-    # first few trials are a larger batch, a scaled lr and an annealing schedule (search/prior.py)
-    first_trial: str = "sampled"
+    # prior: a new study's first few trials are a larger batch, a scaled lr and an annealing
+    # schedule (search/prior.py); baseline: its first trial is the baseline (where it lies in the
+    # space); sampled: the sampler chooses every trial
+    first_trial: str = "prior"
     # processes (one device each) a trial trains on, with DistributedDataParallel
     devices_per_trial: int = 1
 
@@ -153,11 +154,11 @@ MODES = {
     ),
     "first_trial": (
         FIRST_TRIAL_MODES,
-        "sampled",
-        "sampled (the sampler chooses every trial), "
-        "baseline (a new study's first trial is the baseline, so the search starts from a known "
-        "time) or prior (a new study's first trials use the largest batch with enough steps an "
-        "epoch, the baseline's lr scaled to it and an annealing schedule)",
+        "prior",
+        "prior (a new study's first trials use the largest batch with enough steps an epoch, the "
+        "baseline's lr scaled to it and an annealing schedule), sampled (the sampler chooses "
+        "every trial) or baseline (a new study's first trial is the baseline, so the search "
+        "starts from a known time)",
     ),
     "objective": (
         OBJECTIVES,

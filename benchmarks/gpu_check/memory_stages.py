@@ -60,6 +60,7 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
             "device": setting.device.type,
             "probe": "none",
             "prune": "none",
+            "first_trial": "sampled",  # its trials are the grid below, queued in its order
             "isolation": "process" if setting.cuda else "none",
             "space": {
                 "batch_size": sizes["batch_size"],

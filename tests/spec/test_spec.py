@@ -1023,3 +1023,12 @@ def test_the_probe_is_joint_unless_a_trial_spans_devices_or_the_file_says(tmp_pa
     named = several + "probe: none\n"
     assert load(write(tmp_path, named, "named.yaml")).probe == "none"
     assert load(write(tmp_path, HEAD + "probe: systems\n", "systems.yaml")).probe == "systems"
+
+
+def test_the_first_trials_come_from_the_prior_unless_the_file_says(tmp_path: Path) -> None:
+    """A new study starts from the prior (a larger batch, a scaled lr, an annealing schedule);
+    the sampler's start and the baseline's stay reachable."""
+    assert load(write(tmp_path, HEAD)).first_trial == "prior"
+    for mode in ("sampled", "baseline"):
+        named = write(tmp_path, HEAD + f"first_trial: {mode}\n", f"{mode}.yaml")
+        assert load(named).first_trial == mode

@@ -613,6 +613,7 @@ def test_sigterm_to_the_process_group_with_loader_workers_stops_as_the_reference
         probe="none",
         budget={"trials": 4, "max_epochs": 200, "max_seconds": 60, "eval_every": 0.5},
         target={"metric": "accuracy", "value": 0.999},
+        first_trial="sampled",  # the only trials queued are then the stopped ones, again
     )
     path.write_text(yaml.safe_dump(raw))
     storage = f"journal:///{tmp_path / 'study.journal'}"

@@ -139,7 +139,9 @@ def test_the_timeout_counts_from_the_runs_start_the_probe_included(
     code, _, err = run_cli("run", str(path), "--timeout", "1", capsys=capsys)
     stored = load(path)
     assert code == 0 and schema.probe(stored.user_attrs) is not None
-    assert stored.get_trials() == []
+    # none started (the prior's first trial is queued for the next run)
+    waiting = optuna.trial.TrialState.WAITING
+    assert all(t.state == waiting for t in stored.get_trials())
     assert "timeout of 1 s reached with 0 of 4 trials finished" in err
 
 
@@ -257,6 +259,9 @@ def test_sys_exit_in_the_users_code_fails_its_trial_and_the_study_goes_on(
         batch_sizes=(32, 128),
         confirm={"top": 0, "runs": 0},
     )
+    raw = yaml.safe_load(path.read_text())
+    raw["first_trial"] = "sampled"  # the seed's sampled trials reach batch 128; the prior's do not
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
     trials = load(path).trials
     exited = [t for t in trials if t.params["batch_size"] == 128]
