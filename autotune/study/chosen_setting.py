@@ -28,7 +28,7 @@ from autotune.search.roofline_figures import setting_for_run
 from autotune.search.space import LOADER_KNOBS, Space
 from autotune.spec.study_file import StudySpec
 from autotune.study.preparation import Prepared
-from autotune.study.rates_apart import ENOUGH_MARGIN
+from autotune.study.rates_apart import queue_stays_full
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 
@@ -108,12 +108,16 @@ def _end_to_end(
     ran = {b: c for b, c in fed.items() if loads.get(b) and loads[b].samples_per_second}
     if not ran:
         return {}
-    # held by its step, its loader well ahead: its windows need not hold the workers' bursts
     held = {
         b
         for b in ran
-        if chosen.overlapped
-        and loads[b].samples_per_second >= ENOUGH_MARGIN * (steps[b].samples_per_second or 0)
+        if queue_stays_full(
+            dataclasses.replace(
+                chosen,
+                loader_rate=loads[b].samples_per_second,
+                compute_rate=steps[b].samples_per_second,
+            )
+        )
     }
     return measured(throughput.measure_in_turn, dict(ran), None, held)
 

@@ -18,6 +18,14 @@ from autotune.train.measure import threads_for
 ENOUGH_MARGIN = 1.1  # a loader this many times the fastest step's rate needs no more workers
 
 
+def queue_stays_full(prediction: roofline.Prediction) -> bool:
+    """Whether a setting is held by its step with its loader workers well ahead: their queue stays
+    full, so an end-to-end window need not hold several of their bursts."""
+    return prediction.overlapped and (
+        prediction.loader_rate >= ENOUGH_MARGIN * prediction.compute_rate
+    )
+
+
 def predicted(
     measured: Callable[..., dict[str, rates.Rate]],
     loaders: list[dict[str, Any]],

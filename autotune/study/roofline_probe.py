@@ -245,12 +245,7 @@ def _check_end_to_end(
             {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
             within=runs,
         ),
-        # held by its step, with its loader well ahead: its queue stays full
-        {
-            str(i)
-            for i, (p, _) in enumerate(checked)
-            if p.overlapped and p.loader_rate >= rates_apart.ENOUGH_MARGIN * p.compute_rate
-        },
+        {str(i) for i, (p, _) in enumerate(checked) if rates_apart.queue_stays_full(p)},
     )
     # start-up as measured apart: the end-to-end windows begin after it
     results = [ends[str(i)] for i in range(len(checked))]
