@@ -51,8 +51,11 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
                 if spec.probe == "joint"
                 else run_probe(spec, prepared, memo)
             )
-            schema.record_probe(study, outcome)
-            progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
+            if schema.probe(study.user_attrs) is None:
+                schema.record_probe(study, outcome)
+                progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
+            else:  # a run on another machine stored one while this one measured
+                progress.say(storage.FIRST_STORED.format(what="systems probe"))
         stored = schema.probe(study.user_attrs)  # as every later run reads it
         probed = run_plan.with_probe(spec, prepared, stored)
         throughput_phase.ensure_phase(spec, prepared, study, probed.space)
@@ -118,7 +121,7 @@ def enqueue_baseline(study: optuna.Study, space: Space, baseline: dict[str, Any]
             "the confirmation still measures the baseline"
         )
         return
-    study.enqueue_trial(values, user_attrs=schema.baseline_marker())
+    study.enqueue_trial(values, user_attrs=schema.baseline_marker(), skip_if_exists=True)
 
 
 def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, trials: int) -> None:
@@ -128,7 +131,8 @@ def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, tria
     for params in prior.first_trials(
         space, prepared.baseline, train_samples=prepared.train_samples, count=count
     ):
-        study.enqueue_trial(params, user_attrs=schema.prior_marker())
+        # a run beginning the same study on another machine may have queued them a moment ago
+        study.enqueue_trial(params, user_attrs=schema.prior_marker(), skip_if_exists=True)
 
 
 def run_probe(

@@ -26,6 +26,12 @@ from autotune.spec.study_file import StudySpec, from_mapping
 from autotune.study import foreign_files, runner_lock
 from autotune.study.recovery import MAX_RETRY
 
+# Runs on several machines share a database server's study and may begin it at once: the first
+# to store a measurement of the systems is the one every run plans with, so that all train alike.
+FIRST_STORED = (
+    "autotune: another run of this study stored its {what} first; this run plans with that one"
+)
+
 
 def _heartbeat_setting(text: str) -> tuple[int, int]:
     try:

@@ -25,7 +25,7 @@ from autotune.runners import isolation
 from autotune.search import goodput, roofline_figures
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
-from autotune.study import probe_memo
+from autotune.study import probe_memo, storage
 from autotune.study.preparation import Prepared
 from autotune.train import throughput
 from autotune.train.config import TrialConfig
@@ -204,6 +204,9 @@ def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space
             spec, measure, prepared.device, space, prepared.baseline, batch_norm=prepared.batch_norm
         )
         phase.update(memo.counted())
+    if schema.throughput(study.user_attrs) is not None:  # a run on another machine's
+        progress.say(storage.FIRST_STORED.format(what="throughput table"))
+        return
     schema.record_throughput(study, phase)
     # the report repeats it, so quiet hides it
     progress.tell(f"autotune: {goodput.describe(phase)}")

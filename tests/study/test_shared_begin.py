@@ -1,0 +1,124 @@
+"""Runs on several machines beginning one study on a database server at the same moment: the first
+systems probe and throughput table stored are those every run plans with, and the first trials
+are queued once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.record import schema
+from autotune.search.space import Choices, Range, Space, sampled_values
+from autotune.study import begin, roofline_probe, throughput_phase
+from tests.study.test_study import REPO
+
+
+def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
+    tmp_path: Path,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
+    path = tmp_path / "study.yaml"
+    study_file = {
+        "task": "tests.tasks:blobs",
+        "target": {"metric": "accuracy", "value": 0.9},
+        # the probe has one choice to make: the precision
+        "space": {
+            "lr": {"low": 0.01, "high": 0.3, "log": True},
+            "scheduler": "constant",
+            "batch_size": 32,
+            "accumulation_steps": 1,
+            "num_workers": 0,
+            "precision": ["fp32", "bf16"],
+        },
+        "budget": {"trials": 2, "max_epochs": 1, "eval_every": 0.5},
+        "confirm": {"top": 0},
+        "storage": postgres_url,
+        "objective": "goodput",  # its throughput table is stored once too
+    }
+    path.write_text(yaml.safe_dump(study_file))
+    measure = roofline_probe.run
+    theirs: dict = {}
+    their_table: dict = {}
+
+    def measured_while_another_run_stored_its_own(*args, **kwargs) -> dict:
+        ours = measure(*args, **kwargs)
+        # the other machine's probe kept another precision; it stores its outcome as this one ends
+        other = ["bf16"] if ours["precisions"] != ["bf16"] else ["fp32"]
+        theirs.update(ours, precisions=other)
+        schema.record_probe(optuna.load_study(study_name="study", storage=postgres_url), theirs)
+        return ours
+
+    def another_run_stores_its_table(tabulate):
+        def tabulated(*args, **kwargs) -> dict | None:
+            ours = tabulate(*args, **kwargs)
+            if ours is not None:  # None: the probe's rates do not make a table; it is measured
+                their_table.update(ours, seconds=12.5)  # another machine's, timed apart
+                other = optuna.load_study(study_name="study", storage=postgres_url)
+                schema.record_throughput(other, their_table)
+            return ours
+
+        return tabulated
+
+    monkeypatch.setattr(roofline_probe, "run", measured_while_another_run_stored_its_own)
+    for tabulate in ("from_probe", "run_phase"):
+        monkeypatch.setattr(
+            throughput_phase,
+            tabulate,
+            another_run_stores_its_table(getattr(throughput_phase, tabulate)),
+        )
+
+    assert main(["run", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "another run of this study stored its systems probe first" in err, err
+    study = optuna.load_study(study_name="study", storage=postgres_url)
+    assert "another run of this study stored its throughput table first" in err, err
+    assert schema.probe(study.user_attrs) == theirs
+    assert schema.throughput(study.user_attrs) == their_table
+    # the run planned with the stored probe: every trial trains its precision
+    trials = study.get_trials(deepcopy=False)
+    assert trials and {schema.config(t)["precision"] for t in trials} == set(theirs["precisions"])
+
+
+def test_first_trials_queued_by_another_run_a_moment_ago_are_not_queued_again() -> None:
+    space = Space(
+        domains=(
+            ("lr", Range(0.01, 0.3, log=True)),
+            ("scheduler", Choices(("constant", "cosine", "onecycle"))),
+            ("batch_size", Choices((16, 32, 64))),
+            ("accumulation_steps", Range(1, 4)),
+            ("precision", Choices(("fp32",))),
+        ),
+    )
+    prepared = SimpleNamespace(
+        baseline={
+            "lr": 0.05,
+            "scheduler": "constant",
+            "batch_size": 16,
+            "accumulation_steps": 1,
+            "precision": "fp32",
+        },
+        train_samples=1024,
+    )
+    once, twice = optuna.create_study(), optuna.create_study()
+    begin.enqueue_prior(once, space, prepared, trials=10)
+    for _ in range(2):  # two runs, each past its check for a study without trials
+        begin.enqueue_prior(twice, space, prepared, trials=10)
+    assert len(queued(once)) > 1
+    assert queued(twice) == queued(once)
+
+    study = optuna.create_study()
+    begin.enqueue_baseline(study, space, prepared.baseline)
+    begin.enqueue_baseline(study, space, prepared.baseline)
+    assert queued(study) == [sampled_values(space, prepared.baseline)]
+
+
+def queued(study: optuna.Study) -> list[dict]:
+    return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
