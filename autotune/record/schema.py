@@ -1,6 +1,5 @@
 """What a study stores, in one place: every attribute key, how trials and studies are written and
-read back, and the readers of the older layout (version 0: a study without `schema_version`,
-which the `_V0` readers below read, and no other module).
+read back, and the older layout (version 0, without `schema_version`: only `_V0` below reads it).
 
 Everything else reads and writes a study through these functions; what follows from what they
 read, with no key of its own, is derived.py's. Trials and studies are duck-typed (Optuna's Trial,
@@ -25,7 +24,7 @@ KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
-PROBE_SO_FAR = "probe_measurements"  # the probe's or phase's measurements until it is stored
+PROBE_SO_FAR = "probe_measurements"  # a probe's, phase's or confirmation's, until it is stored
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
 THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
 
@@ -94,9 +93,7 @@ def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any
 
 
 def record_probe(study: Any, outcome: Mapping[str, Any]) -> None:
-    study.set_user_attr(PROBE, dict(outcome))
-    if study.user_attrs.get(PROBE_SO_FAR):  # what they were kept for is stored
-        study.set_user_attr(PROBE_SO_FAR, {})
+    _record_kept_for(study, PROBE, outcome, kept=PROBE_SO_FAR)
 
 
 def record_probe_so_far(study: Any, kept: Mapping[str, Any]) -> None:
@@ -104,13 +101,18 @@ def record_probe_so_far(study: Any, kept: Mapping[str, Any]) -> None:
 
 
 def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
-    study.set_user_attr(CONFIRMATION, dict(outcome))
+    _record_kept_for(study, CONFIRMATION, outcome, kept=PROBE_SO_FAR)
 
 
 def record_throughput(study: Any, phase: Mapping[str, Any]) -> None:
-    study.set_user_attr(THROUGHPUT, dict(phase))
-    if study.user_attrs.get(PROBE_SO_FAR):
-        study.set_user_attr(PROBE_SO_FAR, {})
+    _record_kept_for(study, THROUGHPUT, phase, kept=PROBE_SO_FAR)
+
+
+def _record_kept_for(study: Any, key: str, value: Mapping[str, Any], *, kept: str) -> None:
+    """`value` under `key`; the measurements kept under `kept` until it is stored let go."""
+    study.set_user_attr(key, dict(value))
+    if study.user_attrs.get(kept):
+        study.set_user_attr(kept, {})
 
 
 # Writing a trial.
@@ -182,8 +184,7 @@ def optimizer(study_attrs: Mapping[str, Any]) -> str | None:
 
 def knobs_read(study_attrs: Mapping[str, Any]) -> list[str] | None:
     """The knobs the study's training reads, where it stored them (else it reads them all)."""
-    stored = study_attrs.get(KNOBS_READ)
-    return None if stored is None else list(stored)
+    return None if (stored := study_attrs.get(KNOBS_READ)) is None else list(stored)
 
 
 def definition(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -277,8 +278,7 @@ def ran_out_of_memory(trial: Any) -> bool:
 
 
 def measured(trial: Any) -> dict[str, Any]:
-    """What the trial's training measured (time_to_target, reached, curve, ...); empty when it
-    did not finish."""
+    """What the trial's training measured (time_to_target, curve, ...); empty if it did not end."""
     attrs = trial.user_attrs
     return dict(attrs.get(RESULT) or {k: v for k, v in attrs.items() if k in _V0_MEASURED})
 

@@ -155,6 +155,7 @@ class Confirmation:
     # confirm.precision: the fastest trial's samples to target over its fp32 twin's
     # (verdict.precision_effect)
     precision_effect: Mapping[str, Any] | None = None
+    kept_runs: int = 0  # runs taken from a run of the confirmation that was cut short
 
     def as_dict(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
@@ -169,7 +170,17 @@ class Confirmation:
             **predicted,
             **resolved,
             **effect,
+            **({"kept_runs": self.kept_runs} if self.kept_runs else {}),
         }
+
+    def kept_sentence(self) -> str:
+        """Where some runs were measured by a run that was cut short, that they were; else empty."""
+        if not self.kept_runs:
+            return ""
+        return (
+            f"{counted(self.kept_runs, 'run')} of these measured by an earlier run of the "
+            "confirmation that was cut short, kept in the study: not interleaved with the others."
+        )
 
     def precision_sentence(self) -> str:
         """What the precision did to convergence, measured, as one sentence; empty where not

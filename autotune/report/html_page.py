@@ -278,9 +278,9 @@ def _confirmation(summary: Summary) -> str:
         '<table id="confirmation">'
         f'<tr><th class="key">configuration</th><th>{judged}</th><th>range</th>'
         f"<th>{last_head}</th><th>predicted</th></tr>{''.join(rows)}</table>"
-        + (
-            f"<p>{_e(confirmation.precision_sentence())}</p>"
-            if confirmation.precision_sentence()
-            else ""
+        + "".join(
+            f"<p>{_e(sentence)}</p>"
+            for sentence in (confirmation.precision_sentence(), confirmation.kept_sentence())
+            if sentence
         )
     )

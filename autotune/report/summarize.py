@@ -129,6 +129,7 @@ def _confirmed(
         predicted=dict(confirmation.get("predicted", {})),
         baseline_resolved_by=confirmation.get("baseline_resolved_by"),
         precision_effect=confirmation.get("precision_effect"),
+        kept_runs=confirmation.get("kept_measurements", 0),
     )
     baseline = _confirmed_baseline(confirmation, stats)
     label = verdict.winner(stats)

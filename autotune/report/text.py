@@ -29,9 +29,9 @@ SHORT_NAMES = {
 
 
 def cut_short(kept: int) -> str:
-    """The line for a probe or throughput phase that a run did not finish."""
+    """The line for a probe, throughput phase or confirmation that a run did not finish."""
     return (
-        f"Systems measurements cut short: {counted(kept, 'measurement')} kept in the study; "
+        f"Measurements cut short: {counted(kept, 'measurement')} kept in the study; "
         "`autotune run` with the same study file goes on from them."
     )
 
@@ -164,6 +164,8 @@ def _confirmation(summary: Summary) -> list[str]:
             )
     if confirmation.precision_sentence():
         lines.append("  " + confirmation.precision_sentence())
+    if confirmation.kept_sentence():
+        lines.append("  " + confirmation.kept_sentence())
     if confirmation.baseline_stopped_early():
         runs = confirmation.configs["baseline"]["runs"]
         lines.append(

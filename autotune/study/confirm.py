@@ -18,6 +18,7 @@ from autotune.record.verdict import BASELINE, baseline_resolved
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import complete
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET, StudySpec
+from autotune.study import probe_memo
 from autotune.study.budget import finished_count
 from autotune.study.preparation import Prepared, limits_for
 from autotune.train.config import Limits, TrialConfig
@@ -32,28 +33,36 @@ def run_candidates(
     device: torch.device,
     on_run: Callable[[], None] | None = None,
     until_resolved: bool = False,
+    memo: probe_memo.Memo | None = None,
 ) -> list[dict[str, Any]]:
     """Run every candidate once per seed, interleaved, the baseline last; one record per run.
     With `until_resolved`, the baseline's runs stop once `baseline_resolved`: last, so that at its
-    second turn every candidate has run twice, and its first run may be enough.
+    second turn every candidate has run twice, and its first run may be enough. `memo`: the runs
+    an earlier run of this confirmation kept, and where to keep new ones.
 
     A run that fails (runs out of memory, hangs, crashes) counts as not reaching the target.
     """
+
+    def one_run(
+        _: str, label: str, config: Mapping[str, Any], limits: Limits, **where: Any
+    ) -> dict:
+        try:
+            result = run_trial(TrialConfig.from_mapping(config), limits=limits, **where)
+        except TrialFailure as failure:
+            return runs.failed_confirmation(failure.reason, label=label, seed=where["seed"])
+        return runs.confirmation_run(result, label=label, seed=where["seed"])
+
+    memo = memo or probe_memo.Memo()
     records: list[dict[str, Any]] = []
     order = sorted(candidates.items(), key=lambda item: item[0] == BASELINE)  # stable
     for seed in seeds:
         for label, config in order:
             if label == BASELINE and until_resolved and baseline_resolved(records):
                 continue
-            try:
-                result = run_trial(
-                    TrialConfig.from_mapping(config), limits=limits, device=device, seed=seed
-                )
-            except TrialFailure as failure:
-                record = runs.failed_confirmation(failure.reason, label=label, seed=seed)
-            else:
-                record = runs.confirmation_run(result, label=label, seed=seed)
-            records.append(record)
+            where = {"device": device, "seed": seed}
+            records.append(
+                memo.measured(one_run, "confirmation run", label, config, limits, **where)
+            )
             if on_run is not None:
                 on_run()
     return records
@@ -82,6 +91,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     total = len(fresh_seeds) * len(candidates)
     started = time.monotonic()
+    memo = probe_memo.Memo(study)  # the runs a confirmation cut short kept
     with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
         with signals.interruptible():
             records = run_candidates(
@@ -92,6 +102,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
                 device=prepared.device,
                 on_run=lambda: (bar.update(1), signals.check()),
                 until_resolved=until_resolved,
+                memo=memo,
             )
     outcome = {
         "after_trials": after,
@@ -107,7 +118,9 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
             else None
         ),
         "precision_checked": spec.confirm.precision,
-        "seconds": time.monotonic() - started,  # wall: its runs and their start-up
+        # wall: its runs and their start-up, those a run cut short kept where they were spent
+        "seconds": time.monotonic() - started + memo.recalled_seconds,
+        **memo.counted(),
     }
     predicted = {
         verdict.label(t.number): t.value

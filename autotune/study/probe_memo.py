@@ -1,7 +1,7 @@
 """A probe's measurements (the joint probe's, the systems probe's short runs, the throughput
-phase's) kept in the study as each one ends, so that a probe cut short (Ctrl-C, a kill, a
-machine's time limit) goes on where it stopped when the same command runs again: on a GPU host a
-probe measures for minutes, much of a short study.
+phase's) and the confirmation's runs kept in the study as each one ends, so that a probe or a
+confirmation cut short (Ctrl-C, a kill, a machine's time limit) goes on where it stopped when the
+same command runs again: on a GPU host each takes minutes, much of a short study.
 
 A measurement is kept under a digest of what it measured: the measuring function, its arguments
 (the settings, the rounds), the device, the seed, this host, the autotune and torch versions, and
@@ -9,7 +9,7 @@ the fields of the figures kept. A run that would measure anything else (another 
 version) measures afresh. The probe's choices follow from its measurements alone, so a resumed
 probe asks for the same ones in the same order (a measurement asked for again, as in rounds, is
 another), takes them from the study, and measures from the one that was cut short. They are kept
-until the probe's outcome is stored. Each is kept with the seconds it took, so that the study's
+until the outcome they serve is stored. Each is kept with the seconds it took, so that the study's
 time spent counts them once, whichever run measured them.
 """
 
@@ -107,20 +107,28 @@ def _plain(value: Any) -> Any:
 
 
 def _stored(value: Any) -> dict[str, Any] | None:
-    """A measurement's result as JSON values: a list of numbers, or a mapping of string keys to
-    one kind of figure; None for anything else, which is then not kept."""
+    """A measurement's result as JSON values: a list of numbers, a mapping of string keys to one
+    kind of figure, or one of JSON values alone (a run's record); None for anything else, which
+    is then not kept."""
     if isinstance(value, list) and all(v is None or isinstance(v, (int, float)) for v in value):
         return {"kind": "numbers", "values": value}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         return None
     kinds = {type(v).__name__ for v in value.values()}
-    if len(kinds) != 1 or not kinds <= set(_KINDS):
-        return None if value else {"kind": None, "values": {}}
+    if not kinds & set(_KINDS):
+        try:  # a mapping with no figure in it: kept as its JSON form, where it has one
+            return {"kind": "plain", "values": json.loads(json.dumps(value, allow_nan=True))}
+        except (TypeError, ValueError):
+            return None
+    if len(kinds) != 1:
+        return None
     return {"kind": kinds.pop(), "values": {k: dataclasses.asdict(v) for k, v in value.items()}}
 
 
 def _loaded(stored: Mapping[str, Any]) -> Any:
     if stored["kind"] == "numbers":
         return list(stored["values"])
+    if stored["kind"] == "plain":
+        return dict(stored["values"])
     kind = _KINDS.get(stored["kind"])
     return {k: kind(**v) for k, v in stored["values"].items()} if kind else {}

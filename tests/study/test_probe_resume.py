@@ -80,7 +80,7 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     monkeypatch.chdir(REPO)
     capsys.readouterr()
     assert main(["report", str(path)]) == 0
-    said = f"Systems measurements cut short: {len(after_kill)} measurements kept in the study"
+    said = f"Measurements cut short: {len(after_kill)} measurements kept in the study"
     assert said in capsys.readouterr().out
     assert main(["report", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["measurements_kept"] == len(after_kill)
@@ -102,7 +102,47 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{len(after_kill)} measurements kept from a run cut short" in out
-    assert "Systems measurements cut short" not in out  # nothing is left to go on from
+    assert "Measurements cut short" not in out  # nothing is left to go on from
+
+
+def test_a_confirmation_killed_midway_keeps_its_runs_and_the_next_run_measures_only_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "study.yaml"
+    study_file = {
+        "task": "tests.hostile.tasks:slow",  # 20 ms a step: a confirmation run takes a second
+        "target": {"metric": "accuracy", "value": 0.5},
+        "space": {"lr": {"low": 0.05, "high": 0.5, "log": True}, "batch_size": [32, 64]},
+        "probe": "none",
+        "budget": {"trials": 1, "max_epochs": 2},
+        "confirm": {"top": 1, "runs": 4},
+    }
+    path.write_text(yaml.safe_dump(study_file))
+    run = autotune("run", str(path))
+    deadline = time.monotonic() + 120
+    while len(kept_so_far(path)) < 2:
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no 2 confirmation runs kept within 120 s"
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.communicate(timeout=60)
+    kept = kept_so_far(path)
+    assert schema.confirmation(load(path).user_attrs) is None  # it did not finish
+    assert {e["kind"] for e in kept.values()} == {"plain"}
+
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    attrs = load(path).user_attrs
+    outcome = schema.confirmation(attrs)
+    assert outcome["kept_measurements"] == len(kept)
+    # the kept runs are in the outcome as they were measured, to the last digit; the rest are new
+    assert all(e["values"] in outcome["runs"] for e in kept.values())
+    assert len(outcome["runs"]) == 4 * len(outcome["configs"]) > len(kept)
+    assert outcome["seconds"] >= sum(e["seconds"] for e in kept.values()) > 0
+    assert schema.probe_so_far(attrs) == {}
+    assert f"{len(kept)} runs of these measured by an earlier run of the confirmation" in out, out
 
 
 class _Study:
