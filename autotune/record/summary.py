@@ -178,8 +178,8 @@ class Confirmation:
         if not self.kept_runs:
             return ""
         return (
-            f"{counted(self.kept_runs, 'run')} of these measured by an earlier run of the "
-            "confirmation that was cut short, kept in the study: not interleaved with the others."
+            f"{counted(self.kept_runs, 'run')} kept from an earlier run of the confirmation that "
+            "was cut short: measured then, not interleaved with the others."
         )
 
     def precision_sentence(self) -> str:

@@ -142,7 +142,7 @@ def test_a_confirmation_killed_midway_keeps_its_runs_and_the_next_run_measures_o
     assert len(outcome["runs"]) == 4 * len(outcome["configs"]) > len(kept)
     assert outcome["seconds"] >= sum(e["seconds"] for e in kept.values()) > 0
     assert schema.probe_so_far(attrs) == {}
-    assert f"{len(kept)} runs of these measured by an earlier run of the confirmation" in out, out
+    assert f"{len(kept)} runs kept from an earlier run of the confirmation" in out, out
 
 
 class _Study:
