@@ -25,6 +25,7 @@ DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
 PROBE_SO_FAR = "probe_measurements"  # a probe's, phase's or confirmation's, until it is stored
+PROBING = "probing"  # {worker, at}: the process probing it, renewed as it goes (probe_claim.py)
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
 THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
 
@@ -81,13 +82,9 @@ def record_definition(study: Any, definition: Mapping[str, Any], *, changes: Any
     if stored == definition:
         return
     if stored is not None:
-        history = [
-            *study.user_attrs.get(DEFINITION_CHANGES, []),
-            {
-                "from_trial": len(study.get_trials(deepcopy=False)),
-                "changes": changes(stored, definition),
-            },
-        ]
+        change = {"from_trial": len(study.get_trials(deepcopy=False))}
+        change["changes"] = changes(stored, definition)
+        history = [*study.user_attrs.get(DEFINITION_CHANGES, []), change]
         study.set_user_attr(DEFINITION_CHANGES, history)
     study.set_user_attr(DEFINITION, dict(definition))
 
@@ -98,6 +95,10 @@ def record_probe(study: Any, outcome: Mapping[str, Any]) -> None:
 
 def record_probe_so_far(study: Any, kept: Mapping[str, Any]) -> None:
     study.set_user_attr(PROBE_SO_FAR, dict(kept))
+
+
+def record_probing(study: Any, mark: Mapping[str, Any]) -> None:
+    study.set_user_attr(PROBING, dict(mark))
 
 
 def record_confirmation(study: Any, outcome: Mapping[str, Any]) -> None:
@@ -160,8 +161,7 @@ def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> Non
 
 
 def record_result(trial: Any, record: Mapping[str, Any]) -> None:
-    # one write: each attribute is a transaction of its own
-    trial.set_user_attr(RESULT, dict(record))
+    trial.set_user_attr(RESULT, dict(record))  # one write: each attribute is its own transaction
 
 
 def record_interrupted(storage: Any, trial_id: int, *, reason: str) -> None:
@@ -208,6 +208,10 @@ def probe_so_far(study_attrs: Mapping[str, Any]) -> dict[str, Any]:
     return study_attrs.get(PROBE_SO_FAR) or {}
 
 
+def probing(study_attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return study_attrs.get(PROBING) or {}
+
+
 def confirmation(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(CONFIRMATION)
 
@@ -220,8 +224,7 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def config(trial: Any) -> dict[str, Any] | None:
-    """The configuration it trained, complete (space.complete fills a knob newer than the study);
-    None where the trial stopped before a configuration was chosen."""
+    """The configuration it trained, knobs newer than the study filled in; None if none chosen."""
     stored = trial.user_attrs.get(CONFIG)
     return complete(stored) if stored is not None else None
 
@@ -238,9 +241,8 @@ def reason(trial: Any) -> str | None:
 def is_interrupted(trial: Any) -> bool:
     """A FAIL trial stopped from outside: by Ctrl-C, a signal, a kill (marked at the next start)
     or a database server's heartbeat check; autotune stores why each failure of its own ended."""
-    return trial.state.name == "FAIL" and (
-        bool(trial.user_attrs.get(INTERRUPTED)) or REASON not in trial.user_attrs
-    )
+    attrs = trial.user_attrs
+    return trial.state.name == "FAIL" and (bool(attrs.get(INTERRUPTED)) or REASON not in attrs)
 
 
 def is_surplus(trial: Any) -> bool:
@@ -314,7 +316,5 @@ def retried_from(trial: Any) -> int | None:
 
 def retry_attrs(trial: Any) -> dict[str, Any]:
     """A retry's system attributes, as Optuna's RetryFailedTrialCallback writes them."""
-    return {
-        FAILED_TRIAL: trial.number,
-        RETRY_HISTORY: [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number],
-    }
+    history = [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number]
+    return {FAILED_TRIAL: trial.number, RETRY_HISTORY: history}

@@ -6,6 +6,7 @@ study's first trials.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -17,7 +18,15 @@ from autotune.runners import isolation
 from autotune.search import prior, probe, roofline
 from autotune.search.space import KNOBS, Space, complete, sampled_values
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import probe_memo, recovery, roofline_probe, run_plan, storage, throughput_phase
+from autotune.study import (
+    probe_claim,
+    probe_memo,
+    recovery,
+    roofline_probe,
+    run_plan,
+    storage,
+    throughput_phase,
+)
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
@@ -41,16 +50,20 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
         knobs=prepared.knobs if prepared.knobs != tuple(KNOBS) else None,
     )
     schema.record_definition(study, prepared.definition, changes=definition.changes)
-    if storage.local_path(spec.storage) is not None:
+    local = storage.local_path(spec.storage) is not None
+    if local:
         _recover(study)
     try:
+        if not local and _probe_due(spec, prepared, study):  # other machines may be probing
+            probe_claim.wait_for_another(study)
         if _probe_due(spec, prepared, study):
             memo = probe_memo.Memo(study)  # what a run cut short measured of it
-            outcome = (
-                roofline_probe.run(spec, prepared, memo)
-                if spec.probe == "joint"
-                else run_probe(spec, prepared, memo)
-            )
+            with contextlib.nullcontext() if local else probe_claim.marked(study):
+                outcome = (
+                    roofline_probe.run(spec, prepared, memo)
+                    if spec.probe == "joint"
+                    else run_probe(spec, prepared, memo)
+                )
             if schema.probe(study.user_attrs) is None:
                 schema.record_probe(study, outcome)
                 progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it

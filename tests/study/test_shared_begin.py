@@ -1,9 +1,11 @@
-"""Runs on several machines beginning one study on a database server at the same moment: the first
-systems probe and throughput table stored are those every run plans with, and the first trials
-are queued once."""
+"""Runs on several machines beginning one study on a database server at the same moment: a run that
+finds another's probe under way waits for it; the first systems probe and throughput table stored
+are those every run plans with; the first trials are queued once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +16,7 @@ import yaml
 from autotune.cli import main
 from autotune.record import schema
 from autotune.search.space import Choices, Range, Space, sampled_values
-from autotune.study import begin, roofline_probe, throughput_phase
+from autotune.study import begin, probe_claim, roofline_probe, storage, throughput_phase
 from tests.study.test_study import REPO
 
 
@@ -122,3 +124,85 @@ def test_first_trials_queued_by_another_run_a_moment_ago_are_not_queued_again() 
 
 def queued(study: optuna.Study) -> list[dict]:
     return [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+
+
+def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark_goes_stale(
+    tmp_path: Path,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
+    monkeypatch.setattr(probe_claim, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(probe_claim, "STALE_SECONDS", 1.0)
+    study_file = {
+        "task": "tests.tasks:blobs",
+        "target": {"metric": "accuracy", "value": 0.9},
+        "space": {
+            "lr": {"low": 0.01, "high": 0.3, "log": True},
+            "scheduler": "constant",
+            "batch_size": 32,
+            "accumulation_steps": 1,
+            "num_workers": 0,
+            "precision": ["fp32", "bf16"],
+        },
+        "budget": {"trials": 1, "max_epochs": 1, "eval_every": 0.5},
+        "confirm": {"top": 0},
+        "storage": postgres_url,
+    }
+
+    def study_named(name: str) -> tuple[Path, optuna.Study]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**study_file, "name": name}))
+        # begun by another machine, which marked it as probing
+        study = optuna.create_study(study_name=name, storage=postgres_url, direction="minimize")
+        schema.record_probing(study, {"worker": "elsewhere:1", "at": 0.0})
+        return path, study
+
+    measure, probes, marks = roofline_probe.run, [], []
+
+    def probe_marked(*args, **kwargs) -> dict:
+        began = time.time()
+        outcome = measure(*args, **kwargs)
+        marks.append((began, schema.probing(optuna.load_study(**names[-1]).user_attrs)))
+        probes.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(roofline_probe, "run", probe_marked)
+    names: list[dict] = []
+
+    # a mark no one renews: its machine died; after STALE_SECONDS the run probes itself
+    path, study = study_named("stale")
+    names.append({"study_name": "stale", "storage": postgres_url})
+    assert main(["run", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "elsewhere:1 stopped renewing its systems probe's mark; this run probes instead" in err
+    assert len(probes) == 1 and schema.probe(study.user_attrs) == probes[0]
+    began, mark = marks[0]
+    # the mark was this process's while it probed, renewed as it went, and cleared after
+    assert mark["worker"] == storage.worker_id() and mark["at"] > began
+    assert schema.probing(study.user_attrs) == {}
+
+    # a mark renewed: the run waits for that machine's probe and plans with it, measuring nothing
+    path, study = study_named("live")
+    stored = threading.Event()
+
+    def elsewhere() -> None:
+        for _ in range(30):  # probing for about 3 s, then its outcome stored
+            schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
+            time.sleep(0.1)
+        schema.record_probe(study, probes[0])
+        stored.set()
+
+    other = threading.Thread(target=elsewhere)
+    other.start()
+    assert main(["run", str(path)]) == 0
+    other.join()
+    err = capsys.readouterr().err
+    assert "elsewhere:1 is measuring this study's systems; this run waits for its probe" in err
+    assert stored.is_set() and len(probes) == 1  # no probe of its own
+    trials = study.get_trials(deepcopy=False)
+    assert trials and {schema.config(t)["precision"] for t in trials} <= set(
+        probes[0]["precisions"]
+    )

@@ -1,0 +1,71 @@
+"""One systems probe for a study that several machines begin on a database server: the run that
+probes marks the study with its worker (host:pid) and renews the mark every heartbeat; a run that
+finds a live mark waits for that probe's outcome instead of measuring the same (minutes of GPU
+on each machine). A mark not renewed for the heartbeat's grace period is a dead process's: the
+run that finds it probes itself. A local file needs none of this: one run holds its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from autotune import progress, signals
+from autotune.record import schema
+from autotune.study import storage
+
+POLL_SECONDS = 1.0  # how often a waiting run reads the study
+# the trials' heartbeat and grace period (AUTOTUNE_HEARTBEAT), for the probe's mark too
+RENEW_SECONDS, STALE_SECONDS = storage.HEARTBEAT_SECONDS, storage.GRACE_SECONDS
+
+
+@contextlib.contextmanager
+def marked(study: Any) -> Iterator[None]:
+    """The study marked as probed by this process, the mark renewed every heartbeat, while the
+    block runs; cleared after it, however it ends."""
+    me = storage.worker_id()
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(RENEW_SECONDS):
+            schema.record_probing(study, {"worker": me, "at": time.time()})
+
+    schema.record_probing(study, {"worker": me, "at": time.time()})
+    beat = threading.Thread(target=renew, name="autotune-probe-mark", daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join()
+        with signals.writing():
+            schema.record_probing(study, {})
+
+
+def wait_for_another(study: Any) -> None:
+    """While another process's mark is live, wait for its probe's outcome to be stored. A mark is
+    live while it changes: each machine judges it by its own clock, so their clocks may differ."""
+    seen, since, told = None, time.monotonic(), False
+    with signals.interruptible():
+        while schema.probe(study.user_attrs) is None:
+            mark = schema.probing(study.user_attrs)
+            if not mark or mark["worker"] == storage.worker_id():
+                return
+            if mark != seen:
+                seen, since = mark, time.monotonic()
+            elif time.monotonic() - since > STALE_SECONDS:
+                progress.say(
+                    f"autotune: {mark['worker']} stopped renewing its systems probe's mark; "
+                    "this run probes instead"
+                )
+                return
+            if not told:
+                progress.say(
+                    f"autotune: {mark['worker']} is measuring this study's systems; this run "
+                    "waits for its probe rather than measure the same"
+                )
+                told = True
+            time.sleep(POLL_SECONDS)
