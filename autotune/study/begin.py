@@ -54,24 +54,12 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     if local:
         _recover(study)
     try:
-        if not local and _probe_due(spec, prepared, study):  # other machines may be probing
+        due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
+        if due and not local:  # another machine may be measuring them: wait for its figures
             probe_claim.wait_for_another(study)
-        if _probe_due(spec, prepared, study):
-            memo = probe_memo.Memo(study)  # what a run cut short measured of it
-            with contextlib.nullcontext() if local else probe_claim.marked(study):
-                outcome = (
-                    roofline_probe.run(spec, prepared, memo)
-                    if spec.probe == "joint"
-                    else run_probe(spec, prepared, memo)
-                )
-            if schema.probe(study.user_attrs) is None:
-                schema.record_probe(study, outcome)
-                progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
-            else:  # a run on another machine stored one while this one measured
-                progress.say(storage.FIRST_STORED.format(what="systems probe"))
-        stored = schema.probe(study.user_attrs)  # as every later run reads it
-        probed = run_plan.with_probe(spec, prepared, stored)
-        throughput_phase.ensure_phase(spec, prepared, study, probed.space)
+            due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
+        with probe_claim.marked(study) if due and not local else contextlib.nullcontext():
+            stored, probed = _measure_systems(spec, prepared, study)
     finally:
         if prepared.end_measuring is not None:  # the trials start with its memory back
             prepared.end_measuring()
@@ -83,6 +71,29 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     ):
         _enqueue_first(spec, plan, study)
     return plan
+
+
+def _measure_systems(
+    spec: StudySpec, prepared: Prepared, study: optuna.Study
+) -> tuple[dict[str, Any] | None, Prepared]:
+    """The stored probe (measured here where it is due) and `prepared` as it settles the space,
+    with the throughput phase's table stored where the objective needs one."""
+    if _probe_due(spec, prepared, study):
+        memo = probe_memo.Memo(study)  # what a run cut short measured of it
+        outcome = (
+            roofline_probe.run(spec, prepared, memo)
+            if spec.probe == "joint"
+            else run_probe(spec, prepared, memo)
+        )
+        if schema.probe(study.user_attrs) is None:
+            schema.record_probe(study, outcome)
+            progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
+        else:  # a run on another machine stored one while this one measured
+            progress.say(storage.FIRST_STORED.format(what="systems probe"))
+    stored = schema.probe(study.user_attrs)  # as every later run reads it
+    probed = run_plan.with_probe(spec, prepared, stored)
+    throughput_phase.ensure_phase(spec, prepared, study, probed.space)
+    return stored, probed
 
 
 def _recover(study: optuna.Study) -> None:

@@ -1,8 +1,9 @@
-"""One systems probe for a study that several machines begin on a database server: the run that
-probes marks the study with its worker (host:pid) and renews the mark every heartbeat; a run that
-finds a live mark waits for that probe's outcome instead of measuring the same (minutes of GPU
-on each machine). A mark not renewed for the heartbeat's grace period is a dead process's: the
-run that finds it probes itself. A local file needs none of this: one run holds its lock.
+"""One measurement of a study's systems (its probe, its throughput phase) where several machines
+begin it on a database server: the run that measures marks the study with its worker (host:pid)
+and renews the mark every heartbeat; a run that finds a live mark waits for those figures instead
+of measuring the same (minutes of GPU on each machine). A mark not renewed for the heartbeat's
+grace period is a dead process's: the run that finds it measures itself. A local file needs none
+of this: one run holds its lock.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def marked(study: Any) -> Iterator[None]:
 
 
 def wait_for_another(study: Any) -> None:
-    """While another process's mark is live, wait for its probe's outcome to be stored. A mark is
-    live while it changes: each machine judges it by its own clock, so their clocks may differ."""
+    """While another process's mark is live, wait for it to be cleared (its figures stored). A
+    mark is live while it changes: each machine judges it by its own clock, as clocks differ."""
     seen, since, told = None, time.monotonic(), False
     with signals.interruptible():
-        while schema.probe(study.user_attrs) is None:
+        while True:
             mark = schema.probing(study.user_attrs)
             if not mark or mark["worker"] == storage.worker_id():
                 return
@@ -65,7 +66,7 @@ def wait_for_another(study: Any) -> None:
             if not told:
                 progress.say(
                     f"autotune: {mark['worker']} is measuring this study's systems; this run "
-                    "waits for its probe rather than measure the same"
+                    "waits for its figures rather than measure the same"
                 )
                 told = True
             time.sleep(POLL_SECONDS)

@@ -167,13 +167,15 @@ def _window_seconds(figure: Throughput, settings: Mapping[str, Any]) -> float:
     )
 
 
+def due(spec: StudySpec, study: optuna.Study) -> bool:
+    """Whether the study's objective needs a throughput table it has not stored yet."""
+    return spec.objective in (GOODPUT, SYSTEMS_ONLY) and schema.throughput(study.user_attrs) is None
+
+
 def ensure_phase(spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space) -> None:
     """The table once per study (a resumed one keeps its own), stored: from the joint probe's
     rates where it settled a setting, else measured by a throughput phase."""
-    if (
-        spec.objective not in (GOODPUT, SYSTEMS_ONLY)
-        or schema.throughput(study.user_attrs) is not None
-    ):
+    if not due(spec, study):
         return
     assert prepared.measure is not None, "preparation refuses goodput without a task"
     stored = schema.probe(study.user_attrs)  # the joint probe's, not one a study began with

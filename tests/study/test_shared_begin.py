@@ -184,7 +184,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     assert mark["worker"] == storage.worker_id() and mark["at"] > began
     assert schema.probing(study.user_attrs) == {}
 
-    # a mark renewed: the run waits for that machine's probe and plans with it, measuring nothing
+    # a mark renewed: the run waits for that machine's figures and plans with them, measuring none
     path, study = study_named("live")
     stored = threading.Event()
 
@@ -193,6 +193,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
             schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
             time.sleep(0.1)
         schema.record_probe(study, probes[0])
+        schema.record_probing(study, {})  # its measuring done
         stored.set()
 
     other = threading.Thread(target=elsewhere)
@@ -200,7 +201,8 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     assert main(["run", str(path)]) == 0
     other.join()
     err = capsys.readouterr().err
-    assert "elsewhere:1 is measuring this study's systems; this run waits for its probe" in err
+    assert "elsewhere:1 is measuring this study's systems; this run waits for its figures" in err
+    assert "stopped renewing" not in err
     assert stored.is_set() and len(probes) == 1  # no probe of its own
     trials = study.get_trials(deepcopy=False)
     assert trials and {schema.config(t)["precision"] for t in trials} <= set(
