@@ -25,14 +25,17 @@ RENEW_SECONDS, STALE_SECONDS = storage.HEARTBEAT_SECONDS, storage.GRACE_SECONDS
 
 @contextlib.contextmanager
 def marked(study: Any) -> Iterator[None]:
-    """The study marked as probed by this process, the mark renewed every heartbeat, while the
+    """The study marked as measured by this process, the mark renewed every heartbeat, while the
     block runs; cleared after it, however it ends."""
     me = storage.worker_id()
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(RENEW_SECONDS):
-            schema.record_probing(study, {"worker": me, "at": time.time()})
+            try:
+                schema.record_probing(study, {"worker": me, "at": time.time()})
+            except Exception:  # noqa: BLE001 - the server out of reach a moment: the mark may
+                continue  # go stale (another machine then measures too) until a renewal lands
 
     schema.record_probing(study, {"worker": me, "at": time.time()})
     beat = threading.Thread(target=renew, name="autotune-probe-mark", daemon=True)
