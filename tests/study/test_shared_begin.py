@@ -19,6 +19,22 @@ from autotune.search.space import Choices, Range, Space, sampled_values
 from autotune.study import begin, probe_claim, roofline_probe, storage, throughput_phase
 from tests.study.test_study import REPO
 
+# A study of the blobs task whose probe has one choice to make: the precision.
+STUDY = {
+    "task": "tests.tasks:blobs",
+    "target": {"metric": "accuracy", "value": 0.9},
+    "space": {
+        "lr": {"low": 0.01, "high": 0.3, "log": True},
+        "scheduler": "constant",
+        "batch_size": 32,
+        "accumulation_steps": 1,
+        "num_workers": 0,
+        "precision": ["fp32", "bf16"],
+    },
+    "budget": {"trials": 2, "max_epochs": 1, "eval_every": 0.5},
+    "confirm": {"top": 0},
+}
+
 
 def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     tmp_path: Path,
@@ -28,23 +44,7 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
 ) -> None:
     monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
     path = tmp_path / "study.yaml"
-    study_file = {
-        "task": "tests.tasks:blobs",
-        "target": {"metric": "accuracy", "value": 0.9},
-        # the probe has one choice to make: the precision
-        "space": {
-            "lr": {"low": 0.01, "high": 0.3, "log": True},
-            "scheduler": "constant",
-            "batch_size": 32,
-            "accumulation_steps": 1,
-            "num_workers": 0,
-            "precision": ["fp32", "bf16"],
-        },
-        "budget": {"trials": 2, "max_epochs": 1, "eval_every": 0.5},
-        "confirm": {"top": 0},
-        "storage": postgres_url,
-        "objective": "goodput",  # its throughput table is stored once too
-    }
+    study_file = {**STUDY, "storage": postgres_url, "objective": "goodput"}  # a table stored too
     path.write_text(yaml.safe_dump(study_file))
     measure = roofline_probe.run
     theirs: dict = {}
@@ -136,21 +136,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     monkeypatch.setattr(probe_claim, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
     monkeypatch.setattr(probe_claim, "STALE_SECONDS", 1.0)
-    study_file = {
-        "task": "tests.tasks:blobs",
-        "target": {"metric": "accuracy", "value": 0.9},
-        "space": {
-            "lr": {"low": 0.01, "high": 0.3, "log": True},
-            "scheduler": "constant",
-            "batch_size": 32,
-            "accumulation_steps": 1,
-            "num_workers": 0,
-            "precision": ["fp32", "bf16"],
-        },
-        "budget": {"trials": 1, "max_epochs": 1, "eval_every": 0.5},
-        "confirm": {"top": 0},
-        "storage": postgres_url,
-    }
+    study_file = {**STUDY, "storage": postgres_url, "budget": {"trials": 1, "max_epochs": 1}}
 
     def study_named(name: str) -> tuple[Path, optuna.Study]:
         path = tmp_path / f"{name}.yaml"
