@@ -117,7 +117,7 @@ def _stored(value: Any) -> dict[str, Any] | None:
     kinds = {type(v).__name__ for v in value.values()}
     if not kinds & set(_KINDS):
         try:  # a mapping with no figure in it: kept as its JSON form, where it has one
-            return {"kind": "plain", "values": json.loads(json.dumps(value, allow_nan=True))}
+            return {"kind": "plain", "values": json.loads(json.dumps(value))}
         except (TypeError, ValueError):
             return None
     if len(kinds) != 1:

@@ -34,6 +34,7 @@ def write_study(
     seed: int = 0,
     confirm: dict | None = None,
     params: dict | None = None,
+    first_trial: str | None = None,
 ) -> Path:
     study = {
         "task": task,
@@ -52,6 +53,8 @@ def write_study(
     }
     if params is not None:
         study["space"]["params"] = params
+    if first_trial is not None:
+        study["first_trial"] = first_trial
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
@@ -258,10 +261,8 @@ def test_sys_exit_in_the_users_code_fails_its_trial_and_the_study_goes_on(
         trials=4,
         batch_sizes=(32, 128),
         confirm={"top": 0, "runs": 0},
+        first_trial="sampled",  # the seed's sampled trials reach batch 128; the prior's do not
     )
-    raw = yaml.safe_load(path.read_text())
-    raw["first_trial"] = "sampled"  # the seed's sampled trials reach batch 128; the prior's do not
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert run_cli("run", str(path), "--quiet", capsys=capsys)[0] == 0
     trials = load(path).trials
     exited = [t for t in trials if t.params["batch_size"] == 128]
@@ -311,10 +312,8 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
         trials=12,
         batch_sizes=(32, 64, 128, 256),
         confirm={"top": 0},
+        first_trial="sampled",  # this seed's sampled trials come back to a large batch
     )
-    raw = yaml.safe_load(path.read_text())
-    raw["first_trial"] = "sampled"  # this seed's sampled trials come back to a large batch
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     trials = finished(load(path))
