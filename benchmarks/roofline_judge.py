@@ -133,12 +133,15 @@ def judge_run(
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
     started, paused = time.perf_counter(), 0.0
+    # with data_on_device, the task's own copy on the device, made on the clock as the trial's is
+    on_device = config.get("data_on_device") and task.device_train is not None
     training = module.make_training(
         model,
         task.train,
         device=device,
         seed=seed,
         max_epochs=config.get("schedule_epochs") or budget.max_epochs,
+        gather=task.device_train(device) if on_device else None,
     )
     per_epoch = len(training.loader) / config["accumulation_steps"]
     every = max(1, round(budget.eval_every * per_epoch))

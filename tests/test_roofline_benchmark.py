@@ -323,3 +323,28 @@ def test_the_judge_takes_a_process_s_first_steps_untimed_before_its_first_timed_
     fresh = {"arms": {"prior": {"params": baseline, "finished": True}}}
     roofline_judge.judge(fresh, lambda arm: spec, seeds=1, save=lambda: None)
     assert calls == [(True, None), (False, None), (True, None)]
+
+
+def test_the_judge_trains_a_winner_with_its_data_on_the_device_from_the_task_s_own_copy() -> None:
+    """The exported module gathers each batch with the task's device_train, made on the clock."""
+    from autotune.search.space import complete
+    from autotune.spec import study_file
+    from autotune.study import preparation
+    from benchmarks import roofline_judge
+
+    spec = study_file.load(REPO / "studies" / "digits.yaml")
+    prepared = preparation.prepare(spec)
+    gathered, own = [], prepared.task.device_train
+
+    def device_train(device):
+        gather = own(device)
+        return lambda indices, keys: gathered.append(len(indices)) or gather(indices, keys)
+
+    prepared = dataclasses.replace(
+        prepared, task=dataclasses.replace(prepared.task, device_train=device_train)
+    )
+    template = roofline_judge.export_template(spec, prepared)
+    config = {**complete(prepared.baseline), "data_on_device": True}
+    run = roofline_judge.judge_run(template, config, prepared, spec, seed=1, max_steps=3)
+    assert run["samples"] == 3 * config["batch_size"] and run["seconds"] > 0
+    assert gathered[:3] == [config["batch_size"]] * 3

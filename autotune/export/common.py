@@ -177,6 +177,23 @@ def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def data_on_device_note(knobs: Mapping[str, Any], trainer: str) -> dict[str, Any]:
+    """Where the training batches were made: `trainer` batches through a DataLoader, as autotune
+    does unless data_on_device."""
+    if not knobs.get("data_on_device"):
+        text = f"autotune loaded the training batches through a DataLoader, as {trainer} does."
+    else:
+        text = (
+            f"{trainer} batches through a DataLoader; autotune kept the training set on the "
+            "device and gathered each micro-batch there at once (the task's device_train, or a "
+            "TensorDataset's tensors indexed there), the same samples a DataLoader gives, with no "
+            "loader workers. To train as it did, copy your training tensors to the device and "
+            "give the DataLoader a batch_sampler of index lists and a collate_fn that indexes "
+            "them there (num_workers 0, no pinning, as the dataloader settings say)."
+        )
+    return note("data_on_device", bool(knobs.get("data_on_device")), NO_EQUIVALENT, text)
+
+
 def optimizer_note(
     summary: Summary, lr: float, *, trainer: str, then: str, fused: bool = False
 ) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    data_on_device_note,
     devices_note,
     knobs_and_params,
     lookup,
@@ -159,7 +160,7 @@ def _systems(knobs: Mapping[str, Any], device: str | None) -> Part:
             if k in loader
         }
     )
-    notes = [threads_note(knobs)]
+    notes = [threads_note(knobs), data_on_device_note(knobs, "transformers.Trainer")]
     # backend inductor, default mode: autotune's torch.compile(model)
     args["torch_compile"] = knobs["compile"]
     # Off, tf32 is left out: TrainingArguments then keeps torch's default, as the trial did

@@ -30,6 +30,7 @@ from autotune.export.common import (
     NO_EQUIVALENT,
     Part,
     built_in_optimizer,
+    data_on_device_note,
     devices_note,
     knobs_and_params,
     lookup,
@@ -302,7 +303,7 @@ def _length(knobs: Mapping[str, Any], epochs: float | int | None) -> Part:
 
 def _loader_notes(knobs: Mapping[str, Any], dataloader: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Where the loader's knobs went: `dataloader`, for the user's train_dataloader()."""
-    return [
+    return [data_on_device_note(knobs, "lightning.Trainer")] + [
         note(
             name,
             knobs[name],

@@ -198,6 +198,7 @@ def _top_table(records: pd.DataFrame, summary: Summary) -> str:
         "scheduler": "scheduler",
         "batch_size": "batch",
         "accumulation_steps": "accum",
+        "data_on_device": "data on device",
         "num_workers": "workers",
         "prefetch_factor": "prefetch",
         "pin_memory": "pin",

@@ -17,6 +17,7 @@ SHORT_NAMES = {
     "number": "trial",
     "samples_per_second": "samples/s",
     "accumulation_steps": "accum",
+    "data_on_device": "on_device",
     "prefetch_factor": "prefetch",
     "schedule_epochs": "schedule",
     "cudnn_benchmark": "cudnn",

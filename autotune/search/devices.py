@@ -26,9 +26,12 @@ def unsupported_switches(
     tf32_problem: str | None = None,
     fused_optimizer_problem: str | None = None,
     checkpointing_problem: str | None = None,
+    data_on_device_problem: str | None = None,
 ) -> dict[str, str]:
     """The on/off knobs that cannot be on here, each with the reason."""
     unsupported = {}
+    if data_on_device_problem:
+        unsupported["data_on_device"] = data_on_device_problem
     if not cuda:
         unsupported["pin_memory"] = "page-locked memory only helps CUDA copies"
         unsupported["cudnn_benchmark"] = "cuDNN runs only on CUDA"
@@ -71,6 +74,7 @@ def restrict_to_device(
     tf32_problem: str | None = None,
     fused_optimizer_problem: str | None = None,
     checkpointing_problem: str | None = None,
+    data_on_device_problem: str | None = None,
 ) -> tuple[Space, list[str], dict[str, str]]:
     """Remove what the device (or the install, or the task's model) cannot run.
 
@@ -98,6 +102,7 @@ def restrict_to_device(
         tf32_problem=tf32_problem,
         fused_optimizer_problem=fused_optimizer_problem,
         checkpointing_problem=checkpointing_problem,
+        data_on_device_problem=data_on_device_problem,
     )
     if not cuda and "compile" not in switches and set(space["compile"].values) == {False, True}:
         switches["compile"] = CPU_COMPILE  # a choice only: compile: true stays

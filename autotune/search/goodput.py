@@ -29,7 +29,15 @@ from typing import Any
 
 from autotune.search.knob import DDP_NAMES
 from autotune.search.probe import load_note
-from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Range, Space, formats_for
+from autotune.search.space import (
+    FORMAT_KNOBS,
+    LOADER_KNOBS,
+    Choices,
+    Range,
+    Space,
+    formats_for,
+    loader_of,
+)
 
 # The systems knobs beside the micro-batch (which is one only without BatchNorm, whose statistics
 # are per micro-batch).
@@ -110,7 +118,7 @@ def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
     """The loader setting the phase measures at: the one the space fixes (the probe settles it),
     else the baseline's."""
     fixed = space.fixed()
-    setting = {k: fixed.get(k, baseline[k]) for k in LOADER_KNOBS}
+    setting = {k: fixed.get(k, v) for k, v in loader_of(baseline).items()}
     if setting["num_workers"] == 0:
         setting["prefetch_factor"] = None
     elif setting["prefetch_factor"] is None:
@@ -227,7 +235,7 @@ class Table:
         with its speed."""
         effective = config["batch_size"] * config["accumulation_steps"]
         fixed_batch = config["batch_size"] if self.batch_norm else None
-        loader = {k: self.entries[0].settings[k] for k in LOADER_KNOBS} if self.entries else {}
+        loader = loader_of(self.entries[0].settings) if self.entries else {}
         formats = {
             format_key(e.settings)[1:]
             for e in self.entries

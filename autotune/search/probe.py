@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune.search import roofline_text
 from autotune.search.knob import PRECISIONS
-from autotune.search.space import LOADER_KNOBS, Choices, Range, Space
+from autotune.search.space import NO_LOADER, Choices, Range, Space, loader_of
 
 ROUNDS = 2
 PROBE_EPOCHS = 0.5  # at most: a trial budget shorter than this is used instead
@@ -49,15 +49,25 @@ def _values(domain: Any) -> list[Any]:
 
 
 def loader_settings(space: Space) -> list[dict[str, Any]]:
-    """Every distinct loader setting the space allows (prefetch_factor only with workers)."""
+    """Every distinct loader setting the space allows (prefetch_factor only with workers), then
+    the training set on the device (no DataLoader) where the space allows it."""
     settings = []
-    for workers, pin in itertools.product(
-        _values(space["num_workers"]), _values(space["pin_memory"])
-    ):
-        prefetches = _values(space["prefetch_factor"]) if workers > 0 else [None]
-        settings += [
-            {"num_workers": workers, "prefetch_factor": p, "pin_memory": pin} for p in prefetches
-        ]
+    if False in space["data_on_device"].values:
+        for workers, pin in itertools.product(
+            _values(space["num_workers"]), _values(space["pin_memory"])
+        ):
+            prefetches = _values(space["prefetch_factor"]) if workers > 0 else [None]
+            settings += [
+                {
+                    "data_on_device": False,
+                    "num_workers": workers,
+                    "prefetch_factor": p,
+                    "pin_memory": pin,
+                }
+                for p in prefetches
+            ]
+    if True in space["data_on_device"].values:
+        settings.append({"data_on_device": True, **NO_LOADER})
     return settings
 
 
@@ -113,11 +123,9 @@ def run(
         # likely the machine's noise. Every setting failing (the baseline's batch runs out of
         # memory) settles nothing.
         fast_enough = [s for s, t in zip(loaders, times) if t <= min(times) * (1 + FASTER_BY)]
-        loader = (
-            fast_enough[0] if math.isfinite(min(times)) else {k: baseline[k] for k in LOADER_KNOBS}
-        )
+        loader = fast_enough[0] if math.isfinite(min(times)) else loader_of(baseline)
     else:
-        loader = {k: baseline[k] for k in LOADER_KNOBS} if len(loaders) > 1 else loaders[0]
+        loader = loader_of(baseline) if len(loaders) > 1 else loaders[0]
     kept = list(precisions)
     ratios: dict[str, float] = {}
     if len(precisions) > 1:
@@ -141,6 +149,9 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
     """The space with the loader knobs fixed and the precisions the probe kept."""
     if outcome["probed_loader"]:
         loader = outcome["loader"]
+        # a study stored before data_on_device was a knob: its loader had a DataLoader
+        on_device = loader.get("data_on_device", False)
+        space = space.replace("data_on_device", Choices((on_device,)))
         space = space.replace("num_workers", Choices((loader["num_workers"],)))
         space = space.replace("pin_memory", Choices((loader["pin_memory"],)))
         if loader["prefetch_factor"] is not None:
@@ -159,16 +170,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
         return roofline_text.describe(outcome) + load_note(outcome)
     parts = []
     if outcome["probed_loader"]:
-        loader = outcome["loader"]
-        parts.append(
-            f"num_workers {loader['num_workers']}"
-            + (
-                f", prefetch_factor {loader['prefetch_factor']}"
-                if loader["prefetch_factor"] is not None
-                else ""
-            )
-            + f", pin_memory {str(loader['pin_memory']).lower()}"
-        )
+        parts.append(roofline_text.loader_text(outcome["loader"]))
     reference, *narrower = outcome["speed"] or [None]
     for precision in narrower:
         verdict = "kept" if precision in outcome["precisions"] else "removed"

@@ -200,11 +200,14 @@ def checkpointing_fit(
 
 def loader_settings(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each (num_workers, pin_memory) of `loaders` once, fewest workers first, at the largest
-    prefetch_factor among them: a loader read alone runs at one rate whatever its prefetch
-    (nothing lets a queue build), and in a run more prefetch only absorbs the step's jitter."""
-    most: dict[tuple[int, bool], dict[str, Any]] = {}
+    prefetch_factor among them (a loader read alone runs at one rate whatever its prefetch:
+    nothing lets a queue build, and in a run more prefetch only absorbs the step's jitter); the
+    training set on the device, where among them, first: it has no workers, and however fast the
+    workers before it delivered, it may start sooner and leave the cores free."""
+    most: dict[tuple[bool, int, bool], dict[str, Any]] = {}
     for setting in loaders:
-        key = (setting["num_workers"], setting["pin_memory"])
+        on_device = setting.get("data_on_device", False)
+        key = (not on_device, setting["num_workers"], setting["pin_memory"])
         if most.get(key) is None or (setting["prefetch_factor"] or 0) > (
             most[key]["prefetch_factor"] or 0
         ):

@@ -12,7 +12,7 @@ from typing import Any
 from autotune.search.end_to_end import TIE, decide
 from autotune.search.recipe import training_threads
 from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
-from autotune.search.space import LOADER_KNOBS
+from autotune.search.space import LOADER_KNOBS, loader_of
 
 # What a compute setting names (a loader setting names LOADER_KNOBS).
 STEP_KNOBS = ("precision", *MEASURED_FORMATS)
@@ -81,7 +81,7 @@ def setting_for_run(
         [
             (
                 Prediction(
-                    {k: entry[k] for k in LOADER_KNOBS},
+                    loader_of(entry),
                     {k: entry[k] for k in STEP_KNOBS if k in entry},
                     entry["loader_rate"],
                     entry["compute_rate"],
@@ -121,7 +121,7 @@ def frontier_of(outcome: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     if outcome.get("shared_cores") is False and loaders and computes:
         predictions = [
             Prediction(
-                {k: loader[k] for k in LOADER_KNOBS},
+                loader_of(loader),
                 {k: step[k] for k in STEP_KNOBS if k in step},
                 loader["samples_per_second"],
                 step["samples_per_second"],

@@ -149,6 +149,11 @@ def what_moves_it(
     """What would raise the limit, in numbers: the other rate's headroom, and the levers the knob
     space left out (within it, the limit has weighed every one already). `step_rates`: the chosen
     setting's step rate at each micro-batch measured, to say how much the last doubling gave."""
+    if best.bottleneck == INPUT and best.loader.get("data_on_device"):
+        return (
+            f"the batches made on the device: the step could run "
+            f"{best.compute_rate / best.loader_rate:.2f}x faster beside a cheaper gather there"
+        )
     if best.bottleneck == INPUT:
         headroom = best.compute_rate / best.loader_rate
         most, used = _largest(space["num_workers"]), best.loader["num_workers"]
@@ -165,9 +170,12 @@ def what_moves_it(
                 f": at the {each:,.0f} samples/s a worker delivered, about "
                 f"{math.ceil(best.compute_rate / each)} would keep up"
             )
+        on_device = (
+            "" if True in space["data_on_device"].values else ", or the training set on the device"
+        )
         return (
             f"the input pipeline: the step could run {headroom:.2f}x faster if loading kept up "
-            f"({workers}; cheaper decoding, or decoding on the device)"
+            f"({workers}; cheaper decoding{on_device})"
         )
     headroom = best.loader_rate / best.compute_rate
     levers = []
@@ -213,11 +221,18 @@ def _sooner(outcome: Mapping[str, Any]) -> str:
     )
 
 
-def setting_text(setting: Mapping[str, Any]) -> str:
+def loader_text(setting: Mapping[str, Any]) -> str:
+    """A loader setting as the report names it."""
+    if setting.get("data_on_device"):
+        return "data on the device"
     shown = [f"num_workers {setting['num_workers']}"]
     if setting.get("prefetch_factor") is not None:
         shown.append(f"prefetch_factor {setting['prefetch_factor']}")
-    shown += [f"pin_memory {str(setting['pin_memory']).lower()}", setting["precision"]]
+    return ", ".join([*shown, f"pin_memory {str(setting['pin_memory']).lower()}"])
+
+
+def setting_text(setting: Mapping[str, Any]) -> str:
+    shown = [loader_text(setting), setting["precision"]]
     # compile is never in a setting
     shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]
     return ", ".join(shown)

@@ -55,13 +55,15 @@ def screened_loaders(
 ) -> Rates:
     """The rates of the loader settings screening picks: every unpinned one, then the pinned ones
     at the worker counts whose unpinned rate came within PIN_WITHIN of the fastest (all of them
-    where none ran, or the space leaves pinning no choice)."""
+    where none ran, or the space leaves pinning no choice). The training set on the device, among
+    the unpinned, is no DataLoader to compare pinning's with."""
     unpinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is False]
     pinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is True]
     if not (unpinned and pinned):
         return measure(list(range(len(loaders))))
     measured = measure(unpinned)
-    fastest = max((rate for rate in measured.values() if rate), default=None)
+    unpinned = [i for i in unpinned if not loaders[i].get("data_on_device")]
+    fastest = max((measured.get(i) or 0.0 for i in unpinned), default=0.0) or None
     close = {
         loaders[i]["num_workers"]
         for i in unpinned

@@ -32,6 +32,13 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob("batch_size", int, 1, doc="micro-batch: samples per forward/backward; drives memory"),
         Knob("accumulation_steps", int, 1, doc="micro-batches per optimizer step"),
+        Knob(
+            "data_on_device",
+            bool,
+            doc="the training set kept on the device and batched there, with no DataLoader "
+            "(tasks that offer it); the loader knobs then do not apply",
+            absent=False,
+        ),
         Knob("num_workers", int, 0, doc="DataLoader worker processes; 0 loads in the main process"),
         Knob(
             "prefetch_factor", int, 1, doc="batches each worker loads ahead; needs num_workers > 0"
@@ -96,10 +103,13 @@ KNOBS: dict[str, Knob] = {
 }
 
 # Knobs that change speed and memory, never what a step computes (float noise aside): the
-# DataLoader's, and the memory format, compilation, cuDNN's search, TF32 matrix products (a
-# 10-bit mantissa inside float32 products, accumulated in float32), the fused optimizer step and
-# activation checkpointing (the same forward again, in the backward pass).
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory")
+# DataLoader's (or none, the training set batched on the device), and the memory format,
+# compilation, cuDNN's search, TF32 matrix products (a 10-bit mantissa inside float32 products,
+# accumulated in float32), the fused optimizer step and activation checkpointing (the same
+# forward again, in the backward pass).
+LOADER_KNOBS = ("data_on_device", "num_workers", "prefetch_factor", "pin_memory")
+# The loader knobs of a setting that has no DataLoader: data_on_device.
+NO_LOADER: dict[str, Any] = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
 FORMAT_KNOBS = (
     "channels_last",
     "compile",
@@ -133,6 +143,7 @@ DEFAULT_BASELINE: dict[str, Any] = {
     "scheduler": "constant",
     "batch_size": 32,
     "accumulation_steps": 1,
+    "data_on_device": False,
     "num_workers": 0,
     "prefetch_factor": None,
     "pin_memory": False,
@@ -215,7 +226,10 @@ def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
     choice."""
     config: dict[str, Any] = {}
     for name, domain in (*space.domains, *space.params):
-        if name == "prefetch_factor" and config["num_workers"] == 0:
+        if name in LOADER_KNOBS and config.get("data_on_device"):
+            # Conditional: without a DataLoader its knobs do not exist (loader.DeviceLoader).
+            config[name] = NO_LOADER[name]
+        elif name == "prefetch_factor" and config["num_workers"] == 0:
             # Conditional parameter: it does not exist without worker processes.
             config[name] = None
         elif isinstance(domain, Choices):
@@ -230,55 +244,6 @@ def suggest(space: Space, trial: Suggester) -> dict[str, Any]:
         else:
             config[name] = trial.suggest_float(name, domain.low, domain.high, log=domain.log)
     return config
-
-
-class _Replay:
-    """A Suggester that answers with a given configuration's values, and notes those outside the
-    domain it was asked for."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        self.config, self.chosen, self.outside = config, {}, []
-
-    def _answer(self, name: str, inside: bool) -> Any:
-        if not inside:
-            self.outside.append(name)
-        self.chosen[name] = self.config.get(name)
-        return self.chosen[name]
-
-    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
-        value = self.config.get(name)
-        return self._answer(
-            name,
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and low <= value <= high,
-        )
-
-    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
-        value = self.config.get(name)
-        return self._answer(
-            name, isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-        )
-
-    def suggest_categorical(self, name: str, choices: Any) -> Any:
-        return self._answer(
-            name,
-            any(
-                self.config.get(name) == c and type(self.config.get(name)) is type(c)
-                for c in choices
-            ),
-        )
-
-
-def sampled_values(space: Space, config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The values a sampler would choose for `suggest` to give `config` (a full configuration):
-    None when `config` lies outside the space (a value outside its domain, or a fixed knob that
-    differs)."""
-    replay = _Replay(config)
-    suggested = suggest(space, replay)
-    if replay.outside or any(value != config.get(name) for name, value in suggested.items()):
-        return None
-    return replay.chosen
 
 
 def middle(name: str, domain: Domain) -> Any:
@@ -300,6 +265,12 @@ def filled(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def loader_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The loader knobs of `config` (a configuration, or a stored loader setting): data_on_device
+    off where it is left out, as it was before it was a knob."""
+    return {k: config[k] if k in config else KNOBS[k].absent for k in LOADER_KNOBS}
+
+
 def absent_domain(name: str) -> Choices | None:
     """The domain of a knob a study or preset leaves out: the one value leaving it out means;
     None for a knob that must be given."""
@@ -311,6 +282,8 @@ def complete(config: Mapping[str, Any]) -> dict[str, Any]:
     """A full configuration from stored params: conditional knobs filled in as `suggest` would,
     the user's parameters after the knobs."""
     full = filled(config)
+    if full["data_on_device"]:
+        full.update(NO_LOADER)
     if full["num_workers"] == 0:
         full["prefetch_factor"] = None
     return {**full, **{name: value for name, value in config.items() if name not in KNOBS}}

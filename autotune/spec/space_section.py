@@ -12,6 +12,7 @@ from autotune.search.knob import finite
 from autotune.search.space import (
     DEFAULT_BASELINE,
     KNOBS,
+    NO_LOADER,
     RESERVED,
     SCHEDULE,
     Choices,
@@ -275,6 +276,8 @@ def baseline(
             config[SCHEDULE],
             f"a schedule of at most budget.max_epochs ({max_epochs:g}) epochs",
         )
+    if config["data_on_device"]:  # no DataLoader: its knobs do not exist (space.suggest)
+        config.update(NO_LOADER)
     if config["num_workers"] == 0:
         config["prefetch_factor"] = None
     elif config["prefetch_factor"] is None:

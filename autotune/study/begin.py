@@ -16,7 +16,8 @@ from autotune import progress, signals
 from autotune.record import definition, schema, seeds
 from autotune.runners import isolation
 from autotune.search import prior, probe, roofline
-from autotune.search.space import KNOBS, Space, complete, sampled_values
+from autotune.search.replay import sampled_values
+from autotune.search.space import KNOBS, Space, complete
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import (
     probe_claim,

@@ -26,6 +26,7 @@ from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import feasibility
 from autotune.train import checkpointing, systems
 from autotune.train.config import Limits
+from autotune.train.loader import keeps_on_device
 from autotune.train.tasks import Task, load_task, takes
 
 
@@ -223,6 +224,12 @@ def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
     return systems.has_batch_norm(task.model(**takes(task.model, params)))
 
 
+NOT_ON_DEVICE = (
+    "the task keeps no training set on the device (Task.device_train, or a TensorDataset)"
+)
+OWN_DATA = "a training command or objective function loads its own data"
+
+
 def fit_to_device(
     spec: StudySpec, device: torch.device, task: Task | None
 ) -> tuple[Space, dict[str, Any], list[str]]:
@@ -240,6 +247,9 @@ def fit_to_device(
     problems = {
         "compile_problem": systems.compile_problem(device) if "compile" in wanted else None,
         "tf32_problem": systems.tf32_problem(device),
+        "data_on_device_problem": (
+            OWN_DATA if task is None else None if keeps_on_device(task) else NOT_ON_DEVICE
+        ),
     }
     params = {k: v for k, v in baseline.items() if k not in KNOBS}
     if {"channels_last", "checkpointing"} & wanted and task is not None:

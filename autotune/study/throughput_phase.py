@@ -23,7 +23,7 @@ from autotune import progress, signals
 from autotune.record import schema, seeds
 from autotune.runners import isolation
 from autotune.search import goodput, roofline_figures
-from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, complete, loader_of
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import probe_memo, storage
 from autotune.study.preparation import Prepared
@@ -262,7 +262,7 @@ def restrict(space: Space, table: goodput.Table) -> Space:
     loader measured and the first format choice), so no sampled value goes unused."""
     if not table.entries:
         return space
-    first = table.entries[0].settings
+    first = {**table.entries[0].settings, **loader_of(table.entries[0].settings)}
     for knob in (*LOADER_KNOBS, *FORMAT_KNOBS):
         space = space.replace(knob, Choices((first[knob],)))
     return space

@@ -30,6 +30,8 @@ class TrialConfig:
     pin_memory: bool
     precision: str
     schedule_epochs: float | None = None  # None: the schedule is the limits' max_epochs long
+    # the training set kept on the device and batched there (loader.DeviceLoader): no workers
+    data_on_device: bool = False
     channels_last: bool = False
     compile: bool = False
     cudnn_benchmark: bool = False

@@ -1,12 +1,13 @@
-"""The DataLoader as a trial builds and feeds it (recipe.loader_kwargs), and how its workers
-stop."""
+"""A trial's training batches: the DataLoader as a trial builds and feeds it
+(recipe.loader_kwargs) and how its workers stop, or the same batches gathered on the device from a
+copy of the training set kept there (the data_on_device knob)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -17,12 +18,14 @@ from torch.utils.data import (
     RandomSampler,
     Sampler,
     SequentialSampler,
+    TensorDataset,
 )
 
 from autotune import signals
 from autotune.search import recipe
 from autotune.train.config import TrialConfig
 from autotune.train.distributed import ALONE, Ranks
+from autotune.train.tasks import Task
 
 # torch warns, when a loader is built and again when it starts, that it has more workers than the
 # process has cores. The space allows up to 4 a core (a worker waiting on storage or decoding
@@ -31,18 +34,51 @@ from autotune.train.distributed import ALONE, Ranks
 MORE_WORKERS_THAN_CORES = r"This DataLoader will create \d+ worker processes in total"
 
 
+def training_batches(
+    task: Task, config: TrialConfig, *, seed: int, device: torch.device, ranks: Ranks = ALONE
+) -> DataLoader | DeviceLoader:
+    """A run's training batches: its DataLoader (`make_loader`), or with `data_on_device` the
+    same batches gathered on the device by the task (DeviceLoader)."""
+    if not config.data_on_device:
+        return make_loader(task.train, config, seed=seed, device=device, ranks=ranks)
+    gather = gather_on(task, device)
+    if gather is None:
+        raise ValueError("data_on_device: the task keeps no training set on the device")
+    batches, generator = _batches(task.train, config, seed=seed, ranks=ranks)
+    return DeviceLoader(batches, gather, generator=generator)
+
+
 def make_loader(
     dataset: Any, config: TrialConfig, *, seed: int, device: torch.device, ranks: Ranks = ALONE
 ) -> DataLoader:
-    """The trial's loader: the recipe's arguments, memory pinned only where it speeds copies
+    """The trial's DataLoader: the recipe's arguments, memory pinned only where it speeds copies
     (CUDA), the shuffle seeded by the run's seed, its batches endless (EpochBatches: one epoch's
     is `len(loader)`). A dataset that takes keys (`keyed`, tasks.augmentation_rng) gets its
     shuffle and its augmentation's keys from a KeyedSampler, so loader settings leave every batch
     as it is. Over several ranks each loads its own shard of every epoch (a DistributedSampler,
     or the KeyedSampler's shard), `batch_size` samples a micro-batch."""
     kwargs = recipe.loader_kwargs(config.as_dict())
-    batch_size, drop_last, shuffle = (kwargs.pop(k) for k in ("batch_size", "drop_last", "shuffle"))
+    for fixed in ("batch_size", "drop_last", "shuffle"):
+        kwargs.pop(fixed)
     kwargs["pin_memory"] = config.pin_memory and device.type == "cuda"
+    batches, generator = _batches(dataset, config, seed=seed, ranks=ranks)
+    with _more_workers_than_cores():
+        return DataLoader(
+            dataset,
+            batch_sampler=batches,
+            **kwargs,
+            worker_init_fn=_worker_init if config.num_workers > 0 else None,
+            generator=generator,
+        )
+
+
+def _batches(
+    dataset: Any, config: TrialConfig, *, seed: int, ranks: Ranks
+) -> tuple[EpochBatches, torch.Generator]:
+    """A run's micro-batches of sample indices (or (index, key) pairs), epoch after epoch, and the
+    generator of their shuffle, which a DataLoader also draws its workers' seeds from."""
+    kwargs = recipe.loader_kwargs(config.as_dict())
+    batch_size, drop_last, shuffle = (kwargs[k] for k in ("batch_size", "drop_last", "shuffle"))
     # one generator for the shuffle and the workers' seeds, drawn in the order DataLoader draws
     generator = torch.Generator().manual_seed(seed)
     sampler: Sampler[Any]
@@ -56,14 +92,62 @@ def make_loader(
         sampler = (
             RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
         )
-    with _more_workers_than_cores():
-        return DataLoader(
-            dataset,
-            batch_sampler=EpochBatches(sampler, batch_size=batch_size, drop_last=drop_last),
-            **kwargs,
-            worker_init_fn=_worker_init if config.num_workers > 0 else None,
-            generator=generator,
-        )
+    return EpochBatches(sampler, batch_size=batch_size, drop_last=drop_last), generator
+
+
+# (indices, keys or None) -> the batch of those samples on the device (Task.device_train)
+Gather = Callable[[torch.Tensor, "torch.Tensor | None"], Any]
+
+
+def gather_on(task: Task, device: torch.device) -> Gather | None:
+    """The function that batches the task's training samples on `device` from a copy of them kept
+    there: the task's own (Task.device_train), or for a TensorDataset its tensors indexed there.
+    None where the task keeps none (`keeps_on_device`)."""
+    if task.device_train is not None:
+        return task.device_train(device)
+    if _plain_tensors(task.train):
+        tensors = [t.to(device) for t in task.train.tensors]
+        return lambda indices, keys: [t[indices.to(device)] for t in tensors]
+    return None
+
+
+def keeps_on_device(task: Task) -> bool:
+    """Whether the task can keep its training set on the device (the data_on_device knob)."""
+    return task.device_train is not None or _plain_tensors(task.train)
+
+
+def _plain_tensors(dataset: Any) -> bool:
+    """A TensorDataset whose items are its tensors' rows: one that makes its own in `__getitem__`
+    (augments them, say) would not be given the same samples by indexing the tensors."""
+    return isinstance(dataset, TensorDataset) and (
+        type(dataset).__getitem__ is TensorDataset.__getitem__
+    )
+
+
+class DeviceLoader:
+    """A DataLoader's batches without one: the same micro-batches of the same samples
+    (`_batches`, the generator drawn as a DataLoader draws it), each gathered on the device in one
+    call of the task's `gather` rather than loaded sample by sample and copied there. `len()`: one
+    epoch's batches; iterated, endless, as make_loader's DataLoader is."""
+
+    def __init__(
+        self, batches: EpochBatches, gather: Gather, *, generator: torch.Generator
+    ) -> None:
+        self.batches, self.gather, self.generator = batches, gather, generator
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A DataLoader's iterator draws its workers' base seed first, then the first shuffle.
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        keyed = isinstance(self.batches.batches.sampler, KeyedSampler)
+        for batch in self.batches:
+            if keyed:
+                indices, keys = torch.tensor(batch, dtype=torch.int64).unbind(1)
+                yield self.gather(indices, keys)
+            else:
+                yield self.gather(torch.tensor(batch, dtype=torch.int64), None)
 
 
 class EpochBatches(Sampler[list[Any]]):
@@ -117,8 +201,8 @@ class KeyedSampler(Sampler[tuple[int, int]]):
         return iter(pairs[self.rank :: self.world_size])
 
 
-def endless(loader: DataLoader) -> Iterator[Any]:
-    """The micro-batches of a make_loader loader, epoch after epoch from one iterator
+def endless(loader: DataLoader | DeviceLoader) -> Iterator[Any]:
+    """The micro-batches of a training_batches loader, epoch after epoch from one iterator
     (EpochBatches), so an effective batch may span an epoch boundary. The loader's workers
     (persistent: started once) are forked with SIGINT and SIGTERM held back, and are shut down
     when the generator is closed, whatever ended the trial."""
@@ -130,11 +214,13 @@ def endless(loader: DataLoader) -> Iterator[Any]:
         shut_down_workers(loader)
 
 
-def shut_down_workers(loader: DataLoader) -> None:
+def shut_down_workers(loader: DataLoader | DeviceLoader) -> None:
     """Stop a loader's persistent workers now. The loader keeps its iterator (and so its workers)
     for as long as it lives, and a raised trial's traceback keeps the loader alive; workers that
     ignore SIGTERM would then hold up the exit of the process that made them. Lightning does the
     same with the same private attribute: torch has no public call for it."""
+    if not isinstance(loader, DataLoader):
+        return  # a DeviceLoader has no workers
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()

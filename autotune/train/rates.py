@@ -30,7 +30,7 @@ from autotune import signals
 from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
-from autotune.train.loader import endless, make_loader
+from autotune.train.loader import endless, training_batches
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
@@ -225,7 +225,7 @@ class _LoaderSession(_Session):
         )
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
-        self.batches = endless(make_loader(task.train, config, seed=seed, device=device))
+        self.batches = endless(training_batches(task, config, seed=seed, device=device))
         try:
             self.warmup_samples = self._take(MIN_WARMUP_STEPS * config.accumulation_steps)
         except BaseException:
@@ -266,7 +266,7 @@ class _ComputeSession(_Session):
     ) -> None:
         self.threads = threads_for(config.num_workers)
         self.config = dataclasses.replace(
-            config, num_workers=0, prefetch_factor=None, schedule_epochs=None
+            config, data_on_device=False, num_workers=0, prefetch_factor=None, schedule_epochs=None
         )
         self.device, self.window_steps = device, window_steps
         seed_everything(seed)
@@ -274,7 +274,7 @@ class _ComputeSession(_Session):
         held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         kept = []
         # loaded before the clock: the loader's cost is the other rate's
-        for inputs, targets in make_loader(task.train, self.config, seed=seed, device=device):
+        for inputs, targets in training_batches(task, self.config, seed=seed, device=device):
             kept.append(
                 (
                     to_device(

@@ -23,7 +23,7 @@ from autotune.search.knob import PRECISIONS
 from autotune.train import systems
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.distributed import ALONE, Ranks
-from autotune.train.loader import make_loader
+from autotune.train.loader import DeviceLoader, training_batches
 from autotune.train.tasks import Task, takes
 
 # autocast's
@@ -34,7 +34,7 @@ DTYPES = {name: getattr(torch, precision.dtype) for name, precision in PRECISION
 class Training:
     """What one run trains with, built fresh from its configuration."""
 
-    loader: DataLoader
+    loader: DataLoader | DeviceLoader
     evaluated: torch.nn.Module  # the module to evaluate: the uncompiled one, sharing its parameters
     # train_step over one effective batch
     step: Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]
@@ -54,7 +54,7 @@ def build(
 ) -> Training:
     """The loader, model, optimizer, LR schedule and precision of one run (recipe.py's rules); as
     one of several `ranks`, its shard of the data and its model in DistributedDataParallel."""
-    loader = make_loader(task.train, config, seed=seed, device=device, ranks=ranks)
+    loader = training_batches(task, config, seed=seed, device=device, ranks=ranks)
     params = dict(config.params)
     model, evaluated = systems.prepare_model(
         task.model(**takes(task.model, params)).to(device),

@@ -59,6 +59,7 @@ NOTED = ("moved", "approximation", "no equivalent")
 
 
 SYSTEMS = (
+    "data_on_device",
     "channels_last",
     "compile",
     "cudnn_benchmark",
@@ -88,6 +89,7 @@ def knobs(
         "scheduler": scheduler,
         "batch_size": batch_size,
         "accumulation_steps": accumulation_steps,
+        "data_on_device": False,
         "num_workers": num_workers,
         "prefetch_factor": 3 if num_workers else None,
         "pin_memory": False,
@@ -797,9 +799,10 @@ def check_torch(
     dataset: Dataset,
     model_factory: Callable[[Mapping[str, Any]], torch.nn.Module],
     steps: int = 3,
+    gather: Callable[..., Any] | None = None,
 ) -> None:
     """exec the module, check what make_training built, and train `steps` steps beside
-    autotune.train.trial."""
+    autotune.train.trial (with data_on_device, gathering batches with `gather`, a task's)."""
     knob_values, extras = knobs_and_params(summary)
     namespace: dict[str, Any] = {"__name__": "exported"}
     exec(compile(code, "exported.py", "exec"), namespace)
@@ -809,7 +812,7 @@ def check_torch(
     twin = copy.deepcopy(model)
     torch.backends.cudnn.benchmark = not knob_values["cudnn_benchmark"]  # make_training must set it
     torch.set_float32_matmul_precision("high" if not knob_values["tf32"] else "highest")  # and this
-    training = namespace["make_training"](model, dataset, device="cpu", seed=0)
+    training = namespace["make_training"](model, dataset, device="cpu", seed=0, gather=gather)
     assert torch.backends.cudnn.benchmark is knob_values["cudnn_benchmark"]
     assert torch.get_float32_matmul_precision() == ("high" if knob_values["tf32"] else "highest")
 
@@ -836,19 +839,22 @@ def check_torch(
         assert training.model is model
 
     loader = training.loader
-    batches = loader.batch_sampler.batches  # each epoch's, as the trial's EpochBatches makes them
+    on_device = knob_values["data_on_device"]
+    assert isinstance(loader, DataLoader) is not on_device
+    # each epoch's, as the trial's EpochBatches makes them
+    batches = (loader.batches if on_device else loader.batch_sampler).batches
     assert (
         batches.batch_size == knob_values["batch_size"]
         and batches.drop_last
         and isinstance(batches.sampler, RandomSampler)
     )
-    assert (
-        loader.num_workers == knob_values["num_workers"]
-        and loader.prefetch_factor == knob_values["prefetch_factor"]
-    )
-    assert (
-        loader.persistent_workers == (knob_values["num_workers"] > 0) and loader.pin_memory is False
-    )
+    if not on_device:
+        assert (
+            loader.num_workers == knob_values["num_workers"]
+            and loader.prefetch_factor == knob_values["prefetch_factor"]
+        )
+        assert loader.persistent_workers == (knob_values["num_workers"] > 0)
+        assert loader.pin_memory is False
 
     optimizer = reference_optimizer(summary, twin)
     total = max(1, math.floor(schedule(summary) * len(loader) / knob_values["accumulation_steps"]))
@@ -1175,6 +1181,30 @@ def test_args_quote_and_attach_what_a_shell_or_argparse_would_misread() -> None:
 # --- a study stored before the systems knobs ------------------------------------------------
 
 
+def test_a_winner_with_its_data_on_the_device_gathers_its_batches_there_in_every_format() -> None:
+    """The torch module makes no DataLoader: a TensorDataset's tensors indexed (or the task's own
+    gather), trained as the trial's step trains; another dataset without a gather is refused.
+    Lightning and HF say so in a note."""
+    params = {**knobs(0.05, "cosine", 16, 2, 0, "fp32"), "data_on_device": True}
+    summary = summary_for(params)
+    code = render(summary, "torch")
+    assert "DATA_ON_DEVICE = True" in code
+    check_torch(code, summary, dataset=_blobs(64, 0), model_factory=blobs_model, steps=2)
+    namespace: dict[str, Any] = {"__name__": "exported"}
+    exec(compile(code, "exported.py", "exec"), namespace)
+    digits_train = digits.task().train
+    with pytest.raises(TypeError, match="pass make_training\\(gather=\\)"):
+        namespace["make_training"](blobs_model(summary), digits_train, device="cpu")
+    for fmt in ("lightning", "hf"):
+        (note,) = [
+            n
+            for n in yaml.safe_load(render(summary, fmt))["notes"]
+            if n["setting"] == "data_on_device"
+        ]
+        assert note["value"] is True and "copy your training tensors to the device" in note["note"]
+    check_args(render(summary, "args"), params)
+
+
 def test_a_winner_stored_before_the_systems_knobs_ran_without_them(tmp_path: Path) -> None:
     """Its params lack channels_last, compile and cudnn_benchmark (a trial record may hold None
     instead): every format writes them false, as its trials ran; a knob with nothing to assume in
@@ -1299,7 +1329,12 @@ def test_every_format_for_a_real_digits_study(
         tmp_path=tmp_path,
     )
     check_torch(
-        files["torch"].read_text(), summary, dataset=train, model_factory=digits_model, steps=2
+        files["torch"].read_text(),
+        summary,
+        dataset=train,
+        model_factory=digits_model,
+        steps=2,
+        gather=digits.task().device_train(torch.device("cpu")),
     )
     check_args(files["args"].read_text(), params)
 

@@ -223,6 +223,7 @@ def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFi
         "lr",
         "scheduler",
         "batch_size",
+        "data_on_device",
         "num_workers",
         "precision",
     }, why_not

@@ -12,7 +12,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
-from autotune.search.space import FORMAT_KNOBS
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS
 
 REPO = Path(__file__).resolve().parents[2]
 event_accumulator = pytest.importorskip(
@@ -77,7 +77,11 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     # a loader setting left unmeasured (one before it already outpaced the step) has no figure
     measured = [r["samples_per_second"] for r in outcome["loader_rates"] if r["samples_per_second"]]
     loaders = figures(folder / "loader", "probe/loader_rate")
-    assert set(loaders) <= {"num_workers=0", "num_workers=1,prefetch_factor=2"}
+    assert set(loaders) <= {
+        "num_workers=0",
+        "num_workers=1,prefetch_factor=2",
+        "data_on_device,num_workers=0",
+    }
     assert "num_workers=0" in loaders and len(loaders) == len(measured)
     assert sorted(v for [(step, v)] in loaders.values() if step == 0) == pytest.approx(
         sorted(measured), rel=1e-6
@@ -96,7 +100,7 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     assert len(predicted) == len(outcome["checked"]) and set(measured) <= set(predicted)
     assert len(measured) == len(ran) >= 1
     # a run is named by its setting's knobs alone, not by its figures (its start-up, say)
-    knobs = {"num_workers", "prefetch_factor", "pin_memory", "precision", *FORMAT_KNOBS}
+    knobs = {*LOADER_KNOBS, "precision", *FORMAT_KNOBS}
     assert all({part.split("=")[0] for part in name.split(",")} <= knobs for name in predicted)
     assert sorted(v for [(_, v)] in predicted.values()) == pytest.approx(
         sorted(c["predicted"] for c in outcome["checked"]), rel=1e-6
@@ -115,7 +119,7 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(tmp_pa
     steps = batches.Scalars("probe/batch_compute_rate")
     assert steps[1].value == pytest.approx(chosen["compute_rate"], rel=1e-6)
     text = summary(folder)
-    assert text.startswith("Joint systems probe (batch 32: 2 loader and ")
+    assert text.startswith("Joint systems probe (batch 32: 3 loader and ")
     assert "| num_workers | prefetch_factor | pin_memory | samples/s |" in text
     assert "| predicted | measured | note |" in text
     assert (
@@ -135,4 +139,5 @@ def test_the_greedy_probe_s_runs_read_back_in_the_order_they_ran(tmp_path: Path)
     assert "num_workers=1,prefetch_factor=2,precision=fp32" in seconds
     text = summary(folder)
     assert text.startswith("Systems probe (")
-    assert "| run | num_workers | prefetch_factor | pin_memory | precision | seconds |" in text
+    head = "| run | data_on_device | num_workers | prefetch_factor | pin_memory | precision |"
+    assert head + " seconds |" in text

@@ -142,6 +142,7 @@ def write_study(tmp_path: Path, task: str, *, confirm: int = 1, **budget: float)
             "scheduler": "constant",
             "batch_size": [16, 32],
             "accumulation_steps": [1, 2],
+            "data_on_device": False,  # the loader fixed: nothing for a probe to settle
             "num_workers": 0,
             "precision": "fp32",
         },

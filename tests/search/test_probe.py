@@ -24,6 +24,7 @@ BASELINE = {
 
 def space(**domains) -> Space:
     raw = {
+        "data_on_device": False,
         "num_workers": [0, 1],
         "prefetch_factor": [2, 4],
         "pin_memory": False,
@@ -55,7 +56,12 @@ def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_remov
         )
     )
     outcome = probe.run(measure, space(), BASELINE)
-    assert outcome["loader"] == {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False}
+    assert outcome["loader"] == {
+        "data_on_device": False,
+        "num_workers": 1,
+        "prefetch_factor": 4,
+        "pin_memory": False,
+    }
     assert outcome["precisions"] == ["fp32"] and outcome["speed"]["bf16"] == pytest.approx(1 / 1.1)
     settings = [(c["num_workers"], c["prefetch_factor"], c["precision"]) for c in calls]
     loaders = [(0, None, "fp32"), (1, 2, "fp32"), (1, 4, "fp32")]
@@ -81,13 +87,38 @@ def test_the_fastest_loader_setting_is_fixed_and_a_slower_narrow_precision_remov
     )
 
 
+def test_the_training_set_on_the_device_is_one_more_loader_setting_and_fixed_when_fastest() -> None:
+    """Measured like the others (no workers, nothing to prefetch or pin); chosen, the space keeps
+    it alone and its loader knobs at the values a setting without a DataLoader has."""
+    calls, measure = timed(lambda c: 0.5 if c["data_on_device"] else 1.0)
+    outcome = probe.run(measure, space(data_on_device=[False, True]), BASELINE)
+    assert outcome["loader"] == {
+        "data_on_device": True,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+    }
+    # a loader among loaders, then each precision at it
+    assert sum(c["data_on_device"] for c in calls) == probe.ROUNDS + 2 * probe.ROUNDS
+    restricted = probe.restrict(space(data_on_device=[False, True]), outcome)
+    assert restricted["data_on_device"] == Choices((True,))
+    assert restricted["num_workers"] == Choices((0,))
+    assert probe.describe(outcome).startswith("Systems probe (")
+    assert "data on the device" in probe.describe(outcome)
+
+
 def test_a_loader_setting_only_slightly_faster_than_a_simpler_one_is_not_taken() -> None:
     # two workers are 3% faster than none: within the noise, so no workers (the simplest)
     _, measure = timed(lambda c: 0.97 if c["num_workers"] == 2 else 1.0)
     outcome = probe.run(
         measure, space(num_workers=[0, 2], prefetch_factor=2, precision="fp32"), BASELINE
     )
-    assert outcome["loader"] == {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    assert outcome["loader"] == {
+        "data_on_device": False,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+    }
     _, measure = timed(lambda c: 0.9 if c["num_workers"] == 2 else 1.0)  # 10%: taken
     assert (
         probe.run(
@@ -113,7 +144,12 @@ def test_a_narrow_precision_stays_only_when_clearly_faster_and_runs_are_counted_
 def test_settings_that_fail_settle_nothing() -> None:
     _, measure = timed(lambda c: float("inf"))  # the baseline's batch runs out of memory everywhere
     outcome = probe.run(measure, space(), BASELINE)
-    assert outcome["loader"] == {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    assert outcome["loader"] == {
+        "data_on_device": False,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+    }
     assert outcome["precisions"] == ["fp32", "bf16"]
 
 

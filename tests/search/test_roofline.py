@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from autotune.cli import main
-from autotune.search import end_to_end, roofline, roofline_figures, roofline_text
+from autotune.search import end_to_end, roofline, roofline_figures, roofline_text, screening
 from autotune.search.probe import describe as probe_describe
 from autotune.search.probe import loader_settings
 from autotune.search.probe import restrict as probe_restrict
@@ -38,7 +38,12 @@ SHARED_CORES_TOLERANCE = 0.3
 
 
 def loader(workers: int) -> dict:
-    return {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": False}
+    return {
+        "data_on_device": False,
+        "num_workers": workers,
+        "prefetch_factor": 2 if workers else None,
+        "pin_memory": False,
+    }
 
 
 def compute(precision: str) -> dict:
@@ -52,6 +57,7 @@ def knob_space(**domains: tuple) -> Space:
         tuple(
             (name, Choices(values))
             for name, values in {
+                "data_on_device": (False,),
                 "num_workers": (0, 2, 4),
                 "batch_size": (32, 64, 128),
                 "precision": ("fp32", "bf16"),
@@ -149,7 +155,25 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         "the input pipeline: the step could run 1.33x faster if loading kept up (more loader "
         "workers than the space's 4, with more cores than this machine's 2: at the 750 samples/s "
         "a worker delivered, about 6 would keep up; cheaper decoding, "
-        "or decoding on the device)"
+        "or the training set on the device)"
+    )
+    # where the space weighed the training set on the device already, that is no lever left
+    weighed = roofline_text.what_moves_it(
+        best, knob_space(data_on_device=(False, True)), batch=128, cores=2
+    )
+    assert weighed.endswith("about 6 would keep up; cheaper decoding)")
+    # the batches made on the device are the input: their gather is what holds the step
+    device = {
+        "data_on_device": True,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+    }
+    gathered = roofline.predict([(device, 1000.0)], [compute("bf16")], lambda _, c: 4000.0)[0]
+    assert not gathered.overlapped and gathered.samples_per_second == pytest.approx(800.0)
+    assert roofline_text.what_moves_it(gathered, knob_space(), batch=128, cores=2) == (
+        "the batches made on the device: the step could run 4.00x faster beside a cheaper gather "
+        "there"
     )
     # Held by one loader, two steps measure alike: within the windows' noise the faster step wins
     # (it runs ahead wherever batches wait), outside it the measurement.
@@ -858,6 +882,7 @@ def test_the_probe_measures_each_loader_once_per_workers_and_pinning_at_the_larg
     from autotune.search.space import Choices
 
     space = {
+        "data_on_device": Choices((False,)),
         "num_workers": Choices((8, 0, 2)),
         "prefetch_factor": Choices((2, 4)),
         "pin_memory": Choices((False, True)),
@@ -871,6 +896,31 @@ def test_the_probe_measures_each_loader_once_per_workers_and_pinning_at_the_larg
         (8, False, 4),
         (8, True, 4),
     ]
+    # the training set on the device first, once: it has no workers to wait for
+    space["data_on_device"] = Choices((False, True))
+    settings = roofline.loader_settings(loader_settings(space))
+    assert settings[0] == {
+        "data_on_device": True,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+    }
+    assert len(settings) == 7 and not any(s["data_on_device"] for s in settings[1:])
+    # pinning is measured at the worker counts whose DataLoader came close to the fastest
+    # DataLoader's: a gather on the device, far faster, is no DataLoader to compare with
+    rates_of = {(True, 0): 90_000.0, (False, 0): 900.0, (False, 2): 1_900.0, (False, 8): 2_000.0}
+    asked: list[int] = []
+
+    def measure(indices: list[int]) -> dict[int, float]:
+        asked.extend(indices)
+        return {
+            i: rates_of.get((settings[i]["data_on_device"], settings[i]["num_workers"]), 2_000.0)
+            for i in indices
+        }
+
+    screening.screened_loaders(settings, measure)
+    pinned = [settings[i]["num_workers"] for i in asked if settings[i]["pin_memory"]]
+    assert pinned == [2, 8]
 
 
 def test_loaders_measured_in_turn_run_alone_and_stop_once_one_outpaces_the_step(

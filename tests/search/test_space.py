@@ -21,6 +21,7 @@ def make_space(**overrides: Domain) -> Space:
         "scheduler": Choices(("constant",)),
         "batch_size": Choices((32,)),
         "accumulation_steps": Choices((1,)),
+        "data_on_device": Choices((False,)),
         "num_workers": Choices((0,)),
         "prefetch_factor": Choices((2,)),
         "pin_memory": Choices((False,)),
@@ -79,6 +80,7 @@ def test_fully_fixed_space_asks_nothing() -> None:
         "scheduler": "constant",
         "batch_size": 32,
         "accumulation_steps": 1,
+        "data_on_device": False,
         "num_workers": 0,
         "prefetch_factor": None,
         "pin_memory": False,
@@ -246,6 +248,7 @@ def test_complete_fills_prefetch_none_without_workers() -> None:
     assert full["schedule_epochs"] is None  # stored before it was a knob: the study's max_epochs
     # stored before they were knobs: the trial ran without them
     new = (
+        "data_on_device",
         "channels_last",
         "compile",
         "cudnn_benchmark",
@@ -460,6 +463,7 @@ def test_cpu_keeps_compile_fixed_on_where_a_compiler_works() -> None:
         ("tf32", "tf32_problem"),
         ("fused_optimizer", "fused_optimizer_problem"),
         ("checkpointing", "checkpointing_problem"),
+        ("data_on_device", "data_on_device_problem"),
     ],
 )
 def test_a_switch_that_cannot_run_is_fixed_off_or_impossible(knob: str, problem: str) -> None:

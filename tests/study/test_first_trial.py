@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from autotune.record import derived, schema
-from autotune.search.space import Choices, Range, Space, complete, sampled_values, suggest
+from autotune.search.replay import sampled_values
+from autotune.search.space import Choices, Range, Space, complete, suggest
 from tests.study.test_study import in_repo, load, run_cli, write_study  # noqa: F401 (in_repo: a fixture)
 
 SPACE = Space(

@@ -22,7 +22,7 @@ from autotune.train.config import TrialConfig
 from tests.study.test_goodput import goodput_study
 from tests.study.test_study import in_repo, load, run_cli  # noqa: F401 (in_repo: a fixture)
 
-LOADER = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False}
+LOADER = {"data_on_device": False, "num_workers": 2, "prefetch_factor": 2, "pin_memory": False}
 FORMATS = {
     "channels_last": False,
     "cudnn_benchmark": False,
@@ -147,6 +147,7 @@ def goodput_space():
         "batch_size": (64, 128, 512),
         "accumulation_steps": (1, 2),
         "precision": ("fp32", "bf16"),
+        "data_on_device": (False,),
         "num_workers": (0, 2),
         "prefetch_factor": (2,),
         "pin_memory": (False,),

@@ -15,7 +15,8 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
-from autotune.search.space import Choices, Range, Space, sampled_values
+from autotune.search.replay import sampled_values
+from autotune.search.space import Choices, Range, Space
 from autotune.study import begin, probe_claim, roofline_probe, storage, throughput_phase
 from tests.study.test_study import REPO
 

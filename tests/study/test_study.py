@@ -44,6 +44,7 @@ def write_study(
             "scheduler": ["constant", "cosine"],
             "batch_size": list(batch_sizes),
             "accumulation_steps": [1, 2],
+            "data_on_device": False,
             "num_workers": 0,
             "precision": "fp32",
         },

@@ -190,6 +190,28 @@ def test_prepare_fixes_channels_last_for_a_model_without_images(tmp_path: Path) 
     )
 
 
+def test_data_on_device_is_a_choice_only_for_a_task_that_keeps_its_training_set_there(
+    tmp_path: Path,
+) -> None:
+    """digits offers it (Task.device_train); a task whose own Dataset has no copy on the device
+    gets it fixed off with one notice, and an error where the study file asks for it alone."""
+    assert preparation.prepare(load(write(tmp_path, ""))).space["data_on_device"] == Choices(
+        (False, True)
+    )
+    path = tmp_path / "paced.yaml"
+    path.write_text("task: paced\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n")
+    prepared = preparation.prepare(load(path))
+    assert prepared.space["data_on_device"] == Choices((False,))
+    assert [n for n in prepared.notices if n.startswith("data_on_device")] == [
+        "data_on_device fixed to false: the task keeps no training set on the device "
+        "(Task.device_train, or a TensorDataset)"
+    ]
+    path.write_text(path.read_text() + "space: {data_on_device: true}\n")
+    with pytest.raises(SpecError) as error:
+        preparation.prepare(load(path))
+    assert "space.data_on_device" in str(error.value)
+
+
 def test_a_switch_fixed_on_that_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:
         preparation.prepare(load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))

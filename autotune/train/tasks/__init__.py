@@ -72,6 +72,12 @@ class Task:
     metric_name: str = "accuracy"
     # (parameters, lr, **the study's params it names)
     optimizer: Callable[..., torch.optim.Optimizer] = sgd
+    # The training set kept on the device (the data_on_device knob): called once a run with the
+    # device, it copies the samples there and returns a function of (indices, keys), int64 tensors
+    # on the CPU (keys None unless `train` is keyed), that returns those samples' batch on the
+    # device, each sample as `train[(index, key)]` (or `train[index]`) gives it. None: a
+    # TensorDataset's tensors are indexed on the device; any other dataset is not kept there.
+    device_train: Callable[[torch.device], Callable[..., Any]] | None = None
 
     def unused(self, names: Iterable[str]) -> list[str]:
         """The study's parameters that neither the model factory nor the optimizer takes."""

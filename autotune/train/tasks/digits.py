@@ -7,6 +7,8 @@ shifted in `__getitem__`, so loading costs real CPU time and DataLoader settings
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from sklearn.datasets import load_digits
@@ -36,19 +38,45 @@ class Digits(Dataset):
         index, rng = augmentation_rng(item)
         image = self.images[index]
         if self.augment:
-            image = _random_affine(image, rng)
+            image = _random_affine(image[None], _draws(rng)[None])[0]
         return image, self.labels[index]
 
 
-def _random_affine(image: torch.Tensor, rng: torch.Generator | None) -> torch.Tensor:
-    """Rotate up to 12 degrees, scale by 0.9-1.1 and shift up to 1.5 pixels, bilinearly."""
-    angle, scale, dx, dy = (torch.rand(4, generator=rng) * 2 - 1).tolist()
+def _random_affine(images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Each image (N x 1 x SIDE x SIDE) rotated up to 12 degrees, scaled by 0.9-1.1 and shifted up
+    to 1.5 pixels, bilinearly, as its row of `draws` (N x 4, uniform in [0, 1)) says."""
+    angle, scale, dx, dy = (draws.double() * 2 - 1).unbind(1)
     angle, scale = math.radians(12) * angle, 1 + 0.1 * scale
-    cos, sin = math.cos(angle) / scale, math.sin(angle) / scale
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
     shift = 1.5 * 2 / SIDE  # pixels in grid units
-    theta = torch.tensor([[[cos, -sin, dx * shift], [sin, cos, dy * shift]]])
-    grid = F.affine_grid(theta, [1, 1, SIDE, SIDE], align_corners=False)
-    return F.grid_sample(image[None], grid, align_corners=False)[0]
+    theta = torch.stack(
+        [torch.stack([cos, -sin, dx * shift], 1), torch.stack([sin, cos, dy * shift], 1)], 1
+    ).to(images)
+    grid = F.affine_grid(theta, [len(images), 1, SIDE, SIDE], align_corners=False)
+    return F.grid_sample(images, grid, align_corners=False)
+
+
+def _draws(rng: torch.Generator | None) -> torch.Tensor:
+    return torch.rand(4, generator=rng)
+
+
+def _gather_on(
+    images: torch.Tensor, labels: torch.Tensor
+) -> Callable[[torch.device], Callable[..., Any]]:
+    """Task.device_train: the images copied to the device and each batch augmented there at once,
+    each sample as Digits gives it for the same key."""
+
+    def on(device: torch.device) -> Callable[..., Any]:
+        images_there, labels_there = images.to(device), labels.to(device)
+
+        def gather(indices: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            draws = torch.stack([_draws(augmentation_rng((0, k))[1]) for k in keys.tolist()])
+            indices = indices.to(device)
+            return _random_affine(images_there[indices], draws.to(device)), labels_there[indices]
+
+        return gather
+
+    return on
 
 
 class SmallCNN(nn.Module):
@@ -90,4 +118,5 @@ def task() -> Task:
         model=SmallCNN,
         train=Digits(images[train], labels[train], augment=True),
         val=Digits(images[val], labels[val], augment=False),
+        device_train=_gather_on(images[train], labels[train]),
     )

@@ -3,9 +3,9 @@
 Shaped like GPU image training (CIFAR-10 with the DAWNBench/airbench ResNet-9) but offline: the
 images are drawn with Pillow (shape_drawing.py), deterministically, and kept PNG-encoded; each
 training sample is decoded, randomly cropped and flipped in `__getitem__`, so the loader costs
-real CPU time.
-Generated once per process and cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune`
-or `~/.cache/autotune`); a cache file that cannot be read is drawn again.
+real CPU time (with data_on_device, each batch at once on the device: gather_on). Drawn once per
+process, cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune` or
+`~/.cache/autotune`); a cache file that cannot be read is drawn again.
 
 Drawing the full size (60,000 images) takes 25 s on one core and 14 s on two, in blocks on every
 core. The cache file (180 MB) holds the PNGs and the validation images decoded: building the
@@ -18,6 +18,7 @@ width 8.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import io
@@ -25,6 +26,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +35,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from autotune.train.measure import cpu_count
-from autotune.train.tasks import Task, augmentation_rng
+from autotune.train.tasks import Task
+from autotune.train.tasks.resnet9 import ResNet9
 from autotune.train.tasks.shape_drawing import CLASSES, SIDE, draw_image
 
 VERSION = 2  # of the drawing; in the cache file's name, so a change never reads stale images
@@ -59,9 +62,8 @@ class Encoded:
 
     def image(self, index: int) -> np.ndarray:
         """Image `index`, decoded to HWC uint8."""
-        with Image.open(
-            io.BytesIO(self.data[self.offsets[index] : self.offsets[index + 1]])
-        ) as image:
+        png = io.BytesIO(self.data[self.offsets[index] : self.offsets[index + 1]])
+        with Image.open(png) as image:
             return np.asarray(image.convert("RGB"))
 
 
@@ -135,9 +137,9 @@ def _read(path: Path, sizes: dict[str, int]) -> dict[str, np.ndarray] | None:
         return None
 
 
-def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Atomically: a concurrent reader sees the whole file or none. A folder that cannot be
-    written only means no cache."""
+def _write(path: Path, save: Callable[[Any], None]) -> None:
+    """`save(file)` atomically: a concurrent reader sees the whole file or none. A folder that
+    cannot be written only means no cache."""
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +147,7 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
             dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
         ) as file:
             temporary = Path(file.name)
-            np.savez(file, **arrays)  # uncompressed: PNG bytes do not compress further
+            save(file)
         os.replace(temporary, path)
     except OSError:
         if temporary is not None:
@@ -174,7 +176,8 @@ def _arrays(n_train: int, n_val: int, seed: int) -> dict[str, np.ndarray]:
         # process that builds the task (each trial's child among them) spent ~1 s decoding it.
         val = Encoded(*(arrays[f"val_{k}"] for k in ("data", "offsets", "labels")))
         arrays["val_pixels"] = np.stack([val.image(i) for i in range(n_val)])
-        _write(path, arrays)
+        # uncompressed: PNG bytes do not compress further
+        _write(path, lambda file: np.savez(file, **arrays))
     return arrays
 
 
@@ -189,10 +192,21 @@ WINDOWS = np.stack(
 )
 
 
+# The augmentations: a crop offset down, one across, and flipped or not; a keyed sample's is its
+# key modulo their number, so the loader's workers and the device (gather_on) draw alike.
+DRAWS = len(WINDOWS) ** 2 * 2
+
+
+def _augmentation(draw: int | torch.Tensor) -> tuple[Any, Any, Any]:
+    """A draw's (crop offset down, crop offset across, flip)."""
+    across = len(WINDOWS) * 2  # // and %, not divmod: a draw may be a tensor of them
+    return draw // across, draw % across // 2, draw % 2
+
+
 class ShapesTrain(Dataset):
     """Decoded, randomly cropped and flipped per sample, drawn from the sample's key."""
 
-    keyed = True  # the trial's loader gives (index, key): tasks.augmentation_rng
+    keyed = True  # the trial's loader gives (index, key)
 
     def __init__(self, images: Encoded, *, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.images, self.labels, self.mean, self.std = (
@@ -206,12 +220,11 @@ class ShapesTrain(Dataset):
         return len(self.labels)
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index, rng = augmentation_rng(item)
-        # One draw picks both offsets and the flip: each torch call costs microseconds.
-        dy, choice = divmod(
-            int(torch.randint(0, len(WINDOWS) ** 2 * 2, (), generator=rng)), len(WINDOWS) * 2
-        )
-        dx, flip = divmod(choice, 2)
+        if isinstance(item, tuple):
+            index, draw = item[0], item[1] % DRAWS
+        else:  # from another loader: torch's random numbers, as it seeds them per worker
+            index, draw = item, int(torch.randint(0, DRAWS, ()))
+        dy, dx, flip = _augmentation(draw)
         crop = (
             self.images.image(index)
             .take(WINDOWS[dy], axis=0)
@@ -239,8 +252,8 @@ class ShapesVal(Dataset):
 
 @functools.lru_cache(maxsize=4)
 def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, ShapesVal]:
-    """Built once per process, as a study builds the task for every trial; they hold no state
-    of a trial's, so every trial may share them."""
+    """Built once per process, as a study builds the task for every trial: they hold no state of a
+    trial's."""
     a = _arrays(n_train, n_val, seed)
     val_images = torch.from_numpy(a["val_pixels"]).permute(0, 3, 1, 2).contiguous()
     # 0-255 levels
@@ -251,56 +264,46 @@ def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, S
     )
 
 
-def _conv(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.ReLU(inplace=True),
-    )
+@functools.lru_cache(maxsize=2)
+def train_pixels(n_train: int, n_val: int, seed: int = SEED) -> np.ndarray:
+    """The training images decoded (NHWC uint8), for the device's copy: decoded once and kept in
+    a cache file beside the PNGs' (150 MB at the full size), as validation's are."""
+    path = cache_dir() / f"shapes-v{VERSION}-{n_train}-{n_val}-seed{seed}-train-pixels.npy"
+    with contextlib.suppress(Exception):  # missing, unreadable, truncated: decoded again
+        pixels = np.load(path, allow_pickle=False)
+        if pixels.shape == (n_train, SIDE, SIDE, 3) and pixels.dtype == np.uint8:
+            return pixels
+    images = datasets(n_train, n_val, seed)[0].images
+    pixels = np.stack([images.image(i) for i in range(n_train)])
+    _write(path, lambda file: np.save(file, pixels))
+    return pixels
 
 
-class Residual(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.block = nn.Sequential(_conv(channels, channels), _conv(channels, channels))
+def gather_on(n_train: int, n_val: int) -> Callable[[torch.device], Callable[..., Any]]:
+    """Task.device_train: the decoded training images copied to the device, and each batch cropped
+    and flipped there in one gather, each sample as ShapesTrain gives it for the same key."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
+    def on(device: torch.device) -> Callable[..., Any]:
+        train = datasets(n_train, n_val)[0]
+        pixels = torch.from_numpy(train_pixels(n_train, n_val)).to(device)
+        labels, windows = train.labels.to(device), torch.from_numpy(WINDOWS).to(device)
+        mean, std = train.mean.to(device), train.std.to(device)
 
+        def gather(indices: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            indices = indices.to(device, non_blocking=True)
+            dy, dx, flip = _augmentation((keys % DRAWS).to(device, non_blocking=True))
+            columns = torch.where(flip[:, None].bool(), windows[dx].flip(1), windows[dx])
+            crops = pixels[indices[:, None, None], windows[dy][:, :, None], columns[:, None, :]]
+            return ((crops.permute(0, 3, 1, 2).float() - mean) / std).contiguous(), labels[indices]
 
-class ResNet9(nn.Module):
-    """The ResNet-9 of DAWNBench (myrtle.ai) and airbench: w, 2w, 4w, 8w channels at 32, 16, 8, 4
-    pixels."""
+        return gather
 
-    def __init__(self, width: int = 64) -> None:
-        super().__init__()
-        w = width
-        self.features = nn.Sequential(
-            _conv(3, w),
-            _conv(w, 2 * w),
-            nn.MaxPool2d(2),
-            Residual(2 * w),
-            _conv(2 * w, 4 * w),
-            nn.MaxPool2d(2),
-            _conv(4 * w, 8 * w),
-            nn.MaxPool2d(2),
-            Residual(8 * w),
-            nn.AdaptiveMaxPool2d(1),
-            nn.Flatten(),
-        )
-        self.head = nn.Linear(8 * w, len(CLASSES), bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x)) * 0.125  # myrtle.ai's scaling: small logits at the start
-
-    def checkpoint_blocks(self) -> list[nn.Module]:
-        """The convolution and residual blocks, in order (the checkpointing knob)."""
-        return [m for m in self.features if isinstance(m, (nn.Sequential, Residual))]
+    return on
 
 
 def _task(n_train: int, n_val: int, model: Callable[..., nn.Module]) -> Task:
     train, val = datasets(n_train, n_val)
-    return Task(model=model, train=train, val=val)
+    return Task(model=model, train=train, val=val, device_train=gather_on(n_train, n_val))
 
 
 def task() -> Task:
