@@ -370,6 +370,7 @@ def run_benchmark(script: str, *args: str) -> str:
             "commit",
         ),
         ("schedule_length.py", ["--seeds", "1"], "schedule_length-digits-cpu.json", "summary"),
+        ("device_data.py", ["--seeds", "1"], "device-data-digits-cpu.json", "speed_ratio_against"),
     ],
 )
 def test_each_cpu_benchmark_runs_at_its_smallest(
@@ -379,6 +380,24 @@ def test_each_cpu_benchmark_runs_at_its_smallest(
     writes its figures where --results says, not over the recorded ones."""
     run_benchmark(script, *args, "--results", str(tmp_path))
     assert holds in json.loads((tmp_path / written).read_text())
+
+
+def test_the_device_data_benchmark_sets_each_arm_beside_the_workers_loader_seed_by_seed() -> None:
+    from benchmarks.device_data import summarized
+
+    def run(samples: int, seconds: float, reached: bool = True) -> dict:
+        return {
+            "samples": samples,
+            "seconds": seconds,
+            "reached": reached,
+            "time_to_target": seconds,
+        }
+
+    theirs = [run(1000, 1.0), run(1200, 2.0)]
+    ours = summarized([run(1500, 0.5), run(900, 1.0, reached=False)], theirs)
+    assert ours["samples_per_second"] == {"median": 1950.0, "range": [900.0, 3000.0]}
+    assert ours["speed_ratio"] == {"median": 2.25, "range": [1.5, 3.0]}  # 3000/1000, 900/600
+    assert ours["time_to_target"]["median"] == 0.5 and ours["reached"] == "1/2"
 
 
 def test_the_grid_benchmark_measures_its_first_configurations_where_results_says(
