@@ -38,26 +38,37 @@ class Digits(Dataset):
         index, rng = augmentation_rng(item)
         image = self.images[index]
         if self.augment:
-            image = _random_affine(image[None], _draws(rng)[None])[0]
+            image = _warped(image[None], [_random_affine(rng)])[0]
         return image, self.labels[index]
 
 
-def _random_affine(images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """Each image (N x 1 x SIDE x SIDE) rotated up to 12 degrees, scaled by 0.9-1.1 and shifted up
-    to 1.5 pixels, bilinearly, as its row of `draws` (N x 4, uniform in [0, 1)) says."""
+def _random_affine(rng: torch.Generator | None) -> list[list[float]]:
+    """A rotation up to 12 degrees, a scaling by 0.9-1.1 and a shift up to 1.5 pixels, drawn from
+    `rng`: affine_grid's 2 x 3 matrix."""
+    angle, scale, dx, dy = (torch.rand(4, generator=rng) * 2 - 1).tolist()
+    angle, scale = math.radians(12) * angle, 1 + 0.1 * scale
+    cos, sin = math.cos(angle) / scale, math.sin(angle) / scale
+    shift = 1.5 * 2 / SIDE  # pixels in grid units
+    return [[cos, -sin, dx * shift], [sin, cos, dy * shift]]
+
+
+def _random_affines(keys: list[int]) -> torch.Tensor:
+    """_random_affine for each key's generator at once (N x 2 x 3): the same draws and the same
+    sums in float64, in a few tensor operations rather than a few Python ones a sample."""
+    draws = torch.stack([torch.rand(4, generator=augmentation_rng((0, k))[1]) for k in keys])
     angle, scale, dx, dy = (draws.double() * 2 - 1).unbind(1)
     angle, scale = math.radians(12) * angle, 1 + 0.1 * scale
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    shift = 1.5 * 2 / SIDE  # pixels in grid units
-    theta = torch.stack(
-        [torch.stack([cos, -sin, dx * shift], 1), torch.stack([sin, cos, dy * shift], 1)], 1
-    ).to(images)
+    shift = 1.5 * 2 / SIDE
+    rows = [torch.stack([cos, -sin, dx * shift], 1), torch.stack([sin, cos, dy * shift], 1)]
+    return torch.stack(rows, 1).float()
+
+
+def _warped(images: torch.Tensor, theta: torch.Tensor | list[list[list[float]]]) -> torch.Tensor:
+    """Each image (N x 1 x SIDE x SIDE) warped by its 2 x 3 matrix of `theta`, bilinearly."""
+    theta = torch.as_tensor(theta, dtype=torch.float32).to(images.device)
     grid = F.affine_grid(theta, [len(images), 1, SIDE, SIDE], align_corners=False)
     return F.grid_sample(images, grid, align_corners=False)
-
-
-def _draws(rng: torch.Generator | None) -> torch.Tensor:
-    return torch.rand(4, generator=rng)
 
 
 def _gather_on(
@@ -70,9 +81,9 @@ def _gather_on(
         images_there, labels_there = images.to(device), labels.to(device)
 
         def gather(indices: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            draws = torch.stack([_draws(augmentation_rng((0, k))[1]) for k in keys.tolist()])
             indices = indices.to(device)
-            return _random_affine(images_there[indices], draws.to(device)), labels_there[indices]
+            warped = _warped(images_there[indices], _random_affines(keys.tolist()))
+            return warped, labels_there[indices]
 
         return gather
 
