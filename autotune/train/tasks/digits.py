@@ -71,7 +71,7 @@ def _warped(images: torch.Tensor, theta: torch.Tensor | list[list[list[float]]])
     return F.grid_sample(images, grid, align_corners=False)
 
 
-def _gather_on(
+def _device_train(
     images: torch.Tensor, labels: torch.Tensor
 ) -> Callable[[torch.device], Callable[..., Any]]:
     """Task.device_train: the images copied to the device and each batch augmented there at once,
@@ -129,5 +129,5 @@ def task() -> Task:
         model=SmallCNN,
         train=Digits(images[train], labels[train], augment=True),
         val=Digits(images[val], labels[val], augment=False),
-        device_train=_gather_on(images[train], labels[train]),
+        device_train=_device_train(images[train], labels[train]),
     )

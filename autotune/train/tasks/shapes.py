@@ -3,7 +3,7 @@
 Shaped like GPU image training (CIFAR-10 with the DAWNBench/airbench ResNet-9) but offline: the
 images are drawn with Pillow (shape_drawing.py), deterministically, and kept PNG-encoded; each
 training sample is decoded, randomly cropped and flipped in `__getitem__`, so the loader costs
-real CPU time (with data_on_device, each batch at once on the device: gather_on). Drawn once per
+real CPU time (with data_on_device, each batch at once on the device: _device_train). Drawn once per
 process, cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune` or
 `~/.cache/autotune`); a cache file that cannot be read is drawn again.
 
@@ -193,7 +193,7 @@ WINDOWS = np.stack(
 
 
 # The augmentations: a crop offset down, one across, and flipped or not; a keyed sample's is its
-# key modulo their number, so the loader's workers and the device (gather_on) draw alike.
+# key modulo their number, so the loader's workers and the device (_device_train) draw alike.
 DRAWS = len(WINDOWS) ** 2 * 2
 
 
@@ -279,7 +279,7 @@ def train_pixels(n_train: int, n_val: int, seed: int = SEED) -> np.ndarray:
     return pixels
 
 
-def gather_on(n_train: int, n_val: int) -> Callable[[torch.device], Callable[..., Any]]:
+def _device_train(n_train: int, n_val: int) -> Callable[[torch.device], Callable[..., Any]]:
     """Task.device_train: the decoded training images copied to the device, and each batch cropped
     and flipped there in one gather, each sample as ShapesTrain gives it for the same key."""
 
@@ -303,7 +303,7 @@ def gather_on(n_train: int, n_val: int) -> Callable[[torch.device], Callable[...
 
 def _task(n_train: int, n_val: int, model: Callable[..., nn.Module]) -> Task:
     train, val = datasets(n_train, n_val)
-    return Task(model=model, train=train, val=val, device_train=gather_on(n_train, n_val))
+    return Task(model=model, train=train, val=val, device_train=_device_train(n_train, n_val))
 
 
 def task() -> Task:
