@@ -8,11 +8,10 @@ process, cached on disk (`AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/autotune` or
 `~/.cache/autotune`); a cache file that cannot be read is drawn again.
 
 Drawing the full size (60,000 images) takes 25 s on one core and 14 s on two, in blocks on every
-core. The cache file (180 MB) holds the PNGs and the validation images decoded: building the
-task from it takes 0.1 s, against 0.9-1.3 s when each process decoded them. Measured on 2 CPU
-cores: a training `__getitem__` costs about 120 us (decoding most of it), a validation one about
-8 us. A ResNet-9 step trains ~80 samples/s at width 64 there, and ~1,700 at the small task's
-width 8.
+core. The cache file (180 MB) holds the PNGs and the validation images decoded: building the task
+from it takes 0.1 s, against 0.9-1.3 s when each process decoded them. Measured on 2 CPU cores: a
+training `__getitem__` costs about 120 us (decoding most of it), a validation one about 8 us. A
+ResNet-9 step trains ~80 samples/s at width 64 there, and ~1,700 at the small task's width 8.
 """
 
 from __future__ import annotations
@@ -267,10 +266,10 @@ def datasets(n_train: int, n_val: int, seed: int = SEED) -> tuple[ShapesTrain, S
 @functools.lru_cache(maxsize=2)
 def train_pixels(n_train: int, n_val: int, seed: int = SEED) -> np.ndarray:
     """The training images decoded (NHWC uint8), for the device's copy: decoded once and kept in
-    a cache file beside the PNGs' (150 MB at the full size), as validation's are."""
+    a cache file beside the PNGs' (150 MB at the full size), mapped (copy on write), not read."""
     path = cache_dir() / f"shapes-v{VERSION}-{n_train}-{n_val}-seed{seed}-train-pixels.npy"
     with contextlib.suppress(Exception):  # missing, unreadable, truncated: decoded again
-        pixels = np.load(path, allow_pickle=False)
+        pixels = np.load(path, mmap_mode="c", allow_pickle=False)
         if pixels.shape == (n_train, SIDE, SIDE, 3) and pixels.dtype == np.uint8:
             return pixels
     images = datasets(n_train, n_val, seed)[0].images
@@ -282,6 +281,7 @@ def train_pixels(n_train: int, n_val: int, seed: int = SEED) -> np.ndarray:
 def _device_train(n_train: int, n_val: int) -> Callable[[torch.device], Callable[..., Any]]:
     """Task.device_train: the decoded training images copied to the device, and each batch cropped
     and flipped there in one gather, each sample as ShapesTrain gives it for the same key."""
+    train_pixels(n_train, n_val)  # decoded (the first time) as the task is built, off any clock
 
     def on(device: torch.device) -> Callable[..., Any]:
         train = datasets(n_train, n_val)[0]
