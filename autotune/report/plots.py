@@ -18,6 +18,7 @@ from autotune.search.knob import PRECISIONS
 
 FEASIBLE, INFEASIBLE, PRUNED, OOM, BASELINE = "#1f77b4", "#d62728", "#999999", "#d62728", "#555555"
 SIZE = (6.4, 4.0)  # inches at 100 dpi: 640 x 400 pixels, two abreast on a laptop screen
+ON_DEVICE = "on device"  # the throughput plot's loader for a training set kept on the device
 
 
 def png(figure: Figure) -> bytes:
@@ -193,30 +194,42 @@ def oom_map(records: pd.DataFrame) -> Figure:
 
 
 def throughput_figure(records: pd.DataFrame) -> Figure:
-    """Samples per second and input wait against num_workers, one colour per precision."""
+    """Samples per second and input wait against the loader, one colour per precision."""
     figure = Figure(figsize=(SIZE[0], SIZE[1] * 1.3), layout="constrained")
     speed, wait = figure.subplots(2, 1, sharex=True)
-    speed.set_title("Throughput against num_workers and precision", fontsize=11)
+    speed.set_title("Throughput against the loader and precision", fontsize=11)
     measured = records.dropna(subset=["samples_per_second", "num_workers"])
     if measured.empty:
         _note(speed, "no trial ran past its warm-up")
-    workers = sorted({int(w) for w in measured["num_workers"]})
-    position = {w: i for i, w in enumerate(workers)}
+    loaders = [_loader_label(row) for _, row in measured.iterrows()]
+    # the training set on the device first: it has no DataLoader, so no count of workers
+    order = sorted(set(loaders), key=lambda label: -1 if label == ON_DEVICE else int(label))
+    position = {label: i for i, label in enumerate(order)}
     precisions = [p for p in PRECISIONS if p in set(measured["precision"])]
     for k, precision in enumerate(precisions):
-        rows = measured[measured["precision"] == precision]
+        mine = measured["precision"] == precision
+        rows = measured[mine]
         xs = [
-            position[int(w)] + (k - (len(precisions) - 1) / 2) * 0.15 for w in rows["num_workers"]
+            position[label] + (k - (len(precisions) - 1) / 2) * 0.15
+            for label, own in zip(loaders, mine)
+            if own
         ]
         speed.scatter(xs, rows["samples_per_second"], label=precision, alpha=0.8)
         wait.scatter(xs, 100 * rows["input_wait"].astype(float), label=precision, alpha=0.8)
     speed.set_ylabel("samples / s (after warm-up)")
     wait.set_ylabel("waiting for input, %")
     wait.set_ylim(-5, 105)
-    wait.set_xticks(range(len(workers)), [str(w) for w in workers])
-    wait.set_xlabel("num_workers (DataLoader worker processes)")
+    wait.set_xticks(range(len(order)), order)
+    wait.set_xlabel("num_workers (DataLoader worker processes), or the training set on the device")
     for axes in (speed, wait):
         axes.grid(alpha=0.3)
     if precisions:
         speed.legend(fontsize=8, title="precision", title_fontsize=8)
     return figure
+
+
+def _loader_label(row: pd.Series) -> str:
+    """A trial's loader on the throughput plot's axis: its workers, or ON_DEVICE."""
+    if row.get("data_on_device") is True:
+        return ON_DEVICE
+    return str(int(row["num_workers"]))

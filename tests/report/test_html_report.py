@@ -248,6 +248,38 @@ def test_the_plots_show_what_the_study_did(study: Path, capsys: pytest.CaptureFi
     assert summary["counts"]["total"] == len(records)
 
 
+def test_the_throughput_plot_sets_a_training_set_on_the_device_apart_from_no_workers() -> None:
+    """A trial with its data on the device runs no DataLoader (num_workers 0 as stored): it has
+    its own place on the axis, first; a study from before the knob has workers only."""
+    import pandas as pd
+
+    rows = [
+        # (data_on_device, num_workers, precision, samples/s)
+        (True, 0, "bf16", 9_000.0),
+        (False, 0, "fp32", 2_000.0),
+        (False, 2, "fp32", 3_000.0),
+        (False, 2, "bf16", 3_500.0),
+    ]
+    records = pd.DataFrame(
+        [
+            {"data_on_device": d, "num_workers": w, "precision": p, "samples_per_second": r}
+            for d, w, p, r in rows
+        ]
+    ).assign(input_wait=0.1)
+    figure = plots.throughput_figure(records)
+    speed, wait = figure.axes
+    assert [t.get_text() for t in wait.get_xticklabels()] == ["on device", "0", "2"]
+    at = {}  # samples/s -> its place on the axis, as drawn
+    for points in speed.collections:
+        for x, y in points.get_offsets():
+            at[float(y)] = round(float(x))
+    assert at == {9_000.0: 0, 2_000.0: 1, 3_000.0: 2, 3_500.0: 2}
+
+    before = records.drop(columns="data_on_device").iloc[1:]
+    labels = plots.throughput_figure(before).axes[1].get_xticklabels()
+    assert [t.get_text() for t in labels] == ["0", "2"]
+
+
 def test_csv_holds_every_trial_with_its_settings_and_measurements(study: Path) -> None:
     rows = list(csv.DictReader((study.parent / "trials.csv").open()))
     assert len(rows) == 10
