@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 import time
@@ -101,6 +102,16 @@ def cuda_oom() -> Task:
 
 def allocator_oom() -> Task:
     return Task(model=AllocatorOOMAtLargeBatch, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def _no_room_for_the_training_set(device: torch.device) -> Any:
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 150.00 GiB")
+
+
+def too_large_for_the_device() -> Task:
+    """blobs, whose training set runs out of memory as it is copied to the device: a set that
+    does not fit, with the DataLoader's batches fitting well."""
+    return dataclasses.replace(blobs(), device_train=_no_room_for_the_training_set)
 
 
 # Bytes of activations a training forward pass of ActivationBudgetNet may keep for its backward

@@ -2,13 +2,16 @@
 
 A micro-batch's memory grows with its size and with the bytes per activation of its precision,
 and shrinks with the share of the model's blocks that activation checkpointing recomputes instead
-of keeping; nothing else among the maths and loader knobs (learning rate, schedule, accumulation,
-loader settings) changes what the device holds. So once a configuration has run out of memory,
-any configuration with the same parameters (a model's width may be one), the same memory format,
-compilation and cuDNN search, a micro-batch at least as large, a precision at least as wide and
-no larger share checkpointed needs at least as much memory, and would run out too: it is pruned
-without running. A run out of memory without checkpointing says nothing of one with it. Pure
-functions over plain mappings, testable without a GPU.
+of keeping; the training set kept on the device (data_on_device) adds its own bytes; nothing else
+among the maths and loader knobs (learning rate, schedule, accumulation, the DataLoader's
+settings) changes what the device holds. So once a configuration has run out of memory, any
+configuration with the same parameters (a model's width may be one), the same memory format,
+compilation and cuDNN search, a micro-batch at least as large, a precision at least as wide, no
+larger share checkpointed and its training set on the device wherever the other's was needs at
+least as much memory, and would run out too: it is pruned without running. A run out of memory
+without checkpointing says nothing of one with it, nor one with the training set on the device
+of one without it (the set alone may be what did not fit). Pure functions over plain mappings,
+testable without a GPU.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def needs_at_least(config: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
         and config["batch_size"] >= other["batch_size"]
         and PRECISIONS[config["precision"]].bytes >= PRECISIONS[other["precision"]].bytes
         and share(mine["checkpointing"]) <= share(theirs["checkpointing"])
+        and mine["data_on_device"] >= theirs["data_on_device"]
     )
 
 
@@ -70,8 +74,11 @@ def not_run_reason(config: Mapping[str, Any], number: int, other: Mapping[str, A
 
 
 def _kept(config: Mapping[str, Any]) -> str:
-    """How much checkpointing the reason names: only where it is on."""
-    value = filled(config)["checkpointing"]
-    if not value:
-        return ""
-    return " checkpointing all blocks" if value is True else f" checkpointing {value:g} of blocks"
+    """What else the reason names: checkpointing and the training set on the device, where on."""
+    knobs = filled(config)
+    value, kept = knobs["checkpointing"], ""
+    if value:
+        kept = (
+            " checkpointing all blocks" if value is True else f" checkpointing {value:g} of blocks"
+        )
+    return kept + (" with the training set on the device" if knobs["data_on_device"] else "")

@@ -113,3 +113,21 @@ def test_running_out_without_checkpointing_says_nothing_about_a_run_with_it() ->
     text = not_run_reason({**BASE, "batch_size": 512, "checkpointing": 0.5}, 4, ran_out[1][1])
     assert "batch_size 512 in bf16 checkpointing 0.5 of blocks" in text
     assert "trial 4 (batch_size 256 in bf16 checkpointing all blocks)" in text
+
+
+def test_running_out_with_the_training_set_on_the_device_says_nothing_about_a_run_without_it() -> (
+    None
+):
+    """The set on the device may alone be what did not fit: a DataLoader's run at the same batch
+    may fit. Without it, a run with it needs at least as much."""
+    on = {**BASE, "data_on_device": True}
+    assert not needs_at_least(BASE, on)
+    assert not needs_at_least({**BASE, "batch_size": 256, "data_on_device": False}, on)
+    assert needs_at_least({**on, "batch_size": 256}, on)
+    assert needs_at_least(on, BASE)  # stored before the knob: a DataLoader's
+    ran_out = [(7, on)]
+    assert bound_by({**BASE, "batch_size": 512, "precision": "fp32"}, ran_out) is None
+    assert bound_by({**on, "batch_size": 512}, ran_out) == 7
+    text = not_run_reason({**on, "batch_size": 512}, 7, on)
+    assert "batch_size 512 in bf16 with the training set on the device" in text
+    assert "trial 7 (batch_size 128 in bf16 with the training set on the device)" in text

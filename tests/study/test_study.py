@@ -953,3 +953,32 @@ def test_a_batch_that_runs_out_of_memory_is_pruned_without_checkpointing_and_tra
         assert first.state == second.state == optuna.trial.TrialState.PRUNED
         assert first.user_attrs["oom"] is True and "out of memory" in first.user_attrs["reason"]
         assert second.user_attrs["oom_bound"] == first.number
+
+
+def test_a_training_set_too_large_for_the_device_leaves_its_loaders_batches_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The baseline, queued first with its data on the device, runs out of memory copying the
+    set: that bounds later trials with the set on the device at a batch as large, and none fed
+    by a DataLoader, at whatever batch."""
+    path = write_study(
+        tmp_path,
+        task="tests.tasks:too_large_for_the_device",
+        trials=6,
+        first_trial="baseline",
+        confirm={"top": 0},
+        seed=1,
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["data_on_device"] = [True, False]
+    raw.update(baseline={"batch_size": 16, "data_on_device": True}, prune="none", probe="none")
+    path.write_text(yaml.safe_dump(raw))
+    assert run_cli("run", str(path), capsys=capsys)[0] == 0
+    first, *later = sorted(finished(load(path)), key=lambda t: t.number)
+    assert first.user_attrs["oom"] is True and schema.config(first)["data_on_device"] is True
+    on = [t for t in later if schema.config(t)["data_on_device"]]
+    fed = [t for t in later if not schema.config(t)["data_on_device"]]
+    assert on and fed, "the sampler chose one way only; pick another seed"
+    assert all(t.user_attrs["oom_bound"] == first.number for t in on)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in fed)
+    assert any(t.params["batch_size"] >= 16 for t in fed)
