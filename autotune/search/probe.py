@@ -170,7 +170,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
         return roofline_text.describe(outcome) + load_note(outcome)
     parts = []
     if outcome["probed_loader"]:
-        parts.append(roofline_text.loader_text(outcome["loader"]))
+        parts.append(roofline_text.loader_text(outcome["loader"]) + _unrun_loaders(outcome))
     reference, *narrower = outcome["speed"] or [None]
     for precision in narrower:
         verdict = "kept" if precision in outcome["precisions"] else "removed"
@@ -187,6 +187,17 @@ def describe(outcome: Mapping[str, Any]) -> str:
         + load_note(outcome)
         + (f"\n{roofline_text.checkpointing_text(memory)}" if memory else "")
     )
+
+
+def _unrun_loaders(outcome: Mapping[str, Any]) -> str:
+    """The loader settings none of whose runs finished (out of memory, or an error), if any."""
+    finished: dict[str, bool] = {}
+    for entry in outcome["runs"]:
+        if "num_workers" in entry:
+            name = roofline_text.loader_text(loader_of(entry))
+            finished[name] = finished.get(name, False) or math.isfinite(entry["seconds"])
+    unrun = [name for name, ran in finished.items() if not ran]
+    return f" ({'; '.join(unrun)}: no run finished, out of memory or an error)" if unrun else ""
 
 
 BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so

@@ -46,6 +46,12 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({setting_text(limit)}), "
         f"{limit['bottleneck']}-bound{_sooner(outcome)}; what would move it: {outcome['moves']}",
     ]
+    ran_out = [entry for entry in outcome["loader_rates"] if entry.get("oom")]
+    if ran_out:  # the training set on the device, mostly: the set itself may not fit
+        lines.append(
+            "Out of memory as the probe measured it, so left out: "
+            + "; ".join(f"{loader_text(entry)} ({entry.get('reason')})" for entry in ran_out)
+        )
     if outcome.get("run_samples"):
         lines.append(run_text(outcome))
     if outcome.get("batches"):

@@ -1176,3 +1176,27 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     assert f"compute settings measured apart (screened from {len(computes)})" in (
         roofline_text.describe(outcome)
     )
+
+
+@pytest.mark.parametrize("probe", ["joint", "systems"])
+def test_a_training_set_that_does_not_fit_on_the_device_is_left_out_by_the_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], probe: str
+) -> None:
+    """Its copy runs out of memory as the probe measures it: a result, not a failure. No trial
+    keeps the set on the device, and the report says why."""
+    path = write_study(tmp_path, probe=probe, task="tests.tasks:too_large_for_the_device", trials=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(data_on_device=[True, False], num_workers=[0, 2], precision="fp32")
+    raw["prune"] = "none"  # each trial trains to its end
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    study = load(path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert not any(t.user_attrs["config"]["data_on_device"] for t in study.trials)
+    if probe == "joint":
+        on = [r for r in study.user_attrs["probe"]["loader_rates"] if r["data_on_device"]]
+        assert len(on) == 1 and on[0]["oom"] and "150.00 GiB" in on[0]["reason"]
+        assert "Out of memory as the probe measured it, so left out: data on the device (" in out
+    else:
+        assert "(data on the device: no run finished, out of memory or an error)" in out
