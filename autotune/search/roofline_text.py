@@ -46,6 +46,15 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({setting_text(limit)}), "
         f"{limit['bottleneck']}-bound{_sooner(outcome)}; what would move it: {outcome['moves']}",
     ]
+    outpaced = outcome.get("gather_outpaced")
+    if outpaced:
+        gather, step = outpaced["gather"], outpaced["step"]
+        lines.append(
+            f"No DataLoader measured: the training set on the device was gathered at "
+            f"{_rate(gather)}, {gather / step:.0f}x the fastest step's {_rate(step)}; fed by a "
+            f"DataLoader, which feeds it no faster than it runs, the step could train at most "
+            f"{step / gather:.0%} faster"
+        )
     ran_out = [entry for entry in outcome["loader_rates"] if entry.get("oom")]
     if ran_out:  # the training set on the device, mostly: the set itself may not fit
         lines.append(

@@ -1,7 +1,11 @@
 """The joint probe's settings screened: fewer measured for the same choice.
 
-Loader settings: each worker count unpinned first, then pinned only at the worker counts that
-came within PIN_WITHIN of the fastest (`screened_loaders`). Compute settings (`screened`):
+Loader settings (`screened_loaders`): the training set on the device first, and no DataLoader
+where its gather runs GATHER_OUTPACES times the fastest step (a DataLoader, feeding the step no
+faster than it runs, could gain at most FASTER_BY over it); else each worker count unpinned, then
+pinned only at the worker counts that came within PIN_WITHIN of the fastest.
+
+Compute settings (`screened`):
 
 Every precision x memory format x toggle (cuDNN's search, TF32 with fp32, the fused step) is 32
 settings on a GPU, each a model built, warmed up and timed. Most of them tell little: on an
@@ -22,7 +26,7 @@ over the settings measured.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.search.probe import FASTER_BY
@@ -32,6 +36,9 @@ SCREEN_ABOVE = 8  # compute settings measured all at once up to this many
 # H100 and an H200; several ran slower): it is measured only at the worker counts whose unpinned
 # rate came this close to the fastest.
 PIN_WITHIN = 0.1
+# A gather on the device this many times the fastest step's rate leaves a DataLoader at most
+# 1/GATHER_OUTPACES (FASTER_BY: noise) to gain: no DataLoader setting is measured.
+GATHER_OUTPACES = 1 / FASTER_BY
 FORMAT = "channels_last"
 # setting index -> its rate (None: no figure, out of memory say)
 Rates = dict[int, "float | None"]
@@ -51,18 +58,26 @@ def screened(settings: Sequence[Mapping[str, Any]], measure: Callable[[list[int]
 
 
 def screened_loaders(
-    loaders: Sequence[Mapping[str, Any]], measure: Callable[[list[int]], Rates]
+    loaders: Sequence[Mapping[str, Any]],
+    measure: Callable[[list[int]], Rates],
+    *,
+    fastest_step: float | None = None,
 ) -> Rates:
-    """The rates of the loader settings screening picks: every unpinned one, then the pinned ones
-    at the worker counts whose unpinned rate came within PIN_WITHIN of the fastest (all of them
-    where none ran, or the space leaves pinning no choice). The training set on the device, among
-    the unpinned, is no DataLoader to compare pinning's with."""
-    unpinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is False]
-    pinned = [i for i, s in enumerate(loaders) if s["pin_memory"] is True]
+    """The rates of the loader settings screening picks: the training set on the device first,
+    and no DataLoader where its gather outpaces `fastest_step` (`outpaced_by_gather`); else every
+    unpinned DataLoader, then the pinned ones at the worker counts whose unpinned rate came within
+    PIN_WITHIN of the fastest (all of them where none ran, or the space leaves pinning no
+    choice)."""
+    on_device = [i for i, s in enumerate(loaders) if s.get("data_on_device")]
+    measured = measure(on_device) if on_device else {}
+    if outpaced_by_gather(measured.values(), fastest_step):
+        return measured
+    fed = [i for i in range(len(loaders)) if i not in on_device]  # by a DataLoader
+    unpinned = [i for i in fed if loaders[i]["pin_memory"] is False]
+    pinned = [i for i in fed if loaders[i]["pin_memory"] is True]
     if not (unpinned and pinned):
-        return measure(list(range(len(loaders))))
-    measured = measure(unpinned)
-    unpinned = [i for i in unpinned if not loaders[i].get("data_on_device")]
+        return {**measured, **(measure(fed) if fed else {})}
+    measured.update(measure(unpinned))
     fastest = max((measured.get(i) or 0.0 for i in unpinned), default=0.0) or None
     close = {
         loaders[i]["num_workers"]
@@ -71,6 +86,15 @@ def screened_loaders(
     }
     measured.update(measure([i for i in pinned if loaders[i]["num_workers"] in close]))
     return measured
+
+
+def outpaced_by_gather(gather_rates: Iterable[float | None], fastest_step: float | None) -> bool:
+    """Whether the training set on the device leaves a DataLoader nothing worth measuring: a
+    DataLoader feeds the step no faster than the step runs, and a gather at GATHER_OUTPACES times
+    the fastest step's rate, then the step, trains within 1 / GATHER_OUTPACES of that."""
+    return bool(fastest_step) and any(
+        (rate or 0.0) >= GATHER_OUTPACES * fastest_step for rate in gather_rates
+    )
 
 
 def _toggles(settings: Sequence[Mapping[str, Any]]) -> list[str]:

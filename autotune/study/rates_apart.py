@@ -2,7 +2,8 @@
 compute setting's, measured apart at the probe's micro-batch, and each pair's speed predicted as
 the slower of the two (search/roofline.py). Loader settings + compute settings measurements, not
 their product: the compute settings screened (search/screening.py) and interleaved, the loaders
-one at a time, fewest workers first, stopping once one with workers outpaces every step.
+one at a time, the training set on the device first (no DataLoader where its gather far outpaces
+every step), then fewest workers first, stopping once one with workers outpaces every step.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def predicted(
         bar.update(len(indices))
         return {i: loader_rates[str(i)].samples_per_second for i in indices}
 
-    screening.screened_loaders(loaders, measure_loaders)
+    screening.screened_loaders(loaders, measure_loaders, fastest_step=fastest_step)
     ran = [(str(i), s) for i, s in enumerate(loaders) if str(i) in loader_rates]
+    gathers = [loader_rates[i].samples_per_second or 0.0 for i, s in ran if s.get("data_on_device")]
+    outpaced = len(ran) < len(loaders) and screening.outpaced_by_gather(gathers, fastest_step)
 
     def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
         return compute_rates[
@@ -94,5 +97,7 @@ def predicted(
             for k, (c, _) in keyed.items()
         ],
         **({"screened_from": len(computes)} if len(computes) > screening.SCREEN_ABOVE else {}),
+        # no DataLoader measured: the gather on the device left one nothing to gain
+        **({"gather_outpaced": {"gather": max(gathers), "step": fastest_step}} if outpaced else {}),
     }
     return predictions, figures

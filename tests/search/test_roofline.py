@@ -1200,3 +1200,24 @@ def test_a_training_set_that_does_not_fit_on_the_device_is_left_out_by_the_probe
         assert "Out of memory as the probe measured it, so left out: data on the device (" in out
     else:
         assert "(data on the device: no run finished, out of memory or an error)" in out
+
+
+def test_where_the_gather_on_the_device_far_outpaces_every_step_no_dataloader_is_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DataLoader feeds the step no faster than it runs: beside a gather that costs nothing,
+    measuring one would only spend the probe's time. The study trains with its data there."""
+    path = write_study(tmp_path, probe="joint", task="tests.tasks:paced_on_device")
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(data_on_device=[True, False], batch_size=128, precision="bf16")
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    study = load(path)
+    outcome = study.user_attrs["probe"]
+    assert [r["data_on_device"] for r in outcome["loader_rates"]] == [True]
+    gathered = outcome["gather_outpaced"]
+    assert gathered["gather"] >= screening.GATHER_OUTPACES * gathered["step"]
+    assert outcome["chosen"]["data_on_device"] is True
+    assert study.trials[0].user_attrs["config"]["data_on_device"] is True
+    assert "No DataLoader measured: the training set on the device was gathered at " in out

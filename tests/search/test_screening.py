@@ -119,3 +119,47 @@ def test_pinning_is_measured_only_where_the_unpinned_loader_came_close_to_the_fa
         loaders, lambda indices: calls.append(indices) or dict.fromkeys(indices)
     )
     assert [len(c) for c in calls] == [5, 5]
+
+
+def test_no_dataloader_is_measured_where_the_gather_on_the_device_far_outpaces_every_step() -> None:
+    """A DataLoader feeds the step no faster than the step runs: beside a gather 20 times the
+    fastest step's rate (gather, then step: within 5% of the step's rate), one has nothing to
+    gain. The training set on the device is measured first, alone."""
+    settings = roofline.loader_settings(
+        [
+            {
+                "data_on_device": d,
+                "num_workers": w,
+                "prefetch_factor": 2 if w else None,
+                "pin_memory": p,
+            }
+            for d in (False, True)
+            for w in (0, 4)
+            for p in (False, True)
+            if not d or (w, p) == (0, False)
+        ]
+    )
+    assert settings[0]["data_on_device"] and len(settings) == 5
+
+    def measuring(gather: float | None) -> tuple[list[list[int]], dict[int, float | None]]:
+        calls: list[list[int]] = []
+
+        def measure(indices: list[int]) -> dict[int, float | None]:
+            calls.append(indices)
+            return {i: gather if settings[i]["data_on_device"] else 3_000.0 for i in indices}
+
+        return calls, measure
+
+    calls, measure = measuring(80_000.0)
+    assert screening.screened_loaders(settings, measure, fastest_step=4_000.0) == {0: 80_000.0}
+    assert calls == [[0]]
+    assert screening.outpaced_by_gather([80_000.0], 4_000.0)
+    # a little slower (or a faster step): a DataLoader might gain more than 5%; all measured
+    for gather, step in ((79_000.0, 4_000.0), (80_000.0, 4_100.0), (None, 4_000.0)):
+        calls, measure = measuring(gather)
+        rates = screening.screened_loaders(settings, measure, fastest_step=step)
+        assert calls[0] == [0] and set(rates) == set(range(5)), (gather, step)
+        assert not screening.outpaced_by_gather([gather], step)
+    # no step measured (every compute setting out of memory, say): nothing to weigh against
+    calls, measure = measuring(80_000.0)
+    assert len(screening.screened_loaders(settings, measure)) == 5

@@ -9,7 +9,8 @@ a GPU loads its narrow kernels and runs cuDNN's search for them: a faster rate t
 later), and the first training step of any model of the task `first_step_seconds` (a process's
 first steps on a GPU, loading what every later one reuses); a DataLoader worker waits
 `worker_start_seconds` before its first batch (its start-up: what more workers pay, and no
-workers do not); none by default.
+workers do not); none by default. With `device_load_seconds` the training set is kept on the
+device as well (Task.device_train), each batch gathered there waiting that long a sample.
 Both wait rather than spin, so that on two cores four loader workers really load four times as
 fast, as they would on a GPU host with cores to spare: the loader's rate is then workers /
 load_seconds, the compute's 1 / compute_seconds, and a setting's speed the slower of the two (the
@@ -25,7 +26,8 @@ learns to 92% in one to three epochs, depending on its learning rate and batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -118,9 +120,11 @@ def make(
     narrow_start_seconds: float = 0.0,
     first_step_seconds: float = 0.0,
     worker_start_seconds: float = 0.0,
+    device_load_seconds: float | None = None,
 ) -> Task:
     """The task with the given costs (seconds a sample, a step, a model's first 16-bit step, the
-    first step of all, and a training loader worker's first batch)."""
+    first step of all, and a training loader worker's first batch); with `device_load_seconds`,
+    its training set kept on the device too, gathered there at that cost a sample."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
     labels = (positive[:, 0] ^ positive[:, 1]).long() + 2 * (positive[:, 2] ^ positive[:, 3]).long()
@@ -145,7 +149,31 @@ def make(
             worker_start_seconds=worker_start_seconds,
         ),
         val=PacedSamples(inputs[TRAIN:], labels[TRAIN:], load_seconds=0.0),
+        device_train=(
+            None
+            if device_load_seconds is None
+            else _device_train(inputs[:TRAIN], labels[:TRAIN], device_load_seconds)
+        ),
     )
+
+
+def _device_train(
+    inputs: torch.Tensor, labels: torch.Tensor, load_seconds: float
+) -> Callable[[torch.device], Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
+    """Task.device_train: the samples PacedSamples gives, each batch waiting `load_seconds` a
+    sample."""
+
+    def on(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        kept_inputs, kept_labels = inputs.to(device), labels.to(device)
+
+        def gather(indices: torch.Tensor, keys: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            time.sleep(load_seconds * len(indices))
+            indices = indices.to(device)
+            return kept_inputs[indices], kept_labels[indices]
+
+        return gather
+
+    return on
 
 
 def task() -> Task:
