@@ -59,15 +59,15 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 def summarized(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
     """An arm's runs: speed (samples over the run's seconds), its ratio to `theirs` seed by seed,
-    and time to the target where reached."""
+    and time to the target over the runs that reached it (None: none did)."""
     speeds = [r["samples"] / r["seconds"] for r in ours]
-    times = [r["time_to_target"] for r in ours if r["reached"]] or [float("nan")]
+    times = [r["time_to_target"] for r in ours if r["reached"]]
     return {
         "samples_per_second": spread(speeds),
         "speed_ratio": spread(
             [speed / (r["samples"] / r["seconds"]) for speed, r in zip(speeds, theirs)]
         ),
-        "time_to_target": spread(times),
+        "time_to_target": spread(times) if times else None,
         "reached": f"{sum(r['reached'] for r in ours)}/{len(ours)}",
     }
 
@@ -106,12 +106,16 @@ def main() -> None:
         speed, ratio, time = (
             summary[name][k] for k in ("samples_per_second", "speed_ratio", "time_to_target")
         )
+        reached = (
+            "not reached"
+            if time is None
+            else f"{time['median']:.2f} s ({time['range'][0]:.2f}-{time['range'][1]:.2f})"
+        )
         print(
             f"{name:>22}: {speed['median']:,.0f}/s ({speed['range'][0]:,.0f}-"
             f"{speed['range'][1]:,.0f}), x{ratio['median']:.2f} the speed of {reference} "
-            f"({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}); to the target "
-            f"{time['median']:.2f} s ({time['range'][0]:.2f}-{time['range'][1]:.2f}, "
-            f"{summary[name]['reached']} reached)"
+            f"({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}); to the target {reached}, "
+            f"{summary[name]['reached']} runs reached it"
         )
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / f"device-data-{spec.name}-{prepared.device.type}.json"

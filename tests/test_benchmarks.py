@@ -398,6 +398,9 @@ def test_the_device_data_benchmark_sets_each_arm_beside_the_workers_loader_seed_
     assert ours["samples_per_second"] == {"median": 1950.0, "range": [900.0, 3000.0]}
     assert ours["speed_ratio"] == {"median": 2.25, "range": [1.5, 3.0]}  # 3000/1000, 900/600
     assert ours["time_to_target"]["median"] == 0.5 and ours["reached"] == "1/2"
+    # no run reached it: no time (and no NaN, which JSON does not hold)
+    missed = summarized([run(1000, 1.0, reached=False)], theirs[:1])
+    assert missed["time_to_target"] is None and missed["reached"] == "0/1"
 
 
 def test_the_grid_benchmark_measures_its_first_configurations_where_results_says(
