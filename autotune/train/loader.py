@@ -107,7 +107,12 @@ def gather_on(task: Task, device: torch.device) -> Gather | None:
         return task.device_train(device)
     if _plain_tensors(task.train):
         tensors = [t.to(device) for t in task.train.tensors]
-        return lambda indices, keys: [t[indices.to(device)] for t in tensors]
+
+        def gather(indices: torch.Tensor, keys: torch.Tensor | None) -> list[torch.Tensor]:
+            indices = indices.to(device)  # once, for every tensor
+            return [t[indices] for t in tensors]
+
+        return gather
     return None
 
 
