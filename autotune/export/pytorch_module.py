@@ -171,7 +171,8 @@ class _Gathered:
 
 
 def _indexed(tensors, indices, keys):
-    return [t[indices.to(t.device)] for t in tensors]
+    indices = indices.to(tensors[0].device)  # once, for every tensor
+    return [t[indices] for t in tensors]
 
 
 def _batches(loader):
