@@ -55,6 +55,7 @@ def run_study(
         "replicates": 1,
         "prune": "none",
         "space": {
+            "data_on_device": False,
             "num_workers": 0,
             "precision": "fp32",
             "batch_size": [32, 64],

@@ -37,8 +37,9 @@ PINNED = {
     "compile": False,
     "cudnn_benchmark": False,
 }
-LOADER_GPU = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True}
-LOADER_CPU = {"num_workers": 0, "pin_memory": False}
+# a DataLoader's: the training set kept on the device would add its own bytes to the batch's
+LOADER_GPU = {"data_on_device": False, "num_workers": 4, "prefetch_factor": 2, "pin_memory": True}
+LOADER_CPU = {"data_on_device": False, "num_workers": 0, "pin_memory": False}
 # NVML counts whole pages and the driver's own bookkeeping moves a little
 LEAK_TOLERANCE = 64 * 2**20
 
