@@ -231,6 +231,6 @@ def throughput_figure(records: pd.DataFrame) -> Figure:
 def _loader_label(row: pd.Series) -> str:
     """A trial's loader on the throughput plot's axis: its workers, or ON_DEVICE."""
     on_device = row.get("data_on_device")  # absent, or None, in a study from before the knob
-    if on_device is not None and pd.notna(on_device) and bool(on_device):
+    if pd.notna(on_device) and bool(on_device):
         return ON_DEVICE
     return str(int(row["num_workers"]))
