@@ -378,7 +378,8 @@ def test_an_objective_that_raises_or_returns_nonsense_fails_its_trial_only(tmp_p
         confirm={"top": 0},
     )
     trials = stored(storage, "odd")
-    assert len(trials) == 8
+    # those known to run out of memory never ran, and take no slot of the budget
+    assert len([t for t in trials if "oom_bound" not in t.user_attrs]) == 8
     for t in trials:
         if t.params.get("batch_size") == 32:
             # the first one ran out of memory; later ones are known to and never run (OOM boundary)

@@ -1,10 +1,8 @@
 """What a study stores, in one place: every attribute key, how trials and studies are written and
 read back, and the older layout (version 0, without `schema_version`: only `_V0` below reads it).
-
 Everything else reads and writes a study through these functions; what follows from what they
 read, with no key of its own, is derived.py's. Trials and studies are duck-typed (Optuna's Trial,
-FrozenTrial and Study), so the report reads a storage without importing Optuna here.
-"""
+FrozenTrial and Study), so the report reads a storage without importing Optuna here."""
 
 from __future__ import annotations
 
@@ -249,18 +247,19 @@ def is_surplus(trial: Any) -> bool:
     return bool(trial.user_attrs.get(SURPLUS))
 
 
-def baseline_marker() -> dict[str, Any]:
-    """The user attrs of a queued trial that is the baseline (a retry of it carries them too)."""
-    return {BASELINE: True}
+def is_oom_bound(trial: Any) -> bool:
+    """Pruned without running: a smaller configuration had run out of memory."""
+    return OOM_BOUND in trial.user_attrs
+
+
+def queue_mark(kind: str) -> dict[str, Any]:
+    """The user attrs of a queued trial that is the baseline (`kind` BASELINE) or drawn from the
+    prior (PRIOR); a retry of it carries them too."""
+    return {kind: True}
 
 
 def is_baseline(trial: Any) -> bool:
     return bool(trial.user_attrs.get(BASELINE))
-
-
-def prior_marker() -> dict[str, Any]:
-    """The user attrs of a queued trial drawn from the prior."""
-    return {PRIOR: True}
 
 
 def queue_marks(trial: Any) -> dict[str, Any]:
@@ -291,7 +290,7 @@ def stored_end(trial: Any) -> dict[str, Any]:
     return {
         "reason": attrs.get(REASON),
         "oom": bool(attrs.get(OOM, False)),
-        "oom_bound": OOM_BOUND in attrs,
+        "oom_bound": is_oom_bound(trial),
         "diverged": bool(attrs.get(DIVERGED, False)),
         "pruned_at": attrs.get(PRUNED_AT),
         **measured(trial),

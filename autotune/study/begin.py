@@ -146,7 +146,7 @@ def enqueue_baseline(study: optuna.Study, space: Space, baseline: dict[str, Any]
             "the confirmation still measures the baseline"
         )
         return
-    study.enqueue_trial(values, user_attrs=schema.baseline_marker(), skip_if_exists=True)
+    study.enqueue_trial(values, user_attrs=schema.queue_mark(schema.BASELINE), skip_if_exists=True)
 
 
 def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, trials: int) -> None:
@@ -157,7 +157,7 @@ def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, tria
         space, prepared.baseline, train_samples=prepared.train_samples, count=count
     ):
         # a run beginning the same study on another machine may have queued them a moment ago
-        study.enqueue_trial(params, user_attrs=schema.prior_marker(), skip_if_exists=True)
+        study.enqueue_trial(params, user_attrs=schema.queue_mark(schema.PRIOR), skip_if_exists=True)
 
 
 def run_probe(

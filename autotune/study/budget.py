@@ -32,13 +32,21 @@ def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] 
 
 
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
-    """Every finished trial counts, except interrupted ones (their configuration runs again) and
-    surplus ones (asked for by a worker after others had taken the whole budget; never run)."""
+    """Every finished trial counts, except interrupted ones (their configuration runs again),
+    surplus ones (asked for by a worker after others had taken the whole budget; never run) and
+    those known to run out of memory (never run, they cost nothing; `run_out_unrun` bounds them)."""
     return (
         trial.state in FINISHED
         and not schema.is_interrupted(trial)
         and not schema.is_surplus(trial)
+        and not schema.is_oom_bound(trial)
     )
+
+
+def run_out_unrun(trials: Iterable[optuna.trial.FrozenTrial], budget: int) -> bool:
+    """Whether as many trials as the budget were pruned as known to run out of memory: a space
+    whose sampler draws little else ends there, rather than asking without end."""
+    return sum(1 for t in trials if schema.is_oom_bound(t)) >= budget
 
 
 def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:

@@ -206,9 +206,10 @@ def _settled_unrun(
     reason = oom_boundary.not_run_reason(config, bound, before.ran_out[bound])
     schema.record_oom_bound(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    unrun = dataclasses.replace(before, finished=before.finished - 1)  # it takes no slot
     progress.tell(
         f"{derived.trial_label(trial)}: pruned: {reason}",
-        standing=_where(study, policy, before, before.incumbent),
+        standing=_where(study, policy, unrun, before.incumbent),
     )
     return True
 

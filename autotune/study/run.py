@@ -20,7 +20,7 @@ from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import one_trial, recovery, runner_lock, sampler, storage, told_trials
 from autotune.study.begin import begin
-from autotune.study.budget import finished_count, slots_taken, trials_to_train
+from autotune.study.budget import finished_count, run_out_unrun, slots_taken, trials_to_train
 from autotune.study.confirm import confirm_best
 from autotune.study.preparation import Prepared, limits_for, print_notices
 from autotune.study.run_plan import RunPlan, as_begun, check_unchanged
@@ -175,9 +175,10 @@ def _policy(spec: StudySpec, plan: RunPlan, budget: int) -> one_trial.Policy:
 def _spent(trials: list[optuna.trial.FrozenTrial], budget: int) -> bool:
     """Whether the budget's slots are taken. A queued trial (an interrupted one's retry) holds a
     slot, and is the next ask's to run: the budget is spent only once none waits. (Run beyond
-    the budget, by a smaller --trials or another worker, it is marked surplus instead.)"""
+    the budget, by a smaller --trials or another worker, it is marked surplus instead.) Trials
+    known to run out of memory take no slot, but as many as the budget spend it."""
     waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
-    return slots_taken(trials) >= budget and not waiting
+    return (slots_taken(trials) >= budget or run_out_unrun(trials, budget)) and not waiting
 
 
 def _timed_out(timeout: float | None, started: float) -> bool:

@@ -336,6 +336,25 @@ def test_a_configuration_known_to_run_out_of_memory_is_pruned_without_running(
     sizes = [ran_out[n].params["batch_size"] for n in sorted(ran_out)]
     assert sizes == sorted(set(sizes), reverse=True)  # each real OOM was below every earlier one
     assert "not run: batch_size" in err
+    # a trial known to run out cost nothing: the budget's 12 trials are those that ran
+    assert len(trials) - len(skipped) == 12
+
+
+def test_a_space_known_to_run_out_ends_after_the_budget_s_count_of_unrun_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Trials known to run out of memory take no slot of the budget, so a space the sampler can
+    draw nothing else from would ask without end: as many of them as the budget end it."""
+    tasks.OOM_RAISED.clear()
+    path = write_study(
+        tmp_path, task="tests.tasks:cuda_oom", trials=3, batch_sizes=(512,), confirm={"top": 0}
+    )
+    code, _, err = run_cli("run", str(path), capsys=capsys)
+    assert code == 0
+    trials = finished(load(path))
+    assert [bool(t.user_attrs.get("oom")) for t in trials] == [True, False, False, False]
+    assert ["oom_bound" in t.user_attrs for t in trials] == [False, True, True, True]
+    assert len(tasks.OOM_RAISED) == 1 and "1/3 finished" in err
 
 
 def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
@@ -627,15 +646,16 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     trials = sorted(load(path).get_trials(), key=lambda t: t.number)
-    # trial 3 runs unless it needs at least the memory of trial 2, which ran out (the OOM boundary)
-    bounded = trials[3].params["batch_size"] >= trials[2].params["batch_size"]
-    assert [t.state.name for t in trials] == [
-        "COMPLETE",
-        "PRUNED",
-        "PRUNED",
-        "PRUNED" if bounded else "COMPLETE",
-    ]
-    assert trials[3].user_attrs.get("oom_bound") == (2 if bounded else None)
+    assert [t.state.name for t in trials[:3]] == ["COMPLETE", "PRUNED", "PRUNED"]
+    # a later trial runs unless it needs at least the memory of trial 2, which ran out (the OOM
+    # boundary); one known to run out takes no slot of the budget, so the fourth that ran ends it
+    later = trials[3:]
+    for t in later:
+        bounded = t.params["batch_size"] >= trials[2].params["batch_size"]
+        assert t.state.name == ("PRUNED" if bounded else "COMPLETE")
+        assert t.user_attrs.get("oom_bound") == (2 if bounded else None)
+    assert [t.state.name for t in later].count("COMPLETE") == 1
+    assert later[-1].state.name == "COMPLETE"
     fast = trials[0].value
     assert schema.measured(trials[0])["reached"] and fast < 5
     pruned = trials[1].user_attrs["reason"]
@@ -652,10 +672,7 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
     for entry in pids.iterdir():  # every command's process is gone, the pruned one's included
         with pytest.raises(ProcessLookupError):
             os.kill(int(entry.name.split("-")[1]), 0)
-    assert (
-        "trial 1: pruned:" in err
-        and f"Study study: 4 trials: {1 if bounded else 2} complete" in out
-    )
+    assert "trial 1: pruned:" in err and f"Study study: {len(trials)} trials: 2 complete" in out
 
 
 def test_an_empty_validation_set_is_refused_before_the_first_trial(tmp_path: Path) -> None:
@@ -929,8 +946,8 @@ def test_a_batch_that_runs_out_of_memory_is_pruned_without_checkpointing_and_tra
     tmp_path: Path, capsys: pytest.CaptureFixture[str], checkpointing: bool
 ) -> None:
     """tests.tasks:activation_budget runs out of memory at a batch of 128 unless its blocks are
-    checkpointed: without, the first trial is PRUNED as out of memory and the next known to run out;
-    with, both train."""
+    checkpointed: without, the first trial is PRUNED as out of memory and the next ones known to
+    run out (as many as the budget: they take no slot of it); with, both train."""
     path = write_study(
         tmp_path,
         task="tests.tasks:activation_budget",
@@ -944,15 +961,14 @@ def test_a_batch_that_runs_out_of_memory_is_pruned_without_checkpointing_and_tra
     raw.update(baseline={"batch_size": 128, "lr": 0.05}, prune="none")
     path.write_text(yaml.safe_dump(raw))
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
-    first, second = finished(load(path))
-    assert schema.config(first)["checkpointing"] is schema.config(second)["checkpointing"]
-    assert schema.config(first)["checkpointing"] is checkpointing
+    first, *later = finished(load(path))
+    assert all(schema.config(t)["checkpointing"] is checkpointing for t in [first, *later])
     if checkpointing:
-        assert first.state == second.state == optuna.trial.TrialState.COMPLETE
+        assert [t.state.name for t in [first, *later]] == ["COMPLETE", "COMPLETE"]
     else:
-        assert first.state == second.state == optuna.trial.TrialState.PRUNED
+        assert [t.state.name for t in [first, *later]] == ["PRUNED"] * 3
         assert first.user_attrs["oom"] is True and "out of memory" in first.user_attrs["reason"]
-        assert second.user_attrs["oom_bound"] == first.number
+        assert [t.user_attrs["oom_bound"] for t in later] == [first.number] * 2
 
 
 def test_a_training_set_too_large_for_the_device_leaves_its_loaders_batches_to_run(
