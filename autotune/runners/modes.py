@@ -55,8 +55,10 @@ def for_mode(
         fresh = isolation.in_child(task_name, study_path=study_path, hang_after=trial_timeout)
         return Runners(fresh, measuring.measure, measuring.run_trial, measuring.close)
     if mode == "warm":
+        # Its child is replaced once the systems are measured, as the process mode's is: what the
+        # measurements left in it (cuDNN's algorithms, compiled kernels) is no trial's to find.
         trials = kept(notice)
-        return Runners(trials.run_trial, trials.measure, trials.run_trial, _nothing)
+        return Runners(trials.run_trial, trials.measure, trials.run_trial, trials.close)
     run_trial = isolation.in_process(task)
     return Runners(run_trial, isolation.measure_in_process(task), run_trial, _nothing)
 

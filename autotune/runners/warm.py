@@ -8,7 +8,10 @@ promises by being replaced:
 - after a trial that failed (an OOM, an error, a divergence): the next trial starts in a new child;
 - after a trial that left something behind (`left_behind`): device memory still allocated, a
   process it started still running, or its resident memory grown past RSS_GROWTH_BYTES;
-- after TRIALS_PER_CHILD trials, whatever they left.
+- after TRIALS_PER_CHILD trials, whatever they left;
+- before a trial with cuDNN's search (cudnn_benchmark) where an earlier one searched: cuDNN keeps
+  the algorithms it found for the process, and the trial would find them rather than pay for the
+  search, as a run of its own would.
 
 A hang is killed at its limit and a crash recorded exactly as in a fresh child. A trial the study
 prunes is stopped inside the child, which then waits for the next one.
@@ -75,6 +78,9 @@ class WarmChild:
         seed: int,
         progress: Progress | None = None,
     ) -> TrialResult:
+        if config.cudnn_benchmark and self._held.searched:
+            self._replace("an earlier trial in it had searched cuDNN's algorithms")
+        self._held.searched = self._held.searched or config.cudnn_benchmark
         return self._run(
             isolation.train_trial,
             (config, limits, device, seed),
@@ -164,6 +170,7 @@ class _Held:
 
     child: Any = None
     connection: Any = None
+    searched = False  # whether a trial in the child ran cuDNN's algorithm search
 
     def start(self, context: Any, task_name: str, study_path: Path) -> None:
         here, there = context.Pipe(duplex=True)
@@ -179,6 +186,7 @@ class _Held:
         self.child, self.connection = child, here
 
     def end(self) -> None:
+        self.searched = False
         if self.child is None:
             return
         child, connection, self.child, self.connection = self.child, self.connection, None, None

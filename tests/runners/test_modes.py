@@ -1,5 +1,6 @@
 """Under `isolation: process` each trial has a fresh child, while the systems' measurements (the
-probes', the throughput phase's) share one, ended before the first trial."""
+probes', the throughput phase's) share one, ended before the first trial; under `warm` the trials
+share one too, not the measurements'."""
 
 from __future__ import annotations
 
@@ -45,6 +46,25 @@ def test_measurements_share_one_child_that_ends_when_told_and_each_trial_has_its
     # a trial after it starts its own, and gets the same result as a measurement's short run
     again = runners.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
     assert [p[1:] for p in again.curve] == [p[1:] for p in short.curve]
+
+
+def test_a_warm_study_s_trials_do_not_run_in_the_child_that_measured() -> None:
+    """What the measurements left in their child (cuDNN's algorithms, compiled kernels) is no
+    trial's to find: the warm child is replaced once they end, then serves trial after trial."""
+    runners = modes.for_mode(
+        "warm", "tests.tasks:blobs", blobs(), study_path=REPO / "study.yaml", trial_timeout=60
+    )
+    (measuring,) = {runners.measure(process_id, device=CPU, seed=s) for s in range(2)}
+    kept = runners.run_trial.__self__
+    assert kept.pid == measuring
+    runners.end_measuring()
+    assert kept.pid is None and still_alive([measuring]) == []
+    pids = []
+    for seed in range(2):
+        runners.run_trial(config(32), limits=LIMITS, device=CPU, seed=seed)
+        pids.append(kept.pid)
+    assert len(set(pids)) == 1 and measuring not in pids
+    kept.close()
 
 
 def test_a_process_isolated_study_probes_in_one_child_and_ends_it_before_its_trials(

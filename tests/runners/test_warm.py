@@ -3,6 +3,7 @@ failure or a leak, a pruned trial stopped inside it, and nothing left when the s
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import re
 import signal
@@ -186,6 +187,22 @@ def test_a_child_serves_at_most_its_share_of_trials(monkeypatch: pytest.MonkeyPa
     warm._serve(Connection(), 0, "fork", "blobs", REPO / "study.yaml")
     assert [reply[:2] for reply in replies] == [("result", "done"), ("result", "done")]
     assert replies[0][2] is None and "2 trials" in replies[1][2]
+
+
+def test_a_trial_with_cudnn_s_search_runs_where_no_earlier_trial_searched() -> None:
+    """cuDNN keeps the algorithms it found for the process: a second trial with its search in the
+    same child would find them, not pay for the search as a run of its own. Trials without it
+    share the child as ever."""
+    child = kept("blobs")
+    searching = dataclasses.replace(config(32), cudnn_benchmark=True)
+    pids = []
+    for trial in (config(32), searching, config(32), searching, searching):
+        child.run_trial(trial, limits=LIMITS, device=CPU, seed=1)
+        pids.append(child.pid)
+    # the first search in the child the plain trials share, each later one in a child of its own
+    assert pids[0] == pids[1] == pids[2] != pids[3] != pids[4] and len(set(pids)) == 3
+    assert child.replaced == ["an earlier trial in it had searched cuDNN's algorithms"] * 2
+    child.close()
 
 
 def test_dropping_the_warm_child_ends_its_process() -> None:
