@@ -56,9 +56,11 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
         _recover(study)
     try:
         due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
-        if due and not local:  # another machine may be measuring them: wait for its figures
+        while due and not local:  # another machine may be measuring them: wait for its figures
             probe_claim.wait_for_another(study)
             due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
+            if not due or probe_claim.claim(study):
+                break
         with probe_claim.marked(study) if due and not local else contextlib.nullcontext():
             stored, probed = _measure_systems(spec, prepared, study)
     finally:

@@ -1,9 +1,10 @@
 """One measurement of a study's systems (its probe, its throughput phase) where several machines
 begin it on a database server: the run that measures marks the study with its worker (host:pid)
 and renews the mark every heartbeat; a run that finds a live mark waits for those figures instead
-of measuring the same (minutes of GPU on each machine). A mark not renewed for the heartbeat's
-grace period is a dead process's: the run that finds it measures itself. A local file needs none
-of this: one run holds its lock.
+of measuring the same (minutes of GPU on each machine). Two runs that find no mark in the same
+instant both write one and only the later write stands, so a run reads its mark back before it
+measures (`claim`). A mark not renewed for the heartbeat's grace period is a dead process's: the
+run that finds it measures itself. A local file needs none of this: one run holds its lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from autotune.study import storage
 POLL_SECONDS = 1.0  # how often a waiting run reads the study
 # the trials' heartbeat and grace period (AUTOTUNE_HEARTBEAT), for the probe's mark too
 RENEW_SECONDS, STALE_SECONDS = storage.HEARTBEAT_SECONDS, storage.GRACE_SECONDS
+# how long a run's mark must stand before the run measures: longer than two runs' writes of
+# their marks can lie apart once both found none
+CLAIM_SECONDS = 1.0
+
+
+def claim(study: Any) -> bool:
+    """Mark the study as measured by this process; whether the mark still is this process's
+    CLAIM_SECONDS later. Where another run wrote its own meanwhile, that run measures, and this
+    one waits for its figures (`wait_for_another`)."""
+    me = storage.worker_id()
+    schema.record_probing(study, {"worker": me, "at": time.time()})
+    with signals.interruptible():
+        time.sleep(CLAIM_SECONDS)
+    return schema.probing(study.user_attrs).get("worker") == me
 
 
 @contextlib.contextmanager

@@ -195,3 +195,53 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     assert trials and {schema.config(t)["precision"] for t in trials} <= set(
         probes[0]["precisions"]
     )
+
+
+def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
+    tmp_path: Path,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both write a mark and only the later write stands: the run whose mark was written over
+    reads that back and waits for the other's figures rather than measure the same."""
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
+    monkeypatch.setattr(probe_claim, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
+    study_file = {**STUDY, "storage": postgres_url, "budget": {"trials": 1, "max_epochs": 1}}
+    measure, probes = roofline_probe.run, []
+
+    def counted(*args, **kwargs) -> dict:
+        probes.append(measure(*args, **kwargs))
+        return probes[-1]
+
+    monkeypatch.setattr(roofline_probe, "run", counted)
+
+    def path_of(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**study_file, "name": name}))
+        return path
+
+    assert main(["run", str(path_of("first"))]) == 0  # a probe for the other run to store
+    assert len(probes) == 1
+    capsys.readouterr()
+    study = optuna.create_study(study_name="race", storage=postgres_url, direction="minimize")
+
+    def elsewhere() -> None:
+        # found no mark as this run did; its own lands just after this run's
+        while schema.probing(study.user_attrs).get("worker") != storage.worker_id():
+            time.sleep(0.01)
+        for _ in range(20):  # probing for about 2 s, then its outcome stored
+            schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
+            time.sleep(0.1)
+        schema.record_probe(study, probes[0])
+        schema.record_probing(study, {})
+
+    other = threading.Thread(target=elsewhere)
+    other.start()
+    assert main(["run", str(path_of("race"))]) == 0
+    other.join()
+    err = capsys.readouterr().err
+    assert "elsewhere:1 is measuring this study's systems; this run waits for its figures" in err
+    assert len(probes) == 1 and schema.probe(study.user_attrs) == probes[0]
+    assert len(study.get_trials(deepcopy=False)) == 1
