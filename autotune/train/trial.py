@@ -27,7 +27,7 @@ from autotune.train.ledger import Ledger
 from autotune.train.loader import endless
 from autotune.train.measure import Clock, reset_peak_memory, threads_for
 from autotune.train.tasks import Task
-from autotune.train.training import build, seed_everything
+from autotune.train.training import Training, build, seed_everything
 
 # Steps between looks at whether the loss stayed finite: each look waits for the device (a host
 # sync), so on CUDA it comes every few steps, and the step it names is kept on the device. The
@@ -50,14 +50,7 @@ def run(
 
     With the target not stopping it, `time_to_target` is still when the metric first reached it.
     """
-    # Off the clock: what this process's first steps load is its cost, not this configuration's.
-    first_steps.take_before(task, config, limits=limits, device=device, seed=seed)
-    # Set up: seeds, CPU threads, the memory figure; a batch larger than the data is an error.
-    seed_everything(seed)
-    torch.set_num_threads(threads_for(config.num_workers, processes=ranks.world_size))
-    reset_peak_memory(device)
-    n_train = len(task.train)
-    _check_effective_batch(config, n_train, ranks=ranks.world_size)
+    n_train = _set_up(task, config, limits=limits, device=device, seed=seed, ranks=ranks)
 
     # Build, on the clock: before the DataLoader, as worker start-up is a real cost of num_workers.
     clock = Clock(device)
@@ -96,15 +89,7 @@ def run(
                     clock.stop()
                     watch.check(steps_per_epoch=steps_per_epoch)
                     loss = watch.mean()  # finite: check has just looked; this rank's
-                    metric, confusion = ranks.from_main(
-                        lambda: evaluate(
-                            training.evaluated,
-                            task,
-                            device=device,
-                            autocast=training.autocast,
-                            channels_last=config.channels_last,
-                        )
-                    )
+                    metric, confusion = _evaluated(training, task, config, device, ranks)
                     ledger.evaluated(metric, confusion, seconds=clock.elapsed, loss=loss)
                     # Stop at the target (where it stops the run) or out of time; else train on.
                     if ledger.stops(out_of_time=out_of_time):
@@ -120,6 +105,41 @@ def run(
 
     # Result: the clock, the curve, and the speed and input wait after warm-up.
     return ledger.result(clock, waited=waiting.seconds, device=device, gpu=gpu)
+
+
+def _set_up(
+    task: Task,
+    config: TrialConfig,
+    *,
+    limits: Limits,
+    device: torch.device,
+    seed: int,
+    ranks: Ranks,
+) -> int:
+    """Everything before the clock starts; the training set's size."""
+    # What this process's first steps load is its cost, not this configuration's.
+    first_steps.take_before(task, config, limits=limits, device=device, seed=seed)
+    seed_everything(seed)
+    torch.set_num_threads(threads_for(config.num_workers, processes=ranks.world_size))
+    reset_peak_memory(device)
+    n_train = len(task.train)
+    _check_effective_batch(config, n_train, ranks=ranks.world_size)  # more than the data: an error
+    return n_train
+
+
+def _evaluated(
+    training: Training, task: Task, config: TrialConfig, device: torch.device, ranks: Ranks
+) -> tuple[float, list[list[int]] | None]:
+    """The validation metric and confusion counts: the main rank's, given to every rank."""
+    return ranks.from_main(
+        lambda: evaluate(
+            training.evaluated,
+            task,
+            device=device,
+            autocast=training.autocast,
+            channels_last=config.channels_last,
+        )
+    )
 
 
 def _check_effective_batch(config: TrialConfig, n_train: int, *, ranks: int = 1) -> None:
