@@ -154,17 +154,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
-    fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
-    peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
-    memory = roofline.checkpointing_fit(
-        space, peaks, batch=batch, device_bytes=telemetry.memory_bytes(prepared.device)
-    )
-    if memory is not None and memory["fits"]:
-        fixed["checkpointing"] = False
-    compiled = _weigh_compile(probing, chosen)
-    bar.update(2 if compiled else 0)
-    if compiled and not compiled["kept"]:
-        fixed["compile"] = False
+    fixed, memory, compiled = _formats_fixed(probing, chosen, figures["compute_rates"], bar)
     precisions = end_to_end.precisions_kept(
         chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
     )
@@ -172,6 +162,8 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     bar.update(len(entries))
     at_batches = [e for e in entries if "precision" not in e]
     other_precisions = [e for e in entries if "precision" in e]
+    steps = {e["batch_size"]: e["compute_rate"] for e in at_batches if e.get("compute_rate")}
+    steps = {batch: chosen.compute_rate, **steps}  # the step's rate by micro-batch
     return {
         "kind": "joint",
         "batch_size": batch,
@@ -200,20 +192,34 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
         },
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
         "moves": roofline_text.what_moves_it(
-            checked.timed[0][0],
-            spec.space,
-            batch=batch,
-            cores=cpu_count(),
-            step_rates={
-                batch: chosen.compute_rate,
-                **{e["batch_size"]: e["compute_rate"] for e in at_batches if e.get("compute_rate")},
-            },
+            checked.timed[0][0], spec.space, batch=batch, cores=cpu_count(), step_rates=steps
         ),
         "batches": at_batches,
         **({"precision_batches": other_precisions} if other_precisions else {}),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
     }
+
+
+def _formats_fixed(
+    probing: _Probing, chosen: roofline.Prediction, compute_rates: list[dict[str, Any]], bar: Any
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+    """The formats the trials train at: those measured, as chosen; checkpointing off where the
+    space's largest micro-batch fits without it; compile off where it does not pay at the chosen
+    setting. With the fit and compile's weighing, for the report (None where not made)."""
+    fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
+    peaks = [rate.get("peak_memory_bytes") for rate in compute_rates]
+    space, device = probing.prepared.space, probing.prepared.device
+    memory = roofline.checkpointing_fit(
+        space, peaks, batch=probing.batch, device_bytes=telemetry.memory_bytes(device)
+    )
+    if memory is not None and memory["fits"]:
+        fixed["checkpointing"] = False
+    compiled = _weigh_compile(probing, chosen)
+    bar.update(2 if compiled else 0)
+    if compiled and not compiled["kept"]:
+        fixed["compile"] = False
+    return fixed, memory, compiled
 
 
 def _check_end_to_end(
