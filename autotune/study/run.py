@@ -60,7 +60,7 @@ def run_sequence(
             run_study(spec, plan, study, started=started)
         else:
             run_trials(left)
-        _say_if_timed_out(spec, study, started)
+        _say_if_short_of_budget(spec, study, started)
         tell_measured_settings(spec, plan, study)
         confirm_best(spec, plan.prepared, study)
     return study
@@ -140,15 +140,23 @@ def run_study(
     return study
 
 
-def _say_if_timed_out(spec: StudySpec, study: optuna.Study, started: float) -> None:
+def _say_if_short_of_budget(spec: StudySpec, study: optuna.Study, started: float) -> None:
     """Once, by the process the user started (not by each of --workers, each given what was left
-    of it), with the timeout the user gave."""
+    of it), with the timeout the user gave; or where the study ended short of its budget as the
+    sampler drew configurations known to run out of memory."""
     trials = study.get_trials(deepcopy=False)
     done, budget = finished_count(trials), trials_to_train(spec, trials)
     if done < budget and _timed_out(spec.budget.timeout, started):
         print(
             f"autotune: timeout of {spec.budget.timeout:g} s reached with {done} of {budget} "
             f"trials finished; run the same command again to go on",
+            file=sys.stderr,
+        )
+    elif done < budget and run_out_unrun(trials, budget):
+        print(
+            f"autotune: ended with {done} of {budget} trials run: as many as the budget were "
+            f"known to run out of memory, as smaller ones had; the space's micro-batches, or its "
+            f"precisions, are mostly larger than the device holds",
             file=sys.stderr,
         )
 

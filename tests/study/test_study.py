@@ -355,6 +355,7 @@ def test_a_space_known_to_run_out_ends_after_the_budget_s_count_of_unrun_trials(
     assert [bool(t.user_attrs.get("oom")) for t in trials] == [True, False, False, False]
     assert ["oom_bound" in t.user_attrs for t in trials] == [False, True, True, True]
     assert len(tasks.OOM_RAISED) == 1 and "1/3 finished" in err
+    assert "autotune: ended with 1 of 3 trials run: as many as the budget were known to run" in err
 
 
 def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
