@@ -282,7 +282,8 @@ def test_the_throughput_plot_sets_a_training_set_on_the_device_apart_from_no_wor
 
 def test_csv_holds_every_trial_with_its_settings_and_measurements(study: Path) -> None:
     rows = list(csv.DictReader((study.parent / "trials.csv").open()))
-    assert len(rows) == 10
+    # the budget's 10 trials ran; those known to run out of memory never did, and are rows too
+    assert len([r for r in rows if r["oom_bound"] != "True"]) == 10
     assert {
         "number",
         "state",

@@ -288,7 +288,8 @@ def test_out_of_memory_prunes_the_trial_and_the_study_goes_on(
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     trials = finished(load(path))
-    assert len(trials) == 8
+    # the budget's 8 ran; any known to run out of memory never did (test below)
+    assert len([t for t in trials if "oom_bound" not in t.user_attrs]) == 8
     oom = [t for t in trials if t.user_attrs.get("oom")]
     assert oom, "the sampler never tried a batch of 128 or more; pick another seed"
     for t in oom:
