@@ -231,7 +231,10 @@ def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
 
     def elsewhere() -> None:
         # found no mark as this run did; its own lands just after this run's
+        deadline = time.monotonic() + 60  # a run that never marks fails below, not hangs here
         while schema.probing(study.user_attrs).get("worker") != storage.worker_id():
+            if time.monotonic() > deadline:
+                return
             time.sleep(0.01)
         for _ in range(20):  # probing for about 2 s, then its outcome stored
             schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
