@@ -122,3 +122,19 @@ def test_nvml_sees_the_gpu_torch_uses() -> None:
     finally:
         pynvml.nvmlShutdown()
     assert (name.decode() if isinstance(name, bytes) else name) == torch.cuda.get_device_name(0)
+
+
+def test_the_gather_s_measured_peak_holds_the_training_set_s_copy() -> None:
+    """The loader rate of the training set kept on the device peaks at its copy and more (the
+    probe's memory fit adds it); a DataLoader's holds a batch or so, far less."""
+    from autotune.train import rates
+
+    task = blobs()
+    copy = sum(t.numel() * t.element_size() for t in task.train.tensors)
+    loaders = {
+        "gather": config(batch_size=64, data_on_device=True),
+        "loader": config(batch_size=64, num_workers=0),
+    }
+    measured = rates.measure_loaders_in_turn(task, loaders, device=CUDA, seed=0)
+    assert measured["gather"].peak_memory_bytes >= copy, (measured["gather"], copy)
+    assert measured["loader"].peak_memory_bytes < copy / 4, (measured["loader"], copy)

@@ -179,9 +179,11 @@ def checkpointing_fit(
     *,
     batch: int,
     device_bytes: int | None,
+    set_bytes: int = 0,
 ) -> dict[str, Any] | None:
     """Where checkpointing is a choice with off among it: the space's largest micro-batch's
-    predicted peak without it (the hungriest of `peaks`, each a setting's at `batch` as measured),
+    predicted peak without it (the hungriest of `peaks`, each a setting's step at `batch` as
+    measured, plus `set_bytes`, the training set's copy where the trials keep one on the device),
     beside the device's memory, and whether it fits (FITS_SHARE). None where it is no choice, or a
     peak is missing (None: a setting out of memory at `batch`, or failed)."""
     values = space["checkpointing"].values
@@ -189,12 +191,13 @@ def checkpointing_fit(
         return None
     sizes = space["batch_size"]
     largest_batch = int(max(sizes.values) if isinstance(sizes, Choices) else sizes.high)
-    predicted = max(peaks) * max(1.0, largest_batch / batch)
+    predicted = max(peaks) * max(1.0, largest_batch / batch) + set_bytes
     return {
         "largest_batch": largest_batch,
         "predicted_bytes": round(predicted),
         "device_bytes": device_bytes,
         "fits": predicted <= FITS_SHARE * device_bytes,
+        **({"set_bytes": set_bytes} if set_bytes else {}),
     }
 
 

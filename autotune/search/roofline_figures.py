@@ -34,6 +34,16 @@ def start_up_seconds(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> 
     return ((loader or {}).get("fixed_seconds") or 0.0) + ((step or {}).get("fixed_seconds") or 0.0)
 
 
+def set_bytes(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> int:
+    """The bytes the training set's copy takes on the device where `setting` keeps one there, as
+    its gather's measurement held them (its peak: the copy and a batch); 0 where it keeps none,
+    or off CUDA, where nothing is copied."""
+    if not setting.get("data_on_device"):
+        return 0
+    kept = [r for r in outcome.get("loader_rates", []) if r.get("data_on_device")]
+    return max((r.get("peak_memory_bytes") or 0 for r in kept), default=0)
+
+
 def first_steps_seconds(outcome: Mapping[str, Any]) -> float | None:
     """What a measuring process's first steps loaded (CUDA's libraries and first kernels), beyond
     what a later step of the same took; in no setting's start-up. None where unmeasured (a probe

@@ -296,8 +296,13 @@ def checkpointing_text(fit: Mapping[str, Any]) -> str:
     gib = 2**30
     memory = (
         f"the largest micro-batch ({fit['largest_batch']}) should peak at "
-        f"{fit['predicted_bytes'] / gib:.1f} GiB without it, of the device's "
-        f"{fit['device_bytes'] / gib:.1f} GiB"
+        f"{fit['predicted_bytes'] / gib:.1f} GiB without it"
+        + (
+            f" ({fit['set_bytes'] / gib:.1f} GiB of it the training set kept on the device)"
+            if fit.get("set_bytes")
+            else ""
+        )
+        + f", of the device's {fit['device_bytes'] / gib:.1f} GiB"
     )
     if fit["fits"]:
         return f"Activation checkpointing fixed off: {memory}, and it only recomputes"

@@ -24,9 +24,9 @@ from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import feasibility
-from autotune.train import checkpointing, systems
+from autotune.train import checkpointing, systems, telemetry
 from autotune.train.config import Limits
-from autotune.train.loader import keeps_on_device
+from autotune.train.loader import on_device_problem
 from autotune.train.tasks import Task, load_task, takes
 
 
@@ -224,9 +224,6 @@ def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
     return systems.has_batch_norm(task.model(**takes(task.model, params)))
 
 
-NOT_ON_DEVICE = (
-    "the task keeps no training set on the device (Task.device_train, or a TensorDataset)"
-)
 OWN_DATA = "a training command or objective function loads its own data"
 
 
@@ -248,7 +245,7 @@ def fit_to_device(
         "compile_problem": systems.compile_problem(device) if "compile" in wanted else None,
         "tf32_problem": systems.tf32_problem(device),
         "data_on_device_problem": (
-            OWN_DATA if task is None else None if keeps_on_device(task) else NOT_ON_DEVICE
+            OWN_DATA if task is None else on_device_problem(task, telemetry.memory_bytes(device))
         ),
     }
     params = {k: v for k, v in baseline.items() if k not in KNOBS}

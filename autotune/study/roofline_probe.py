@@ -42,7 +42,7 @@ from autotune import progress, signals
 from autotune.record import seeds
 from autotune.runners import isolation
 from autotune.search import end_to_end, probe, roofline, roofline_text
-from autotune.search.roofline_figures import start_up_seconds
+from autotune.search.roofline_figures import set_bytes, start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
 from autotune.study import budget, chosen_setting, rates_apart, throughput_phase
@@ -154,7 +154,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
-    fixed, memory, compiled = _formats_fixed(probing, chosen, figures["compute_rates"], bar)
+    fixed, memory, compiled = _formats_fixed(probing, chosen, figures, bar)
     precisions = end_to_end.precisions_kept(
         chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
     )
@@ -202,16 +202,17 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
 
 
 def _formats_fixed(
-    probing: _Probing, chosen: roofline.Prediction, compute_rates: list[dict[str, Any]], bar: Any
+    probing: _Probing, chosen: roofline.Prediction, figures: dict[str, Any], bar: Any
 ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
     """The formats the trials train at: those measured, as chosen; checkpointing off where the
     space's largest micro-batch fits without it; compile off where it does not pay at the chosen
     setting. With the fit and compile's weighing, for the report (None where not made)."""
     fixed = {k: chosen.compute[k] for k in roofline.MEASURED_FORMATS}
-    peaks = [rate.get("peak_memory_bytes") for rate in compute_rates]
-    space, device = probing.prepared.space, probing.prepared.device
+    peaks = [rate.get("peak_memory_bytes") for rate in figures["compute_rates"]]
+    space, kept = probing.prepared.space, set_bytes(figures, chosen.loader)
+    device_bytes = telemetry.memory_bytes(probing.prepared.device)
     memory = roofline.checkpointing_fit(
-        space, peaks, batch=probing.batch, device_bytes=telemetry.memory_bytes(device)
+        space, peaks, batch=probing.batch, device_bytes=device_bytes, set_bytes=kept
     )
     if memory is not None and memory["fits"]:
         fixed["checkpointing"] = False

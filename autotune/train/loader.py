@@ -22,7 +22,7 @@ from torch.utils.data import (
 )
 
 from autotune import signals
-from autotune.search import recipe
+from autotune.search import recipe, roofline
 from autotune.train.config import TrialConfig
 from autotune.train.distributed import ALONE, Ranks
 from autotune.train.tasks import Task
@@ -119,6 +119,33 @@ def gather_on(task: Task, device: torch.device) -> Gather | None:
 def keeps_on_device(task: Task) -> bool:
     """Whether the task can keep its training set on the device (the data_on_device knob)."""
     return task.device_train is not None or _plain_tensors(task.train)
+
+
+NOT_ON_DEVICE = (
+    "the task keeps no training set on the device (Task.device_train, or a TensorDataset)"
+)
+
+
+def on_device_problem(task: Task, device_bytes: int | None) -> str | None:
+    """Why the task's training set cannot be kept on a device of `device_bytes` memory: it keeps
+    none there, or its copy (a TensorDataset's, whose size is known before it is made) would take
+    more than the share of the memory a training run may count on (roofline.FITS_SHARE), leaving
+    the step none. None where it can, or where either size is unknown."""
+    if not keeps_on_device(task):
+        return NOT_ON_DEVICE
+    if task.device_train is not None or not device_bytes:
+        return None
+    size = sum(t.numel() * t.element_size() for t in task.train.tensors)
+    if size <= roofline.FITS_SHARE * device_bytes:
+        return None
+    return (
+        f"the training set's tensors ({_size(size)}) would take more than "
+        f"{roofline.FITS_SHARE:.0%} of the device's {_size(device_bytes)}"
+    )
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.2f} MiB"
 
 
 def _plain_tensors(dataset: Any) -> bool:

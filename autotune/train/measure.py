@@ -189,6 +189,21 @@ def peak_memory(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def allocator_mark(device: torch.device) -> int:
+    """The bytes the device's allocator holds now, its peak reset to them: what is built after
+    the mark peaks at counts from there (allocator_peak_since). CUDA; 0 elsewhere."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def allocator_peak_since(device: torch.device, mark: int) -> int | None:
+    """The allocator's peak since allocator_mark, less what it held at the mark (CUDA; None
+    elsewhere)."""
+    return torch.cuda.max_memory_allocated(device) - mark if device.type == "cuda" else None
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -31,7 +31,7 @@ from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import endless, training_batches
-from autotune.train.measure import Clock, threads_for
+from autotune.train.measure import Clock, allocator_mark, allocator_peak_since, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
 from autotune.train.throughput import BURSTS, WINDOW_STEPS, in_turn, measure_sessions, spread
@@ -223,6 +223,9 @@ class _LoaderSession(_Session):
         self.queued = config.num_workers * (config.prefetch_factor or 0) + (
             1 if config.num_workers else 0
         )
+        # its peak (a batch on the device; with data_on_device, the training set's copy too) is
+        # its own, not the sessions' built before it
+        held = allocator_mark(device)
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
         self.batches = endless(training_batches(task, config, seed=seed, device=device))
@@ -232,6 +235,7 @@ class _LoaderSession(_Session):
             self.close()
             raise
         self.startup_seconds = clock.stop()
+        self.peak_memory_bytes = allocator_peak_since(device, held)
 
     def _take(self, count: int) -> int:
         samples = 0
@@ -270,8 +274,7 @@ class _ComputeSession(_Session):
         )
         self.device, self.window_steps = device, window_steps
         seed_everything(seed)
-        # what the sessions built before it hold: its peak is its own, not theirs too
-        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        held = allocator_mark(device)  # its peak is its own, not the sessions' built before it
         kept = []
         # loaded before the clock: the loader's cost is the other rate's
         for inputs, targets in training_batches(task, self.config, seed=seed, device=device):
@@ -286,16 +289,13 @@ class _ComputeSession(_Session):
             if len(kept) == max(KEPT_BATCHES, config.accumulation_steps):
                 break
         self.kept, self.next = kept, 0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         torch.set_num_threads(self.threads)
         clock = Clock(device)
         clock.start()
         self.training = build(task, self.config, limits=_ENDLESS, device=device, seed=seed)
         self.warmup_samples = self._steps(MIN_WARMUP_STEPS)
         self.startup_seconds = clock.stop()
-        if device.type == "cuda":
-            self.peak_memory_bytes = torch.cuda.max_memory_allocated(device) - held
+        self.peak_memory_bytes = allocator_peak_since(device, held)
 
     def _steps(self, count: int) -> int:
         samples = 0

@@ -1008,6 +1008,36 @@ def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_with
         "Activation checkpointing fixed off: the largest micro-batch (512) should peak at 12.0 GiB "
         "without it, of the device's 80.0 GiB, and it only recomputes"
     )
+    # the training set kept on the device adds its copy: 12 GiB fits in 80% of 16, 14 does not
+    assert roofline.checkpointing_fit(space(), rates_at_128, batch=128, device_bytes=16 * gib)[
+        "fits"
+    ]
+    with_set = roofline.checkpointing_fit(
+        space(), rates_at_128, batch=128, device_bytes=16 * gib, set_bytes=2 * gib
+    )
+    assert with_set["predicted_bytes"] == 14 * gib and not with_set["fits"]
+    assert roofline_text.checkpointing_text(with_set) == (
+        "Activation checkpointing stays in the search: the largest micro-batch (512) should peak "
+        "at 14.0 GiB without it (2.0 GiB of it the training set kept on the device), of the "
+        "device's 16.0 GiB"
+    )
+
+
+def test_the_training_set_s_copy_counts_where_the_chosen_setting_keeps_one_on_the_device() -> None:
+    """The gather's measured peak is the set's copy (and a batch): counted for a setting that keeps
+    it there, not for one with a DataLoader; nothing where no gather was measured (a CPU)."""
+    outcome = {
+        "loader_rates": [
+            {**loader(4), "peak_memory_bytes": 3_000},  # a batch, copied
+            {"data_on_device": True, "num_workers": 0, "peak_memory_bytes": 5_000_000},
+        ]
+    }
+    on_device = {"data_on_device": True, "num_workers": 0}
+    assert roofline_figures.set_bytes(outcome, on_device) == 5_000_000
+    assert roofline_figures.set_bytes(outcome, loader(4)) == 0
+    cpu = {"loader_rates": [{"data_on_device": True, "peak_memory_bytes": None}]}
+    assert roofline_figures.set_bytes(cpu, on_device) == 0
+    assert roofline_figures.set_bytes({}, on_device) == 0
 
 
 class Bursty(torch.utils.data.Dataset):

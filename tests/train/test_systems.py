@@ -212,6 +212,36 @@ def test_data_on_device_is_a_choice_only_for_a_task_that_keeps_its_training_set_
     assert "space.data_on_device" in str(error.value)
 
 
+def test_a_tensor_training_set_too_large_for_the_device_is_not_kept_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """blobs' training tensors take 40 KiB (1,024 x 8 floats and 1,024 64-bit labels): on a
+    device of 48 KiB they would leave the step under 20% of it, so the knob is fixed off and says
+    why; the baseline that asked for it trains from its DataLoader; the study file that asks for
+    it alone is an error. On a device of 1 GiB they stay a choice."""
+    path = tmp_path / "blobs.yaml"
+    path.write_text(
+        "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.9}\ndevice: cpu\n"
+        "baseline: {data_on_device: true}\n"
+    )
+    memory = {"bytes": 48 * 2**10}  # what NVML reports for the device; None on a CPU
+    monkeypatch.setattr(preparation.telemetry, "memory_bytes", lambda device: memory["bytes"])
+    prepared = preparation.prepare(load(path))
+    assert prepared.space["data_on_device"] == Choices((False,))
+    assert prepared.baseline["data_on_device"] is False
+    assert (
+        "data_on_device fixed to false: the training set's tensors (0.04 MiB) would take more "
+        "than 80% of the device's 0.05 MiB" in prepared.notices
+    )
+    memory["bytes"] = 2**30
+    assert preparation.prepare(load(path)).space["data_on_device"] == Choices((False, True))
+    memory["bytes"] = 48 * 2**10
+    path.write_text(path.read_text() + "space: {data_on_device: true}\n")
+    with pytest.raises(SpecError) as error:
+        preparation.prepare(load(path))
+    assert "space.data_on_device" in str(error.value) and "80% of the device's" in str(error.value)
+
+
 def test_a_switch_fixed_on_that_cannot_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as error:
         preparation.prepare(load(write(tmp_path, "space: {cudnn_benchmark: true}\n")))
