@@ -37,6 +37,7 @@ PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 PAUSED_AT = "paused_at"  # and seconds off the training clock (evaluating) until then
 OOM = "oom"  # it ran out of memory
 OOM_BOUND = "oom_bound"  # pruned unrun: the trial whose smaller configuration ran out of memory
+TOO_LARGE = "too_large"  # pruned unrun: its effective batch is larger than the training set
 DIVERGED = "diverged"  # pruned at a non-finite loss or metric
 # what its training measured (train.config.TrialResult as a dict, plus replicates)
 RESULT = "result"
@@ -48,8 +49,7 @@ SURPLUS = "surplus"  # asked for by a worker after others took the whole budget;
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
 # one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
 PRIOR = "prior"
-# Set by Optuna's RetryFailedTrialCallback on a retry (system attributes).
-FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"
+FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"  # system attrs: Optuna's retries
 
 # Version 0: before RESULT, each measured figure was a trial attribute of its own.
 _V0_MEASURED = tuple(
@@ -137,9 +137,10 @@ def record_surplus(trial: Any) -> None:
     trial.set_user_attr(REASON, "surplus: other workers had already taken the whole budget")
 
 
-def record_oom_bound(trial: Any, *, reason: str, bound: int) -> None:
+def record_unrun(trial: Any, *, reason: str, bound: int | None = None) -> None:
+    """Pruned before it trained: past the OOM boundary of trial `bound`, or (None) too large."""
     trial.set_user_attr(REASON, reason)
-    trial.set_user_attr(OOM_BOUND, bound)
+    trial.set_user_attr(*((OOM_BOUND, bound) if bound is not None else (TOO_LARGE, True)))
 
 
 def record_pruned(
@@ -247,9 +248,9 @@ def is_surplus(trial: Any) -> bool:
     return bool(trial.user_attrs.get(SURPLUS))
 
 
-def is_oom_bound(trial: Any) -> bool:
-    """Pruned without running: a smaller configuration had run out of memory."""
-    return OOM_BOUND in trial.user_attrs
+def is_unrun(trial: Any) -> bool:
+    """Pruned without running: past the OOM boundary, or its effective batch too large."""
+    return OOM_BOUND in trial.user_attrs or TOO_LARGE in trial.user_attrs
 
 
 def queue_mark(kind: str) -> dict[str, Any]:
@@ -290,7 +291,7 @@ def stored_end(trial: Any) -> dict[str, Any]:
     return {
         "reason": attrs.get(REASON),
         "oom": bool(attrs.get(OOM, False)),
-        "oom_bound": is_oom_bound(trial),
+        "oom_bound": OOM_BOUND in attrs,  # pruned unrun: a smaller one ran out of memory
         "diverged": bool(attrs.get(DIVERGED, False)),
         "pruned_at": attrs.get(PRUNED_AT),
         **measured(trial),

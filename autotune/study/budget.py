@@ -34,19 +34,20 @@ def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] 
 def counts_against_budget(trial: optuna.trial.FrozenTrial) -> bool:
     """Every finished trial counts, except interrupted ones (their configuration runs again),
     surplus ones (asked for by a worker after others had taken the whole budget; never run) and
-    those known to run out of memory (never run, they cost nothing; `run_out_unrun` bounds them)."""
+    those pruned unrun, known to run out of memory or with an effective batch larger than the
+    training set (they cost nothing; `run_out_unrun` bounds them)."""
     return (
         trial.state in FINISHED
         and not schema.is_interrupted(trial)
         and not schema.is_surplus(trial)
-        and not schema.is_oom_bound(trial)
+        and not schema.is_unrun(trial)
     )
 
 
 def run_out_unrun(trials: Iterable[optuna.trial.FrozenTrial], budget: int) -> bool:
-    """Whether as many trials as the budget were pruned as known to run out of memory: a space
-    whose sampler draws little else ends there, rather than asking without end."""
-    return sum(1 for t in trials if schema.is_oom_bound(t)) >= budget
+    """Whether as many trials as the budget were pruned unrun: a space whose sampler draws little
+    else ends there, rather than asking without end."""
+    return sum(1 for t in trials if schema.is_unrun(t)) >= budget
 
 
 def finished_count(trials: Iterable[optuna.trial.FrozenTrial]) -> int:

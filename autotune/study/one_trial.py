@@ -176,12 +176,13 @@ def _where(
 def _settled_unrun(
     study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], policy: Policy, before: Before
 ) -> bool:
-    """End the trial without training where its end is known: surplus, or past the OOM boundary."""
+    """End the trial without training where its end is known: surplus, an effective batch larger
+    than the training set, or past the OOM boundary."""
     # Alone, the read before the ask is current: another read would cost a storage round trip.
     if slots_before(study, trial.number, before.current) >= policy.budget:
         mark_surplus(study, trial)
         return True
-    effective = config["batch_size"] * config["accumulation_steps"] * policy.devices
+    effective, bound = config["batch_size"] * config["accumulation_steps"] * policy.devices, None
     if policy.train_samples is not None and effective > policy.train_samples:
         # batch_size and accumulation_steps are drawn apart: a pair of them can ask for more than
         # one epoch a step
@@ -192,23 +193,17 @@ def _settled_unrun(
             f"is larger than the {policy.train_samples} training samples; "
             f"it cannot take one optimizer step an epoch"
         )
-        schema.record_pruned(trial, reason=reason, seconds=None)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        progress.tell(
-            f"{derived.trial_label(trial)}: {reason}",
-            standing=_where(study, policy, before, before.incumbent),
-        )
-        return True
-    bound = oom_boundary.bound_by(config, before.ran_out.items())
-    if bound is None:
-        return False
-    # it would run out of memory too: the sampler learns that without a run
-    reason = oom_boundary.not_run_reason(config, bound, before.ran_out[bound])
-    schema.record_oom_bound(trial, reason=reason, bound=bound)
+    else:
+        bound = oom_boundary.bound_by(config, before.ran_out.items())
+        if bound is None:
+            return False
+        # it would run out of memory too: the sampler learns that without a run
+        reason = oom_boundary.not_run_reason(config, bound, before.ran_out[bound])
+    schema.record_unrun(trial, reason=reason, bound=bound)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     unrun = dataclasses.replace(before, finished=before.finished - 1)  # it takes no slot
     progress.tell(
-        f"{derived.trial_label(trial)}: pruned: {reason}",
+        f"{derived.trial_label(trial)}: {reason if bound is None else f'pruned: {reason}'}",
         standing=_where(study, policy, unrun, before.incumbent),
     )
     return True

@@ -143,7 +143,7 @@ def run_study(
 def _say_if_short_of_budget(spec: StudySpec, study: optuna.Study, started: float) -> None:
     """Once, by the process the user started (not by each of --workers, each given what was left
     of it), with the timeout the user gave; or where the study ended short of its budget as the
-    sampler drew configurations known to run out of memory."""
+    sampler drew configurations that could not run."""
     trials = study.get_trials(deepcopy=False)
     done, budget = finished_count(trials), trials_to_train(spec, trials)
     if done < budget and _timed_out(spec.budget.timeout, started):
@@ -153,10 +153,14 @@ def _say_if_short_of_budget(spec: StudySpec, study: optuna.Study, started: float
             file=sys.stderr,
         )
     elif done < budget and run_out_unrun(trials, budget):
+        unrun = [t for t in trials if schema.is_unrun(t)]
+        bound = sum(1 for t in unrun if schema.stored_end(t)["oom_bound"])
         print(
             f"autotune: ended with {done} of {budget} trials run: as many as the budget were "
-            f"known to run out of memory, as smaller ones had; the space's micro-batches, or its "
-            f"precisions, are mostly larger than the device holds",
+            f"pruned unrun ({bound} known to run out of memory, as smaller ones had; "
+            f"{len(unrun) - bound} with an effective batch larger than the training set): the "
+            f"space's micro-batches, accumulation steps or precisions are mostly more than the "
+            f"device or the data holds",
             file=sys.stderr,
         )
 

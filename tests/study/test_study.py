@@ -20,6 +20,7 @@ from autotune.cli import main
 from autotune.record import schema
 from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS
+from autotune.spec.study_file import load as load_spec
 from tests import tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -356,7 +357,11 @@ def test_a_space_known_to_run_out_ends_after_the_budget_s_count_of_unrun_trials(
     assert [bool(t.user_attrs.get("oom")) for t in trials] == [True, False, False, False]
     assert ["oom_bound" in t.user_attrs for t in trials] == [False, True, True, True]
     assert len(tasks.OOM_RAISED) == 1 and "1/3 finished" in err
-    assert "autotune: ended with 1 of 3 trials run: as many as the budget were known to run" in err
+    assert (
+        "autotune: ended with 1 of 3 trials run: as many as the budget were pruned unrun (3 known "
+        "to run out of memory, as smaller ones had; 0 with an effective batch larger than the "
+        "training set)" in err
+    )
 
 
 def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
@@ -946,6 +951,37 @@ def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_wi
             "training samples; it cannot take one optimizer step an epoch"
         )
     assert all(t.state.name != "FAIL" for t in load(path).trials)
+    # never run, they cost nothing: the budget's 6 trials are those that ran
+    assert len(load(path).trials) - len(too_large) == 6
+
+
+def test_trials_pruned_unrun_take_no_slot_and_as_many_as_the_budget_end_the_study_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stored trials of both kinds pruned before they trained (an effective batch larger than the
+    training set, a configuration past the OOM boundary) beside two that ran: only those two count
+    against the budget; three unrun end a budget of 3 and the study says which kinds they were."""
+    from autotune.study import budget, run
+
+    spec = load_spec(write_study(tmp_path, trials=3))
+    study = optuna.create_study()
+    for attrs in ({}, {}, {"too_large": True}, {"too_large": True}, {"oom_bound": 0}):
+        state = optuna.trial.TrialState.PRUNED if attrs else optuna.trial.TrialState.COMPLETE
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=state, value=None if attrs else 1.0, user_attrs={"reason": "r", **attrs}
+            )
+        )
+    trials = study.get_trials(deepcopy=False)
+    assert budget.finished_count(trials) == 2
+    assert budget.run_out_unrun(trials, 3) and not budget.run_out_unrun(trials, 4)
+    run._say_if_short_of_budget(spec, study, time.monotonic())
+    assert capsys.readouterr().err == (
+        "autotune: ended with 2 of 3 trials run: as many as the budget were pruned unrun (1 known "
+        "to run out of memory, as smaller ones had; 2 with an effective batch larger than the "
+        "training set): the space's micro-batches, accumulation steps or precisions are mostly "
+        "more than the device or the data holds\n"
+    )
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
