@@ -22,7 +22,7 @@ from autotune.search.roofline_figures import (
     limit_for,
     table_entries,
 )
-from autotune.search.roofline_text import setting_text
+from autotune.search.roofline_text import setting_text, short
 from autotune.search.space import KNOBS
 
 
@@ -99,7 +99,7 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     )
     line = (
         f"At the knob space's limit ({limit['predicted']:,.0f} samples/s predicted at batch "
-        f"{outcome['batch_size']}, after {start:.2f} s of start-up measured apart{sooner}) the "
+        f"{outcome['batch_size']}, after {short(start)} of start-up measured apart{sooner}) the "
         f"winner's {samples:,.0f} samples to the target would take {seconds:.2f} s; it took "
         f"{best.time_to_target:.2f} s, {best.time_to_target / seconds:.2f}x the limit."
     )
@@ -117,7 +117,7 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
         f"{line} The {between:.2f} s between: {rate:+.2f} s of rate (the "
         f"winner's setting {expected['rate']:,.0f} samples/s {where}, against the limit's "
         f"{limit['predicted']:,.0f} predicted from its rates apart), {start_up:+.2f} s of "
-        f"start-up ({expected['start_up']:.2f} s against {start:.2f} s, each measured apart), "
+        f"start-up ({short(expected['start_up'])} against {short(start)}, each measured apart), "
         f"{run:+.2f} s the run beside its prediction."
     )
 
@@ -243,7 +243,7 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     }[expected["at"]]
     return (
         f"Predicted at {where} ({expected['rate']:,.0f} samples/s at batch "
-        f"{expected['batch_size']}, {how}, after {expected['start_up']:.2f} s of start-up"
+        f"{expected['batch_size']}, {how}, after {short(expected['start_up'])} of start-up"
         f"{compiled}): {seconds:.2f} s for the winner's {best.samples_to_target:,.0f} samples; "
         f"it took {best.time_to_target:.2f} s ({best.time_to_target / seconds - 1:+.0%})."
     )

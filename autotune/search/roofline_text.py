@@ -109,13 +109,13 @@ def run_text(outcome: Mapping[str, Any]) -> str:
     line = (
         f"Chosen for a run of {samples:,.0f} samples (the middle, on a log scale, of the "
         f"shortest run a trial trains, {shortest:,.0f}, and the longest, {longest:,.0f}): "
-        f"{seconds(chosen):.2f} s, {chosen['start_up']:.2f} s of it start-up (measured apart)"
+        f"{seconds(chosen):.2f} s, {short(chosen['start_up'])} of it start-up (measured apart)"
     )
     if fastest is not chosen:
         line += (
             f"; the fastest end to end, {setting_text(fastest)} "
             f"({_rate(fastest['measured'])}), would take {seconds(fastest):.2f} s, "
-            f"{fastest['start_up']:.2f} s of it start-up"
+            f"{short(fastest['start_up'])} of it start-up"
         )
     return line
 
@@ -230,8 +230,8 @@ def _sooner(outcome: Mapping[str, Any]) -> str:
     others = len(kept) - 2
     return (
         f"; for a run of under {samples:,.0f} samples, faster as it starts sooner: "
-        f"{setting_text(sooner)} ({_rate(sooner['predicted'])} after {sooner_start:.2f} s of "
-        f"start-up against {start:.2f} s)"
+        f"{setting_text(sooner)} ({_rate(sooner['predicted'])} after {short(sooner_start)} of "
+        f"start-up against {short(start)})"
         + (f", and {others} more for shorter runs still" if others else "")
     )
 
@@ -251,6 +251,12 @@ def setting_text(setting: Mapping[str, Any]) -> str:
     # compile is never in a setting
     shown += [knob.replace("_", "-") for knob in FORMAT_KNOBS if setting.get(knob)]
     return ", ".join(shown)
+
+
+def short(seconds: float) -> str:
+    """A start-up as said: in milliseconds under a tenth of a second, where two would otherwise
+    both read 0.00 s."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 0.1 else f"{seconds:.2f} s"
 
 
 def _rate(value: float) -> str:

@@ -783,6 +783,19 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
     )
 
 
+def test_start_ups_under_a_tenth_of_a_second_read_in_milliseconds() -> None:
+    """On a CPU a setting that starts sooner may do so by milliseconds: 0.00 s against 0.00 s
+    would say nothing."""
+    assert [roofline_text.short(s) for s in (0.0, 0.0014, 0.0046, 0.0999, 0.1, 2.5)] == [
+        "0 ms",
+        "1 ms",
+        "5 ms",
+        "100 ms",
+        "0.10 s",
+        "2.50 s",
+    ]
+
+
 def test_a_task_that_fails_in_the_probe_settles_nothing_and_the_study_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
