@@ -224,8 +224,7 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def config(trial: Any) -> dict[str, Any] | None:
     """The configuration it trained, knobs newer than the study filled in; None if none chosen."""
-    stored = trial.user_attrs.get(CONFIG)
-    return complete(stored) if stored is not None else None
+    return None if (stored := trial.user_attrs.get(CONFIG)) is None else complete(stored)
 
 
 def devices(trial: Any) -> list[str] | None:
@@ -292,6 +291,7 @@ def stored_end(trial: Any) -> dict[str, Any]:
         "reason": attrs.get(REASON),
         "oom": bool(attrs.get(OOM, False)),
         "oom_bound": OOM_BOUND in attrs,  # pruned unrun: a smaller one ran out of memory
+        "too_large": TOO_LARGE in attrs,  # pruned unrun: no epoch holds its effective batch
         "diverged": bool(attrs.get(DIVERGED, False)),
         "pruned_at": attrs.get(PRUNED_AT),
         **measured(trial),

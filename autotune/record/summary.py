@@ -26,6 +26,7 @@ class Counts:
     pruned: int
     oom: int
     oom_bound: int  # pruned without running: a smaller one ran out of memory
+    too_large: int  # pruned without running: its effective batch is larger than the training set
     diverged: int
     past_incumbent: int  # stopped once they could no longer beat the best time
     failed: int

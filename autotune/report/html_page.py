@@ -158,9 +158,10 @@ def _figure(name: str, figure: Any, caption: str) -> str:
 
 
 def _counts(c: Counts) -> str:
+    too_large = f", {c.too_large} larger than the training set" if c.too_large else ""
     return (
         f"{c.total} trials: {c.feasible} reached the target, {c.complete - c.feasible} missed it, "
-        f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out), "
+        f"{c.pruned} pruned ({c.oom} out of memory, {c.oom_bound} known to run out{too_large}), "
         f"{c.failed} failed"
     )
 

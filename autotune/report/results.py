@@ -39,6 +39,7 @@ COLUMNS = (
     *GPU_COLUMNS,
     "oom",
     "oom_bound",
+    "too_large",
     "diverged",
     "interrupted",
     "reason",
@@ -117,6 +118,8 @@ def _row(trial: Any) -> dict[str, Any]:
         **{f"gpu_{figure}": (attrs.get("gpu") or {}).get(figure) for figure in GPU_FIGURES},
         "oom": attrs["oom"],
         "oom_bound": attrs["oom_bound"],  # pruned without running: a smaller one ran out of memory
+        # pruned without running: its effective batch is larger than the training set
+        "too_large": attrs["too_large"],
         "diverged": attrs["diverged"],  # pruned at a non-finite loss or metric
         "interrupted": interrupted,
         "reason": attrs["reason"] or ("interrupted: its worker stopped" if interrupted else None),
@@ -153,11 +156,16 @@ def counts(records: pd.DataFrame) -> dict[str, int]:
         "pruned": int((state == "PRUNED").sum()),
         "oom": int(records["oom"].sum()),
         "oom_bound": int(records["oom_bound"].sum()),
-        # stopped once they could no longer beat the best time to target (prune: incumbent)
+        "too_large": int(records["too_large"].sum()),
         "diverged": int(records["diverged"].sum()),
+        # stopped once they could no longer beat the best time to target (prune: incumbent)
         "past_incumbent": int(
             (
-                (state == "PRUNED") & ~records["oom"] & ~records["oom_bound"] & ~records["diverged"]
+                (state == "PRUNED")
+                & ~records["oom"]
+                & ~records["oom_bound"]
+                & ~records["too_large"]
+                & ~records["diverged"]
             ).sum()
         ),
         "failed": int(((state == "FAIL") & ~records["interrupted"]).sum()),

@@ -91,12 +91,14 @@ def _winner_name(best: Winner, records: pd.DataFrame) -> str:
 
 def _counts(summary: Summary) -> str:
     c = summary.counts
+    too_large = f", {c.too_large} larger than the training set" if c.too_large else ""
     diverged = f", {c.diverged} diverged" if c.diverged else ""
     return (
         f"Study {summary.study}: {c.total} trials: "
         f"{c.complete} complete ({c.feasible} reached the target), "
         f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
-        f"{c.oom_bound} known to run out{diverged}), {c.failed} failed, {c.interrupted} interrupted"
+        f"{c.oom_bound} known to run out{too_large}{diverged}), {c.failed} failed, "
+        f"{c.interrupted} interrupted"
     )
 
 

@@ -28,11 +28,13 @@ def study(tmp_path: Path) -> Path:
 
 
 def test_report_json_reads_the_same(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """As it read then, and where its time went, which reports came to say since: the trials'
-    from their stored times, the confirmation's not recorded then."""
+    """As it read then, and what reports came to say since: where its time went (the trials'
+    from their stored times, the confirmation's not recorded then) and that none of its trials
+    was pruned for an effective batch larger than the training set."""
     assert main(["report", str(study), "--json"]) == 0
     now = json.loads(capsys.readouterr().out)
     spent = now.pop("time_spent")
+    assert now["counts"].pop("too_large") == 0
     assert now == json.loads((STORED / "report.json").read_text())
     assert spent["trial_count"] == now["counts"]["total"] and spent["confirmation"] is None
 
@@ -69,6 +71,7 @@ def test_running_it_again_trains_nothing_and_keeps_its_version(
     expected = json.loads((STORED / "report.json").read_text())
     now = json.loads(capsys.readouterr().out)
     assert now.pop("time_spent") == before  # nothing ran
+    assert now["counts"].pop("too_large") == 0  # a count reports came to give since
     assert now == {**expected, "optimizer": "autotune.train.tasks:sgd"}
 
 

@@ -953,6 +953,17 @@ def test_a_batch_and_accumulation_pair_larger_than_the_training_set_is_pruned_wi
     assert all(t.state.name != "FAIL" for t in load(path).trials)
     # never run, they cost nothing: the budget's 6 trials are those that ran
     assert len(load(path).trials) - len(too_large) == 6
+    # the report counts them apart: not among those that could no longer win
+    code, out, _ = run_cli("report", str(path), "--json", capsys=capsys)
+    assert code == 0
+    counts = json.loads(out)["counts"]
+    assert counts["too_large"] == len(too_large)
+    assert counts["past_incumbent"] == counts["pruned"] - len(too_large)
+    code, out, _ = run_cli("report", str(path), capsys=capsys)
+    assert code == 0 and f"known to run out, {len(too_large)} larger than the training set)" in out
+    html = tmp_path / "report.html"
+    assert run_cli("report", str(path), "--html", str(html), capsys=capsys)[0] == 0
+    assert f"known to run out, {len(too_large)} larger than the training set)" in html.read_text()
 
 
 def test_trials_pruned_unrun_take_no_slot_and_as_many_as_the_budget_end_the_study_saying_why(
