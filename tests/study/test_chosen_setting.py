@@ -190,6 +190,17 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
         "64: 5,400/s compute-bound, 1.6 GiB at peak, 128: 7,200/s end to end, 3.0 GiB at peak, "
         "512: out of memory"
     )
+    # where the chosen setting keeps the training set on the device, its copy (as the gather's
+    # measurement held it) is in every peak
+    on_device = {
+        **outcome,
+        "chosen": {**outcome["chosen"], "data_on_device": True},
+        "loader_rates": [{"data_on_device": True, "peak_memory_bytes": 2**30}],
+    }
+    assert roofline_text.batches_text(on_device).endswith(
+        "64: 5,400/s compute-bound, 2.6 GiB at peak, 128: 7,200/s end to end, 4.0 GiB at peak, "
+        "512: out of memory"
+    )
     params = {**chosen.setting, "batch_size": 64}
     assert winner.predicted_seconds(outcome, params, 5_400.0) == pytest.approx(1.5)
     assert winner.predicted_seconds(outcome, {**params, "batch_size": 512}, 5_400.0) is None
