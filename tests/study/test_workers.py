@@ -22,6 +22,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET, WORKERS = 40, min(4, len(os.sched_getaffinity(0)))
+# Trials of a few hundred milliseconds for the races where every worker must run some: blobs'
+# take ten, and under load one worker once took all 40 before the other had imported torch.
+RACED_TASK = "tests.tasks:steady_blobs"
 
 
 def write_study(folder: Path, storage: str, *, task: str = "tests.tasks:blobs") -> Path:
@@ -84,7 +87,7 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
 
 def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     journal = tmp_path / "study.journal"
-    path = write_study(tmp_path, f"journal:///{journal}")
+    path = write_study(tmp_path, f"journal:///{journal}", task=RACED_TASK)
     result = run_workers(path)
     assert result.returncode == 0, result.stderr
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
@@ -118,7 +121,7 @@ def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Pa
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
-    path = write_study(tmp_path, postgres_url)
+    path = write_study(tmp_path, postgres_url, task=RACED_TASK)
     result = run_workers(path)
     assert result.returncode == 0, result.stderr
     assert_exact_budget(optuna.load_study(study_name="study", storage=postgres_url), result.stdout)
@@ -169,9 +172,9 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
 
 def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path) -> None:
     journal = tmp_path / "study.journal"
-    # trials of a few hundred milliseconds: blobs' take ten, and under load the two workers once
-    # took the whole budget between two looks at the storage, before the signal was sent
-    path = write_study(tmp_path, f"journal:///{journal}", task="tests.tasks:steady_blobs")
+    # under load the two workers once took blobs' whole budget between two looks at the storage,
+    # before the signal was sent
+    path = write_study(tmp_path, f"journal:///{journal}", task=RACED_TASK)
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
     parent = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
