@@ -22,8 +22,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET, WORKERS = 40, min(4, len(os.sched_getaffinity(0)))
-# Trials of a few hundred milliseconds for the races where every worker must run some: blobs'
-# take ten, and under load one worker once took all 40 before the other had imported torch.
+# Trials of a few hundred milliseconds for the races in which every worker must run some: blobs'
+# take about ten, and under load one worker once took all 40 before the other imported torch.
 RACED_TASK = "tests.tasks:steady_blobs"
 
 
