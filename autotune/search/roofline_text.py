@@ -126,7 +126,7 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
     end; for an outcome that has none there, its rates there scaled as the end-to-end check found
     the prediction at the probe's batch) beside what its rates apart predict and which holds it,
     or why there is none."""
-    at, kept = {}, set_bytes(outcome, outcome.get("chosen") or {})  # the training set's copy
+    at, copy = {}, set_bytes(outcome, outcome.get("chosen") or {})  # the training set's copy
     for batch, entry in by_batch(outcome).items():
         if batch == outcome["batch_size"]:
             said = f"{_rate(entry['expected'])} end to end"
@@ -141,7 +141,7 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
             said = "out of memory"
         else:
             said = f"no figure ({entry.get('reason')})"
-        at[batch] = said + ("" if entry.get("oom") else _peak(entry.get("peak_memory_bytes"), kept))
+        at[batch] = said + ("" if entry.get("oom") else _peak(entry.get("peak_memory_bytes"), copy))
     return (
         "The chosen setting by micro-batch (end to end where measured, else its rates there "
         "scaled as the end-to-end check found): "
@@ -149,10 +149,10 @@ def batches_text(outcome: Mapping[str, Any]) -> str:
     )
 
 
-def _peak(peak_bytes: int | None, set_bytes: int) -> str:
+def _peak(peak_bytes: int | None, copy_bytes: int) -> str:
     """`, 1.2 GiB at peak` where the device's allocator peak was measured (CUDA), with the
-    training set's copy where the setting keeps one there; else nothing."""
-    return f", {(peak_bytes + set_bytes) / 2**30:.1f} GiB at peak" if peak_bytes else ""
+    training set's copy (`copy_bytes`) where the setting keeps one there; else nothing."""
+    return f", {(peak_bytes + copy_bytes) / 2**30:.1f} GiB at peak" if peak_bytes else ""
 
 
 def what_moves_it(
