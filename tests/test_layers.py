@@ -222,12 +222,3 @@ def test_the_rule_finds_a_read_by_key() -> None:
         "z = 'k' in t.user_attrs\nschema.config(t.user_attrs)\n"
     )
     assert by_key(ast.parse(code)) == [1, 2, 3, 4]
-
-
-def test_no_module_is_much_over_300_lines() -> None:
-    long = {
-        p.relative_to(PACKAGE).as_posix(): n
-        for p in PACKAGE.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > 320
-    }
-    assert long == {}
