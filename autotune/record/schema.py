@@ -186,6 +186,12 @@ def knobs_read(study_attrs: Mapping[str, Any]) -> list[str] | None:
     return None if (stored := study_attrs.get(KNOBS_READ)) is None else list(stored)
 
 
+def made_by_autotune(study_attrs: Mapping[str, Any], *, trials: int, minimize: bool) -> bool:
+    """It holds what every run writes first, or nothing at all (a run stopped as it made it)."""
+    written = any(key in study_attrs for key in (VERSION, TARGET, DEFINITION))
+    return written or (not study_attrs and trials == 0 and minimize)
+
+
 def definition(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return study_attrs.get(DEFINITION)
 

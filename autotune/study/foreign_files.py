@@ -1,6 +1,7 @@
-"""A storage file that holds something else: refused before Optuna would write to it.
+"""A storage that holds something else, a file of another program's or a study that autotune did
+not make: refused before Optuna would write to it.
 
-Read only; what the file holds is left exactly as it was.
+Read only; what the storage holds is left exactly as it was.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import contextlib
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import StorageError
+from autotune.record import schema
 from autotune.spec.study_file import StudySpec
 
 # The tables Optuna's RDB storage creates. A kill while it creates them leaves some: such a file
@@ -67,4 +70,17 @@ def refuse_journal(spec: StudySpec, path: Path) -> None:
         raise StorageError(
             f"{spec.path}: storage: {path} is not an Optuna journal (its first line is no journal "
             f"record), so it is left as it is; choose another file with --storage or storage:"
+        )
+
+
+def refuse_foreign_study(spec: StudySpec, study: Any) -> None:
+    """A study of the same name that autotune did not make (plain Optuna's, say): autotune would
+    write its settings into it and count its trials against the budget."""
+    trials = len(study.get_trials(deepcopy=False))
+    minimize = [d.name for d in study.directions] == ["MINIMIZE"]
+    if not schema.made_by_autotune(study.user_attrs, trials=trials, minimize=minimize):
+        raise StorageError(
+            f"{spec.path}: storage {spec.storage} holds a study named {spec.name!r} ({trials} "
+            f"trial(s)) that autotune did not make; it is left as it is: give this study another "
+            f"name (name: in the study file) or another storage (--storage)"
         )

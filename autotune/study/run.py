@@ -18,7 +18,15 @@ import optuna
 from autotune import progress, signals
 from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import one_trial, recovery, runner_lock, sampler, storage, told_trials
+from autotune.study import (
+    one_trial,
+    recovery,
+    runner_lock,
+    sampler,
+    storage,
+    told_trials,
+    torn_journal,
+)
 from autotune.study.begin import begin
 from autotune.study.budget import finished_count, run_out_unrun, slots_taken, trials_to_train
 from autotune.study.confirm import confirm_best
@@ -43,7 +51,10 @@ def run_sequence(
     was running is marked interrupted and queued again; the caller says so and how to go on.
     """
     started = time.monotonic()
-    with signals.handled(), runner_lock.sole_runner(spec, storage.local_path(spec.storage)):
+    path = storage.local_path(spec.storage)
+    with signals.handled(), runner_lock.sole_runner(spec, path) as claim:
+        if path is not None and spec.storage.startswith("journal:///"):
+            torn_journal.mend(spec, path)  # before any record is appended after a torn one
         stored = storage.read_study(spec)  # read, not written, until the checks have passed
         prepared = as_begun(spec, prepared, stored)
         changes = check_unchanged(spec, prepared, stored, allow_changes=allow_changes)
@@ -54,6 +65,7 @@ def run_sequence(
         if stored is not None:
             storage.check_writable(spec)
         study = stored if stored is not None else storage.open_study(spec, create=True)
+        claim.hold_file()  # a new study's file exists from here
         plan = begin(spec, prepared, study)  # recovery and the definition, before any worker starts
         left = _time_left(spec, started)
         if run_trials is None or left.budget.timeout == 0:  # none to start: said here, once

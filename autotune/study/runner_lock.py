@@ -12,14 +12,28 @@ inherit it, so a lock goes the moment its process dies, not when the last of its
 
 A run that ends with no worker left removes the lock file, holding both bytes as it does. Whoever
 takes a lock checks afterwards that the file it locked is still the one at the path (and starts
-again if not): a lock taken on a file that was removed meanwhile guards nothing.
+again if not): a lock taken on a file that was removed meanwhile guards nothing. The lock file is
+opened without following a symbolic link and must be a plain file with one name, holding nothing
+but what autotune writes: a lock file that is a link to another file would overwrite that file.
+
+The lock file is named after the storage's real path, so a symbolic link to the storage or another
+spelling of its URL finds the same lock. A hard link cannot be told by name: the runner also holds
+a lock on the storage file itself, by its identity (an open-file-description lock, far past any
+byte SQLite locks), from the moment the file exists. Record locks are the process's, so a second
+run inside one process (another thread, or `tune()` called from a trial) is refused by a table of
+the storages this process runs, before any lock file is touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
+import stat
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,15 +48,88 @@ RUNNER_BYTE, WORKERS_BYTE = 0, 1
 WORKERS_GONE_SECONDS = (
     90  # a stopped run's workers get 60 s to mark their trials; then they are killed
 )
+HOLDER = re.compile(r"autotune \(pid \d+\)\n?")  # all a lock file of autotune's ever holds
+# The byte of the storage file locked by identity: far past the bytes SQLite locks (from 1 GiB).
+IDENTITY_BYTE = 1 << 62
+
+_running: set[str] = set()  # the storages this process is running (the key of `_key`)
+_running_guard = threading.Lock()
+_held_files: dict[str, int] = {}  # storage key -> descriptor whose lock holds the file's identity
+
+
+def _close_held_in_child() -> None:
+    """A forked child (a DataLoader worker) must not keep the storage's identity lock alive after
+    the run that took it has died: it closes its copies of the descriptors."""
+    for fd in _held_files.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_files.clear()
+    _running.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+class Claim:
+    """The run's hold on its storage: `hold_file()` once the storage file exists (it may be made
+    only after the lock is taken)."""
+
+    def __init__(self, spec: StudySpec, path: Path | None, key: str) -> None:
+        self._spec, self._path, self._key = spec, path, key
+
+    def hold_file(self) -> None:
+        if self._path is not None:
+            _hold_identity(self._spec, self._path, self._key)
 
 
 @contextlib.contextmanager
-def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
+def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[Claim]:
     """Hold the lock that makes this process the only runner of the local storage file `path`
-    (None: a database server, where none is needed), once no worker of an earlier run is left."""
+    (None: a database server, where other machines may run it too), once no worker of an earlier
+    run is left; and refuse a second run of the same storage inside this process."""
+    key = _key(spec, path)
+    with _running_here(spec, key):
+        if path is None:
+            yield Claim(spec, None, key)
+            return
+        with _sole_runner_of_file(spec, path, key) as claim:
+            yield claim
+
+
+def _key(spec: StudySpec, path: Path | None) -> str:
+    """What names a storage within this process: a file's real path, a server's study."""
     if path is None:
+        return f"{spec.storage.partition('?')[0]}#{spec.name}"
+    return str(_real(path))
+
+
+def _real(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a link loop: the open that follows reports it
+        return path.absolute()
+
+
+@contextlib.contextmanager
+def _running_here(spec: StudySpec, key: str) -> Iterator[None]:
+    with _running_guard:
+        if key in _running:
+            raise StorageError(
+                f"{spec.path}: storage {spec.storage} is being run by this process already "
+                f"(another thread, or autotune.tune() called from inside a trial); "
+                f"wait for that run to finish"
+            )
+        _running.add(key)
+    try:
         yield
-        return
+    finally:
+        with _running_guard:
+            _running.discard(key)
+
+
+@contextlib.contextmanager
+def _sole_runner_of_file(spec: StudySpec, path: Path, key: str) -> Iterator[Claim]:
+    """The lock beside the file, and the file's own where it exists."""
 
     def refuse(lock: Any) -> None:
         lock.seek(0)
@@ -58,15 +145,19 @@ def sole_runner(spec: StudySpec, path: Path | None) -> Iterator[None]:
         ) from None
 
     with _runner_lock(spec, path, RUNNER_BYTE, fcntl.LOCK_EX | fcntl.LOCK_NB, busy=refuse) as lock:
+        claim = Claim(spec, path, key)
         try:
+            if path.exists():
+                claim.hold_file()
             _wait_for_earlier_workers(spec, path, lock)
             lock.seek(0)
             lock.truncate()
             lock.write(f"autotune (pid {os.getpid()})\n")
             lock.flush()
-            yield
+            yield claim
         finally:
-            _remove_when_alone(lock)
+            _let_go_of_identity(key)
+            _remove_when_alone(lock, lock_path(path))
             fcntl.lockf(lock, fcntl.LOCK_UN, 1, RUNNER_BYTE)
 
 
@@ -90,15 +181,9 @@ def _runner_lock(
 ) -> Iterator[Any]:
     """The lock file beside `path`, open, with `byte` locked `how`; `busy(lock)` is called where
     a non-blocking lock is held by another process."""
-    name = path.with_name(path.name + SUFFIX)
+    name = lock_path(path)
     while True:
-        try:
-            lock = open(name, "a+")
-        except OSError as exc:
-            raise StorageError(
-                f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
-                f"choose a writable place with --storage or storage:"
-            ) from None
+        lock = _open_lock(spec, path, name)
         with lock:
             try:
                 fcntl.lockf(lock, how, 1, byte)
@@ -106,10 +191,88 @@ def _runner_lock(
                 busy(lock)
                 raise
             if _still_at(lock, name):
+                _check_is_a_lock(spec, lock, name)
                 yield lock
                 return
             # Removed (and perhaps made anew) by the run that held it, between our open and our
             # lock.
+
+
+def lock_path(path: Path) -> Path:
+    """The runner lock of the storage file `path`: beside its real path, whatever link or
+    spelling named it."""
+    real = _real(path)
+    return real.with_name(real.name + SUFFIX)
+
+
+def _open_lock(spec: StudySpec, path: Path, name: Path) -> Any:
+    """The lock file at `name`, made if missing; never through a symbolic link, and never a file
+    that is something else (a FIFO, a device, a hard link to another file)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(name, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(
+                f"{spec.path}: storage: {name} is a symbolic link, not the runner lock autotune "
+                f"keeps beside {path}; it is left as it is: remove the link, then run again"
+            ) from None
+        raise StorageError(
+            f"{spec.path}: storage: cannot write beside {path} ({exc.strerror}); "
+            f"choose a writable place with --storage or storage:"
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        what = "has other names (hard links)" if stat.S_ISREG(info.st_mode) else "is no plain file"
+        raise StorageError(
+            f"{spec.path}: storage: {name} {what}, not the runner lock autotune keeps beside "
+            f"{path}; it is left as it is: remove it, then run again"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+")
+
+
+def _check_is_a_lock(spec: StudySpec, lock: Any, name: Path) -> None:
+    """A lock file holds one line of autotune's or nothing; anything else is a file of somebody
+    else's under the lock's name, which the run would overwrite."""
+    lock.seek(0)
+    held = lock.read(256)
+    if held and not HOLDER.fullmatch(held):
+        raise StorageError(
+            f"{spec.path}: storage: {name} holds something other than autotune's runner lock; "
+            f"it is left as it is: move it away, then run again"
+        )
+
+
+def _hold_identity(spec: StudySpec, path: Path, key: str) -> None:
+    """Lock the storage file itself, by its identity (device and inode): a run reaching it under
+    another name (a hard link) is refused. Kept until `_let_go_of_identity(key)`."""
+    if key in _held_files or not hasattr(fcntl, "F_OFD_SETLK"):
+        return  # held already; or no open-file-description locks here (not Linux)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # not writable or not a file: the storage checks say so in their own words
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an open file description's)
+    request = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, IDENTITY_BYTE, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            return  # a file system without such locks: the lock by name is all there is
+        raise StorageError(
+            f"{spec.path}: storage {path} is being run by another autotune process under "
+            f"another name (a hard link or another path to the same file); wait for it to finish"
+        ) from None
+    _held_files[key] = fd
+
+
+def _let_go_of_identity(key: str) -> None:
+    fd = _held_files.pop(key, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _still_at(lock: Any, name: Path) -> bool:
@@ -119,7 +282,7 @@ def _still_at(lock: Any, name: Path) -> bool:
         return False
 
 
-def _remove_when_alone(lock: Any) -> None:
+def _remove_when_alone(lock: Any, name: Path) -> None:
     """Remove the lock file if no worker holds its byte; a worker still running keeps it (the next
     run waits on it)."""
     try:
@@ -127,7 +290,7 @@ def _remove_when_alone(lock: Any) -> None:
     except OSError:
         return
     try:
-        os.unlink(lock.name)
+        os.unlink(name)
     except FileNotFoundError:
         pass
     finally:

@@ -52,10 +52,12 @@ HEARTBEAT_SECONDS, GRACE_SECONDS = _heartbeat_setting(os.environ.get("AUTOTUNE_H
 
 
 def local_path(url: str) -> Path | None:
-    """The file behind a SQLite or journal URL; None for a database server."""
-    for prefix in ("sqlite:///", "journal:///"):
-        if url.startswith(prefix):
-            return Path(url.removeprefix(prefix))
+    """The file behind a SQLite or journal URL; None for a database server. A SQLite URL's
+    `?query` (SQLAlchemy's options, such as `?timeout=5`) is no part of the file's name."""
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///").partition("?")[0])
+    if url.startswith("journal:///"):
+        return Path(url.removeprefix("journal:///"))
     return None
 
 
@@ -78,40 +80,7 @@ def files_of(path: Path) -> dict[Path, str]:
 def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorage:
     """Optuna's storage for the spec's URL; with `create=False`, a missing file is an error."""
     url, path = spec.storage, local_path(spec.storage)
-    if (
-        path is not None
-        and path.exists()
-        and spec.path.exists()
-        and os.path.samefile(path, spec.path)
-    ):
-        raise StorageError(
-            f"{spec.path}: storage: {spec.storage} is the study file itself; "
-            f"choose another file with --storage or storage:"
-        )
-    if path is not None and path.is_dir():
-        scheme = url.partition(":///")[0]
-        example = path / (spec.name + (".journal" if scheme == "journal" else ".db"))
-        raise StorageError(
-            f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
-            f"--storage {scheme}:///{example}"
-        )
-    if path is not None and path.exists() and not path.is_file():
-        raise StorageError(
-            f"{spec.path}: storage: {path} is not a regular file (a device or a socket, say); "
-            f"name a database file with --storage or storage:"
-        )
-    if path is not None and not create and not path.is_file():
-        # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
-        raise StorageError(
-            f"{spec.path}: storage: no study database at {path}; "
-            f"run `autotune run {spec.path}` first"
-        )
-    if create:
-        check_writable(spec)
-    if url.startswith("sqlite:///") and path.is_file():
-        foreign_files.refuse_sqlite(spec, path)
-    if url.startswith("journal:///") and path.is_file():
-        foreign_files.refuse_journal(spec, path)
+    check_file(spec, create=create)
     try:
         if url.startswith("journal:///"):
             return JournalStorage(JournalFileBackend(str(path)))
@@ -129,6 +98,43 @@ def make_storage(spec: StudySpec, *, create: bool) -> optuna.storages.BaseStorag
             )
     except Exception as exc:  # SQLAlchemy and driver errors: unreachable, corrupt or not a database
         raise cannot_open(spec, exc) from None
+
+
+def check_file(spec: StudySpec, *, create: bool) -> None:
+    """A local storage file that can be opened as a study's: not the study file, a folder, a
+    device, missing (unless `create`) or a file of something else."""
+    url, path = spec.storage, local_path(spec.storage)
+    if path is None:
+        return
+    if path.exists() and spec.path.exists() and os.path.samefile(path, spec.path):
+        raise StorageError(
+            f"{spec.path}: storage: {spec.storage} is the study file itself; "
+            f"choose another file with --storage or storage:"
+        )
+    if path.is_dir():
+        scheme = url.partition(":///")[0]
+        example = path / (spec.name + (".journal" if scheme == "journal" else ".db"))
+        raise StorageError(
+            f"{spec.path}: storage: {path} is a directory; name a file in it, for example "
+            f"--storage {scheme}:///{example}"
+        )
+    if path.exists() and not path.is_file():
+        raise StorageError(
+            f"{spec.path}: storage: {path} is not a regular file (a device or a socket, say); "
+            f"name a database file with --storage or storage:"
+        )
+    if not create and not path.is_file():
+        # Opening a SQLite URL creates the file; a report must not leave an empty database behind.
+        raise StorageError(
+            f"{spec.path}: storage: no study database at {path}; "
+            f"run `autotune run {spec.path}` first"
+        )
+    if create:
+        check_writable(spec)
+    if url.startswith("sqlite:///") and path.is_file():
+        foreign_files.refuse_sqlite(spec, path)
+    if url.startswith("journal:///") and path.is_file():
+        foreign_files.refuse_journal(spec, path)
 
 
 def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
@@ -175,14 +181,15 @@ def open_study(
     storage = make_storage(spec, create=create)
     try:
         if create:
-            return optuna.create_study(
+            study = optuna.create_study(
                 study_name=spec.name,
                 storage=storage,
                 sampler=sampler,
                 direction="minimize",
                 load_if_exists=True,
             )
-        return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+        else:
+            study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
     except KeyError:
         raise StorageError(
             f"{spec.path}: no study named {spec.name!r} in {spec.storage}; "
@@ -190,6 +197,8 @@ def open_study(
         ) from None
     except Exception as exc:
         raise cannot_open(spec, exc) from None
+    foreign_files.refuse_foreign_study(spec, study)
+    return study
 
 
 def spec_of_stored(url: str, name: str) -> StudySpec:
@@ -249,11 +258,13 @@ def read_study(spec: StudySpec) -> optuna.Study | None:
         return None
     storage = make_storage(spec, create=False)
     try:
-        return optuna.load_study(study_name=spec.name, storage=storage)
+        study = optuna.load_study(study_name=spec.name, storage=storage)
     except KeyError:
         return None
     except Exception as exc:
         raise cannot_open(spec, exc) from None
+    foreign_files.refuse_foreign_study(spec, study)
+    return study
 
 
 def worker_id() -> str:

@@ -853,9 +853,11 @@ def test_a_trial_killed_before_its_configuration_was_stored_is_replaced_not_prom
     """What a kill between Optuna's ask and the configuration's write leaves: a RUNNING trial with
     no configuration. The next run says a new trial takes its place, and the budget is met."""
     path = write_study(tmp_path, trials=2, confirm={"top": 0})
-    optuna.create_study(
-        study_name="study", storage=f"sqlite:///{path.with_suffix('.db')}"
-    ).ask()  # then killed
+    made = optuna.create_study(study_name="study", storage=f"sqlite:///{path.with_suffix('.db')}")
+    schema.begin_study(
+        made, target={"metric": "accuracy", "value": 0.9}, optimizer=None, knobs=None
+    )
+    made.ask()  # then killed
     code, _, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     assert (

@@ -1,0 +1,262 @@
+"""A fourth hostile round, on new ground: links and other names for a study's files, storages that
+fail mid-run, studies that are not autotune's, and a second run inside one process.
+
+The contract is the earlier rounds' (tests/test_hostile_round.py, whose helpers these cases use):
+a user's mistake is one line, exit 2, no traceback, and every file as it was; a fault keeps every
+finished trial, and the same command run again goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autotune
+from autotune.errors import StorageError
+from tests.test_hostile_round import (
+    EASY,
+    SLOW,
+    STARTED,
+    assert_refused,
+    assert_unchanged,
+    cli,
+    fill,
+    finished,
+    small_disk,
+    snapshot,
+    spawn,
+    tag,  # noqa: F401 - the fixture, for the cases that start processes
+    trials_of,
+    wait_for,
+)
+
+# ---------------------------------------------------------------------------------------------
+# The runner lock's name taken by something else
+
+
+@pytest.mark.parametrize("target", ["study.yaml", "other.db"])
+def test_a_runner_lock_that_is_a_symbolic_link_is_refused_and_what_it_names_is_left_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """`ln -s study.yaml study.db.runner.lock`: opening the lock through the link would write the
+    runner's pid over the study file (or another study's database)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(EASY)
+    (tmp_path / "other.db").write_bytes(b"SQLite format 3\x00 another study, kept as it is")
+    (tmp_path / "study.db.runner.lock").symlink_to(target)
+    before = snapshot(tmp_path)
+    assert_refused(cli(capsys, "run", "study.yaml"), "study.db.runner.lock", "symbolic link")
+    assert_unchanged(before, tmp_path)
+
+
+def test_a_runner_lock_that_is_a_hard_link_to_the_study_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(EASY)
+    os.link(tmp_path / "study.yaml", tmp_path / "study.db.runner.lock")
+    before = snapshot(tmp_path)
+    assert_refused(cli(capsys, "run", "study.yaml"), "study.db.runner.lock", "other names")
+    assert_unchanged(before, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# A journal that a full disk cut short
+
+
+def test_a_journal_cut_short_by_a_full_disk_is_mended_and_the_study_resumes_with_every_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk fills as a record is appended: the journal ends in half a line. The same command,
+    once space is freed, sets the half aside, keeps every finished trial and runs to its budget;
+    the report reads the study after."""
+    monkeypatch.chdir(tmp_path)
+    journal = ("--storage", "journal:///disk/study.journal")
+    with small_disk(tmp_path / "disk", "2m") as disk:
+        (disk / "study.yaml").write_text(EASY)
+        assert cli(capsys, "run", "disk/study.yaml", "--quiet", "--trials", "1", *journal).code == 0
+        fill(disk)
+        # one page free: the run's lock file fits, and the journal's next records outgrow it
+        os.truncate(disk / "filler", (disk / "filler").stat().st_size - 4096)
+        full = cli(capsys, "run", "disk/study.yaml", "--quiet", "--trials", "4", *journal)
+        assert full.code == 2 and "Traceback" not in full.err, full.err
+        assert "no space left on the device" in full.err.splitlines()[-1]
+        text = (disk / "study.journal").read_bytes()
+        assert not text.endswith(b"\n"), "the disk filled between two records: no torn line"
+        (disk / "filler").unlink()
+        storage = f"journal:///{disk / 'study.journal'}"
+        before = finished(optuna.load_study(study_name="study", storage=_journal(disk)).trials)
+        assert before >= 1
+        again = cli(capsys, "run", "disk/study.yaml", "--quiet", "--trials", "4", *journal)
+        assert again.code == 0 and "Traceback" not in again.err, again.err
+        assert "cut short" in again.err and "study.journal.torn-1" in again.err
+        assert (disk / "study.journal").read_bytes().endswith(b"\n")
+        assert finished(trials_of(disk, storage=_journal(disk))) == 4
+        report = cli(capsys, "report", "disk/study.yaml", "--json", "--storage", storage)
+        assert report.code == 0 and report.err == "", report.err
+        assert json.loads(report.out)["best"] is not None
+
+
+def _journal(folder: Path) -> optuna.storages.JournalStorage:
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(folder / "study.journal")))
+
+
+# ---------------------------------------------------------------------------------------------
+# The same storage under another name, while a run trains
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_second_run_on_the_same_storage_under_another_name_is_refused_and_the_first_ends_whole(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tag: str,  # noqa: F811
+    kind: str,
+) -> None:
+    """A symbolic link, a hard link, the URL with `?timeout=5`: each is the running study's file,
+    and a second run on it would mark the first's live trial interrupted."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(SLOW)
+    name = "study.db" if kind == "sqlite" else "study.journal"
+    marker = tmp_path / "started"
+    first = spawn(
+        tmp_path,
+        tag,
+        *("run", "study.yaml", "--quiet", "--trials", "10", "--storage", f"{kind}:///{name}"),
+        **{STARTED: str(marker)},
+    )
+    wait_for(marker, first)
+    (tmp_path / f"soft-{name}").symlink_to(name)
+    os.link(tmp_path / name, tmp_path / f"hard-{name}")
+    aliases = [f"soft-{name}", f"hard-{name}", "sub/../" + name]
+    (tmp_path / "sub").mkdir()
+    if kind == "sqlite":
+        aliases.append(f"{name}?timeout=5")
+    for alias in aliases:
+        second = cli(capsys, "run", "study.yaml", "--storage", f"{kind}:///{alias}")
+        assert_refused(second, "is being run by")
+    out, err = first.communicate(timeout=180)
+    assert first.returncode == 0 and "Traceback" not in err, err
+    storage = f"sqlite:///{tmp_path / name}" if kind == "sqlite" else _journal(tmp_path)
+    trials = trials_of(tmp_path, storage=storage)
+    assert finished(trials) == 10
+    assert not [t for t in trials if "interrupted" in t.user_attrs.get("reason", "")]
+
+
+# ---------------------------------------------------------------------------------------------
+# A second run inside one process
+
+
+SPACE = {
+    "lr": {"low": 0.02, "high": 0.3, "log": True},
+    "scheduler": "constant",
+    "batch_size": 32,
+    "accumulation_steps": 1,
+    "num_workers": 0,
+    "precision": "fp32",
+}
+BUDGET = {"trials": 3, "max_epochs": 1, "max_seconds": 10}
+
+
+def test_tune_called_from_inside_a_trial_on_its_own_study_is_refused_and_the_trial_goes_on(
+    tmp_path: Path,
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'nested.db'}"
+    refusals: list[str] = []
+
+    def objective(config: dict) -> tuple[float, float]:
+        try:
+            autotune.tune(
+                objective=objective, target=0.5, name="nested", storage=storage, space=SPACE
+            )
+        except StorageError as error:
+            refusals.append(str(error))
+        return 1.0, 0.9
+
+    autotune.tune(
+        objective=objective,
+        target=0.5,
+        name="nested",
+        storage=storage,
+        space=SPACE,
+        budget=BUDGET,
+        confirm={"top": 0},
+    )
+    assert len(refusals) == 3 and all("by this process already" in r for r in refusals)
+    trials = optuna.load_study(study_name="nested", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+
+
+def test_two_threads_tuning_one_study_at_once_run_it_once(tmp_path: Path) -> None:
+    """Two threads start together: one runs the study to its budget, the other is refused in one
+    sentence; neither sees Optuna's errors of a study written twice."""
+    storage = f"sqlite:///{tmp_path / 'twice.db'}"
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def objective(config: dict) -> tuple[float, float]:
+        threading.Event().wait(0.2)
+        return 1.0, 0.9
+
+    def tune() -> None:
+        start.wait()
+        try:
+            autotune.tune(
+                objective=objective,
+                target=0.5,
+                name="twice",
+                storage=storage,
+                space=SPACE,
+                budget=BUDGET,
+                confirm={"top": 0},
+            )
+            outcomes.append("ran")
+        except StorageError as error:
+            outcomes.append(str(error))
+        except Exception as error:  # noqa: BLE001 - what the case is about
+            outcomes.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=tune) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(outcomes) == 2 and outcomes.count("ran") == 1, outcomes
+    assert any("by this process already" in outcome for outcome in outcomes), outcomes
+    trials = optuna.load_study(study_name="twice", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# A study autotune did not make
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_plain_optuna_study_of_the_same_name_is_refused_by_every_command_and_left_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(EASY)
+    name = "study.db" if kind == "sqlite" else "study.journal"
+    url = f"{kind}:///{tmp_path / name}"
+    opened = f"sqlite:///{tmp_path / name}" if kind == "sqlite" else _journal(tmp_path)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    theirs = optuna.create_study(study_name="study", storage=opened, direction="maximize")
+    theirs.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    before = snapshot(tmp_path)
+    for command in (
+        ("run", "study.yaml"),
+        ("report", "study.yaml"),
+        ("export", "study.yaml", "--format", "torch", "-o", "winner.py"),
+    ):
+        assert_refused(
+            cli(capsys, *command, "--storage", url), "that autotune did not make", "3 trial(s)"
+        )
+        assert_unchanged(before, tmp_path)
