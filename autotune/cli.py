@@ -244,6 +244,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{spec.path}: no trial has reached the target yet, so there is nothing to export"
         )
     text = export.render(summary, args.format)
+    if summary.best.is_baseline and summary.confirmation:  # what it writes is what the user has
+        print(f"autotune: {summary.confirmation.why_baseline()}", file=sys.stderr)
     if args.output:
         outputs.check_output(
             spec, Path(args.output), option="-o", ours=export.looks_like_export, force=args.force

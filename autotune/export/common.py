@@ -264,14 +264,21 @@ def provenance(summary: Summary) -> str:
     """Where the winner came from: study, trial, how it was measured, its time and speedup."""
     best, target = summary.best, summary.target
     which = "the baseline" if best.is_baseline else f"trial {best.trial}"
+    reached = (
+        f"in {best.time_to_target:.3f} s"
+        if best.time_to_target is not None
+        else f"reached in only {best.reached} of them"
+    )
     text = (
         f"autotune study {summary.study}, {which} ({best.source}, {counted(best.runs, 'run')}): "
-        f"{target.metric} >= {target.value} in {best.time_to_target:.3f} s"
+        f"{target.metric} >= {target.value} {reached}"
     )
     if best.epochs is not None:
         text += f" after {best.epochs:.2f} epochs"
     if summary.devices_per_trial != 1:
         text += f" on {summary.devices_per_trial} devices"
-    if summary.speedup:
+    if summary.speedup and not best.is_baseline:
         text += f", {speedup_phrase(summary.speedup)} than the baseline"
+    if best.is_baseline and summary.confirmation:  # why no configuration of the study's
+        text += ". " + summary.confirmation.why_baseline()
     return text

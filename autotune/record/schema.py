@@ -32,6 +32,8 @@ WORKER = "worker"  # host:pid of the process that ran it, so a process marks onl
 CONFIG = "config"  # the configuration it trained, knobs and the user's parameters
 SEED = "seed"
 DEVICES = "devices"  # the GPUs (CUDA_VISIBLE_DEVICES ids) of the --workers worker that ran it
+# {other_cores, cores}: the cores other processes kept busy while its runs trained (measure.py)
+OTHER_LOAD = "other_load"
 REASON = "reason"  # why it was pruned or failed; autotune records one for every end of its own
 PRUNED_AT = "pruned_at"  # training seconds spent before it was pruned
 PAUSED_AT = "paused_at"  # and seconds off the training clock (evaluating) until then
@@ -157,6 +159,16 @@ def record_failure(trial: Any, *, reason: str, oom: bool, diverged: bool) -> Non
     trial.set_user_attr(OOM, oom)
     if diverged:
         trial.set_user_attr(DIVERGED, True)
+
+
+def record_other_load(trial: Any, load: Mapping[str, Any]) -> None:
+    trial.set_user_attr(OTHER_LOAD, dict(load))
+
+
+def other_load(trial: Any) -> dict[str, Any] | None:
+    """The load other processes put on the cores while the trial trained; None before it was
+    measured."""
+    return trial.user_attrs.get(OTHER_LOAD)
 
 
 def record_result(trial: Any, record: Mapping[str, Any]) -> None:

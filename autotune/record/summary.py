@@ -11,8 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.search.probe import BUSY_CORES
 from autotune.spec.sections import Target
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
+
+LOAD_MOVED = 0.5  # cores: load that moved this much between trials made their times incomparable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +43,14 @@ class Winner:
     seeds (a trial, or the baseline when none beat it).
 
     `time_to_target` is its study time (a mean over its runs) or, confirmed, its median over the
-    fresh seeds, with `min`/`max` of the runs that reached the target and `reached` of `runs`.
+    fresh seeds, with `min`/`max` of the runs that reached the target and `reached` of `runs`;
+    None for a baseline kept though it missed the target on most of its fresh seeds.
     """
 
     trial: int | None  # None: the baseline
     label: str
     params: Mapping[str, Any]
-    time_to_target: float
+    time_to_target: float | None
     metric: float
     runs: int
     source: str  # "confirmed", "single run", "mean of 3 runs", ... (", not confirmed" when stale)
@@ -157,6 +161,9 @@ class Confirmation:
     # (verdict.precision_effect)
     precision_effect: Mapping[str, Any] | None = None
     kept_runs: int = 0  # runs taken from a run of the confirmation that was cut short
+    # what it decided (verdict.decide): outcome, winner, leader, p_value, level, speedup, interval
+    decision: Mapping[str, Any] | None = None
+    added_seeds: tuple[int, ...] = ()  # confirm.runs: auto: given to the leader and the baseline
 
     def as_dict(self) -> dict[str, Any]:
         predicted = {"predicted": dict(self.predicted)} if self.predicted else {}
@@ -172,7 +179,54 @@ class Confirmation:
             **resolved,
             **effect,
             **({"kept_runs": self.kept_runs} if self.kept_runs else {}),
+            "decision": None if self.decision is None else dict(self.decision),
+            "added_seeds": list(self.added_seeds),
         }
+
+    def why_baseline(self) -> str:
+        """Why the baseline is the answer, in one sentence; empty where a candidate won."""
+        decision = self.decision or {}
+        outcome, leader = decision.get("outcome"), decision.get("leader")
+        if outcome == "missed":
+            return (
+                "No configuration the study found reached the target on most of its fresh seeds "
+                "and as often as the baseline: keep the baseline."
+            )
+        if outcome == "not_resolved":
+            return (
+                f"Not resolved: {leader}'s lead over the baseline on fresh seeds "
+                f"({self.lead_phrase()}) is inside the noise: keep the baseline, or raise "
+                "confirm.runs (auto adds seeds until a lead is resolved)."
+            )
+        if outcome == "not_faster":
+            return (
+                "No configuration the study found beat the baseline on fresh seeds "
+                "(their single-run times were luck): keep the baseline."
+            )
+        return ""
+
+    def lead_phrase(self, *, ratio_said: bool = False) -> str:
+        """`1.85x faster by median, 90% interval 1.40-2.30x; rank test p = 0.050 over 3 runs each,
+        at most 0.050 resolves it`: the leader's speedup and how firmly the runs show it (without
+        the median's ratio where the sentence has `ratio_said`)."""
+        decision = self.decision or {}
+        leader = decision.get("leader")
+        if leader is None:
+            return ""
+        ratio, (low, high) = decision.get("speedup"), decision.get("interval") or (None, None)
+        if ratio is None:
+            speed = "the baseline's median run missed the target"
+        else:
+            ends = f"{low:.2f}-{high:.2f}x" if high is not None else f"{low:.2f}x or more"
+            speed = (
+                "" if ratio_said else f"{ratio:.2f}x faster by median, "
+            ) + f"90% interval {ends}"
+        runs = {self.configs.get(label, {}).get("runs", 0) for label in (leader, "baseline")}
+        over = f"{runs.pop()} runs each" if len(runs) == 1 else "{} and {} runs".format(*runs)
+        return (
+            f"{speed}; rank test p = {decision['p_value']:.3f} over {over}, at most "
+            f"{decision['level']:.3f} resolves it"
+        )
 
     def kept_sentence(self) -> str:
         """Where some runs were measured by a run that was cut short, that they were; else empty."""
@@ -247,6 +301,8 @@ class Summary:
     time_spent: Mapping[str, Any] | None = None
     # of a probe or throughput phase cut short: kept in the study for the next run to go on from
     measurements_kept: int = 0
+    # the cores other processes kept busy while the trials trained: trials, median, min, max, cores
+    trials_load: Mapping[str, Any] | None = None
 
     @property
     def fixed_schedule(self) -> bool:
@@ -281,7 +337,28 @@ class Summary:
             out["devices_per_trial"] = self.devices_per_trial
         if self.measurements_kept:
             out["measurements_kept"] = self.measurements_kept
+        if self.trials_load is not None:
+            out["trials_load"] = dict(self.trials_load)
         return out
+
+    def load_sentence(self) -> str:
+        """How busy the machine was while the trials trained, where other processes used a
+        quarter of a core or more; and, where that moved by LOAD_MOVED cores or more, which
+        figures to trust. Empty on a quiet machine."""
+        load = self.trials_load
+        if not load or load["max"] < BUSY_CORES:
+            return ""
+        sentence = (
+            f"While the trials trained, other processes kept {load['min']:.1f}-{load['max']:.1f} "
+            f"of {load['cores']} cores busy (median {load['median']:.1f}, over "
+            f"{counted(load['trials'], 'trial')})"
+        )
+        if load["max"] - load["min"] >= LOAD_MOVED:
+            return (
+                sentence + ": the trials' times were measured under changing load, so the "
+                "confirmation, interleaved on fresh seeds, is the figure to trust."
+            )
+        return sentence + "."
 
 
 def _json(value: Any) -> Any:

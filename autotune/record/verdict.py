@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.record import objectives
+from autotune.record import lead, objectives
 from autotune.spec.study_file import TIME_TO_TARGET
 
 BASELINE = "baseline"
@@ -129,23 +129,107 @@ def stats(
     return summary
 
 
-def winner(summary: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The label with the smallest median, the baseline included; None if none reached the target.
+# What a confirmation decided (`decide`), as stored in the Summary and the JSON report.
+FASTER = "faster"  # a candidate resolved faster than the baseline: it is the winner
+NOT_RESOLVED = "not_resolved"  # the leader's lead is inside the noise: keep the baseline
+NOT_FASTER = "not_faster"  # the baseline is resolved at least as fast as every candidate
+MISSED = "missed"  # no candidate reached the target on most seeds, and as often as the baseline
 
-    The baseline is a candidate like the others: when no configuration the study found beats it
-    on fresh seeds, a single lucky run won the study and the baseline is what to keep. Ties (a
-    median can be the same run's time) go to the one that missed the target less often, then to
-    the baseline, which the user already has.
+
+def times(
+    records: Sequence[Mapping[str, Any]], label_: str, *, objective: str, target: float | None
+) -> list[float]:
+    """Each fresh-seed run's time of `label_`; math.inf for a run that missed."""
+    runs = [r for r in records if r["label"] == label_]
+    return objectives.of(objective).confirmed_times(runs, target=target)[0] if runs else []
+
+
+def decide(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    objective: str = TIME_TO_TARGET,
+    target: float | None = None,
+    seeds: int | None = None,
+    interval: bool = True,
+) -> dict[str, Any]:
+    """The confirmation's verdict: a candidate wins only where it reached the target on more than
+    half of its fresh seeds and on no fewer than the baseline, and the rank test of lead.py
+    resolves it faster (at lead.ALPHA on the `seeds` every candidate ran; at lead.ALPHA_ADDED once
+    seeds were added to it, as each look at the runs is another chance to be fooled); otherwise
+    the baseline is the answer, and `outcome` says why.
+
+    The leader is the candidate given added seeds, else the one with the smallest median among
+    those allowed to win. The seeds the baseline skipped (confirm.baseline: until_resolved, once
+    each of its runs was slower than every candidate's) count as runs slower than all of theirs.
     """
-    timed = {
-        k: v for k, v in summary.items() if v["median"] is not None and not k.endswith(IN_FP32)
+    stats_ = stats(records, objective=objective, target=target)
+    base = stats_.get(BASELINE)
+    seeds = seeds if seeds is not None else max((v["runs"] for v in stats_.values()), default=0)
+    allowed = {
+        k: v
+        for k, v in stats_.items()
+        if k != BASELINE
+        and not k.endswith(IN_FP32)
+        and 2 * v["reached"] > v["runs"]
+        and (base is None or v["reached"] >= base["reached"])
     }
-    if not timed:
-        return None
-    return min(
-        timed,
-        key=lambda k: (timed[k]["median"], timed[k]["runs"] - timed[k]["reached"], k != BASELINE),
+    candidates = sum(k != BASELINE and not k.endswith(IN_FP32) for k in stats_)
+    if not allowed:  # none reached often enough; or the study's fastest was the baseline itself
+        return {"outcome": MISSED if candidates else NOT_FASTER, "winner": BASELINE, "leader": None}
+    leader = min(
+        allowed,
+        key=lambda k: (
+            allowed[k]["runs"] <= seeds,  # the one given added seeds stays the leader
+            allowed[k]["median"],
+            allowed[k]["runs"] - allowed[k]["reached"],
+        ),
     )
+    mine = times(records, leader, objective=objective, target=target)
+    base_times = times(records, BASELINE, objective=objective, target=target)
+    if base_times:  # the seeds it skipped, as runs slower than every one of the leader's
+        slowest = max(t for t in mine if math.isfinite(t))
+        base_times += [slowest * RESOLVED_BY] * max(0, seeds - len(base_times))
+    # On the first seeds each candidate was a chance for a lucky one to lead: the level is shared
+    # among them. Added seeds are the leader's alone.
+    level = lead.ALPHA / candidates if len(mine) <= seeds else lead.ALPHA_ADDED
+    p = lead.p_faster(mine, base_times)
+    if p <= level:
+        outcome = FASTER
+    elif not base_times or (
+        lead.p_faster(base_times, mine) <= level
+        or statistics.median(base_times) <= statistics.median(mine)
+    ):
+        outcome = NOT_FASTER
+    else:
+        outcome = NOT_RESOLVED
+    bounds = lead.speedup_interval(mine, base_times) if interval else None
+    return {
+        "outcome": outcome,
+        "winner": leader if outcome == FASTER else BASELINE,
+        "leader": leader,
+        "p_value": p,
+        "level": level,
+        "speedup": _ratio(statistics.median(base_times), statistics.median(mine))
+        if base_times
+        else None,
+        # JSON has no infinity: an unbounded end (the baseline's median a miss) is null
+        "interval": None if bounds is None else [_finite(end) for end in bounds],
+    }
+
+
+def more_seeds_for(decision: Mapping[str, Any]) -> list[str]:
+    """confirm.runs: auto: the labels to run on one more fresh seed, the leader and the baseline,
+    while the leader's lead is not resolved either way; none once it is."""
+    return [decision["leader"], BASELINE] if decision["outcome"] == NOT_RESOLVED else []
+
+
+def _ratio(base: float, mine: float) -> float | None:
+    """The speedup of medians; None where a median is a miss (no number to divide)."""
+    return None if math.isinf(mine) or math.isinf(base) else base / mine
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def speedup(summary: Mapping[str, Mapping[str, Any]], label: str) -> float | None:

@@ -54,10 +54,11 @@ def section(summary: Summary) -> str:
             f"of {_number('baseline.runs', base.runs, '.0f')} {plural('run', base.runs)} "
             f"on fresh seeds{_e(base.why_missed(summary.limits))}.</p>"
         )
-    if best.is_baseline:
+    if best.is_baseline and summary.confirmation:
+        lines.append(f'<p class="verdict">{_e(summary.confirmation.why_baseline())}</p>')
+    elif summary.confirmation and summary.speedup:
         lines.append(
-            "<p>No configuration the study found beat the baseline on fresh seeds: "
-            "keep the baseline.</p>"
+            f'<p class="verdict">{_e(summary.confirmation.lead_phrase(ratio_said=True))}</p>'
         )
     for line in (winner.prediction_line, winner.limit_line):
         said = line(winner.timing(summary), best)

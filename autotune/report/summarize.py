@@ -130,10 +130,17 @@ def _confirmed(
         baseline_resolved_by=confirmation.get("baseline_resolved_by"),
         precision_effect=confirmation.get("precision_effect"),
         kept_runs=confirmation.get("kept_measurements", 0),
+        decision=verdict.decide(
+            confirmation["runs"],
+            objective=objective,
+            target=confirmation.get("target"),
+            seeds=len(confirmation["seeds"]),
+        ),
+        added_seeds=tuple(confirmation.get("added_seeds", ())),
     )
     baseline = _confirmed_baseline(confirmation, stats)
-    label = verdict.winner(stats)
-    if label is None:
+    label = figures.decision["winner"]
+    if label not in stats:  # no baseline among the runs (a confirmation stored without one)
         return figures, baseline, None, None
     won = _confirmed_winner(confirmation, records, label, stats=stats, objective=objective)
     return figures, baseline, won, verdict.speedup(stats, label)
@@ -247,6 +254,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         summary,
         time_spent=time_spent.of_study(trials, attrs),
         measurements_kept=len(schema.probe_so_far(attrs)),
+        trials_load=_trials_load(trials),
     )
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)
@@ -288,3 +296,18 @@ def _plain(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
         return None
     return value.item() if hasattr(value, "item") else value
+
+
+def _trials_load(trials: Any) -> dict[str, Any] | None:
+    """The other processes' load over the trials that measured it; None where none did."""
+    loads = [schema.other_load(t) or {} for t in trials]
+    cores = [load["other_cores"] for load in loads if load.get("other_cores") is not None]
+    if not cores:
+        return None
+    return {
+        "trials": len(cores),
+        "median": statistics.median(cores),
+        "min": min(cores),
+        "max": max(cores),
+        "cores": max(load.get("cores") or 0 for load in loads),
+    }

@@ -54,6 +54,8 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
         lines.append(cut_short(summary.measurements_kept))
     if summary.time_spent:
         lines.append(time_spent.describe(summary.time_spent))
+    if summary.load_sentence():
+        lines.append(summary.load_sentence())
     top = results.best_feasible(records, count=TABLE_ROWS)
     if top.empty or summary.best is None:
         lines.append("No trial reached the target yet.")
@@ -206,10 +208,15 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
         )
 
     if best.is_baseline and base:
+        why = summary.confirmation.why_baseline() if summary.confirmation else ""
+        if base.time_to_target is None:
+            return (
+                f"{why} The baseline reached {goal} in only {base.reached} of "
+                f"{counted(base.runs, 'run')}"
+                f"{base.why_missed(summary.limits)}."
+            )
         return (
-            "No configuration the study found beat the baseline on fresh seeds "
-            "(their single-run times were luck): "
-            f"keep the baseline, which {reaches(best.params)} in {best.time_to_target:.2f} s "
+            f"{why} The baseline {reaches(best.params)} in {best.time_to_target:.2f} s "
             f"(median of {counted(best.runs, 'run')}, range {best.min:.2f}-{best.max:.2f} s)."
         )
     if not (best.confirmed and base):
@@ -226,7 +233,8 @@ def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
         return (
             claim + f"{baseline_is} takes {base.time_to_target:.2f} s "
             f"(median of {counted(base.runs, 'run')}, range "
-            f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}."
+            f"{base.min:.2f}-{base.max:.2f} s): {speedup_phrase(summary.speedup)}"
+            f" ({summary.confirmation.lead_phrase(ratio_said=True)})."
         )
     if fixed:
         return (

@@ -87,6 +87,8 @@ def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     setting's start-up, and what holds the winner there; None without a limit or a count of
     samples."""
     samples = best.samples_to_target
+    if best.time_to_target is None:  # a baseline kept though it missed: no time to set beside
+        return None
     limit = limit_for(outcome, samples) if outcome and samples else None
     if not limit:
         return None
@@ -227,7 +229,7 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     trained at, where the probe measured that setting (expected_rate); None elsewhere."""
     expected = expected_rate(outcome, best.params)
     seconds = predicted_seconds(outcome, best.params, best.samples_to_target)
-    if expected is None or seconds is None:
+    if expected is None or seconds is None or best.time_to_target is None:
         return None
     how = (
         f"the rates measured there, scaled as the end-to-end check at batch "

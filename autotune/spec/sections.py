@@ -31,7 +31,11 @@ MAX_TRIALS = 1_000_000
 MAX_CONFIRM = 1000  # confirm.top and confirm.runs: fresh seeds are listed, and each run trains
 MAX_EPOCHS = 1_000_000.0
 MAX_SECONDS = 10_000_000.0  # about 116 days
-CONFIRM_DEFAULTS = {"top": 3, "runs": 3, "baseline": "all", "precision": False}
+CONFIRM_DEFAULTS = {"top": 3, "runs": "auto", "baseline": "all", "precision": False}
+# confirm.runs: auto: every candidate and the baseline on AUTO_FIRST_RUNS fresh seeds, then one
+# more seed at a time for the leader and the baseline until the lead is resolved either way
+# (record/verdict.py), up to AUTO_MAX_RUNS seeds.
+AUTO_FIRST_RUNS, AUTO_MAX_RUNS = 3, 8
 CONFIRM_BASELINE = ("all", "until_resolved")
 
 
@@ -59,6 +63,8 @@ class Budget:
 class Confirm:
     top: int  # best trials re-run on fresh seeds before the winner is named
     runs: int  # fresh seeds per confirmed configuration, and for the baseline
+    # seeds the leader and the baseline may get, added until the lead is resolved (runs: auto)
+    max_runs: int | None = None
     # all: the baseline on every seed; until_resolved: until it is told apart (confirm.py)
     baseline: str = "all"
     # beside the fastest trial in a narrower precision, its maths in fp32: samples to target
@@ -198,13 +204,20 @@ def budget(path: Path, raw: Any) -> Budget:
 
 def confirm(path: Path, raw: Any) -> Confirm:
     raw = {**CONFIRM_DEFAULTS, **mapping(path, "confirm", raw, tuple(CONFIRM_DEFAULTS))}
+    auto = raw["runs"] == "auto"
     for key in ("top", "runs"):  # each run is a whole training run: a hundred is hours already
         require(
             path,
             f"confirm.{key}",
             raw[key],
-            is_int(raw[key]) and 0 <= raw[key] <= MAX_CONFIRM,
-            f"a whole number from 0 to {MAX_CONFIRM}",
+            (key == "runs" and auto) or (is_int(raw[key]) and 0 <= raw[key] <= MAX_CONFIRM),
+            f"a whole number from 0 to {MAX_CONFIRM}"
+            + (
+                f", or auto (seeds added to the leader and the baseline until its lead is "
+                f"resolved, {AUTO_FIRST_RUNS} to {AUTO_MAX_RUNS})"
+                if key == "runs"
+                else ""
+            ),
         )
     require(
         path,
@@ -223,5 +236,9 @@ def confirm(path: Path, raw: Any) -> Confirm:
         "on the same seeds, and compare the samples each needed to reach the target) or false",
     )
     return Confirm(
-        top=raw["top"], runs=raw["runs"], baseline=raw["baseline"], precision=raw["precision"]
+        top=raw["top"],
+        runs=AUTO_FIRST_RUNS if auto else raw["runs"],
+        max_runs=AUTO_MAX_RUNS if auto else None,
+        baseline=raw["baseline"],
+        precision=raw["precision"],
     )

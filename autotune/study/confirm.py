@@ -4,6 +4,7 @@ interleaved, so that all see the same machine load; what the runs mean is record
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -94,21 +95,22 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     memo = probe_memo.Memo(study)  # the runs a confirmation cut short kept
     with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
         with signals.interruptible():
-            records = run_candidates(
+            run = functools.partial(
+                run_candidates,
                 prepared.run_trial,
-                candidates,
-                seeds=fresh_seeds,
                 limits=limits_for(spec),
                 device=prepared.device,
                 on_run=lambda: (bar.update(1), signals.check()),
-                until_resolved=until_resolved,
                 memo=memo,
             )
+            records = run(candidates, seeds=fresh_seeds, until_resolved=until_resolved)
+            added = _until_resolved(spec, run, candidates, records, bar)
     outcome = {
         "after_trials": after,
         "trials": numbers,
         "configs": candidates,
         "seeds": fresh_seeds,
+        "added_seeds": added,
         "runs": records,
         "objective": spec.objective,
         "target": spec.target.value,
@@ -135,6 +137,32 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
         outcome["precision_effect"] = verdict.precision_effect(records, fastest, precision)
     schema.record_confirmation(study, json.loads(json.dumps(outcome)))
     return outcome
+
+
+def _until_resolved(
+    spec: StudySpec,
+    run: Callable[..., list[dict[str, Any]]],
+    candidates: Mapping[str, Mapping[str, Any]],
+    records: list[dict[str, Any]],
+    bar: Any,
+) -> list[int]:
+    """confirm.runs: auto: one more fresh seed at a time for the leader and the baseline,
+    interleaved, while the leader's lead is not resolved either way (verdict.decide), up to
+    confirm.max_runs seeds; `records` grows by their runs. The seeds added."""
+    added: list[int] = []
+    first = spec.confirm.runs
+    every = seeds.fresh(spec.seed, spec.confirm.max_runs or first)
+    for seed in every[first:]:
+        decision = verdict.decide(
+            records, objective=spec.objective, target=spec.target.value, seeds=first, interval=False
+        )
+        labels = verdict.more_seeds_for(decision)
+        if not labels:
+            break
+        bar.total += len(labels)
+        records += run({label: candidates[label] for label in labels}, seeds=[seed])
+        added.append(seed)
+    return added
 
 
 def _still_holds(

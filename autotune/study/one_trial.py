@@ -32,6 +32,7 @@ from autotune.study import (
 )
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialResult
+from autotune.train.measure import other_load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,11 @@ def run_one(
             _tell_failure(study, trial, failure, policy, before)
             return
         run_seeds = seeds.replicates(trial_seed, policy.replicates)
-        runs, failure = trial_runs.train(trial.number, trained, run_seeds, policy, before.incumbent)
+        with other_load() as load:  # how busy the machine was: the report says where it moved
+            runs, failure = trial_runs.train(
+                trial.number, trained, run_seeds, policy, before.incumbent
+            )
+        schema.record_other_load(trial, load.record())
         if failure is not None:
             _tell_failure(study, trial, failure, policy, before)
         else:

@@ -69,7 +69,7 @@ def test_valid_study_loads_with_documented_defaults(tmp_path: Path) -> None:
     assert spec.storage == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
     assert spec.seed == 0
     assert spec.device == "auto"
-    assert spec.confirm == Confirm(top=3, runs=3)
+    assert spec.confirm == Confirm(top=3, runs=3, max_runs=8)
     # the budget's max_epochs
     assert dict(spec.baseline) == {
         **DEFAULT_BASELINE,

@@ -29,12 +29,14 @@ def test_median_counts_a_missed_target_as_slowest() -> None:
 
 
 def test_winner_is_the_lowest_median_and_speedup_is_against_the_baseline() -> None:
-    runs = [record("baseline", t) for t in (4.0, 5.0, 6.0)]
-    runs += [record("trial 1", t) for t in (0.5, 9.0, 9.0)]  # one lucky run
-    runs += [record("trial 2", t) for t in (2.0, 2.5, 3.0)]
+    runs = [record("baseline", t) for t in (4.0, 5.0, 6.0, 5.5)]
+    runs += [record("trial 1", t) for t in (0.5, 9.0, 9.0, 8.0)]  # one lucky run
+    runs += [record("trial 2", t) for t in (2.0, 2.5, 3.0, 2.2)]
+    decision = verdict.decide(runs)
+    assert decision["winner"] == decision["leader"] == "trial 2"
+    assert decision["speedup"] == pytest.approx(5.25 / 2.35)
     stats = verdict.stats(runs)
-    assert verdict.winner(stats) == "trial 2"
-    assert verdict.speedup(stats, "trial 2") == pytest.approx(5.0 / 2.5)
+    assert verdict.speedup(stats, "trial 2") == pytest.approx(5.25 / 2.35)
 
 
 def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> None:
@@ -43,26 +45,26 @@ def test_a_tie_goes_to_the_configuration_that_always_reached_the_target() -> Non
     ]
     stats = verdict.stats(runs)
     assert stats["trial 1"]["median"] == stats["trial 2"]["median"] == 2.0
-    assert verdict.winner(stats) == "trial 2"
+    assert verdict.decide(runs)["leader"] == "trial 2"
 
 
 def test_the_baseline_wins_when_no_candidate_beats_it_on_fresh_seeds() -> None:
     """A trial that won the study by one lucky run loses the confirmation to the baseline."""
     runs = [record("baseline", t) for t in (2.0, 2.2, 2.4)]
     runs += [record("trial 4", t) for t in (0.9, 3.1, 3.3)]  # its study run was 0.9 s: luck
-    stats = verdict.stats(runs)
-    assert verdict.winner(stats) == "baseline" and verdict.speedup(stats, "baseline") == 1.0
-    assert (
-        verdict.winner(verdict.stats([record("baseline", 1.0), record("trial 3", None)]))
-        == "baseline"
-    )
-    tie = verdict.stats([record("baseline", 2.0), record("trial 3", 2.0)])
-    assert verdict.winner(tie) == "baseline"
+    decision = verdict.decide(runs)
+    assert decision["winner"] == "baseline" and decision["outcome"] == verdict.NOT_FASTER
+    missed = verdict.decide([record("baseline", 1.0), record("trial 3", None)])
+    assert missed["winner"] == "baseline" and missed["outcome"] == verdict.MISSED
+    tie = verdict.decide([record("baseline", 2.0), record("trial 3", 2.0)])
+    assert tie["winner"] == "baseline" and tie["outcome"] == verdict.NOT_FASTER
 
 
-def test_no_winner_when_nothing_reaches_the_target() -> None:
-    stats = verdict.stats([record("baseline", None), record("trial 3", None)])
-    assert verdict.winner(stats) is None and verdict.speedup(stats, "trial 3") is None
+def test_nothing_reaching_the_target_keeps_the_baseline() -> None:
+    runs = [record("baseline", None), record("trial 3", None)]
+    decision = verdict.decide(runs)
+    assert decision["winner"] == "baseline" and decision["outcome"] == verdict.MISSED
+    assert verdict.speedup(verdict.stats(runs), "trial 3") is None
 
 
 def test_measure_interleaves_candidates_on_each_seed_and_survives_oom() -> None:
@@ -200,14 +202,14 @@ def test_a_baseline_that_never_reaches_the_target_is_reported_with_why_and_what_
 
     from tests.study.test_study import run_cli, write_study
 
-    path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": 2})
+    path = write_study(tmp_path, trials=3, confirm={"top": 1, "runs": "auto"})
     study = yaml.safe_load(path.read_text())
     study["baseline"] = {"lr": 1e-5, "batch_size": 64}
     path.write_text(yaml.safe_dump(study))
     code, out, _ = run_cli("run", str(path), capsys=capsys)
     assert code == 0
     assert (
-        "the baseline reached it in only 0 of 2 runs: its runs trained all of budget.max_epochs "
+        "the baseline reached it in only 0 of 3 runs: its runs trained all of budget.max_epochs "
         "(4) short of it, so it has no time to compare with; raise budget.max_epochs"
     ) in out, out
 
@@ -236,13 +238,12 @@ def test_precision_effect_pairs_seeds_where_both_reached_and_a_twin_never_wins()
         "trial 4 in fp32",
         {"precision": "fp32", "tf32": False, "lr": 0.1},
     )
-    stats = {
-        "baseline": {"median": 3.0, "runs": 2, "reached": 2},
-        "trial 4": {"median": 2.0, "runs": 2, "reached": 2},
-        "trial 4 in fp32": {"median": 1.0, "runs": 2, "reached": 2},
-    }
-    # the twin measures; it is no configuration the study found
-    assert verdict.winner(stats) == "trial 4"
+    timed = [record("baseline", t) for t in (3.0, 3.1, 2.9)]
+    timed += [record("trial 4", t) for t in (2.0, 2.1, 1.9)]
+    timed += [record("trial 4 in fp32", t) for t in (1.0, 1.1, 0.9)]
+    # the twin measures; it is no configuration the study found, nor a chance for one to lead
+    decision = verdict.decide(timed)
+    assert decision["winner"] == "trial 4" and decision["level"] == pytest.approx(0.05)
 
 
 def test_confirm_precision_runs_the_fastest_trials_maths_in_fp32_beside_it_and_reports_the_samples(
