@@ -26,6 +26,8 @@ PROBE_SO_FAR = "probe_measurements"  # a probe's, phase's or confirmation's, unt
 PROBING = "probing"  # {worker, at}: the process probing it, renewed as it goes (probe_claim.py)
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
 THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
+_STUDY_KEYS = (VERSION, TARGET, OPTIMIZER, KNOBS_READ, DEFINITION, DEFINITION_CHANGES, PROBE)
+_STUDY_KEYS += (PROBE_SO_FAR, PROBING, CONFIRMATION, THROUGHPUT)
 
 # Trial attributes.
 WORKER = "worker"  # host:pid of the process that ran it, so a process marks only its own
@@ -199,8 +201,9 @@ def knobs_read(study_attrs: Mapping[str, Any]) -> list[str] | None:
 
 
 def made_by_autotune(study_attrs: Mapping[str, Any], *, trials: int, minimize: bool) -> bool:
-    """It holds what every run writes first, or nothing at all (a run stopped as it made it)."""
-    written = any(key in study_attrs for key in (VERSION, TARGET, DEFINITION))
+    """It holds an attribute only autotune writes, or nothing at all (a run stopped as it made
+    it)."""
+    written = any(key in study_attrs for key in _STUDY_KEYS)
     return written or (not study_attrs and trials == 0 and minimize)
 
 

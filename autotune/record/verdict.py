@@ -188,7 +188,7 @@ def decide(
     base_times = times(records, BASELINE, objective=objective, target=target)
     if base_times:  # the seeds it skipped, as runs slower than every one of the leader's
         slowest = max(t for t in mine if math.isfinite(t))
-        base_times += [slowest * RESOLVED_BY] * max(0, seeds - len(base_times))
+        base_times += [slowest * RESOLVED_BY] * max(0, len(mine) - len(base_times))
     # On the first seeds each candidate was a chance for a lucky one to lead: the level is shared
     # among them. Added seeds are the leader's alone.
     level = lead.ALPHA / candidates if len(mine) <= seeds else lead.ALPHA_ADDED

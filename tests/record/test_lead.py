@@ -143,3 +143,14 @@ def test_a_clearly_faster_configuration_is_found_and_a_slower_one_hardly_ever() 
     assert sum(d["winner"] == "trial 0" for d in fast) >= 0.85 * len(fast)
     slow = [confirm(draw(0.8), 1) for _ in range(300)]
     assert sum(d["winner"] == "trial 0" for d in slow) <= 0.01 * len(slow)
+
+
+def test_seeds_the_baseline_skipped_count_as_runs_slower_than_every_one_of_the_leaders() -> None:
+    """confirm.baseline: until_resolved stopped the baseline after 2 seeds, each run 4x the
+    slowest of the leader's: with the third counted so, 3 runs each resolve the lead."""
+    skipped = runs("trial 1", [1.0, 1.1, 1.2]) + runs("baseline", [5.0, 4.8])
+    decision = verdict.decide(skipped, seeds=3)
+    assert decision["outcome"] == verdict.FASTER and decision["winner"] == "trial 1"
+    # seeds added later run the baseline too: what it skipped stays one seed
+    added = skipped + runs("trial 1", [1.0], first_seed=3) + runs("baseline", [5.1], first_seed=3)
+    assert verdict.decide(added, seeds=3)["p_value"] == pytest.approx(1 / 70)
