@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -500,3 +501,41 @@ def test_the_search_benchmark_replays_every_strategy_on_the_recorded_grid(
     assert all(len(searches) == 1 for searches in record["runs"].values())
     assert list(record["studies"]) == list(STUDIES) and set(record["baseline"]) == set(GRID)
     assert "results" not in record["args"] and "written: " in printed
+
+
+def test_the_never_worse_benchmark_runs_a_study_judges_it_and_resumes(tmp_path: Path) -> None:
+    """One study, its recommendation judged by the export on a fresh seed beside the baseline,
+    the goals against it; run again, nothing runs twice."""
+    study = tmp_path / "tiny.yaml"
+    study.write_text(TINY_STUDY.replace("confirm: {top: 1, runs: 1}", "confirm: {top: 1}"))
+    args = ["--studies", "1", "--seeds", "1", "--loads", "quiet", "--study", str(study)]
+    args += ["--results", str(tmp_path / "results")]
+    printed = run_benchmark("never_worse.py", *args)
+    record = json.loads((tmp_path / "results" / "never-worse-tiny-cpu.json").read_text())
+    found = record["studies"]["head/quiet/1"]
+    assert found["load"] == "quiet" and found["study_seconds"] > 0
+    assert found["baseline_kept"] or found["judge"]["runs"] == 1
+    row = record["goals"]["head/quiet"]
+    assert row["studies"] == 1 and row["never_slower"] == (row["slower"] == 0)
+    assert "\nhead/quiet/1:" in "\n" + printed
+    again = run_benchmark("never_worse.py", *args)
+    assert "head/quiet/1:" not in again and "judged" not in again
+    kept = json.loads((tmp_path / "results" / "never-worse-tiny-cpu.json").read_text())
+    assert kept["studies"]["head/quiet/1"]["study_seconds"] == found["study_seconds"]
+
+
+def test_the_never_worse_benchmarks_load_keeps_every_core_busy_and_ends_with_its_block() -> None:
+    from benchmarks.never_worse import spinning
+
+    with spinning(2):
+        spinners = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _spins(p)]
+        assert len(spinners) >= 2
+    time.sleep(0.2)
+    assert not [p for p in spinners if p.exists() and _spins(p)]
+
+
+def _spins(process: Path) -> bool:
+    try:
+        return b"while os.getppid() == parent: pass" in (process / "cmdline").read_bytes()
+    except OSError:
+        return False
