@@ -154,26 +154,21 @@ def one_study(study: Path, source: Path, index: int, load: str) -> dict[str, Any
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / study.name
         path.write_text(yaml.safe_dump(text))
+
+        def autotune(*args: str) -> subprocess.CompletedProcess[str]:
+            command = [sys.executable, "-m", "autotune", args[0], str(path), *args[1:]]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=folder)
+            if done.returncode != 0:
+                raise SystemExit(
+                    f"autotune {args[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+                )
+            return done
+
         with spinning((os.cpu_count() or 1) if load == "loaded" else 0):
             started = time.monotonic()
-            ran = subprocess.run(
-                [sys.executable, "-m", "autotune", "run", str(path), "--quiet"],
-                env=env,
-                capture_output=True,
-                text=True,
-                cwd=folder,
-            )
+            autotune("run", "--quiet")
             seconds = time.monotonic() - started
-        if ran.returncode != 0:
-            raise SystemExit(f"the study failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
-        report = subprocess.run(
-            [sys.executable, "-m", "autotune", "report", str(path), "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=folder,
-            check=True,
-        )
+        report = autotune("report", "--json")
     summary = json.loads(report.stdout)
     best, probe = summary.get("best") or {}, summary.get("probe") or {}
     decision = (summary.get("confirmation") or {}).get("decision") or {}
