@@ -152,8 +152,16 @@ def _confirmation(summary: Summary) -> list[str]:
         if summary.fixed_schedule
         else " (median, range of runs that reached the target)"
     )
+    added = confirmation.added_seeds
+    more = (
+        f" and {len(added)} more for {(confirmation.decision or {}).get('leader')} and the "
+        "baseline (confirm.runs: auto)"
+        if added
+        else ""
+    )
     lines = [
-        f"Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}{judged}:"
+        f"Re-measured side by side on {counted(len(confirmation.seeds), 'fresh seed')}{more}"
+        f"{judged}:"
     ]
     for label, stats in confirmation.configs.items():
         spread = f"{stats['min']:.2f}-{stats['max']:.2f} s" if stats["min"] is not None else "-"

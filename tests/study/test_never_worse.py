@@ -106,6 +106,16 @@ def test_a_lead_inside_the_noise_reads_not_resolved_and_keeps_the_baseline(tmp_p
     assert len(summary.confirmation.added_seeds) == 5
     assert summary.confirmation.why_baseline().startswith("Not resolved: trial")
     assert "keep the baseline, or raise confirm.runs" in summary.confirmation.why_baseline()
+    import optuna
+
+    from autotune.report.results import trial_records
+    from autotune.report.text import render
+
+    trials = optuna.load_study(study_name="noise", storage=storage).get_trials()
+    text = render(summary, trial_records(trials))
+    leader = decision["leader"]
+    assert f"on 3 fresh seeds and 5 more for {leader} and the baseline (confirm.runs: auto)" in text
+    assert "Winner: the baseline (confirmed)" in text and "Not resolved: " in text
 
 
 def test_every_trial_stores_how_busy_the_machine_was_and_the_report_says_when_it_moved(
