@@ -21,19 +21,6 @@ from autotune.search.roofline_figures import (
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
 
-def paired_text(paired: Mapping[str, Any]) -> str:
-    """The check of the choice against the baseline's setting in paired windows, as a line."""
-    ratios = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
-    if paired["kept"] == "chosen":
-        return (
-            f"Checked against the baseline's setting in {len(paired['ratios'])} paired windows: "
-            f"{ratios} its speed"
-        )
-    return f"The baseline's setting kept: the choice was {paired['why']}" + (
-        f" (paired windows: {ratios} the baseline's speed)" if ratios else ""
-    )
-
-
 def describe(outcome: Mapping[str, Any]) -> str:
     """The joint probe's lines for the report: what it chose, measured beside predicted, the
     bottleneck, the knob space's limit and what would move it."""
@@ -60,9 +47,6 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({setting_text(limit)}), "
         f"{limit['bottleneck']}-bound{_sooner(outcome)}; what would move it: {outcome['moves']}",
     ]
-    paired = outcome.get("paired")
-    if paired:
-        lines.append(paired_text(paired))
     outpaced = outcome.get("gather_outpaced")
     if outpaced:
         gather, step = outpaced["gather"], outpaced["step"]

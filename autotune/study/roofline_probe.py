@@ -45,7 +45,7 @@ from autotune.search import end_to_end, probe, roofline, roofline_text
 from autotune.search.roofline_figures import set_bytes, start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
-from autotune.study import budget, chosen_setting, paired_check, rates_apart, throughput_phase
+from autotune.study import budget, chosen_setting, rates_apart, throughput_phase
 from autotune.study.preparation import Prepared
 from autotune.study.probe_memo import Memo
 from autotune.train import telemetry, throughput
@@ -154,14 +154,9 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
-    chosen, speed, paired = _paired_with_baseline(probing, chosen, speed, predictions)
     fixed, memory, compiled = _formats_fixed(probing, chosen, figures, bar)
-    precisions = (
-        [chosen.compute["precision"]]  # the baseline's setting kept: its precision too
-        if paired and paired["kept"] == paired_check.BASELINE
-        else end_to_end.precisions_kept(
-            chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
-        )
+    precisions = end_to_end.precisions_kept(
+        chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
     )
     entries = _at_batches(probing, chosen, speed, precisions)
     bar.update(len(entries))
@@ -203,34 +198,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
         **({"precision_batches": other_precisions} if other_precisions else {}),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
-        **({"paired": paired} if paired else {}),
     }
-
-
-def _paired_with_baseline(
-    probing: _Probing,
-    chosen: roofline.Prediction,
-    speed: float,
-    predictions: list[roofline.Prediction],
-) -> tuple[roofline.Prediction, float, dict[str, Any] | None]:
-    """The choice measured in windows paired with the baseline's own setting (paired_check.py);
-    the baseline's setting, at its paired speed, where that check keeps it. Unchecked (None)
-    where the choice is the baseline's setting, or the baseline's lies outside what was
-    measured."""
-    ours = complete(probing.prepared.baseline)
-    baseline = next(
-        (p for p in predictions if p.setting == {k: ours.get(k) for k in p.setting}), None
-    )
-    if baseline is None or baseline.setting == chosen.setting:
-        return chosen, speed, None
-    outcome = paired_check.against_baseline(
-        lambda work, *args: probing.measured(work, *args, phase="paired"),
-        probing.config(chosen.setting),
-        probing.config(baseline.setting),
-    )
-    if outcome["kept"] == paired_check.BASELINE:
-        return baseline, outcome["speed"][paired_check.BASELINE] or speed, outcome
-    return chosen, speed, outcome
 
 
 def _formats_fixed(
