@@ -189,7 +189,8 @@ def one_study(study: Path, source: Path, index: int, load: str) -> dict[str, Any
 def spinning(count: int) -> Iterator[None]:
     """`count` processes keeping a core busy each, for as long as the block runs."""
     # each spins while its parent lives: a benchmark killed leaves no core busy behind it
-    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+    # (the parent's pid given, not read at start: a parent gone before then would be init's)
+    spin = f"import os\nparent = {os.getpid()}\nwhile os.getppid() == parent: pass"
     spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
     try:
         yield
