@@ -36,6 +36,13 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
     return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
 
 
+def by_signal(exc: BaseException) -> bool:
+    """Whether `exc` is the user's Ctrl-C or SIGTERM: a Stopped, or any KeyboardInterrupt once a
+    signal was taken (user code that caught the Stopped and raised its own). A KeyboardInterrupt
+    that user code raised with no signal sent is that code's error, which fails its trial."""
+    return isinstance(exc, Stopped) or (isinstance(exc, KeyboardInterrupt) and _State.stopping)
+
+
 def stopping() -> None:
     """The process is stopping on a signal and has said so: a second Ctrl-C (pressed twice, or
     sent to the whole group again) would only break its exit, a traceback from one of torch's exit

@@ -8,6 +8,7 @@ finished trial, and the same command run again goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -27,6 +28,7 @@ from tests.test_hostile_round import (
     cli,
     fill,
     finished,
+    reasons,
     small_disk,
     snapshot,
     spawn,
@@ -260,3 +262,59 @@ def test_a_plain_optuna_study_of_the_same_name_is_refused_by_every_command_and_l
             cli(capsys, *command, "--storage", url), "that autotune did not make", "3 trial(s)"
         )
         assert_unchanged(before, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# What user code raises that is not an Exception
+
+
+FAILS_ITS_TRIALS = [
+    ("KeyboardInterrupt", "raises_keyboard_interrupt", "none", "KeyboardInterrupt: raised by"),
+    ("KeyboardInterrupt", "raises_keyboard_interrupt", "warm", "KeyboardInterrupt: raised by"),
+    ("BaseException", "raises_a_base_exception", "none", "QuotaExceeded: GPU-hour quota"),
+    ("BaseException", "raises_a_base_exception", "process", "QuotaExceeded: GPU-hour quota"),
+    ("sys.exit in the model factory", "model_factory_exits", "none", "SystemExit: 3"),
+    ("sys.exit in the model factory", "model_factory_exits", "process", "SystemExit: 3"),
+    ("sys.exit in the model factory", "model_factory_exits", "warm", "SystemExit: 3"),
+]
+
+
+@pytest.mark.parametrize(
+    ("task", "isolation", "why"),
+    [case[1:] for case in FAILS_ITS_TRIALS],
+    ids=[f"{case[0]}, isolation {case[2]}" for case in FAILS_ITS_TRIALS],
+)
+def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_ends(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tag: str,  # noqa: F811 - the fixture
+    task: str,
+    isolation: str,
+    why: str,
+) -> None:
+    """A KeyboardInterrupt no signal raised, a BaseException subclass, sys.exit in the model factory
+    (which autotune also calls before any trial): the trial FAILS with its reason, the study ends
+    with status 1 and says why, and nothing is left RUNNING for the next run to repeat."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(
+        f"task: tests.hostile.tasks:{task}\ntarget: {{metric: accuracy, value: 0.5}}\n"
+        # the default space (channels_last searched): the model is built before the first trial
+        "space: {num_workers: 0, accumulation_steps: 1}\n"
+        f"probe: none\nbudget: {{trials: 2, max_epochs: 1}}\nconfirm: {{top: 0}}\n"
+        f"isolation: {isolation}\n"
+    )
+    if isolation == "none":
+        code, out, err = dataclasses.astuple(cli(capsys, "run", "study.yaml", "--quiet"))
+    else:  # a fork server started in this process would outlive the test
+        run = spawn(tmp_path, tag, "run", "study.yaml", "--quiet")
+        out, err = run.communicate(timeout=180)
+        code = run.returncode
+    assert "Traceback" not in err + out, err[-3000:]
+    assert code == 1, f"exit {code}; stderr:\n{err[-3000:]}"
+    assert out.startswith("Study study: 2 trials"), out[:500]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("autotune: every one of the 2 trials failed") and why in last, last
+    trials = trials_of(tmp_path)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [t.state for t in trials]
+    assert all(why in reason for reason in reasons(trials)), reasons(trials)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from autotune import signals
 from autotune.runners import reasons, trial_process
 from autotune.train import oom
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
@@ -120,13 +121,16 @@ def in_process(task: Task) -> RunTrial:
 
 
 def _as_failure(call: Any) -> Any:
-    """`call()`, with any exception but Pruned raised as the TrialFailure it stands for; a
-    SystemExit too (sys.exit in the user's code ends the trial, not the study), as in a child."""
+    """`call()`, with anything it raises but Pruned and a signal's stop raised as the TrialFailure
+    it stands for, as in a child: a SystemExit (sys.exit in the user's code ends the trial, not the
+    study), a KeyboardInterrupt that no signal raised, any other BaseException."""
     try:
         return call()
     except Pruned:
         raise
-    except (Exception, SystemExit) as exc:
+    except BaseException as exc:
+        if signals.by_signal(exc) or isinstance(exc, GeneratorExit):
+            raise
         failure = TrialFailure.of(exc)
     # Out of the except block, the traceback and with it the trial's tensors are gone.
     oom.free_memory()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from autotune import signals
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import KNOBS
 from autotune.train import oom
@@ -42,10 +43,9 @@ def as_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> 
             returned = objective(
                 given, **takes(objective, {"seed": seed, "device": device}, after=1)
             )
-        except (
-            Exception,
-            SystemExit,
-        ) as exc:  # sys.exit in the function ends its trial, not the study
+        except BaseException as exc:  # sys.exit in the function ends its trial, not the study
+            if signals.by_signal(exc) or isinstance(exc, GeneratorExit):
+                raise
             failure = TrialFailure.of(exc)
         else:
             seconds, metric = _seconds_and_metric(returned)

@@ -220,8 +220,19 @@ def _check_in_memory(spec: StudySpec, *, objective: isolation.RunTrial | None) -
 
 
 def _has_batch_norm(task: Task, baseline: dict[str, Any]) -> bool:
-    params = {k: v for k, v in baseline.items() if k not in KNOBS}
-    return systems.has_batch_norm(task.model(**takes(task.model, params)))
+    model = _baseline_model(task, {k: v for k, v in baseline.items() if k not in KNOBS})
+    return model is not None and systems.has_batch_norm(model)
+
+
+def _baseline_model(task: Task, params: dict[str, Any]) -> nn.Module | None:
+    """The task's model as the baseline builds it, to look at before any trial; None where the
+    factory fails (sys.exit included) or returns no nn.Module: then its trials fail, each with the
+    reason recorded, as they would anyway."""
+    try:
+        model = task.model(**takes(task.model, params))
+    except (Exception, SystemExit):  # noqa: BLE001 - the trials record the error
+        return None
+    return model if isinstance(model, nn.Module) else None
 
 
 OWN_DATA = "a training command or objective function loads its own data"
@@ -250,12 +261,8 @@ def fit_to_device(
     }
     params = {k: v for k, v in baseline.items() if k not in KNOBS}
     if {"channels_last", "checkpointing"} & wanted and task is not None:
-        try:
-            model = task.model(**takes(task.model, params))
-        except Exception:  # noqa: BLE001 - a model that cannot be built fails its trials, where the error is recorded
-            model = None
-        # Nor is a factory that returns something else (a function): its trials fail, and say so.
-        if isinstance(model, nn.Module):
+        model = _baseline_model(task, params)
+        if model is not None:
             problems["channels_last_problem"] = systems.channels_last_problem(model)
             problems["checkpointing_problem"] = checkpointing.problem(model)
     if "fused_optimizer" in wanted and task is not None:

@@ -174,3 +174,49 @@ class _Slow(nn.Module):
 
 def slow() -> Task:
     return Task(model=_Slow, train=_blobs(1024, 0), val=_blobs(256, 1))
+
+
+class _Raises(nn.Module):
+    """The blobs MLP whose first training step raises what `error()` gives: user code's own
+    exception, with no signal sent."""
+
+    error: staticmethod
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise self.error()
+        return self.net(x)
+
+
+class _Interrupts(_Raises):
+    error = staticmethod(lambda: KeyboardInterrupt("raised by the model, no signal sent"))
+
+
+class QuotaExceeded(BaseException):  # noqa: N818 - a user's name, not ours
+    """A library's own BaseException subclass (as some job schedulers' clients define)."""
+
+
+class _Quota(_Raises):
+    error = staticmethod(lambda: QuotaExceeded("GPU-hour quota exceeded"))
+
+
+def raises_keyboard_interrupt() -> Task:
+    return Task(model=_Interrupts, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+def raises_a_base_exception() -> Task:
+    return Task(model=_Quota, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+def _exits() -> nn.Module:
+    sys.exit(3)
+
+
+def model_factory_exits() -> Task:
+    """`sys.exit(3)` in the model factory, which autotune also calls before any trial (to see
+    whether the model takes channels_last)."""
+    return Task(model=_exits, train=_blobs(256, 0), val=_blobs(128, 1))
