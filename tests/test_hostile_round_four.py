@@ -318,3 +318,54 @@ def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_en
     trials = trials_of(tmp_path)
     assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [t.state for t in trials]
     assert all(why in reason for reason in reasons(trials)), reasons(trials)
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets whose length cannot be trained
+
+
+@pytest.mark.parametrize(
+    ("task", "fragments"),
+    [
+        ("length_negative", ("len() of the task's training set", "ValueError", "whole number")),
+        ("length_fractional", ("len() of the task's training set", "TypeError", "'float'")),
+        ("length_a_trillion", ("1000000000000 samples", "shuffle", "GiB of memory")),
+    ],
+    ids=["__len__ -1", "__len__ 1024.5", "__len__ 10^12"],
+)
+def test_a_training_set_whose_length_cannot_be_trained_is_one_line_before_any_trial(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    task: str,
+    fragments: tuple[str, ...],
+) -> None:
+    """Not a traceback, and not a trillion-sample set taken for a trial out of memory (which would
+    prune the whole space unrun)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(
+        EASY.replace("tests.tasks:blobs", f"tests.hostile.tasks:{task}")
+    )
+    before = snapshot(tmp_path)
+    assert_refused(cli(capsys, "run", "study.yaml"), "study.yaml", "task", *fragments)
+    assert_unchanged(before, tmp_path)
+
+
+def test_a_baseline_batch_over_the_training_set_across_a_trial_s_devices_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """128 x 1 x 16 devices = 2048 samples a step from a set of 1024: the baseline could never take an
+    optimizer step, and a winner would be named against a baseline that never trained."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(
+        EASY.replace("batch_size: [32, 64]", "batch_size: [8, 16]")
+        + "devices_per_trial: 16\nbaseline: {batch_size: 128}\n"
+    )
+    before = snapshot(tmp_path)
+    assert_refused(
+        cli(capsys, "run", "study.yaml"),
+        "baseline.batch_size",
+        "128 x 1 x 16",
+        "1024 training samples",
+    )
+    assert_unchanged(before, tmp_path)

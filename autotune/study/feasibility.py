@@ -6,6 +6,7 @@ here (loader workers the cores can serve, batches the training set can fill).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from autotune.errors import SpecError
@@ -14,10 +15,13 @@ from autotune.spec.study_file import StudySpec
 from autotune.train.measure import cpu_count
 from autotune.train.tasks import Task
 
+# A training epoch's shuffle is a permutation of its indices (torch.randperm): 8 bytes a sample.
+SHUFFLE_BYTES_PER_SAMPLE = 8
+
 
 def check_datasets(spec: StudySpec, task: Task) -> None:
-    """Both sets map-style Datasets: autotune counts them (epochs, the largest batch) and samples
-    them by index (seeded shuffles, the validation pass)."""
+    """Both sets map-style Datasets whose length is a count: autotune counts them (epochs, the
+    largest batch) and samples them by index (seeded shuffles, the validation pass)."""
     for which, data in (("training", task.train), ("validation", task.val)):
         if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             raise SpecError(
@@ -28,6 +32,35 @@ def check_datasets(spec: StudySpec, task: Task) -> None:
                 f"needs a map-style Dataset (with __len__ and __getitem__), "
                 f"such as a TensorDataset",
             )
+        try:
+            len(data)
+        except Exception as exc:  # noqa: BLE001 - a user's __len__ may raise anything
+            raise SpecError(
+                spec.path,
+                "task",
+                spec.task,
+                f"len() of the task's {which} set ({type(data).__name__}) failed: "
+                f"{type(exc).__name__}: {exc}; its __len__ must return the number of samples, "
+                f"a whole number >= 0",
+            ) from None
+    _check_shuffle_fits(spec, len(task.train))
+
+
+def _check_shuffle_fits(spec: StudySpec, samples: int) -> None:
+    """A training set too large for its epoch's shuffle to fit in this machine's memory: refused
+    here, not taken for a trial that ran out of memory (which would prune the space unrun)."""
+    needed = samples * SHUFFLE_BYTES_PER_SAMPLE
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > memory // 2:
+        raise SpecError(
+            spec.path,
+            "task",
+            spec.task,
+            f"the task's training set has {samples} samples: each epoch's shuffle is a "
+            f"permutation of {needed / 2**30:,.0f} GiB ({SHUFFLE_BYTES_PER_SAMPLE} bytes a "
+            f"sample), more than half this machine's {memory / 2**30:.0f} GiB of memory; "
+            f"check the dataset's __len__",
+        )
 
 
 def check_task(spec: StudySpec, space: Space, task: Task) -> None:
@@ -121,37 +154,39 @@ def _fit_workers(
 def _fit_batches(
     spec: StudySpec, space: Space, baseline: dict[str, Any], samples: int, notices: list[str]
 ) -> Space:
-    steps = smallest(space["accumulation_steps"])
-    if baseline["batch_size"] * baseline["accumulation_steps"] > samples:
-        raise SpecError(
-            spec.path,
-            "baseline.batch_size",
-            baseline["batch_size"],
-            f"the task has {samples} training samples: batch_size x accumulation_steps "
-            f"({baseline['batch_size']} x {baseline['accumulation_steps']}) must not exceed them",
-        )
+    # Each of a trial's processes trains a micro-batch of batch_size: the effective batch is
+    # batch_size x accumulation_steps x devices_per_trial.
+    devices = spec.devices_per_trial
+    times = " x devices_per_trial" if devices > 1 else ""
+    over = f" ({devices} devices a trial)" if devices > 1 else ""
+    steps = smallest(space["accumulation_steps"]) * devices
+    for key, batch, accumulation in (
+        ("baseline.batch_size", baseline["batch_size"], baseline["accumulation_steps"]),
+        ("space.batch_size", smallest(space["batch_size"]), smallest(space["accumulation_steps"])),
+    ):
+        if batch * accumulation * devices > samples:
+            factors = f"{batch} x {accumulation}" + (f" x {devices}" if devices > 1 else "")
+            raise SpecError(
+                spec.path,
+                key,
+                batch,
+                f"the task has {samples} training samples: batch_size x accumulation_steps"
+                f"{times} ({factors}) must not exceed them",
+            )
     batches = space["batch_size"]
-    if smallest(batches) * steps > samples:
-        raise SpecError(
-            spec.path,
-            "space.batch_size",
-            smallest(batches),
-            f"the task has {samples} training samples: "
-            f"batch_size x accumulation_steps ({smallest(batches)} x {steps}) must not exceed them",
-        )
     if isinstance(batches, Choices) and largest(batches) * steps > samples:
         kept = tuple(b for b in batches.values if b * steps <= samples)
         removed = ", ".join(str(b) for b in batches.values if b not in kept)
         notices.append(
             f"batch_size {removed} removed from the search space: "
-            f"the task has {samples} training samples"
+            f"the task has {samples} training samples{over}"
         )
         space = space.replace("batch_size", Choices(kept))
     elif isinstance(batches, Range) and batches.high * steps > samples:
         high = samples // steps
         notices.append(
             f"batch_size {high + 1} to {batches.high:g} removed from the search space: "
-            f"the task has {samples} training samples"
+            f"the task has {samples} training samples{over}"
         )
         space = space.replace(
             "batch_size",

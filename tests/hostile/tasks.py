@@ -220,3 +220,31 @@ def model_factory_exits() -> Task:
     """`sys.exit(3)` in the model factory, which autotune also calls before any trial (to see
     whether the model takes channels_last)."""
     return Task(model=_exits, train=_blobs(256, 0), val=_blobs(128, 1))
+
+
+class _Sized(TensorDataset):
+    """The blobs set, whose __len__ says `length` (whatever it is)."""
+
+    length: object = 256
+
+    def __len__(self):  # noqa: D105 - returns what the case needs, even what len() refuses
+        return self.length
+
+
+def _sized(length: object) -> Task:
+    data = _blobs(256, 0)
+    sized = type("Sized", (_Sized,), {"length": length})(*data.tensors)
+    return Task(model=_mlp, train=sized, val=_blobs(128, 1))
+
+
+def length_negative() -> Task:
+    return _sized(-1)
+
+
+def length_fractional() -> Task:
+    return _sized(1024.5)
+
+
+def length_a_trillion() -> Task:
+    """A set whose __len__ says 10^12: its epoch's shuffle alone would take 8 TB."""
+    return _sized(10**12)
