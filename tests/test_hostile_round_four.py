@@ -354,8 +354,8 @@ def test_a_training_set_whose_length_cannot_be_trained_is_one_line_before_any_tr
 def test_a_baseline_batch_over_the_training_set_across_a_trial_s_devices_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """128 x 1 x 16 devices = 2048 samples a step from a set of 1024: the baseline could never take an
-    optimizer step, and a winner would be named against a baseline that never trained."""
+    """128 x 1 x 16 devices = 2048 samples a step from a set of 1024: the baseline could never
+    take an optimizer step, and a winner would be named against a baseline that never trained."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "study.yaml").write_text(
         EASY.replace("batch_size: [32, 64]", "batch_size: [8, 16]")
@@ -369,3 +369,37 @@ def test_a_baseline_batch_over_the_training_set_across_a_trial_s_devices_is_refu
         "1024 training samples",
     )
     assert_unchanged(before, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# A training command's failure read from its stderr
+
+MENTIONS_MEMORY = """\
+import sys
+print("warning: CUDA out of memory on the first try; retrying with half the batch", file=sys.stderr)
+print("MemoryError: cache full, evicting the oldest entries", file=sys.stderr)
+raise ValueError("label 11 is out of range")
+"""
+
+
+def test_a_command_whose_log_mentions_memory_but_fails_otherwise_is_no_oom_and_prunes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its final error decides: each trial FAILS with it, and none is pruned unrun by an
+    out-of-memory boundary that a log line drew (one batch size: any would be)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(MENTIONS_MEMORY)
+    (tmp_path / "study.yaml").write_text(
+        "target: {metric: accuracy, value: 0.5}\n"
+        'task: {command: "python train.py --lr {lr}"}\n'
+        "space: {lr: {low: 0.05, high: 0.5, log: true}, batch_size: [32]}\n"
+        "probe: none\nbudget: {trials: 3, max_epochs: 1}\nconfirm: {top: 0}\n"
+    )
+    result = cli(capsys, "run", "study.yaml", "--quiet")
+    assert "Traceback" not in result.out, result.out
+    assert result.code == 1, result.err[-3000:]
+    trials = trials_of(tmp_path)
+    assert [t.state.name for t in trials] == ["FAIL"] * 3, reasons(trials)
+    assert all("ValueError: label 11 is out of range" in r for r in reasons(trials)), reasons(
+        trials
+    )

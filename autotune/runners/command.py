@@ -199,7 +199,9 @@ def _watch(
     reports, stderr = LineReader(read_fd), LineReader(group.process.stderr.fileno())
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
     tally = Tally(limits=limits, device=device)
-    ran_out: str | None = None  # the first out-of-memory line on stderr
+    # its errors, over all it writes: a rank's out-of-memory error can sit far above the
+    # launcher's own lines about it
+    errors = oom.FinalErrors()
     with selectors.DefaultSelector() as selector:
         for lines in (reports, stderr):
             selector.register(lines.fd, selectors.EVENT_READ, lines)
@@ -225,8 +227,7 @@ def _watch(
                         selector.unregister(key.fd)
             lines = stderr.take()
             tail.extend(lines)
-            # a rank's out-of-memory error can sit above the launcher's own lines about it
-            ran_out = ran_out or oom.oom_line(lines)
+            errors.feed(lines)
             reached = _take_reports(
                 reports.take(), tally, started=started, metric_name=metric_name, progress=progress
             )
@@ -234,7 +235,11 @@ def _watch(
                 return tally.result(stop_reason="target", elapsed=reached, memory=group.stop())
             if exited:
                 return _after_exit(
-                    group, tally, tail, ran_out=ran_out, elapsed=time.perf_counter() - started
+                    group,
+                    tally,
+                    tail,
+                    ran_out=errors.out_of_memory(),
+                    elapsed=time.perf_counter() - started,
                 )
             # reports or not, its clock runs: a silent command is pruned too
             if progress is not None:
@@ -293,10 +298,9 @@ def _after_exit(
 ) -> TrialResult:
     code = group.process.returncode
     if code != 0:
-        line = oom.oom_line(tail) or ran_out
-        if line is not None:
+        if ran_out is not None:
             raise TrialFailure(
-                f"out of memory: {line} (the command {exit_status(code)})"[:500], oom=True
+                f"out of memory: {ran_out} (the command {exit_status(code)})"[:500], oom=True
             )
         last = next(
             (line.strip()[:REASON_LINE_CHARS] for line in reversed(tail) if line.strip()), ""

@@ -64,6 +64,20 @@ def bound_by(
     return None
 
 
+def contradicted(
+    ran_out: Mapping[int, Mapping[str, Any]], trained: Iterable[Mapping[str, Any]]
+) -> set[int]:
+    """The trials of `ran_out` that a configuration needing at least their memory trained without
+    running out: their out of memory was something else (another process's memory for a while, a
+    misread error), so no configuration is pruned on their word."""
+    trained = list(trained)
+    return {
+        number
+        for number, other in ran_out.items()
+        if any(needs_at_least(config, other) for config in trained)
+    }
+
+
 def not_run_reason(config: Mapping[str, Any], number: int, other: Mapping[str, Any]) -> str:
     return (
         f"not run: batch_size {config['batch_size']} in {config['precision']}{_kept(config)} "

@@ -6,6 +6,7 @@ accelerate's `utils/memory.py`); the response lives with the study loop.
 
 from __future__ import annotations
 
+import collections
 import gc
 import re
 from collections.abc import Iterable
@@ -42,17 +43,65 @@ def is_oom(exc: BaseException) -> bool:
 OOM_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?:OutOfMemoryError|MemoryError)(?::|$)")
 
 
+def says_oom(line: str) -> bool:
+    """Whether one line of text (an exception's last line) says an allocation failed."""
+    line = line.strip()
+    return bool(OOM_EXCEPTION.match(line)) or any(fragment in line for fragment in OOM_MESSAGES)
+
+
+TRACEBACK = "Traceback (most recent call last):"
+# torchrun and DDP prefix a rank's lines with its number
+RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+# C++'s std::terminate, for an exception nothing caught (c10::OutOfMemoryError)
+TERMINATE = re.compile(r"terminate called after throwing an instance of '([\w:.]+)'")
+# A launcher's own error about a process it started: the failure is that process's, above it.
+LAUNCHER_ERRORS = re.compile(r"(?:[\w.]+\.)?(?:ChildFailedError|CalledProcessError)\b")
+
+
+class FinalErrors:
+    """The errors a process's stderr ends with, read as it is written: the last line of each
+    Python traceback (the exception) and each C++ exception that nothing caught, and the last
+    line of all, for a program that raises neither."""
+
+    KEPT = 16
+
+    def __init__(self) -> None:
+        self.errors: collections.deque[str] = collections.deque(maxlen=self.KEPT)
+        self.last_line = ""
+        self._in_traceback = False
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for raw in lines:
+            line = RANK_PREFIX.sub("", raw.rstrip())
+            if not line.strip():
+                continue
+            self.last_line = line.strip()
+            if line.startswith(TRACEBACK):
+                self._in_traceback = True
+            elif (terminate := TERMINATE.search(line)) is not None:
+                self.errors.append(terminate.group(1).replace("::", "."))
+            elif self._in_traceback and not line[0].isspace():
+                self.errors.append(line.strip())  # the exception, after its frames
+                self._in_traceback = False
+
+    def out_of_memory(self) -> str | None:
+        """The line that says the process failed because an allocation did, or None: decided by
+        its final error only (past a launcher's own about it), never by a line of its log that
+        merely mentions memory."""
+        for error in reversed(self.errors):
+            if not LAUNCHER_ERRORS.match(error):
+                return error if says_oom(error) else None
+        return self.last_line if says_oom(self.last_line) else None
+
+
 def oom_line(lines: Iterable[str]) -> str | None:
-    """The last of `lines` (a process's last lines of stderr) that says an allocation failed, or
-    None.
+    """The line of `lines` (a process's stderr) that says it failed for want of memory, or None.
 
     The text-only twin of `is_oom`, for a training command whose exception autotune only reads.
     """
-    for line in reversed(list(lines)):
-        line = line.strip()
-        if OOM_EXCEPTION.match(line) or any(fragment in line for fragment in OOM_MESSAGES):
-            return line
-    return None
+    errors = FinalErrors()
+    errors.feed(lines)
+    return errors.out_of_memory()
 
 
 def oom_reason(exc: BaseException) -> str:

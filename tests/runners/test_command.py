@@ -520,9 +520,44 @@ def test_report_lines_parse_as_documented() -> None:
         (["Traceback (most recent call last):", "MemoryError"], "MemoryError"),
         (["ValueError: could not convert string to float: 'abc'"], None),
         (["MyMemoryErrorHandler: started", "SystemExit: 1"], None),
+        # a log line that mentions memory, then a failure of another kind: not an OOM
+        (
+            [
+                "warning: CUDA out of memory on the first try; retrying with half the batch",
+                "MemoryError: cache full, evicting the oldest entries",
+                "Traceback (most recent call last):",
+                '  File "train.py", line 9, in <module>',
+                "ValueError: label 11 is out of range",
+            ],
+            None,
+        ),
+        (["MemoryError: cache full, evicting", "Segmentation fault"], None),
+        # a rank's OOM above the launcher's own error about it, prefixed as torchrun does
+        (
+            [
+                "[rank0]: Traceback (most recent call last):",
+                '[rank0]:   File "train.py", line 3, in <module>',
+                "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                "Traceback (most recent call last):",
+                '  File "/usr/bin/torchrun", line 8, in <module>',
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                "============================================================",
+                "train.py FAILED",
+            ],
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
+        # C++ that nothing caught
+        (
+            [
+                "terminate called after throwing an instance of 'c10::OutOfMemoryError'",
+                "  what():  CUDA out of memory. Tried to allocate 2.00 GiB",
+                "frame #0: c10::Error::Error() + 0x1",
+            ],
+            "c10.OutOfMemoryError",
+        ),
     ],
 )
-def test_an_oom_is_recognised_in_stderr_by_the_same_messages_as_in_process(
+def test_an_oom_is_recognised_in_stderr_by_its_final_error_as_in_process(
     lines: list[str], expected: str | None
 ) -> None:
     assert oom.oom_line(lines) == expected
