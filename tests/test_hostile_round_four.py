@@ -403,3 +403,29 @@ def test_a_command_whose_log_mentions_memory_but_fails_otherwise_is_no_oom_and_p
     assert all("ValueError: label 11 is out of range" in r for r in reasons(trials)), reasons(
         trials
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# What a changed study file's refusal says of the trials stored
+
+
+def test_a_changed_study_file_s_refusal_counts_queued_trials_apart_and_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose time was up before its first trial leaves only the baseline queued: none of the
+    stored trials was measured, and the refusal says so; it names the key to rename the study by,
+    not a dangling "name:"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(EASY)
+    assert cli(capsys, "run", "study.yaml", "--timeout", "0.001", "--quiet").code == 0
+    assert [t.state.name for t in trials_of(tmp_path)] == ["WAITING"]
+    (tmp_path / "study.yaml").write_text(EASY.replace("value: 0.5", "value: 0.6"))
+    before = snapshot(tmp_path)
+    line = assert_refused(
+        cli(capsys, "run", "study.yaml"),
+        "target.value: 0.5 -> 0.6",
+        "The 1 trial(s) stored are queued under the old settings, none measured yet",
+        "--allow-changes",
+    )
+    assert line.endswith("give the study a new name (the study file's name: key)"), line
+    assert_unchanged(before, tmp_path)

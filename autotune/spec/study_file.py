@@ -107,8 +107,8 @@ def options(spec: StudySpec) -> tuple[str, str]:
     """How the user gives the study a new name, and how they allow changes to it: the study file's
     key and the command line's option, or tune()'s arguments."""
     if spec.path == PYTHON_API:
-        return "name=", "call tune() again with allow_changes=True"
-    return "name:", "run with --allow-changes"
+        return "name (tune()'s name=)", "call tune() again with allow_changes=True"
+    return "name (the study file's name: key)", "run with --allow-changes"
 
 
 def load(

@@ -96,14 +96,29 @@ def check_unchanged(
     if unmixable:
         raise AutotuneError(_unmixable(spec, changed, unmixable))
     if changed and not allow_changes:
-        count = len(stored.get_trials(deepcopy=False))
         raise AutotuneError(
             f"{spec.path}: the study file changed since study {spec.name!r} began in "
-            f"{spec.storage}: {'; '.join(changed)}. The {count} trial(s) stored were measured "
-            f"under the old settings; {options(spec)[1]} to add trials under the new ones, or "
-            f"give the study a new {options(spec)[0]}"
+            f"{spec.storage}: {'; '.join(changed)}. {_stored(stored)}; "
+            f"{options(spec)[1]} to add trials under the new ones, or give the study a new "
+            f"{options(spec)[0]}"
         )
     return changed
+
+
+def _stored(study: optuna.Study) -> str:
+    """What the stored trials are: measured (they ran), or only queued (the baseline's, before it
+    ran)."""
+    trials = study.get_trials(deepcopy=False)
+    queued = sum(t.state == optuna.trial.TrialState.WAITING for t in trials)
+    measured = len(trials) - queued
+    if not queued:
+        return f"The {measured} trial(s) stored were measured under the old settings"
+    if not measured:
+        return f"The {queued} trial(s) stored are queued under the old settings, none measured yet"
+    return (
+        f"Of the {len(trials)} trials stored, {measured} {'was' if measured == 1 else 'were'} "
+        f"measured and {queued} {'is' if queued == 1 else 'are'} queued under the old settings"
+    )
 
 
 def _unmixable(spec: StudySpec, changed: list[str], unmixable: list[str]) -> str:
