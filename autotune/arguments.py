@@ -110,12 +110,14 @@ def _add_report(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     report.add_argument(
         "--html",
         metavar="PATH",
-        help="also write the report as one self-contained HTML page with plots",
+        help="also write the report as one self-contained HTML page with plots (-: standard "
+        "output, in place of the text report)",
     )
     report.add_argument(
         "--csv",
         metavar="PATH",
-        help="also write every trial, its parameters and measurements, as CSV",
+        help="also write every trial, its parameters and measurements, as CSV (-: standard "
+        "output, in place of the text report)",
     )
     report.add_argument(
         "--tensorboard",
@@ -146,7 +148,7 @@ def _add_export(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     _add_stored_study(export)
     export.add_argument("--format", required=True, choices=FORMATS)
-    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    export.add_argument("-o", "--output", help="file to write (default, or -: standard output)")
     export.add_argument(
         "--force",
         action="store_true",

@@ -178,6 +178,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
         if path
     ]
+    to_stdout = [option for option, path, _ in wanted if path == outputs.STDOUT]
+    if len(to_stdout) + bool(args.json) > 1:
+        raise AutotuneError(
+            f"autotune report: {' and '.join(to_stdout + ['--json'] * bool(args.json))} would all "
+            f"write to standard output; give all but one a file"
+        )
     for option, path, ours in wanted:  # every output checked before anything is written
         outputs.check_output(spec, path, option=option, ours=ours, force=args.force)
     if args.tensorboard:
@@ -191,7 +197,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     if args.tensorboard:
         _tensorboard(spec, study, Path(args.tensorboard))
-    print(json.dumps(summary.as_dict(), indent=2) if args.json else text.render(summary, records))
+    if not to_stdout:  # else standard output holds the table or the page alone
+        print(
+            json.dumps(summary.as_dict(), indent=2) if args.json else text.render(summary, records)
+        )
     return 0
 
 
@@ -246,13 +255,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     text = export.render(summary, args.format)
     if summary.best.is_baseline and summary.confirmation:  # what it writes is what the user has
         print(f"autotune: {summary.confirmation.why_baseline()}", file=sys.stderr)
-    if args.output:
-        outputs.check_output(
-            spec, Path(args.output), option="-o", ours=export.looks_like_export, force=args.force
-        )
-        outputs.write(Path(args.output), text, option="-o")
-    else:
-        sys.stdout.write(text)
+    output = Path(args.output) if args.output else outputs.STDOUT
+    outputs.check_output(spec, output, option="-o", ours=export.looks_like_export, force=args.force)
+    outputs.write(output, text, option="-o")
     return 0
 
 

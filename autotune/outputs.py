@@ -44,11 +44,17 @@ def _same_file(a: Path, b: Path) -> bool:
             return False
 
 
+# `-o -`, `--csv -`: standard output, as other command-line tools read it
+STDOUT = Path("-")
+
+
 def check_output(
     spec: StudySpec, output: Path, *, option: str, ours: Callable[[str], bool], force: bool
 ) -> None:
     """Refuse `output` if it is one of the study's files, or (unless `force`) an existing file that
     `ours` does not recognise as an earlier output of the same kind."""
+    if output == STDOUT:
+        return
     for own, what in study_files(spec).items():
         if _same_file(output, own):
             raise AutotuneError(f"{option} {output}: that is {what}; write it elsewhere")
@@ -67,16 +73,23 @@ def check_output(
 
 
 def write(output: Path, text: str, *, option: str) -> None:
-    """Write `text` to a file the user named; a path that cannot be written is their error."""
+    """Write `text` to a file the user named (`-`: standard output); a path that cannot be written
+    is their error."""
+    if output == STDOUT:
+        sys.stdout.write(text)
+        return
     try:
-        target = output.resolve()
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            with open(
-                target, "w"
-            ) as stream:  # a terminal, a pipe, /dev/null: written through, not replaced
+        try:
+            mode: int | None = os.stat(output).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            # A terminal, a pipe, /dev/null: written through, not replaced. Opened by the name
+            # given: /dev/stdout resolves to /proc/self/fd/1, which names a pipe by no path.
+            with open(output, "w") as stream:
                 stream.write(text)
         else:
-            _replace(target, text)
+            _replace(output.resolve(), text)
     except OSError as exc:
         raise AutotuneError(f"{option} {output}: cannot write ({exc.strerror or exc})") from None
     except RuntimeError as exc:  # Path.resolve on Python 3.11: a loop of symbolic links

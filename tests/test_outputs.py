@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,36 @@ def test_a_storage_that_is_the_study_file_is_refused(
             f"choose another file with --storage or storage:"
         ), err
     assert study.read_bytes() == before
+
+
+def test_dev_stdout_into_a_pipe_and_a_dash_write_to_standard_output(study: Path) -> None:
+    """`-o /dev/stdout` names a pipe here by no path of its own (/proc/self/fd/1 -> pipe:[N]);
+    `-o -` is standard output: no file named "-" appears."""
+    repo = Path(__file__).resolve().parent.parent
+    outs = []
+    for target in ("/dev/stdout", "-"):
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", "export", "study.yaml", "--format", "yaml"]
+            + ["-o", target],
+            cwd=study.parent,
+            env={**os.environ, "PYTHONPATH": str(repo)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        outs.append(done.stdout)
+    assert outs[0] == outs[1] and "batch_size:" in outs[0], outs
+    assert not (study.parent / "-").exists()
+
+
+def test_a_table_or_page_to_standard_output_takes_the_text_report_s_place(
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_cli("report", str(study), "--csv", "-", capsys=capsys)
+    assert code == 0 and out.splitlines()[0].startswith("number,"), out[:300]
+    assert "Study study" not in out and not (study.parent / "-").exists()
+    before = snapshot(study.parent)
+    code, out, err = run_cli("report", str(study), "--csv", "-", "--json", capsys=capsys)
+    assert code == 2 and out == "" and "--csv and --json would all write to standard output" in err
+    assert snapshot(study.parent) == before
