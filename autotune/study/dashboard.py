@@ -6,6 +6,7 @@ browser is not something every training machine wants installed.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     run_server = _run_server()
     storage.open_study(spec, create=False)  # raises StorageError when there is nothing to show
     store: Any = storage.make_storage(spec, create=False)
+    _check_free(host, port)  # before anything says it serves there
     print(
         f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} "
         "(Ctrl-C to stop)",
@@ -46,11 +48,29 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     )
     try:
         run_server(store, host=host, port=port)
-    except OSError as exc:  # the port is taken, or the host is not an address of this machine
-        raise AutotuneError(
-            f"cannot serve the dashboard at {host}:{port} ({exc.strerror or exc}); "
-            f"choose another --port or --host"
-        ) from None
+    except OSError as exc:  # taken since the check
+        raise _cannot_serve(host, port, exc) from None
     # run_server serves until interrupted, and its server (bottle) swallows the KeyboardInterrupt:
     # returning means Ctrl-C stopped it.
     raise KeyboardInterrupt
+
+
+def _check_free(host: str, port: int) -> None:
+    """Refuse a port that is taken, or a host that is not an address of this machine, as the
+    server would bind it (wsgiref reuses addresses left in TIME_WAIT)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:  # socket.gaierror among them: a host name that resolves to nothing
+        raise _cannot_serve(host, port, exc) from None
+
+
+def _cannot_serve(host: str, port: int, exc: OSError) -> AutotuneError:
+    return AutotuneError(
+        f"cannot serve the dashboard at {host}:{port} ({exc.strerror or exc}); "
+        f"choose another --port or --host"
+    )

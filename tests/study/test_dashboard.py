@@ -97,3 +97,23 @@ def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
             server.wait()
     assert server.returncode == 130 and "Traceback" not in err, err
     assert f"http://127.0.0.1:{port}/" in out.splitlines()[0]
+
+
+def test_a_port_in_use_is_one_line_and_nothing_says_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(REPO)
+    path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
+    assert main(["run", str(path), "--quiet"]) == 0
+    capsys.readouterr()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["dashboard", str(path), "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out
+    assert err.strip().splitlines() == [
+        f"autotune: error: cannot serve the dashboard at 127.0.0.1:{port} "
+        f"(Address already in use); choose another --port or --host"
+    ], err
