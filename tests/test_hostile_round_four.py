@@ -276,12 +276,31 @@ FAILS_ITS_TRIALS = [
     ("sys.exit in the model factory", "model_factory_exits", "none", "SystemExit: 3"),
     ("sys.exit in the model factory", "model_factory_exits", "process", "SystemExit: 3"),
     ("sys.exit in the model factory", "model_factory_exits", "warm", "SystemExit: 3"),
+    (
+        "samples without targets",
+        "samples_without_targets",
+        "none",
+        "the task's training set gives one tensor of shape [",
+    ),
+    (
+        "samples as triples",
+        "samples_as_triples",
+        "none",
+        "the task's training set gives a list of 3 items for a batch",
+    ),
+    (
+        "device_train returns None",
+        "device_train_returns_none",
+        "none",
+        "device_train(device) returned NoneType, not a function",
+        "data_on_device: true, ",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("task", "isolation", "why"),
-    [case[1:] for case in FAILS_ITS_TRIALS],
+    ("task", "isolation", "why", "space"),
+    [(*case[1:4], case[4] if len(case) > 4 else "") for case in FAILS_ITS_TRIALS],
     ids=[f"{case[0]}, isolation {case[2]}" for case in FAILS_ITS_TRIALS],
 )
 def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_ends(
@@ -292,6 +311,7 @@ def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_en
     task: str,
     isolation: str,
     why: str,
+    space: str,
 ) -> None:
     """A KeyboardInterrupt no signal raised, a BaseException subclass, sys.exit in the model factory
     (which autotune also calls before any trial): the trial FAILS with its reason, the study ends
@@ -300,7 +320,7 @@ def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_en
     (tmp_path / "study.yaml").write_text(
         f"task: tests.hostile.tasks:{task}\ntarget: {{metric: accuracy, value: 0.5}}\n"
         # the default space (channels_last searched): the model is built before the first trial
-        "space: {num_workers: 0, accumulation_steps: 1}\n"
+        f"space: {{{space}num_workers: 0, accumulation_steps: 1}}\n"
         f"probe: none\nbudget: {{trials: 2, max_epochs: 1}}\nconfirm: {{top: 0}}\n"
         f"isolation: {isolation}\n"
     )

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from autotune.train import class_figures, systems
+from autotune.train.loader import pair
 from autotune.train.tasks import Task
 
 # Evaluation runs on a paused clock, so its batch size only affects study wall time.
@@ -72,7 +73,7 @@ def evaluate(
     classifies (class_figures.confusion)."""
     model.eval()
     outputs, targets = [], []
-    for inputs, target in batches(task.val):
+    for inputs, target in (pair(batch, "validation set") for batch in batches(task.val)):
         moved = systems.to_device(inputs, device, non_blocking=False, channels_last=channels_last)
         if moved.data_ptr() == inputs.data_ptr():  # a kept batch, which a model may change in place
             moved = moved.clone()

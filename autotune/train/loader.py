@@ -45,7 +45,8 @@ def training_batches(
     if gather is None:
         raise ValueError("data_on_device: the task keeps no training set on the device")
     batches, generator = _batches(task.train, config, seed=seed, ranks=ranks)
-    return DeviceLoader(batches, gather, generator=generator)
+    source = "device_train" if task.device_train is not None else "training set"
+    return DeviceLoader(batches, gather, generator=generator, source=source)
 
 
 def make_loader(
@@ -104,7 +105,14 @@ def gather_on(task: Task, device: torch.device) -> Gather | None:
     there: the task's own (Task.device_train), or for a TensorDataset its tensors indexed there.
     None where the task keeps none (`keeps_on_device`)."""
     if task.device_train is not None:
-        return task.device_train(device)
+        gather = task.device_train(device)
+        if not callable(gather):
+            raise TypeError(
+                f"the task's device_train(device) returned {type(gather).__name__}, not a "
+                f"function: it must return the function of (indices, keys) that gives a batch "
+                f"on the device"
+            )
+        return gather
     if _plain_tensors(task.train):
         tensors = [t.to(device) for t in task.train.tensors]
 
@@ -163,9 +171,15 @@ class DeviceLoader:
     epoch's batches; iterated, endless, as make_loader's DataLoader is."""
 
     def __init__(
-        self, batches: EpochBatches, gather: Gather, *, generator: torch.Generator
+        self,
+        batches: EpochBatches,
+        gather: Gather,
+        *,
+        generator: torch.Generator,
+        source: str = "training set",
     ) -> None:
         self.batches, self.gather, self.generator = batches, gather, generator
+        self.source = source  # what gathers its batches, for an error about them
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -241,9 +255,32 @@ def endless(loader: DataLoader | DeviceLoader) -> Iterator[Any]:
     with signals.held(), _more_workers_than_cores():
         batches = iter(loader)
     try:
+        for first in batches:  # the first told apart, so that every later batch passes as it is
+            yield pair(first, getattr(loader, "source", "training set"))
+            break
         yield from batches  # a trial's every batch passes here: nothing added to it
     finally:
         shut_down_workers(loader)
+
+
+def pair(batch: Any, where: str) -> Any:
+    """`batch`, where it is an (inputs, targets) pair; else the error that says what the task's
+    `where` ("training set", "validation set", "device_train") gave instead."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        given = f"one tensor of shape {list(batch.shape)}"
+    elif isinstance(batch, (tuple, list)):
+        given = f"a {type(batch).__name__} of {len(batch)} items"
+    elif isinstance(batch, dict):
+        given = f"a dict with keys {', '.join(map(str, list(batch)[:8]))}"
+    else:
+        given = f"a {type(batch).__name__}"
+    what = "gathers" if where == "device_train" else "gives"
+    raise TypeError(
+        f"the task's {where} {what} {given} for a batch; autotune trains on (input, target) "
+        f"pairs, each sample as TensorDataset(inputs, targets) gives it"
+    )
 
 
 def shut_down_workers(loader: DataLoader | DeviceLoader) -> None:

@@ -30,7 +30,7 @@ from autotune import signals
 from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
-from autotune.train.loader import endless, training_batches
+from autotune.train.loader import endless, pair, training_batches
 from autotune.train.measure import Clock, allocator_mark, allocator_peak_since, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
@@ -277,7 +277,8 @@ class _ComputeSession(_Session):
         held = allocator_mark(device)  # its peak is its own, not the sessions' built before it
         kept = []
         # loaded before the clock: the loader's cost is the other rate's
-        for inputs, targets in training_batches(task, self.config, seed=seed, device=device):
+        for batch in training_batches(task, self.config, seed=seed, device=device):
+            inputs, targets = pair(batch, "training set")
             kept.append(
                 (
                     to_device(

@@ -248,3 +248,27 @@ def length_fractional() -> Task:
 def length_a_trillion() -> Task:
     """A set whose __len__ says 10^12: its epoch's shuffle alone would take 8 TB."""
     return _sized(10**12)
+
+
+class _Unlabelled(TensorDataset):
+    """Each sample its input alone, as an autoencoder's data might be written."""
+
+    def __getitem__(self, index: int):
+        return self.tensors[0][index]
+
+
+def samples_without_targets() -> Task:
+    data = _blobs(256, 0)
+    return Task(model=_mlp, train=_Unlabelled(*data.tensors), val=_blobs(128, 1))
+
+
+def samples_as_triples() -> Task:
+    data = _blobs(256, 0)
+    extra = torch.zeros(256)
+    return Task(model=_mlp, train=TensorDataset(*data.tensors, extra), val=_blobs(128, 1))
+
+
+def device_train_returns_none() -> Task:
+    return Task(
+        model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), device_train=lambda device: None
+    )
