@@ -27,12 +27,36 @@ if TYPE_CHECKING:  # the heavy imports wait until a command needs them
 def main(argv: Sequence[str] | None = None) -> int:
     """The `autotune` command; `argv` None: this process is the command (sys.argv), and exits with
     what this returns."""
+    if argv is None:
+        _standard_streams()
     code = _main(argv)
     if argv is None and code == 128 + signal.SIGINT:
         from autotune import signals
 
         signals.stopping()  # the interpreter's exit comes next: a second Ctrl-C would break it
     return code
+
+
+def _standard_streams() -> None:
+    """Standard output and error as a study can use them, whatever the shell gave.
+
+    A closed one (`>&-`, `2>&-`) is opened on /dev/null: what would be said there is lost, but the
+    study runs, and no file opened later (the study's database) takes its descriptor number,
+    where a library writing to "standard error" would write into it. One that cannot encode
+    every character (PYTHONIOENCODING=ascii, an old terminal) writes escapes in their place."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: the lowest free descriptor is this one
+            opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -21,8 +24,10 @@ import autotune
 from autotune.errors import StorageError
 from tests.test_hostile_round import (
     EASY,
+    REPO,
     SLOW,
     STARTED,
+    TAG,
     assert_refused,
     assert_unchanged,
     cli,
@@ -449,3 +454,57 @@ def test_a_changed_study_file_s_refusal_counts_queued_trials_apart_and_names_the
     )
     assert line.endswith("give the study a new name (the study file's name: key)"), line
     assert_unchanged(before, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Standard streams closed, or unable to encode
+
+
+@pytest.mark.parametrize("closed", ["2>&-", ">&-", ">&- 2>&-"])
+def test_a_closed_standard_stream_loses_only_what_was_said_there(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+    closed: str,
+) -> None:
+    """The study runs to its budget and ends 0; what the open stream gets is still written."""
+    (tmp_path / "study.yaml").write_text(EASY)
+    shell = f"{shlex.quote(sys.executable)} -m autotune run study.yaml {closed}"
+    run = subprocess.run(
+        ["bash", "-c", shell],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), TAG: tag},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert finished(trials_of(tmp_path)) == 2
+    if closed == "2>&-":
+        assert run.stdout.startswith("Study study: 2 trials"), run.stdout[:500]
+    if closed == ">&-":
+        assert "Traceback" not in run.stderr and "trial 1:" in run.stderr, run.stderr[-3000:]
+
+
+def test_a_stdout_that_cannot_encode_the_study_s_name_gets_escapes_not_a_traceback(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+) -> None:
+    (tmp_path / "étude.yaml").write_text(EASY + "name: étude-réseau\n")
+    outputs = []
+    for command in (["run", "étude.yaml"], ["report", "étude.yaml"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "autotune", *command],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO), TAG: tag, "PYTHONIOENCODING": "ascii"},
+            capture_output=True,
+            timeout=180,
+        )
+        assert run.returncode == 0 and b"Traceback" not in run.stderr, run.stderr[-3000:]
+        outputs.append(run.stdout)
+    assert all(out.startswith(b"Study \\xe9tude-r\\xe9seau: 2 trials") for out in outputs), outputs
+    assert (
+        finished(
+            trials_of(tmp_path, name="étude-réseau", storage=f"sqlite:///{tmp_path / 'étude.db'}")
+        )
+        == 2
+    )
