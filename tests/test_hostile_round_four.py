@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from tests.test_hostile_round import (
     SLOW,
     STARTED,
     TAG,
+    assert_nothing_left,
     assert_refused,
     assert_unchanged,
     cli,
@@ -508,3 +510,38 @@ def test_a_stdout_that_cannot_encode_the_study_s_name_gets_escapes_not_a_traceba
         )
         == 2
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals to a warm child's study
+
+
+@pytest.mark.parametrize(
+    ("signum", "group"),
+    [(signal.SIGTERM, True), (signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["SIGTERM to the group", "Ctrl-C to the group", "SIGTERM to autotune alone"],
+)
+def test_a_signal_under_isolation_warm_ends_with_its_status_and_no_traceback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tag: str,  # noqa: F811 - the fixture
+    signum: int,
+    group: bool,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(SLOW + "isolation: warm\n")
+    marker = tmp_path / "started"
+    run = spawn(tmp_path, tag, "run", "study.yaml", **{STARTED: str(marker)})
+    wait_for(marker, run)
+    if group:
+        os.killpg(run.pid, signum)
+    else:
+        run.send_signal(signum)
+    out, err = run.communicate(timeout=90)
+    assert run.returncode == 128 + signum, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "Resume with: autotune run study.yaml", err
+    assert_nothing_left(tag)
+    trials = trials_of(tmp_path)
+    assert not [t.number for t in trials if t.state.name == "RUNNING"]

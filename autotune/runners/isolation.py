@@ -277,11 +277,21 @@ def _child_main(
         task = load_task(task_name, study_path=study_path)
         result = work(task, reporter(sender), *args)
     except BaseException as exc:
-        sender.send(("error", TrialFailure.of(exc)))
+        tell(sender, ("error", TrialFailure.of(exc)))
     else:
-        sender.send(("result", result))
+        tell(sender, ("result", result))
     finally:
         sender.close()
+
+
+def tell(connection: Any, message: tuple[Any, ...]) -> bool:
+    """Send a child's last word to the study; False where the study is gone or has closed its end
+    (it was stopped by a signal): nobody is left to tell, and the child ends without a word."""
+    try:
+        connection.send(message)
+    except (OSError, EOFError):
+        return False
+    return True
 
 
 def reporter(sender: Any, *, stop: Callable[[], bool] | None = None) -> Progress:

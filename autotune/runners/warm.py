@@ -226,7 +226,7 @@ def _serve(
         except Pruned:
             reply = ("stopped", None)
         except BaseException as exc:
-            connection.send(("error", TrialFailure.of(exc), None))
+            isolation.tell(connection, ("error", TrialFailure.of(exc), None))
             return  # a failed trial's process is not used again
         served += 1
         after = _Footprint.now(device, known=before.children)
@@ -236,8 +236,7 @@ def _serve(
             if served >= TRIALS_PER_CHILD
             else None
         )
-        connection.send((*reply, left))
-        if left:
+        if not isolation.tell(connection, (*reply, left)) or left:
             return
 
 
