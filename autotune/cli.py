@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (pybind11::error_already_set): a signal sent meanwhile is taken once the import is done.
     with signals.held():
         from autotune.report import results
-        from autotune.study import preparation, storage, workers
+        from autotune.study import preparation, storage_faults, workers
         from autotune.study.run import run_sequence
 
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
@@ -137,10 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return signals.exit_code(interrupt)
-    except Exception as exc:
-        if not storage.disk_full(exc):
-            raise
-        raise _disk_full(args, spec) from None
+    except storage_faults.StorageFault as fault:  # one line, with the command that resumes
+        raise StorageError(fault.line(arguments.resume_command(args))) from None
     print(_report_text(spec, study))
     failed = results.all_failed(study.get_trials(deepcopy=False))
     if failed:
@@ -174,18 +172,6 @@ def _in_workers(args: argparse.Namespace, spec: StudySpec) -> Callable[[StudySpe
             *(["--allow-changes"] if args.allow_changes else []),
             *(["--quiet"] if args.quiet else []),
         ],
-    )
-
-
-def _disk_full(args: argparse.Namespace, spec: StudySpec) -> StorageError:
-    """The error for a run whose storage found the disk full."""
-    from autotune import arguments
-
-    # SQLite rolled the failed write back: what was stored stays whole, and the trial that was
-    # being written is marked interrupted and run again by the next start.
-    return StorageError(
-        f"{spec.path}: storage {spec.storage}: no space left on the device; every trial finished "
-        f"before is saved. Free some space, then resume with: {arguments.resume_command(args)}"
     )
 
 

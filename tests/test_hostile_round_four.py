@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -545,3 +549,122 @@ def test_a_signal_under_isolation_warm_ends_with_its_status_and_no_traceback(
     assert_nothing_left(tag)
     trials = trials_of(tmp_path)
     assert not [t.number for t in trials if t.state.name == "RUNNING"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The storage failing while a study runs
+
+STORAGE_FAULT_BUDGET = 4
+
+
+def _run_until_a_trial_finished(
+    folder: Path, tagged: str, *args: str, prefix: str = "", user: str | None = None
+) -> tuple[subprocess.Popen[str], Path]:
+    """`autotune run study.yaml ARGS` in `folder` (under the shell's `prefix`, as `user`), its
+    stderr in a file; returns once it has said that trial 0 finished."""
+    (folder / "study.yaml").write_text(SLOW.replace("trials: 3", f"trials: {STORAGE_FAULT_BUDGET}"))
+    err = folder / "err.txt"
+    command = f"{prefix} {shlex.quote(sys.executable)} -m autotune run study.yaml {' '.join(args)}"
+    if user is not None:
+        ids = pwd.getpwnam(user)
+        command = f"setpriv --reuid={ids.pw_uid} --regid={ids.pw_gid} --clear-groups {command}"
+    run = subprocess.Popen(
+        ["bash", "-c", f"{command} 2>{shlex.quote(str(err))}"],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(REPO), TAG: tagged, "HOME": str(folder)},
+        text=True,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while "trial 0:" not in (err.read_text() if err.exists() else ""):
+        assert run.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < deadline, "trial 0 never finished"
+        time.sleep(0.05)
+    return run, err
+
+
+def _ended_on_a_storage_fault(run: subprocess.Popen[str], err: Path, *fragments: str) -> str:
+    run.communicate(timeout=120)
+    said = err.read_text()
+    assert "Traceback" not in said, said[-3000:]
+    assert run.returncode == 2, f"exit {run.returncode}:\n{said[-3000:]}"
+    line = said.strip().splitlines()[-1]
+    assert line.startswith("autotune: error: study.yaml: storage "), line
+    for fragment in fragments:
+        assert fragment in line, f"{fragment!r} not in {line!r}"
+    return line
+
+
+def _resumes_to_the_budget(folder: Path, *args: str) -> None:
+    again = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "study.yaml", "--quiet", *args],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    trials = trials_of(folder, storage=_journal(folder) if "--storage" in args else None)
+    assert finished(trials) == STORAGE_FAULT_BUDGET, [t.state.name for t in trials]
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_deleted_or_replaced_mid_run_is_saved_beside_it_and_resumes(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+    how: str,
+) -> None:
+    """The run still holds the file open: the study as it was is written out beside it, and the
+    line says where; a file put in its place is left as it is."""
+    run, err = _run_until_a_trial_finished(tmp_path, tag)
+    database = tmp_path / "study.db"
+    database.unlink()
+    if how == "replaced":
+        database.write_bytes(b"someone else's notes, not a database\n")
+    line = _ended_on_a_storage_fault(
+        run, err, "deleted or replaced while the study ran", "study.db.rescued-1", "move it to"
+    )
+    rescued = tmp_path / "study.db.rescued-1"
+    kept = trials_of(tmp_path, storage=f"sqlite:///{rescued}")
+    assert finished([t for t in kept if t.state.name != "RUNNING"]) >= 1, line
+    if how == "replaced":
+        assert database.read_bytes() == b"someone else's notes, not a database\n"
+    rescued.replace(database)
+    _resumes_to_the_budget(tmp_path)
+
+
+def test_a_journal_past_the_file_size_limit_is_one_line_and_resumes(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+) -> None:
+    """`ulimit -f 8`: the journal cannot grow past 8 KiB; the record cut short is mended by the
+    next run, which (with the limit lifted) ends at the budget."""
+    journal = "--storage", "journal:///study.journal"
+    run, err = _run_until_a_trial_finished(tmp_path, tag, *journal, prefix="ulimit -f 8;")
+    _ended_on_a_storage_fault(run, err, "size limit (ulimit -f)", "Raise the limit")
+    _resumes_to_the_budget(tmp_path, *journal)
+
+
+def test_a_study_folder_made_unwritable_mid_run_is_one_line_and_resumes(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+) -> None:
+    """`chmod 555` on the study's folder while it runs, as a user root's permissions do not
+    override; the lock file it cannot then remove is left, and the next run takes it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("runs autotune as another user: needs root and setpriv")
+    # outside pytest's folders, which only root may enter
+    with tempfile.TemporaryDirectory(prefix="autotune-unwritable-") as name:
+        folder = Path(name)
+        shutil.chown(folder, "nobody")
+        folder.chmod(0o755)
+        run, err = _run_until_a_trial_finished(folder, tag, user="nobody")
+        folder.chmod(0o555)
+        try:
+            _ended_on_a_storage_fault(run, err, "can no longer be written", "writable")
+        finally:
+            folder.chmod(0o755)
+        _resumes_to_the_budget(folder)

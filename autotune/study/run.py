@@ -12,10 +12,12 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import optuna
 
 from autotune import progress, signals
+from autotune.errors import StorageError
 from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import (
@@ -24,6 +26,7 @@ from autotune.study import (
     runner_lock,
     sampler,
     storage,
+    storage_faults,
     told_trials,
     torn_journal,
 )
@@ -52,6 +55,20 @@ def run_sequence(
     """
     started = time.monotonic()
     path = storage.local_path(spec.storage)
+    try:
+        return _run_sequence(spec, prepared, path, started, allow_changes, run_trials)
+    except Exception as exc:  # as the lock is let go of, say: its file cannot be written
+        raise _as_storage_fault(spec, path, exc) from None
+
+
+def _run_sequence(
+    spec: StudySpec,
+    prepared: Prepared,
+    path: Path | None,
+    started: float,
+    allow_changes: bool,
+    run_trials: Callable[[StudySpec], None] | None,
+) -> optuna.Study:
     with signals.handled(), runner_lock.sole_runner(spec, path) as claim:
         if path is not None and spec.storage.startswith("journal:///"):
             torn_journal.mend(spec, path)  # before any record is appended after a torn one
@@ -66,16 +83,34 @@ def run_sequence(
             storage.check_writable(spec)
         study = stored if stored is not None else storage.open_study(spec, create=True)
         claim.hold_file()  # a new study's file exists from here
-        plan = begin(spec, prepared, study)  # recovery and the definition, before any worker starts
-        left = _time_left(spec, started)
-        if run_trials is None or left.budget.timeout == 0:  # none to start: said here, once
-            run_study(spec, plan, study, started=started)
-        else:
-            run_trials(left)
-        _say_if_short_of_budget(spec, study, started)
-        tell_measured_settings(spec, plan, study)
-        confirm_best(spec, plan.prepared, study)
+        try:
+            plan = begin(spec, prepared, study)  # recovery, the definition, before any worker
+            left = _time_left(spec, started)
+            if run_trials is None or left.budget.timeout == 0:  # none to start: said here, once
+                run_study(spec, plan, study, started=started)
+            else:
+                run_trials(left)
+            _say_if_short_of_budget(spec, study, started)
+            tell_measured_settings(spec, plan, study)
+            confirm_best(spec, plan.prepared, study)
+        except Exception as exc:  # while the file is held: one taken away is saved first
+            raise _as_storage_fault(spec, path, exc) from None
     return study
+
+
+def _as_storage_fault(spec: StudySpec, path: Path | None, exc: Exception) -> Exception:
+    """`exc` as the StorageFault it stands for, where it is a fault of the storage's files (its
+    file taken away: saved beside it first); else `exc` itself, traceback and all."""
+    fault = storage_faults.classify(exc)
+    if isinstance(exc, StorageError) or fault is None:
+        return exc
+    try:
+        runner_lock.check_storage_file(spec, path)
+    except storage_faults.StorageFault as taken:
+        return taken
+    return storage_faults.StorageFault(
+        spec.path, spec.storage, *(storage_faults.diagnose(path) or fault)
+    )
 
 
 def tell_measured_settings(spec: StudySpec, plan: RunPlan, study: optuna.Study) -> None:
@@ -118,12 +153,14 @@ def run_study(
     policy = _policy(spec, plan, budget)
     started = time.monotonic() if started is None else started
     mine: list[int] = []  # the trials this process asked for
+    here = storage.local_path(spec.storage)
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
     # parent's, under --workers).
     with progress.bar("study", total=budget, unit="trial", announce=worker is None) as bar:
         try:
             while True:
                 signals.check()
+                runner_lock.check_storage_file(spec, here)  # deleted or replaced under the run
                 recovery.fail_dead_workers(study)
                 # One read of the storage per trial: each costs milliseconds, and the tuner's own
                 # time per trial is a benchmarked goal (benchmarks/overhead.py).

@@ -42,6 +42,7 @@ from typing import Any
 from autotune import progress, signals
 from autotune.errors import StorageError
 from autotune.spec.study_file import StudySpec
+from autotune.study import storage_faults
 
 SUFFIX = ".runner.lock"  # not ".lock": Optuna's journal backend uses that
 RUNNER_BYTE, WORKERS_BYTE = 0, 1
@@ -269,6 +270,23 @@ def _hold_identity(spec: StudySpec, path: Path, key: str) -> None:
     _held_files[key] = fd
 
 
+def check_storage_file(spec: StudySpec, path: Path | None) -> None:
+    """Raise StorageFault where the storage file `path` (storage.local_path) that this process
+    holds was deleted or replaced since it took it, once the study as it was (the file still held
+    open) is written out beside it."""
+    held = _held_files.get(_key(spec, path)) if path is not None else None
+    if held is None or not storage_faults.file_taken(path, held):
+        return
+    raise storage_faults.StorageFault(
+        spec.path,
+        spec.storage,
+        "its file was deleted or replaced while the study ran",
+        "Put it back",
+        rescued=storage_faults.rescue(path, held),
+        path=path,
+    )
+
+
 def _let_go_of_identity(key: str) -> None:
     fd = _held_files.pop(key, None)
     if fd is not None:
@@ -291,7 +309,7 @@ def _remove_when_alone(lock: Any, name: Path) -> None:
         return
     try:
         os.unlink(name)
-    except FileNotFoundError:
+    except OSError:  # gone already; or its folder can no longer be written: left, which is safe
         pass
     finally:
         fcntl.lockf(lock, fcntl.LOCK_UN, 1, WORKERS_BYTE)
