@@ -247,6 +247,14 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
         [int(n) for n in top["number"]],
         confirmation=schema.confirmation(study.user_attrs),
     )
+    complete = int((records["state"] == "COMPLETE").sum()) if "state" in records else 0
+    if complete >= importance.MIN_TRIALS:  # seconds, where the rest of the page takes less
+        print(
+            f"autotune: parameter importances over {importance.sampled_from(complete):,} of "
+            f"{complete:,} complete trials ...",
+            file=sys.stderr,
+            flush=True,
+        )
     values, why_not = importance.param_importances(study)
     return html_page.render(
         summary, records, curves=curves, importances=values, importances_missing=why_not

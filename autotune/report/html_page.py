@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.record import importance
 from autotune.record.summary import Counts, Summary, counted
 from autotune.report import html_winner, plots, time_spent, winner
 from autotune.report.results import best_feasible
@@ -241,6 +242,11 @@ def _importance_caption(records: pd.DataFrame) -> str:
             f" From only {counted(complete, 'complete trial')}: "
             "a rough guide, which more trials can reorder; "
             f"below {IMPORTANCE_TRIALS} trials do not drop a parameter on its strength."
+        )
+    if complete > importance.MAX_TRIALS:
+        caption += (
+            f" Computed over a seeded sample of {importance.sampled_from(complete):,} of the "
+            f"{complete:,} complete trials (over all of them, fANOVA would take minutes)."
         )
     return caption
 

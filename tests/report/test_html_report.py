@@ -377,3 +377,24 @@ def test_a_page_that_cannot_be_written_is_a_clear_error(
         f"--html {target}: cannot write (No such file or directory)" in err
         and "Traceback" not in err
     )
+
+
+def test_importances_past_their_bound_are_over_a_seeded_sample_and_the_page_says_so(
+    study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study of thousands of trials: fANOVA over a sample of them (the bound lowered here to
+    below this study's complete trials), the same figures each time, announced on stderr."""
+    import optuna
+
+    stored = optuna.load_study(study_name="study", storage=f"sqlite:///{study.with_suffix('.db')}")
+    complete = len(stored.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    assert complete > 3
+    monkeypatch.setattr(importance, "MAX_TRIALS", 3)
+    first = importance.param_importances(stored)
+    assert first[0] and first == importance.param_importances(stored)
+    page = study.parent / "sampled.html"
+    capsys.readouterr()
+    assert main(["report", str(study), "--html", str(page)]) == 0
+    err = capsys.readouterr().err
+    assert f"autotune: parameter importances over 3 of {complete} complete trials ..." in err, err
+    assert f"a seeded sample of 3 of the {complete} complete trials" in page.read_text()
