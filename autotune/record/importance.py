@@ -45,6 +45,11 @@ def _sampled(study: optuna.Study, complete: list[optuna.trial.FrozenTrial]) -> o
     if len(complete) <= MAX_TRIALS:
         return study
     sample = random.Random(0).sample(complete, MAX_TRIALS)
-    copy = optuna.create_study(directions=study.directions)
+    said = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory"
+    try:
+        copy = optuna.create_study(directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(said)
     copy.add_trials(sorted(sample, key=lambda t: t.number))
     return copy
