@@ -44,6 +44,7 @@ from tests.test_hostile_round import (
     snapshot,
     spawn,
     tag,  # noqa: F401 - the fixture, for the cases that start processes
+    tagged_processes,
     trials_of,
     wait_for,
 )
@@ -668,3 +669,29 @@ def test_a_study_folder_made_unwritable_mid_run_is_one_line_and_resumes(
         finally:
             folder.chmod(0o755)
         _resumes_to_the_budget(folder)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers a trial detaches from its process group
+
+
+@pytest.mark.parametrize("isolation", ["process", "warm"])
+def test_helpers_a_trial_detaches_end_with_it_and_hold_no_pipe_open(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+    isolation: str,
+) -> None:
+    """`autotune run ... | tee log` returns when the study ends: no helper of a trial (setsid, a
+    double fork) is left holding its output open, nor running after it."""
+    (tmp_path / "study.yaml").write_text(
+        EASY.replace("tests.tasks:blobs", "tests.hostile.tasks:detaches_a_helper")
+        + f"isolation: {isolation}\n"
+    )
+    run = spawn(tmp_path, tag, "run", "study.yaml", "--quiet")
+    try:
+        out, err = run.communicate(timeout=150)  # to end-of-file on both pipes
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"autotune's output was still held open: {tagged_processes(tag)}")
+    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert finished(trials_of(tmp_path)) == 2
+    assert_nothing_left(tag, within=2)

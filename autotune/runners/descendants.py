@@ -11,12 +11,14 @@ Elsewhere (no /proc) only the group is stopped, as the reference says (docs/refe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # from <linux/prctl.h>
 SAMPLE_SECONDS = 0.2  # how often the processes under a running command are listed
@@ -84,12 +86,7 @@ class Descendants:
             return
         self._last = time.monotonic()
         table = _processes()
-        under, frontier = set(), {self.root}
-        while frontier:
-            frontier = {
-                pid for pid, (parent, _) in table.items() if parent in frontier and pid not in under
-            }
-            under |= frontier
+        under = _under(self.root, table)
         here = os.getpid()
         if self._adopting:  # orphans of the command, handed to this process
             under |= {
@@ -133,6 +130,40 @@ class Descendants:
                 if done:
                     waiting.remove(pid)
             time.sleep(0.01)
+
+
+def _under(root: int, table: dict[int, tuple[int, int]]) -> set[int]:
+    """The processes under `root` in `table` (_processes()), at any depth."""
+    under, frontier = set(), {root}
+    while frontier:
+        frontier = {
+            pid for pid, (parent, _) in table.items() if parent in frontier and pid not in under
+        }
+        under |= frontier
+    return under
+
+
+@contextlib.contextmanager
+def ended_after() -> Iterator[None]:
+    """Every process started under this one within the block, in its group or not, ended as the
+    block ends: for a user's function called here only to look at what it returns (a model
+    factory that starts a helper)."""
+    adopted_before = adopt_orphans()
+    known = _under(os.getpid(), _processes())
+    try:
+        yield
+    finally:
+        started = [
+            pid for pid in _under(os.getpid(), _processes()) if pid not in known and _not_ours(pid)
+        ]
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+        Descendants._reap(started)
+        if adopted_before is False:
+            adopt_orphans(False)
 
 
 def _not_ours(pid: int) -> bool:

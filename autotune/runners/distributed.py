@@ -54,7 +54,7 @@ def on_devices(task_name: str, *, study_path: Path, hang_after: float, devices: 
         seed: int,
         progress: Progress | None = None,
     ) -> TrialResult:
-        port, receivers, ranks = free_port(), [], []
+        port, receivers, ranks, unders = free_port(), [], [], []
         try:
             for rank in range(devices):
                 receiver, sender = context.Pipe(duplex=False)
@@ -75,6 +75,7 @@ def on_devices(task_name: str, *, study_path: Path, hang_after: float, devices: 
                 sender.close()  # so that the rank's death reads as end-of-file here
                 receivers.append(receiver)
                 ranks.append(process)
+                unders.append(trial_process.watch(process))
             result = _await_ranks(ranks, receivers, hang_after=hang_after, progress=progress)
             for process in ranks:  # done: each leaves the group and exits on its own
                 process.join(isolation.EXIT_GRACE_SECONDS)
@@ -82,8 +83,9 @@ def on_devices(task_name: str, *, study_path: Path, hang_after: float, devices: 
         finally:
             for receiver in receivers:
                 receiver.close()
-            for process in ranks:  # killed at once where one failed, timed out or was pruned
-                trial_process.end(process)
+            # killed at once where one failed, timed out or was pruned
+            for process, under in zip(ranks, unders):
+                trial_process.end(process, under)
 
     return run_trial
 

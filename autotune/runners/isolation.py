@@ -195,6 +195,7 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
             ),
         )
         child.start()
+        under = trial_process.watch(child)
         sender.close()  # so that the child's death reads as end-of-file here
         try:
             kind, value = await_reply(child, receiver, hang_after=hang_after, progress=progress)
@@ -204,7 +205,7 @@ def _child_starter(task_name: str, *, study_path: Path, hang_after: float) -> An
             return value
         finally:
             receiver.close()
-            trial_process.end(child)
+            trial_process.end(child, under)
 
     return start
 

@@ -10,7 +10,7 @@ import os
 import signal
 from typing import Any
 
-from autotune.runners import watchdog
+from autotune.runners import descendants, watchdog
 
 WATCH_SECONDS = 0.5  # how often a child checks that the study's process still runs
 
@@ -26,6 +26,10 @@ def become_trial_process(study_pid: int, start_method: str) -> None:
     # timeout, or when the study's process is gone, leaves no worker behind with nobody to wait on
     # it.
     os.setpgid(0, 0)
+    # A helper the trial detaches (setsid(), a double fork) leaves the group: whose parent exits
+    # is handed to this process rather than to init, so it stays under it, where the study finds
+    # it and ends it with the trial (`Tree`).
+    descendants.adopt_orphans()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
     _die_with(study_pid)
 
@@ -42,15 +46,26 @@ def _die_with(study_pid: int) -> None:
     )
 
 
-def end(child: Any) -> None:
+def watch(child: Any) -> descendants.Descendants:
+    """What `end` needs to find every process under a trial's `child` once it has started: the
+    ones that left its group too."""
+    return descendants.Descendants(child.pid)
+
+
+def end(child: Any, under: descendants.Descendants | None = None) -> None:
     """Kill a trial's process if it still runs (a timeout, or this process stopped by a signal),
-    then what is left of its process group: its DataLoader workers, had it died without shutting
-    them down."""
+    then what is left of its process group (its DataLoader workers, had it died without shutting
+    them down), and with `under` (`watch(child)`) every process under it, in its group or not: a
+    helper it detached would outlive the study, holding its output open."""
+    if under is not None and child.is_alive():
+        under.sample(now=True)  # before the child goes: what is under it, it started
     if child.is_alive():
         _kill_group(child.pid)
         child.kill()  # if it had not yet made its group
     child.join()
     _kill_group(child.pid)
+    if under is not None:
+        under.end()
 
 
 def _kill_group(pgid: int) -> None:

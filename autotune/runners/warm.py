@@ -170,6 +170,7 @@ class _Held:
 
     child: Any = None
     connection: Any = None
+    under: Any = None  # what ends every process under the child with it (trial_process.watch)
     searched = False  # whether a trial in the child ran cuDNN's algorithm search
 
     def start(self, context: Any, task_name: str, study_path: Path) -> None:
@@ -183,16 +184,18 @@ class _Held:
             child.start()
         finally:
             there.close()  # so that the child's death reads as end-of-file here
-        self.child, self.connection = child, here
+        self.child, self.connection, self.under = child, here, trial_process.watch(child)
 
     def end(self) -> None:
         self.searched = False
         if self.child is None:
             return
-        child, connection, self.child, self.connection = self.child, self.connection, None, None
+        child, connection, under = self.child, self.connection, self.under
+        self.child = self.connection = self.under = None
+        under.sample(now=True)  # while the child lives: what it left running is under it
         connection.close()  # a waiting child reads end-of-file and leaves on its own
         child.join(SETTLE_SECONDS)
-        trial_process.end(child)
+        trial_process.end(child, under)
 
 
 def _serve(

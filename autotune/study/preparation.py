@@ -18,7 +18,7 @@ from torch import nn
 from autotune import progress
 from autotune.errors import SpecError
 from autotune.record import definition, objectives
-from autotune.runners import command, distributed, isolation, modes
+from autotune.runners import command, descendants, distributed, isolation, modes
 from autotune.search import devices
 from autotune.search.space import KNOBS, Space
 from autotune.spec.sections import CommandTask
@@ -229,7 +229,8 @@ def _baseline_model(task: Task, params: dict[str, Any]) -> nn.Module | None:
     factory fails (sys.exit included) or returns no nn.Module: then its trials fail, each with the
     reason recorded, as they would anyway."""
     try:
-        model = task.model(**takes(task.model, params))
+        with descendants.ended_after():  # helpers it starts are a trial's, not this look's
+            model = task.model(**takes(task.model, params))
     except (Exception, SystemExit):  # noqa: BLE001 - the trials record the error
         return None
     return model if isinstance(model, nn.Module) else None

@@ -272,3 +272,28 @@ def device_train_returns_none() -> Task:
     return Task(
         model=_mlp, train=_blobs(256, 0), val=_blobs(128, 1), device_train=lambda device: None
     )
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _detaches_a_helper() -> nn.Module:
+    """A model factory that starts a helper in a session of its own (a log shipper, a data
+    server), holding this process's output open, and one more through a double fork, whose
+    parent is gone at once: neither is in the trial's process group."""
+    import subprocess
+
+    subprocess.Popen(SLEEPER, start_new_session=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess; subprocess.Popen({SLEEPER!r}, start_new_session=True)",
+        ],
+        check=True,
+    )
+    return _mlp()
+
+
+def detaches_a_helper() -> Task:
+    return Task(model=_detaches_a_helper, train=_blobs(256, 0), val=_blobs(128, 1))
