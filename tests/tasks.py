@@ -229,6 +229,42 @@ def leaves_a_process() -> Task:
     return Task(model=_starts_a_process, train=_blobs(1024, 0), val=_blobs(512, 1))
 
 
+def _sets_float64() -> nn.Module:
+    """Builds the blobs MLP, then sets float64 as torch's default dtype, as a careless model file
+    might at import: this trial trains, a later one in the same process would build in float64."""
+    model = _mlp()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    return model
+
+
+def sets_float64() -> Task:
+    return Task(model=_sets_float64, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def _starts_a_thread() -> nn.Module:
+    """Builds the blobs MLP and starts a thread that never ends (a prefetcher nobody stops)."""
+    import threading
+
+    threading.Thread(target=lambda: time.sleep(600), daemon=True).start()
+    return _mlp()
+
+
+def leaves_a_thread() -> Task:
+    return Task(model=_starts_a_thread, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
+def _opens_files() -> nn.Module:
+    """Builds the blobs MLP and opens 40 descriptors it never closes."""
+    for _ in range(40):
+        os.open(os.devnull, os.O_RDONLY)
+    return _mlp()
+
+
+def leaves_descriptors() -> Task:
+    return Task(model=_opens_files, train=_blobs(1024, 0), val=_blobs(512, 1))
+
+
 def no_validation_samples() -> Task:
     return Task(model=_mlp, train=_blobs(1024, 0), val=_blobs(0, 1))
 

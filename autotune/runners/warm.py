@@ -7,21 +7,28 @@ promises by being replaced:
 
 - after a trial that failed (an OOM, an error, a divergence): the next trial starts in a new child;
 - after a trial that left something behind (`left_behind`): device memory still allocated, a
-  process it started still running, or its resident memory grown past RSS_GROWTH_BYTES;
+  process it started still running, a Python thread still running, file descriptors open past
+  DESCRIPTOR_GROWTH, or its resident memory grown past RSS_GROWTH_BYTES;
 - after TRIALS_PER_CHILD trials, whatever they left;
 - before a trial with cuDNN's search (cudnn_benchmark) where an earlier one searched: cuDNN keeps
   the algorithms it found for the process, and the trial would find them rather than pay for the
   search, as a run of its own would.
 
-A hang is killed at its limit and a crash recorded exactly as in a fresh child. A trial the study
-prunes is stopped inside the child, which then waits for the next one.
+What a trial's code sets for the whole process (the default dtype, autograd's modes, torch's
+threads, the deterministic and TF32 switches, the random generators: `Settings`) is put back after
+each trial, as a fresh child would have it. A hang is killed at its limit and a crash recorded
+exactly as in a fresh child. A trial the study prunes is stopped inside the child, which then
+waits for the next one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing
 import os
+import random
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -41,6 +48,7 @@ TRIALS_PER_CHILD = 25  # a bound on what slow leaks no single trial shows can ad
 # device memory still allocated after a trial, beyond what the task holds
 DEVICE_LEAK_BYTES = 64 << 20
 RSS_GROWTH_BYTES = 1 << 30  # resident memory grown since the first trial ended
+DESCRIPTOR_GROWTH = 16  # open file descriptors added since the first trial ended
 STOP_SECONDS = 10.0  # how long a pruned trial's child gets to stop before it is killed
 SETTLE_SECONDS = 2.0  # how long a trial's DataLoader workers get to exit after it ends
 
@@ -225,7 +233,11 @@ def _serve(
                 # every later collection, which then takes microseconds rather than 0.2 s.
                 gc.freeze()
                 before = _Footprint.now(device)
-            reply: tuple[Any, ...] = ("result", work(task, progress, *args))
+                settings = Settings.now()
+            try:
+                reply: tuple[Any, ...] = ("result", work(task, progress, *args))
+            finally:
+                settings.restore()  # the next trial starts as a fresh child would
         except Pruned:
             reply = ("stopped", None)
         except BaseException as exc:
@@ -243,11 +255,79 @@ def _serve(
             return
 
 
-class _Footprint:
-    """What a trial may leave in its process: device memory, resident memory, child processes."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The process-wide settings a trial's code may change and a fresh child would not have: the
+    default dtype, autograd's modes, torch's threads, the deterministic and TF32 switches, the
+    random generators. Taken before the first trial, put back after each."""
 
-    def __init__(self, device_bytes: int, rss_bytes: int, children: list[int]) -> None:
+    values: tuple[Any, ...]
+    rng: tuple[Any, ...]
+
+    @classmethod
+    def now(cls) -> Settings:
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        return cls(
+            (
+                torch.get_default_dtype(),
+                torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled(),
+                torch.is_anomaly_enabled(),
+                torch.get_num_threads(),
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.get_float32_matmul_precision(),
+                cudnn.benchmark,
+                cudnn.deterministic,
+                cudnn.allow_tf32,
+                matmul.allow_tf32,
+            ),
+            (torch.get_rng_state(), random.getstate()),
+        )
+
+    def restore(self) -> None:
+        """Each setting back where it differs (setting TF32's switches where they do not would pin
+        torch's finer per-backend settings)."""
+        if Settings.now().values == self.values:
+            self._restore_rng()
+            return
+        (dtype, grad, _, anomaly, threads, deterministic, warn_only, precision) = self.values[:8]
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)  # inference mode is a context: it cannot be left on
+        torch.set_anomaly_enabled(anomaly)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if torch.get_float32_matmul_precision() != precision:
+            torch.set_float32_matmul_precision(precision)
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        benchmark, cudnn_deterministic, cudnn_tf32, matmul_tf32 = self.values[8:12]
+        cudnn.benchmark, cudnn.deterministic = benchmark, cudnn_deterministic
+        if cudnn.allow_tf32 != cudnn_tf32:
+            cudnn.allow_tf32 = cudnn_tf32
+        if matmul.allow_tf32 != matmul_tf32:
+            matmul.allow_tf32 = matmul_tf32
+        self._restore_rng()
+
+    def _restore_rng(self) -> None:
+        torch.set_rng_state(self.rng[0])
+        random.setstate(self.rng[1])
+
+
+class _Footprint:
+    """What a trial may leave in its process: device memory, resident memory, child processes,
+    Python threads still running, open file descriptors."""
+
+    def __init__(
+        self,
+        device_bytes: int,
+        rss_bytes: int,
+        children: list[int],
+        threads: frozenset[int] = frozenset(),
+        descriptors: int = 0,
+    ) -> None:
         self.device_bytes, self.rss_bytes, self.children = device_bytes, rss_bytes, children
+        self.threads, self.descriptors = threads, descriptors
 
     @classmethod
     def now(cls, device: torch.device, *, known: Sequence[int] = ()) -> _Footprint:
@@ -272,7 +352,8 @@ class _Footprint:
             and time.monotonic() < deadline
         ):
             time.sleep(0.05)  # DataLoader workers that were told to exit
-        return cls(device_bytes, _rss_bytes(), children)
+        threads = frozenset(t.ident for t in threading.enumerate() if t.ident is not None)
+        return cls(device_bytes, _rss_bytes(), children, threads, len(os.listdir("/proc/self/fd")))
 
 
 def left_behind(before: _Footprint, first: _Footprint, after: _Footprint) -> str | None:
@@ -285,6 +366,12 @@ def left_behind(before: _Footprint, first: _Footprint, after: _Footprint) -> str
         return (
             f"a trial left {len(started)} process(es) running (pid {', '.join(map(str, started))})"
         )
+    running = after.threads - before.threads
+    if running:  # a thread left spinning slows every later trial in the process
+        return f"a trial left {len(running)} thread(s) running"
+    opened = after.descriptors - first.descriptors  # the first trial opens the device's for good
+    if opened > DESCRIPTOR_GROWTH:
+        return f"a trial left {opened} more file descriptors open than the first trial"
     grown = after.rss_bytes - first.rss_bytes
     if grown > RSS_GROWTH_BYTES:
         return f"its resident memory grew by {grown / 2**20:.0f} MiB since its first trial"

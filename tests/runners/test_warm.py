@@ -242,3 +242,37 @@ def test_killing_a_warm_study_leaves_no_trial_process_behind(tmp_path: Path) -> 
     study.send_signal(signal.SIGKILL)
     study.wait()
     assert still_alive(descendants) == [], "a trial process outlived the study"
+
+
+def test_what_a_trial_sets_for_the_whole_process_is_put_back_before_the_next() -> None:
+    """A trial that leaves float64 as torch's default dtype and one thread: the next trial in the
+    same child builds its model in float32 with the threads it had, as a fresh child would."""
+    child = kept("sets_float64")
+    first = child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
+    pid = child.pid
+    again = child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
+    assert child.pid == pid and child.replaced == []
+    assert [point[1:] for point in again.curve] == [point[1:] for point in first.curve]
+    child.close()
+
+
+@pytest.mark.parametrize(
+    ("task", "trials", "reason"),
+    [
+        ("leaves_a_thread", 1, "a trial left 1 thread(s) running"),
+        ("leaves_descriptors", 2, "a trial left 40 more file descriptors open"),
+    ],
+)
+def test_a_trial_that_leaves_threads_or_descriptors_gets_its_child_replaced(
+    task: str, trials: int, reason: str
+) -> None:
+    """A thread left running slows every later trial in the process; descriptors left open run
+    it out of them. The first trial's descriptors set the mark (a device's are opened for good)."""
+    child = kept(task)
+    for _ in range(trials - 1):
+        child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
+        assert child.pid is not None and child.replaced == []
+    child.run_trial(config(32), limits=LIMITS, device=CPU, seed=1)
+    assert child.pid is None and len(child.replaced) == 1, child.replaced
+    assert child.replaced[0].startswith(reason), child.replaced
+    child.close()
