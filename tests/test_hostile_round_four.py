@@ -695,3 +695,29 @@ def test_helpers_a_trial_detaches_end_with_it_and_hold_no_pipe_open(
     assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert finished(trials_of(tmp_path)) == 2
     assert_nothing_left(tag, within=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trials on several devices where their processes cannot meet
+
+
+def test_a_trial_on_two_devices_without_a_loopback_is_refused_at_once(tmp_path: Path) -> None:
+    """`unshare -n`: a network namespace with its loopback down. The ranks would retry their
+    rendezvous until the trial's timeout; the study is refused in one line instead."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -n is not allowed here")
+    (tmp_path / "study.yaml").write_text(EASY + "devices_per_trial: 2\n")
+    run = subprocess.run(
+        ["unshare", "-n", sys.executable, "-m", "autotune", "run", "study.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stdout == "", run.stderr[-3000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert lines[0].startswith("autotune: error: study.yaml: devices_per_trial: got 2;"), lines
+    assert "127.0.0.1, which cannot be reached" in lines[0], lines
+    assert not (tmp_path / "study.db").exists()

@@ -36,9 +36,28 @@ FAILURE_SETTLE_SECONDS = 1.0
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free now, for one trial's rendezvous: the system picks it, so two
     studies (or two workers) on one machine never pick the same."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+    except OSError as exc:
+        raise TrialFailure(
+            f"no port on 127.0.0.1 for the trial's processes to meet on ({exc.strerror or exc})"
+        ) from None
+
+
+def loopback_problem() -> str | None:
+    """Why a trial's processes could not meet over TCP on 127.0.0.1 here (no loopback interface
+    up, in a network namespace of its own), or None: the ranks would otherwise retry until the
+    trial's timeout."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=5):
+                return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def on_devices(task_name: str, *, study_path: Path, hang_after: float, devices: int) -> RunTrial:

@@ -176,6 +176,11 @@ def _check_devices_per_trial(
                 f"process (cuda:{first} to cuda:{first + devices - 1}), and this machine has "
                 f"{count} CUDA device{'s' if count != 1 else ''}"
             )
+    if refusal is None and (problem := distributed.loopback_problem()) is not None:
+        refusal = (
+            f"1 here: a trial's {devices} processes meet over TCP on 127.0.0.1, which cannot be "
+            f"reached ({problem}); bring the loopback interface up"
+        )
     if refusal is not None:
         raise SpecError(spec.path, "devices_per_trial", devices, refusal)
     if spec.isolation in ("warm", "none") and not isinstance(spec.task, CommandTask):
