@@ -33,16 +33,20 @@ from tests.test_hostile_round import (
     SLOW,
     STARTED,
     TAG,
+    Stored,
     assert_nothing_left,
     assert_refused,
     assert_unchanged,
+    assert_usage_error,
     cli,
     fill,
     finished,
+    place,
     reasons,
     small_disk,
     snapshot,
     spawn,
+    stored,  # noqa: F401 - the fixture: a finished study
     tag,  # noqa: F401 - the fixture, for the cases that start processes
     tagged_processes,
     trials_of,
@@ -721,3 +725,220 @@ def test_a_trial_on_two_devices_without_a_loopback_is_refused_at_once(tmp_path: 
     assert lines[0].startswith("autotune: error: study.yaml: devices_per_trial: got 2;"), lines
     assert "127.0.0.1, which cannot be reached" in lines[0], lines
     assert not (tmp_path / "study.db").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The newer keys and options, each wrong in one way: one line, exit 2, every file as it was
+
+HEAD = "task: tests.tasks:blobs\ntarget: {metric: accuracy, value: 0.5}\n"
+COMMAND = "task: {command: 'python train.py'}\ntarget: {metric: accuracy, value: 0.5}\n"
+NEWER_KEYS = [
+    ("confirm.runs Auto", "confirm: {top: 1, runs: Auto}\n", ("confirm.runs: got 'Auto'", "auto")),
+    ("confirm.runs 1001", "confirm: {top: 1, runs: 1001}\n", ("confirm.runs: got 1001", "1000")),
+    ("confirm.runs auto3", "confirm: {runs: auto3}\n", ("confirm.runs: got 'auto3'",)),
+    ("confirm.runs a list", "confirm: {runs: [3, 8]}\n", ("confirm.runs: got [3, 8]",)),
+    ("confirm.top negative", "confirm: {top: -1}\n", ("confirm.top: got -1",)),
+    ("confirm unknown key", "confirm: {seeds: 3}\n", ("confirm.seeds", "accepted keys")),
+    ("devices_per_trial 0", "devices_per_trial: 0\n", ("devices_per_trial: got 0", "1 to 64")),
+    ("devices_per_trial 65", "devices_per_trial: 65\n", ("devices_per_trial: got 65",)),
+    ("devices_per_trial 1.5", "devices_per_trial: 1.5\n", ("devices_per_trial: got 1.5",)),
+    ("devices_per_trial two", "devices_per_trial: two\n", ("devices_per_trial: got 'two'",)),
+    ("devices_per_trial true", "devices_per_trial: true\n", ("devices_per_trial: got True",)),
+    (
+        "ddp_bucket_cap_mb negative",
+        "devices_per_trial: 2\nspace: {ddp_bucket_cap_mb: [-5, 25]}\n",
+        ("space.ddp_bucket_cap_mb[0]: got -5", "at least 1"),
+    ),
+    (
+        "ddp_bucket_cap_mb a word",
+        "devices_per_trial: 2\nspace: {ddp_bucket_cap_mb: big}\n",
+        ("space.ddp_bucket_cap_mb: got 'big'",),
+    ),
+    (
+        "ddp_static_graph the string yes",
+        "devices_per_trial: 2\nspace: {ddp_static_graph: 'yes'}\n",
+        ("space.ddp_static_graph: got 'yes'", "true or false"),
+    ),
+    ("checkpointing 1.5", "space: {checkpointing: 1.5}\n", ("space.checkpointing: got 1.5",)),
+    (
+        "checkpointing -0.1",
+        "space: {checkpointing: [-0.1, 0.5]}\n",
+        ("space.checkpointing[0]: got -0.1", "fraction"),
+    ),
+    ("checkpointing half", "space: {checkpointing: half}\n", ("space.checkpointing: got 'half'",)),
+    ("data_on_device maybe", "space: {data_on_device: maybe}\n", ("data_on_device: got 'maybe'",)),
+    ("data_on_device empty", "space: {data_on_device: []}\n", ("data_on_device: got []", "empty")),
+    ("baseline checkpointing 2", "baseline: {checkpointing: 2}\n", ("baseline.checkpointing",)),
+    ("baseline data_on_device no", "baseline: {data_on_device: 'no'}\n", ("got 'no'",)),
+    ("baseline learning_rate", "baseline: {learning_rate: 0.1}\n", ("baseline.learning_rate",)),
+    ("baseline precision fp8", "baseline: {precision: fp8}\n", ("baseline.precision: got 'fp8'",)),
+    ("baseline a list", "baseline: [0.1, 32]\n", ("baseline: got [0.1, 32]", "a mapping")),
+    ("objective fastest", "objective: fastest\n", ("objective: got 'fastest'", "time_to_target")),
+    ("first_trial 1", "first_trial: 1\n", ("first_trial: got 1", "prior")),
+    ("prune median", "prune: median\n", ("prune: got 'median'", "incumbent")),
+    (
+        "probe joint on two devices",
+        "probe: joint\ndevices_per_trial: 2\n",
+        ("devices_per_trial: got 2", "probe: joint"),
+    ),
+    ("eval_every negative", "budget: {eval_every: -0.5}\n", ("budget.eval_every: got -0.5",)),
+    ("max_epochs zero", "budget: {max_epochs: 0}\n", ("budget.max_epochs: got 0",)),
+    ("budget epochs", "budget: {epochs: 3}\n", ("budget.epochs", "did you mean 'max_epochs'?")),
+    ("storage sqlite in memory", "storage: 'sqlite:///:memory:'\n", ("in-memory database",)),
+    ("storage journal with no file", "storage: 'journal:///'\n", ("journal URL names its file",)),
+    ("storage a plain path", "storage: study.sqlite\n", ("storage: got 'study.sqlite'", "URL")),
+    ("storage https", "storage: 'https://example.com/db'\n", ("storage: got 'https://",)),
+    (
+        "storage with a NUL",
+        'storage: "sqlite:///a\\0b.db"\n',
+        ("storage: got 'sqlite:///a\\x00b.db'",),
+    ),
+    ("storage mysql not installed", "storage: 'mysql://localhost/db'\n", ("cannot open mysql://",)),
+]
+TARGET = "target: {metric: accuracy, value: 0.5}\n"
+NEWER_COMMAND_KEYS = [
+    ("command empty", "task: {command: ''}\n" + TARGET, ("task.command: got ''",)),
+    (
+        "command placeholder unknown",
+        "task: {command: 'python t.py --w {width}'}\n" + TARGET,
+        ("{width}",),
+    ),
+    ("command task without command", "task: {script: t.py}\n" + TARGET, ("task.script",)),
+    ("command goodput", COMMAND + "objective: goodput\n", ("objective: got 'goodput'",)),
+    (
+        "command target direction",
+        "task: {command: 'python t.py'}\ntarget: {metric: loss, value: 0.5, direction: down}\n",
+        ("target.direction", "accepted keys: metric, value"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [(HEAD + case[1], case[2]) for case in NEWER_KEYS] + [case[1:] for case in NEWER_COMMAND_KEYS],
+    ids=[case[0] for case in NEWER_KEYS + NEWER_COMMAND_KEYS],
+)
+def test_a_newer_key_wrong_in_one_way_is_one_line_and_touches_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    fragments: tuple[str, ...],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(text)
+    before = snapshot(tmp_path)
+    assert_refused(cli(capsys, "run", "study.yaml"), *fragments)
+    assert_unchanged(before, tmp_path)
+
+
+STORED_OPTIONS = [
+    ("--workers 3 on SQLite", ["run", "study.yaml", "--workers", "3"], ("SQLite file",)),
+    ("--storage with a NUL", ["run", "study.yaml", "--storage", "sqlite:///a\0b.db"], ("storage",)),
+    ("study file a folder", ["run", "."], ("is a directory",)),
+    ("study file /dev/null", ["report", "/dev/null"], ("character device",)),
+    (
+        "study file with a query",
+        ["export", "study.yaml?x=1", "--format", "yaml"],
+        ("no such file",),
+    ),
+    ("report --study with a file", ["report", "study.yaml", "--study", "x"], ("--study x",)),
+    ("report --storage alone", ["report", "--storage", "sqlite:///study.db"], ("--study NAME",)),
+    ("report --study alone", ["report", "--study", "study"], ("--storage URL",)),
+    (
+        "report a missing database",
+        ["report", "--storage", "sqlite:///nosuch.db", "--study", "study"],
+        ("no study database at nosuch.db",),
+    ),
+    ("report --csv in no folder", ["report", "study.yaml", "--csv", "no/t.csv"], ("--csv",)),
+    ("report --html a folder", ["report", "study.yaml", "--html", "."], ("--html",)),
+    (
+        "report --tensorboard a file",
+        ["report", "study.yaml", "--tensorboard", "study.yaml"],
+        ("study.yaml",),
+    ),
+    (
+        "report --csv - --html -",
+        ["report", "study.yaml", "--csv", "-", "--html", "-"],
+        ("would all write to standard output",),
+    ),
+    (
+        "export -o the study file",
+        ["export", "study.yaml", "--format", "yaml", "-o", "study.yaml"],
+        ("that is the study file",),
+    ),
+    (
+        "export -o the database's link",
+        ["export", "study.yaml", "--format", "yaml", "-o", "db.link"],
+        ("that is the study's storage", "write it elsewhere"),
+    ),
+    (
+        "export -o the runner lock's name",
+        ["export", "study.yaml", "--format", "yaml", "-o", "study.db.runner.lock"],
+        ("write it elsewhere",),
+    ),
+    (
+        "dashboard on a host of no address",
+        ["dashboard", "study.yaml", "--host", "no.such.host.invalid"],
+        ("cannot serve the dashboard",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [case[1:] for case in STORED_OPTIONS],
+    ids=[case[0] for case in STORED_OPTIONS],
+)
+def test_a_command_given_a_wrong_option_beside_a_stored_study_is_one_line_and_touches_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stored: Stored,  # noqa: F811 - the fixture
+    args: list[str],
+    fragments: tuple[str, ...],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    place(tmp_path, stored)
+    (tmp_path / "db.link").symlink_to("study.db")
+    before = snapshot(tmp_path)
+    assert_refused(cli(capsys, *args), *fragments)
+    assert_unchanged(before, tmp_path)
+
+
+USAGE_ERRORS = [
+    ("--workers 0", ["run", "study.yaml", "--workers", "0"], ("--workers", "at least 1")),
+    ("--workers two", ["run", "study.yaml", "--workers", "two"], ("'two'",)),
+    ("--trials 0", ["run", "study.yaml", "--trials", "0"], ("--trials", "'0'")),
+    ("--trials 1e3", ["run", "study.yaml", "--trials", "1e3"], ("'1e3'",)),
+    ("--timeout -1", ["run", "study.yaml", "--timeout", "-1"], ("--timeout", "'-1'")),
+    ("--timeout nan", ["run", "study.yaml", "--timeout", "nan"], ("'nan'",)),
+    ("--timeout inf", ["run", "study.yaml", "--timeout", "inf"], ("'inf'",)),
+    ("export --format onnx", ["export", "study.yaml", "--format", "onnx"], ("'onnx'",)),
+    ("export without --format", ["export", "study.yaml"], ("--format",)),
+    ("dashboard --port 0", ["dashboard", "study.yaml", "--port", "0"], ("--port", "'0'")),
+    ("dashboard --port 70000", ["dashboard", "study.yaml", "--port", "70000"], ("'70000'",)),
+    ("dashboard --port abc", ["dashboard", "study.yaml", "--port", "abc"], ("'abc'",)),
+    ("report --allow-changes", ["report", "study.yaml", "--allow-changes"], ("--allow-changes",)),
+    ("export --quiet", ["export", "study.yaml", "--format", "yaml", "--quiet"], ("--quiet",)),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [case[1:] for case in USAGE_ERRORS],
+    ids=[case[0] for case in USAGE_ERRORS],
+)
+def test_a_mistaken_newer_option_is_its_usage_and_touches_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stored: Stored,  # noqa: F811 - the fixture
+    args: list[str],
+    fragments: tuple[str, ...],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    place(tmp_path, stored)
+    before = snapshot(tmp_path)
+    assert_usage_error(cli(capsys, *args), *fragments)
+    assert_unchanged(before, tmp_path)

@@ -22,7 +22,7 @@ def storage_url(path: Path, storage: Any) -> str:
         path,
         "storage",
         storage,
-        scheme in STORAGE_SCHEMES and "://" in storage,
+        scheme in STORAGE_SCHEMES and "://" in storage and "\0" not in storage,
         "a storage URL: sqlite:///study.db (one process), "
         "journal:///study.journal (several local workers) "
         "or postgresql://user@host/db (several machines)",
@@ -36,6 +36,10 @@ def storage_url(path: Path, storage: Any) -> str:
             file not in ("", ":memory:") and not file.startswith("?"),
             f"a file to keep the study in, "
             f"as {scheme}:///study.{'db' if scheme == 'sqlite' else 'journal'} "
-            f"(an in-memory database would end with the run, and the study could not resume)",
+            + (
+                "(an in-memory database would end with the run, and the study could not resume)"
+                if scheme == "sqlite"
+                else "(a journal URL names its file)"
+            ),
         )
     return storage
