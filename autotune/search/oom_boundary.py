@@ -65,16 +65,18 @@ def bound_by(
 
 
 def contradicted(
-    ran_out: Mapping[int, Mapping[str, Any]], trained: Iterable[Mapping[str, Any]]
+    ran_out: Mapping[int, Mapping[str, Any]], trained: Mapping[int, Mapping[str, Any]]
 ) -> set[int]:
-    """The trials of `ran_out` that a configuration needing at least their memory trained without
-    running out: their out of memory was something else (another process's memory for a while, a
-    misread error), so no configuration is pruned on their word."""
-    trained = list(trained)
+    """The trials of `ran_out` (number -> configuration) that a later trial of `trained` (the
+    same), needing at least their memory, trained through without running out: the memory was
+    another process's for a while, or an error was misread, so no configuration is pruned on
+    their word any more."""
     return {
         number
         for number, other in ran_out.items()
-        if any(needs_at_least(config, other) for config in trained)
+        if any(
+            later > number and needs_at_least(config, other) for later, config in trained.items()
+        )
     }
 
 

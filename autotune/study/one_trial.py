@@ -165,9 +165,11 @@ def _standing_now(study: optuna.Study, budget: int) -> str:
 
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
     """Trial number -> configuration of each trial that really ran out of memory, and that no
-    trial needing at least its memory has since trained through."""
+    later trial needing at least its memory has trained through."""
     ran_out = {t.number: schema.config(t) for t in trials if schema.ran_out_of_memory(t)}
-    trained = [schema.config(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    trained = {
+        t.number: schema.config(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+    }
     for number in oom_boundary.contradicted(ran_out, trained):
         del ran_out[number]
     return ran_out

@@ -255,12 +255,22 @@ def endless(loader: DataLoader | DeviceLoader) -> Iterator[Any]:
     with signals.held(), _more_workers_than_cores():
         batches = iter(loader)
     try:
-        for first in batches:  # the first told apart, so that every later batch passes as it is
-            yield pair(first, getattr(loader, "source", "training set"))
-            break
         yield from batches  # a trial's every batch passes here: nothing added to it
     finally:
         shut_down_workers(loader)
+
+
+def training_pairs(loader: DataLoader | DeviceLoader) -> Iterator[Any]:
+    """`endless(loader)`, whose first batch is checked to be an (inputs, targets) pair (`pair`);
+    every later one passes as it is."""
+    batches = endless(loader)
+    try:
+        for first in batches:
+            yield pair(first, getattr(loader, "source", "training set"))
+            break
+        yield from batches
+    finally:
+        batches.close()  # its workers shut down now, not when it is collected
 
 
 def pair(batch: Any, where: str) -> Any:

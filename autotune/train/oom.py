@@ -88,9 +88,14 @@ class FinalErrors:
         """The line that says the process failed because an allocation did, or None: decided by
         its final error only (past a launcher's own about it), never by a line of its log that
         merely mentions memory."""
-        for error in reversed(self.errors):
-            if not LAUNCHER_ERRORS.match(error):
-                return error if says_oom(error) else None
+        errors = list(self.errors)
+        if errors and LAUNCHER_ERRORS.match(errors[-1]):
+            # The launcher's ranks ended before its own error: one of them that ran out of memory
+            # is the cause, whatever its peers' collectives raised as it went.
+            ranks = [error for error in errors if not LAUNCHER_ERRORS.match(error)]
+            return next((error for error in reversed(ranks) if says_oom(error)), None)
+        if errors:
+            return errors[-1] if says_oom(errors[-1]) else None
         return self.last_line if says_oom(self.last_line) else None
 
 

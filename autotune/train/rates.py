@@ -30,7 +30,7 @@ from autotune import signals
 from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
-from autotune.train.loader import endless, pair, training_batches
+from autotune.train.loader import pair, training_batches, training_pairs
 from autotune.train.measure import Clock, allocator_mark, allocator_peak_since, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
@@ -228,7 +228,7 @@ class _LoaderSession(_Session):
         held = allocator_mark(device)
         clock = Clock(device)
         clock.start()  # before the DataLoader: worker start-up is the loader's fixed cost
-        self.batches = endless(training_batches(task, config, seed=seed, device=device))
+        self.batches = training_pairs(training_batches(task, config, seed=seed, device=device))
         try:
             self.warmup_samples = self._take(MIN_WARMUP_STEPS * config.accumulation_steps)
         except BaseException:

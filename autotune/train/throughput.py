@@ -27,7 +27,7 @@ import torch
 from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
-from autotune.train.loader import endless
+from autotune.train.loader import training_pairs
 from autotune.train.measure import Clock, threads_for
 from autotune.train.systems import process_settings
 from autotune.train.tasks import Task
@@ -246,7 +246,7 @@ class _Session:
             device=device,
             seed=seed,
         )
-        self.batches = endless(self.training.loader)
+        self.batches = training_pairs(self.training.loader)
         try:
             self.warmup_samples = self._steps(MIN_WARMUP_STEPS)
         except BaseException:

@@ -24,7 +24,7 @@ from autotune.train.config import Diverged, Limits, Progress, TrialConfig, Trial
 from autotune.train.distributed import ALONE, Ranks
 from autotune.train.evaluation import evaluate
 from autotune.train.ledger import Ledger
-from autotune.train.loader import endless
+from autotune.train.loader import training_pairs
 from autotune.train.measure import Clock, reset_peak_memory, threads_for
 from autotune.train.tasks import Task
 from autotune.train.training import Training, build, seed_everything
@@ -60,7 +60,7 @@ def run(
         limits, n_train=n_train, total_steps=training.total_steps, ranks=ranks.world_size
     )
     steps_per_epoch = len(training.loader) / config.accumulation_steps
-    batches = endless(training.loader)
+    batches = training_pairs(training.loader)
     watch = LossWatch(device)
     waiting = telemetry.InputWait()
     fetch = waiting.timed(batches)

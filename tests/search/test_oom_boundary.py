@@ -83,14 +83,18 @@ def test_bound_by_names_the_trial_that_ran_out_and_the_reason_says_why() -> None
     assert "batch_size 512 in bf16" in text and "trial 5 (batch_size 128 in bf16)" in text
 
 
-def test_a_run_out_of_memory_that_a_larger_configuration_trained_through_bounds_nothing() -> None:
+def test_a_run_out_of_memory_that_a_later_larger_configuration_trained_through_bounds_nothing() -> (
+    None
+):
     """Another process's memory for a while, or an error misread: what trained since says so."""
     ran_out = {3: {**BASE, "batch_size": 256}, 5: BASE}
-    assert contradicted(ran_out, [{**BASE, "batch_size": 256, "lr": 0.3}]) == {3, 5}
-    assert contradicted(ran_out, [{**BASE, "batch_size": 128, "precision": "fp32"}]) == {5}
-    # smaller, or narrower: no word on either
-    assert contradicted(ran_out, [{**BASE, "batch_size": 64}]) == set()
-    assert contradicted(ran_out, []) == set()
+    assert contradicted(ran_out, {6: {**BASE, "batch_size": 256, "lr": 0.3}}) == {3, 5}
+    assert contradicted(ran_out, {6: {**BASE, "batch_size": 128, "precision": "fp32"}}) == {5}
+    assert contradicted(ran_out, {4: {**BASE, "batch_size": 256}}) == {3}  # after 3, before 5
+    # smaller, or narrower, or before it: no word on it
+    assert contradicted(ran_out, {6: {**BASE, "batch_size": 64}}) == set()
+    assert contradicted(ran_out, {1: {**BASE, "batch_size": 512}}) == set()
+    assert contradicted(ran_out, {}) == set()
 
 
 def test_running_out_with_checkpointing_bounds_no_more_of_it_on_the_same_or_a_larger_batch() -> (
