@@ -885,27 +885,6 @@ STORED_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "fragments"),
-    [case[1:] for case in STORED_OPTIONS],
-    ids=[case[0] for case in STORED_OPTIONS],
-)
-def test_a_command_given_a_wrong_option_beside_a_stored_study_is_one_line_and_touches_nothing(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    stored: Stored,  # noqa: F811 - the fixture
-    args: list[str],
-    fragments: tuple[str, ...],
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    place(tmp_path, stored)
-    (tmp_path / "db.link").symlink_to("study.db")
-    before = snapshot(tmp_path)
-    assert_refused(cli(capsys, *args), *fragments)
-    assert_unchanged(before, tmp_path)
-
-
 USAGE_ERRORS = [
     ("--workers 0", ["run", "study.yaml", "--workers", "0"], ("--workers", "at least 1")),
     ("--workers two", ["run", "study.yaml", "--workers", "two"], ("'two'",)),
@@ -925,20 +904,23 @@ USAGE_ERRORS = [
 
 
 @pytest.mark.parametrize(
-    ("args", "fragments"),
-    [case[1:] for case in USAGE_ERRORS],
-    ids=[case[0] for case in USAGE_ERRORS],
+    ("args", "fragments", "usage"),
+    [(*case[1:], False) for case in STORED_OPTIONS] + [(*case[1:], True) for case in USAGE_ERRORS],
+    ids=[case[0] for case in STORED_OPTIONS + USAGE_ERRORS],
 )
-def test_a_mistaken_newer_option_is_its_usage_and_touches_nothing(
+def test_a_wrong_option_beside_a_stored_study_is_one_line_or_its_usage_and_touches_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     stored: Stored,  # noqa: F811 - the fixture
     args: list[str],
     fragments: tuple[str, ...],
+    usage: bool,
 ) -> None:
+    """A value the command checks: one line, exit 2; a value argparse refuses: its usage."""
     monkeypatch.chdir(tmp_path)
     place(tmp_path, stored)
+    (tmp_path / "db.link").symlink_to("study.db")
     before = snapshot(tmp_path)
-    assert_usage_error(cli(capsys, *args), *fragments)
+    (assert_usage_error if usage else assert_refused)(cli(capsys, *args), *fragments)
     assert_unchanged(before, tmp_path)

@@ -6,6 +6,7 @@ browser is not something every training machine wants installed.
 
 from __future__ import annotations
 
+import signal
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,10 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     storage.open_study(spec, create=False)  # raises StorageError when there is nothing to show
     store: Any = storage.make_storage(spec, create=False)
     _check_free(host, port)  # before anything says it serves there
+    # Ctrl-C ends it, also where it was started with SIGINT ignored or blocked (a script's
+    # background job, a parent that blocked it): both are inherited.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(
         f"autotune: dashboard of study {spec.name!r} in {spec.storage} at {url(host, port)} "
         "(Ctrl-C to stop)",

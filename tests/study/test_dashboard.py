@@ -117,3 +117,46 @@ def test_a_port_in_use_is_one_line_and_nothing_says_it_serves(
         f"autotune: error: cannot serve the dashboard at 127.0.0.1:{port} "
         f"(Address already in use); choose another --port or --host"
     ], err
+
+
+@pytest.mark.parametrize("how", ["ignored", "blocked"])
+def test_ctrl_c_ends_a_dashboard_started_with_sigint_ignored_or_blocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A script's background job starts with SIGINT ignored; a parent may have it blocked: both
+    are inherited, and the dashboard would then serve on through Ctrl-C."""
+    monkeypatch.chdir(REPO)
+    path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
+    assert main(["run", str(path), "--quiet"]) == 0
+    port = free_port()
+
+    def inherit() -> None:
+        if how == "ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=inherit,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.5)
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 130 and "Traceback" not in err, err
