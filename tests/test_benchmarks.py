@@ -507,7 +507,7 @@ def test_the_never_worse_benchmark_runs_a_study_judges_it_and_resumes(tmp_path: 
     """One study, its recommendation judged by the export on a fresh seed beside the baseline,
     the goals against it; run again, nothing runs twice."""
     study = tmp_path / "tiny.yaml"
-    study.write_text(TINY_STUDY.replace("confirm: {top: 1, runs: 1}", "confirm: {top: 1}"))
+    study.write_text(TINY_STUDY.replace("confirm: {top: 1, runs: 1}", "confirm: {top: 1, runs: 3}"))
     args = ["--studies", "1", "--seeds", "1", "--loads", "quiet", "--study", str(study)]
     args += ["--results", str(tmp_path / "results")]
     printed = run_benchmark("never_worse.py", *args)
