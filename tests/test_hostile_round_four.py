@@ -924,3 +924,19 @@ def test_a_wrong_option_beside_a_stored_study_is_one_line_or_its_usage_and_touch
     before = snapshot(tmp_path)
     (assert_usage_error if usage else assert_refused)(cli(capsys, *args), *fragments)
     assert_unchanged(before, tmp_path)
+
+
+def test_report_and_export_read_a_sqlite_url_with_a_query_as_run_does(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stored: Stored,  # noqa: F811 - the fixture
+) -> None:
+    """`?timeout=5` on the URL: the same database, for report and export as for run."""
+    monkeypatch.chdir(tmp_path)
+    place(tmp_path, stored)
+    for command in (["report"], ["export", "--format", "yaml"]):
+        plain = cli(capsys, *command, "study.yaml")
+        queried = cli(capsys, *command, "study.yaml", "--storage", "sqlite:///study.db?timeout=5")
+        assert queried.code == plain.code == 0, queried.err
+        assert queried.out == plain.out and queried.out
