@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,11 @@ def test_a_missing_study_is_the_error_report_gives(
     assert not path.with_suffix(".db").exists()  # nothing created
 
 
-def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)
-    path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
-    assert main(["run", str(path), "--quiet"]) == 0  # the storage exactly as a real run leaves it
+def serve_then_ctrl_c(
+    path: Path, *, preexec_fn: Callable[[], None] | None = None
+) -> tuple[list[str] | None, subprocess.CompletedProcess[str], int]:
+    """`autotune dashboard STUDY` in a process of its own: the study names it served once it
+    listened, then how it ended after Ctrl-C, and its port."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
@@ -76,9 +78,11 @@ def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
+    names = None
     try:
-        names, deadline = None, time.monotonic() + 60
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.poll() is None:
             try:
                 with urllib.request.urlopen(
@@ -88,15 +92,23 @@ def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
                 break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.5)  # not listening yet
-        assert names == ["study"], server.stderr.read() if server.poll() is not None else names
         server.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = server.communicate(timeout=120)  # a loaded machine is slow to stop it
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
-    assert server.returncode == 130 and "Traceback" not in err, err
-    assert f"http://127.0.0.1:{port}/" in out.splitlines()[0]
+    return names, subprocess.CompletedProcess(server.args, server.returncode, out, err), port
+
+
+def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
+    assert main(["run", str(path), "--quiet"]) == 0  # the storage exactly as a real run leaves it
+    names, ended, port = serve_then_ctrl_c(path)
+    assert names == ["study"], ended.stderr
+    assert ended.returncode == 130 and "Traceback" not in ended.stderr, ended.stderr
+    assert f"http://127.0.0.1:{port}/" in ended.stdout.splitlines()[0]
 
 
 def test_a_port_in_use_is_one_line_and_nothing_says_it_serves(
@@ -128,7 +140,6 @@ def test_ctrl_c_ends_a_dashboard_started_with_sigint_ignored_or_blocked(
     monkeypatch.chdir(REPO)
     path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
     assert main(["run", str(path), "--quiet"]) == 0
-    port = free_port()
 
     def inherit() -> None:
         if how == "ignored":
@@ -136,27 +147,6 @@ def test_ctrl_c_ends_a_dashboard_started_with_sigint_ignored_or_blocked(
         else:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
-    server = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
-        cwd=REPO,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=inherit,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.5)
-        server.send_signal(signal.SIGINT)
-        out, err = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    assert server.returncode == 130 and "Traceback" not in err, err
+    names, ended, _ = serve_then_ctrl_c(path, preexec_fn=inherit)
+    assert names == ["study"], ended.stderr
+    assert ended.returncode == 130 and "Traceback" not in ended.stderr, ended.stderr
