@@ -28,7 +28,7 @@ def become_trial_process(study_pid: int, start_method: str) -> None:
     os.setpgid(0, 0)
     # A helper the trial detaches (setsid(), a double fork) leaves the group: whose parent exits
     # is handed to this process rather than to init, so it stays under it, where the study finds
-    # it and ends it with the trial (`Tree`).
+    # it and ends it with the trial (`watch`, `end`).
     descendants.adopt_orphans()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us
     _die_with(study_pid)
