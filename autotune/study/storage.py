@@ -23,7 +23,7 @@ from optuna.storages.journal import JournalFileBackend
 from autotune.errors import StorageError
 from autotune.record import schema
 from autotune.spec.study_file import StudySpec, from_mapping
-from autotune.study import foreign_files, runner_lock
+from autotune.study import foreign_files, runner_lock, storage_faults
 from autotune.study.recovery import MAX_RETRY
 
 # Runs on several machines share a database server's study and may begin it at once: the first
@@ -153,15 +153,11 @@ def cannot_open(spec: StudySpec, exc: BaseException) -> StorageError:
 def disk_full(exc: BaseException | None) -> bool:
     """Whether `exc`, or an error it was raised from, is a write that found the disk full: OSError
     ENOSPC (a journal file), or SQLite's "database or disk is full" under SQLAlchemy and Optuna."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
-        if "database or disk is full" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(
+        (isinstance(cause, OSError) and cause.errno == errno.ENOSPC)
+        or "database or disk is full" in str(cause)
+        for cause in storage_faults.causes(exc)
+    )
 
 
 def _with_driver(url: str) -> str:

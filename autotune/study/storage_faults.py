@@ -11,10 +11,16 @@ process still holds open is written out beside it first.
 from __future__ import annotations
 
 import errno
+import os
+import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.errors import StorageError
 
+# what a file needs free below it to take another write, and the room left on the disk that says
+# it is full: a trial's records are a few kilobytes
+HEADROOM_BYTES = 64 << 10
 # errno of an OSError from a storage's file -> what it means, and what the user does about it
 FILE_FAULTS = {
     errno.ENOSPC: ("no space left on the device", "Free some space"),
@@ -78,27 +84,30 @@ class StorageFault(StorageError):
 def classify(exc: BaseException | None) -> tuple[str, str] | None:
     """(what went wrong, the remedy) where `exc`, or an error it was raised from, is a fault of
     the storage's files; None where it is not (a bug, which keeps its traceback)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in FILE_FAULTS:
-            what, remedy = FILE_FAULTS[exc.errno]
-            return (f"{what} ({exc.filename})" if exc.filename else what), remedy
-        text = str(exc)
+    for cause in causes(exc):
+        if isinstance(cause, OSError) and cause.errno in FILE_FAULTS:
+            what, remedy = FILE_FAULTS[cause.errno]
+            return (f"{what} ({cause.filename})" if cause.filename else what), remedy
+        text = str(cause)
         for message, fault in SQLITE_FAULTS.items():
             if message in text:
                 return fault
-        exc = exc.__cause__ or exc.__context__
     return None
+
+
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and each error it was raised from (or while handling), once each."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def diagnose(path: Path | None) -> tuple[str, str] | None:
     """What is wrong with the storage file `path` and its folder as this process finds them now,
     where SQLite's word for it ("disk I/O error", "readonly database") covers several causes;
     None where nothing is."""
-    import os
-    import resource
-
     if path is None:
         return None
     if not os.access(path.parent, os.W_OK):
@@ -106,24 +115,24 @@ def diagnose(path: Path | None) -> tuple[str, str] | None:
     if path.exists() and not os.access(path, os.W_OK):
         return "its file can no longer be written", "Make it writable"
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if limit != resource.RLIM_INFINITY and path.exists() and path.stat().st_size + 65536 > limit:
+    if (
+        limit != resource.RLIM_INFINITY
+        and path.exists()
+        and path.stat().st_size + HEADROOM_BYTES > limit
+    ):
         return FILE_FAULTS[errno.EFBIG]
     try:
         space = os.statvfs(path.parent)
     except OSError:
         return None
-    if space.f_bavail * space.f_frsize < 65536:
+    if space.f_bavail * space.f_frsize < HEADROOM_BYTES:
         return FILE_FAULTS[errno.ENOSPC]
     return None
 
 
-def file_taken(path: Path, held: int | None) -> bool:
+def file_taken(path: Path, held: int) -> bool:
     """Whether the storage file this process holds open (`held`, a descriptor) is no longer the one
     at `path`: deleted, or replaced by another."""
-    import os
-
-    if held is None:
-        return False
     try:
         return not os.path.samestat(os.fstat(held), os.stat(path))
     except FileNotFoundError:
@@ -133,8 +142,6 @@ def file_taken(path: Path, held: int | None) -> bool:
 def rescue(path: Path, held: int) -> Path:
     """Write the file this process holds open (the study as it was) beside `path`, under a name
     nothing else uses, and return that name."""
-    import os
-
     for n in range(1, 1000):
         copy = path.with_name(f"{path.name}.rescued-{n}")
         try:
