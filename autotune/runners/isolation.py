@@ -113,14 +113,14 @@ def in_process(task: Task) -> RunTrial:
         seed: int,
         progress: Progress | None = None,
     ) -> TrialResult:
-        return _as_failure(
+        return as_failure(
             lambda: run(task, config, limits=limits, device=device, seed=seed, progress=progress)
         )
 
     return run_trial
 
 
-def _as_failure(call: Any) -> Any:
+def as_failure(call: Any) -> Any:
     """`call()`, with anything it raises but Pruned and a signal's stop raised as the TrialFailure
     it stands for, as in a child: a SystemExit (sys.exit in the user's code ends the trial, not the
     study), a KeyboardInterrupt that no signal raised, any other BaseException."""
@@ -142,7 +142,7 @@ def measure_in_process(task: Task) -> Measure:
     warm_up()
 
     def measure(work: Callable[..., T], *args: Any, device: torch.device, seed: int) -> T:
-        return _as_failure(lambda: work(task, *args, device=device, seed=seed))
+        return as_failure(lambda: work(task, *args, device=device, seed=seed))
 
     return measure
 

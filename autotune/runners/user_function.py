@@ -9,10 +9,9 @@ from typing import Any
 
 import torch
 
-from autotune import signals
+from autotune.runners import isolation
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import KNOBS
-from autotune.train import oom
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 from autotune.train.measure import device_name
 from autotune.train.tasks import takes
@@ -38,35 +37,27 @@ def as_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> 
         seed: int,
         progress: Progress | None = None,
     ) -> TrialResult:
-        try:
-            given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
-            returned = objective(
-                given, **takes(objective, {"seed": seed, "device": device}, after=1)
-            )
-        except BaseException as exc:  # sys.exit in the function ends its trial, not the study
-            if signals.by_signal(exc) or isinstance(exc, GeneratorExit):
-                raise
-            failure = TrialFailure.of(exc)
-        else:
-            seconds, metric = _seconds_and_metric(returned)
-            reached = metric >= limits.target
-            return TrialResult(
-                reached=reached,
-                time_to_target=seconds if reached else None,
-                best_metric=metric,
-                train_seconds=seconds,
-                epochs=None,
-                optimizer_steps=None,
-                samples_per_second=None,
-                peak_memory_bytes=None,
-                device_name=device_name(device),
-                torch_version=torch.__version__,
-                stop_reason="target" if reached else "objective",
-                curve=((seconds, None, metric),),
-            )
-        # out of the except block: the traceback no longer holds the trial's tensors
-        oom.free_memory()
-        raise failure
+        given = {k: v for k, v in config.as_dict().items() if k in knobs or k not in KNOBS}
+        # sys.exit in the function ends its trial, not the study, as in a task's training
+        returned = isolation.as_failure(
+            lambda: objective(given, **takes(objective, {"seed": seed, "device": device}, after=1))
+        )
+        seconds, metric = _seconds_and_metric(returned)
+        reached = metric >= limits.target
+        return TrialResult(
+            reached=reached,
+            time_to_target=seconds if reached else None,
+            best_metric=metric,
+            train_seconds=seconds,
+            epochs=None,
+            optimizer_steps=None,
+            samples_per_second=None,
+            peak_memory_bytes=None,
+            device_name=device_name(device),
+            torch_version=torch.__version__,
+            stop_reason="target" if reached else "objective",
+            curve=((seconds, None, metric),),
+        )
 
     return run_trial
 
