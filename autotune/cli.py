@@ -247,7 +247,7 @@ def _html(study: optuna.Study, records: pd.DataFrame, summary: Summary) -> str:
         [int(n) for n in top["number"]],
         confirmation=schema.confirmation(study.user_attrs),
     )
-    complete = int((records["state"] == "COMPLETE").sum()) if "state" in records else 0
+    complete = summary.counts.complete
     if complete >= importance.MIN_TRIALS:  # seconds, where the rest of the page takes less
         print(
             f"autotune: parameter importances over {importance.sampled_from(complete):,} of "

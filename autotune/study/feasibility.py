@@ -159,7 +159,7 @@ def _fit_batches(
     devices = spec.devices_per_trial
     times = " x devices_per_trial" if devices > 1 else ""
     over = f" ({devices} devices a trial)" if devices > 1 else ""
-    steps = smallest(space["accumulation_steps"]) * devices
+    per_batch = smallest(space["accumulation_steps"]) * devices  # samples a step per batch_size
     for key, batch, accumulation in (
         ("baseline.batch_size", baseline["batch_size"], baseline["accumulation_steps"]),
         ("space.batch_size", smallest(space["batch_size"]), smallest(space["accumulation_steps"])),
@@ -174,16 +174,16 @@ def _fit_batches(
                 f"{times} ({factors}) must not exceed them",
             )
     batches = space["batch_size"]
-    if isinstance(batches, Choices) and largest(batches) * steps > samples:
-        kept = tuple(b for b in batches.values if b * steps <= samples)
+    if isinstance(batches, Choices) and largest(batches) * per_batch > samples:
+        kept = tuple(b for b in batches.values if b * per_batch <= samples)
         removed = ", ".join(str(b) for b in batches.values if b not in kept)
         notices.append(
             f"batch_size {removed} removed from the search space: "
             f"the task has {samples} training samples{over}"
         )
         space = space.replace("batch_size", Choices(kept))
-    elif isinstance(batches, Range) and batches.high * steps > samples:
-        high = samples // steps
+    elif isinstance(batches, Range) and batches.high * per_batch > samples:
+        high = samples // per_batch
         notices.append(
             f"batch_size {high + 1} to {batches.high:g} removed from the search space: "
             f"the task has {samples} training samples{over}"
