@@ -87,8 +87,7 @@ def autotune_study(spec: StudySpec, prepared: preparation.Prepared, load_machine
 
 def trial_prediction_error(study: optuna.Study) -> float | None:
     """Goodput: the trained trials' median of (their runs' mean time to target / their predicted
-    time - 1). The same runs and seeds on both sides, so this is the throughput phase's error
-    alone."""
+    time - 1). The same runs and seeds on both sides, so this is the table's error alone."""
     errors = []
     for trial in study.get_trials(deepcopy=False):
         result, predicted = schema.measured(trial), schema.prediction(trial)

@@ -41,8 +41,8 @@ metric reaches the target (the "fixed" column).
 Prints a table and writes benchmarks/results/
 found-<study>-<objective or plain_tpe>[-r<replicates>][-load][-regret]-<device>.json
 per study file (-r<replicates> where they are not the objective's default; --results: another
-folder). Compute counts every training second a study spent: its trials, the systems probe and
-the throughput phase. One study is run and re-measured in found_study.py; the results file and
+folder). Compute counts every training second a study spent: its trials and the systems probe.
+One study is run and re-measured in found_study.py; the results file and
 the table are found_report.py's.
 """
 

@@ -5,8 +5,7 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
 - `prior`: autotune as shipped: `probe: joint` (the loader and compute settings chosen
   together) and `first_trial: prior` (the first trials a larger batch with a scaled lr and a
   schedule that ends);
-- `joint`: the same with the first trials sampled (`first_trial: sampled`), and `systems`: that
-  with `probe: systems` (the loader first, then the precision);
+- `joint`: the same with the first trials sampled (`first_trial: sampled`);
 - `tpe`: what a user writes instead: Optuna's TPE over the same knobs in a hand-written loop, the
   same trial budget, one run a trial, the fastest trial wins (arms.plain_tpe_study);
 - `expert`: a fixed recipe, no search: bf16, channels-last, cuDNN's search, as many loader workers
@@ -17,9 +16,9 @@ Arms, each on the same study file (studies/shapes.yaml on a GPU; studies/paced.y
   settings, the one that would train them soonest, its one-off costs (its loader's start-up and
   its step's first steps, each measured apart) then those samples at its predicted rate;
 - `warm`, run only when named: `joint` with `isolation: warm` (one trial process kept between
-  trials). `joint` against `prior`, `systems` against `joint` and `warm` against `joint` each
-  decide a default. A fresh joint-probe arm starts from the probe another measured with the same
-  code on the same machine (share_probe), its seconds counted in the arm's GPU time.
+  trials). `joint` against `prior` and `warm` against `joint` each decide a default. A fresh
+  joint-probe arm starts from the probe another measured with the same code on the same machine
+  (share_probe), its seconds counted in the arm's GPU time.
 
 The judge (roofline_judge.py) is not autotune's training loop: it trains each arm's winner, and
 the baseline, with the plain-PyTorch module `autotune export --format torch` writes for it (what
@@ -35,9 +34,9 @@ judge may run in another session with nothing carried but that file:
 
     .venv/bin/python benchmarks/roofline.py [--cpu] [--small] [--seeds 3] [--work DIR]
                                             [--minutes M] [--fresh] [--study FILE]
-                                            [joint systems tpe prior warm judge]
+                                            [joint tpe prior warm judge]
 
-With no stage, joint, systems, tpe and judge, in that order. --small: 3 trials, confirmation on 1
+With no stage, prior, tpe, judge and joint, in that order. --small: 3 trials, confirmation on 1
 seed, 1 judge seed. --study: another study file (the test suite's is smaller still). Writes
 benchmarks/results/roofline-<study>[-small]-<device>.json (--results: another folder).
 
@@ -81,14 +80,13 @@ from benchmarks.roofline_judge import JOINT_ARMS, judge  # noqa: E402
 # Each names its first trials, so that an arm means the same whatever the default.
 ARMS: dict[str, dict[str, str]] = {
     "joint": {"probe": "joint", "first_trial": "sampled"},
-    "systems": {"probe": "systems", "first_trial": "sampled"},
     "tpe": {},
     "prior": {"probe": "joint", "first_trial": "prior"},
     "warm": {"probe": "joint", "first_trial": "sampled", "isolation": "warm"},
 }
 STAGES = (*ARMS, "judge")
 # the goals first (autotune as shipped, its peers, the judge), then the arms that decide defaults
-DEFAULT_STAGES = ("prior", "tpe", "judge", "joint", "systems")
+DEFAULT_STAGES = ("prior", "tpe", "judge", "joint")
 TICK_SECONDS = 5.0  # what a sitting killed midway can leave uncounted
 
 

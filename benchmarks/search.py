@@ -61,8 +61,7 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     task's baseline configuration."""
     from autotune.spec import study_file
     from autotune.spec.checks import read_yaml
-    from autotune.study import preparation
-    from autotune.study.begin import run_probe
+    from autotune.study import preparation, roofline_probe
 
     raw = read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
@@ -71,7 +70,12 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
             raw, path=REPO / "studies" / "digits.yaml", storage=f"sqlite:///{folder}/probe.db"
         )
         prepared = preparation.prepare(spec)
-        return run_probe(spec, prepared), {name: prepared.baseline[name] for name in GRID}
+        try:
+            outcome = roofline_probe.run(spec, prepared)
+        finally:
+            if prepared.end_measuring is not None:
+                prepared.end_measuring()
+        return outcome, {name: prepared.baseline[name] for name in GRID}
 
 
 def main() -> None:

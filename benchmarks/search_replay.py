@@ -57,7 +57,9 @@ def searched_space(
     space = dict(GRID)
     if not strategy.get("probe"):
         return 0.0, space
-    space["num_workers"] = [probed["loader"]["num_workers"]]
+    # a probe that settled nothing leaves the loader to the search
+    if "num_workers" in probed["loader"]:
+        space["num_workers"] = [probed["loader"]["num_workers"]]
     space["precision"] = [p for p in GRID["precision"] if p in probed["precisions"]]
     return probed["seconds"], space
 

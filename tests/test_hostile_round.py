@@ -322,7 +322,7 @@ FILE_CASES = [
         "isolation capitalised", HEAD + "isolation: Process\n", ("isolation: got 'Process'", "warm")
     ),
     Bad("isolation true", HEAD + "isolation: true\n", ("isolation: got True", "none")),
-    Bad("probe: no (a YAML boolean)", HEAD + "probe: no\n", ("probe: got False", "systems")),
+    Bad("probe: no (a YAML boolean)", HEAD + "probe: no\n", ("probe: got False", "joint")),
     Bad("prune: off (a YAML boolean)", HEAD + "prune: off\n", ("prune: got False", "incumbent")),
     Bad(
         "objective as a list",

@@ -59,10 +59,10 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     results = tmp_path / "roofline-tiny-small-cpu.json"
     # A first sitting of under a second: the joint probe runs, no trial starts after it, and
     # the stages after it wait.
-    said = stages("--minutes", "0.01", "joint", "systems", "tpe")
+    said = stages("--minutes", "0.01", "joint", "tpe")
     record = json.loads(results.read_text())
     assert set(record["arms"]) == {"joint"} and not record["arms"]["joint"]["finished"]
-    assert "systems: not begun" in said and "tpe: not begun" in said
+    assert "tpe: not begun" in said
     probe = record["arms"]["joint"]["probe"]
     first = record["arms"]["joint"]["gpu_seconds"]
     # A sitting killed midway (a machine's time limit): stored before its study went on, so the
@@ -78,9 +78,9 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     killed.kill()
     killed.wait()
     assert not json.loads(results.read_text())["arms"]["joint"]["finished"]
-    stages("joint", "systems", "tpe", "prior")  # the next sitting goes on
+    stages("joint", "tpe", "prior")  # the next sitting goes on
     record = json.loads(results.read_text())
-    assert set(record["arms"]) == {"joint", "systems", "tpe", "prior"} and "judge" not in record
+    assert set(record["arms"]) == {"joint", "tpe", "prior"} and "judge" not in record
     joint = record["arms"]["joint"]
     assert joint["finished"] and len(joint["sittings"]) == 3 and joint["counts"]["total"] >= 2
     # its trials at the chosen setting beside what the probe's figures predicted for each
@@ -101,7 +101,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     # the arms' studies are text beside the results file, to keep (commit) between sittings
     studies = tmp_path / "roofline-tiny-small-cpu-studies"
     assert sorted(p.name for p in studies.iterdir()) == [
-        f"tiny-{arm}.journal" for arm in ("joint", "prior", "systems", "tpe")
+        f"tiny-{arm}.journal" for arm in ("joint", "prior", "tpe")
     ]
     # the judge in another session: nothing but the results file carried over, no arm's storage
     stages("judge", work=tmp_path / "elsewhere")
@@ -111,7 +111,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
     assert record["arms"]["joint"]["probe"]["kind"] == "joint"
     assert record["arms"]["joint"]["time_spent"]["probe"] > 0  # where its GPU time went
     runs = record["judge"]["runs"]
-    assert set(runs) == {"baseline", "expert", "joint", "systems", "tpe", "prior"}
+    assert set(runs) == {"baseline", "expert", "joint", "tpe", "prior"}
     assert all(len(r) == 1 and r[0]["seconds"] > 0 for r in runs.values())
     assert record["judge"]["candidates"]["expert"]["precision"] == "bf16"
     assert record["judge"]["candidates"]["expert"]["scheduler"] == "onecycle"

@@ -192,7 +192,7 @@ class Goodput(TimeToTarget):
 
 class SystemsOnly(Goodput):
     """Goodput's rules for the one trial that trains the baseline's maths; the study tells every
-    other systems setting from its samples (study/throughput_phase.py). Not paired: with one maths
+    other systems setting from its samples (study/goodput_plan.py). Not paired: with one maths
     there is nothing to pair, and a try that missed the target trains again on seeds of its own
     (budget.py)."""
 

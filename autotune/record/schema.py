@@ -22,10 +22,10 @@ KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
 PROBE = "probe"  # the systems probe's outcome (search/probe.py)
-PROBE_SO_FAR = "probe_measurements"  # a probe's, phase's or confirmation's, until it is stored
+PROBE_SO_FAR = "probe_measurements"  # a probe's or confirmation's, until it is stored
 PROBING = "probing"  # {worker, at}: the process probing it, renewed as it goes (probe_claim.py)
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
-THROUGHPUT = "throughput"  # the throughput phase's table (search/goodput.py) and what it cost
+THROUGHPUT = "throughput"  # the table goodput trials are timed by (search/goodput.py)
 _STUDY_KEYS = (VERSION, TARGET, OPTIMIZER, KNOBS_READ, DEFINITION, DEFINITION_CHANGES, PROBE)
 _STUDY_KEYS += (PROBE_SO_FAR, PROBING, CONFIRMATION, THROUGHPUT)
 

@@ -5,7 +5,7 @@ A study's runs take their seeds from blocks of 100,000 per study seed:
     study seed * 100,000 + n            trial n's first run (n < 50,000); paired trials all use + 0
     study seed * 100,000 + 50,000 + i   the confirmation's i-th fresh seed
     study seed * 100,000 + 90,000       the systems probe's runs
-    study seed * 100,000 + 95,000       the throughput measurements of the goodput objectives
+    study seed * 100,000 + 95,000       kept apart: an earlier engine's throughput measurements
     a run's seed + k * REPLICATE_STRIDE  the k-th extra run (replicate) of a trial
 
 REPLICATE_STRIDE lies far past every block, so a replicate never meets another run's seed. The
@@ -18,7 +18,6 @@ from __future__ import annotations
 BLOCK = 100_000  # seeds per study seed
 FRESH = 50_000  # the confirmation's fresh seeds start here in a block; trials stay below
 PROBE = 90_000
-THROUGHPUT = 95_000
 REPLICATE_STRIDE = 10**12
 WORKER_STRIDE = 1000  # sampler seeds apart for each worker of one study
 
@@ -41,12 +40,6 @@ def fresh(study_seed: int, runs: int) -> list[int]:
 def for_probe(study_seed: int) -> int:
     """The systems probe's seed: no trial or confirmation run uses it."""
     return study_seed * BLOCK + PROBE
-
-
-def for_throughput(study_seed: int) -> int:
-    """The goodput objectives' throughput measurements' seed: no trial, confirmation or probe uses
-    it."""
-    return study_seed * BLOCK + THROUGHPUT
 
 
 def for_sampler(study_seed: int, *, stored_trials: int, worker: int | None) -> int:

@@ -294,12 +294,12 @@ class Summary:
     probe: Mapping[str, Any] | None = None
     stale_confirmation: StaleConfirmation | None = None
     knobs: tuple[str, ...] | None = None
-    # goodput: the throughput phase's table and cost (search/goodput.py)
+    # goodput: the table its trials are timed by (search/goodput.py)
     throughput: Mapping[str, Any] | None = None
     devices_per_trial: int = 1  # processes (one device each) every trial trained on
     # where the study's time went, by part (report/time_spent.py); None: nothing has run
     time_spent: Mapping[str, Any] | None = None
-    # of a probe or throughput phase cut short: kept in the study for the next run to go on from
+    # of a probe or confirmation cut short: kept in the study for the next run to go on from
     measurements_kept: int = 0
     # the cores other processes kept busy while the trials trained: trials, median, min, max, cores
     trials_load: Mapping[str, Any] | None = None

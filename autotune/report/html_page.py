@@ -174,8 +174,8 @@ def _device(summary: Summary) -> str:
 
 
 def _probe(summary: Summary) -> str:
-    """What the systems probe and the throughput phase settled, and where the time went, each in
-    a line."""
+    """What the systems probe settled (and a goodput study's table), and where the time went,
+    each in a line."""
     # the joint probe's are several
     lines = probe.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []

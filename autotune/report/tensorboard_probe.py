@@ -3,15 +3,15 @@ seconds of short measurements before the search, not learning curves.
 
 - DIR/probe: one text summary (tag `probe/summary`, the Text tab): the report's lines on the
   probe and a table of every measurement.
-- `probe: joint`, one run per setting, each figure it has at step 0:
+- one run per setting, each figure it has at step 0:
   DIR/probe/loader/SETTING `probe/loader_rate`, DIR/probe/compute/SETTING `probe/compute_rate`
   (samples/s, measured apart), DIR/probe/end_to_end/SETTING `probe/end_to_end_predicted` and
   `probe/end_to_end_measured` (samples/s of the settings checked end to end), and DIR/probe/batches
   the chosen setting at each micro-batch measured, its batch the step: `probe/batch_loader_rate`,
   `probe/batch_compute_rate` and `probe/batch_expected` (as measured end to end there).
-- `probe: systems`: DIR/probe/runs/SETTING `probe/run_seconds`, the training-clock seconds of
-  each of its short runs (all of the same samples), at the step of the run's place in the
-  probe's order.
+- a study stored by an earlier engine (short runs, one knob at a time): DIR/probe/runs/SETTING
+  `probe/run_seconds`, the training-clock seconds of each of its short runs (all of the same
+  samples), at the step of the run's place in the probe's order.
 
 SETTING names the knobs, as in `num_workers=2,prefetch_factor=2,pin_memory` (a knob that is
 off is left out). A setting with no rate measured apart (out of memory, say) has no run, only its

@@ -30,7 +30,7 @@ SHORT_NAMES = {
 
 
 def cut_short(kept: int) -> str:
-    """The line for a probe, throughput phase or confirmation that a run did not finish."""
+    """The line for a probe or confirmation that a run did not finish."""
     return (
         f"Measurements cut short: {counted(kept, 'measurement')} kept in the study; "
         "`autotune run` with the same study file goes on from them."

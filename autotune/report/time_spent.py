@@ -1,9 +1,10 @@
-"""Where a study's time went, from its storage: the systems probe, the throughput phase, the
-trials (their training clocks, their evaluations, and the rest of their wall time: starting a
-process and its loader workers, building, storing) and the confirmation. Wall seconds summed over
-every run of the study; trials that ran side by side (--workers) each count in full, as each
-held its device. An interrupted trial is left out: one killed is marked when the next run starts,
-maybe days later, and its configuration runs again anyway."""
+"""Where a study's time went, from its storage: the systems probe (and a throughput table an
+earlier engine measured apart), the trials (their training clocks, their evaluations, and the
+rest of their wall time: starting a process and its loader workers, building, storing) and the
+confirmation. Wall seconds summed over every run of the study; trials that ran side by side
+(--workers) each count in full, as each held its device. An interrupted trial is left out: one
+killed is marked when the next run starts, maybe days later, and its configuration runs again
+anyway."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def of_study(trials: Sequence[Any], study_attrs: Mapping[str, Any]) -> dict[str,
     ]
     parts = {
         "probe": (schema.probe(study_attrs) or {}).get("seconds"),
-        "throughput_phase": (schema.throughput(study_attrs) or {}).get("seconds"),
+        "throughput_table": (schema.throughput(study_attrs) or {}).get("seconds"),
         "trials": sum((t.datetime_complete - t.datetime_start).total_seconds() for t in ran)
         if ran
         else None,
@@ -61,8 +62,8 @@ def describe(spent: Mapping[str, Any]) -> str:
     shown = []
     if spent["probe"] is not None:
         shown.append(f"systems probe {amount(spent['probe'])}")
-    if spent["throughput_phase"] is not None:
-        shown.append(f"throughput phase {amount(spent['throughput_phase'])}")
+    if spent.get("throughput_table") is not None:  # measured apart by an earlier engine
+        shown.append(f"throughput table {amount(spent['throughput_table'])}")
     if spent["trials"] is not None:
         evaluating = spent.get("evaluating")  # absent from a figure stored before it was
         rest = max(0.0, spent["trials"] - spent["training"] - (evaluating or 0.0))

@@ -79,8 +79,8 @@ class RunTrial(Protocol):
 
 class Measure(Protocol):
     """Runs a measurement of the task's training, `work(task, *args, device=, seed=)`: a
-    module-level function such as throughput.measure (the throughput phase) or rates.measure
-    (the systems probe), here or in a child process."""
+    module-level function such as rates.measure_in_groups or throughput.measure_in_turn (the
+    systems probe's), here or in a child process."""
 
     def __call__(
         self, work: Callable[..., T], *args: Any, device: torch.device, seed: int
@@ -271,7 +271,7 @@ def _child_main(
     work: Any,
     args: tuple[Any, ...],
 ) -> None:
-    """The child: build the task, run `work` (a trial, the throughput phase), send back the result
+    """The child: build the task, run `work` (a trial, a probe's measurement), send back the result
     or the failure."""
     trial_process.become_trial_process(study_pid, start_method)
     try:

@@ -1,5 +1,5 @@
 """What runs a study's training under each isolation mode (`isolation`: process, warm, none): its
-trials, and the measurements of its systems (the probes' and the throughput phase's)."""
+trials, and the measurements of its systems probe."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from autotune.runners import isolation, warm
 from autotune.train.tasks import Task
 
-# A measurement (a group of the throughput phase, a stage of the joint probe) may take this many
+# A measurement (a stage of the systems probe) may take this many
 # trials' wall-clock limit before it is killed as hung.
 MEASURE_HANG_FACTOR = 4
 
@@ -21,8 +21,7 @@ class Runners:
     first trial."""
 
     run_trial: isolation.RunTrial  # the study's trials and its confirmation
-    measure: isolation.Measure  # the joint probe's and the throughput phase's measurements
-    probe_trial: isolation.RunTrial  # the systems probe's short runs
+    measure: isolation.Measure  # the systems probe's measurements
     end_measuring: Callable[[], None]
 
 
@@ -53,14 +52,14 @@ def for_mode(
         # trial whose memory must go back before the next. Replacing it is no news to a user.
         measuring = kept(notice=None)
         fresh = isolation.in_child(task_name, study_path=study_path, hang_after=trial_timeout)
-        return Runners(fresh, measuring.measure, measuring.run_trial, measuring.close)
+        return Runners(fresh, measuring.measure, measuring.close)
     if mode == "warm":
         # Its child is replaced once the systems are measured, as the process mode's is: what the
         # measurements left in it (cuDNN's algorithms, compiled kernels) is no trial's to find.
         trials = kept(notice)
-        return Runners(trials.run_trial, trials.measure, trials.run_trial, trials.close)
+        return Runners(trials.run_trial, trials.measure, trials.close)
     run_trial = isolation.in_process(task)
-    return Runners(run_trial, isolation.measure_in_process(task), run_trial, _nothing)
+    return Runners(run_trial, isolation.measure_in_process(task), _nothing)
 
 
 def _nothing() -> None:

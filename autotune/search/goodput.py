@@ -5,8 +5,8 @@ A configuration's knobs fall in two groups. The maths (lr, schedule, effective b
 and the micro-batch itself where the model has BatchNorm) decides how many samples a run needs to
 reach the target; the systems settings (how the effective batch splits into micro-batches, the
 loader, memory format, compilation, cuDNN's search) decide how fast this machine trains them and
-nothing else. The joint probe's figures (study/roofline_probe.py), or a throughput phase of
-its own (train/throughput.py), time the systems settings into a `Table`; a trial trains its
+nothing else. The joint probe's figures (study/roofline_probe.py) time the systems settings into
+a `Table`; a trial trains its
 maths once per seed, and its time is
 
     fixed seconds + samples to target / samples per second
@@ -35,7 +35,6 @@ from autotune.search.space import (
     Choices,
     Range,
     Space,
-    formats_for,
     loader_of,
 )
 
@@ -114,39 +113,6 @@ def measured_batches(space: Space) -> list[int]:
     return values_of(space["batch_size"], most=MAX_MEASURED_BATCHES)
 
 
-def loader_setting(space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
-    """The loader setting the phase measures at: the one the space fixes (the probe settles it),
-    else the baseline's."""
-    fixed = space.fixed()
-    setting = {k: fixed.get(k, v) for k, v in loader_of(baseline).items()}
-    if setting["num_workers"] == 0:
-        setting["prefetch_factor"] = None
-    elif setting["prefetch_factor"] is None:
-        setting["prefetch_factor"] = values_of(space["prefetch_factor"])[0]
-    return setting
-
-
-def settings_to_measure(
-    space: Space,
-    baseline: Mapping[str, Any],
-    *,
-    precisions: Sequence[str] | None = None,
-    batches: Iterable[int] | None = None,
-) -> list[dict[str, Any]]:
-    """The systems settings the throughput phase measures: every micro-batch (`batches`, else
-    the space's) x precision (`precisions`, else the space's) x format choice, at one loader
-    setting; in increasing micro-batch, so that one that runs out of memory rules out the larger."""
-    loader = loader_setting(space, baseline)
-    batches = sorted(set(batches if batches is not None else measured_batches(space)))
-    precisions = list(precisions if precisions is not None else space["precision"].values)
-    return [
-        {"batch_size": b, "precision": p, **loader, **f}
-        for p in precisions
-        for f in formats_for(space, p)
-        for b in batches
-    ]
-
-
 def splits(
     effective: int, space: Space, *, micro_batch: int | None = None
 ) -> list[tuple[int, int]]:
@@ -178,7 +144,7 @@ def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | 
 
 
 class Table:
-    """The throughput phase's measurements, and the fastest way to train a configuration's maths."""
+    """Systems settings' measured speeds, and the fastest way to train a configuration's maths."""
 
     def __init__(self, entries: Iterable[Entry], *, batch_norm: bool) -> None:
         self.entries = list(entries)
@@ -272,7 +238,8 @@ class Table:
 
 
 def describe(phase: Mapping[str, Any]) -> str:
-    """One line for the report: what the phase measured and what it cost."""
+    """One line for the report: what the table times (and, measured apart by an earlier engine,
+    what it cost)."""
     table = Table.from_json(phase["table"])
     measured = [e for e in table.entries if e.speed is not None]
     fastest = max(measured, key=lambda e: e.speed.samples_per_second, default=None)
@@ -292,8 +259,12 @@ def describe(phase: Mapping[str, Any]) -> str:
         parts.append(f"{phase['kept_measurements']} of its measurements kept from a run cut short")
     # from the joint probe: its own line says what it measured, and beside what load
     if phase.get("from_probe"):
-        return "Throughput from the joint probe's rates (no phase of its own): " + "; ".join(parts)
-    return f"Throughput phase ({phase['seconds']:.1f} s): " + "; ".join(parts) + load_note(phase)
+        return "Trials timed from the probe's table: " + "; ".join(parts)
+    return (
+        f"Throughput table measured apart ({phase['seconds']:.1f} s): "
+        + "; ".join(parts)
+        + load_note(phase)
+    )
 
 
 def format_key(settings: Mapping[str, Any]) -> tuple[Any, ...]:

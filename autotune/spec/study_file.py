@@ -28,8 +28,8 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 # that reaches the target, its time is the time to get there. fixed_schedule (airbench): a run
 # always trains its whole schedule, its time is the schedule's, and it is feasible when the mean
 # final metric over its seeds reaches the target. goodput: a run stops at the target, as under
-# time_to_target, and its time is predicted from the samples it needed and the throughput phase's
-# fastest systems setting for its maths. systems_only: the baseline's maths, only the systems
+# time_to_target, and its time is predicted from the samples it needed and the fastest systems
+# setting for its maths in the probe's table. systems_only: the baseline's maths, only the systems
 # settings searched. study/objective.py and search/goodput.py hold the rules.
 TIME_TO_TARGET, FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY = (
     "time_to_target",
@@ -57,9 +57,8 @@ class StudySpec:
     isolation: str
     # stop a trial once its training clock passes the best time to target; none
     prune: str = "incumbent"
-    # joint: loader knobs and precision together from rates measured apart
-    # (study/roofline_probe.py); systems: the loader knobs, then precision, by short runs
-    # (search/probe.py); none
+    # joint: the systems settings chosen together from rates measured apart, before the trials
+    # (study/roofline_probe.py); none
     probe: str = "joint"
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
@@ -93,7 +92,9 @@ TOP_KEYS = (
 MAX_DEVICES_PER_TRIAL = 64
 REPLICATES_DEFAULT = {TIME_TO_TARGET: 1, FIXED_SCHEDULE: 2, GOODPUT: 1, SYSTEMS_ONLY: 1}
 PRUNE_MODES = ("none", "incumbent")
-PROBE_MODES = ("systems", "joint", "none")
+PROBE_MODES = ("joint", "none")
+# an earlier engine's name, still read in the study files that name it: the joint probe measures
+OLD_PROBE = "systems"
 # the path of a study given to autotune.tune(): there is no file
 PYTHON_API = Path("autotune.tune()")
 # Every seed a study derives from its own (trials', the sampler's, the confirmation's) fits the
@@ -149,8 +150,7 @@ MODES = {
         PROBE_MODES,
         "joint",
         "joint (choose DataLoader settings, precision and memory format together from the "
-        "loader's and the compute's rates, measured apart), systems (settle the DataLoader "
-        "settings, then precision, by short runs before the search) or none",
+        "loader's and the compute's rates, measured apart) or none",
     ),
     "first_trial": (
         FIRST_TRIAL_MODES,
@@ -176,6 +176,8 @@ MODES = {
 def _mode(path: Path, raw: Mapping[str, Any], key: str, *, given: str | None = None) -> str:
     choices, default, meaning = MODES[key]
     value = given if given is not None else raw.get(key, default)
+    if key == "probe" and value == OLD_PROBE:
+        return "joint"
     require(path, key, value, value in choices, meaning)
     return value
 
@@ -214,8 +216,14 @@ def from_mapping(
         high=MAX_DEVICES_PER_TRIAL,
         what=": the devices (one process each) a trial trains on",
     )
-    if devices_per_trial > 1 and "probe" not in raw:
-        probe = "systems"  # the joint probe measures rates on one device
+    if objective in (GOODPUT, SYSTEMS_ONLY) and probe == "none":
+        require(
+            path,
+            "probe",
+            probe,
+            False,
+            f"joint with objective: {objective}, whose trials are timed from the probe's table",
+        )
     storage = storage_url(path, storage if storage is not None else raw.get("storage"))
 
     budget = sections.budget(path, raw.get("budget", {}))

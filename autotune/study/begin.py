@@ -1,39 +1,34 @@
 """Beginning a run, by the one process that holds a local file's lock, before any worker starts:
-store the study's definition, recover what a killed run left, measure the systems (the probe,
-the throughput phase) where the study has not yet, settle the run's plan, and queue a new
-study's first trials.
+store the study's definition, recover what a killed run left, measure the systems (the probe, and
+from it a goodput study's table) where the study has not yet, settle the run's plan, and queue a
+new study's first trials.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
 import optuna
 
-from autotune import progress, signals
-from autotune.record import definition, schema, seeds
-from autotune.runners import isolation
-from autotune.search import prior, probe, roofline
+from autotune import progress
+from autotune.record import definition, schema
+from autotune.search import prior, probe
 from autotune.search.replay import sampled_values
-from autotune.search.space import KNOBS, Space, complete
+from autotune.search.space import KNOBS, Space
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import (
+    goodput_plan,
     probe_claim,
     probe_memo,
     recovery,
     roofline_probe,
     run_plan,
     storage,
-    throughput_phase,
 )
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
-from autotune.train import telemetry
-from autotune.train.config import Limits, TrialConfig
-from autotune.train.measure import other_load
 from autotune.train.tasks import reference
 
 
@@ -55,10 +50,10 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     if local:
         _recover(study)
     try:
-        due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
+        due = _probe_due(spec, prepared, study)
         while due and not local:  # another machine may be measuring them: wait for its figures
             probe_claim.wait_for_another(study)
-            due = _probe_due(spec, prepared, study) or throughput_phase.due(spec, study)
+            due = _probe_due(spec, prepared, study)
             if not due or probe_claim.claim(study):
                 break
         with probe_claim.marked(study) if due and not local else contextlib.nullcontext():
@@ -80,14 +75,10 @@ def _measure_systems(
     spec: StudySpec, prepared: Prepared, study: optuna.Study
 ) -> tuple[dict[str, Any] | None, Prepared]:
     """The stored probe (measured here where it is due) and `prepared` as it settles the space,
-    with the throughput phase's table stored where the objective needs one."""
+    with the table a goodput study's trials are timed by stored from it."""
     if _probe_due(spec, prepared, study):
         memo = probe_memo.Memo(study)  # what a run cut short measured of it
-        outcome = (
-            roofline_probe.run(spec, prepared, memo)
-            if spec.probe == "joint"
-            else run_probe(spec, prepared, memo)
-        )
+        outcome = roofline_probe.run(spec, prepared, memo)
         if schema.probe(study.user_attrs) is None:
             schema.record_probe(study, outcome)
             progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
@@ -95,7 +86,7 @@ def _measure_systems(
             progress.say(storage.FIRST_STORED.format(what="systems probe"))
     stored = schema.probe(study.user_attrs)  # as every later run reads it
     probed = run_plan.with_probe(spec, prepared, stored)
-    throughput_phase.ensure_phase(spec, prepared, study, probed.space)
+    goodput_plan.ensure_table(spec, prepared, study)
     return stored, probed
 
 
@@ -118,11 +109,13 @@ def _recover(study: optuna.Study) -> None:
 
 
 def _probe_due(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> bool:
+    """Whether the probe runs: a study that has none stored, whose task autotune trains on one
+    device, with a choice of settings to make or a goodput table to time."""
     return (
         spec.probe != "none"
         and schema.probe(study.user_attrs) is None
-        and prepared.task is not None
-        and probe.worth_probing(prepared.space)
+        and prepared.measure is not None
+        and (probe.worth_probing(prepared.space) or goodput_plan.due(spec, study))
     )
 
 
@@ -133,7 +126,7 @@ def _enqueue_first(spec: StudySpec, plan: RunPlan, study: optuna.Study) -> None:
     # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
     baseline = plan.prepared.baseline
     if plan.goodput is not None:
-        baseline = {**baseline, **throughput_phase.chosen_systems(plan.space)}
+        baseline = {**baseline, **goodput_plan.chosen_systems(plan.space)}
     enqueue_baseline(study, plan.space, baseline)
 
 
@@ -160,56 +153,3 @@ def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, tria
     ):
         # a run beginning the same study on another machine may have queued them a moment ago
         study.enqueue_trial(params, user_attrs=schema.queue_mark(schema.PRIOR), skip_if_exists=True)
-
-
-def run_probe(
-    spec: StudySpec, prepared: Prepared, memo: probe_memo.Memo | None = None
-) -> dict[str, Any]:
-    """The systems probe (probe.py) with short runs of the study's task on a seed of its own.
-    `memo`: the runs an earlier run of this probe kept, and where to keep new ones."""
-    epochs = min(probe.PROBE_EPOCHS, spec.budget.max_epochs)
-    limits = Limits(
-        target=math.inf, max_epochs=epochs, max_seconds=spec.budget.max_seconds, eval_every=epochs
-    )
-    memo = memo or probe_memo.Memo()
-    run_trial = prepared.probe_trial or prepared.run_trial
-    peaks: list[int | None] = []  # each run's peak memory; None: it failed
-
-    def short_run(_: str, config: dict[str, Any], limits: Limits, **where: Any) -> list:
-        """[training seconds, peak memory] of one short run; [inf, None] where it failed."""
-        try:
-            result = run_trial(TrialConfig.from_mapping(complete(config)), limits=limits, **where)
-        except isolation.TrialFailure:
-            return [math.inf, None]
-        return [result.train_seconds, result.peak_memory_bytes]
-
-    def measure(config: dict[str, Any]) -> float:
-        signals.check()
-        where = {"device": prepared.device, "seed": seeds.for_probe(spec.seed)}
-        seconds, peak = memo.measured(short_run, "systems probe run", config, limits, **where)
-        peaks.append(peak)
-        bar.update(1 if math.isfinite(seconds) else 0)
-        return seconds
-
-    with (
-        progress.bar("systems probe", unit="run", leave=False) as bar,
-        signals.interruptible(),
-        other_load() as load,
-    ):
-        outcome = probe.run(
-            measure,
-            prepared.space,
-            prepared.baseline,
-            samples=int(epochs * len(prepared.task.train)),
-        )
-    # every run at most the probe's batch, any precision: the hungriest decides (roofline's rule)
-    memory = roofline.checkpointing_fit(
-        prepared.space,
-        peaks,
-        batch=outcome["batch_size"],
-        device_bytes=telemetry.memory_bytes(prepared.device),
-    )
-    if memory is not None:
-        outcome["checkpointing"] = memory
-        outcome["fixed"] = {"checkpointing": False} if memory["fits"] else {}
-    return {**outcome, **memo.counted(), **load.record()}

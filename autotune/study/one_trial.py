@@ -23,9 +23,9 @@ from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
 from autotune.study import (
     chosen_setting,
+    goodput_plan,
     recovery,
     storage,
-    throughput_phase,
     told_trials,
     trial_runs,
     workers,
@@ -50,7 +50,7 @@ class Policy:
     objective: objectives.Objective = objectives.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
     # goodput: how a trial's maths trains, and its time from its samples
-    plan: throughput_phase.Plan | None = None
+    plan: goodput_plan.Plan | None = None
     # the task's training set, where autotune trains it: no effective batch may exceed it
     train_samples: int | None = None
     devices: int = 1  # a trial's processes, one micro-batch each per forward pass
@@ -113,8 +113,8 @@ def run_one(
             return
         if trained is None:
             failure = isolation.TrialFailure(
-                "out of memory: every systems setting that trains this configuration's "
-                "maths ran out of memory where its throughput was measured",
+                "out of memory: no systems setting in the probe's table trains this "
+                "configuration's maths (each ran out of memory, or was not timed)",
                 oom=True,
             )
             _tell_failure(study, trial, failure, policy, before)

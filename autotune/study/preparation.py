@@ -43,9 +43,8 @@ class Prepared:
     isolation: str  # process, warm or none, as resolved for the device
     run_trial: isolation.RunTrial  # trains one configuration, here or in a child process
     knobs: tuple[str, ...] = tuple(KNOBS)  # the knobs its training reads; reports show only these
-    # the throughput phase and the probe's rates, where the task is autotune's to train
+    # the probe's measurements, where the task is autotune's to train on one device
     measure: isolation.Measure | None = None
-    probe_trial: isolation.RunTrial | None = None  # the systems probe's short runs; None: run_trial
     end_measuring: Callable[[], None] | None = None  # once measuring is done, before any trial
     batch_norm: bool = False  # the task's model has BatchNorm: its micro-batch is part of the maths
 
@@ -139,7 +138,6 @@ def prepare(
         isolation=mode,
         run_trial=runners.run_trial,
         measure=runners.measure,
-        probe_trial=runners.probe_trial,
         end_measuring=runners.end_measuring,
         batch_norm=spec.objective in (GOODPUT, SYSTEMS_ONLY) and _has_batch_norm(task, baseline),
     )
@@ -162,11 +160,9 @@ def _check_devices_per_trial(
         )
     elif spec.objective in (GOODPUT, SYSTEMS_ONLY):
         refusal = (
-            f"1 with objective: {spec.objective}, whose throughput phase measures one device; "
-            "time_to_target or fixed_schedule train on several"
+            f"1 with objective: {spec.objective}, whose trials are timed from the probe's "
+            "table, measured on one device; time_to_target or fixed_schedule train on several"
         )
-    elif spec.probe == "joint":
-        refusal = "1 with probe: joint, which measures rates on one device; systems or none"
     elif device.type == "cuda":
         count = torch.cuda.device_count()
         first = device.index or 0
@@ -183,12 +179,18 @@ def _check_devices_per_trial(
         )
     if refusal is not None:
         raise SpecError(spec.path, "devices_per_trial", devices, refusal)
+    notices = []
+    if spec.probe != "none" and not isinstance(spec.task, CommandTask):
+        notices.append(
+            f"the systems probe measures one device, so it does not run for trials on {devices}: "
+            "the search samples the DataLoader settings and precision itself"
+        )
     if spec.isolation in ("warm", "none") and not isinstance(spec.task, CommandTask):
-        return [
+        notices.append(
             f"isolation: {spec.isolation} does not apply: a trial on {devices} devices runs in "
             f"{devices} fresh child processes"
-        ]
-    return []
+        )
+    return notices
 
 
 def _command_trial(spec: StudySpec) -> isolation.RunTrial:

@@ -1,4 +1,4 @@
-"""One measurement of a study's systems (its probe, its throughput phase) where several machines
+"""One measurement of a study's systems (its probe) where several machines
 begin it on a database server: the run that measures marks the study with its worker (host:pid)
 and renews the mark every heartbeat; a run that finds a live mark waits for those figures instead
 of measuring the same (minutes of GPU on each machine). Two runs that find no mark in the same

@@ -24,10 +24,10 @@ loader makes more workers look useless. Here instead:
 4. the chosen setting is measured again at the other micro-batches a trial may train
    (chosen_setting.at_batches), under goodput each narrower precision kept too. Under goodput
    and systems_only these figures are the table their trials are timed by
-   (throughput_phase.from_probe): no throughput phase of its own. Under systems_only the probe
+   (goodput_plan.from_probe). Under systems_only the probe
    chooses at the baseline's precision, the one its trials keep.
 
-The outcome keeps the greedy probe's keys (`loader`, `precisions`, ...) for probe.restrict, and
+The outcome keeps the keys probe.restrict reads (`loader`, `precisions`, `fixed`, ...), and
 adds both rates, predicted beside measured, the bottleneck and the limit. Each measurement is
 kept in the study as it ends (study/probe_memo.py): a probe cut short goes on from there.
 """
@@ -45,7 +45,7 @@ from autotune.search import end_to_end, probe, roofline, roofline_text
 from autotune.search.roofline_figures import set_bytes, start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
-from autotune.study import budget, chosen_setting, rates_apart, throughput_phase
+from autotune.study import budget, chosen_setting, goodput_plan, rates_apart
 from autotune.study.preparation import Prepared
 from autotune.study.probe_memo import Memo
 from autotune.train import telemetry, throughput
@@ -64,7 +64,7 @@ def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[s
     """Measure, predict, check end to end and choose; the outcome as plain JSON values. `memo`:
     the measurements an earlier run of this probe kept, and where to keep new ones."""
     assert prepared.task is not None and prepared.measure is not None, "the probe trains its task"
-    space = throughput_phase.probe_space(
+    space = goodput_plan.probe_space(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     prepared = dataclasses.replace(prepared, space=space)
@@ -284,7 +284,7 @@ def _at_batches(
     """The chosen setting measured at every other micro-batch a trial may train; under goodput
     each other precision kept at every batch, a trial's table of its own."""
     spec, prepared = probing.spec, probing.prepared
-    batches = throughput_phase.table_batches(
+    batches = goodput_plan.table_batches(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     # a goodput trial trains its maths at any precision kept: each one's table of its own

@@ -48,7 +48,7 @@ def run_sequence(
     handling and the runner's lock, take the study as it began, check it is unchanged, say the
     notices, run the trials (here, or `run_trials`: the workers of --workers, given the study
     with what is left of its timeout), confirm the best. budget.timeout counts from here: the
-    probe and the throughput phase spend it too.
+    probe spends it too.
 
     A signal ends it with `signals.Stopped` (a KeyboardInterrupt) once every trial this process
     was running is marked interrupted and queued again; the caller says so and how to go on.

@@ -2,8 +2,9 @@
 
 `preparation.prepare` fits the study file to the device and checks it before the storage is
 touched. Against the stored study, the plan then takes the study as it began (knobs it began
-without stay out), checks the file is unchanged, and takes the space the stored systems probe and
-the throughput phase left. The result is frozen: nothing narrows the space after it.
+without stay out), checks the file is unchanged, and takes the space the stored systems probe
+left (and a goodput study's table, its plan). The result is frozen: nothing narrows the space
+after it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from autotune.record import definition, schema
 from autotune.search import probe
 from autotune.search.space import KNOBS, Space, absent_domain
 from autotune.spec.study_file import StudySpec, options
-from autotune.study import throughput_phase
+from autotune.study import goodput_plan
 from autotune.study.preparation import Prepared
 
 
@@ -26,16 +27,14 @@ class RunPlan:
     """The run's settled plan."""
 
     prepared: Prepared  # the task, device, runner and baseline; its space as the study began
-    space: (
-        Space  # what the trials sample: as begun, then as the probe and the throughput plan left it
-    )
-    goodput: throughput_phase.Plan | None  # how a goodput trial trains its maths; None otherwise
+    space: Space  # what the trials sample: as begun, then as the probe and the goodput plan left it
+    goodput: goodput_plan.Plan | None  # how a goodput trial trains its maths; None otherwise
     # the joint probe's outcome where the trials train at its setting (not under goodput)
     probe: dict | None = None
 
 
 def settle(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
-    """The plan from what the study stored: its probe's outcome and its throughput phase."""
+    """The plan from what the study stored: its probe's outcome and a goodput study's table."""
     outcome = schema.probe(study.user_attrs)
     return planned(spec, with_probe(spec, prepared, outcome), study, outcome)
 
@@ -50,9 +49,9 @@ def with_probe(spec: StudySpec, prepared: Prepared, outcome: dict | None) -> Pre
 def planned(
     spec: StudySpec, probed: Prepared, study: optuna.Study, outcome: dict | None
 ) -> RunPlan:
-    """The plan of a study whose probe's `outcome` (if any) has settled `probed`: the throughput
-    phase's table decides the systems knobs of a goodput study."""
-    goodput, space = throughput_phase.plan_for(spec, probed, study, probed.space)
+    """The plan of a study whose probe's `outcome` (if any) has settled `probed`: the table
+    decides the systems knobs of a goodput study."""
+    goodput, space = goodput_plan.plan_for(spec, probed, study, probed.space)
     joint = (outcome or {}).get("kind") == "joint" and spec.probe == "joint" and goodput is None
     return RunPlan(prepared=probed, space=space, goodput=goodput, probe=outcome if joint else None)
 

@@ -14,7 +14,7 @@ import optuna
 from autotune.record import runs, schema
 from autotune.search import goodput
 from autotune.search.space import complete
-from autotune.study.throughput_phase import Plan
+from autotune.study.goodput_plan import Plan
 
 
 def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenTrial) -> int:

@@ -91,8 +91,8 @@ class OtherLoad:
 
 @contextlib.contextmanager
 def other_load() -> Iterator[OtherLoad]:
-    """Measure OtherLoad over the block. Systems measurements (the probe, the throughput phase)
-    record it: a choice made while another job used the cores is that load's choice."""
+    """Measure OtherLoad over the block. Systems measurements (the probe) and trials record it: a
+    choice made while another job used the cores is that load's choice."""
     load = OtherLoad()
     busy, own, started = _busy_seconds(), _own_seconds(), time.perf_counter()
     try:

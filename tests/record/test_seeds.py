@@ -16,7 +16,6 @@ def test_no_two_runs_of_a_study_share_a_seed() -> None:
     others = [
         *seeds.fresh(study_seed, confirmation_runs),
         seeds.for_probe(study_seed),
-        seeds.for_throughput(study_seed),
     ]
     every = trial_runs + others
     assert len(set(every)) == len(every)
@@ -31,7 +30,7 @@ def test_the_scheme_keeps_the_seeds_stored_studies_ran_on() -> None:
     assert seeds.for_trial(3, 12) == 300_012
     assert seeds.replicates(300_012, 2) == [300_012, 300_012 + 10**12]
     assert seeds.fresh(3, 2) == [350_000, 350_001]
-    assert seeds.for_probe(3) == 390_000 and seeds.for_throughput(3) == 395_000
+    assert seeds.for_probe(3) == 390_000
 
 
 def test_paired_trials_share_their_seeds_and_others_do_not() -> None:

@@ -1,6 +1,6 @@
 """`autotune report --tensorboard DIR` writes the systems probe's measurements under DIR/probe:
 each measured setting a run with its figures, and a text summary; read back here with
-tensorboard's own reader from studies run with `probe: joint` and `probe: systems`."""
+tensorboard's own reader, from studies the joint probe measured and one an earlier engine stored."""
 
 from __future__ import annotations
 
@@ -139,16 +139,20 @@ def test_the_joint_probe_s_rates_and_checks_read_back_one_run_per_setting(
     )
 
 
-def test_the_greedy_probe_s_runs_read_back_in_the_order_they_ran(tmp_path: Path) -> None:
-    folder, outcome = probed(tmp_path, "systems")
-    seconds = figures(folder / "runs", "probe/run_seconds")
+def test_a_study_stored_by_the_earlier_engine_writes_its_runs_in_the_order_they_ran(
+    tmp_path: Path,
+) -> None:
+    """A probe stored by the earlier engine (short runs, one knob at a time) still reads back."""
+    from autotune.report import tensorboard_probe
+    from tests.search.test_probe import STORED
+
+    assert tensorboard_probe.write(tmp_path, STORED, protected=[]) == 4
+    seconds = figures(tmp_path / "probe" / "runs", "probe/run_seconds")
     points = sorted(point for run in seconds.values() for point in run)
-    assert [step for step, _ in points] == list(range(1, len(outcome["runs"]) + 1))
-    assert [value for _, value in points] == pytest.approx(
-        [r["seconds"] for r in outcome["runs"]], rel=1e-6
-    )
-    assert "num_workers=1,prefetch_factor=2,precision=fp32" in seconds
-    text = summary(folder)
-    assert text.startswith("Systems probe (")
-    head = "| run | data_on_device | num_workers | prefetch_factor | pin_memory | precision |"
-    assert head + " seconds |" in text
+    # the run that never finished has no figure; the others at their place in the order
+    assert [step for step, _ in points] == [1, 2, 3]
+    assert [value for _, value in points] == pytest.approx([1.0, 0.8, 0.7], rel=1e-6)
+    assert "num_workers=1,prefetch_factor=2" in seconds
+    text = summary(tmp_path / "probe")
+    assert text.startswith("Systems probe (4 short runs at batch 128")
+    assert "| run | num_workers | prefetch_factor | pin_memory | seconds |" in text

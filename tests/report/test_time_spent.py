@@ -43,7 +43,7 @@ def test_each_part_is_its_wall_time_and_the_trials_are_split_into_training_and_t
     spent = time_spent.of_study([*trials, waiting, killed], attrs)
     assert spent == {
         "probe": 70.0,
-        "throughput_phase": None,
+        "throughput_table": None,
         "trials": 15.0,
         "confirmation": 80.0,
         "trial_count": 2,

@@ -17,9 +17,7 @@ import yaml
 
 from autotune.cli import main
 from autotune.search import end_to_end, roofline, roofline_figures, roofline_text, screening
-from autotune.search.probe import describe as probe_describe
 from autotune.search.probe import loader_settings
-from autotune.search.probe import restrict as probe_restrict
 from autotune.search.space import Choices, Space, complete
 from autotune.train import first_steps, rates, throughput
 from autotune.train.config import TrialConfig
@@ -348,17 +346,14 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On the paced task the loader chosen at fp32 stops at two workers; together, bf16 with
+    """On the paced task a loader chosen at fp32 would stop at two workers; together, bf16 with
     four."""
     # trials of up to 4 epochs: four workers start later than two, and over a run of one epoch
     # a slow start on a loaded machine could outweigh their faster rate
-    for probe in ("systems", "joint"):
-        path = write_study(tmp_path, probe=probe, max_epochs=4)
-        assert main(["run", str(path), "--quiet"]) == 0
+    path = write_study(tmp_path, probe="joint", max_epochs=4)
+    assert main(["run", str(path), "--quiet"]) == 0
     out = capsys.readouterr().out
-    greedy = load(tmp_path / "systems.yaml").user_attrs["probe"]
     joint = load(tmp_path / "joint.yaml").user_attrs["probe"]
-    assert greedy["loader"]["num_workers"] == 2
     assert joint["loader"]["num_workers"] == 4 and joint["precisions"] == ["bf16"]
     assert joint["chosen"]["bottleneck"] == "compute" and joint["limit"]["num_workers"] == 4
     chosen = joint["chosen"]
@@ -1144,40 +1139,6 @@ def test_a_loader_whose_windows_never_agree_is_timed_a_bounded_number_of_windows
     assert rate["w1"].spread > throughput.MAX_SPREAD and rate["w1"].samples_per_second > 0
 
 
-def test_the_systems_probe_fixes_checkpointing_off_where_its_runs_peaks_leave_room(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The greedy probe's short runs report their peak memory (on a CPU, the process's): against
-    the device's memory, scaled to the space's largest micro-batch, it fixes a checkpointing
-    choice off, or leaves it and says why."""
-    from autotune.search.space import Choices
-    from autotune.spec import study_file
-    from autotune.study import begin, preparation
-    from autotune.train import telemetry
-
-    spec = study_file.load(write_study(tmp_path, probe="systems"))
-    prepared = preparation.prepare(spec)
-    # a CPU fixes the choice before any probe: here it is left open, as on a GPU
-    open_choice = dataclasses.replace(
-        prepared, space=prepared.space.replace("checkpointing", Choices((False, True)))
-    )
-    monkeypatch.setattr(telemetry, "memory_bytes", lambda device: 2**50)
-    roomy = begin.run_probe(spec, open_choice)
-    assert roomy["fixed"] == {"checkpointing": False} and roomy["checkpointing"]["fits"]
-    assert roomy["checkpointing"]["largest_batch"] == 128
-    assert "Activation checkpointing fixed off: the largest micro-batch (128)" in probe_describe(
-        roomy
-    )
-    space = probe_restrict(open_choice.space, roomy)
-    assert space["checkpointing"].values == (False,)
-
-    monkeypatch.setattr(telemetry, "memory_bytes", lambda device: 2**20)  # 1 MiB
-    tight = begin.run_probe(spec, open_choice)
-    assert tight["fixed"] == {} and not tight["checkpointing"]["fits"]
-    assert probe_restrict(open_choice.space, tight)["checkpointing"].values == (False, True)
-    assert "Activation checkpointing stays in the search" in probe_describe(tight)
-
-
 def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1224,13 +1185,14 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     )
 
 
-@pytest.mark.parametrize("probe", ["joint", "systems"])
 def test_a_training_set_that_does_not_fit_on_the_device_is_left_out_by_the_probe(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], probe: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Its copy runs out of memory as the probe measures it: a result, not a failure. No trial
     keeps the set on the device, and the report says why."""
-    path = write_study(tmp_path, probe=probe, task="tests.tasks:too_large_for_the_device", trials=2)
+    path = write_study(
+        tmp_path, probe="joint", task="tests.tasks:too_large_for_the_device", trials=2
+    )
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(data_on_device=[True, False], num_workers=[0, 2], precision="fp32")
     raw["prune"] = "none"  # each trial trains to its end
@@ -1240,12 +1202,9 @@ def test_a_training_set_that_does_not_fit_on_the_device_is_left_out_by_the_probe
     study = load(path)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert not any(t.user_attrs["config"]["data_on_device"] for t in study.trials)
-    if probe == "joint":
-        on = [r for r in study.user_attrs["probe"]["loader_rates"] if r["data_on_device"]]
-        assert len(on) == 1 and on[0]["oom"] and "150.00 GiB" in on[0]["reason"]
-        assert "Out of memory as the probe measured it, so left out: data on the device (" in out
-    else:
-        assert "(data on the device: no run finished, out of memory or an error)" in out
+    on = [r for r in study.user_attrs["probe"]["loader_rates"] if r["data_on_device"]]
+    assert len(on) == 1 and on[0]["oom"] and "150.00 GiB" in on[0]["reason"]
+    assert "Out of memory as the probe measured it, so left out: data on the device (" in out
 
 
 def test_where_the_gather_on_the_device_far_outpaces_every_step_no_dataloader_is_measured(

@@ -16,7 +16,7 @@ import pytest
 from autotune.errors import SpecError
 from autotune.search.space import DEFAULT_BASELINE, KNOBS, Choices, Range
 from autotune.spec.sections import Budget, Confirm, Target
-from autotune.spec.study_file import StudySpec, load
+from autotune.spec.study_file import OLD_PROBE, StudySpec, load
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_ONLY = "target: {metric: accuracy, value: 0.97}\n"
@@ -1014,15 +1014,21 @@ def test_params_sit_beside_the_knobs_with_their_types(tmp_path: Path) -> None:
     assert baseline["optimizer"] == "adamw"  # given in the file
 
 
-def test_the_probe_is_joint_unless_a_trial_spans_devices_or_the_file_says(tmp_path: Path) -> None:
-    """The joint probe measures one device's rates: a trial on several gets the systems probe,
-    unless the file names one (the joint one there is refused when the study is prepared)."""
+def test_the_probe_is_joint_unless_the_file_says_and_goodput_needs_it(tmp_path: Path) -> None:
+    """One probe: `joint` by default, `none` where the file says; the name of an earlier engine
+    reads as the joint probe, so study files that name it still run. Goodput and systems_only
+    time their trials from the probe's table: without it they are refused, naming the key."""
     assert load(write(tmp_path, HEAD)).probe == "joint"
-    several = HEAD + "devices_per_trial: 2\n"
-    assert load(write(tmp_path, several, "several.yaml")).probe == "systems"
-    named = several + "probe: none\n"
-    assert load(write(tmp_path, named, "named.yaml")).probe == "none"
-    assert load(write(tmp_path, HEAD + "probe: systems\n", "systems.yaml")).probe == "systems"
+    assert load(write(tmp_path, HEAD + "probe: none\n", "named.yaml")).probe == "none"
+    earlier = HEAD + f"probe: {OLD_PROBE}\n"
+    assert load(write(tmp_path, earlier, "earlier.yaml")).probe == "joint"
+    for objective in ("goodput", "systems_only"):
+        with pytest.raises(SpecError) as raised:
+            load(write(tmp_path, HEAD + f"objective: {objective}\nprobe: none\n", "g.yaml"))
+        said = str(raised.value)
+        assert "probe" in said and "joint" in said and objective in said
+    with pytest.raises(SpecError, match="joint"):
+        load(write(tmp_path, HEAD + "probe: greedy\n", "bad.yaml"))
 
 
 def test_the_first_trials_come_from_the_prior_unless_the_file_says(tmp_path: Path) -> None:

@@ -126,21 +126,22 @@ def test_the_stored_definition_holds_the_devices_so_a_change_is_refused(tmp_path
     assert definition.changes(stored, current) == ["devices_per_trial: 2 -> 1"]
 
 
-@pytest.mark.parametrize(
-    ("more", "accepted"),
-    [
-        ({"objective": "goodput"}, "1 with objective: goodput, whose throughput phase"),
-        ({"probe": "joint"}, "1 with probe: joint, which measures rates on one device"),
-    ],
-)
-def test_what_measures_one_device_is_refused_on_several(
-    tmp_path: Path, more: dict[str, str], accepted: str
+def test_goodput_is_refused_on_several_devices_and_the_probe_is_off_with_one_notice(
+    tmp_path: Path,
 ) -> None:
-    spec = load_spec(on_devices(write_study(tmp_path), **more))
+    """The probe measures one device: goodput, whose trials are timed from its table, is refused;
+    otherwise the probe does not run, and one notice says so."""
+    spec = load_spec(on_devices(write_study(tmp_path), objective="goodput"))
     with pytest.raises(SpecError) as refused:
         preparation.prepare(spec)
     assert refused.value.key == "devices_per_trial" and refused.value.value == 2
-    assert accepted in str(refused.value)
+    assert "1 with objective: goodput, whose trials are timed from the probe's table" in str(
+        refused.value
+    )
+    prepared = preparation.prepare(load_spec(on_devices(write_study(tmp_path), probe="joint")))
+    assert prepared.measure is None  # nothing for the probe to measure with
+    [notice] = [n for n in prepared.notices if "probe" in n]
+    assert notice.startswith("the systems probe measures one device, so it does not run")
 
 
 def test_a_command_task_on_several_devices_runs_under_the_launcher(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The goodput search: a trial timed by the samples its maths needs and the fastest systems
-setting measured apart; the systems-only mode, which leaves the maths as the baseline's."""
+setting in the probe's table; the systems-only mode, which leaves the maths as the baseline's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import yaml
 
 from autotune.record import derived, objectives, schema
 from autotune.search import goodput
-from autotune.search.space import Choices, Space, complete
-from autotune.spec.study_file import SYSTEMS_ONLY
-from autotune.study import throughput_phase
+from autotune.search.roofline_figures import table_entries
+from autotune.search.space import LOADER_KNOBS, Choices, Space, complete, formats_for
+from autotune.study import goodput_plan
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
 from autotune.train.tasks import load_task
@@ -265,8 +265,12 @@ def test_systems_only_settings_leave_the_training_unchanged(
         "accumulation_steps": 2,
         "schedule_epochs": None,
     }
-    spec = type("Spec", (), {"objective": SYSTEMS_ONLY})()
-    wanted = throughput_phase.phase_settings(spec, space, baseline, batch_norm=batch_norm)
+    splits = goodput_plan.systems_only_splits(space, baseline, batch_norm=batch_norm)
+    wanted = [
+        {"batch_size": micro, "accumulation_steps": steps, **form}
+        for micro, steps in splits.items()
+        for form in formats_for(space, "fp32")
+    ]
     if batch_norm:
         assert {(s["batch_size"], s["accumulation_steps"]) for s in wanted} == {(32, 2)}
     else:
@@ -292,30 +296,29 @@ def test_systems_only_settings_leave_the_training_unchanged(
 def goodput_study(tmp_path: Path, objective_name: str, **extra: object) -> Path:
     path = write_study(tmp_path, trials=3, confirm={"top": 2, "runs": 1})
     study = yaml.safe_load(path.read_text())
-    study.update(objective=objective_name, probe="none", **extra)
+    study.update(objective=objective_name, **extra)
     study["space"]["accumulation_steps"] = [1, 2, 4]
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 
 
-def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fastest_setting(
+def test_a_goodput_study_is_timed_by_the_probe_s_table_and_names_each_trial_by_its_fastest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = goodput_study(tmp_path, "goodput", replicates=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["space"]["num_workers"] = [0, 2]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     study = load(path)
-    phase = schema.throughput(study.user_attrs)
-    table = goodput.Table.from_json(phase["table"])
+    outcome, stored = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
+    assert outcome["kind"] == "joint" and outcome["chosen"]["measured"]
+    assert stored["from_probe"] and stored["table"]["entries"] == table_entries(outcome)
+    table = goodput.Table.from_json(stored["table"])
+    # the chosen setting at every micro-batch of the space
     assert {e.settings["batch_size"] for e in table.entries} == {16, 32, 64} and all(
         e.speed for e in table.entries
-    )
-    # the load it ran beside (test_measure.py)
-    assert phase["cores"] >= 1 and phase["other_cores"] >= 0
-    noted = goodput.describe({**phase, "other_cores": 1.2})
-    assert (
-        noted.startswith(goodput.describe(phase).split(";")[0])
-        and f"kept 1.2 of {phase['cores']} cores busy" in noted
     )
     seeds = {t.user_attrs[schema.SEED] for t in study.trials}
     assert len(seeds) == 1  # paired: every trial's runs share their seeds
@@ -323,6 +326,7 @@ def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fa
     assert timed, "some trial reached the target"
     for trial in timed:
         predicted, config = schema.prediction(trial), schema.config(trial)
+        assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
         speed = goodput.Speed(predicted["samples_per_second"], predicted["fixed_seconds"])
         assert trial.value == pytest.approx(speed.seconds(predicted["samples_to_target"]))
         assert goodput.same_maths(config, predicted["trained"], batch_norm=False)
@@ -334,11 +338,11 @@ def test_a_goodput_study_measures_throughput_once_and_names_each_trial_by_its_fa
         and confirmation["predicted"]
     )
     # the confirmation sets the prediction beside the measurement
-    assert "; predicted " in out and "Throughput phase" in out
+    assert "; predicted " in out and "Trials timed from the probe's table: " in out
     # Run again with a larger budget: the stored table is used, not measured again.
     code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)
     assert code == 0, err
-    assert schema.throughput(load(path).user_attrs) == phase
+    assert schema.throughput(load(path).user_attrs) == stored
 
 
 def goodput_space(path: Path) -> Space:
@@ -353,9 +357,19 @@ def test_a_systems_only_study_trains_the_baselines_maths_once_and_tells_every_ot
     path = goodput_study(
         tmp_path, "systems_only", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2}
     )
+    raw = yaml.safe_load(path.read_text())
+    raw["space"].update(num_workers=[0, 2], precision=["fp32", "bf16"])
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     code, out, err = run_cli("run", str(path), capsys=capsys)
     assert code == 0, err
     study = load(path)
+    outcome, stored = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
+    # the probe chose at the baseline's precision, at a micro-batch that splits its batch of 64
+    assert {r["precision"] for r in outcome["compute_rates"]} == {"fp32"}
+    assert outcome["batch_size"] in (16, 32, 64) and outcome["precisions"] == ["fp32"]
+    assert stored["from_probe"]
+    table = goodput.Table.from_json(stored["table"])
+    assert sorted(e.settings["batch_size"] for e in table.entries) == [16, 32, 64]
     trained = [t for t in study.trials if "from_trial" not in (schema.prediction(t) or {})]
     told = [t for t in study.trials if "from_trial" in (schema.prediction(t) or {})]
     assert len(trained) == 1
@@ -365,15 +379,14 @@ def test_a_systems_only_study_trains_the_baselines_maths_once_and_tells_every_ot
         for t in [*trained, *told]
     }
     # every split of the baseline's 64 the space allows
-    assert splits == {
-        (16, 4),
-        (32, 2),
-        (64, 1),
-    }
+    assert splits == {(16, 4), (32, 2), (64, 1)}
     for trial in [*trained, *told]:
         config = schema.config(trial)
-        assert (config["lr"], config["batch_size"] * config["accumulation_steps"]) == (0.1, 64)
+        assert (config["lr"], config["precision"]) == (0.1, "fp32")
+        assert config["batch_size"] * config["accumulation_steps"] == 64
         assert schema.prediction(trial)["samples_to_target"] == samples
+    for trial in told:
+        assert {k: schema.config(trial)[k] for k in LOADER_KNOBS} == outcome["loader"]
     code, _, _ = run_cli("run", str(path), capsys=capsys)  # resumed: nothing new to tell
     assert code == 0 and len(load(path).trials) == len(study.trials)
 

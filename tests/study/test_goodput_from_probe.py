@@ -1,6 +1,6 @@
-"""Under goodput and systems_only with the joint probe, the table their trials are timed by is the
-probe's: its rates measured apart, checked end to end at its batch and measured again at every
-micro-batch a trial may train, with no throughput phase of its own."""
+"""Under goodput and systems_only, the table their trials are timed by is the probe's: its rates
+measured apart, checked end to end at its batch and measured again at every micro-batch a trial
+may train."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import pytest
 import torch
 import yaml
 
-from autotune.record import schema
 from autotune.search import goodput, roofline
 from autotune.search.roofline_figures import table_entries
 from autotune.search.space import LOADER_KNOBS, Choices
 from autotune.spec import study_file
-from autotune.study import chosen_setting, preparation, throughput_phase
+from autotune.study import chosen_setting, goodput_plan, preparation
 from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 from tests.study.test_goodput import goodput_study
@@ -102,8 +101,8 @@ def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> N
     few, _ = table.fastest(maths, space, samples=50_000)
     many, _ = table.fastest(maths, space, samples=2_000_000)
     assert (few["compile"], many["compile"]) == (False, True)
-    # the loader and formats a goodput study fixes are the probe's (throughput_phase.restrict)
-    restricted = throughput_phase.restrict(space, table).fixed()
+    # the loader and formats a goodput study fixes are the probe's (goodput_plan.restrict)
+    restricted = goodput_plan.restrict(space, table).fixed()
     assert {k: restricted[k] for k in LOADER_KNOBS} == LOADER
     assert restricted["compile"] is False
 
@@ -158,40 +157,31 @@ def goodput_space():
     return Space(domains=tuple((k, Choices(v)) for k, v in values.items()))
 
 
-def test_a_table_with_a_hole_is_left_to_a_phase_of_its_own() -> None:
-    """The probe's table stands in for a phase only where it times (or finds out of memory) every
-    micro-batch a trial may train at every precision it may train, with checkpointing as the
-    space fixes it: else trials would be pruned as out of memory for want of a figure."""
-    space = goodput_space().replace("compile", Choices((False,)))
-
-    def table(outcome: dict, *, precisions=("bf16", "fp32"), batches=(64, 128), at=space):
-        return throughput_phase.from_probe(
-            outcome, space=at, precisions=precisions, batches=batches, batch_norm=True
-        )
-
-    phase = table(probed())
-    assert phase is not None and phase["from_probe"] and "seconds" not in phase
-    assert phase["table"]["batch_norm"] is True
-    assert goodput.describe(phase).startswith(
-        "Throughput from the joint probe's rates (no phase of its own): 5 of 6 systems settings"
+def test_the_table_keeps_what_the_probe_timed_and_the_trials_sample_only_what_it_times() -> None:
+    """The table is the probe's figures as they are; a goodput study then samples only the
+    precisions it times (else a trial's maths would have no setting), with the loader and formats
+    fixed as the probe measured them. A probe that settled nothing gives no table."""
+    table = goodput_plan.from_probe(probed(), batch_norm=True)
+    assert table is not None and table["from_probe"] and "seconds" not in table
+    assert table["table"]["batch_norm"] is True
+    assert goodput.describe(table).startswith(
+        "Trials timed from the probe's table: 5 of 6 systems settings measured"
     )
-    # out of memory is a figure: bf16 at 512 has one, fp32 none
-    assert table(probed(), precisions=("bf16",), batches=(64, 128, 512)) is not None
-    assert table(probed(), batches=(64, 128, 512)) is None
-    # a probe that settled nothing
     unsettled = {**probed(), "chosen": None, "unsettled": "no setting ran end to end"}
-    assert table_entries(unsettled) == [] and table(unsettled) is None
-    # a precision trials train with no figure: one the probe stored before it measured every one,
-    # or the baseline's, which a systems_only probe stored before it chose at it left out
-    assert table({**probed(), "precision_batches": []}) is None
-    assert table(probed(), precisions=("fp16",)) is None
-    # a batch without a figure (its measurement failed, or stored before batches were measured)
-    failed = {**probed(), "batches": [{"batch_size": 64, "oom": False, "reason": "it crashed"}]}
-    assert table(failed, precisions=("bf16",)) is None
-    assert table(failed, precisions=("bf16",), batches=(128,)) is not None
-    # checkpointing left a choice, or fixed to what the probe did not measure
-    for values in ((False, True), (True,)):
-        assert table(probed(), at=space.replace("checkpointing", Choices(values))) is None
+    assert (
+        table_entries(unsettled) == []
+        and goodput_plan.from_probe(unsettled, batch_norm=False) is None
+    )
+    # an earlier engine's outcome measured no table
+    assert goodput_plan.from_probe({"loader": {}, "precisions": ["fp32"]}, batch_norm=False) is None
+    space = goodput_space().replace("precision", Choices(("fp32", "bf16", "fp16")))
+    only_bf16 = {**probed(), "precision_batches": []}
+    restricted = goodput_plan.restrict(
+        space,
+        goodput.Table.from_json(goodput_plan.from_probe(only_bf16, batch_norm=False)["table"]),
+    )
+    assert restricted["precision"].values == ("bf16",)
+    assert restricted.fixed()["checkpointing"] is False
 
 
 def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
@@ -238,66 +228,6 @@ def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
     assert own[0]["compute_rate"] > fp32[32]["compute_rate"]
 
 
-def test_a_goodput_study_with_the_joint_probe_is_timed_by_its_table(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = goodput_study(tmp_path, "goodput")
-    raw = yaml.safe_load(path.read_text())
-    raw["probe"] = "joint"
-    raw["space"]["num_workers"] = [0, 2]
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    code, out, err = run_cli("run", str(path), capsys=capsys)
-    assert code == 0, err
-    study = load(path)
-    outcome, phase = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
-    assert outcome["kind"] == "joint" and outcome["chosen"]["measured"]
-    assert phase["from_probe"] and "seconds" not in phase
-    assert phase["table"]["entries"] == table_entries(outcome)
-    table = goodput.Table.from_json(phase["table"])
-    # the chosen setting at every micro-batch of the space
-    assert {e.settings["batch_size"] for e in table.entries} == {16, 32, 64}
-    space = study_file.load(path).space
-    timed = [t for t in study.trials if schema.prediction(t) is not None]
-    assert timed, "some trial reached the target"
-    for trial in timed:
-        predicted, config = schema.prediction(trial), schema.config(trial)
-        assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
-        _, speed = table.fastest(config, space, samples=predicted["samples_to_target"])
-        assert trial.value == pytest.approx(speed.seconds(predicted["samples_to_target"]))
-    assert "Throughput from the joint probe's rates (no phase of its own)" in out
-
-
-def test_a_systems_only_study_with_the_joint_probe_chooses_at_the_baselines_maths(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = goodput_study(
-        tmp_path, "systems_only", baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2}
-    )
-    raw = yaml.safe_load(path.read_text())
-    raw["probe"] = "joint"
-    raw["space"].update(num_workers=[0, 2], precision=["fp32", "bf16"])
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    code, _, err = run_cli("run", str(path), capsys=capsys)
-    assert code == 0, err
-    study = load(path)
-    outcome, phase = schema.probe(study.user_attrs), schema.throughput(study.user_attrs)
-    # the baseline's precision only, at a micro-batch that splits its effective batch of 64
-    assert {r["precision"] for r in outcome["compute_rates"]} == {"fp32"}
-    assert outcome["batch_size"] in (16, 32, 64) and outcome["precisions"] == ["fp32"]
-    assert phase["from_probe"]
-    table = goodput.Table.from_json(phase["table"])
-    assert sorted(e.settings["batch_size"] for e in table.entries) == [16, 32, 64]
-    trials = [t for t in study.trials if schema.prediction(t) is not None]
-    splits = {
-        (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in trials
-    }
-    assert splits == {(16, 4), (32, 2), (64, 1)}
-    for trial in trials:
-        config = schema.config(trial)
-        assert (config["lr"], config["precision"]) == (0.1, "fp32")
-        assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
-
-
 def test_the_probe_space_under_systems_only_is_the_baselines_precision_and_splits(
     tmp_path: Path,
 ) -> None:
@@ -309,14 +239,14 @@ def test_the_probe_space_under_systems_only_is_the_baselines_precision_and_split
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     spec = study_file.load(path)
     prepared = preparation.prepare(spec)
-    space = throughput_phase.probe_space(spec, prepared.space, prepared.baseline, batch_norm=False)
+    space = goodput_plan.probe_space(spec, prepared.space, prepared.baseline, batch_norm=False)
     assert space["precision"].values == ("fp32",)
     assert space["batch_size"].values == (16, 32, 64)  # 128 does not split 64
-    with_batch_norm = throughput_phase.probe_space(
+    with_batch_norm = goodput_plan.probe_space(
         spec, prepared.space, prepared.baseline, batch_norm=True
     )
     assert with_batch_norm["batch_size"].values == (32,)
     other = dataclasses.replace(spec, objective="goodput")
-    assert throughput_phase.probe_space(
-        other, prepared.space, prepared.baseline, batch_norm=False
-    ) is (prepared.space)
+    assert goodput_plan.probe_space(other, prepared.space, prepared.baseline, batch_norm=False) is (
+        prepared.space
+    )

@@ -19,15 +19,13 @@ import yaml
 
 from autotune.cli import main
 from autotune.record import schema
-from autotune.search import goodput, roofline
-from autotune.search.probe import describe
+from autotune.search import roofline
 from autotune.search.space import Choices
 from autotune.spec import study_file
-from autotune.study import begin, preparation, probe_memo, roofline_probe, throughput_phase
+from autotune.study import preparation, probe_memo, roofline_probe
 from autotune.train import rates, throughput
 from autotune.train.rates import Rate
 from tests.search.test_roofline import load, write_study
-from tests.study.test_goodput import goodput_study
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,69 +207,6 @@ def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
         for seed in ("1", "2")
     }
     assert len(digests) == 1 and len(digests.pop().strip()) == 32
-
-
-def test_a_throughput_phase_cut_short_goes_on_from_its_last_measurement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ctrl-C during the phase's second measurement: the first is kept, the next run takes it."""
-    monkeypatch.chdir(REPO)
-    spec = study_file.load(goodput_study(tmp_path, "goodput"))
-    prepared = preparation.prepare(spec)
-    study = optuna.create_study()
-    measured = []
-
-    def measure(work, *args, **where):
-        if stop_at is not None and len(measured) == stop_at:
-            raise KeyboardInterrupt  # what Ctrl-C raises
-        measured.append(work)
-        return prepared.measure(work, *args, **where)
-
-    def phase() -> None:
-        throughput_phase.ensure_phase(
-            spec, dataclasses.replace(prepared, measure=measure), study, prepared.space
-        )
-
-    stop_at = 1
-    with pytest.raises(KeyboardInterrupt):
-        phase()
-    assert schema.throughput(study.user_attrs) is None and len(measured) == 1
-    assert len(schema.probe_so_far(study.user_attrs)) == 1
-    stop_at = None
-    phase()
-    stored = schema.throughput(study.user_attrs)
-    assert stored["kept_measurements"] == 1 and len(measured) >= 2  # the rest measured
-    assert "1 of its measurements kept from a run cut short" in goodput.describe(stored)
-    assert schema.probe_so_far(study.user_attrs) == {}
-
-
-def test_a_systems_probe_cut_short_goes_on_from_its_last_short_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ctrl-C during the greedy probe's third short run: the next run makes only those after it."""
-    monkeypatch.chdir(REPO)
-    spec = study_file.load(write_study(tmp_path, probe="systems"))
-    prepared = preparation.prepare(spec)
-    study, ran = _Study(), []
-
-    def run_trial(config, **kwargs):
-        if stop_at is not None and len(ran) == stop_at:
-            raise KeyboardInterrupt  # what Ctrl-C raises
-        ran.append(config)
-        return prepared.run_trial(config, **kwargs)
-
-    def probe() -> dict:
-        counted = dataclasses.replace(prepared, probe_trial=run_trial)
-        return begin.run_probe(spec, counted, probe_memo.Memo(study))
-
-    stop_at = 2
-    with pytest.raises(KeyboardInterrupt):
-        probe()
-    stop_at = None
-    outcome = probe()
-    assert outcome["kept_measurements"] == 2
-    assert len(ran) == len(outcome["runs"]) > 2  # each short run made once, over both runs
-    assert "; 2 of them kept from a run cut short" in describe(outcome)
 
 
 def test_a_kept_measurement_counts_the_seconds_it_took_and_the_compile_is_kept_as_the_rest(

@@ -17,7 +17,7 @@ from autotune.cli import main
 from autotune.record import schema
 from autotune.search.replay import sampled_values
 from autotune.search.space import Choices, Range, Space
-from autotune.study import begin, probe_claim, roofline_probe, storage, throughput_phase
+from autotune.study import begin, goodput_plan, probe_claim, roofline_probe, storage
 from tests.study.test_study import REPO
 
 # A study of the blobs task whose probe has one choice to make: the precision.
@@ -62,8 +62,8 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     def another_run_stores_its_table(tabulate):
         def tabulated(*args, **kwargs) -> dict | None:
             ours = tabulate(*args, **kwargs)
-            if ours is not None:  # None: the probe's rates do not make a table; it is measured
-                their_table.update(ours, seconds=12.5)  # another machine's, timed apart
+            if ours is not None:  # None: the probe's rates do not make a table
+                their_table.update(ours, seconds=12.5)  # another machine's
                 other = optuna.load_study(study_name="study", storage=postgres_url)
                 schema.record_throughput(other, their_table)
             return ours
@@ -71,12 +71,9 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
         return tabulated
 
     monkeypatch.setattr(roofline_probe, "run", measured_while_another_run_stored_its_own)
-    for tabulate in ("from_probe", "run_phase"):
-        monkeypatch.setattr(
-            throughput_phase,
-            tabulate,
-            another_run_stores_its_table(getattr(throughput_phase, tabulate)),
-        )
+    monkeypatch.setattr(
+        goodput_plan, "from_probe", another_run_stores_its_table(goodput_plan.from_probe)
+    )
 
     assert main(["run", str(path)]) == 0
     err = capsys.readouterr().err

@@ -139,7 +139,7 @@ def test_the_timeout_counts_from_the_runs_start_the_probe_included(
     study["space"].update(
         lr=0.1, scheduler="constant", num_workers=[0, 2], prefetch_factor=2, fused_optimizer=False
     )
-    study["probe"] = "systems"  # 5 short runs of over half a second each on the paced task
+    study["probe"] = "joint"  # its measurements take over a second each on the paced task
     path.write_text(yaml.safe_dump(study))
     code, _, err = run_cli("run", str(path), "--timeout", "1", capsys=capsys)
     stored = load(path)
@@ -160,7 +160,7 @@ def test_report_json_and_exports_agree(tmp_path: Path, capsys: pytest.CaptureFix
     summary = json.loads(out)
     # where the run's time went: its parts, within the run's wall time
     spent = summary["time_spent"]
-    parts = [spent[k] for k in ("probe", "throughput_phase", "trials", "confirmation")]
+    parts = [spent[k] for k in ("probe", "throughput_table", "trials", "confirmation")]
     assert spent["trial_count"] == 3 and spent["trials"] >= spent["training"] > 0
     assert spent["confirmation"] > 0 and spent["total"] == pytest.approx(
         sum(p for p in parts if p is not None)
@@ -364,34 +364,30 @@ def test_a_space_known_to_run_out_ends_after_the_budget_s_count_of_unrun_trials(
     )
 
 
-def test_the_systems_probe_runs_once_and_the_trials_use_what_it_settled(
+def test_the_probe_runs_once_and_the_trials_use_what_it_settled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_study(tmp_path, trials=3, confirm={"top": 0})
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=[0, 1], prefetch_factor=[2], precision=["fp32", "bf16"])
-    raw["probe"] = "systems"
+    raw["probe"] = "systems"  # an earlier engine's name: the joint probe measures
     path.write_text(yaml.safe_dump(raw))
     code, out, err = run_cli("run", str(path), capsys=capsys)
-    assert code == 0 and "autotune: Systems probe (" in err and "Systems probe (" in out
+    assert code == 0 and "autotune: Joint systems probe (" in err and "Joint systems probe (" in out
     outcome = load(path).user_attrs["probe"]
-    # two loader settings, then two precisions, twice each
-    assert len(outcome["runs"]) == 2 * 2 + 2 * 2
+    assert outcome["kind"] == "joint" and outcome["chosen"]["measured"]
     # the load it ran beside (test_measure.py)
     assert outcome["cores"] >= 1 and outcome["other_cores"] >= 0
     for t in finished(load(path)):
         config = t.user_attrs["config"]
-        assert (
-            config["num_workers"] == outcome["loader"]["num_workers"]
-            and config["precision"] in outcome["precisions"]
-        )
+        assert config["precision"] in outcome["precisions"]
         assert "num_workers" not in t.params  # settled: not sampled
     # resumed: not probed again
     code, _, err = run_cli("run", str(path), "--trials", "4", capsys=capsys)
     assert (
         code == 0
         and load(path).user_attrs["probe"] == outcome
-        and "autotune: Systems probe (" not in err
+        and "autotune: Joint systems probe (" not in err
     )
 
     raw.update(probe="none", name="unprobed")

@@ -234,7 +234,6 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     study = yaml.safe_load(path.read_text())
     study.update(
         objective="systems_only",
-        probe="none",
         baseline={"lr": 0.1, "batch_size": 32, "accumulation_steps": 2},
     )
     # one setting per split
