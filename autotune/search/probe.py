@@ -94,7 +94,9 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
 def describe(outcome: Mapping[str, Any]) -> str:
     """One line for the report: what the probe settled, and what it cost."""
     if outcome.get("kind") == "joint":
-        return roofline_text.describe(outcome) + load_note(outcome)
+        return roofline_text.describe(outcome) + load_note(
+            outcome, chose=bool(outcome.get("chosen"))
+        )
     # an earlier engine's, stored by a study that began with it
     parts = []
     if outcome["probed_loader"]:
@@ -131,15 +133,15 @@ def _unrun_loaders(outcome: Mapping[str, Any]) -> str:
 BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so
 
 
-def load_note(record: Mapping[str, Any]) -> str:
+def load_note(record: Mapping[str, Any], *, chose: bool = True) -> str:
     """What a systems measurement's record says of other processes' load while it ran: nothing
-    on a quiet machine (or a record from before it was measured)."""
+    on a quiet machine (or a record from before it was measured). `chose`: whether it chose
+    anything for the load to have swayed."""
     cores, of = record.get("other_cores"), record.get("cores")
     if cores is None or cores < BUSY_CORES:
         return ""
-    return (
-        f"; other processes kept {cores:.1f} of {of} cores busy meanwhile, "
-        "so these choices suit that load, not a quiet machine"
+    return f"; other processes kept {cores:.1f} of {of} cores busy meanwhile" + (
+        ", so these choices suit that load, not a quiet machine" if chose else ""
     )
 
 

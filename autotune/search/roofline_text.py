@@ -20,6 +20,26 @@ from autotune.search.roofline_figures import (
 )
 from autotune.search.space import FORMAT_KNOBS, Choices, Space
 
+# What a probe stopped by its time cap before each phase does without it.
+CAPPED = {
+    "paired": "the baseline's setting kept",
+    "compile": "torch.compile left off",
+    "batches": "the chosen setting is unmeasured at the trials' other micro-batches",
+}
+
+
+def paired_text(paired: Mapping[str, Any]) -> str:
+    """The check of the choice against the baseline's setting in paired windows, as a line."""
+    ratios = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
+    if paired["kept"] == "chosen":
+        return (
+            f"Checked against the baseline's setting in {len(paired['ratios'])} paired windows: "
+            f"{ratios} its speed"
+        )
+    return f"The baseline's setting kept: the choice was {paired['why']}" + (
+        f" (paired windows: {ratios} the baseline's speed)" if ratios else ""
+    )
+
 
 def describe(outcome: Mapping[str, Any]) -> str:
     """The joint probe's lines for the report: what it chose, measured beside predicted, the
@@ -47,6 +67,15 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"Limit of the knob space: {_rate(limit['predicted'])} predicted ({setting_text(limit)}), "
         f"{limit['bottleneck']}-bound{_sooner(outcome)}; what would move it: {outcome['moves']}",
     ]
+    paired = outcome.get("paired")
+    if paired:
+        lines.append(paired_text(paired))
+    capped = outcome.get("capped")
+    if capped:
+        lines.append(
+            f"The probe stopped at its time cap of {capped['seconds']:.0f} s, before its "
+            f"{capped['phase']} measurements: {CAPPED.get(capped['phase'], 'nothing settled')}"
+        )
     outpaced = outcome.get("gather_outpaced")
     if outpaced:
         gather, step = outpaced["gather"], outpaced["step"]

@@ -3,11 +3,14 @@ long a trial's run may be."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune.errors import AutotuneError
 from autotune.record import derived, schema
 from autotune.search.space import SCHEDULE, Choices, Space
 from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, StudySpec
@@ -19,6 +22,11 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # maths is the user's own, so that is the seeds' luck) leaves nothing to tell the other settings
 # from, so it trains again on new seeds, up to this many tries in all.
 SYSTEMS_ONLY_TRIES = 3
+# The systems probe's time cap: this share of the trials' budget (trials x max_seconds), within
+# PROBE_SECONDS' bounds, and at most this share of budget.timeout where one is set.
+PROBE_SHARE = 0.25
+PROBE_SECONDS = (30.0, 120.0)
+PROBE_SECONDS_ENV = "AUTOTUNE_PROBE_SECONDS"
 
 
 def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] = ()) -> int:
@@ -101,3 +109,25 @@ def run_range(
     else:
         shortest = spec.budget.eval_every * train_samples
     return min(shortest, longest), longest
+
+
+def probe_cap(spec: StudySpec) -> float:
+    """Seconds the systems probe may measure for: PROBE_SHARE of what the trials may train, within
+    PROBE_SECONDS, and never more than PROBE_SHARE of the run's timeout; AUTOTUNE_PROBE_SECONDS,
+    where set, in place of all that."""
+    given = os.environ.get(PROBE_SECONDS_ENV)
+    if given is not None:
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = math.nan
+        if not seconds > 0 or math.isinf(seconds):
+            raise AutotuneError(
+                f"{PROBE_SECONDS_ENV}: got {given!r}; a number of seconds above 0, e.g. 120"
+            )
+        return seconds
+    low, high = PROBE_SECONDS
+    cap = min(max(PROBE_SHARE * spec.budget.trials * spec.budget.max_seconds, low), high)
+    if spec.budget.timeout is not None:
+        cap = min(cap, PROBE_SHARE * spec.budget.timeout)
+    return cap

@@ -216,6 +216,8 @@ def for_run(
         return dict(config)
     if outcome.get("kind") != "joint" or not outcome.get("chosen"):
         return dict(config)
+    if (outcome.get("paired") or {}).get("kept") == "baseline":
+        return dict(config)  # no setting was shown faster than the baseline's beside it
     setting = setting_for_run(outcome, samples, config)
     if setting is None:
         return dict(config)

@@ -34,6 +34,7 @@ kept in the study as it ends (study/probe_memo.py): a probe cut short goes on fr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -45,7 +46,7 @@ from autotune.search import end_to_end, probe, roofline, roofline_text
 from autotune.search.roofline_figures import set_bytes, start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
-from autotune.study import budget, chosen_setting, goodput_plan, rates_apart
+from autotune.study import budget, chosen_setting, goodput_plan, paired_check, rates_apart
 from autotune.study.preparation import Prepared
 from autotune.study.probe_memo import Memo
 from autotune.train import telemetry, throughput
@@ -69,21 +70,38 @@ def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[s
     )
     prepared = dataclasses.replace(prepared, space=space)
     batch = probe.probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
-    probing = _Probing(spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo())
-    started = time.monotonic()
+    started, cap = time.monotonic(), budget.probe_cap(spec)
+    probing = _Probing(
+        spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo(), started + cap, {}
+    )
+    where = {"device": prepared.device, "seed": probing.seed}
     with (
         progress.bar("joint probe", unit="measurement", leave=False) as bar,
         signals.interruptible(),
         other_load() as load,
     ):
         try:
+            # the cap reaches into a measurement under way, where it measures
+            prepared.measure(throughput.stop_rounds_at, time.time() + cap, **where)
             outcome = _choose(probing, bar)
         except isolation.TrialFailure as failure:
             # the task failed: the search meets it trial by trial
             outcome = _nothing_settled(batch, space, f"a measurement failed: {failure.reason}")
+        except _TimeUp:
+            why = f"its time cap of {cap:.0f} s was reached before it could choose"
+            outcome = _nothing_settled(batch, space, why)
+        # not after an interruption: the next probe sets its own, and nothing else reads it
+        with contextlib.suppress(isolation.TrialFailure):
+            prepared.measure(throughput.stop_rounds_at, None, **where)
+    if probing.capped:
+        outcome["capped"] = {"seconds": cap, **probing.capped}
     # the seconds of every run that measured for it: a probe cut short took its share there
     seconds = time.monotonic() - started + probing.memo.recalled_seconds
     return {**outcome, "seconds": seconds, **probing.memo.counted(), **load.record()}
+
+
+class _TimeUp(Exception):
+    """The probe's time cap passed before a measurement could start."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +114,8 @@ class _Probing:
     seed: int
     phases: dict[str, float]  # seconds by phase, for the report
     memo: Memo  # measurements kept as they end, and those an earlier run kept
+    deadline: float  # time.monotonic() past which no measurement starts (budget.probe_cap)
+    capped: dict[str, Any]  # the phase the cap stopped, once it has
 
     def config(self, setting: dict[str, Any]) -> TrialConfig:
         """The baseline's maths at the probe's micro-batch, with `setting`'s systems knobs."""
@@ -110,13 +130,16 @@ class _Probing:
     def measured(self, work: Any, *args: Any, phase: str | None = None) -> Any:
         """`work(*args)` where the study measures, its time counted to `phase` (where an
         earlier run measured it, the time it took there)."""
+        phase = phase or PHASES[work.__name__]
         started, recalled = time.monotonic(), self.memo.recalled_seconds
+        if started > self.deadline:
+            self.capped.setdefault("phase", phase)
+            raise _TimeUp
         try:
             device, seed = self.prepared.device, self.seed
             return self.memo.measured(self.prepared.measure, work, *args, device=device, seed=seed)
         finally:
             took = time.monotonic() - started + self.memo.recalled_seconds - recalled
-            phase = phase or PHASES[work.__name__]
             self.phases[phase] = self.phases.get(phase, 0.0) + took
 
 
@@ -154,9 +177,16 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
     chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
+    chosen, speed, paired = _paired_with_baseline(probing, chosen, speed, predictions)
+    if paired and paired["kept"] == paired_check.BASELINE:
+        checked = _with_checked(checked, chosen, speed, figures, probing)
     fixed, memory, compiled = _formats_fixed(probing, chosen, figures, bar)
-    precisions = end_to_end.precisions_kept(
-        chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
+    precisions = (
+        [chosen.compute["precision"]]  # the baseline's setting kept: its precision too
+        if paired and paired["kept"] == paired_check.BASELINE
+        else end_to_end.precisions_kept(
+            chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
+        )
     )
     entries = _at_batches(probing, chosen, speed, precisions)
     bar.update(len(entries))
@@ -198,7 +228,63 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
         **({"precision_batches": other_precisions} if other_precisions else {}),
         **({"compile": compiled} if compiled else {}),
         **({"checkpointing": memory} if memory else {}),
+        **({"paired": paired} if paired else {}),
     }
+
+
+def _paired_with_baseline(
+    probing: _Probing,
+    chosen: roofline.Prediction,
+    speed: float,
+    predictions: list[roofline.Prediction],
+) -> tuple[roofline.Prediction, float, dict[str, Any] | None]:
+    """The choice measured in windows paired with the baseline's own setting (paired_check.py);
+    the baseline's setting, at its paired speed, where that check keeps it. Unchecked (None)
+    where the choice is the baseline's setting, or the baseline's lies outside what was
+    measured."""
+    ours = complete(probing.prepared.baseline)
+    baseline = next(
+        (p for p in predictions if p.setting == {k: ours.get(k) for k in p.setting}), None
+    )
+    if baseline is None or baseline.setting == chosen.setting:
+        return chosen, speed, None
+    try:
+        outcome = paired_check.against_baseline(
+            lambda work, *args: probing.measured(work, *args, phase="paired"),
+            probing.config(chosen.setting),
+            probing.config(baseline.setting),
+        )
+    except _TimeUp:  # unshown beside the baseline's: not taken
+        outcome = paired_check.unchecked("not checked beside it before the probe's time cap")
+    if outcome["kept"] == paired_check.BASELINE:
+        paired_speed = outcome["speed"][paired_check.BASELINE]
+        return baseline, paired_speed or baseline.samples_per_second, outcome
+    return chosen, speed, outcome
+
+
+def _with_checked(
+    checked: _Checked,
+    setting: roofline.Prediction,
+    speed: float,
+    figures: dict[str, Any],
+    probing: _Probing,
+) -> _Checked:
+    """`checked` with `setting` among what ran end to end, at `speed` (as paired windows measured
+    it, else as predicted) where it has no speed there: the baseline's setting kept by the paired
+    check."""
+    if any(p.setting == setting.setting for p, _, _ in checked.speeds):
+        speeds = [
+            (p, speed if p.setting == setting.setting and not m else m, start)
+            for p, m, start in checked.speeds
+        ]
+        return dataclasses.replace(checked, speeds=speeds)
+    measured_on = {**figures, "shared_cores": probing.prepared.device.type == "cpu"}
+    start = start_up_seconds({**measured_on, "cores": cpu_count()}, setting.setting)
+    return dataclasses.replace(
+        checked,
+        speeds=[*checked.speeds, (setting, speed, start)],
+        reasons=[*checked.reasons, None],
+    )
 
 
 def _formats_fixed(
@@ -216,7 +302,12 @@ def _formats_fixed(
     )
     if memory is not None and memory["fits"]:
         fixed["checkpointing"] = False
-    compiled = _weigh_compile(probing, chosen)
+    try:
+        compiled = _weigh_compile(probing, chosen)
+    except _TimeUp:  # not weighed: the trials train without it
+        compiled = None
+        if set(probing.prepared.space["compile"].values) == {False, True}:
+            fixed["compile"] = False
     bar.update(2 if compiled else 0)
     if compiled and not compiled["kept"]:
         fixed["compile"] = False
@@ -291,14 +382,17 @@ def _at_batches(
     others = [p for p in precisions if p != chosen.compute["precision"]]
     every = sorted({probing.batch, *batches})
     wanted = {p: every for p in others} if spec.objective == GOODPUT else None
-    return chosen_setting.at_batches(
-        lambda work, *args: probing.measured(work, *args, phase="batches"),
-        chosen,
-        speed,
-        [b for b in batches if b != probing.batch],
-        probing.config,
-        precisions=wanted,
-    )
+    try:
+        return chosen_setting.at_batches(
+            lambda work, *args: probing.measured(work, *args, phase="batches"),
+            chosen,
+            speed,
+            [b for b in batches if b != probing.batch],
+            probing.config,
+            precisions=wanted,
+        )
+    except _TimeUp:  # the trials' other micro-batches unmeasured: none predicted there
+        return []
 
 
 def _nothing_settled(batch: int, space: Space, why: str) -> dict[str, Any]:

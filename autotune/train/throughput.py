@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import math
 import statistics
+import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ MAX_SPREAD = 0.1  # interquartile range / median of a configuration's windows
 # on the paced task, 16 workers held by their loader measured 20% low in windows of 10 steps,
 # which never agreed (spread 117% after 20), and within 1% in 3 windows of 32 or more.
 BURSTS = 8
+BRIEF_WINDOWS = 5  # the most windows measure_briefly times a setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,20 @@ def spread(values: Sequence[float]) -> float:
     return (high - low) / statistics.median(values)
 
 
+# Wall-clock time (time.time()) past which a measurement in this process times no more rounds
+# than one window of each configuration: the systems probe's time cap (stop_rounds_at).
+_stop_at: float | None = None
+
+
+def stop_rounds_at(_task: Task, when: float | None, *, device: torch.device, seed: int) -> None:
+    """From `when` on (time.time(); None: never), every measurement in this process ends its
+    rounds once each configuration has a window: run where the probe measures, so that its time
+    cap reaches into a measurement already under way (on a busy machine one that would go on for
+    minutes, its windows never agreeing)."""
+    global _stop_at
+    _stop_at = when
+
+
 def interleave(
     windows: Mapping[K, Callable[[], float | None]],
     *,
@@ -94,6 +110,8 @@ def interleave(
             if value is not None:
                 figures[key].append(value)
         if all(len(f) >= min_windows and spread(f) <= max_spread for f in figures.values()):
+            break
+        if _stop_at is not None and time.time() >= _stop_at and all(figures.values()):
             break
     return figures
 
@@ -138,6 +156,15 @@ def measure_in_turn(
         skipped=lambda why: Throughput(None, None, 0, 0.0, reason=why),
         **rounds,
     )
+
+
+def measure_briefly(
+    task: Task, configs: Mapping[K, TrialConfig], *, device: torch.device, seed: int
+) -> dict[K, Throughput]:
+    """`measure_in_turn`, at most BRIEF_WINDOWS windows each: a round of a paired comparison,
+    where pairing with another setting under the same load, not its own windows settling, is what
+    steadies a figure (on a busy machine they might never settle)."""
+    return measure_in_turn(task, configs, device=device, seed=seed, max_rounds=BRIEF_WINDOWS)
 
 
 def _builders(

@@ -368,9 +368,11 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     }
     assert "Joint systems probe (batch 128: 3 loader and 4 compute settings measured apart" in out
     phases = joint["phase_seconds"]  # where the probe's time went, each phase timed
-    assert set(phases) == {"compute", "loaders", "end_to_end", "batches"} and all(
+    # "paired": the choice against the baseline's setting (0 workers, fp32) in paired windows
+    assert set(phases) == {"compute", "loaders", "end_to_end", "paired", "batches"} and all(
         v > 0 for v in phases.values()
     )
+    assert joint["paired"]["kept"] == "chosen" and len(joint["paired"]["ratios"]) == 3
     assert f"compute {phases['compute']:.0f} s, loaders {phases['loaders']:.0f} s" in out
     assert "compute-bound" in out and "Limit of the knob space: " in out
     # the study asked for channels-last and compilation (the preset's), which the paced MLP and

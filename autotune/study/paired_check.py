@@ -1,0 +1,91 @@
+"""The probe's choice against the baseline's own systems setting, in windows paired under the same
+load: what a busy machine cannot fool.
+
+A setting measured alone at one moment and another at the next compare the load of two moments as
+much as the settings (one setting's end-to-end figures at five micro-batches read 56, 102, 5,229,
+402 and 412 samples a second on two loaded cores). So the chosen setting and the baseline's are
+measured end to end, one right after the other, ROUNDS times, alternating which goes first; each
+round's ratio of their speeds is a comparison under one load. The chosen setting is kept only where
+the ratios agree (their largest over their smallest at most AGREE) and their median beats the
+baseline by more than that spread; where they disagree the machine was too busy to tell, and where
+they agree on no lead the baseline's setting is as good: either way the baseline's setting stays.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from autotune.train import throughput
+from autotune.train.config import TrialConfig
+
+ROUNDS = 3
+AGREE = 1.3  # the paired ratios' largest over their smallest, beyond which load moved too much
+CHOSEN, BASELINE = "chosen", "baseline"
+
+
+def against_baseline(
+    measured: Callable[..., Any],
+    chosen: TrialConfig,
+    baseline: TrialConfig,
+) -> dict[str, Any]:
+    """ROUNDS paired end-to-end measurements of `chosen` and `baseline` (`measured(work, *args)`
+    runs one where the study measures); the outcome as plain JSON values: `ratios` (chosen over
+    baseline, a round each), `spread`, `kept` (CHOSEN or BASELINE) and `why`."""
+    ratios: list[float] = []
+    speeds: dict[str, list[float]] = {CHOSEN: [], BASELINE: []}
+    for round_ in range(ROUNDS):
+        order = (BASELINE, CHOSEN) if round_ % 2 == 0 else (CHOSEN, BASELINE)
+        configs = {key: chosen if key == CHOSEN else baseline for key in order}
+        ends = measured(throughput.measure_briefly, configs)
+        mine, base = ends[CHOSEN].samples_per_second, ends[BASELINE].samples_per_second
+        if not mine or not base:  # out of memory, or no figure: nothing to pair
+            why = "it ran out of memory beside the baseline's" if not mine else None
+            return _outcome(ratios, speeds, kept=BASELINE if not mine else CHOSEN, why=why)
+        speeds[CHOSEN].append(mine)
+        speeds[BASELINE].append(base)
+        ratios.append(mine / base)
+    return decide(ratios, speeds)
+
+
+def unchecked(why: str) -> dict[str, Any]:
+    """The outcome where no paired window ran (`why`): the baseline's setting stays."""
+    return _outcome([], {CHOSEN: [], BASELINE: []}, kept=BASELINE, why=why)
+
+
+def decide(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any]:
+    """Keep the chosen setting where the paired ratios agree and beat the baseline beyond their
+    spread; else the baseline's, saying why."""
+    spread = max(ratios) / min(ratios)
+    lead = statistics.median(ratios)
+    if spread > AGREE:
+        return _outcome(
+            ratios,
+            speeds,
+            kept=BASELINE,
+            why=f"too busy to tell: paired windows disagreed by {spread:.2f}x",
+        )
+    if lead <= spread:
+        return _outcome(
+            ratios,
+            speeds,
+            kept=BASELINE,
+            why=f"no faster than the baseline's beyond the windows' spread ({lead:.2f}x, "
+            f"spread {spread:.2f}x)",
+        )
+    return _outcome(ratios, speeds, kept=CHOSEN, why=None)
+
+
+def _outcome(
+    ratios: list[float], speeds: dict[str, list[float]], *, kept: str, why: str | None
+) -> dict[str, Any]:
+    spread = max(ratios) / min(ratios) if ratios else None
+    return {
+        "ratios": ratios,
+        "spread": spread,
+        "kept": kept,
+        "why": why,
+        # the median of each side's windows: what the setting kept is timed by
+        "speed": {k: statistics.median(v) if v else None for k, v in speeds.items()},
+    }
