@@ -777,9 +777,9 @@ NEWER_KEYS = [
     ("first_trial 1", "first_trial: 1\n", ("first_trial: got 1", "prior")),
     ("prune median", "prune: median\n", ("prune: got 'median'", "incumbent")),
     (
-        "probe joint on two devices",
-        "probe: joint\ndevices_per_trial: 2\n",
-        ("devices_per_trial: got 2", "probe: joint"),
+        "goodput on two devices",
+        "objective: goodput\ndevices_per_trial: 2\n",
+        ("devices_per_trial: got 2", "timed from the probe's table"),
     ),
     ("eval_every negative", "budget: {eval_every: -0.5}\n", ("budget.eval_every: got -0.5",)),
     ("max_epochs zero", "budget: {max_epochs: 0}\n", ("budget.max_epochs: got 0",)),

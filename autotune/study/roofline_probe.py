@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -72,7 +73,7 @@ def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[s
     batch = probe.probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
     started, cap = time.monotonic(), budget.probe_cap(spec)
     probing = _Probing(
-        spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo(), started + cap, {}
+        spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo(), started + cap
     )
     where = {"device": prepared.device, "seed": probing.seed}
     with (
@@ -114,8 +115,9 @@ class _Probing:
     seed: int
     phases: dict[str, float]  # seconds by phase, for the report
     memo: Memo  # measurements kept as they end, and those an earlier run kept
-    deadline: float  # time.monotonic() past which no measurement starts (budget.probe_cap)
-    capped: dict[str, Any]  # the phase the cap stopped, once it has
+    # time.monotonic() past which no measurement starts (budget.probe_cap)
+    deadline: float = math.inf
+    capped: dict[str, Any] = dataclasses.field(default_factory=dict)  # the phase the cap stopped
 
     def config(self, setting: dict[str, Any]) -> TrialConfig:
         """The baseline's maths at the probe's micro-batch, with `setting`'s systems knobs."""
