@@ -41,6 +41,7 @@ def tune(
     *,
     target: float,
     metric: str = "accuracy",
+    direction: str | None = None,
     model: Callable[..., torch.nn.Module] | None = None,
     train: Dataset | None = None,
     val: Dataset | None = None,
@@ -68,15 +69,20 @@ def tune(
     or `objective`. `space`, `budget`, `baseline`, `confirm`, `prune`, `probe`, `replicates`,
     `first_trial` and `objective_kind` (the study file's `objective:`, named apart from the
     function) take what the study file's keys take, `space={"params": {...}}` included; `storage`
-    defaults to `sqlite:///{name}.db` in the working folder. Running it again with the same name
-    and storage resumes the study.
+    defaults to `sqlite:///{name}.db` in the working folder. `direction`: the study file's
+    target.direction (`minimize` for a loss). Running it again with the same name and storage
+    resumes the study.
     """
     from autotune.report import summarize
     from autotune.spec.study_file import from_mapping
 
     given = {
         "name": name,
-        "target": {"metric": metric, "value": target},
+        "target": {
+            "metric": metric,
+            "value": target,
+            **({"direction": direction} if direction is not None else {}),
+        },
         "space": space,
         "budget": budget,
         "baseline": baseline,

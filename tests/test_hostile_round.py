@@ -371,8 +371,8 @@ FILE_CASES = [
     ),
     Bad(
         "target metric the task does not measure",
-        "task: tests.tasks:blobs\ntarget: {metric: loss, value: 0.9}\n",
-        ("target.metric: got 'loss'", "accuracy"),
+        "task: tests.tasks:blobs\ntarget: {metric: f1, value: 0.9}\n",
+        ("target.metric: got 'f1'", "accuracy"),
     ),
     Bad(
         "target as a list",

@@ -808,7 +808,7 @@ NEWER_COMMAND_KEYS = [
     (
         "command target direction",
         "task: {command: 'python t.py'}\ntarget: {metric: loss, value: 0.5, direction: down}\n",
-        ("target.direction", "accepted keys: metric, value"),
+        ("target.direction: got 'down'", "minimize (at or below)"),
     ),
 ]
 

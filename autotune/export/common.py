@@ -271,7 +271,7 @@ def provenance(summary: Summary) -> str:
     )
     text = (
         f"autotune study {summary.study}, {which} ({best.source}, {counted(best.runs, 'run')}): "
-        f"{target.metric} >= {target.value} {reached}"
+        f"{target.text} {reached}"
     )
     if best.epochs is not None:
         text += f" after {best.epochs:.2f} epochs"

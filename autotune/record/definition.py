@@ -26,7 +26,7 @@ def for_spec(spec: StudySpec, *, space: Space, device: str) -> dict[str, Any]:
     budget = spec.budget
     definition = {
         "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
-        "target": {"metric": spec.target.metric, "value": spec.target.value},
+        "target": spec.target.as_record(),
         # A knob fixed at what studies begun before it existed meant by its absence (a schedule of
         # max_epochs; a systems knob off) is left out, so that their stored definitions still match.
         "space": {
@@ -70,7 +70,7 @@ def drifted(stored: dict[str, Any] | None, spec: StudySpec) -> list[str]:
     budget = spec.budget
     current = {
         "task": spec.task if isinstance(spec.task, str) else spec.task.describe(),
-        "target": {"metric": spec.target.metric, "value": spec.target.value},
+        "target": spec.target.as_record(),
         "limits": {
             "max_epochs": budget.max_epochs,
             "max_seconds": budget.max_seconds,

@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.spec.sections import reaches, shortfall
 from autotune.spec.study_file import FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY, TIME_TO_TARGET
 
 if TYPE_CHECKING:  # a run's fields are read, nothing is built: no training machinery is loaded
@@ -66,10 +67,15 @@ class Objective(Protocol):
         predict: Predict | None = None,
     ) -> int: ...
     def outcome(
-        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+        self,
+        runs: Sequence[TrialResult],
+        *,
+        target: float,
+        predict: Predict | None = None,
+        minimize: bool = False,
     ) -> Outcome: ...
     def confirmed_times(
-        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None, minimize: bool = False
     ) -> tuple[list[float], float | None]: ...
 
 
@@ -104,20 +110,27 @@ class TimeToTarget:
         return replicates if contender else 1
 
     def outcome(
-        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+        self,
+        runs: Sequence[TrialResult],
+        *,
+        target: float,
+        predict: Predict | None = None,
+        minimize: bool = False,
     ) -> Outcome:
         """Feasible when every run reached the target; the time is `time` of them (their mean time
         to target). A trial that missed is timed by its mean training time: infeasible whatever it
-        is."""
-        worst = min(r.best_metric for r in runs)
+        is. `minimize`: the metric is lower-is-better."""
+        bests = [r.best_metric for r in runs]
+        worst = max(bests) if minimize else min(bests)
+        short = shortfall(worst, target, minimize=minimize)
         if all(r.reached for r in runs):
-            return Outcome(self.time(runs, predict), target - worst, worst)
+            return Outcome(self.time(runs, predict), short, worst)
         return Outcome(
-            statistics.fmean(r.train_seconds for r in runs), max(target - worst, CUT_SHORT), worst
+            statistics.fmean(r.train_seconds for r in runs), max(short, CUT_SHORT), worst
         )
 
     def confirmed_times(
-        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None, minimize: bool = False
     ) -> tuple[list[float], float | None]:
         """A run's time to target; it missed (infinitely slow) when it did not reach the target."""
         return [r["time_to_target"] if r["reached"] else math.inf for r in runs], None
@@ -146,25 +159,30 @@ class FixedSchedule:
         return replicates
 
     def outcome(
-        self, runs: Sequence[TrialResult], *, target: float, predict: Predict | None = None
+        self,
+        runs: Sequence[TrialResult],
+        *,
+        target: float,
+        predict: Predict | None = None,
+        minimize: bool = False,
     ) -> Outcome:
         """Feasible when the mean final metric reaches the target and no run was cut short by the
         time limit; the time is their mean training time."""
         final = statistics.fmean(r.final_metric for r in runs)
         whole = all(r.stop_reason != "max_seconds" for r in runs)
-        constraint = target - final if whole else max(target - final, CUT_SHORT)
+        short = shortfall(final, target, minimize=minimize)
+        constraint = short if whole else max(short, CUT_SHORT)
         return Outcome(statistics.fmean(r.train_seconds for r in runs), constraint, final)
 
     def confirmed_times(
-        self, runs: Sequence[Mapping[str, Any]], *, target: float | None
+        self, runs: Sequence[Mapping[str, Any]], *, target: float | None, minimize: bool = False
     ) -> tuple[list[float], float | None]:
         """A run's whole-schedule time; it missed when it failed or the time limit cut it short,
-        and every run missed when the mean final metric is under `target`."""
-        finals = [
-            r["final_metric"] if r.get("final_metric") is not None else -math.inf for r in runs
-        ]
+        and every run missed when the mean final metric does not reach `target`."""
+        failed = math.inf if minimize else -math.inf  # a run with no final metric: the worst
+        finals = [r["final_metric"] if r.get("final_metric") is not None else failed for r in runs]
         mean_final = statistics.fmean(finals)
-        feasible = target is None or mean_final >= target
+        feasible = target is None or reaches(mean_final, target, minimize=minimize)
         times = [
             r["train_seconds"]
             if feasible
@@ -217,8 +235,10 @@ def outcome(
     *,
     target: float,
     predict: Predict | None = None,
+    minimize: bool = False,
 ) -> Outcome:
-    """The trial's time and constraint from its runs, under `objective`."""
+    """The trial's time and constraint from its runs, under `objective`; `minimize`: the
+    metric is lower-is-better."""
     if not runs:
         raise ValueError("a trial's outcome needs at least one run, but got runs=[].")
-    return objective.outcome(runs, target=target, predict=predict)
+    return objective.outcome(runs, target=target, predict=predict, minimize=minimize)

@@ -314,7 +314,7 @@ class Summary:
         `measurements_kept` (where not 0), there only when they apply."""
         out: dict[str, Any] = {
             "study": self.study,
-            "target": dataclasses.asdict(self.target),
+            "target": self.target.as_record(),
             "counts": dataclasses.asdict(self.counts),
             "best": _json(self.best),
             "baseline": _json(self.baseline),

@@ -101,12 +101,14 @@ def stats(
     *,
     objective: str = TIME_TO_TARGET,
     target: float | None = None,
+    minimize: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Per label: median time (a run that missed counts as infinitely slow), spread, runs.
 
     time_to_target: a run's time to target; it missed when it did not reach the target.
     fixed_schedule: a run's whole-schedule time; it missed when it failed or the time limit cut
-    it short, and every run counts as missed when the mean final metric is under `target`.
+    it short, and every run counts as missed when the mean final metric does not reach `target`
+    (at or below it, `minimize`).
     """
     by_label: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
@@ -114,7 +116,9 @@ def stats(
     summary = {}
     # the baseline first, as the yardstick, though it runs last on each seed
     for label, runs in sorted(by_label.items(), key=lambda item: item[0] != BASELINE):
-        times, mean_final = objectives.of(objective).confirmed_times(runs, target=target)
+        times, mean_final = objectives.of(objective).confirmed_times(
+            runs, target=target, minimize=minimize
+        )
         reached = [t for t in times if math.isfinite(t)]
         median = statistics.median(times)
         summary[label] = {
@@ -137,11 +141,18 @@ MISSED = "missed"  # no candidate reached the target on most seeds, and as often
 
 
 def times(
-    records: Sequence[Mapping[str, Any]], label_: str, *, objective: str, target: float | None
+    records: Sequence[Mapping[str, Any]],
+    label_: str,
+    *,
+    objective: str,
+    target: float | None,
+    minimize: bool = False,
 ) -> list[float]:
     """Each fresh-seed run's time of `label_`; math.inf for a run that missed."""
     runs = [r for r in records if r["label"] == label_]
-    return objectives.of(objective).confirmed_times(runs, target=target)[0] if runs else []
+    if not runs:
+        return []
+    return objectives.of(objective).confirmed_times(runs, target=target, minimize=minimize)[0]
 
 
 def decide(
@@ -151,6 +162,7 @@ def decide(
     target: float | None = None,
     seeds: int | None = None,
     interval: bool = True,
+    minimize: bool = False,
 ) -> dict[str, Any]:
     """The confirmation's verdict: a candidate wins only where it reached the target on more than
     half of its fresh seeds and on no fewer than the baseline, and the rank test of lead.py
@@ -162,7 +174,7 @@ def decide(
     those allowed to win. The seeds the baseline skipped (confirm.baseline: until_resolved, once
     each of its runs was slower than every candidate's) count as runs slower than all of theirs.
     """
-    stats_ = stats(records, objective=objective, target=target)
+    stats_ = stats(records, objective=objective, target=target, minimize=minimize)
     base = stats_.get(BASELINE)
     seeds = seeds if seeds is not None else max((v["runs"] for v in stats_.values()), default=0)
     allowed = {
@@ -184,8 +196,8 @@ def decide(
             allowed[k]["runs"] - allowed[k]["reached"],
         ),
     )
-    mine = times(records, leader, objective=objective, target=target)
-    base_times = times(records, BASELINE, objective=objective, target=target)
+    mine = times(records, leader, objective=objective, target=target, minimize=minimize)
+    base_times = times(records, BASELINE, objective=objective, target=target, minimize=minimize)
     if base_times:  # the seeds it skipped, as runs slower than every one of the leader's
         slowest = max(t for t in mine if math.isfinite(t))
         base_times += [slowest * RESOLVED_BY] * max(0, len(mine) - len(base_times))

@@ -88,7 +88,7 @@ def render(
 <style>{STYLE}</style></head>
 <body>
 <h1>Study {_e(summary.study)}</h1>
-<p class="sub">Target: {_e(target.metric)} &ge; {target.value:g} &middot; {_counts(summary.counts)}
+<p class="sub">Target: {_e(target.text)} &middot; {_counts(summary.counts)}
 {_device(summary)} &middot; report made {datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}</p>
 {_probe(summary)}
 {html_winner.section(summary)}

@@ -60,7 +60,7 @@ def summarize(
         best = _with_detail(best, records, confirmation, confusions or {})
     summary = Summary(
         study=name,
-        target=Target(metric=target["metric"], value=target["value"]),
+        target=Target.from_record(target),
         counts=Counts(**results.counts(records)),
         objective=objective,
         best=best,
@@ -119,8 +119,12 @@ def _confirmed(
     """The confirmation's figures, the baseline's, the configuration that won it (None when none
     reached the target) and its speedup over the baseline."""
     objective = confirmation.get("objective", TIME_TO_TARGET)
+    minimize = confirmation.get("minimize", False)
     stats = verdict.stats(
-        confirmation["runs"], objective=objective, target=confirmation.get("target")
+        confirmation["runs"],
+        objective=objective,
+        target=confirmation.get("target"),
+        minimize=minimize,
     )
     figures = Confirmation(
         seeds=tuple(confirmation["seeds"]),
@@ -135,6 +139,7 @@ def _confirmed(
             objective=objective,
             target=confirmation.get("target"),
             seeds=len(confirmation["seeds"]),
+            minimize=minimize,
         ),
         added_seeds=tuple(confirmation.get("added_seeds", ())),
     )
@@ -235,7 +240,7 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
     summary = summarize(
         spec.name,
         records,
-        target={"metric": spec.target.metric, "value": spec.target.value},
+        target=spec.target.as_record(),
         confirmation=schema.confirmation(attrs),
         limits={
             "max_epochs": b.max_epochs,

@@ -40,7 +40,7 @@ def cut_short(kept: int) -> str:
 def render(summary: Summary, records: pd.DataFrame) -> str:
     """The text report of `summary`, with the fastest of `records` (results.trial_records) as a
     table."""
-    lines = [_counts(summary), f"Target: {summary.target.metric} >= {summary.target.value}"]
+    lines = [_counts(summary), f"Target: {summary.target.text}"]
     if summary.devices_per_trial != 1:
         lines.append(
             f"Each trial trained on {summary.devices_per_trial} devices "
@@ -204,7 +204,7 @@ def _predicted(confirmation: Any, label: str) -> str:
 def _verdict(summary: Summary, best: Winner, base: Baseline | None) -> str:
     """What to do, in one sentence: keep the baseline, or use the winner and how much faster it
     is."""
-    goal = f"{summary.target.metric} >= {summary.target.value}"
+    goal = summary.target.text
     fixed = summary.fixed_schedule
 
     # fixed_schedule: a time is that of the whole schedule, which reaches the goal on average

@@ -104,6 +104,7 @@ def _write_config(
                 "metric": metric_name,
                 "limits": {
                     "target": limits.target,
+                    "minimize": limits.minimize,
                     "max_epochs": limits.max_epochs,
                     "max_seconds": limits.max_seconds,
                     "eval_every": limits.eval_every,

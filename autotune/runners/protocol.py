@@ -19,7 +19,8 @@ autotune starts the command with these environment variables:
                         (AUTOTUNE_REPORT_PIPE: its inode), and only rank 0 (RANK) reports
     AUTOTUNE_CONFIG     path of a JSON file: {"config": {knob or parameter: value, ...},
                         "seed": int, "device": "cpu" | "cuda" | "cuda:N", "metric": "accuracy",
-                        "limits": {"target", "max_epochs", "max_seconds", "eval_every"}}
+                        "limits": {"target", "minimize", "max_epochs", "max_seconds",
+                        "eval_every"}} (minimize: true where lower is better, a loss)
                         (a prefetch_factor without workers is null)
 
 A report is one JSON object on one line (UTF-8, ending in a newline) written to that descriptor,
@@ -27,7 +28,8 @@ each line in one write so that lines from several processes do not interleave (a
 writes of up to 4096 bytes whole). The keys, all optional:
 
     step               int    optimizer steps so far
-    metric             float  validation metric, higher is better; absent or null: a progress-only
+    metric             float  validation metric (higher is better, or lower where the target says
+                              direction: minimize); absent or null: a progress-only
                               report. When absent, the key named like the study's metric (e.g.
                               "accuracy") is read instead.
     epoch              float  epochs of training data seen so far

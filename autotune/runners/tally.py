@@ -8,8 +8,6 @@ reported figure, else its process's peak RSS.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from autotune.runners.protocol import Report
@@ -71,13 +69,15 @@ class Tally:
             self._peak_memory = max(self._peak_memory or 0, report.peak_memory_bytes)
         if report.metric is not None:
             self.last_metric = report.metric
-            self.best_metric = max(
-                report.metric, self.best_metric if self.best_metric is not None else -math.inf
+            self.best_metric = (
+                report.metric
+                if self.best_metric is None
+                else self.limits.better(report.metric, self.best_metric)
             )
             epochs = report.epoch if report.epoch is not None else self._estimated_epochs()
             self.curve.append((seconds, epochs, report.metric))
             self.losses.append(report.loss)
-            self.reached = report.metric >= self.limits.target
+            self.reached = self.limits.reached(report.metric)
 
     def epochs(self) -> float | None:
         return self._epoch if self._epoch is not None else self._estimated_epochs()

@@ -43,7 +43,7 @@ def as_trial(objective: Objective, *, knobs: tuple[str, ...] = tuple(KNOBS)) -> 
             lambda: objective(given, **takes(objective, {"seed": seed, "device": device}, after=1))
         )
         seconds, metric = _seconds_and_metric(returned)
-        reached = metric >= limits.target
+        reached = limits.reached(metric)
         return TrialResult(
             reached=reached,
             time_to_target=seconds if reached else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,44 @@ AUTO_FIRST_RUNS, AUTO_MAX_RUNS = 3, 8
 CONFIRM_BASELINE = ("all", "until_resolved")
 
 
+def reaches(metric: float, target: float, *, minimize: bool) -> bool:
+    """Whether `metric` reaches `target`: at or above it, or at or below it where lower is
+    better."""
+    return metric <= target if minimize else metric >= target
+
+
+def shortfall(metric: float, target: float, *, minimize: bool) -> float:
+    """How far `metric` is from reaching `target`: 0 or less where it reaches it (an Optuna
+    constraint's sense)."""
+    return metric - target if minimize else target - metric
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     metric: str  # name of the task's validation metric, e.g. "accuracy"
     value: float  # the trial is feasible once the metric reaches this
+    minimize: bool = False  # lower is better (a loss): reached at or below `value`
+
+    @property
+    def text(self) -> str:
+        """As the report writes it: `accuracy >= 0.97`, `val_loss <= 1.7`."""
+        return f"{self.metric} {'<=' if self.minimize else '>='} {self.value:g}"
+
+    @property
+    def direction(self) -> str:
+        return "minimize" if self.minimize else "maximize"
+
+    def as_record(self) -> dict[str, Any]:
+        """As a study stores it (a higher-is-better target as stores made before directions)."""
+        return {
+            "metric": self.metric,
+            "value": self.value,
+            **({"minimize": True} if self.minimize else {}),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Target:
+        return cls(record["metric"], record["value"], minimize=bool(record.get("minimize")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +185,13 @@ def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTas
     return CommandTask(command=command, env=tuple(env.items()))
 
 
+# Words that name a metric lower is better for; such a target must say its direction.
+LOWER_IS_BETTER = re.compile(r"loss|err(or)?s?\b|perplexity|ppl|\b(r?mse|mae|wer|cer|nll)\b", re.I)
+DIRECTIONS = ("maximize", "minimize")
+
+
 def target(path: Path, raw: Any) -> Target:
-    raw = mapping(path, "target", raw, ("metric", "value"))
+    raw = mapping(path, "target", raw, ("metric", "value", "direction"))
     metric = raw.get("metric")
     require(
         path,
@@ -170,7 +210,31 @@ def target(path: Path, raw: Any) -> Target:
         metric != ACCURACY or 0 < value <= 1,
         "accuracy is a fraction: a target above 0 and at most 1",
     )
-    return Target(metric=metric, value=value)
+    direction = raw.get("direction")
+    if direction is None and LOWER_IS_BETTER.search(metric.replace("_", " ")):
+        raise SpecError(
+            path,
+            "target.direction",
+            None,
+            f"target.metric {metric!r} reads as lower is better (a loss, an error, a "
+            "perplexity): add direction: minimize (reached at or below target.value), or "
+            "direction: maximize where higher is better",
+        )
+    require(
+        path,
+        "target.direction",
+        direction,
+        direction is None or direction in DIRECTIONS,
+        "maximize (reached at or above target.value, the default) or minimize (at or below)",
+    )
+    require(
+        path,
+        "target.direction",
+        direction,
+        not (metric == ACCURACY and direction == "minimize"),
+        "maximize for accuracy: more of it is better",
+    )
+    return Target(metric=metric, value=value, minimize=direction == "minimize")
 
 
 def budget(path: Path, raw: Any) -> Budget:

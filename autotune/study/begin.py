@@ -41,7 +41,7 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
     """
     schema.begin_study(
         study,
-        target={"metric": spec.target.metric, "value": spec.target.value},
+        target=spec.target.as_record(),
         optimizer=reference(prepared.task.optimizer) if prepared.task is not None else None,
         knobs=prepared.knobs if prepared.knobs != tuple(KNOBS) else None,
     )

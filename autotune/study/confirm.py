@@ -114,6 +114,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
         "runs": records,
         "objective": spec.objective,
         "target": spec.target.value,
+        **({"minimize": True} if spec.target.minimize else {}),
         "baseline_resolved_by": (
             verdict.resolved_by(sum(r["label"] == BASELINE for r in records))
             if until_resolved
@@ -154,7 +155,12 @@ def _until_resolved(
     every = seeds.fresh(spec.seed, spec.confirm.max_runs or first)
     for seed in every[first:]:
         decision = verdict.decide(
-            records, objective=spec.objective, target=spec.target.value, seeds=first, interval=False
+            records,
+            objective=spec.objective,
+            target=spec.target.value,
+            seeds=first,
+            interval=False,
+            minimize=spec.target.minimize,
         )
         labels = verdict.more_seeds_for(decision)
         if not labels:

@@ -264,7 +264,11 @@ def _tell_outcome(
     config = schema.config(trial)
     predict = policy.plan.predict(config) if policy.plan is not None else None
     outcome = objectives.outcome(
-        [run for run, _ in runs], policy.objective, target=policy.limits.target, predict=predict
+        [run for run, _ in runs],
+        policy.objective,
+        target=policy.limits.target,
+        predict=predict,
+        minimize=policy.limits.minimize,
     )
     record = stored_runs.full(first)
     if len(runs) > 1:

@@ -317,6 +317,7 @@ def limits_for(spec: StudySpec) -> Limits:
         max_seconds=b.max_seconds,
         eval_every=b.eval_every,
         stop_at_target=objectives.of(spec.objective).stops_at_target,
+        minimize=spec.target.minimize,
     )
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -22,6 +23,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from autotune.errors import StorageError
 from autotune.record import schema
+from autotune.spec.sections import Target
 from autotune.spec.study_file import StudySpec, from_mapping
 from autotune.study import foreign_files, runner_lock, storage_faults
 from autotune.study.recovery import MAX_RETRY
@@ -226,7 +228,7 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
     raw = {
         "name": name,
         "task": task if isinstance(task, str) else f"command: {task.get('command')}",
-        "target": stored["target"],
+        "target": _as_written(stored["target"]),
         "budget": stored["limits"],
         **(
             {"objective": objective["name"], "replicates": objective["replicates"]}
@@ -235,6 +237,12 @@ def spec_of_stored(url: str, name: str) -> StudySpec:
         ),
     }
     return from_mapping(raw, path=where, storage=url)
+
+
+def _as_written(target: dict[str, Any]) -> dict[str, Any]:
+    """A stored target as a study file writes it."""
+    stored = Target.from_record(target)
+    return {"metric": stored.metric, "value": stored.value, "direction": stored.direction}
 
 
 def check_writable(spec: StudySpec) -> None:

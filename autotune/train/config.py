@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune.search.knob import DDP_KNOBS
 from autotune.search.space import KNOBS, filled
+from autotune.spec.sections import reaches
 
 # (optimizer steps, total steps, last metric, training-clock seconds, seconds off that clock so
 # far: its evaluations). It may raise to stop the trial (isolation.Pruned): the exception leaves
@@ -78,6 +79,14 @@ class Limits:
     max_seconds: float  # training clock
     eval_every: float  # epochs between evaluations
     stop_at_target: bool = True  # False: train the whole schedule (the fixed_schedule objective)
+    minimize: bool = False  # lower is better (a loss): reached at or below `target`
+
+    def reached(self, metric: float) -> bool:
+        return reaches(metric, self.target, minimize=self.minimize)
+
+    def better(self, a: float, b: float) -> float:
+        """The better of two values of the metric."""
+        return min(a, b) if self.minimize else max(a, b)
 
 
 @dataclasses.dataclass(frozen=True)

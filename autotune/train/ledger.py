@@ -6,6 +6,7 @@ the TrialResult they make.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -88,7 +89,7 @@ class Ledger:
         self.metric, self.confusion = metric, confusion
         self.curve.append((seconds, self.samples / self.n_train, metric))
         self.losses.append(loss)
-        if metric >= self.limits.target and self.reached_at is None:
+        if self.limits.reached(metric) and self.reached_at is None:
             self.reached_at, self.reached_samples = seconds, self.samples
         self.next_eval = (math.floor(self.samples / self.eval_interval) + 1) * self.eval_interval
 
@@ -121,7 +122,7 @@ class Ledger:
         return TrialResult(
             reached=self.reached_at is not None,
             time_to_target=self.reached_at,
-            best_metric=max(m for _, _, m in self.curve),
+            best_metric=functools.reduce(self.limits.better, (m for _, _, m in self.curve)),
             train_seconds=elapsed,
             epochs=self.samples / self.n_train,
             optimizer_steps=self.steps,

@@ -1,0 +1,133 @@
+"""A lower-is-better target (a loss): reached at or below its value, every figure read the right
+way round; a target named like a loss without a direction is refused rather than read wrong."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autotune
+from autotune.cli import main
+from autotune.errors import SpecError
+from autotune.record import objectives, schema
+from autotune.spec.study_file import from_mapping
+from autotune.train.config import Limits, TrialResult
+
+STUDY = Path("loss.yaml")
+
+
+def target_of(**target: object):
+    return from_mapping(
+        {"task": "digits", "target": {"metric": "val_loss", "value": 1.7, **target}}, path=STUDY
+    ).target
+
+
+def test_a_loss_target_says_its_direction_or_is_refused_naming_the_key() -> None:
+    assert target_of(direction="minimize").minimize
+    assert target_of(direction="minimize").text == "val_loss <= 1.7"
+    assert not target_of(direction="maximize").minimize  # the user's word stands
+    for metric in ("val_loss", "eval_loss", "error_rate", "top1_err", "perplexity", "val mse"):
+        with pytest.raises(SpecError) as refused:
+            from_mapping({"task": "digits", "target": {"metric": metric, "value": 1}}, path=STUDY)
+        assert refused.value.key == "target.direction"
+        assert "add direction: minimize" in str(refused.value) and metric in str(refused.value)
+    for metric in ("accuracy", "f1", "bleu", "score", "interrupts_handled"):  # higher is better
+        spec = from_mapping(
+            {"task": "digits", "target": {"metric": metric, "value": 0.5}}, path=STUDY
+        )
+        assert not spec.target.minimize
+    with pytest.raises(SpecError, match="target.direction: got 'down'"):
+        target_of(direction="down")
+    with pytest.raises(SpecError, match="maximize for accuracy"):
+        from_mapping(
+            {
+                "task": "digits",
+                "target": {"metric": "accuracy", "value": 0.9, "direction": "minimize"},
+            },
+            path=STUDY,
+        )
+
+
+def run(best: float, reached: bool, final: float | None = None) -> TrialResult:
+    return TrialResult(
+        reached=reached,
+        time_to_target=1.0 if reached else None,
+        best_metric=best,
+        train_seconds=2.0,
+        epochs=1.0,
+        optimizer_steps=10,
+        samples_per_second=None,
+        peak_memory_bytes=None,
+        device_name="cpu",
+        torch_version="x",
+        stop_reason="target" if reached else "max_epochs",
+        curve=[(1.0, 1.0, final if final is not None else best)],
+    )
+
+
+def test_reached_at_or_below_and_the_constraint_and_best_the_right_way_round() -> None:
+    limits = Limits(target=1.7, max_epochs=1, max_seconds=1, eval_every=1, minimize=True)
+    assert limits.reached(1.7) and limits.reached(1.2) and not limits.reached(1.71)
+    assert limits.better(1.2, 1.9) == 1.2
+    time_to_target = objectives.of("time_to_target")
+    met = time_to_target.outcome([run(1.5, True), run(1.6, True)], target=1.7, minimize=True)
+    assert met.constraint == pytest.approx(-0.1)  # the worse run's best, 1.6, is 0.1 under
+    missed = time_to_target.outcome([run(1.5, True), run(2.5, False)], target=1.7, minimize=True)
+    assert missed.constraint > 0 and missed.metric == 2.5
+    fixed = objectives.of("fixed_schedule")
+    assert fixed.outcome([run(1.0, True, final=1.6)], target=1.7, minimize=True).constraint < 0
+    assert fixed.outcome([run(1.0, True, final=1.8)], target=1.7, minimize=True).constraint > 0
+    finals = [{"final_metric": 1.6, "train_seconds": 3.0, "stop_reason": "max_epochs"}]
+    times, mean = fixed.confirmed_times(finals, target=1.7, minimize=True)
+    assert times == [3.0] and mean == 1.6
+    times, _ = fixed.confirmed_times(finals, target=1.5, minimize=True)
+    assert times == [math.inf]
+    failed = [{"final_metric": None, "train_seconds": 3.0}]
+    assert fixed.confirmed_times(failed, target=1.7, minimize=True)[0] == [math.inf]
+
+
+def test_a_study_on_a_loss_stops_each_run_at_or_below_it_and_reports_it_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An objective whose loss falls with the learning rate toward 0.1: a trial reaches the target
+    where its loss is at or below it, never where it is above (read as accuracy, every trial
+    would have reached it at once)."""
+
+    def objective(config: dict) -> tuple[float, float]:
+        loss = 1.0 + abs(math.log10(config["lr"] / 0.1))
+        return 10.0 / config["batch_size"], loss
+
+    storage = f"sqlite:///{tmp_path / 'loss.db'}"
+    summary = autotune.tune(
+        objective=objective,
+        target=1.3,
+        metric="val_loss",
+        direction="minimize",
+        name="loss",
+        storage=storage,
+        space={"lr": {"low": 0.001, "high": 1.0, "log": True}, "batch_size": [16, 32, 64]},
+        budget={"trials": 10},
+        confirm={"top": 0},
+    )
+    trials = optuna.load_study(study_name="loss", storage=storage).get_trials()
+    for trial in trials:
+        loss = 1.0 + abs(math.log10(trial.params["lr"] / 0.1))
+        feasible = trial.constraints["target"] <= 0
+        assert feasible == (loss <= 1.3), (trial.params, loss)
+    assert any(t.constraints["target"] <= 0 for t in trials) and any(
+        t.constraints["target"] > 0 for t in trials
+    )
+    assert summary.best is not None
+    assert 1.0 + abs(math.log10(summary.best.params["lr"] / 0.1)) <= 1.3
+    assert summary.target.minimize
+    code = main(["report", "--storage", storage, "--study", "loss", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["target"] == {"metric": "val_loss", "value": 1.3, "minimize": True}
+    assert main(["report", "--storage", storage, "--study", "loss"]) == 0
+    assert "Target: val_loss <= 1.3" in capsys.readouterr().out
+    stored = optuna.load_study(study_name="loss", storage=storage).user_attrs
+    assert schema.definition(stored)["target"]["minimize"] is True
