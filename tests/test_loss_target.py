@@ -131,3 +131,37 @@ def test_a_study_on_a_loss_stops_each_run_at_or_below_it_and_reports_it_so(
     assert "Target: val_loss <= 1.3" in capsys.readouterr().out
     stored = optuna.load_study(study_name="loss", storage=storage).user_attrs
     assert schema.definition(stored)["target"]["minimize"] is True
+
+
+DESCENDS = """
+import json, os, time
+fd = int(os.environ["AUTOTUNE_REPORT_FD"])
+for step, loss in enumerate([2.0, 1.2, 0.6, 0.45, 0.3], start=1):
+    time.sleep(0.05)
+    os.write(fd, (json.dumps({"step": step, "val_loss": loss}) + "\\n").encode())
+"""
+
+
+def test_a_command_s_loss_reaches_the_target_at_the_first_report_at_or_below_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "descends.py").write_text(DESCENDS)
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        "task: {command: 'python descends.py'}\n"
+        "target: {metric: val_loss, value: 0.5, direction: minimize}\n"
+        "space: {lr: 0.01, batch_size: 32}\n"
+        "budget: {trials: 1, max_seconds: 30}\n"
+        "confirm: {top: 0}\n"
+    )
+    assert main(["run", str(study)]) == 0
+    out = capsys.readouterr().out
+    [trial] = optuna.load_study(
+        study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}"
+    ).get_trials()
+    result = schema.measured(trial)
+    # stopped at its 4th report, 0.45: the first at or below 0.5
+    assert result["reached"] and result["best_metric"] == 0.45
+    assert [point[2] for point in result["curve"]] == [2.0, 1.2, 0.6, 0.45]
+    assert trial.constraints["target"] == pytest.approx(0.45 - 0.5)
+    assert "Target: val_loss <= 0.5" in out
