@@ -9,6 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 import autotune
 from autotune.cli import main
@@ -165,3 +166,104 @@ def test_a_command_s_loss_reaches_the_target_at_the_first_report_at_or_below_it(
     assert [point[2] for point in result["curve"]] == [2.0, 1.2, 0.6, 0.45]
     assert trial.constraints["target"] == pytest.approx(0.45 - 0.5)
     assert "Target: val_loss <= 0.5" in out
+
+
+GPT_STYLE = """
+import sys, time
+lr = float(sys.argv[1].split("=")[1])
+for step in range(0, 60, 10):
+    time.sleep(0.05)
+    loss = 3.0 - step * lr
+    print(f"step {step}: train loss {loss + 0.1:.4f}, val loss {loss:.4f}", flush=True)
+    print(f"iter {step}: time 12.3ms", flush=True)
+"""
+HF_STYLE = """
+import sys, time
+for epoch in range(1, 6):
+    time.sleep(0.05)
+    print({'eval_loss': 2.0 / epoch, 'eval_runtime': 0.5, 'epoch': float(epoch)}, flush=True)
+"""
+
+
+def command_study(folder: Path, script: str, command: str, task: str, value: float) -> Path:
+    (folder / "train.py").write_text(script)
+    study = folder / "study.yaml"
+    study.write_text(
+        f"task: {{command: '{command}', {task}}}\n"
+        f"target: {{metric: val_loss, value: {value}, direction: minimize}}\n"
+        "space: {lr: [0.02, 0.04], batch_size: 32}\n"
+        "budget: {trials: 2, max_seconds: 30}\n"
+        "prune: none\n"
+        "confirm: {top: 0}\n"
+    )
+    return study
+
+
+def trials_of(folder: Path) -> list[optuna.trial.FrozenTrial]:
+    storage = f"sqlite:///{folder / 'study.db'}"
+    return optuna.load_study(study_name="study", storage=storage).get_trials()
+
+
+def test_a_script_s_own_output_lines_are_its_reports_with_no_line_of_it_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPT-style `step N: train loss X, val loss Y` line gives the metric and the step; lines
+    that match nothing (`iter N: time ...`) are left alone."""
+    study = command_study(
+        tmp_path,
+        GPT_STYLE,
+        "python train.py --lr={lr}",
+        "metric_from: 'val loss ([0-9.]+)', step_from: 'step ([0-9]+):', "
+        "loss_from: 'train loss ([0-9.]+)'",
+        value=2.0,
+    )
+    assert main(["run", str(study)]) == 0
+    for trial in trials_of(tmp_path):
+        lr, result = trial.params["lr"], schema.measured(trial)
+        # each val loss line until the first at or below 2.0: 3.0, 2.6, 2.2, 1.8 at lr 0.04
+        expected = [round(3.0 - step * lr, 4) for step in range(0, 60, 10)]
+        expected = expected[: next(i for i, v in enumerate(expected) if v <= 2.0) + 1]
+        assert result["reached"] and [p[2] for p in result["curve"]] == expected, lr
+    assert "Target: val_loss <= 2" in capsys.readouterr().out
+
+
+def test_a_hugging_face_trainer_s_eval_line_is_read_as_printed(tmp_path: Path) -> None:
+    study = command_study(
+        tmp_path,
+        HF_STYLE,
+        "python train.py",
+        "metric_from: \"'eval_loss': ([0-9.eE+-]+)\", epoch_from: \"'epoch': ([0-9.]+)\"",
+        value=0.6,
+    )
+    assert main(["run", str(study)]) == 0
+    result = schema.measured(trials_of(tmp_path)[0])
+    # 2.0, 1.0, 0.667, 0.5: reached in the fourth epoch
+    assert result["reached"] and result["best_metric"] == 0.5 and len(result["curve"]) == 4
+    assert result["curve"][-1][1] == 4.0
+
+
+def test_a_pattern_that_never_matches_fails_the_trial_naming_it_and_the_last_lines(
+    tmp_path: Path,
+) -> None:
+    study = command_study(
+        tmp_path, GPT_STYLE, "python train.py --lr={lr}", "metric_from: 'eval_loss=([0-9.]+)'", 1
+    )
+    assert main(["run", str(study)]) == 1  # no trial reached the target
+    reasons = [t.user_attrs["reason"] for t in trials_of(tmp_path)]
+    assert reasons and all(
+        "no line of its output matched metric_from 'eval_loss=([0-9.]+)'" in r
+        and "| iter 50: time 12.3ms" in r
+        for r in reasons
+    ), reasons
+
+
+def test_a_pattern_without_a_group_or_not_a_regular_expression_is_refused(tmp_path: Path) -> None:
+    for pattern, said in (
+        ("val loss [0-9.]+", "a group around the number"),
+        ("(", "not a regular"),
+    ):
+        study = command_study(
+            tmp_path, GPT_STYLE, "python train.py", f"metric_from: '{pattern}'", 1.0
+        )
+        with pytest.raises(SpecError, match=f"task.metric_from: got .*{said}"):
+            from_mapping(yaml.safe_load(study.read_text()), path=study)

@@ -35,6 +35,7 @@ import torch
 from autotune.runners import command_inputs, protocol
 from autotune.runners.command_process import Group, LineReader, exit_status
 from autotune.runners.isolation import RunTrial, TrialFailure
+from autotune.runners.output_metrics import Patterns
 from autotune.runners.tally import Tally
 from autotune.spec import command_line
 from autotune.train import oom, telemetry
@@ -54,6 +55,7 @@ def command_trial(
     metric_name: str,
     env: Mapping[str, str] | None = None,
     devices: int = 1,
+    patterns: Mapping[str, str] | None = None,
 ) -> RunTrial:
     """A RunTrial that runs `command` in `cwd` with the trial's configuration filled in.
 
@@ -88,6 +90,7 @@ def command_trial(
             )
             return _run(
                 launched(argv, devices),
+                patterns=Patterns(patterns) if patterns else None,
                 launcher=devices > 1,
                 cwd=cwd,
                 env=child_env,
@@ -120,6 +123,7 @@ def launched(argv: list[str], devices: int) -> list[str]:
 def _run(
     argv: list[str],
     *,
+    patterns: Patterns | None,
     launcher: bool,
     cwd: Path,
     env: dict[str, str],
@@ -147,7 +151,8 @@ def _run(
             env={**env, protocol.REPORT_FD: str(write_fd), **reach},
             pass_fds=(write_fd,),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            # read where its figures are read from its output
+            stdout=subprocess.PIPE if patterns else subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a group of its own, to stop with everything it starts
         )
@@ -168,6 +173,7 @@ def _run(
         result = _watch(
             group,
             read_fd,
+            patterns=patterns,
             started=started,
             limits=limits,
             hang_after=hang_after,
@@ -183,12 +189,15 @@ def _run(
             os.close(write_fd)
         os.close(read_fd)
         process.stderr.close()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def _watch(
     group: Group,
     read_fd: int,
     *,
+    patterns: Patterns | None,
     started: float,
     limits: Limits,
     hang_after: float,
@@ -197,13 +206,15 @@ def _watch(
     progress: Progress | None,
 ) -> TrialResult:
     reports, stderr = LineReader(read_fd), LineReader(group.process.stderr.fileno())
+    stdout = LineReader(group.process.stdout.fileno()) if patterns else None
+    outputs = [r for r in (reports, stderr, stdout) if r is not None]
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
     tally = Tally(limits=limits, device=device)
     # its errors, over all it writes: a rank's out-of-memory error can sit far above the
     # launcher's own lines about it
     errors = oom.FinalErrors()
     with selectors.DefaultSelector() as selector:
-        for lines in (reports, stderr):
+        for lines in outputs:
             selector.register(lines.fd, selectors.EVENT_READ, lines)
         while True:
             now = time.perf_counter() - started
@@ -213,12 +224,12 @@ def _watch(
                     f"the command's process group was killed"
                 )
             if now >= limits.max_seconds:  # what is read from here on is past the budget
-                return _out_of_time(group, tally, elapsed=now)
+                return _out_of_time(group, tally, elapsed=now, unmatched=_unmatched(patterns, tail))
             # before reading: all it wrote before exiting is then in the pipes
             exited = group.poll()
             if exited:
-                reports.drain()
-                stderr.drain()
+                for output in outputs:
+                    output.drain()
             else:
                 for key, _ in selector.select(
                     min(POLL_SECONDS, limits.max_seconds - now, hang_after - now)
@@ -226,10 +237,16 @@ def _watch(
                     if not key.data.read():
                         selector.unregister(key.fd)
             lines = stderr.take()
-            tail.extend(lines)
             errors.feed(lines)
+            printed = stdout.take() if stdout is not None else []
+            tail.extend([*printed, *lines])
+            read = patterns.reports([*printed, *lines]) if patterns else []
             reached = _take_reports(
-                reports.take(), tally, started=started, metric_name=metric_name, progress=progress
+                [*read, *reports.take()],
+                tally,
+                started=started,
+                metric_name=metric_name,
+                progress=progress,
             )
             if reached is not None:
                 return tally.result(stop_reason="target", elapsed=reached, memory=group.stop())
@@ -240,6 +257,7 @@ def _watch(
                     tail,
                     ran_out=errors.out_of_memory(),
                     elapsed=time.perf_counter() - started,
+                    unmatched=_unmatched(patterns, tail),
                 )
             # reports or not, its clock runs: a silent command is pruned too
             if progress is not None:
@@ -282,19 +300,37 @@ def _take_reports(
     return None
 
 
-def _out_of_time(group: Group, tally: Tally, *, elapsed: float) -> TrialResult:
+def _unmatched(patterns: Patterns | None, tail: Sequence[str]) -> str | None:
+    """Where a metric pattern never matched: the pattern and the last lines the command wrote."""
+    if patterns is None or patterns.matched_metric or patterns.metric_pattern is None:
+        return None
+    lines = "".join(f"\n  | {line[:REASON_LINE_CHARS]}" for line in tail)
+    return f"; no line of its output matched metric_from {patterns.metric_pattern!r}" + (
+        f"; its last lines:{lines}" if lines else ", and it wrote nothing"
+    )
+
+
+def _out_of_time(
+    group: Group, tally: Tally, *, elapsed: float, unmatched: str | None
+) -> TrialResult:
     """The clock reached `max_seconds`: the best metric so far, or a failure without one."""
     if tally.best_metric is None:
         raise TrialFailure(
             f"timeout: no metric reported within the budget's max_seconds of "
             f"{tally.limits.max_seconds:g} s ({tally.reports} report(s) without one"
-            f"{tally.malformed_note()}); the command's process group was killed"
+            f"{tally.malformed_note()}); the command's process group was killed" + (unmatched or "")
         )
     return tally.result(stop_reason="max_seconds", elapsed=elapsed, memory=group.stop())
 
 
 def _after_exit(
-    group: Group, tally: Tally, tail: Sequence[str], *, ran_out: str | None, elapsed: float
+    group: Group,
+    tally: Tally,
+    tail: Sequence[str],
+    *,
+    ran_out: str | None,
+    elapsed: float,
+    unmatched: str | None,
 ) -> TrialResult:
     code = group.process.returncode
     if code != 0:
@@ -314,6 +350,6 @@ def _after_exit(
         raise TrialFailure(
             f"no metric: the command exited with status 0 after {elapsed:.1f} s but never called "
             f"autotune.report with a metric (received {tally.reports} report(s))"
-            f"{tally.malformed_note()}"
+            f"{tally.malformed_note()}" + (unmatched or "")
         )
     return tally.result(stop_reason="max_epochs", elapsed=elapsed, memory=group.stop())

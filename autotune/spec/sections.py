@@ -114,21 +114,46 @@ class CommandTask:
 
     command: str | tuple[str, ...]  # a string is split like a shell would; never run through one
     env: tuple[tuple[str, str], ...] = ()  # extra environment variables, placeholders allowed
+    # figure -> the pattern reading it from the command's output (runners/output_metrics.py)
+    patterns: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
             "command": self.command if isinstance(self.command, str) else list(self.command),
             "env": dict(self.env),
+            **dict(self.patterns),
         }
 
 
 Task = str | CommandTask  # str: a built-in task name or package.module:callable
 
 
+# A command task's patterns, read from its output (runners/output_metrics.py): the study file's
+# key -> the report's key it fills.
+FROM_KEYS = {
+    "metric_from": "metric",
+    "step_from": "step",
+    "loss_from": "loss",
+    "samples_from": "samples",
+    "epoch_from": "epoch",
+}
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """What is wrong with `pattern` as a figure's pattern, or None."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        return f"not a regular expression: {exc}"
+    if compiled.groups < 1:
+        return "a regular expression with a group around the number, e.g. 'val loss ([0-9.eE+-]+)'"
+    return None
+
+
 def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTask:
     """`task: {command: ..., env: {...}}`: its placeholders must name knobs, parameters or the
     names the runner fills, and its program must exist, before any trial runs."""
-    reject_unknown(path, "task.", raw, ("command", "env"))
+    reject_unknown(path, "task.", raw, ("command", "env", *FROM_KEYS))
     command = raw.get("command")
     if isinstance(command, list) and all(isinstance(arg, str) for arg in command) and command:
         command = tuple(command)
@@ -182,7 +207,11 @@ def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTas
         raise SpecError(
             path, "task.command", command if isinstance(command, str) else list(command), str(exc)
         ) from None
-    return CommandTask(command=command, env=tuple(env.items()))
+    patterns = {key: raw[key] for key in FROM_KEYS if raw.get(key) is not None}
+    for key, pattern in patterns.items():
+        why = pattern_problem(pattern) if isinstance(pattern, str) else "a regular expression"
+        require(path, f"task.{key}", pattern, why is None, str(why))
+    return CommandTask(command=command, env=tuple(env.items()), patterns=tuple(patterns.items()))
 
 
 # Words that name a metric lower is better for; such a target must say its direction.

@@ -203,6 +203,7 @@ def _command_trial(spec: StudySpec) -> isolation.RunTrial:
         metric_name=spec.target.metric,
         env=dict(spec.task.env),
         devices=spec.devices_per_trial,
+        patterns=dict(spec.task.patterns),
     )
 
 

@@ -360,7 +360,13 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
         "seed": 11,
         "device": "cpu",
         "metric": "accuracy",
-        "limits": {"target": 0.5, "max_epochs": 3, "max_seconds": 30, "eval_every": 0.25},
+        "limits": {
+            "target": 0.5,
+            "minimize": False,
+            "max_epochs": 3,
+            "max_seconds": 30,
+            "eval_every": 0.25,
+        },
     }
     assert (
         seen["config"]["config"]["prefetch_factor"] is None
