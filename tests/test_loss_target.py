@@ -267,3 +267,23 @@ def test_a_pattern_without_a_group_or_not_a_regular_expression_is_refused(tmp_pa
         )
         with pytest.raises(SpecError, match=f"task.metric_from: got .*{said}"):
             from_mapping(yaml.safe_load(study.read_text()), path=study)
+
+
+def test_each_run_s_output_is_kept_beside_the_storage_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.runners import command_log
+
+    monkeypatch.setattr(command_log, "MAX_BYTES", 200)
+    study = command_study(
+        tmp_path, GPT_STYLE, "python train.py --lr={lr}", "metric_from: 'nothing ([0-9]+)'", 1.0
+    )
+    assert main(["run", str(study)]) == 1
+    logs = tmp_path / "study.db.logs"
+    for trial in trials_of(tmp_path):
+        log = logs / f"run-{trial.user_attrs[schema.SEED]}.log"
+        text = log.read_text()
+        assert text.startswith("step 0: train loss 3.1000, val loss 3.0000\niter 0: time 12.3ms\n")
+        kept, _, note = text.rpartition("[autotune: ")
+        assert len(kept.encode()) <= 200 and note.endswith("more bytes of output not kept]\n")
+        assert trial.user_attrs["reason"].endswith(f"; its output: {log}")

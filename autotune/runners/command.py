@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from autotune.runners import command_inputs, protocol
+from autotune.runners.command_log import OutputLog
 from autotune.runners.command_process import Group, LineReader, exit_status
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.runners.output_metrics import Patterns
@@ -56,6 +57,7 @@ def command_trial(
     env: Mapping[str, str] | None = None,
     devices: int = 1,
     patterns: Mapping[str, str] | None = None,
+    logs: Path | None = None,
 ) -> RunTrial:
     """A RunTrial that runs `command` in `cwd` with the trial's configuration filled in.
 
@@ -91,6 +93,7 @@ def command_trial(
             return _run(
                 launched(argv, devices),
                 patterns=Patterns(patterns) if patterns else None,
+                log=OutputLog(logs, seed) if logs is not None else None,
                 launcher=devices > 1,
                 cwd=cwd,
                 env=child_env,
@@ -124,6 +127,7 @@ def _run(
     argv: list[str],
     *,
     patterns: Patterns | None,
+    log: OutputLog | None,
     launcher: bool,
     cwd: Path,
     env: dict[str, str],
@@ -152,7 +156,7 @@ def _run(
             pass_fds=(write_fd,),
             stdin=subprocess.DEVNULL,
             # read where its figures are read from its output
-            stdout=subprocess.PIPE if patterns else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if patterns or log else subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a group of its own, to stop with everything it starts
         )
@@ -174,6 +178,7 @@ def _run(
             group,
             read_fd,
             patterns=patterns,
+            log=log,
             started=started,
             limits=limits,
             hang_after=hang_after,
@@ -182,7 +187,14 @@ def _run(
             progress=progress,
         )
         return dataclasses.replace(result, gpu=sampler.stop())
+    except TrialFailure as failure:  # where to read what it wrote
+        where = log.where() if log is not None else ""
+        raise TrialFailure(
+            failure.reason + where, oom=failure.oom, diverged=failure.diverged
+        ) from None
     finally:
+        if log is not None:
+            log.close()
         sampler.stop()
         group.stop()  # also when the target was reached, progress raised, or a signal arrived
         if launcher:
@@ -198,6 +210,7 @@ def _watch(
     read_fd: int,
     *,
     patterns: Patterns | None,
+    log: OutputLog | None,
     started: float,
     limits: Limits,
     hang_after: float,
@@ -206,7 +219,7 @@ def _watch(
     progress: Progress | None,
 ) -> TrialResult:
     reports, stderr = LineReader(read_fd), LineReader(group.process.stderr.fileno())
-    stdout = LineReader(group.process.stdout.fileno()) if patterns else None
+    stdout = LineReader(group.process.stdout.fileno()) if patterns or log else None
     outputs = [r for r in (reports, stderr, stdout) if r is not None]
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
     tally = Tally(limits=limits, device=device)
@@ -240,6 +253,8 @@ def _watch(
             errors.feed(lines)
             printed = stdout.take() if stdout is not None else []
             tail.extend([*printed, *lines])
+            if log is not None:
+                log.write([*printed, *lines])
             read = patterns.reports([*printed, *lines]) if patterns else []
             reached = _take_reports(
                 [*read, *reports.take()],
