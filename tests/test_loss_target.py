@@ -287,3 +287,26 @@ def test_each_run_s_output_is_kept_beside_the_storage_and_bounded(
         kept, _, note = text.rpartition("[autotune: ")
         assert len(kept.encode()) <= 200 and note.endswith("more bytes of output not kept]\n")
         assert trial.user_attrs["reason"].endswith(f"; its output: {log}")
+
+
+def test_a_log_never_writes_through_a_link_to_another_file(tmp_path: Path) -> None:
+    """A run's log whose name is a hard link to the study's database, or whose folder is a link:
+    nothing is written, and the file is left as it was."""
+    from autotune.runners.command_log import OutputLog
+
+    precious = tmp_path / "study.db"
+    precious.write_bytes(b"SQLite format 3\0 and the study")
+    logs = tmp_path / "study.db.logs"
+    logs.mkdir()
+    (logs / "run-7.log").hardlink_to(precious)
+    log = OutputLog(logs, seed=7)
+    log.write(["step 1: val loss 2.0"])
+    log.close()
+    assert log.path is None and precious.read_bytes() == b"SQLite format 3\0 and the study"
+    linked = tmp_path / "other.logs"
+    linked.symlink_to(tmp_path)
+    (tmp_path / "run-8.log").write_text("kept")
+    log = OutputLog(linked, seed=8)
+    log.write(["anything"])
+    log.close()
+    assert log.path is None and (tmp_path / "run-8.log").read_text() == "kept"

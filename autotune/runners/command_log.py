@@ -17,13 +17,22 @@ class OutputLog:
     def __init__(self, folder: Path, seed: int) -> None:
         self.path: Path | None = folder / f"run-{seed}.log"
         self.written = self.dropped = 0
+        self._fd: int | None = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            # never through a link: the folder sits beside the study's own files
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._fd: int | None = os.open(self.path, flags, 0o644)
+            # Never through a link, nor over a file with another name: the folder sits beside the
+            # study's own files, and a link could make one of them a run's log.
+            if folder.is_symlink():
+                raise OSError("a link")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(self.path, flags, 0o644)
+            if os.fstat(fd).st_nlink != 1:
+                os.close(fd)
+                raise OSError("a hard link")
+            os.ftruncate(fd, 0)  # the same seed run again: its last output gives way
+            self._fd = fd
         except OSError:
-            self.path, self._fd = None, None
+            self.path = None
 
     def write(self, lines: Iterable[str]) -> None:
         if self._fd is None:
