@@ -5,14 +5,15 @@ in a process group of its own, reads its reports (protocol.py) as they come, and
 time-to-target clock itself: from just before the launch to the moment a report reaching the
 target is read. Then the whole group (the script, its DataLoader workers, anything it started)
 is stopped: SIGTERM, a short grace, SIGKILL; and so is any process under it that left the group
-(descendants.py; the process itself is command_process.py's). The command's stdout is discarded;
-its stderr is read as it comes (so that it cannot fill a pipe) and its last lines kept for a
-failure's reason.
+(descendants.py; the process itself is command_process.py's). Its stdout and stderr are read as
+they come (so that neither can fill a pipe), kept in a log a run (command_log.py), matched
+against the study's patterns where it reads its figures from them (output_metrics.py), and their
+last lines kept for a failure's reason.
 
 Outcomes: a report reaching the target -> reached. The clock at `limits.max_seconds` -> killed,
 not reached ("max_seconds"). Exit status 0 without reaching -> not reached ("max_epochs": the
 script ran its schedule). A failure (`TrialFailure`) otherwise: an exit status other than 0 or a
-signal ("crashed: ..." with the last lines of stderr, or "out of memory: ..." with oom=True when
+signal ("crashed: ..." with the last lines of its output, or "out of memory: ..." with oom=True when
 they show an allocation failure), no metric reported at all ("no metric: ..."), or no outcome
 after `hang_after` wall seconds ("timeout: ...").
 """
@@ -44,8 +45,8 @@ from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
 
 # how often the command's exit is checked; reports are read the moment they come
 POLL_SECONDS = 0.05
-STDERR_LINES = 20  # the last lines of stderr kept for a failure's reason
-REASON_LINE_CHARS = 300  # of each stderr line quoted in a failure's reason
+STDERR_LINES = 20  # the last lines of its output kept for a failure's reason
+REASON_LINE_CHARS = 300  # of each line quoted in a failure's reason
 
 
 def command_trial(
@@ -359,7 +360,7 @@ def _after_exit(
         lines = "".join(f"\n  | {line[:REASON_LINE_CHARS]}" for line in tail)
         raise TrialFailure(
             f"crashed: the command {exit_status(code)}{': ' + last if last else ''}"
-            + (f"\nlast lines of its stderr:{lines}" if lines else " and wrote nothing to stderr")
+            + (f"\nlast lines of its output:{lines}" if lines else " and wrote nothing")
         )
     if tally.best_metric is None:
         raise TrialFailure(

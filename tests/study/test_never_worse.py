@@ -33,7 +33,8 @@ def command_study(folder: Path) -> Path:
     (folder / "train.py").write_text(TRAIN)
     study = {
         "task": {"command": f"{sys.executable} train.py {{seed}} {{lr}}"},
-        "target": {"metric": "val_loss_score", "value": 0.8},
+        # a score made of a loss, higher being better: said so, as such a name asks
+        "target": {"metric": "val_loss_score", "value": 0.8, "direction": "maximize"},
         "space": {"lr": {"low": 0.1, "high": 0.5, "log": True}},
         "baseline": {"lr": 0.05},
         "budget": {"trials": 3, "max_epochs": 1, "max_seconds": 20},
