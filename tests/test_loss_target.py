@@ -17,6 +17,7 @@ from autotune.errors import SpecError
 from autotune.record import objectives, schema
 from autotune.spec.study_file import from_mapping
 from autotune.train.config import Limits, TrialResult
+from tests.record.test_objective import run as objective_run
 
 STUDY = Path("loss.yaml")
 
@@ -54,20 +55,9 @@ def test_a_loss_target_says_its_direction_or_is_refused_naming_the_key() -> None
 
 
 def run(best: float, reached: bool, final: float | None = None) -> TrialResult:
-    return TrialResult(
-        reached=reached,
-        time_to_target=1.0 if reached else None,
-        best_metric=best,
-        train_seconds=2.0,
-        epochs=1.0,
-        optimizer_steps=10,
-        samples_per_second=None,
-        peak_memory_bytes=None,
-        device_name="cpu",
-        torch_version="x",
-        stop_reason="target" if reached else "max_epochs",
-        curve=[(1.0, 1.0, final if final is not None else best)],
-    )
+    """A run whose best metric is `best` (its only evaluation, or `final` after it)."""
+    finals = (best,) if final is None else (best, final)
+    return objective_run(seconds=2.0, reached_at=1.0 if reached else None, finals=finals)
 
 
 def test_reached_at_or_below_and_the_constraint_and_best_the_right_way_round() -> None:
