@@ -144,7 +144,9 @@ def _add_export(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "the flat settings; lightning: JSON sections for lightning.Trainer, DataLoader, "
         "optimizer and LR scheduler; hf: JSON keyword arguments for "
         "transformers.TrainingArguments; torch: a plain PyTorch module; args: one line "
-        "of command-line flags. What a trainer has no equivalent for is named in notes.",
+        "of command-line flags; command: a command study's own command line, filled with the "
+        "winner's values as its trial ran it. What a trainer has no equivalent for is named in "
+        "notes.",
     )
     _add_stored_study(export)
     export.add_argument("--format", required=True, choices=FORMATS)

@@ -270,13 +270,48 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AutotuneError(
             f"{spec.path}: no trial has reached the target yet, so there is nothing to export"
         )
-    text = export.render(summary, args.format)
+    text = (
+        _command_line(spec, study, summary)
+        if args.format == "command"
+        else export.render(summary, args.format)
+    )
     if summary.best.is_baseline and summary.confirmation:  # what it writes is what the user has
         print(f"autotune: {summary.confirmation.why_baseline()}", file=sys.stderr)
     output = Path(args.output) if args.output else outputs.STDOUT
     outputs.check_output(spec, output, option="-o", ours=export.looks_like_export, force=args.force)
     outputs.write(output, text, option="-o")
     return 0
+
+
+def _command_line(spec: StudySpec, study: optuna.Study, summary: Summary) -> str:
+    """The winner's command line, from what the stored study's trials ran: its definition's task
+    and device, the folder its study file names, the seed of the trial it is."""
+    from autotune.export import command
+    from autotune.record import schema, seeds
+
+    stored = schema.definition(study.user_attrs) or {}
+    task = stored.get("task", spec.task if isinstance(spec.task, str) else spec.task.describe())
+    best = summary.best
+    assert best is not None
+    ran = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if (t.number == best.trial if best.trial is not None else schema.is_baseline(t))
+    ]
+    seed = next(
+        (t.user_attrs[schema.SEED] for t in ran if schema.SEED in t.user_attrs),
+        seeds.for_trial(spec.seed, 0),
+    )
+    cwd = task.get("cwd") if isinstance(task, dict) else None
+    return command.render(
+        summary,
+        task=task,
+        folder=(spec.path.resolve().parent / (cwd or ".")).resolve(),
+        seed=seed,
+        device=stored.get("device", "cpu"),
+        limits=stored.get("limits")
+        or {"max_epochs": spec.budget.max_epochs, "eval_every": spec.budget.eval_every},
+    )
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -90,7 +90,7 @@ def test_the_python_api_example_runs_as_written(
 def test_the_command_task_example_is_a_valid_task_beside_the_lightning_study(
     tmp_path: Path,
 ) -> None:
-    from autotune.spec.sections import CommandTask
+    from autotune.spec.command_task import CommandTask
     from autotune.spec.study_file import load
 
     block = block_after("studies/lightning_digits.yaml")

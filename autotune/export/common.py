@@ -71,10 +71,10 @@ def knobs_and_params(summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     (every other key), in order."""
     if summary.knobs is not None:
         raise AutotuneError(
-            f"study {summary.study!r} ran an objective function that reads only "
-            f"{', '.join(summary.knobs) or 'its own parameters'} of autotune's knobs, "
-            f"not a training autotune could write out for a trainer: "
-            f"--format json, yaml or args give what it tuned"
+            f"study {summary.study!r} tuned a training (a command or an objective function) "
+            f"that reads only {', '.join(summary.knobs) or 'its own parameters'} of autotune's "
+            f"knobs, not a training autotune could write out for a trainer: "
+            f"--format json, yaml, args or command give what it tuned"
         )
     values = settings(summary)
     # nothing can stand in for these

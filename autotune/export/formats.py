@@ -38,7 +38,8 @@ RENDERERS: dict[str, Callable[[Summary], str]] = {
     "torch": pytorch.render,  # a Python module in plain PyTorch
     "args": flags.render,  # one line of command-line flags
 }
-FORMATS = tuple(RENDERERS)
+# command: the study's own command line (export/command.py), which needs what its trials ran
+FORMATS = (*RENDERERS, "command")
 
 
 def looks_like_export(text: str) -> bool:
@@ -58,6 +59,6 @@ def looks_like_export(text: str) -> bool:
 
 def render(summary: Summary, fmt: str) -> str:
     """The winner of `summary` (with a winner) in format `fmt`."""
-    if fmt not in RENDERERS:
+    if fmt not in RENDERERS:  # command: export/command.render, given what its trials ran
         raise AutotuneError(f"--format: got {fmt!r}; expected one of {', '.join(FORMATS)}")
     return RENDERERS[fmt](summary)

@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,11 +60,13 @@ def command_trial(
     devices: int = 1,
     patterns: Mapping[str, str] | None = None,
     logs: Path | None = None,
+    written: Mapping[str, Mapping[Any, str]] | None = None,
 ) -> RunTrial:
     """A RunTrial that runs `command` in `cwd` with the trial's configuration filled in.
 
     `env` adds variables (placeholders filled as in the command) to the environment autotune runs
-    in. Placeholders are checked for form here; `validate` also checks their names. With
+    in; `written` maps a placeholder's values to the script's own terms (the task's `values:`).
+    Placeholders are checked for form here; `validate` also checks their names. With
     `devices` > 1 the command runs once a device under torch.distributed's launcher (launched).
     """
     args, env = command_line.split(command), dict(env or {})
@@ -90,6 +93,8 @@ def command_trial(
                 device=device,
                 seed=seed,
                 metric_name=metric_name,
+                written=written,
+                processes=devices,
             )
             return _run(
                 launched(argv, devices),

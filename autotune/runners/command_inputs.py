@@ -13,11 +13,13 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from autotune.runners import protocol
 from autotune.runners.isolation import TrialFailure
+from autotune.search.recipe import thread_env
 from autotune.spec import command_line
 from autotune.train.config import Limits, TrialConfig
 
@@ -63,9 +65,12 @@ def inputs_for(
     device: torch.device,
     seed: int,
     metric_name: str,
+    written: Mapping[str, Mapping[Any, str]] | None = None,
+    processes: int = 1,
 ) -> tuple[list[str], dict[str, str]]:
     """The command's arguments and its whole environment for one trial, with its configuration
-    file written in `folder`."""
+    file written in `folder`; values in the script's own terms where `written` maps them, and the
+    thread settings an in-process trial gets (recipe.thread_env) unless `env` names them."""
     config_file = _write_config(
         folder / "config.json",
         config,
@@ -82,7 +87,8 @@ def inputs_for(
         "eval_every": limits.eval_every,
         "config_file": str(config_file),
     }
-    return _filled(args, env, values, config_file=config_file)
+    env = {**thread_env(config.num_workers, processes=processes), **env}
+    return _filled(args, env, values, written or {}, config_file=config_file)
 
 
 def _write_config(
@@ -117,12 +123,17 @@ def _write_config(
 
 
 def _filled(
-    args: list[str], env: dict[str, str], values: Mapping[str, object], *, config_file: Path
+    args: list[str],
+    env: dict[str, str],
+    values: Mapping[str, object],
+    written: Mapping[str, Mapping[Any, str]],
+    *,
+    config_file: Path,
 ) -> tuple[list[str], dict[str, str]]:
     """The command's arguments and its whole environment, their placeholders filled."""
     try:
-        argv = command_line.fill_all(args, values)
-        filled = {name: command_line.fill(template, values) for name, template in env.items()}
+        argv = command_line.fill_all(args, values, written)
+        filled = {name: command_line.fill(t, values, written) for name, t in env.items()}
     except KeyError as exc:  # the spec loader validates names; this is the fallback
         raise TrialFailure(
             f"crashed: the command names {{{exc.args[0]}}}, which the configuration lacks"

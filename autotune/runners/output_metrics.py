@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
-from autotune.spec.sections import FROM_KEYS
+from autotune.spec.command_task import FROM_KEYS
 
 WHOLE = {"step", "samples"}  # written as whole numbers in a report
 

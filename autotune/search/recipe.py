@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,6 +114,20 @@ def loader_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 WORKER_THREADS = 1  # torch threads in each DataLoader worker: one process on one core
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def thread_env(num_workers: int, *, processes: int = 1) -> dict[str, str]:
+    """OMP_NUM_THREADS and MKL_NUM_THREADS for a training command, as an in-process trial sets
+    torch's threads: the cores its loader workers leave, shared by its `processes`."""
+    count = str(training_threads(cores(), num_workers, processes=processes))
+    return {"OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
 
 
 def training_threads(cores: int, num_workers: int, *, processes: int = 1) -> int:

@@ -15,11 +15,15 @@ How a value is written:
 
     str                  as it is
     int                  12
-    float                the shortest form that reads back as the same number: 0.01, 1e-05;
-                         a whole number without a fraction (8.0 -> 8), so `type=int` parses it
-    bool                 true / false
     {name:YES/NO}        YES when the value is true (true, non-zero, non-empty), NO otherwise:
                          {pin_memory:--pin-memory/--no-pin-memory}, {pin_memory:--pin-memory/}
+    a mapped value       as the task's `values:` writes it: with `values: {precision: {bf16:
+                         bfloat16}}`, {precision} is bfloat16 where the value is bf16
+    float                the shortest form that reads back as the same number: 0.01, 1e-05;
+                         a whole number without a fraction (8.0 -> 8), so `type=int` parses it
+    bool                 True / False: what Python's literal_eval, Hydra, Fire, jsonargparse and
+                         `value.lower() == "true"` all read (argparse's `type=bool` reads any
+                         non-empty text as True: use {name:YES/NO} or a `values:` map there)
     None                 the whole argument holding the placeholder is left out, so write
                          `--prefetch-factor={prefetch_factor}` as one argument: without workers
                          the option is gone and the script's default applies
@@ -100,9 +104,11 @@ def validate(
         )
 
 
-def fill(template: str, values: Mapping[str, Any]) -> str | None:
-    """One argument with its placeholders filled; None when it is to be left out (see the
-    module's doc)."""
+def fill(
+    template: str, values: Mapping[str, Any], written: Mapping[str, Mapping[Any, str]] | None = None
+) -> str | None:
+    """One argument with its placeholders filled, a value in `written[name]` as it says; None
+    when it is to be left out (see the module's doc)."""
     parts = []
     for literal, name, spec in _parse(template):
         parts.append(literal)
@@ -114,18 +120,30 @@ def fill(template: str, values: Mapping[str, Any]) -> str | None:
         elif value is None:
             return None
         else:
-            parts.append(as_argument(value))
+            parts.append(_mapped((written or {}).get(name, {}), value))
     text = "".join(parts)
     return text or None
 
 
-def fill_all(templates: Iterable[str], values: Mapping[str, Any]) -> list[str]:
-    return [arg for arg in (fill(t, values) for t in templates) if arg is not None]
+def fill_all(
+    templates: Iterable[str],
+    values: Mapping[str, Any],
+    written: Mapping[str, Mapping[Any, str]] | None = None,
+) -> list[str]:
+    return [arg for arg in (fill(t, values, written) for t in templates) if arg is not None]
+
+
+def _mapped(written: Mapping[Any, str], value: Any) -> str:
+    """`value` as the map writes it (a boolean matching only a boolean), else as_argument's."""
+    for key, text in written.items():
+        if isinstance(key, bool) == isinstance(value, bool) and key == value:
+            return text
+    return as_argument(value)
 
 
 def as_argument(value: Any) -> str:
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return "True" if value else "False"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return repr(value) if isinstance(value, float) else str(value)

@@ -1,4 +1,4 @@
-"""The study file's target, budget, confirm and command-task sections: each one's frozen
+"""The study file's target, budget and confirm sections: each one's frozen
 dataclass, defaults and limits, and its reader. Like every check of the study file, a reader
 raises `SpecError` naming the file, the key, the value it got and what would be accepted.
 """
@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.search.space import KNOBS, Space
-from autotune.spec import command_line
-from autotune.spec.checks import is_int, mapping, number, reject_unknown, require
+from autotune.spec.checks import is_int, mapping, number, require
 
 ACCURACY = "accuracy"  # a fraction of the validation set, by every route
 BUDGET_DEFAULTS = {
@@ -105,113 +103,6 @@ class Confirm:
     # beside the fastest trial in a narrower precision, its maths in fp32: samples to target
     # compared
     precision: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandTask:
-    """A training command run once per trial, in the study file's folder
-    (autotune/runners/command.py)."""
-
-    command: str | tuple[str, ...]  # a string is split like a shell would; never run through one
-    env: tuple[tuple[str, str], ...] = ()  # extra environment variables, placeholders allowed
-    # figure -> the pattern reading it from the command's output (runners/output_metrics.py)
-    patterns: tuple[tuple[str, str], ...] = ()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "command": self.command if isinstance(self.command, str) else list(self.command),
-            "env": dict(self.env),
-            **dict(self.patterns),
-        }
-
-
-Task = str | CommandTask  # str: a built-in task name or package.module:callable
-
-
-# A command task's patterns, read from its output (runners/output_metrics.py): the study file's
-# key -> the report's key it fills.
-FROM_KEYS = {
-    "metric_from": "metric",
-    "step_from": "step",
-    "loss_from": "loss",
-    "samples_from": "samples",
-    "epoch_from": "epoch",
-}
-
-
-def pattern_problem(pattern: str) -> str | None:
-    """What is wrong with `pattern` as a figure's pattern, or None."""
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        return f"not a regular expression: {exc}"
-    if compiled.groups < 1:
-        return "a regular expression with a group around the number, e.g. 'val loss ([0-9.eE+-]+)'"
-    return None
-
-
-def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTask:
-    """`task: {command: ..., env: {...}}`: its placeholders must name knobs, parameters or the
-    names the runner fills, and its program must exist, before any trial runs."""
-    reject_unknown(path, "task.", raw, ("command", "env", *FROM_KEYS))
-    command = raw.get("command")
-    if isinstance(command, list) and all(isinstance(arg, str) for arg in command) and command:
-        command = tuple(command)
-    require(
-        path,
-        "task.command",
-        command,
-        (isinstance(command, str) and command.strip() != "") or isinstance(command, tuple),
-        "a command line (a string, or a list of its arguments) with {knob} placeholders",
-    )
-    env = raw.get("env") or {}
-    require(
-        path,
-        "task.env",
-        env,
-        isinstance(env, Mapping),
-        "a mapping of environment variable names to values",
-    )
-    for key, value in env.items():
-        # What the operating system takes as a variable's name and value: no '=' in a name, no NUL
-        # anywhere.
-        require(
-            path,
-            f"task.env.{key}",
-            key,
-            isinstance(key, str) and key != "" and "=" not in key and "\0" not in key,
-            "a variable's name: text without '=' or NUL",
-        )
-        require(
-            path,
-            f"task.env.{key}",
-            value,
-            isinstance(value, (str, int, float))
-            and not isinstance(value, bool)
-            and "\0" not in str(value),
-            "a string or a number (with no NUL character)",
-        )
-    env = {key: str(value) for key, value in env.items()}
-    for key, value in env.items():  # a placeholder is named where it is written
-        try:
-            command_line.validate((value,), known=[*KNOBS, *dict(space.params)], cwd=None)
-        except ValueError as exc:
-            raise SpecError(
-                path, f"task.env.{key}", value, str(exc).replace("the command names", "it names")
-            ) from None
-    try:
-        command_line.validate(
-            command, known=[*KNOBS, *dict(space.params)], cwd=path.resolve().parent
-        )
-    except ValueError as exc:
-        raise SpecError(
-            path, "task.command", command if isinstance(command, str) else list(command), str(exc)
-        ) from None
-    patterns = {key: raw[key] for key in FROM_KEYS if raw.get(key) is not None}
-    for key, pattern in patterns.items():
-        why = pattern_problem(pattern) if isinstance(pattern, str) else "a regular expression"
-        require(path, f"task.{key}", pattern, why is None, str(why))
-    return CommandTask(command=command, env=tuple(env.items()), patterns=tuple(patterns.items()))
 
 
 # Words that name a metric lower is better for; such a target must say its direction.

@@ -1,9 +1,9 @@
 """The study file: read once, validated strictly, frozen.
 
 Every mistake raises `SpecError` naming the file, the key, the value it got and what would be
-accepted. The `space` and `baseline` sections are read in space_section.py, the target, budget,
-confirm and command-task sections in sections.py, the storage URL in storage_url.py; checks.py
-holds the checks the sections share, and parses the YAML.
+accepted. The `space` and `baseline` sections are read in space_section.py, the target, budget
+and confirm sections in sections.py, a command task in command_task.py, the storage URL in
+storage_url.py; checks.py holds the checks the sections share, and parses the YAML.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.search.space import Space
-from autotune.spec import sections, space_section
+from autotune.spec import command_task, sections, space_section
 from autotune.spec.checks import read_yaml, reject_unknown, require, whole_number
-from autotune.spec.sections import Budget, Confirm, Target, Task
+from autotune.spec.command_task import CommandTask
+from autotune.spec.sections import Budget, Confirm, Target
 from autotune.spec.storage_url import storage_url
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -44,7 +45,7 @@ OBJECTIVES = (TIME_TO_TARGET, FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY)
 class StudySpec:
     path: Path
     name: str
-    task: Task
+    task: str | CommandTask  # a built-in task name or package.module:callable, or a command
     target: Target
     space: Space
     budget: Budget
@@ -237,7 +238,7 @@ def from_mapping(
     return StudySpec(
         path=path,
         name=name,
-        task=task if isinstance(task, str) else sections.command_task(path, task, space),
+        task=task if isinstance(task, str) else command_task.command_task(path, task, space),
         target=sections.target(path, raw["target"]),
         space=space,
         budget=budget,
@@ -286,7 +287,7 @@ def _name(path: Path, raw: Mapping[str, Any]) -> str:
 
 
 def _task(path: Path, raw: Mapping[str, Any]) -> str | Mapping[str, Any]:
-    """The task as given: a name, or the mapping sections.command_task reads once the space is."""
+    """The task as given: a name, or the mapping command_task() reads once the space is."""
     task = raw["task"]
     require(
         path,

@@ -21,8 +21,8 @@ from autotune.errors import SpecError
 from autotune.record import definition, objectives
 from autotune.runners import command, descendants, distributed, isolation, modes
 from autotune.search import devices
-from autotune.search.space import KNOBS, Space
-from autotune.spec.sections import CommandTask
+from autotune.search.space import KNOBS, Choices, Space
+from autotune.spec.command_task import CommandTask
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
 from autotune.study import feasibility, storage
 from autotune.train import checkpointing, systems, telemetry
@@ -93,6 +93,11 @@ def prepare(
         feasibility.check_datasets(spec, task)
     space, baseline, fitted = fit_to_device(spec, device, task)
     notices += fitted
+    knobs = tuple(KNOBS)
+    if isinstance(spec.task, CommandTask):
+        knobs = spec.task.knobs_read()
+        space, baseline, unread = _unread_fixed(space, baseline, knobs)
+        notices += unread
     if task is not None and objective is None:
         feasibility.check_task(spec, space, task)
         space = feasibility.check_feasible(spec, space, baseline, task, notices)
@@ -105,7 +110,7 @@ def prepare(
         definition=definition.for_spec(spec, space=space, device=device.type),
     )
     if isinstance(spec.task, CommandTask):  # runs in a process of its own whatever `isolation` says
-        return prepared(task=None, isolation="process", run_trial=_command_trial(spec))
+        return prepared(task=None, isolation="process", run_trial=_command_trial(spec), knobs=knobs)
     if in_memory:
         _check_in_memory(spec, objective=objective)
     if objective is not None:
@@ -199,13 +204,44 @@ def _command_trial(spec: StudySpec) -> isolation.RunTrial:
     assert isinstance(spec.task, CommandTask)
     return command.command_trial(
         spec.task.command,
-        cwd=spec.path.resolve().parent,
+        cwd=spec.task.folder(spec.path),
         hang_after=spec.budget.trial_timeout,
         metric_name=spec.target.metric,
         env=dict(spec.task.env),
         devices=spec.devices_per_trial,
         patterns=dict(spec.task.patterns),
         logs=output_logs(spec),
+        written=spec.task.written_as(),
+    )
+
+
+def _unread_fixed(
+    space: Space, baseline: dict[str, Any], knobs: tuple[str, ...]
+) -> tuple[Space, dict[str, Any], list[str]]:
+    """Each knob a command never names fixed at the baseline's value: searching what the script
+    never receives would only add noise, and exporting it would claim it did something. One
+    notice names those the space would have searched."""
+    searched = []
+    for name, domain in space.domains:
+        if name in knobs:
+            continue
+        if not (isinstance(domain, Choices) and len(domain.values) == 1):
+            searched.append(name)
+        value = baseline[name]
+        if name == "prefetch_factor" and value is None:
+            value = 2  # torch's default: its trials' workers, if the script has any, get it
+        space = space.replace(name, Choices((value,)))
+    if not searched:
+        return space, baseline, []
+    return (
+        space,
+        baseline,
+        [
+            f"the command never names {', '.join('{' + k + '}' for k in searched)}: "
+            "not searched and not exported (each stays at the baseline's value); name one in "
+            "task.command or task.env to tune it, or {config_file} where the script reads its "
+            "whole configuration"
+        ],
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from autotune.search.recipe import training_threads
+from autotune.search.recipe import cores, training_threads
 
 
 class Clock:
@@ -65,9 +65,7 @@ class Clock:
 
 
 def cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
+    return cores()
 
 
 def threads_for(num_workers: int, *, processes: int = 1) -> int:

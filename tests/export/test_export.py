@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.export import FORMATS, render
+from autotune.export.formats import RENDERERS  # each but command, which needs a command study
 from autotune.record.summary import Counts, Summary, Target, Winner
 from autotune.report.summarize import of_study
 from autotune.search.knob import DDP_NAMES, PRECISIONS
@@ -1107,7 +1108,7 @@ def test_every_format_knows_the_built_in_sgd_by_the_name_older_studies_stored() 
         summary_for(params, optimizer=STORED_BUILT_IN),
         summary_for(params, optimizer=BUILT_IN),
     )
-    for fmt in FORMATS:
+    for fmt in RENDERERS:
         assert render(old, fmt) == render(new, fmt).replace(BUILT_IN, STORED_BUILT_IN), fmt
     assert json.loads(render(old, "lightning"))["optimizer"]["class_path"] == "torch.optim.SGD"
     assert json.loads(render(old, "hf"))["training_arguments"]["optim"] == "sgd"
@@ -1230,7 +1231,7 @@ def test_a_winner_stored_before_the_systems_knobs_ran_without_them(tmp_path: Pat
         render(summary, "torch"), summary, dataset=_blobs(64, 0), model_factory=blobs_model, steps=1
     )
     as_none = summary_for({**stored, **dict.fromkeys(SYSTEMS)})
-    for fmt in FORMATS:
+    for fmt in RENDERERS:
         assert render(as_none, fmt) == render(summary, fmt), fmt
     with pytest.raises(
         AutotuneError,
@@ -1307,11 +1308,14 @@ def test_every_format_for_a_real_digits_study(
     )
 
     files = {}
-    for fmt in FORMATS:
+    for fmt in RENDERERS:
         files[fmt] = tmp_path / f"best.{fmt}"
         assert main(["export", str(path), "--format", fmt, "-o", str(files[fmt])]) == 0, (
             capsys.readouterr().err
         )
+    # a built-in task has no command line of its own to fill
+    assert main(["export", str(path), "--format", "command"]) == 2
+    assert "trains a built-in or Python task, not a command" in capsys.readouterr().err
     assert json.loads(files["json"].read_text()) == params
     assert yaml.safe_load(files["yaml"].read_text()) == params
     assert (

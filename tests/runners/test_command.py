@@ -345,7 +345,7 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
         "3",
         "--scheduler",
         "one cycle",
-        "--pin=false",
+        "--pin=False",
         "--width",
         "48",
         "--seed",
@@ -384,8 +384,8 @@ def test_the_configuration_reaches_the_command_as_flags_a_json_file_and_the_envi
         ("{max_epochs}", {"max_epochs": 8.0}, "8"),  # reads back with type=int too
         ("{max_epochs}", {"max_epochs": 2.5}, "2.5"),
         ("{batch_size}", {"batch_size": 64}, "64"),
-        ("{pin_memory}", {"pin_memory": True}, "true"),
-        ("{pin_memory}", {"pin_memory": False}, "false"),
+        ("{pin_memory}", {"pin_memory": True}, "True"),
+        ("{pin_memory}", {"pin_memory": False}, "False"),
         ("{pin_memory:--pin-memory/--no-pin-memory}", {"pin_memory": False}, "--no-pin-memory"),
         ("{pin_memory:--pin-memory/}", {"pin_memory": True}, "--pin-memory"),
         ("{pin_memory:--pin-memory/}", {"pin_memory": False}, None),  # empty: left out
