@@ -298,10 +298,7 @@ def _command_line(spec: StudySpec, study: optuna.Study, summary: Summary) -> str
         for t in study.get_trials(deepcopy=False)
         if (t.number == best.trial if best.trial is not None else schema.is_baseline(t))
     ]
-    seed = next(
-        (t.user_attrs[schema.SEED] for t in ran if schema.SEED in t.user_attrs),
-        seeds.for_trial(spec.seed, 0),
-    )
+    seed = next((s for s in map(schema.seed, ran) if s is not None), seeds.for_trial(spec.seed, 0))
     cwd = task.get("cwd") if isinstance(task, dict) else None
     return command.render(
         summary,

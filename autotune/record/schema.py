@@ -248,6 +248,11 @@ def config(trial: Any) -> dict[str, Any] | None:
     return None if (stored := trial.user_attrs.get(CONFIG)) is None else complete(stored)
 
 
+def seed(trial: Any) -> int | None:
+    """The seed of its first run; None for a trial that never ran."""
+    return trial.user_attrs.get(SEED)
+
+
 def devices(trial: Any) -> list[str] | None:
     """The GPUs its --workers worker was given; None where no worker was given any."""
     return trial.user_attrs.get(DEVICES)

@@ -151,6 +151,8 @@ def learning_curves(
 def oom_map(records: pd.DataFrame) -> Figure:
     """Batch size against precision: where trials ran, ran out of memory, or were known to."""
     figure, axes = _figure("Out-of-memory map")
+    if _unread(axes, records, "batch_size", "precision"):
+        return figure
     tried = records.dropna(subset=["batch_size", "precision"])
     precisions = [p for p in PRECISIONS if p in set(tried["precision"])]
     sizes = sorted({int(b) for b in tried["batch_size"]})
@@ -198,6 +200,8 @@ def throughput_figure(records: pd.DataFrame) -> Figure:
     figure = Figure(figsize=(SIZE[0], SIZE[1] * 1.3), layout="constrained")
     speed, wait = figure.subplots(2, 1, sharex=True)
     speed.set_title("Throughput against the loader and precision", fontsize=11)
+    if _unread(speed, records, "num_workers", "precision"):
+        return figure
     measured = records.dropna(subset=["samples_per_second", "num_workers"])
     if measured.empty:
         _note(speed, "no trial ran past its warm-up")
@@ -226,6 +230,15 @@ def throughput_figure(records: pd.DataFrame) -> Figure:
     if precisions:
         speed.legend(fontsize=8, title="precision", title_fontsize=8)
     return figure
+
+
+def _unread(axes: Any, records: pd.DataFrame, *knobs: str) -> bool:
+    """Whether the training reads none of `knobs` (a command that never names one, an objective
+    that takes none): the plot says so rather than charting what did not vary."""
+    missing = [k for k in knobs if k not in records.columns]
+    if missing:
+        _note(axes, f"the training does not read {' or '.join(missing)}")
+    return bool(missing)
 
 
 def _loader_label(row: pd.Series) -> str:

@@ -12,6 +12,7 @@ import time
 parser = argparse.ArgumentParser()
 parser.add_argument("--seed", type=int, required=True)
 parser.add_argument("--pids", required=True)
+parser.add_argument("--batch-size", type=int)  # named so that autotune searches it; unused
 args = parser.parse_args()
 trial = args.seed % 100_000  # autotune's trial seed is study seed * 100000 + trial number
 with open(os.path.join(args.pids, f"{trial}-{os.getpid()}"), "w"):

@@ -631,7 +631,7 @@ def test_a_command_task_is_pruned_by_killing_it_and_its_oom_is_an_oom(
     study = {
         "task": {
             "command": f"{sys.executable} {REPO / 'tests' / 'commands' / 'by_trial.py'} "
-            f"--seed {{seed}} --pids {pids}"
+            f"--seed {{seed}} --pids {pids} --batch-size {{batch_size}}"
         },
         "target": {"metric": "accuracy", "value": 0.9},
         "space": {
