@@ -185,8 +185,8 @@ def _values(
     path: Path, raw: Any, space: Space, named: set[str]
 ) -> tuple[tuple[str, tuple[tuple[Any, str], ...]], ...]:
     """`values: {precision: {bf16: bfloat16, fp32: float32}}`: how the command writes a knob's (or
-    a parameter's) values. Each name must be one the command names and one with choices; each
-    value one of those choices; a value left out is written as usual."""
+    a parameter's) values. Each name must be one the command names; each value one the knob
+    takes (a parameter: one of its choices); a value left out is written as usual."""
     if raw is None:
         return ()
     require(
@@ -208,7 +208,6 @@ def _values(
             name in named,
             f"a name the command or its env writes as {{{name}}}; it names none",
         )
-        domain = domains[name]
         require(
             path,
             key,
@@ -217,23 +216,17 @@ def _values(
             "a mapping of the knob's values to how the command writes each, "
             "e.g. {bf16: bfloat16, fp16: float16, fp32: float32}",
         )
-        choices = domain.values if isinstance(domain, Choices) else ()
+        domain = domains[name]
         require(
             path,
             key,
             name,
-            isinstance(domain, Choices),
-            "a knob with choices; a range's numbers are written as numbers",
+            name in KNOBS or isinstance(domain, Choices),
+            "a knob, or a parameter with choices; a range's numbers are written as numbers",
         )
         pairs = []
         for value, text in written.items():
-            require(
-                path,
-                f"{key}.{value}",
-                value,
-                any(_same(value, choice) for choice in choices),
-                f"one of the values of {name}: {', '.join(map(command_line.as_argument, choices))}",
-            )
+            require(path, f"{key}.{value}", value, *_takes(name, value, domain))
             require(
                 path,
                 f"{key}.{value}",
@@ -244,6 +237,18 @@ def _values(
             pairs.append((value, text if isinstance(text, str) else command_line.as_argument(text)))
         maps.append((name, tuple(pairs)))
     return tuple(maps)
+
+
+def _takes(name: str, value: Any, domain: Any) -> tuple[bool, str]:
+    """Whether `name` can take `value` (a knob: any value it accepts, searched here or not; a
+    parameter: one of its choices), and what it takes."""
+    if name in KNOBS:
+        why = KNOBS[name].check(value)
+        return why is None, str(why)
+    choices = domain.values
+    return any(_same(value, c) for c in choices), (
+        f"one of the values of {name}: {', '.join(map(command_line.as_argument, choices))}"
+    )
 
 
 def _same(value: Any, choice: Any) -> bool:

@@ -133,11 +133,8 @@ def test_a_study_s_threads_yield_to_what_its_env_says(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "key", "said"),
     [
-        (
-            {"values": {"precision": {"int8": "x"}}},
-            "task.values.precision.int8",
-            "one of the values",
-        ),
+        ({"values": {"precision": {"int8": "x"}}}, "task.values.precision.int8", "takes one of"),
+        ({"values": {"channels_last": {3: "x"}}}, "task.values.channels_last.3", "true or false"),
         ({"values": {"num_workers": {0: "none"}}}, "task.values.num_workers", "it names none"),
         ({"values": {"widht": {1: "small"}}}, "task.values.widht", "a knob or parameter"),
         ({"values": {"precision": "bf16"}}, "task.values.precision", "a mapping of the knob"),
