@@ -35,11 +35,13 @@ def run_candidates(
     on_run: Callable[[], None] | None = None,
     until_resolved: bool = False,
     memo: probe_memo.Memo | None = None,
+    metric_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every candidate once per seed, interleaved, the baseline last; one record per run.
     With `until_resolved`, the baseline's runs stop once `baseline_resolved`: last, so that at its
     second turn every candidate has run twice, and its first run may be enough. `memo`: the runs
-    an earlier run of this confirmation kept, and where to keep new ones.
+    an earlier run of this confirmation kept, and where to keep new ones. With `metric_name`,
+    each run shows its steps and last metric as a trial's do.
 
     A run that fails (runs out of memory, hangs, crashes) counts as not reaching the target.
     """
@@ -47,10 +49,16 @@ def run_candidates(
     def one_run(
         _: str, label: str, config: Mapping[str, Any], limits: Limits, **where: Any
     ) -> dict:
+        shown = _shown(f"confirming {label}, seed {where['seed']}", metric_name)
         try:
-            result = run_trial(TrialConfig.from_mapping(config), limits=limits, **where)
+            result = run_trial(
+                TrialConfig.from_mapping(config), limits=limits, progress=shown, **where
+            )
         except TrialFailure as failure:
             return runs.failed_confirmation(failure.reason, label=label, seed=where["seed"])
+        finally:
+            if shown is not None:
+                shown.close()
         return runs.confirmation_run(result, label=label, seed=where["seed"])
 
     memo = memo or probe_memo.Memo()
@@ -67,6 +75,32 @@ def run_candidates(
             if on_run is not None:
                 on_run()
     return records
+
+
+class _Shown:
+    """A confirmation run's progress, shown as a trial's is: its steps and last metric."""
+
+    def __init__(self, desc: str, metric_name: str) -> None:
+        self.metric_name = metric_name
+        self.bar = progress.bar(
+            desc, unit="step", leave=False, announce=False, every=progress.LINE_EVERY_SECONDS
+        )
+
+    def __call__(
+        self, steps: int, total: int, metric: float | None, seconds: float, paused: float
+    ) -> None:
+        signals.check()
+        self.bar.total = total
+        self.bar.update(steps - self.bar.n)
+        if metric is not None:
+            self.bar.set_postfix_str(f"{self.metric_name}={metric:.4f}", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _shown(desc: str, metric_name: str | None) -> _Shown | None:
+    return None if metric_name is None else _Shown(desc, metric_name)
 
 
 def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> dict[str, Any] | None:
@@ -102,6 +136,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
                 device=prepared.device,
                 on_run=lambda: (bar.update(1), signals.check()),
                 memo=memo,
+                metric_name=spec.target.metric,
             )
             records = run(candidates, seeds=fresh_seeds, until_resolved=until_resolved)
             added = _until_resolved(spec, run, candidates, records, bar)

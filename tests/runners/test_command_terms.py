@@ -14,6 +14,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune import progress
 from autotune.cli import main
 from autotune.errors import SpecError
 from autotune.record import schema
@@ -150,3 +151,21 @@ def test_a_value_map_or_folder_that_cannot_work_is_refused_naming_its_key(
     with pytest.raises(SpecError) as refused:
         from_mapping(raw, path=path)
     assert refused.value.key == key and said in str(refused.value), str(refused.value)
+
+
+def test_the_confirmation_shows_each_run_s_steps_and_last_metric_as_a_trial_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "LINE_EVERY_SECONDS", 0.001)  # a line at every report
+    study = {
+        **STUDY,
+        "task": {**STUDY["task"], "step_from": "step ([0-9]+):"},
+        "budget": {"trials": 1, "max_seconds": 30},
+        "confirm": {"top": 1, "runs": 1},
+    }
+    assert main(["run", str(study_in(tmp_path, study))]) == 0
+    err = capsys.readouterr().err
+    shown = [line for line in err.splitlines() if line.startswith("confirming ")]
+    for label in ("trial 0", "baseline"):
+        # each run's steps and its last metric before the one that reached the target (1.0)
+        assert f"confirming {label}, seed 50000: 2 steps, val_loss=1.5000" in shown, shown
