@@ -144,9 +144,7 @@ def test_tunes_a_plain_objective_with_params_of_its_own(tmp_path: Path) -> None:
     assert table == [
         "trial",
         "seconds",
-        "score",
-        "epochs",
-        "samples/s",
+        "score",  # no epochs or samples/s: a function reports neither
         "lr",
         "scheduler",
         "batch_size",

@@ -107,12 +107,13 @@ def _counts(summary: Summary) -> str:
 def _fastest(summary: Summary, top: pd.DataFrame) -> list[str]:
     """The fastest feasible trials as a table, with how many runs each time is the mean of."""
     metric_label = objectives.of(summary.objective).metric_label + summary.target.metric
+    # a figure no trial reported (an iteration-based script has no epochs) is left out
+    reported = [c for c in ("epochs", "samples_per_second") if top[c].notna().any()]
     columns = [
         "number",
         "seconds",
         "objective_metric",
-        "epochs",
-        "samples_per_second",
+        *reported,
         *results.knob_names(top),
         *results.param_names(top),
         *(["devices"] if top["devices"].notna().any() else []),  # under --workers on GPUs
