@@ -303,6 +303,8 @@ class Summary:
     measurements_kept: int = 0
     # the cores other processes kept busy while the trials trained: trials, median, min, max, cores
     trials_load: Mapping[str, Any] | None = None
+    # a command study's folder of each run's output (run-SEED.log); None for any other
+    logs: str | None = None
 
     @property
     def fixed_schedule(self) -> bool:
@@ -310,8 +312,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         """`autotune report --json`: plain JSON values, every key present (null when unknown) but
-        `stale_confirmation`, `knobs`, `throughput`, `devices_per_trial` (where not 1) and
-        `measurements_kept` (where not 0), there only when they apply."""
+        `stale_confirmation`, `knobs`, `throughput`, `devices_per_trial` (where not 1),
+        `measurements_kept` (where not 0) and `logs`, there only when they apply."""
         out: dict[str, Any] = {
             "study": self.study,
             "target": self.target.as_record(),
@@ -339,6 +341,8 @@ class Summary:
             out["measurements_kept"] = self.measurements_kept
         if self.trials_load is not None:
             out["trials_load"] = dict(self.trials_load)
+        if self.logs is not None:
+            out["logs"] = self.logs
         return out
 
     def load_sentence(self) -> str:

@@ -21,7 +21,9 @@ from autotune.record.summary import (
 from autotune.report import results, time_spent, winner
 from autotune.search.knob import DDP_NAMES
 from autotune.search.space import KNOBS, complete
+from autotune.spec.command_task import CommandTask
 from autotune.spec.sections import Target
+from autotune.spec.storage_url import logs_folder
 from autotune.spec.study_file import TIME_TO_TARGET
 
 
@@ -260,6 +262,11 @@ def of_study(spec: Any, study: Any) -> tuple[pd.DataFrame, Summary]:
         time_spent=time_spent.of_study(trials, attrs),
         measurements_kept=len(schema.probe_so_far(attrs)),
         trials_load=_trials_load(trials),
+        logs=(
+            str(logs_folder(spec.storage, spec.path, spec.name))
+            if isinstance(spec.task, CommandTask)
+            else None
+        ),
     )
     if schema.knobs_read(attrs) is not None:
         summary = _show_only(summary, knobs)

@@ -56,6 +56,8 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
         lines.append(time_spent.describe(summary.time_spent))
     if summary.load_sentence():
         lines.append(summary.load_sentence())
+    if summary.logs is not None:
+        lines.append(f"Each run's output: {summary.logs}/run-SEED.log")
     top = results.best_feasible(records, count=TABLE_ROWS)
     if top.empty or summary.best is None:
         lines.append("No trial reached the target yet.")

@@ -43,3 +43,22 @@ def storage_url(path: Path, storage: Any) -> str:
             ),
         )
     return storage
+
+
+def local_path(url: str) -> Path | None:
+    """The file behind a SQLite or journal URL; None for a database server. A SQLite URL's
+    `?query` (SQLAlchemy's options, such as `?timeout=5`) is no part of the file's name."""
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///").partition("?")[0])
+    if url.startswith("journal:///"):
+        return Path(url.removeprefix("journal:///"))
+    return None
+
+
+def logs_folder(url: str, study_path: Path, name: str) -> Path:
+    """The folder a command study keeps each run's output in: beside its storage file (one of a
+    database server's studies, beside its study file, named after the study)."""
+    stored = local_path(url)
+    if stored is not None:
+        return stored.parent / f"{stored.name}.logs"
+    return study_path.resolve().parent / f"{name}.logs"

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,8 +22,9 @@ from autotune.runners import command, descendants, distributed, isolation, modes
 from autotune.search import devices
 from autotune.search.space import KNOBS, Choices, Space
 from autotune.spec.command_task import CommandTask
+from autotune.spec.storage_url import logs_folder
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
-from autotune.study import feasibility, storage
+from autotune.study import feasibility
 from autotune.train import checkpointing, systems, telemetry
 from autotune.train.config import Limits
 from autotune.train.loader import on_device_problem
@@ -210,7 +210,7 @@ def _command_trial(spec: StudySpec) -> isolation.RunTrial:
         env=dict(spec.task.env),
         devices=spec.devices_per_trial,
         patterns=dict(spec.task.patterns),
-        logs=output_logs(spec),
+        logs=logs_folder(spec.storage, spec.path, spec.name),
         written=spec.task.written_as(),
     )
 
@@ -243,15 +243,6 @@ def _unread_fixed(
             "whole configuration"
         ],
     )
-
-
-def output_logs(spec: StudySpec) -> Path:
-    """The folder a command study keeps each run's output in: beside its storage file (one of a
-    database server's studies, beside its study file)."""
-    stored = storage.local_path(spec.storage)
-    if stored is not None:
-        return stored.parent / f"{stored.name}.logs"
-    return spec.path.resolve().parent / f"{spec.name}.logs"
 
 
 def _check_in_memory(spec: StudySpec, *, objective: isolation.RunTrial | None) -> None:

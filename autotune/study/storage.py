@@ -24,6 +24,7 @@ from optuna.storages.journal import JournalFileBackend
 from autotune.errors import StorageError
 from autotune.record import schema
 from autotune.spec.sections import Target
+from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import StudySpec, from_mapping
 from autotune.study import foreign_files, runner_lock, storage_faults
 from autotune.study.recovery import MAX_RETRY
@@ -51,16 +52,6 @@ def _heartbeat_setting(text: str) -> tuple[int, int]:
 # How often a running trial tells a database server it is alive, and the silence after which a
 # server's RUNNING trial is taken for dead; set AUTOTUNE_HEARTBEAT=10,60 (seconds) to change them.
 HEARTBEAT_SECONDS, GRACE_SECONDS = _heartbeat_setting(os.environ.get("AUTOTUNE_HEARTBEAT", "10,60"))
-
-
-def local_path(url: str) -> Path | None:
-    """The file behind a SQLite or journal URL; None for a database server. A SQLite URL's
-    `?query` (SQLAlchemy's options, such as `?timeout=5`) is no part of the file's name."""
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///").partition("?")[0])
-    if url.startswith("journal:///"):
-        return Path(url.removeprefix("journal:///"))
-    return None
 
 
 def files_of(path: Path) -> dict[Path, str]:

@@ -101,6 +101,11 @@ def test_a_script_gets_its_own_words_runs_in_its_folder_and_its_command_comes_ba
         assert seen["cwd"] == str(work) and seen["tag"] == f"w{config['batch_size']}"
         assert seen["omp"] == seen["mkl"] == threads  # as an in-process trial sets torch's
 
+    assert main(["report", str(path)]) == 0
+    logs = tmp_path / "study.db.logs"
+    assert f"Each run's output: {logs}/run-SEED.log" in capsys.readouterr().out
+    assert {p.name for p in logs.iterdir()} == {f"run-{schema.seed(t)}.log" for t in trials}
+
     assert main(["export", str(path), "--format", "json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     assert "num_workers" not in exported and "compile" not in exported
