@@ -174,3 +174,45 @@ def test_the_confirmation_shows_each_run_s_steps_and_last_metric_as_a_trial_s(
     for label in ("trial 0", "baseline"):
         # each run's steps and its last metric before the one that reached the target (1.0)
         assert f"confirming {label}, seed 50000: 2 steps, val_loss=1.5000" in shown, shown
+
+
+SLOW_SECOND_TRIAL = """
+import sys, time
+pace = 1.0 if int(sys.argv[1]) % 100_000 == 1 else 0.02  # trial 1's seed ends in 1
+for step in range(1, 6):
+    time.sleep(pace)
+    print(f"step {step}: val loss {3.0 - 0.5 * step:.2f}", flush=True)
+"""
+
+
+def test_a_study_read_only_from_output_lines_prunes_confirms_and_exports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text(SLOW_SECOND_TRIAL)
+    path = tmp_path / "study.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "task": {
+                    "command": "python train.py {seed} --lr={lr}",
+                    "metric_from": "val loss ([0-9.]+)",
+                },
+                "target": {"metric": "val_loss", "value": 1.2, "direction": "minimize"},
+                "space": {"lr": [0.01, 0.02]},
+                "budget": {"trials": 3, "max_seconds": 30},
+                "prune": "incumbent",
+                "confirm": {"top": 1, "runs": 1},
+            }
+        )
+    )
+    assert main(["run", str(path)]) == 0
+    study = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trials = study.get_trials()
+    # trial 1 passed trial 0's time long before its val loss came under 1.2: stopped there
+    assert trials[1].state.name == "PRUNED" and schema.reason(trials[1]).startswith("pruned: ")
+    assert schema.measured(trials[0])["best_metric"] == 1.0  # step 4's, the first at or below
+    assert schema.confirmation(study.user_attrs)["runs"]
+    capsys.readouterr()
+    assert main(["export", str(path), "--format", "command"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith(f"cd {tmp_path} && ") and " python train.py " in line
