@@ -827,6 +827,8 @@ def test_a_newer_key_wrong_in_one_way_is_one_line_and_touches_nothing(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "study.yaml").write_text(text)
+    for script in ("t.py", "train.py"):  # the commands' scripts exist: the key is the mistake
+        (tmp_path / script).write_text("")
     before = snapshot(tmp_path)
     assert_refused(cli(capsys, "run", "study.yaml"), *fragments)
     assert_unchanged(before, tmp_path)

@@ -98,7 +98,7 @@ def _counts(summary: Summary) -> str:
     too_large = f", {c.too_large} larger than the training set" if c.too_large else ""
     diverged = f", {c.diverged} diverged" if c.diverged else ""
     return (
-        f"Study {summary.study}: {c.total} trials: "
+        f"Study {summary.study}: {counted(c.total, 'trial')}: "
         f"{c.complete} complete ({c.feasible} reached the target), "
         f"{c.pruned} pruned ({c.past_incumbent} could no longer win, {c.oom} out of memory, "
         f"{c.oom_bound} known to run out{too_large}{diverged}), {c.failed} failed, "

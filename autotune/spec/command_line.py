@@ -102,6 +102,20 @@ def validate(
             f"the command's program {program!r} is not an executable file "
             f"({'relative to ' + str(cwd) if os.sep in program else 'on the PATH'})"
         )
+    script = _python_script(split(command))
+    if cwd is not None and script is not None and not (cwd / script).is_file():
+        raise ValueError(f"the command's script {script!r} is not a file (relative to {cwd})")
+
+
+def _python_script(args: Sequence[str]) -> str | None:
+    """The .py file a `python ... script.py` command runs (its first argument that is not an
+    option), where it names one without placeholders; None for any other command."""
+    if not Path(args[0]).name.startswith("python"):
+        return None
+    first = next((arg for arg in args[1:] if not arg.startswith("-")), None)
+    if first is None or not first.endswith(".py") or list(_fields(first)):
+        return None
+    return first
 
 
 def fill(

@@ -145,6 +145,7 @@ def test_a_study_s_threads_yield_to_what_its_env_says(tmp_path: Path) -> None:
         ({"values": {"widht": {1: "small"}}}, "task.values.widht", "a knob or parameter"),
         ({"values": {"precision": "bf16"}}, "task.values.precision", "a mapping of the knob"),
         ({"cwd": "nowhere"}, "task.cwd", "an existing folder"),
+        ({"command": "python -u ../scripts/gone.py --lr={lr}"}, "task.command", "is not a file"),
     ],
 )
 def test_a_value_map_or_folder_that_cannot_work_is_refused_naming_its_key(
