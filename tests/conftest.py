@@ -8,6 +8,7 @@ starts a throwaway server and sets it; to use a server of your own, set it yours
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -56,3 +57,12 @@ def postgres_url() -> Iterator[str]:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.close()
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_handled() -> None:
+    """Each test starts with Ctrl-C handled as Python handles it. A run stopped by a signal in an
+    earlier test ignores SIGINT from then on (signals.stopping), as does a suite started as a
+    background job of a shell without job control; every process a test starts would inherit
+    "ignored" and run on through the Ctrl-C that a test sends it. A handler is not inherited."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
