@@ -288,6 +288,7 @@ def _command_line(spec: StudySpec, study: optuna.Study, summary: Summary) -> str
     and device, the folder its study file names, the seed of the trial it is."""
     from autotune.export import command
     from autotune.record import schema, seeds
+    from autotune.spec import command_task
 
     stored = schema.definition(study.user_attrs) or {}
     task = stored.get("task", spec.task if isinstance(spec.task, str) else spec.task.describe())
@@ -299,11 +300,10 @@ def _command_line(spec: StudySpec, study: optuna.Study, summary: Summary) -> str
         if (t.number == best.trial if best.trial is not None else schema.is_baseline(t))
     ]
     seed = next((s for s in map(schema.seed, ran) if s is not None), seeds.for_trial(spec.seed, 0))
-    cwd = task.get("cwd") if isinstance(task, dict) else None
     return command.render(
         summary,
         task=task,
-        folder=(spec.path.resolve().parent / (cwd or ".")).resolve(),
+        folder=command_task.folder(spec.path, task.get("cwd") if isinstance(task, dict) else None),
         seed=seed,
         device=stored.get("device", "cpu"),
         limits=stored.get("limits")

@@ -170,6 +170,14 @@ def bar(
     )
 
 
+def show_run(bar: Bar, steps: int, total: int, metric: float | None, *, metric_name: str) -> None:
+    """One training run's progress on its bar: its steps of `total`, and its last metric."""
+    bar.total = total
+    bar.update(steps - bar.n)
+    if metric is not None:
+        bar.set_postfix_str(f"{metric_name}={metric:.4f}", refresh=False)
+
+
 def restart(bar: Bar, *, note: str = "") -> None:
     """Count a bar from zero for the next run, with `note` in place of what the last run showed
     (its metric is not the next one's)."""

@@ -57,7 +57,7 @@ class CommandTask:
 
     def folder(self, study_path: Path) -> Path:
         """Where the command runs: `cwd` from the study file's folder, or that folder."""
-        return (study_path.resolve().parent / (self.cwd or ".")).resolve()
+        return folder(study_path, self.cwd)
 
     def written_as(self) -> dict[str, dict[Any, str]]:
         return {name: dict(pairs) for name, pairs in self.values}
@@ -72,6 +72,12 @@ class CommandTask:
         if "max_epochs" in names:
             names.add(SCHEDULE)
         return tuple(knob for knob in KNOBS if knob in names)
+
+
+def folder(study_path: Path, cwd: str | None) -> Path:
+    """The folder a command runs in: `cwd` (as the study file or its stored definition gives it)
+    from the study file's folder, or that folder."""
+    return (study_path.resolve().parent / (cwd or ".")).resolve()
 
 
 def pattern_problem(pattern: str) -> str | None:
@@ -110,7 +116,7 @@ def command_task(path: Path, raw: Mapping[str, Any], space: Space) -> CommandTas
             ) from None
     cwd = _cwd(path, raw.get("cwd"))
     try:
-        command_line.validate(command, known=known, cwd=(path.resolve().parent / cwd).resolve())
+        command_line.validate(command, known=known, cwd=folder(path, cwd))
     except ValueError as exc:
         raise SpecError(
             path, "task.command", command if isinstance(command, str) else list(command), str(exc)
@@ -170,14 +176,8 @@ def _cwd(path: Path, cwd: Any) -> str:
         isinstance(cwd, str) and cwd != "" and "\0" not in cwd,
         "a folder the command runs in, relative to the study file's folder (or absolute)",
     )
-    folder = (path.resolve().parent / cwd).resolve()
-    require(
-        path,
-        "task.cwd",
-        cwd,
-        folder.is_dir(),
-        f"an existing folder; {folder} is not one",
-    )
+    where = folder(path, cwd)
+    require(path, "task.cwd", cwd, where.is_dir(), f"an existing folder; {where} is not one")
     return cwd
 
 

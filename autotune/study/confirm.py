@@ -90,10 +90,7 @@ class _Shown:
         self, steps: int, total: int, metric: float | None, seconds: float, paused: float
     ) -> None:
         signals.check()
-        self.bar.total = total
-        self.bar.update(steps - self.bar.n)
-        if metric is not None:
-            self.bar.set_postfix_str(f"{self.metric_name}={metric:.4f}", refresh=False)
+        progress.show_run(self.bar, steps, total, metric, metric_name=self.metric_name)
 
     def close(self) -> None:
         self.bar.close()

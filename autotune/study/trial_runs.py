@@ -65,10 +65,7 @@ def train(
         steps: int, total: int, metric: float | None, seconds: float, paused: float
     ) -> None:
         signals.check()
-        bar.total = total
-        bar.update(steps - bar.n)
-        if metric is not None:
-            bar.set_postfix_str(f"{policy.metric_name}={metric:.4f}", refresh=False)
+        progress.show_run(bar, steps, total, metric, metric_name=policy.metric_name)
         # Once the planned runs' time passes `planned` times the incumbent's, their mean can only
         # be longer than the incumbent's.
         spent = clock.done + clock.of(steps, seconds)
