@@ -162,7 +162,7 @@ def test_a_value_map_or_folder_that_cannot_work_is_refused_naming_its_key(
 def test_the_confirmation_shows_each_run_s_steps_and_last_metric_as_a_trial_s(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(progress, "LINE_EVERY_SECONDS", 0.001)  # a line at every report
+    monkeypatch.setattr(progress, "LINE_EVERY_SECONDS", 1e-9)  # a line at every report
     study = {
         **STUDY,
         "task": {**STUDY["task"], "step_from": "step ([0-9]+):"},
