@@ -29,15 +29,28 @@ CAPPED = {
 
 
 def paired_text(paired: Mapping[str, Any]) -> str:
-    """The check of the choice against the baseline's setting in paired windows, as a line."""
-    ratios = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
+    """The check of the choice against the baseline's setting in paired windows (at the probe's
+    micro-batch, then at the smallest a trial trains), as a line."""
+
+    def ratios(check: Mapping[str, Any]) -> str:
+        return ", ".join(f"{r:.2f}x" for r in check["ratios"])
+
+    there = paired.get("trials_batch")
     if paired["kept"] == "chosen":
         return (
             f"Checked against the baseline's setting in {len(paired['ratios'])} paired windows: "
-            f"{ratios} its speed"
+            f"{ratios(paired)} its speed"
+            + (
+                f"; at micro-batch {there['batch_size']}, the smallest a trial trains, "
+                f"{ratios(there)}"
+                if there
+                else ""
+            )
         )
+    # where the trials' batch decided, its windows are the ones that tell why
+    shown = there if there and there["kept"] == "baseline" else paired
     return f"The baseline's setting kept: the choice was {paired['why']}" + (
-        f" (paired windows: {ratios} the baseline's speed)" if ratios else ""
+        f" (paired windows: {ratios(shown)} the baseline's speed)" if shown["ratios"] else ""
     )
 
 

@@ -9,6 +9,13 @@ round's ratio of their speeds is a comparison under one load. The chosen setting
 the ratios agree (their largest over their smallest at most AGREE) and their median beats the
 baseline by more than that spread; where they disagree the machine was too busy to tell, and where
 they agree on no lead the baseline's setting is as good: either way the baseline's setting stays.
+
+The probe chooses at one micro-batch and the trials train others; a setting that leads at the
+largest can trail at the smallest, where a step's fixed costs (a cast, a layout change, a handover
+from a worker) weigh most. So a choice kept at the probe's batch is paired with the baseline's
+setting again at the smallest micro-batch a trial trains, where it must not be slower
+(`no_slower`): shown slower beyond the windows' spread, or too busy to tell, the baseline's
+setting stays.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ def against_baseline(
     measured: Callable[..., Any],
     chosen: TrialConfig,
     baseline: TrialConfig,
+    *,
+    rule: Callable[[list[float], dict[str, list[float]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """ROUNDS paired end-to-end measurements of `chosen` and `baseline` (`measured(work, *args)`
-    runs one where the study measures); the outcome as plain JSON values: `ratios` (chosen over
-    baseline, a round each), `spread`, `kept` (CHOSEN or BASELINE) and `why`."""
+    runs one where the study measures), judged by `rule` (`decide` unless given); the outcome as
+    plain JSON values: `ratios` (chosen over baseline, a round each), `spread`, `kept` (CHOSEN or
+    BASELINE) and `why`."""
     ratios: list[float] = []
     speeds: dict[str, list[float]] = {CHOSEN: [], BASELINE: []}
     for round_ in range(ROUNDS):
@@ -46,7 +56,7 @@ def against_baseline(
         speeds[CHOSEN].append(mine)
         speeds[BASELINE].append(base)
         ratios.append(mine / base)
-    return decide(ratios, speeds)
+    return (rule or decide)(ratios, speeds)
 
 
 def unchecked(why: str) -> dict[str, Any]:
@@ -72,6 +82,30 @@ def decide(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any
             speeds,
             kept=BASELINE,
             why=f"no faster than the baseline's beyond the windows' spread ({lead:.2f}x, "
+            f"spread {spread:.2f}x)",
+        )
+    return _outcome(ratios, speeds, kept=CHOSEN, why=None)
+
+
+def no_slower(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any]:
+    """Keep the chosen setting unless the paired ratios show it slower than the baseline's beyond
+    their spread, or disagree too much to tell: the rule at a trial's micro-batch, where the choice
+    was already shown faster at the probe's."""
+    spread = max(ratios) / min(ratios)
+    lead = statistics.median(ratios)
+    if spread > AGREE:
+        return _outcome(
+            ratios,
+            speeds,
+            kept=BASELINE,
+            why=f"too busy to tell: paired windows disagreed by {spread:.2f}x",
+        )
+    if lead * spread < 1:
+        return _outcome(
+            ratios,
+            speeds,
+            kept=BASELINE,
+            why=f"slower than the baseline's beyond the windows' spread ({lead:.2f}x, "
             f"spread {spread:.2f}x)",
         )
     return _outcome(ratios, speeds, kept=CHOSEN, why=None)

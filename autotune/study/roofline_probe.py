@@ -119,11 +119,12 @@ class _Probing:
     deadline: float = math.inf
     capped: dict[str, Any] = dataclasses.field(default_factory=dict)  # the phase the cap stopped
 
-    def config(self, setting: dict[str, Any]) -> TrialConfig:
-        """The baseline's maths at the probe's micro-batch, with `setting`'s systems knobs."""
+    def config(self, setting: dict[str, Any], batch: int | None = None) -> TrialConfig:
+        """The baseline's maths at the probe's micro-batch (or `batch`), with `setting`'s systems
+        knobs."""
         maths = {
             **self.prepared.baseline,
-            "batch_size": self.batch,
+            "batch_size": batch or self.batch,
             "accumulation_steps": 1,
             "compile": False,
         }
@@ -256,12 +257,53 @@ def _paired_with_baseline(
             probing.config(chosen.setting),
             probing.config(baseline.setting),
         )
+        if outcome["kept"] == paired_check.CHOSEN:
+            outcome = _paired_at_trials_batch(probing, chosen, baseline, outcome)
     except _TimeUp:  # unshown beside the baseline's: not taken
         outcome = paired_check.unchecked("not checked beside it before the probe's time cap")
     if outcome["kept"] == paired_check.BASELINE:
         paired_speed = outcome["speed"][paired_check.BASELINE]
         return baseline, paired_speed or baseline.samples_per_second, outcome
     return chosen, speed, outcome
+
+
+def _paired_at_trials_batch(
+    probing: _Probing,
+    chosen: roofline.Prediction,
+    baseline: roofline.Prediction,
+    at_probe_batch: dict[str, Any],
+) -> dict[str, Any]:
+    """`at_probe_batch` (the choice kept beside the baseline's setting at the probe's batch) with
+    the same pairing at the smallest micro-batch a trial trains, where the choice must not be
+    slower (paired_check.no_slower): kept there, or the baseline's setting, saying why. As it is
+    where no trial trains a smaller batch than the probe's."""
+    spec, prepared = probing.spec, probing.prepared
+    batches = goodput_plan.table_batches(
+        spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
+    )
+    smallest = min([*batches, probing.batch])
+    if smallest == probing.batch:
+        return at_probe_batch
+
+    try:
+        there = paired_check.against_baseline(
+            lambda work, *args: probing.measured(work, *args, phase="paired"),
+            probing.config(chosen.setting, smallest),
+            probing.config(baseline.setting, smallest),
+            rule=paired_check.no_slower,
+        )
+    except _TimeUp:  # unshown at the trials' batch: not taken
+        there = paired_check.unchecked("not checked there before the probe's time cap")
+    trials_batch = {"batch_size": smallest, **there}
+    if there["kept"] == paired_check.CHOSEN:
+        return {**at_probe_batch, "trials_batch": trials_batch}
+    why = f"{there['why']}, at micro-batch {smallest}, the smallest a trial trains"
+    return {
+        **at_probe_batch,
+        "kept": paired_check.BASELINE,
+        "why": why,
+        "trials_batch": trials_batch,
+    }
 
 
 def _with_checked(

@@ -82,6 +82,7 @@ class PacedModel(nn.Module):
         compute_seconds: float,
         narrow_factor: float,
         step_seconds: float = 0.0,
+        narrow_step_seconds: float = 0.0,
         narrow_start_seconds: float = 0.0,
         first_use: dict[str, float] | None = None,
     ) -> None:
@@ -91,6 +92,7 @@ class PacedModel(nn.Module):
         )
         self.compute_seconds, self.narrow_factor = compute_seconds, narrow_factor
         self.step_seconds = step_seconds
+        self.narrow_step_seconds = narrow_step_seconds  # a 16-bit step's fixed cost: its casts
         self.narrow_start_seconds = narrow_start_seconds  # paid once, then spent
         self.first_use = first_use if first_use is not None else {}  # shared by the task's models
 
@@ -107,7 +109,8 @@ class PacedModel(nn.Module):
             )
             if narrow:
                 self.narrow_start_seconds = 0.0
-            time.sleep(start + self.step_seconds + per_sample * len(inputs))
+            step = self.step_seconds + (self.narrow_step_seconds if narrow else 0.0)
+            time.sleep(start + step + per_sample * len(inputs))
         return self.layers(inputs)
 
 
@@ -117,13 +120,14 @@ def make(
     compute_seconds: float = COMPUTE_SECONDS,
     narrow_factor: float = NARROW_FACTOR,
     step_seconds: float = 0.0,
+    narrow_step_seconds: float = 0.0,
     narrow_start_seconds: float = 0.0,
     first_step_seconds: float = 0.0,
     worker_start_seconds: float = 0.0,
     device_load_seconds: float | None = None,
 ) -> Task:
-    """The task with the given costs (seconds a sample, a step, a model's first 16-bit step, the
-    first step of all, and a training loader worker's first batch); with `device_load_seconds`,
+    """The task with the given costs (seconds a sample, a step, a 16-bit step's more, a model's
+    first 16-bit step, the first step of all, and a training loader worker's first batch); with `device_load_seconds`,
     its training set kept on the device too, gathered there at that cost a sample."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
@@ -136,6 +140,7 @@ def make(
             compute_seconds=compute_seconds,
             narrow_factor=narrow_factor,
             step_seconds=step_seconds,
+            narrow_step_seconds=narrow_step_seconds,
             narrow_start_seconds=narrow_start_seconds,
             first_use=first_use,
         )
