@@ -49,10 +49,11 @@ def write_study(folder: Path, storage: str, *, task: str = "tests.tasks:blobs") 
     return path
 
 
-def run_workers(path: Path) -> subprocess.CompletedProcess[str]:
+def run_workers(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(path), "--workers", str(WORKERS)],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -85,10 +86,15 @@ def assert_exact_budget(study: optuna.Study, out: str) -> None:
     assert "Winner: " in out
 
 
-def test_workers_on_a_journal_file(tmp_path: Path) -> None:
+def test_workers_on_a_journal_file_each_with_gpus_of_their_own(tmp_path: Path) -> None:
+    """The exact budget on a journal file; and on a machine of two GPUs a worker (simulated:
+    AUTOTUNE_SIMULATED_GPUS), each worker is given two of its own through CUDA_VISIBLE_DEVICES:
+    no two trials running at the same time share one, and the report shows where each ran."""
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}", task=RACED_TASK)
-    result = run_workers(path)
+    # One study for both readings: the simulated GPUs change nothing else (the trials still train
+    # on the CPU), and the race of 40 trials lets every worker run some.
+    result = run_workers(path, env={**os.environ, "AUTOTUNE_SIMULATED_GPUS": str(2 * WORKERS)})
     assert result.returncode == 0, result.stderr
     backend = optuna.storages.journal.JournalFileBackend(str(journal))
     study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
@@ -98,6 +104,19 @@ def test_workers_on_a_journal_file(tmp_path: Path) -> None:
     ).exists()  # the run and its workers are over: nothing beside it
     assert "[I " not in result.stderr, result.stderr  # autotune speaks for Optuna's INFO logs
 
+    ran = [t for t in study.get_trials() if "result" in t.user_attrs or "pruned_at" in t.user_attrs]
+    shares = {tuple(t.user_attrs["devices"]) for t in ran}
+    assert shares == {(str(2 * i), str(2 * i + 1)) for i in range(WORKERS)}, shares
+    for one in ran:
+        for other in ran:
+            at_once = (
+                one.number != other.number
+                and one.datetime_start < other.datetime_complete
+                and other.datetime_start < one.datetime_complete
+            )
+            assert not (at_once and one.user_attrs["devices"] == other.user_attrs["devices"])
+    assert "devices" in result.stdout and ("0,1" in result.stdout or "2,3" in result.stdout)
+
 
 def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Path) -> None:
     """Each worker is given what is left of the timeout; the run says it was reached once, as
@@ -106,18 +125,21 @@ def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Pa
     study_file = yaml.safe_load(path.read_text())
     study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 1 s
     study_file["budget"].update(trials=10, max_epochs=1000, max_seconds=1)
+    # Neither is what this checks: the probe would spend the timeout before the workers start,
+    # the confirmation train on after it.
+    study_file.update(probe="none", confirm={"top": 0})
     path.write_text(yaml.safe_dump(study_file))
     result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--timeout", "6"],
+        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--timeout", "5"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "(2 workers)" in result.stderr, result.stderr  # the workers ran, each with less than 6 s
+    assert "(2 workers)" in result.stderr, result.stderr  # the workers ran, each with less than 5 s
     assert result.stderr.count("timeout of") == 1, result.stderr
-    assert re.search(r"timeout of 6 s reached with \d of 10 trials finished", result.stderr)
+    assert re.search(r"timeout of 5 s reached with \d of 10 trials finished", result.stderr)
 
 
 def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
@@ -136,7 +158,10 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     path = write_study(tmp_path, postgres_url)
     study_file = yaml.safe_load(path.read_text())
     study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 3 s
-    study_file["budget"].update(trials=2, max_epochs=1000, max_seconds=3)
+    # One trial: the stale one, whose retry alone then meets the budget (were the stale trial
+    # counted, the budget would be met without it and the retry would not run).
+    study_file["budget"].update(trials=1, max_epochs=1000, max_seconds=3)
+    study_file.update(probe="none", confirm={"top": 0})  # neither is what this checks
     path.write_text(yaml.safe_dump(study_file))
     env = {**os.environ, "AUTOTUNE_HEARTBEAT": "1,3"}  # beat every second, stale after 3
     command = [sys.executable, "-m", "autotune", "run", str(path)]
@@ -167,7 +192,7 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE
     assert retries[0].params == stale.params
     counted = [t for t in trials if t.state.is_finished() and t.number != stale.number]
-    assert len(counted) == 2 and not [t for t in trials if not t.state.is_finished()]
+    assert len(counted) == 1 and not [t for t in trials if not t.state.is_finished()]
 
 
 def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path) -> None:
@@ -175,6 +200,11 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     # under load the two workers once took blobs' whole budget between two looks at the storage,
     # before the signal was sent
     path = write_study(tmp_path, f"journal:///{journal}", task=RACED_TASK)
+    # 16 trials, not 40: the signal goes once 4 exist, and the same command then trains the rest
+    study_file = yaml.safe_load(path.read_text())
+    study_file["budget"]["trials"] = budget = 16
+    study_file.update(probe="none", confirm={"top": 0})  # neither is what this checks
+    path.write_text(yaml.safe_dump(study_file))
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
     parent = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -194,7 +224,7 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     assert parent.returncode == 143, err
     assert err.strip().splitlines()[-1] == f"Resume with: autotune run {path} --workers 2"
     trials = optuna.load_study(study_name="study", storage=storage).get_trials()
-    assert len(trials) < BUDGET and not [
+    assert len(trials) < budget and not [
         t for t in trials if t.state == optuna.trial.TrialState.RUNNING
     ]
 
@@ -208,7 +238,7 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
         and not t.user_attrs.get("surplus")
         and not t.user_attrs.get("interrupted")
     ]
-    assert len(counted) == BUDGET
+    assert len(counted) == budget
 
 
 def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: Path) -> None:
@@ -310,8 +340,10 @@ def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     study_file = yaml.safe_load(path.read_text())
-    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 5 s
-    study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=5)
+    study_file["target"]["value"] = 0.999  # out of reach: every trial trains its full 3 s
+    # 4 trials of 3 s for 2 workers: both train at once unless one starts 9 s after the other
+    study_file["budget"].update(trials=4, max_epochs=1000, max_seconds=3)
+    study_file.update(probe="none", confirm={"top": 0})  # neither is what this checks
     path.write_text(yaml.safe_dump(study_file))
     command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--quiet"]
     parent = subprocess.Popen(
@@ -367,21 +399,28 @@ def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_t
     study_file = yaml.safe_load(path.read_text())
     study_file["budget"]["trials"] = 1
     path.write_text(yaml.safe_dump(study_file))
-    with open(tmp_path / "study.journal.runner.lock", "a+") as lock:
+    waiting = "waiting for the workers of an earlier, stopped run to mark their trials and exit"
+    err_file = tmp_path / "run.err"
+    with open(tmp_path / "study.journal.runner.lock", "a+") as lock, open(err_file, "w") as err:
         # the workers' byte, as runner_lock.as_worker takes it
         fcntl.lockf(lock, fcntl.LOCK_SH, 1, 1)
         run = subprocess.Popen(
             [sys.executable, "-m", "autotune", "run", str(path), "--quiet"],
             cwd=REPO,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=err,
             text=True,
         )
-        time.sleep(8)
+        # Once it says it waits (it gives up only after runner_lock.WORKERS_GONE_SECONDS), it
+        # must still wait a while later, with nothing touched.
+        deadline = time.monotonic() + 120
+        while waiting not in err_file.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, err_file.read_text()
+            time.sleep(0.1)
+        time.sleep(2)
         assert run.poll() is None and not journal.exists()
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err
-    assert "waiting for the workers of an earlier, stopped run to mark their trials and exit" in err
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, err_file.read_text()
     assert "Winner: " in out or "baseline" in out
 
 
@@ -409,58 +448,34 @@ def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_p
     assert len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}) <= usable
 
 
-def test_workers_are_given_gpus_of_their_own_and_each_trial_stores_them(tmp_path: Path) -> None:
-    """On a machine of 4 GPUs (simulated: AUTOTUNE_SIMULATED_GPUS), --workers 2 gives each worker
-    two, through CUDA_VISIBLE_DEVICES: no two trials running at the same time share one, and the
-    report shows where each ran."""
-    journal = tmp_path / "study.journal"
-    path = write_study(tmp_path, f"journal:///{journal}")
-    study_file = yaml.safe_load(path.read_text())
-    study_file["budget"]["trials"] = 8
-    # trials of about a second: blobs' take milliseconds, and one worker could run them all
-    # before the other had imported torch
-    study_file["task"] = "tests.tasks:brisk_blobs"
-    path.write_text(yaml.safe_dump(study_file))
-    env = {**os.environ, "AUTOTUNE_SIMULATED_GPUS": "4"}
-    command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-
-    backend = optuna.storages.journal.JournalFileBackend(str(journal))
-    study = optuna.load_study(study_name="study", storage=optuna.storages.JournalStorage(backend))
-    ran = [t for t in study.get_trials() if "result" in t.user_attrs or "pruned_at" in t.user_attrs]
-    shares = {tuple(t.user_attrs["devices"]) for t in ran}
-    assert shares <= {("0", "1"), ("2", "3")} and len(shares) == 2, shares
-    for one in ran:
-        for other in ran:
-            at_once = (
-                one.number != other.number
-                and one.datetime_start < other.datetime_complete
-                and other.datetime_start < one.datetime_complete
-            )
-            assert not (at_once and one.user_attrs["devices"] == other.user_attrs["devices"])
-    assert "devices" in result.stdout and ("0,1" in result.stdout or "2,3" in result.stdout)
-
-
 @pytest.mark.parametrize(
     "gpus, per_trial, needs",
     [("1", 1, "needs 2 GPUs"), ("3", 2, "needs 4 GPUs")],
 )
 def test_more_workers_than_the_gpus_take_is_an_error_before_the_storage(
-    tmp_path: Path, gpus: str, per_trial: int, needs: str
+    tmp_path: Path,
+    gpus: str,
+    per_trial: int,
+    needs: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from autotune.cli import main
+
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     study_file = yaml.safe_load(path.read_text())
     study_file["devices_per_trial"] = per_trial
     path.write_text(yaml.safe_dump(study_file))
-    env = {**os.environ, "AUTOTUNE_SIMULATED_GPUS": gpus}
-    command = [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr
-    message = result.stderr.strip()
+    # In this process: an error before any worker or storage needs no process of its own.
+    monkeypatch.setenv("AUTOTUNE_SIMULATED_GPUS", gpus)
+    monkeypatch.chdir(REPO)
+    code = main(["run", str(path), "--workers", "2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = err.strip()
     assert message.startswith(f"autotune: error: {path}: --workers 2 with devices_per_trial")
-    assert needs in message and "Traceback" not in result.stderr
+    assert needs in message and "Traceback" not in err
     assert not journal.exists()
 
 
