@@ -10,6 +10,7 @@ the other's work); each trial stores the GPUs it ran on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -181,9 +182,10 @@ def run_workers(
         # systems_only: its tries
         to_train = trials_to_train(spec, study.get_trials(deepcopy=False))
         with progress.bar(f"study ({workers} workers)", total=to_train, unit="trial") as bar:
-            while any(p.poll() is None for p in processes):
-                with signals.interruptible():
-                    time.sleep(1.0)
+            while running := [p for p in processes if p.poll() is None]:
+                # a second between looks at the storage; the moment the last worker ends, no more
+                with signals.interruptible(), contextlib.suppress(subprocess.TimeoutExpired):
+                    running[0].wait(timeout=1.0)
                 trials = study.get_trials(deepcopy=False)
                 bar.total = to_train = trials_to_train(spec, trials)
                 bar.n = min(finished_count(trials), to_train)
