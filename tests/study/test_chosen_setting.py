@@ -9,17 +9,19 @@ import dataclasses
 import types
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 import yaml
 
 from autotune.report import winner
-from autotune.search import roofline, roofline_text
+from autotune.search import probe, roofline, roofline_text
 from autotune.search.space import complete
 from autotune.spec import study_file
 from autotune.study import preparation, roofline_probe
 from autotune.train import rates, throughput, trial
 from autotune.train.config import Limits, TrialConfig
+from autotune.train.measure import other_load
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -62,17 +64,48 @@ def study(folder: Path) -> Path:
     return path
 
 
-def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) -> None:
-    spec = study_file.load(study(tmp_path))
+@pytest.fixture(scope="module")
+def whole_study(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespace:
+    """One real study of two trials on the paced task with a cost a step, run as `autotune run`
+    runs it: its probe's outcome as the probe returned it, and each measurement the probe asked
+    for (what it measured, at which batches), read by the tests below."""
+    from autotune.cli import main
+
+    path = study(tmp_path_factory.mktemp("batches"))
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 2, "max_epochs": 4, "eval_every": 0.25}
+    spec["confirm"] = {"top": 0}
+    path.write_text(yaml.safe_dump(spec))
+    probed, calls = [], []
+    run = roofline_probe.run
+
+    def observed(spec, prepared, memo=None):
+        """The probe as it runs, its measurements counted as they are asked for."""
+        measure = prepared.measure
+
+        def counted(work, *args, **kwargs):
+            if work is not throughput.stop_rounds_at:  # the probe's time cap, set where it measures
+                calls.append((work, sorted(c.batch_size for c in args[0].values())))
+            return measure(work, *args, **kwargs)
+
+        outcome = run(spec, dataclasses.replace(prepared, measure=counted), memo)
+        probed.append(outcome)
+        return outcome
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+        patch.setattr(roofline_probe, "run", observed)
+        assert main(["run", str(path), "--quiet"]) == 0
+    [outcome] = probed
+    return types.SimpleNamespace(path=path, outcome=outcome, calls=calls)
+
+
+def test_the_chosen_setting_at_every_batch_predicts_a_run_there(
+    whole_study: types.SimpleNamespace,
+) -> None:
+    spec = study_file.load(whole_study.path)
     prepared = preparation.prepare(spec)
-    calls = []
-
-    def counted(work, *args, **kwargs):
-        if work is not throughput.stop_rounds_at:  # the probe's time cap, set where it measures
-            calls.append((work, sorted(c.batch_size for c in args[0].values())))
-        return prepared.measure(work, *args, **kwargs)
-
-    outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
+    outcome, calls = whole_study.outcome, whole_study.calls
     chosen = outcome["chosen"]
     assert outcome["batch_size"] == 128 and chosen["measured"]
     # each other batch once: its step's rate, then its loader's, then the two together, one
@@ -86,15 +119,21 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
     at = {e["batch_size"]: e for e in outcome["batches"]}
     assert sorted(at) == [32, 64]
     narrow = 0.5 if chosen["precision"] == "bf16" else 1.0
+    # The figures follow the set costs where the machine was quiet as the probe measured; other
+    # processes on the cores slow every step beyond them (tests run beside other jobs).
+    quiet = (outcome.get("other_cores") or 0) < probe.BUSY_CORES
     for batch, entry in at.items():
-        # the step's rate follows its costs: a step's cost spread over fewer samples
-        assert entry["compute_rate"] == pytest.approx(
-            batch / (STEP + SAMPLE * narrow * batch), rel=0.25
-        )
+        # the step's rate follows its costs: a step's cost spread over fewer samples (they are
+        # waits, which no load shortens)
+        costs = batch / (STEP + SAMPLE * narrow * batch)
+        assert 0 < entry["compute_rate"] <= 1.1 * costs
+        if quiet:
+            assert entry["compute_rate"] == pytest.approx(costs, rel=0.25)
         # what a trial there is expected to train: the setting measured end to end there
         assert entry["measured"] > 0 and entry["expected"] == entry["measured"]
         assert entry["fixed_seconds"] > 0 and entry["oom"] is False
-    assert at[32]["expected"] < at[64]["expected"] < chosen["measured"]
+    if quiet:  # a larger batch spreads the step's cost over more samples
+        assert at[32]["expected"] < at[64]["expected"] < chosen["measured"]
     text = roofline_text.describe(outcome)
     assert "The chosen setting by micro-batch (" in text
     assert (
@@ -113,10 +152,12 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
     for batch in (32, 128):
         params = {**prepared.baseline, **setting, "batch_size": batch}
         config = TrialConfig.from_mapping(complete(params))
-        result = trial.run(prepared.task, config, limits=limits, device=CPU, seed=5)
+        with other_load() as load:
+            result = trial.run(prepared.task, config, limits=limits, device=CPU, seed=5)
         predicted = winner.predicted_seconds(outcome, params, samples)
-        assert predicted is not None
-        assert result.train_seconds == pytest.approx(predicted, rel=TOLERANCE), batch
+        assert predicted is not None and result.train_seconds > 0
+        if quiet and (load.cores or 0) < probe.BUSY_CORES:  # else the load's time, not the task's
+            assert result.train_seconds == pytest.approx(predicted, rel=TOLERANCE), batch
         best = types.SimpleNamespace(
             params=params, samples_to_target=samples, time_to_target=result.train_seconds
         )
@@ -146,6 +187,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(tmp_path: Path) 
     checked = [
         c
         for c in outcome["checked"]
+        if c["measured"]  # one outrun before its turn has no figure to predict from
         if all(c[k] == other[k] for k in ("num_workers", "pin_memory", "precision"))
     ]
     assert winner.predicted_seconds(outcome, other, samples) == (
@@ -250,19 +292,14 @@ def test_a_crash_at_another_batch_leaves_the_choice_and_says_why(tmp_path: Path)
 
 
 def test_the_report_sets_each_trial_beside_its_predicted_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    whole_study: types.SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A whole study: its trials at the chosen setting each get the time the probe's figures
     predict for the samples they needed, in the text report and the HTML page, and the winner's
     line says what it was predicted from."""
     from autotune.cli import main
 
-    path = study(tmp_path)
-    spec = yaml.safe_load(path.read_text())
-    spec["budget"] = {"trials": 2, "max_epochs": 4, "eval_every": 0.25}
-    spec["confirm"] = {"top": 0}
-    path.write_text(yaml.safe_dump(spec))
-    assert main(["run", str(path), "--quiet"]) == 0
+    path = whole_study.path
     capsys.readouterr()
     assert main(["report", str(path), "--html", str(tmp_path / "page.html")]) == 0
     out = capsys.readouterr().out
@@ -272,6 +309,13 @@ def test_the_report_sets_each_trial_beside_its_predicted_time(
     assert columns[:3] == ["trial", "seconds", "predicted"]
     row = lines[header + 1].split()
     seconds, predicted = float(row[1]), float(row[2])
-    assert predicted == pytest.approx(seconds, rel=TOLERANCE)
+    assert predicted > 0 and seconds > 0
+    # the run beside its prediction where neither the probe nor the run shared the cores with
+    # other processes: their load slows each by its own share
+    study = optuna.load_study(study_name=path.stem, storage=f"sqlite:///{path.with_suffix('.db')}")
+    ran = study.trials[int(row[0])].user_attrs.get("other_load") or {}
+    probed = study.user_attrs["probe"]
+    if max(probed.get("other_cores") or 0, ran.get("other_cores") or 0) < probe.BUSY_CORES:
+        assert predicted == pytest.approx(seconds, rel=TOLERANCE)
     assert "Predicted at the setting the probe chose (" in out
     assert "<th>predicted</th>" in (tmp_path / "page.html").read_text()

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autotune.study import budget, paired_check
 from autotune.train import throughput
@@ -103,7 +104,13 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
     monkeypatch.setenv(budget.PROBE_SECONDS_ENV, "600")  # reached only as the clock jumps
     clock = _Clock()
     monkeypatch.setattr(roofline_probe, "time", clock)
-    spec = study_file.load(write_study(tmp_path, probe="joint"))
+    path = write_study(tmp_path, probe="joint")
+    raw = yaml.safe_load(path.read_text())
+    # fewer settings to measure before the cap: two worker counts still leave a choice faster
+    # than the baseline's setting (0 workers, fp32) to set beside it in paired windows
+    raw["space"].update(num_workers=[0, 2])
+    path.write_text(yaml.safe_dump(raw))
+    spec = study_file.load(path)
     prepared = preparation.prepare(spec)
     last = {"end_to_end": throughput.measure_in_turn, "paired": throughput.measure_briefly}
     paired_rounds = []

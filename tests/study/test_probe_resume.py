@@ -83,9 +83,8 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     assert main(["report", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["measurements_kept"] == len(after_kill)
 
-    last = autotune("run", str(path))
-    _, err = last.communicate(timeout=300)
-    assert last.returncode == 0, err[-3000:]
+    # the last run needs no process of its own: nothing stops it
+    assert main(["run", str(path), "--quiet"]) == 0
     attrs = load(path).user_attrs
     outcome = schema.probe(attrs)
     assert outcome["chosen"] is not None
@@ -97,6 +96,7 @@ def test_a_probe_stopped_twice_midway_keeps_what_it_measured_and_the_last_run_go
     # its time counts what the runs cut short measured for it, once
     assert outcome["seconds"] >= sum(e["seconds"] for e in after_kill.values()) > 0
     assert schema.probe_so_far(attrs) == {}  # kept until the outcome was stored
+    capsys.readouterr()
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{len(after_kill)} measurements kept from a run cut short" in out
@@ -189,24 +189,27 @@ def test_a_measurement_is_taken_from_the_study_only_where_everything_it_measured
 
 
 def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
-    """Sets of strings iterate in another order in another process (hash randomization)."""
+    """Sets of strings iterate in another order in another process (hash randomization): this
+    one's digest against one of a process with another hash seed."""
     code = (
         "import torch; from autotune.study import probe_memo; from autotune.train import rates; "
         "print(probe_memo._digest(rates.measure, ({f'w{i}' for i in range(20)}, "
         "{'x': 1.5, 'y': (2, 3)}, torch.device('cpu'), 7)))"
     )
-    digests = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout
-        for seed in ("1", "2")
-    }
-    assert len(digests) == 1 and len(digests.pop().strip()) == 32
+    here = probe_memo._digest(
+        rates.measure,
+        ({f"w{i}" for i in range(20)}, {"x": 1.5, "y": (2, 3)}, torch.device("cpu"), 7),
+    )
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"  # another than this one's
+    there = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": seed},
+    ).stdout.strip()
+    assert there == here and len(here) == 32
 
 
 def test_a_kept_measurement_counts_the_seconds_it_took_and_the_compile_is_kept_as_the_rest(
