@@ -1071,6 +1071,58 @@ SLOW = (
     + "probe: none\nbudget: {trials: 3, max_epochs: 1}\nconfirm: {top: 0}\n"
 )
 
+# A run held at a known point for as long as a case needs it alive, whatever the machine's load
+# (rather than a budget of many trials that a busy machine might still outrun): the slow task,
+# whose every trial waits at its first training step (once it has touched $STARTED's file) for a
+# `ticket-*` file to take in the folder $GATE names, or for an `open` file there. Without $GATE
+# it is the slow task. Its module is written beside the study (`place_held`).
+GATE = "AUTOTUNE_HOSTILE_GATE"
+HELD_MODULE = f'''\
+import os
+import time
+from pathlib import Path
+
+from tests.hostile import tasks
+
+
+class Held(tasks._Slow):
+    waited = False
+
+    def forward(self, x):
+        out = super().forward(x)
+        gate = os.environ.get("{GATE}")
+        if self.training and gate and not self.waited:
+            self.waited = True
+            while not Path(gate, "open").exists():
+                for ticket in sorted(Path(gate).glob("ticket-*")):
+                    try:
+                        ticket.unlink()
+                        return out
+                    except FileNotFoundError:
+                        continue
+                time.sleep(0.01)
+        return out
+
+
+def slow():
+    return tasks.Task(model=Held, train=tasks._blobs(1024, 0), val=tasks._blobs(256, 1))
+'''
+# Where the run is stopped in trial 0 and the same command then runs to the budget: two trials
+# show the interrupted one run again and the study go on past it.
+SLOW_TWO = SLOW.replace("trials: 3", "trials: 2")
+HELD = SLOW.replace("tests.hostile.tasks:slow", "hostile_held:slow")
+
+
+def place_held(folder: Path, *, tickets: int = 0) -> Path:
+    """hostile_held.py beside the study and its gate folder (`tickets` trials let through)."""
+    (folder / "hostile_held.py").write_text(HELD_MODULE)
+    gate = folder / "gate"
+    gate.mkdir()
+    gate.chmod(0o777)  # a run as another user takes its tickets too
+    for number in range(tickets):
+        (gate / f"ticket-{number}").touch()
+    return gate
+
 
 def assert_resumes_to_the_budget(
     folder: Path, capsys: pytest.CaptureFixture[str], *options: str, budget: int, why: str
@@ -1097,7 +1149,7 @@ def test_a_signal_during_a_trial_exits_as_documented_and_the_rerun_ends_at_the_b
     signum: int,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW)
+    (tmp_path / "study.yaml").write_text(SLOW_TWO)
     marker = tmp_path / "started"
     run = spawn(tmp_path, tag, "run", "study.yaml", **{STARTED: str(marker)})
     wait_for(marker, run)
@@ -1107,7 +1159,7 @@ def test_a_signal_during_a_trial_exits_as_documented_and_the_rerun_ends_at_the_b
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "Resume with: autotune run study.yaml", err
     assert_nothing_left(tag)
-    assert_resumes_to_the_budget(tmp_path, capsys, budget=3, why=signal.Signals(signum).name)
+    assert_resumes_to_the_budget(tmp_path, capsys, budget=2, why=signal.Signals(signum).name)
 
 
 def test_ctrl_c_twice_to_the_whole_group_with_child_processes_is_130_and_leaves_none(
@@ -1116,7 +1168,7 @@ def test_ctrl_c_twice_to_the_whole_group_with_child_processes_is_130_and_leaves_
     """Ctrl-C pressed twice reaches every process of the group (the fork server, the trial's child):
     one clean stop, exit 130, no process left, the storage consistent."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW + "isolation: process\n")
+    (tmp_path / "study.yaml").write_text(SLOW_TWO + "isolation: process\n")
     marker = tmp_path / "started"
     run = spawn(tmp_path, tag, "run", "study.yaml", **{STARTED: str(marker)})
     wait_for(marker, run)
@@ -1131,14 +1183,14 @@ def test_ctrl_c_twice_to_the_whole_group_with_child_processes_is_130_and_leaves_
     assert_nothing_left(tag)
     # In this process, not in children: a fork server started here would outlive the test (isolation
     # may change freely).
-    assert_resumes_to_the_budget(tmp_path, capsys, "--isolation", "none", budget=3, why="SIGINT")
+    assert_resumes_to_the_budget(tmp_path, capsys, "--isolation", "none", budget=2, why="SIGINT")
 
 
 def test_a_kill_during_a_trial_is_recovered_by_the_next_run_at_the_exact_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW)
+    (tmp_path / "study.yaml").write_text(SLOW_TWO)
     marker = tmp_path / "started"
     run = spawn(tmp_path, tag, "run", "study.yaml", **{STARTED: str(marker)})
     wait_for(marker, run)
@@ -1149,7 +1201,7 @@ def test_a_kill_during_a_trial_is_recovered_by_the_next_run_at_the_exact_budget(
     again = cli(capsys, "run", "study.yaml", "--quiet")
     assert again.code == 0 and "Traceback" not in again.err, again.err
     trials = trials_of(tmp_path)
-    assert finished(trials) == 3 and not [
+    assert finished(trials) == 2 and not [
         t for t in trials if t.state.name in ("RUNNING", "WAITING")
     ]
     assert any("the process stopped during this trial" in r for r in reasons(trials)), reasons(
@@ -1216,17 +1268,22 @@ def test_a_second_run_of_a_running_study_is_refused_and_the_first_ends_at_its_bu
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW)
+    (tmp_path / "study.yaml").write_text(HELD)
+    gate = place_held(tmp_path)  # the first's trial 0 trains until the second was refused
     marker = tmp_path / "started"
     first = spawn(
-        tmp_path, tag, "run", "study.yaml", "--quiet", "--trials", "5", **{STARTED: str(marker)}
+        tmp_path,
+        tag,
+        *("run", "study.yaml", "--quiet", "--trials", "2"),
+        **{STARTED: str(marker), GATE: str(gate)},
     )
     wait_for(marker, first)
     second = cli(capsys, "run", "study.yaml")
+    (gate / "open").touch()
     out, err = first.communicate(timeout=120)
     assert_refused(second, "study.yaml", "is being run by", f"pid {first.pid}")
     assert first.returncode == 0 and "Traceback" not in err, err
-    assert finished(trials_of(tmp_path)) == 5
+    assert finished(trials_of(tmp_path)) == 2
 
 
 # ---------------------------------------------------------------------------------------------

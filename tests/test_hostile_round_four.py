@@ -8,6 +8,7 @@ finished trial, and the same command run again goes on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,6 +30,8 @@ import autotune
 from autotune.errors import StorageError
 from tests.test_hostile_round import (
     EASY,
+    GATE,
+    HELD,
     REPO,
     SLOW,
     STARTED,
@@ -42,6 +45,7 @@ from tests.test_hostile_round import (
     fill,
     finished,
     place,
+    place_held,
     reasons,
     small_disk,
     snapshot,
@@ -141,14 +145,15 @@ def test_a_second_run_on_the_same_storage_under_another_name_is_refused_and_the_
     """A symbolic link, a hard link, the URL with `?timeout=5`: each is the running study's file,
     and a second run on it would mark the first's live trial interrupted."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW)
+    (tmp_path / "study.yaml").write_text(HELD)
+    gate = place_held(tmp_path)  # the first's trial 0 trains until every alias was refused
     name = "study.db" if kind == "sqlite" else "study.journal"
     marker = tmp_path / "started"
     first = spawn(
         tmp_path,
         tag,
-        *("run", "study.yaml", "--quiet", "--trials", "10", "--storage", f"{kind}:///{name}"),
-        **{STARTED: str(marker)},
+        *("run", "study.yaml", "--quiet", "--trials", "2", "--storage", f"{kind}:///{name}"),
+        **{STARTED: str(marker), GATE: str(gate)},
     )
     wait_for(marker, first)
     (tmp_path / f"soft-{name}").symlink_to(name)
@@ -160,11 +165,12 @@ def test_a_second_run_on_the_same_storage_under_another_name_is_refused_and_the_
     for alias in aliases:
         second = cli(capsys, "run", "study.yaml", "--storage", f"{kind}:///{alias}")
         assert_refused(second, "is being run by")
+    (gate / "open").touch()
     out, err = first.communicate(timeout=180)
     assert first.returncode == 0 and "Traceback" not in err, err
     storage = f"sqlite:///{tmp_path / name}" if kind == "sqlite" else _journal(tmp_path)
     trials = trials_of(tmp_path, storage=storage)
-    assert finished(trials) == 10
+    assert finished(trials) == 2
     assert not [t for t in trials if "interrupted" in t.user_attrs.get("reason", "")]
 
 
@@ -559,15 +565,31 @@ def test_a_signal_under_isolation_warm_ends_with_its_status_and_no_traceback(
 # ---------------------------------------------------------------------------------------------
 # The storage failing while a study runs
 
-STORAGE_FAULT_BUDGET = 4
+# Faults caused between trials 0 and 1: the run is held at trial 1's first step (place_held) until
+# the fault is in place, so a budget of 2 leaves it nothing to finish first. The size limit is
+# reached where the journal grows past it, not where a case chooses: that run is not held, and
+# its journal passes 8 KiB in its third trial (under 7.7 KiB after two, over 10 after three).
+HELD_BUDGET = 2
+UNHELD_BUDGET = 3
 
 
 def _run_until_a_trial_finished(
-    folder: Path, tagged: str, *args: str, prefix: str = "", user: str | None = None
+    folder: Path,
+    tagged: str,
+    *args: str,
+    prefix: str = "",
+    user: str | None = None,
+    held: bool = True,
 ) -> tuple[subprocess.Popen[str], Path]:
     """`autotune run study.yaml ARGS` in `folder` (under the shell's `prefix`, as `user`), its
-    stderr in a file; returns once it has said that trial 0 finished."""
-    (folder / "study.yaml").write_text(SLOW.replace("trials: 3", f"trials: {STORAGE_FAULT_BUDGET}"))
+    stderr in a file; returns once it has said that trial 0 finished (`held`: with trial 1 kept
+    from finishing until `_ended_on_a_storage_fault`)."""
+    if held:
+        study = HELD.replace("trials: 3", f"trials: {HELD_BUDGET}")
+        gate = {GATE: str(place_held(folder, tickets=1))}
+    else:
+        study, gate = SLOW.replace("trials: 3", f"trials: {UNHELD_BUDGET}"), {}
+    (folder / "study.yaml").write_text(study)
     err = folder / "err.txt"
     command = f"{prefix} {shlex.quote(sys.executable)} -m autotune run study.yaml {' '.join(args)}"
     if user is not None:
@@ -576,7 +598,7 @@ def _run_until_a_trial_finished(
     run = subprocess.Popen(
         ["bash", "-c", f"{command} 2>{shlex.quote(str(err))}"],
         cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(REPO), TAG: tagged, "HOME": str(folder)},
+        env={**os.environ, "PYTHONPATH": str(REPO), TAG: tagged, "HOME": str(folder), **gate},
         text=True,
         stdout=subprocess.PIPE,
         start_new_session=True,
@@ -590,6 +612,8 @@ def _run_until_a_trial_finished(
 
 
 def _ended_on_a_storage_fault(run: subprocess.Popen[str], err: Path, *fragments: str) -> str:
+    if (err.parent / "gate").is_dir():
+        (err.parent / "gate" / "open").touch()  # the fault is in place: trial 1 goes on
     run.communicate(timeout=120)
     said = err.read_text()
     assert "Traceback" not in said, said[-3000:]
@@ -601,24 +625,23 @@ def _ended_on_a_storage_fault(run: subprocess.Popen[str], err: Path, *fragments:
     return line
 
 
-def _resumes_to_the_budget(folder: Path, *args: str) -> None:
-    again = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "study.yaml", "--quiet", *args],
-        cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+def _resumes_to_the_budget(
+    folder: Path, capsys: pytest.CaptureFixture[str], *args: str, budget: int = HELD_BUDGET
+) -> None:
+    """The same command, run again (in this process: no fork server, signal or kill to keep
+    apart), ends at the budget with no trial left RUNNING."""
+    with contextlib.chdir(folder):
+        again = cli(capsys, "run", "study.yaml", "--quiet", *args)
+    assert again.code == 0 and "Traceback" not in again.err, again.err[-3000:]
     trials = trials_of(folder, storage=_journal(folder) if "--storage" in args else None)
-    assert finished(trials) == STORAGE_FAULT_BUDGET, [t.state.name for t in trials]
+    assert finished(trials) == budget, [t.state.name for t in trials]
     assert not [t for t in trials if t.state.name == "RUNNING"]
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_database_deleted_or_replaced_mid_run_is_saved_beside_it_and_resumes(
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
     how: str,
 ) -> None:
@@ -638,23 +661,27 @@ def test_a_database_deleted_or_replaced_mid_run_is_saved_beside_it_and_resumes(
     if how == "replaced":
         assert database.read_bytes() == b"someone else's notes, not a database\n"
     rescued.replace(database)
-    _resumes_to_the_budget(tmp_path)
+    _resumes_to_the_budget(tmp_path, capsys)
 
 
 def test_a_journal_past_the_file_size_limit_is_one_line_and_resumes(
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
 ) -> None:
     """`ulimit -f 8`: the journal cannot grow past 8 KiB; the record cut short is mended by the
     next run, which (with the limit lifted) ends at the budget."""
     journal = "--storage", "journal:///study.journal"
-    run, err = _run_until_a_trial_finished(tmp_path, tag, *journal, prefix="ulimit -f 8;")
+    run, err = _run_until_a_trial_finished(
+        tmp_path, tag, *journal, prefix="ulimit -f 8;", held=False
+    )
     _ended_on_a_storage_fault(run, err, "size limit (ulimit -f)", "Raise the limit")
-    _resumes_to_the_budget(tmp_path, *journal)
+    _resumes_to_the_budget(tmp_path, capsys, *journal, budget=UNHELD_BUDGET)
 
 
 def test_a_study_folder_made_unwritable_mid_run_is_one_line_and_resumes(
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
 ) -> None:
     """`chmod 555` on the study's folder while it runs, as a user root's permissions do not
@@ -672,7 +699,7 @@ def test_a_study_folder_made_unwritable_mid_run_is_one_line_and_resumes(
             _ended_on_a_storage_fault(run, err, "can no longer be written", "writable")
         finally:
             folder.chmod(0o755)
-        _resumes_to_the_budget(folder)
+        _resumes_to_the_budget(folder, capsys)
 
 
 # ---------------------------------------------------------------------------------------------

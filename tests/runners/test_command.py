@@ -679,36 +679,28 @@ def test_the_lightning_example_trains_with_the_optimizer_and_schedules_of_a_tria
         assert reference.defaults == optimizer.defaults
 
 
-def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
-    """`autotune run studies/lightning_digits.yaml`, as a user would, cut to 2 trials and a
-    confirmation of one run each (the file beside its script, as shipped otherwise)."""
+def test_the_lightning_example_study_runs_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`autotune run studies/lightning_digits.yaml`, then export and report, cut to 1 trial and a
+    confirmation of one run each (the file beside its script, as shipped otherwise). In this
+    process, as the console script calls `main`: each Lightning launch costs seconds, a process
+    importing torch for each command more (command trials run in this process elsewhere here)."""
+    from autotune.cli import main
+
     (tmp_path / "lightning").symlink_to(STUDY.parent / "lightning")
     study = yaml.safe_load(STUDY.read_text())
     study["confirm"]["runs"] = 1
     (shipped := tmp_path / STUDY.name).write_text(yaml.safe_dump(study))
     storage = f"sqlite:///{tmp_path / 'lightning.db'}"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "run",
-            str(shipped),
-            "--trials",
-            "2",
-            "--storage",
-            storage,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Study lightning_digits: 2 trials" in result.stdout and "Winner: " in result.stdout, (
-        result.stdout
-    )
+    capsys.readouterr()
+    code = main(["run", str(shipped), "--trials", "1", "--storage", storage])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert "Study lightning_digits: 1 trial" in out and "Winner: " in out, out
     trials = optuna.load_study(study_name="lightning_digits", storage=storage).get_trials()
-    # prune: incumbent in the study file
+    # prune: incumbent in the study file (with one trial there is no incumbent to pass; a
+    # command's pruned trials: tests/study/test_study.py)
     assert {t.state.name for t in trials} <= {
         "COMPLETE",
         "PRUNED",
@@ -719,44 +711,14 @@ def test_the_lightning_example_study_runs_end_to_end(tmp_path: Path) -> None:
                 t.user_attrs["reason"].startswith("pruned: ")
                 and "it can no longer win" in t.user_attrs["reason"]
             )
-    export = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "export",
-            str(shipped),
-            "--storage",
-            storage,
-            "--format",
-            "args",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert export.returncode == 0 and export.stdout.startswith("--lr "), export.stderr
+    code = main(["export", str(shipped), "--storage", storage, "--format", "args"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("--lr "), err
     # a command's study draws as well: no input wait or confusion matrix to show, the rest is there
     page = tmp_path / "report.html"
-    drawn = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "report",
-            str(shipped),
-            "--storage",
-            storage,
-            "--html",
-            str(page),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert (
-        drawn.returncode == 0 and page.read_text().count('<img src="data:image/png;base64,') == 6
-    ), drawn.stderr
+    code = main(["report", str(shipped), "--storage", storage, "--html", str(page)])
+    _, err = capsys.readouterr()
+    assert code == 0 and page.read_text().count('<img src="data:image/png;base64,') == 6, err
 
 
 def test_importing_autotune_for_report_does_not_import_torch() -> None:
