@@ -317,11 +317,14 @@ def _with_checked(
     it, else as predicted) where it has no speed there: the baseline's setting kept by the paired
     check."""
     if any(p.setting == setting.setting for p, _, _ in checked.speeds):
+        filled = [p.setting == setting.setting and not m for p, m, _ in checked.speeds]
         speeds = [
-            (p, speed if p.setting == setting.setting and not m else m, start)
-            for p, m, start in checked.speeds
+            (p, speed if fill else m, start)
+            for (p, m, start), fill in zip(checked.speeds, filled, strict=True)
         ]
-        return dataclasses.replace(checked, speeds=speeds)
+        # one outrun before its turn, then timed beside the baseline's: a figure, no reason
+        reasons = [None if fill else r for r, fill in zip(checked.reasons, filled, strict=True)]
+        return dataclasses.replace(checked, speeds=speeds, reasons=reasons)
     measured_on = {**figures, "shared_cores": probing.prepared.device.type == "cpu"}
     start = start_up_seconds({**measured_on, "cores": cpu_count()}, setting.setting)
     return dataclasses.replace(
