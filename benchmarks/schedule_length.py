@@ -6,9 +6,10 @@ runs a few fast-learning configurations with schedules of 1-3 epochs beside the 
 epochs, constant), interleaved over `--seeds` seeds, and prints each one's median time to target
 and how many seeds reached it. Usage (from the repository root):
 
-    .venv/bin/python benchmarks/schedule_length.py [--seeds 5]
+    .venv/bin/python benchmarks/schedule_length.py [--seeds 5] [--max-seconds S]
 
-Writes benchmarks/results/schedule_length-digits-cpu.json.
+`--max-seconds S` cuts each run's training clock at S seconds (the study's: 12): a smoke run.
+Writes benchmarks/results/schedule_length-digits-cpu.json (--results: another folder).
 """
 
 from __future__ import annotations
@@ -63,10 +64,18 @@ CANDIDATES = {  # label: (changes to the baseline, schedule length in epochs)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        metavar="S",
+        help="each run's training clock, not the study's (a smoke run: the test suite's)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to write it")
     args = parser.parse_args()
     spec = study_file.load(REPO / "studies" / "digits.yaml")
     limits = limits_for(spec)
+    if args.max_seconds is not None:
+        limits = dataclasses.replace(limits, max_seconds=args.max_seconds)
     device = torch.device("cpu")
     isolation.warm_up()
     task = load_task("digits")
@@ -103,6 +112,7 @@ def main() -> None:
             {
                 "benchmark": "schedule_length",
                 "seeds": args.seeds,
+                "max_seconds": limits.max_seconds,
                 **provenance(device),
                 "summary": summary,
             },
