@@ -127,8 +127,9 @@ def make(
     device_load_seconds: float | None = None,
 ) -> Task:
     """The task with the given costs (seconds a sample, a step, a 16-bit step's more, a model's
-    first 16-bit step, the first step of all, and a training loader worker's first batch); with `device_load_seconds`,
-    its training set kept on the device too, gathered there at that cost a sample."""
+    first 16-bit step, the first step of all, and a training loader worker's first batch); with
+    `device_load_seconds`, its training set kept on the device too, gathered there at that cost a
+    sample."""
     inputs = torch.randn(TRAIN + VAL, FEATURES, generator=torch.Generator().manual_seed(DATA_SEED))
     positive = inputs[:, :4] > 0
     labels = (positive[:, 0] ^ positive[:, 1]).long() + 2 * (positive[:, 2] ^ positive[:, 3]).long()
