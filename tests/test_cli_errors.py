@@ -2,16 +2,15 @@
 
 Every case: exit status 2, one line on stderr naming the file, no traceback, nothing on stdout,
 and the study's storage untouched (not created, or byte-for-byte as it was).
-The table of bad inputs runs autotune's `main` in this process, as the hostile rounds do (a
-process of its own would import torch again, 4 s a case); the other cases start the console entry
-point itself.
+Most cases run autotune's `main` in this process, as the hostile rounds do (a process of its own
+would import torch again, 4 s a case); those that need a process of their own start the console
+entry point itself (a closed pipe, an import check) or a small one beside it (a lock held).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import sqlite3
 import subprocess
@@ -38,22 +37,6 @@ def foreign_sqlite() -> bytes:
             connection.execute("insert into invoices (amount) values (12.5)")
             connection.commit()
         return path.read_bytes()
-
-
-def run_autotune(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m autotune ARGS` in `folder`, importing this checkout."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def assert_no_traceback(result: subprocess.CompletedProcess[str]) -> None:
@@ -401,12 +384,19 @@ ARGUMENT_CASES = [
     ids=[case[0] for case in ARGUMENT_CASES],
 )
 def test_bad_option_is_rejected_before_anything_runs(
-    tmp_path: Path, args: tuple[str, ...], option: str, value: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...],
+    option: str,
+    value: str,
 ) -> None:
     """Exit 2, no traceback, the last line names the option and the value; no storage created."""
     (tmp_path / "study.yaml").write_text(HEAD)
+    monkeypatch.chdir(tmp_path)
 
-    result = run_autotune(tmp_path, "run", "study.yaml", *args)
+    said = cli(capsys, "run", "study.yaml", *args)
+    result = subprocess.CompletedProcess("run", said.code, said.out, said.err)
 
     assert_no_traceback(result)
     assert result.stderr.startswith("usage: autotune run"), result.stderr
@@ -415,14 +405,38 @@ def test_bad_option_is_rejected_before_anything_runs(
     assert not (tmp_path / "study.db").exists()
 
 
-def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
+HOLD_LOCK = """
+import fcntl, sys
+with open(sys.argv[1], "w") as lock:
+    fcntl.lockf(lock, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_study_run_by_another_process_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A second `autotune run` on a SQLite study that one already runs: refused, storage
     unchanged."""
     (tmp_path / "study.yaml").write_text(HEAD)
     (tmp_path / "study.db").write_bytes(GARBAGE)
-    with open(tmp_path / "study.db.runner.lock", "w") as lock:
-        fcntl.lockf(lock, fcntl.LOCK_EX)  # as a running `autotune run` holds it
-        result = run_autotune(tmp_path, "run", "study.yaml")
+    # A POSIX lock is a process's: the other run is a small process of its own that holds it as a
+    # running `autotune run` does, and this one runs `main` here.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "study.db.runner.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        monkeypatch.chdir(tmp_path)
+        said = cli(capsys, "run", "study.yaml")
+    finally:
+        holder.stdin.close()  # it lets go and ends
+        holder.wait(timeout=60)
+    result = subprocess.CompletedProcess("run", said.code, said.out, said.err)
     assert_one_line_error(result, "study.yaml", "is being run by", "journal")
     assert (tmp_path / "study.db").read_bytes() == GARBAGE
 
@@ -431,13 +445,19 @@ def test_a_study_run_by_another_process_is_refused(tmp_path: Path) -> None:
     "command, url", [("report", "sqlite:///folder"), ("run", "journal:///folder")]
 )
 def test_a_directory_given_as_the_storage_is_named_as_one(
-    tmp_path: Path, command: str, url: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    url: str,
 ) -> None:
     """Not "no study database there; run autotune run first" (the very command): it is a directory,
     and a file in it is what --storage takes."""
     (tmp_path / "study.yaml").write_text(HEAD)
     (tmp_path / "folder").mkdir()
-    result = run_autotune(tmp_path, command, "study.yaml", "--storage", url)
+    monkeypatch.chdir(tmp_path)
+    said = cli(capsys, command, "study.yaml", "--storage", url)
+    result = subprocess.CompletedProcess(command, said.code, said.out, said.err)
     line = assert_one_line_error(
         result, "study.yaml", "folder is a directory", f"--storage {url.partition(':')[0]}:///"
     )
@@ -445,7 +465,9 @@ def test_a_directory_given_as_the_storage_is_named_as_one(
     assert list((tmp_path / "folder").iterdir()) == []
 
 
-def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -> None:
+def test_a_study_file_changed_since_the_study_began_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The stored study began with target 0.9; the file now says 0.97: refused, storage
     unchanged."""
     import optuna
@@ -461,7 +483,9 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
     before = (tmp_path / "study.db").read_bytes()
     path.write_text(HEAD + "device: cpu\n")
 
-    result = run_autotune(tmp_path, "run", "study.yaml")
+    monkeypatch.chdir(tmp_path)
+    said = cli(capsys, "run", "study.yaml")
+    result = subprocess.CompletedProcess("run", said.code, said.out, said.err)
 
     assert_one_line_error(
         result,
@@ -473,7 +497,9 @@ def test_a_study_file_changed_since_the_study_began_is_refused(tmp_path: Path) -
     assert (tmp_path / "study.db").read_bytes() == before
 
 
-def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) -> None:
+def test_a_reader_that_goes_away_ends_report_and_export_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`autotune report ... | head -1`: the pipe closes before autotune writes; exit as SIGPIPE
     would end it (141), nothing on stderr."""
     (tmp_path / "study.yaml").write_text(
@@ -481,12 +507,14 @@ def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) 
         "space: {num_workers: 0, batch_size: 64}\nbudget: {trials: 1, max_epochs: 2}\n"
         "confirm: {top: 0}\n"
     )
-    ran = run_autotune(tmp_path, "run", "study.yaml", "--quiet")
-    assert ran.returncode == 0, ran.stderr
+    monkeypatch.chdir(tmp_path)
+    ran = cli(capsys, "run", "study.yaml", "--quiet")  # here: only the readers need a process
+    assert ran.code == 0, ran.err
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
+    children = []
     for args in (["report", "study.yaml"], ["export", "study.yaml", "--format", "json"]):
         child = subprocess.Popen(
             [sys.executable, "-m", "autotune", *args],
@@ -497,6 +525,8 @@ def test_a_reader_that_goes_away_ends_report_and_export_quietly(tmp_path: Path) 
             text=True,
         )
         child.stdout.close()  # long before the child has imported torch, let alone written
+        children.append((args, child))
+    for args, child in children:  # both at once
         stderr = child.stderr.read()
         assert child.wait(timeout=120) == 141 and stderr == "", (args, stderr)
 

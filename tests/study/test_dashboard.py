@@ -91,7 +91,7 @@ def serve_then_ctrl_c(
                     names = [s["study_name"] for s in json.load(response)["study_summaries"]]
                 break
             except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.5)  # not listening yet
+                time.sleep(0.1)  # not listening yet
         server.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = server.communicate(timeout=120)  # a loaded machine is slow to stop it
     finally:
@@ -101,10 +101,20 @@ def serve_then_ctrl_c(
     return names, subprocess.CompletedProcess(server.args, server.returncode, out, err), port
 
 
-def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)
-    path = write_study(tmp_path, trials=2, confirm={"top": 0, "runs": 0})
-    assert main(["run", str(path), "--quiet"]) == 0  # the storage exactly as a real run leaves it
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small study's file, its storage exactly as a real run leaves it: the dashboard only
+    reads it, so every test that serves it shares it."""
+    path = write_study(tmp_path_factory.mktemp("ran"), trials=2, confirm={"top": 0, "runs": 0})
+    path.write_text(path.read_text() + "probe: none\n")  # nothing here is about the probe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)  # so that `tests.tasks:blobs` imports
+        assert main(["run", str(path), "--quiet"]) == 0
+    return path
+
+
+def test_serves_the_study_until_ctrl_c(ran: Path) -> None:
+    path = ran
     names, ended, port = serve_then_ctrl_c(path)
     assert names == ["study"], ended.stderr
     assert ended.returncode == 130 and "Traceback" not in ended.stderr, ended.stderr
@@ -112,11 +122,9 @@ def test_serves_the_study_until_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_a_port_in_use_is_one_line_and_nothing_says_it_serves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ran: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(REPO)
-    path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
-    assert main(["run", str(path), "--quiet"]) == 0
+    path = ran
     capsys.readouterr()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -133,13 +141,11 @@ def test_a_port_in_use_is_one_line_and_nothing_says_it_serves(
 
 @pytest.mark.parametrize("how", ["ignored", "blocked"])
 def test_ctrl_c_ends_a_dashboard_started_with_sigint_ignored_or_blocked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+    ran: Path, how: str
 ) -> None:
     """A script's background job starts with SIGINT ignored; a parent may have it blocked: both
     are inherited, and the dashboard would then serve on through Ctrl-C."""
-    monkeypatch.chdir(REPO)
-    path = write_study(tmp_path, trials=1, confirm={"top": 0, "runs": 0})
-    assert main(["run", str(path), "--quiet"]) == 0
+    path = ran
 
     def inherit() -> None:
         if how == "ignored":

@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune import progress
 from autotune.cli import main
 from autotune.record import schema
 from autotune.search.replay import sampled_values
@@ -37,6 +38,21 @@ STUDY = {
 }
 
 
+def told_it_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once the run has said it waits for another machine's figures: that machine then
+    stores them, however slowly this machine reached its wait (no fixed time to guess)."""
+    told = threading.Event()
+    say = progress.say
+
+    def said(message: str) -> None:
+        say(message)
+        if "is measuring this study's systems; this run waits" in message:
+            told.set()
+
+    monkeypatch.setattr(progress, "say", said)
+    return told
+
+
 def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     tmp_path: Path,
     postgres_url: str,
@@ -44,6 +60,7 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
+    monkeypatch.setattr(probe_claim, "CLAIM_SECONDS", 0.1)  # no other run writes a mark here
     path = tmp_path / "study.yaml"
     study_file = {**STUDY, "storage": postgres_url, "objective": "goodput"}  # a table stored too
     path.write_text(yaml.safe_dump(study_file))
@@ -134,6 +151,9 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     monkeypatch.setattr(probe_claim, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
     monkeypatch.setattr(probe_claim, "STALE_SECONDS", 1.0)
+    # the stale mark's run claims with no other run beside it: its claim need not wait long
+    monkeypatch.setattr(probe_claim, "CLAIM_SECONDS", 0.1)
+    told = told_it_waits(monkeypatch)
     study_file = {**STUDY, "storage": postgres_url, "budget": {"trials": 1, "max_epochs": 1}}
 
     def study_named(name: str) -> tuple[Path, optuna.Study]:
@@ -175,13 +195,20 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     stored = threading.Event()
 
     def elsewhere() -> None:
-        for _ in range(30):  # probing for about 3 s, then its outcome stored
+        # probing until this run waits for it (a minute at most: then the test fails, not
+        # hangs), a few renewals more, then its outcome stored
+        deadline = time.monotonic() + 60
+        while not told.is_set() and time.monotonic() < deadline:
+            schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
+            time.sleep(0.1)
+        for _ in range(3):
             schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
             time.sleep(0.1)
         schema.record_probe(study, probes[0])
         schema.record_probing(study, {})  # its measuring done
         stored.set()
 
+    told.clear()  # the stale mark's run said it too, before that mark went stale
     other = threading.Thread(target=elsewhere)
     other.start()
     assert main(["run", str(path)]) == 0
@@ -207,6 +234,7 @@ def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
     monkeypatch.chdir(REPO)  # so that `tests.tasks:blobs` imports
     monkeypatch.setattr(probe_claim, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
+    told = told_it_waits(monkeypatch)
     study_file = {**STUDY, "storage": postgres_url, "budget": {"trials": 1, "max_epochs": 1}}
     measure, probes = roofline_probe.run, []
 
@@ -233,7 +261,11 @@ def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
-        for _ in range(20):  # probing for about 2 s, then its outcome stored
+        # probing until this run waits for it, a few renewals more, then its outcome stored
+        while not told.is_set() and time.monotonic() < deadline:
+            schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
+            time.sleep(0.1)
+        for _ in range(3):
             schema.record_probing(study, {"worker": "elsewhere:1", "at": time.time()})
             time.sleep(0.1)
         schema.record_probe(study, probes[0])
