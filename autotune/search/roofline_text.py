@@ -42,7 +42,7 @@ def paired_text(paired: Mapping[str, Any]) -> str:
             f"{ratios(paired)} its speed"
             + (
                 f"; at micro-batch {there['batch_size']}, the smallest a trial trains, "
-                f"{ratios(there)}"
+                + (ratios(there) if there["ratios"] else f"not weighed: {there['why']}")
                 if there
                 else ""
             )

@@ -64,6 +64,12 @@ def unchecked(why: str) -> dict[str, Any]:
     return _outcome([], {CHOSEN: [], BASELINE: []}, kept=BASELINE, why=why)
 
 
+def not_weighed(why: str) -> dict[str, Any]:
+    """The outcome where the windows could not run for a reason neither setting owns (`why`: the
+    task fails at that batch whatever its setting): the choice stands."""
+    return _outcome([], {CHOSEN: [], BASELINE: []}, kept=CHOSEN, why=why)
+
+
 def decide(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any]:
     """Keep the chosen setting where the paired ratios agree and beat the baseline beyond their
     spread; else the baseline's, saying why."""

@@ -294,6 +294,8 @@ def _paired_at_trials_batch(
         )
     except _TimeUp:  # unshown at the trials' batch: not taken
         there = paired_check.unchecked("not checked there before the probe's time cap")
+    except isolation.TrialFailure as failure:  # the task's, at that batch: the trials meet it
+        there = paired_check.not_weighed(f"a measurement failed there: {failure.reason}")
     trials_batch = {"batch_size": smallest, **there}
     if there["kept"] == paired_check.CHOSEN:
         return {**at_probe_batch, "trials_batch": trials_batch}

@@ -287,6 +287,13 @@ def test_a_crash_at_another_batch_leaves_the_choice_and_says_why(tmp_path: Path)
     assert entry["batch_size"] == 32 and "expected" not in entry
     assert entry["reason"].startswith("a measurement failed: ")
     assert "32: no figure (a measurement failed: " in roofline_text.describe(outcome)
+    # paired with the baseline's setting at 32 (the smallest a trial trains), the same crash:
+    # the task's, whatever the setting, so the choice stands
+    paired = outcome.get("paired") or {}
+    if "trials_batch" in paired:
+        assert paired["kept"] == "chosen"
+        assert paired["trials_batch"]["why"].startswith("a measurement failed there: ")
+        assert "32, the smallest a trial trains, not weighed" in roofline_text.describe(outcome)
     params = {**{k: outcome["chosen"][k] for k in ("num_workers", "precision")}, "batch_size": 32}
     assert winner.predicted_seconds(outcome, params, 1000.0) is None
 
