@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -85,13 +84,15 @@ def serve_then_ctrl_c(
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.poll() is None:
             try:
+                # a loaded machine may take seconds to answer the first request
                 with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/api/studies", timeout=5
+                    f"http://127.0.0.1:{port}/api/studies", timeout=30
                 ) as response:
                     names = [s["study_name"] for s in json.load(response)["study_summaries"]]
                 break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.1)  # not listening yet
+            # not listening yet (URLError, ConnectionError), or not answering yet (TimeoutError)
+            except OSError:
+                time.sleep(0.1)
         server.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = server.communicate(timeout=120)  # a loaded machine is slow to stop it
     finally:
