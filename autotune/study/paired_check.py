@@ -73,47 +73,35 @@ def not_weighed(why: str) -> dict[str, Any]:
 def decide(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any]:
     """Keep the chosen setting where the paired ratios agree and beat the baseline beyond their
     spread; else the baseline's, saying why."""
-    spread = max(ratios) / min(ratios)
-    lead = statistics.median(ratios)
-    if spread > AGREE:
-        return _outcome(
-            ratios,
-            speeds,
-            kept=BASELINE,
-            why=f"too busy to tell: paired windows disagreed by {spread:.2f}x",
-        )
-    if lead <= spread:
-        return _outcome(
-            ratios,
-            speeds,
-            kept=BASELINE,
-            why=f"no faster than the baseline's beyond the windows' spread ({lead:.2f}x, "
-            f"spread {spread:.2f}x)",
-        )
-    return _outcome(ratios, speeds, kept=CHOSEN, why=None)
+    return _judged(ratios, speeds, lambda lead, spread: lead > spread, "no faster than")
 
 
 def no_slower(ratios: list[float], speeds: dict[str, list[float]]) -> dict[str, Any]:
     """Keep the chosen setting unless the paired ratios show it slower than the baseline's beyond
     their spread, or disagree too much to tell: the rule at a trial's micro-batch, where the choice
     was already shown faster at the probe's."""
+    return _judged(ratios, speeds, lambda lead, spread: lead * spread >= 1, "slower than")
+
+
+def _judged(
+    ratios: list[float],
+    speeds: dict[str, list[float]],
+    stands: Callable[[float, float], bool],
+    otherwise: str,
+) -> dict[str, Any]:
+    """The baseline's setting where the ratios disagree beyond AGREE, or where their median lead
+    and spread fail `stands` (said as `otherwise` the baseline's); else the chosen setting."""
     spread = max(ratios) / min(ratios)
     lead = statistics.median(ratios)
     if spread > AGREE:
-        return _outcome(
-            ratios,
-            speeds,
-            kept=BASELINE,
-            why=f"too busy to tell: paired windows disagreed by {spread:.2f}x",
+        why = f"too busy to tell: paired windows disagreed by {spread:.2f}x"
+        return _outcome(ratios, speeds, kept=BASELINE, why=why)
+    if not stands(lead, spread):
+        why = (
+            f"{otherwise} the baseline's beyond the windows' spread ({lead:.2f}x, "
+            f"spread {spread:.2f}x)"
         )
-    if lead * spread < 1:
-        return _outcome(
-            ratios,
-            speeds,
-            kept=BASELINE,
-            why=f"slower than the baseline's beyond the windows' spread ({lead:.2f}x, "
-            f"spread {spread:.2f}x)",
-        )
+        return _outcome(ratios, speeds, kept=BASELINE, why=why)
     return _outcome(ratios, speeds, kept=CHOSEN, why=None)
 
 
