@@ -180,7 +180,7 @@ def threads_note(knobs: Mapping[str, Any]) -> dict[str, Any]:
 def data_on_device_note(knobs: Mapping[str, Any], trainer: str) -> dict[str, Any]:
     """Where the training batches were made: `trainer` batches through a DataLoader, as autotune
     does unless data_on_device."""
-    if not knobs.get("data_on_device"):
+    if not knobs["data_on_device"]:
         text = f"autotune loaded the training batches through a DataLoader, as {trainer} does."
     else:
         text = (
@@ -191,7 +191,7 @@ def data_on_device_note(knobs: Mapping[str, Any], trainer: str) -> dict[str, Any
             "give the DataLoader a batch_sampler of index lists and a collate_fn that indexes "
             "them there (num_workers 0, no pinning, as the dataloader settings say)."
         )
-    return note("data_on_device", bool(knobs.get("data_on_device")), NO_EQUIVALENT, text)
+    return note("data_on_device", knobs["data_on_device"], NO_EQUIVALENT, text)
 
 
 def optimizer_note(

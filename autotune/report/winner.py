@@ -23,7 +23,7 @@ from autotune.search.roofline_figures import (
     table_entries,
 )
 from autotune.search.roofline_text import setting_text, short
-from autotune.search.space import KNOBS
+from autotune.search.space import KNOBS, filled
 
 
 def telemetry(
@@ -147,7 +147,7 @@ def expected_rate(
     if not there.get("expected"):
         return None
     expected = {"start_up": there["fixed_seconds"], "rate": there["expected"]}
-    if params.get("compile"):
+    if filled(params)["compile"]:
         faster = compiled_speed(outcome, expected["start_up"], expected["rate"])
         if faster is None or batch != outcome["batch_size"]:
             return None
@@ -170,7 +170,7 @@ def _kept_precision_rate(
 ) -> dict[str, Any] | None:
     """A goodput trial's entry in the table of the probe's figures (table_entries), scaled."""
     batch = params.get("batch_size")
-    wanted = (params["precision"], batch, bool(params.get("compile")))
+    wanted = (params["precision"], batch, filled(params)["compile"])
     for entry in table_entries(outcome):
         at, speed = entry["settings"], entry["speed"]
         if speed and (at["precision"], at["batch_size"], at["compile"]) == wanted:
@@ -185,9 +185,9 @@ def _checked_rate(outcome: Mapping[str, Any], params: Mapping[str, Any]) -> dict
     chosen one), for a trial that trained at it: at the probe's micro-batch only, uncompiled and
     checkpointed as the probe measured."""
     batch = params.get("batch_size")
-    if batch != outcome["batch_size"] or params.get("compile"):
+    if batch != outcome["batch_size"] or filled(params)["compile"]:
         return None
-    if params.get("checkpointing", False) != outcome["chosen"].get("checkpointing", False):
+    if filled(params)["checkpointing"] != filled(outcome["chosen"])["checkpointing"]:
         return None  # a run that recomputes, or one that does not, is another rate
     entry = checked_entry(outcome, params)
     if entry is None:
@@ -237,7 +237,7 @@ def prediction_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
         if expected["scaled"]
         else "measured end to end"
     )
-    compiled = " and a compile" if best.params.get("compile") else ""
+    compiled = " and a compile" if filled(best.params)["compile"] else ""
     where = {
         "chosen": "the setting the probe chose",
         "checked": "another setting the probe checked end to end",

@@ -77,7 +77,7 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
     if outcome["probed_loader"]:
         loader = outcome["loader"]
         # a study stored before data_on_device was a knob: its loader had a DataLoader
-        on_device = loader.get("data_on_device", False)
+        on_device = loader_of(loader)["data_on_device"]
         space = space.replace("data_on_device", Choices((on_device,)))
         space = space.replace("num_workers", Choices((loader["num_workers"],)))
         space = space.replace("pin_memory", Choices((loader["pin_memory"],)))

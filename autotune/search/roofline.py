@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for
+from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for, loader_of
 
 # Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
 # which a rate does not show), and so is checkpointing: at the probe's one batch it only
@@ -209,7 +209,7 @@ def loader_settings(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:
     workers before it delivered, it may start sooner and leave the cores free."""
     most: dict[tuple[bool, int, bool], dict[str, Any]] = {}
     for setting in loaders:
-        on_device = setting.get("data_on_device", False)
+        on_device = loader_of(setting)["data_on_device"]
         key = (not on_device, setting["num_workers"], setting["pin_memory"])
         if most.get(key) is None or (setting["prefetch_factor"] or 0) > (
             most[key]["prefetch_factor"] or 0

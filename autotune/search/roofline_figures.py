@@ -12,7 +12,7 @@ from typing import Any
 from autotune.search.end_to_end import TIE, decide
 from autotune.search.recipe import training_threads
 from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
-from autotune.search.space import LOADER_KNOBS, loader_of
+from autotune.search.space import LOADER_KNOBS, filled, loader_of
 
 # What a compute setting names (a loader setting names LOADER_KNOBS).
 STEP_KNOBS = ("precision", *MEASURED_FORMATS)
@@ -38,9 +38,9 @@ def set_bytes(outcome: Mapping[str, Any], setting: Mapping[str, Any]) -> int:
     """The bytes the training set's copy takes on the device where `setting` keeps one there, as
     its gather's measurement held them (its peak: the copy and a batch); 0 where it keeps none,
     or off CUDA, where nothing is copied."""
-    if not setting.get("data_on_device"):
+    if not loader_of(setting)["data_on_device"]:
         return 0
-    kept = [r for r in outcome.get("loader_rates", []) if r.get("data_on_device")]
+    kept = [r for r in outcome.get("loader_rates", []) if loader_of(r)["data_on_device"]]
     return max((r.get("peak_memory_bytes") or 0 for r in kept), default=0)
 
 
@@ -176,7 +176,7 @@ def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not chosen or not chosen.get("measured"):
         return []
     knobs = {k: chosen[k] for k in (*LOADER_KNOBS, *STEP_KNOBS) if k in chosen}
-    base = {**knobs, "compile": False, "checkpointing": chosen.get("checkpointing", False)}
+    base = {**knobs, "compile": False, "checkpointing": filled(chosen)["checkpointing"]}
     at = by_batch(outcome)
     rows = [(chosen["precision"], batch, e) for batch, e in at.items()]
     for e in outcome.get("precision_batches") or []:

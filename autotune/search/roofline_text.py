@@ -18,7 +18,7 @@ from autotune.search.roofline_figures import (
     set_bytes,
     start_up_seconds,
 )
-from autotune.search.space import FORMAT_KNOBS, Choices, Space
+from autotune.search.space import FORMAT_KNOBS, Choices, Space, loader_of
 
 # What a probe stopped by its time cap before each phase does without it.
 CAPPED = {
@@ -208,7 +208,7 @@ def what_moves_it(
     """What would raise the limit, in numbers: the other rate's headroom, and the levers the knob
     space left out (within it, the limit has weighed every one already). `step_rates`: the chosen
     setting's step rate at each micro-batch measured, to say how much the last doubling gave."""
-    if best.bottleneck == INPUT and best.loader.get("data_on_device"):
+    if best.bottleneck == INPUT and loader_of(best.loader)["data_on_device"]:
         return (
             f"the batches made on the device: the step could run "
             f"{best.compute_rate / best.loader_rate:.2f}x faster beside a cheaper gather there"
@@ -282,7 +282,7 @@ def _sooner(outcome: Mapping[str, Any]) -> str:
 
 def loader_text(setting: Mapping[str, Any]) -> str:
     """A loader setting as the report names it."""
-    if setting.get("data_on_device"):
+    if loader_of(setting)["data_on_device"]:
         return "data on the device"
     shown = [f"num_workers {setting['num_workers']}"]
     if setting.get("prefetch_factor") is not None:

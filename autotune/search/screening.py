@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.search.probe import FASTER_BY
+from autotune.search.space import loader_of
 
 SCREEN_ABOVE = 8  # compute settings measured all at once up to this many
 # Pinned memory made no loader more than 10% faster (15 worker counts measured both ways on an
@@ -68,7 +69,7 @@ def screened_loaders(
     unpinned DataLoader, then the pinned ones at the worker counts whose unpinned rate came within
     PIN_WITHIN of the fastest (all of them where none ran, or the space leaves pinning no
     choice)."""
-    on_device = [i for i, s in enumerate(loaders) if s.get("data_on_device")]
+    on_device = [i for i, s in enumerate(loaders) if loader_of(s)["data_on_device"]]
     measured = measure(on_device) if on_device else {}
     if outpaced_by_gather(measured.values(), fastest_step):
         return measured

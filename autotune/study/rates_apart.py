@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.search import roofline, screening
+from autotune.search.space import loader_of
 from autotune.train import rates
 from autotune.train.config import TrialConfig
 from autotune.train.measure import threads_for
@@ -77,7 +78,9 @@ def predicted(
 
     screening.screened_loaders(loaders, measure_loaders, fastest_step=fastest_step)
     ran = [(str(i), s) for i, s in enumerate(loaders) if str(i) in loader_rates]
-    gathers = [loader_rates[i].samples_per_second or 0.0 for i, s in ran if s.get("data_on_device")]
+    gathers = [
+        loader_rates[i].samples_per_second or 0.0 for i, s in ran if loader_of(s)["data_on_device"]
+    ]
     outpaced = len(ran) < len(loaders) and screening.outpaced_by_gather(gathers, fastest_step)
 
     def compute_rate(loader: dict[str, Any], compute: dict[str, Any]) -> float | None:
