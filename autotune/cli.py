@@ -119,12 +119,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (pybind11::error_already_set): a signal sent meanwhile is taken once the import is done.
     with signals.held():
         from autotune.report import results
-        from autotune.study import preparation, storage_faults, workers
-        from autotune.study.run import run_sequence
+        from autotune.study import preparation, storage_faults
+        from autotune.study.run import run_as_worker, run_sequence
 
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
     if args.as_worker is not None:
-        return workers.run_as_worker(spec, prepared, worker=args.as_worker)
+        return run_as_worker(spec, prepared, worker=args.as_worker)
     run_trials = _in_workers(args, spec)
     try:
         study = run_sequence(

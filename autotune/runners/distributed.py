@@ -24,7 +24,7 @@ import torch
 from autotune.runners import isolation, trial_process
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.train.config import Limits, Progress, TrialConfig, TrialResult
-from autotune.train.distributed import device_of, joined
+from autotune.train.ranks import device_of, joined
 from autotune.train.tasks import load_task
 from autotune.train.trial import run
 

@@ -105,7 +105,7 @@ def ensure_table(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> No
 
 def plan_for(
     spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space
-) -> tuple[Plan | None, Space]:
+) -> tuple[GoodputSettings | None, Space]:
     """The plan the trials follow and the space they sample; no plan outside goodput."""
     if spec.objective not in (GOODPUT, SYSTEMS_ONLY):
         return None, space
@@ -116,7 +116,7 @@ def plan_for(
         ) if spec.objective == SYSTEMS_ONLY else space
     table = goodput.Table.from_json(stored["table"])
     # the split of an effective batch may use any of the space's micro-batches
-    plan = Plan(table, space)
+    plan = GoodputSettings(table, space)
     sampled = (
         baseline_space(space, prepared.baseline)
         if spec.objective == SYSTEMS_ONLY
@@ -126,7 +126,7 @@ def plan_for(
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class GoodputSettings:
     """What every goodput trial follows: the table over the space the trials sample."""
 
     table: goodput.Table

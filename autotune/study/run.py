@@ -9,6 +9,7 @@ from the storage alone. The storage is opened once per process.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,18 +18,20 @@ from pathlib import Path
 import optuna
 
 from autotune import progress, signals
-from autotune.errors import StorageError
+from autotune.errors import AutotuneError, StorageError
 from autotune.record import objectives, schema
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import (
     one_trial,
     recovery,
+    run_plan,
     runner_lock,
     sampler,
     storage,
     storage_faults,
     told_trials,
     torn_journal,
+    workers,
 )
 from autotune.study.begin import begin
 from autotune.study.budget import finished_count, run_out_unrun, slots_taken, trials_to_train
@@ -187,6 +190,26 @@ def run_study(
             recovery.queue_retries(study, only=stopped)
             raise
     return study
+
+
+def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
+    """One of `--workers K` (`autotune run --as-worker N`): trials only; the parent recovers,
+    confirms and reports. Its exit status."""
+    if spec.storage.startswith("sqlite"):
+        raise AutotuneError(
+            f"{spec.path}: --as-worker is for the processes that --workers starts, "
+            f"on a shared storage"
+        )
+    workers.die_with_parent()
+    try:
+        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
+            study = storage.open_study(spec, create=False)  # the parent created it
+            plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
+            since = time.time() - float(os.environ.get(workers.SPAWNED, time.time()))
+            run_study(spec, plan, study, worker=worker, started=time.monotonic() - max(0.0, since))
+    except KeyboardInterrupt as interrupt:
+        return signals.exit_code(interrupt)
+    return 0
 
 
 def _say_if_short_of_budget(spec: StudySpec, study: optuna.Study, started: float) -> None:

@@ -28,7 +28,9 @@ class RunPlan:
 
     prepared: Prepared  # the task, device, runner and baseline; its space as the study began
     space: Space  # what the trials sample: as begun, then as the probe and the goodput plan left it
-    goodput: goodput_plan.Plan | None  # how a goodput trial trains its maths; None otherwise
+    goodput: (
+        goodput_plan.GoodputSettings | None
+    )  # how a goodput trial trains its maths; None otherwise
     # the joint probe's outcome where the trials train at its setting (not under goodput)
     probe: dict | None = None
 

@@ -14,10 +14,12 @@ import optuna
 from autotune.record import runs, schema
 from autotune.search import goodput
 from autotune.search.space import complete
-from autotune.study.goodput_plan import Plan
+from autotune.study.goodput_plan import GoodputSettings
 
 
-def tell_settings(study: optuna.Study, plan: Plan, trained: optuna.trial.FrozenTrial) -> int:
+def tell_settings(
+    study: optuna.Study, plan: GoodputSettings, trained: optuna.trial.FrozenTrial
+) -> int:
     """systems_only: a trial for every other measured setting of the baseline's maths, timed by
     the samples `trained` needed. Returns how many it added (none already told)."""
     result, predicted = schema.measured(trained), schema.prediction(trained)

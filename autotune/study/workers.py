@@ -1,7 +1,7 @@
 """`autotune run STUDY --workers K`: K worker processes on one study.
 
 Each worker is `autotune run STUDY --as-worker I` on the same storage, running the ask/train/tell
-loop until the budget is taken (study/run.run_study). The workers share the machine deliberately:
+loop until the budget is taken (run.run_as_worker, then run.run_study). The workers share the machine deliberately:
 each gets its own share of the CPU cores (torch's threads follow the affinity, so K workers on
 N cores never run more than N threads between them) and, on a machine with M GPUs, M / K GPUs of
 its own through CUDA_VISIBLE_DEVICES, so that no two trials ever share a card (each would time
@@ -230,26 +230,3 @@ def _stop(processes: list[subprocess.Popen], signum: int) -> None:
         except subprocess.TimeoutExpired:
             process.kill()  # its trial stays RUNNING; the next start marks and retries it
             process.wait()
-
-
-def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
-    """One of `--workers K` (`autotune run --as-worker N`): trials only; the parent recovers,
-    confirms and reports. Its exit status."""
-    from autotune.study import run_plan, runner_lock
-    from autotune.study.run import run_study
-
-    if spec.storage.startswith("sqlite"):
-        raise AutotuneError(
-            f"{spec.path}: --as-worker is for the processes that --workers starts, "
-            f"on a shared storage"
-        )
-    die_with_parent()
-    try:
-        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            study = storage.open_study(spec, create=False)  # the parent created it
-            plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
-            since = time.time() - float(os.environ.get(SPAWNED, time.time()))
-            run_study(spec, plan, study, worker=worker, started=time.monotonic() - max(0.0, since))
-    except KeyboardInterrupt as interrupt:
-        return signals.exit_code(interrupt)
-    return 0

@@ -24,7 +24,7 @@ from torch.utils.data import (
 from autotune import signals
 from autotune.search import recipe, roofline
 from autotune.train.config import TrialConfig
-from autotune.train.distributed import ALONE, Ranks
+from autotune.train.ranks import ALONE, Ranks
 from autotune.train.tasks import Task
 
 # torch warns, when a loader is built and again when it starts, that it has more workers than the

@@ -170,7 +170,9 @@ def _out_of_memory(reason: str) -> Rate:
     return Rate(None, None, 0, 0.0, oom=True, reason=reason)
 
 
-class _Session:
+class _ApartSession:
+    """A part of training (the loader, or the compute) built once and timed a window at a time."""
+
     device: torch.device
     startup_seconds: float
     warmup_samples: int
@@ -197,7 +199,7 @@ class _Session:
         pass
 
 
-class _LoaderSession(_Session):
+class _LoaderSession(_ApartSession):
     """The loader alone: batches through the DataLoader and onto the device, nothing more."""
 
     def __init__(
@@ -261,7 +263,7 @@ class _LoaderSession(_Session):
         self.batches.close()  # shuts its workers down
 
 
-class _ComputeSession(_Session):
+class _ComputeSession(_ApartSession):
     """The training step alone, on a few batches kept on the device, with the torch threads a
     trial of `config` gets (its loader workers take cores from them on a CPU)."""
 

@@ -176,10 +176,10 @@ def _builders(
     *,
     interleaved: bool = False,
     step_held: Collection[K] = (),
-) -> dict[K, Callable[[], _Session]]:
+) -> dict[K, Callable[[], _EndToEndSession]]:
     return {
         key: functools.partial(
-            _Session,
+            _EndToEndSession,
             task,
             config,
             device=device,
@@ -244,7 +244,7 @@ def in_turn(
     return results
 
 
-class _Session:
+class _EndToEndSession:
     """One configuration's training, built once and stepped a window at a time."""
 
     def __init__(

@@ -22,8 +22,8 @@ from autotune.search import recipe
 from autotune.search.knob import PRECISIONS
 from autotune.train import systems
 from autotune.train.config import Limits, TrialConfig
-from autotune.train.distributed import ALONE, Ranks
 from autotune.train.loader import DeviceLoader, training_batches
+from autotune.train.ranks import ALONE, Ranks
 from autotune.train.tasks import Task, takes
 
 # autocast's

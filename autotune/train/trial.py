@@ -7,7 +7,7 @@ Time to target: the clock starts before the DataLoader is built, runs through ev
 training step, pauses for each evaluation, and stops at the first evaluation whose metric reaches
 the target. CUDA work is synchronized before the clock is read for a measurement.
 
-On several devices every rank runs this loop (train/distributed.py): rank 0 evaluates, and its
+On several devices every rank runs this loop (train/ranks.py): rank 0 evaluates, and its
 metric and its clock's word on the time limit reach every rank, so all stop at the same step."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 
 from autotune.train import first_steps, systems, telemetry
 from autotune.train.config import Diverged, Limits, Progress, TrialConfig, TrialResult
-from autotune.train.distributed import ALONE, Ranks
 from autotune.train.evaluation import evaluate
 from autotune.train.ledger import Ledger
 from autotune.train.loader import training_pairs
 from autotune.train.measure import Clock, reset_peak_memory, threads_for
+from autotune.train.ranks import ALONE, Ranks
 from autotune.train.tasks import Task
 from autotune.train.training import Training, build, seed_everything
 

@@ -1129,7 +1129,7 @@ def test_a_setting_held_by_its_loader_is_timed_on_an_empty_queue_its_queued_batc
     load_seconds, batch, workers = 2e-3, 32, 2
     task = paced.make(load_seconds=load_seconds, compute_seconds=0.5e-3)  # the step 2x faster
     deep = config(**{**loader(workers), "prefetch_factor": 8}, batch_size=batch)
-    session = throughput._Session(task, deep, device=CPU, seed=1, window_steps=20)
+    session = throughput._EndToEndSession(task, deep, device=CPU, seed=1, window_steps=20)
     try:
         time.sleep(1.0)  # the queue fills: 2 x 8 batches, and one part-way
         trained, taken = [], []

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from autotune.train.config import Limits, TrialConfig
-from autotune.train.distributed import Ranks
 from autotune.train.loader import DeviceLoader, endless, keeps_on_device, training_batches
+from autotune.train.ranks import Ranks
 from autotune.train.tasks import Task, load_task
 from autotune.train.tasks import shapes as shapes_task
 from autotune.train.trial import run

@@ -20,8 +20,8 @@ from torch.utils.data import TensorDataset
 
 from autotune.runners.distributed import free_port
 from autotune.train.config import Limits, TrialConfig
-from autotune.train.distributed import ALONE, Ranks, joined
 from autotune.train.loader import endless, make_loader
+from autotune.train.ranks import ALONE, Ranks, joined
 from autotune.train.tasks import Task
 from autotune.train.training import build, seed_everything
 
