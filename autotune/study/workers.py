@@ -1,7 +1,7 @@
 """`autotune run STUDY --workers K`: K worker processes on one study.
 
 Each worker is `autotune run STUDY --as-worker I` on the same storage, running the ask/train/tell
-loop until the budget is taken (run.run_as_worker, then run.run_study). The workers share the machine deliberately:
+loop until the budget is taken (run.run_as_worker). The workers share the machine deliberately:
 each gets its own share of the CPU cores (torch's threads follow the affinity, so K workers on
 N cores never run more than N threads between them) and, on a machine with M GPUs, M / K GPUs of
 its own through CUDA_VISIBLE_DEVICES, so that no two trials ever share a card (each would time
