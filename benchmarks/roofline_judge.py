@@ -25,9 +25,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune import export
+from autotune.probe.model.figures import limit_for
 from autotune.record.summary import Counts, Summary, Winner
 from autotune.report.winner import predicted_seconds
-from autotune.search.roofline_figures import limit_for
 from autotune.search.space import Choices, complete
 from autotune.spec import study_file
 from autotune.study import preparation
@@ -283,7 +283,7 @@ def to_make(made: dict[str, int], *, seeds: int) -> list[tuple[int, str]]:
 def limit_of(arm: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The knob space's limit as the arm's probe predicted it for the samples the arm's winner
     needed (the judge's median): the setting predicted fastest for that many, its one-off costs
-    then those samples at its rate (roofline_figures.limit_for)."""
+    then those samples at its rate (figures.limit_for)."""
     reached = [r["samples"] for r in runs if r["reached"]]
     if not arm.get("probe") or not reached:
         return None

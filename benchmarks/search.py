@@ -59,9 +59,10 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
     """autotune's systems probe, run for real on the digits task over the grid's loader settings
     and precisions: what it settles and what it costs (the replay charges its seconds); and the
     task's baseline configuration."""
+    from autotune.probe import run
     from autotune.spec import study_file
     from autotune.spec.checks import read_yaml
-    from autotune.study import preparation, roofline_probe
+    from autotune.study import preparation
 
     raw = read_yaml(REPO / "studies" / "digits.yaml")
     raw["space"] = {**{k: v for k, v in GRID.items()}, "prefetch_factor": 2, "pin_memory": False}
@@ -71,7 +72,7 @@ def measure_probe() -> tuple[dict[str, Any], dict[str, Any]]:
         )
         prepared = preparation.prepare(spec)
         try:
-            outcome = roofline_probe.run(spec, prepared)
+            outcome = run.run(spec, prepared)
         finally:
             if prepared.end_measuring is not None:
                 prepared.end_measuring()
@@ -84,7 +85,7 @@ def main() -> None:
     header, grid = load_grid(args.grid)
     truth, optimum, grid_compute = judge_grid(args.grid, grid)
     probed, baseline = measure_probe()
-    from autotune.search.probe import describe
+    from autotune.probe.model.outcome import describe
 
     print(describe(probed))
     runs, summary = searches(args, grid, probed, optimum)

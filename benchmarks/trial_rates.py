@@ -11,7 +11,7 @@ each, 1.5 epochs by default, the target out of reach so that every run trains as
 
 for the setting the probe chose on the shapes study on an H100 (16 workers, fp16, channels-last,
 the fused step, batch 512) and for the expert recipe (bf16, pinned, prefetch 2, cuDNN's search),
-then each step's rate alone (train/rates.py), side by side. Each run's rate between evaluations
+then each step's rate alone (probe/rates.py), side by side. Each run's rate between evaluations
 is listed segment by segment: the first holds the start-up, and those across an epoch's start
 wait for the workers to begin it.
 
@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from autotune.probe import rates  # noqa: E402
 from autotune.search.space import complete  # noqa: E402
-from autotune.train import rates, trial  # noqa: E402
+from autotune.train import trial  # noqa: E402
 from autotune.train.config import Limits, TrialConfig  # noqa: E402
 from autotune.train.tasks import load_task  # noqa: E402
 from benchmarks.provenance import RESULTS, provenance  # noqa: E402

@@ -127,7 +127,7 @@ def test_nvml_sees_the_gpu_torch_uses() -> None:
 def test_the_gather_s_measured_peak_holds_the_training_set_s_copy() -> None:
     """The loader rate of the training set kept on the device peaks at its copy and more (the
     probe's memory fit adds it); a DataLoader's holds a batch or so, far less."""
-    from autotune.train import rates
+    from autotune.probe import rates
 
     task = blobs()
     copy = sum(t.numel() * t.element_size() for t in task.train.tensors)

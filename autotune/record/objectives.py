@@ -10,7 +10,7 @@ The objectives (spec/study_file.OBJECTIVES), each a small object with its rules:
   runs reaches the target; its time is their mean training time.
 - goodput: each run stops at the target, as under time_to_target, but the trial's time is
   predicted from the samples its runs needed and the speed of the fastest systems setting that
-  trains its maths (search/goodput.py): `predict` turns samples into seconds. A busy machine
+  trains its maths (probe/model/goodput.py): `predict` turns samples into seconds. A busy machine
   slows the runs, never the samples, so it cannot change the answer. Its seeds are paired: every
   trial's k-th run has the same seed, so trials differ by their configuration alone.
 
@@ -210,7 +210,7 @@ class Goodput(TimeToTarget):
 
 class SystemsOnly(Goodput):
     """Goodput's rules for the one trial that trains the baseline's maths; the study tells every
-    other systems setting from its samples (study/goodput_plan.py). Not paired: with one maths
+    other systems setting from its samples (probe/plan.py). Not paired: with one maths
     there is nothing to pair, and a try that missed the target trains again on seeds of its own
     (budget.py)."""
 

@@ -21,11 +21,11 @@ OPTIMIZER = "optimizer"
 KNOBS_READ = "knobs"  # the knobs an objective function reads, where that is not all of them
 DEFINITION = "definition"  # what the trials were measured under (definition.py)
 DEFINITION_CHANGES = "definition_changes"  # each allowed change, with the trial it began at
-PROBE = "probe"  # the systems probe's outcome (search/probe.py)
+PROBE = "probe"  # the systems probe's outcome (probe/run.py)
 PROBE_SO_FAR = "probe_measurements"  # a probe's or confirmation's, until it is stored
 PROBING = "probing"  # {worker, at}: the process probing it, renewed as it goes (probe_claim.py)
 CONFIRMATION = "confirmation"  # the confirmation's runs and what they covered (confirm.py)
-THROUGHPUT = "throughput"  # the table goodput trials are timed by (search/goodput.py)
+THROUGHPUT = "throughput"  # the table goodput trials are timed by (probe/model/goodput.py)
 _STUDY_KEYS = (VERSION, TARGET, OPTIMIZER, KNOBS_READ, DEFINITION, DEFINITION_CHANGES, PROBE)
 _STUDY_KEYS += (PROBE_SO_FAR, PROBING, CONFIRMATION, THROUGHPUT)
 
@@ -51,7 +51,7 @@ PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
-# one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
+# one of a new study's first trials, queued from the prior (first_trial: prior, study/prior.py)
 PRIOR = "prior"
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"  # system attrs: Optuna's retries
 

@@ -11,10 +11,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.probe import BUSY_CORES
 from autotune.spec.sections import Target
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET
 
+BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so
 LOAD_MOVED = 0.5  # cores: load that moved this much between trials made their times incomparable
 
 
@@ -294,7 +294,7 @@ class Summary:
     probe: Mapping[str, Any] | None = None
     stale_confirmation: StaleConfirmation | None = None
     knobs: tuple[str, ...] | None = None
-    # goodput: the table its trials are timed by (search/goodput.py)
+    # goodput: the table its trials are timed by (probe/model/goodput.py)
     throughput: Mapping[str, Any] | None = None
     devices_per_trial: int = 1  # processes (one device each) every trial trained on
     # where the study's time went, by part (report/time_spent.py); None: nothing has run

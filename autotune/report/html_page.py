@@ -15,12 +15,12 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.probe.model import goodput, outcome
 from autotune.record import importance
 from autotune.record.summary import Counts, Summary, counted
 from autotune.report import html_winner, plots, time_spent, winner
 from autotune.report.results import best_feasible
 from autotune.report.text import TABLE_ROWS, cut_short
-from autotune.search import goodput, probe
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; \
@@ -177,7 +177,7 @@ def _probe(summary: Summary) -> str:
     """What the systems probe settled (and a goodput study's table), and where the time went,
     each in a line."""
     # the joint probe's are several
-    lines = probe.describe(summary.probe).splitlines() if summary.probe else []
+    lines = outcome.describe(summary.probe).splitlines() if summary.probe else []
     lines += [goodput.describe(summary.throughput)] if summary.throughput else []
     lines += [cut_short(summary.measurements_kept)] if summary.measurements_kept else []
     lines += [time_spent.describe(summary.time_spent)] if summary.time_spent else []

@@ -26,13 +26,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.probe.model.figures import AT_BATCH, by_batch
+from autotune.probe.model.outcome import describe
 from autotune.report import tensorboard
-from autotune.search import probe, roofline_figures
 
 # A measurement's figures, apart from the knobs of the setting it measured.
 RATE_FIGURES = ("samples_per_second", "spread", "windows", "fixed_seconds", "peak_memory_bytes")
-# The chosen setting's figures at one micro-batch (search/roofline_figures.py).
-BATCH_FIGURES = ("batch_size", *(k for k in roofline_figures.AT_BATCH if k != "bottleneck"))
+# The chosen setting's figures at one micro-batch (probe/model/figures.py).
+BATCH_FIGURES = ("batch_size", *(k for k in AT_BATCH if k != "bottleneck"))
 NOT_KNOBS = {
     *RATE_FIGURES,
     *BATCH_FIGURES[1:],
@@ -104,7 +105,7 @@ def _batches(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
     none where the probe measured no other batch."""
     if not outcome.get("batches"):
         return []
-    return [{"batch_size": b, **entry} for b, entry in roofline_figures.by_batch(outcome).items()]
+    return [{"batch_size": b, **entry} for b, entry in by_batch(outcome).items()]
 
 
 def _greedy(outcome: Mapping[str, Any]) -> dict[str, Points]:
@@ -135,7 +136,7 @@ def _finite(value: Any) -> float | None:
 
 def _text(outcome: Mapping[str, Any]) -> str:
     """The report's lines on the probe, then every measurement as a Markdown table."""
-    parts = ["  \n".join(probe.describe(outcome).splitlines())]
+    parts = ["  \n".join(describe(outcome).splitlines())]
     if outcome.get("kind") == "joint":
         rates = [("samples/s", "samples_per_second", _number), ("spread", "spread", _share)]
         rates += [("start-up s", "fixed_seconds", _seconds), ("note", "reason", str)]

@@ -7,10 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from autotune.probe.model import goodput, outcome
 from autotune.record import objectives
 from autotune.record.summary import Baseline, Summary, Winner, counted, speedup_phrase
 from autotune.report import results, time_spent, winner
-from autotune.search import goodput, probe
 
 TABLE_ROWS = 5
 SHORT_NAMES = {
@@ -47,7 +47,7 @@ def render(summary: Summary, records: pd.DataFrame) -> str:
             "(DistributedDataParallel; batch_size is per device)"
         )
     if summary.probe:
-        lines.append(probe.describe(summary.probe))
+        lines.append(outcome.describe(summary.probe))
     if summary.throughput:
         lines.append(goodput.describe(summary.throughput))
     if summary.measurements_kept:

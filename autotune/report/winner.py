@@ -12,17 +12,17 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.record import classes
-from autotune.record.summary import counted
-from autotune.report.results import GPU_FIGURES
-from autotune.search.roofline_figures import (
+from autotune.probe.model.figures import (
     by_batch,
     checked_entry,
     compiled_speed,
     limit_for,
     table_entries,
 )
-from autotune.search.roofline_text import setting_text, short
+from autotune.probe.model.text import setting_text, short
+from autotune.record import classes
+from autotune.record.summary import counted
+from autotune.report.results import GPU_FIGURES
 from autotune.search.space import KNOBS, filled
 
 
@@ -83,7 +83,7 @@ def timing(summary: Any) -> Mapping[str, Any] | None:
 
 def limit_line(outcome: Mapping[str, Any] | None, best: Any) -> str | None:
     """The winner beside the knob space's limit as a time: its samples to the target at the
-    predicted rate of the setting fastest for that many (roofline_figures.limit_for), after that
+    predicted rate of the setting fastest for that many (figures.limit_for), after that
     setting's start-up, and what holds the winner there; None without a limit or a count of
     samples."""
     samples = best.samples_to_target

@@ -9,6 +9,10 @@ from typing import Any
 from autotune.search.knob import DDP_KNOBS
 from autotune.search.space import Choices, Range, Space
 
+# The share of a device's memory a training run may count on: the training set's copy kept on the
+# device, or the probe's predicted peak at the space's largest micro-batch, must fit within it.
+FITS_SHARE = 0.8
+
 
 def unsupported_precisions(*, cuda: bool, bf16: bool) -> dict[str, str]:
     """Precisions the device cannot run, each with the reason."""

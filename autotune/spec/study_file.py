@@ -31,7 +31,7 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 # final metric over its seeds reaches the target. goodput: a run stops at the target, as under
 # time_to_target, and its time is predicted from the samples it needed and the fastest systems
 # setting for its maths in the probe's table. systems_only: the baseline's maths, only the systems
-# settings searched. study/objective.py and search/goodput.py hold the rules.
+# settings searched. record/objectives.py and probe/model/goodput.py hold the rules.
 TIME_TO_TARGET, FIXED_SCHEDULE, GOODPUT, SYSTEMS_ONLY = (
     "time_to_target",
     "fixed_schedule",
@@ -59,12 +59,12 @@ class StudySpec:
     # stop a trial once its training clock passes the best time to target; none
     prune: str = "incumbent"
     # joint: the systems settings chosen together from rates measured apart, before the trials
-    # (study/roofline_probe.py); none
+    # (probe/run.py); none
     probe: str = "joint"
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
     # prior: a new study's first few trials are a larger batch, a scaled lr and an annealing
-    # schedule (search/prior.py); baseline: its first trial is the baseline (where it lies in the
+    # schedule (study/prior.py); baseline: its first trial is the baseline (where it lies in the
     # space); sampled: the sampler chooses every trial
     first_trial: str = "prior"
     # processes (one device each) a trial trains on, with DistributedDataParallel

@@ -12,17 +12,19 @@ from typing import Any
 import optuna
 
 from autotune import progress
+from autotune.probe import run
+from autotune.probe.memo import Memo
+from autotune.probe.model.outcome import describe, worth_probing
+from autotune.probe.plan import chosen_systems
 from autotune.record import definition, schema
-from autotune.search import prior, probe
 from autotune.search.replay import sampled_values
 from autotune.search.space import KNOBS, Space
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.study import (
-    goodput_plan,
+    goodput_table,
+    prior,
     probe_claim,
-    probe_memo,
     recovery,
-    roofline_probe,
     run_plan,
     storage,
 )
@@ -77,16 +79,16 @@ def _measure_systems(
     """The stored probe (measured here where it is due) and `prepared` as it settles the space,
     with the table a goodput study's trials are timed by stored from it."""
     if _probe_due(spec, prepared, study):
-        memo = probe_memo.Memo(study)  # what a run cut short measured of it
-        outcome = roofline_probe.run(spec, prepared, memo)
+        memo = Memo(study)  # what a run cut short measured of it
+        outcome = run.run(spec, prepared, memo)
         if schema.probe(study.user_attrs) is None:
             schema.record_probe(study, outcome)
-            progress.tell(f"autotune: {probe.describe(outcome)}")  # the report repeats it
+            progress.tell(f"autotune: {describe(outcome)}")  # the report repeats it
         else:  # a run on another machine stored one while this one measured
             progress.say(storage.FIRST_STORED.format(what="systems probe"))
     stored = schema.probe(study.user_attrs)  # as every later run reads it
     probed = run_plan.with_probe(spec, prepared, stored)
-    goodput_plan.ensure_table(spec, prepared, study)
+    goodput_table.ensure_table(spec, prepared, study)
     return stored, probed
 
 
@@ -115,7 +117,7 @@ def _probe_due(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> bool
         spec.probe != "none"
         and schema.probe(study.user_attrs) is None
         and prepared.measure is not None
-        and (probe.worth_probing(prepared.space) or goodput_plan.due(spec, study))
+        and (worth_probing(prepared.space) or goodput_table.due(spec, study))
     )
 
 
@@ -126,7 +128,7 @@ def _enqueue_first(spec: StudySpec, plan: RunPlan, study: optuna.Study) -> None:
     # Under goodput the plan chooses the systems knobs: the baseline's maths is the first trial.
     baseline = plan.prepared.baseline
     if plan.goodput is not None:
-        baseline = {**baseline, **goodput_plan.chosen_systems(plan.space)}
+        baseline = {**baseline, **chosen_systems(plan.space)}
     enqueue_baseline(study, plan.space, baseline)
 
 
@@ -145,7 +147,7 @@ def enqueue_baseline(study: optuna.Study, space: Space, baseline: dict[str, Any]
 
 
 def enqueue_prior(study: optuna.Study, space: Space, prepared: Prepared, *, trials: int) -> None:
-    """Make a new study's first trials the prior's (search/prior.py), marked as such. At most as
+    """Make a new study's first trials the prior's (prior.py), marked as such. At most as
     many as TPE's random start-up trials: they take those trials' place, not its model's."""
     count = min(len(prior.LR_FACTORS), trials, startup_trials(trials))
     for params in prior.first_trials(

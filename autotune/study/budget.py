@@ -1,19 +1,14 @@
-"""The trial budget: which stored trials count against it, the slots that workers take, and how
-long a trial's run may be."""
+"""The trial budget: which stored trials count against it, and the slots that workers take."""
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Iterable
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError
 from autotune.record import derived, schema
-from autotune.search.space import SCHEDULE, Choices, Space
-from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, StudySpec
+from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -22,11 +17,6 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # maths is the user's own, so that is the seeds' luck) leaves nothing to tell the other settings
 # from, so it trains again on new seeds, up to this many tries in all.
 SYSTEMS_ONLY_TRIES = 3
-# The systems probe's time cap: this share of the trials' budget (trials x max_seconds), within
-# PROBE_SECONDS' bounds, and at most this share of budget.timeout where one is set.
-PROBE_SHARE = 0.25
-PROBE_SECONDS = (30.0, 120.0)
-PROBE_SECONDS_ENV = "AUTOTUNE_PROBE_SECONDS"
 
 
 def trials_to_train(spec: StudySpec, trials: Iterable[optuna.trial.FrozenTrial] = ()) -> int:
@@ -91,43 +81,3 @@ def mark_surplus(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     """End a trial that would overrun the budget, before it trains; reports leave it out."""
     schema.record_surplus(trial)
     study.tell(trial, state=TrialState.FAIL)
-
-
-def run_range(
-    spec: StudySpec, space: Space, *, train_samples: int, fastest: float
-) -> tuple[float, float]:
-    """The shortest and the longest run, in samples, a trial of the study trains: at least to its
-    first evaluation (a run stops there at the earliest), or under fixed_schedule its shortest
-    schedule (each run trains its whole schedule); at most `max_epochs`, or `max_seconds` at the
-    `fastest` rate (samples a second), whichever is fewer, and the shortest no longer than that
-    (a budget that ends before the first evaluation evaluates there)."""
-    longest = min(spec.budget.max_epochs * train_samples, spec.budget.max_seconds * fastest)
-    if spec.objective == FIXED_SCHEDULE:
-        schedules = space[SCHEDULE]
-        least = min(schedules.values) if isinstance(schedules, Choices) else schedules.low
-        shortest = least * train_samples
-    else:
-        shortest = spec.budget.eval_every * train_samples
-    return min(shortest, longest), longest
-
-
-def probe_cap(spec: StudySpec) -> float:
-    """Seconds the systems probe may measure for: PROBE_SHARE of what the trials may train, within
-    PROBE_SECONDS, and never more than PROBE_SHARE of the run's timeout; AUTOTUNE_PROBE_SECONDS,
-    where set, in place of all that."""
-    given = os.environ.get(PROBE_SECONDS_ENV)
-    if given is not None:
-        try:
-            seconds = float(given)
-        except ValueError:
-            seconds = math.nan
-        if not seconds > 0 or math.isinf(seconds):
-            raise AutotuneError(
-                f"{PROBE_SECONDS_ENV}: got {given!r}; a number of seconds above 0, e.g. 120"
-            )
-        return seconds
-    low, high = PROBE_SECONDS
-    cap = min(max(PROBE_SHARE * spec.budget.trials * spec.budget.max_seconds, low), high)
-    if spec.budget.timeout is not None:
-        cap = min(cap, PROBE_SHARE * spec.budget.timeout)
-    return cap

@@ -14,12 +14,12 @@ import optuna
 import torch
 
 from autotune import progress, signals
+from autotune.probe.memo import Memo
 from autotune.record import derived, runs, schema, seeds, verdict
 from autotune.record.verdict import BASELINE, baseline_resolved
 from autotune.runners.isolation import RunTrial, TrialFailure
 from autotune.search.space import complete
 from autotune.spec.study_file import FIXED_SCHEDULE, TIME_TO_TARGET, StudySpec
-from autotune.study import probe_memo
 from autotune.study.budget import finished_count
 from autotune.study.preparation import Prepared, limits_for
 from autotune.train.config import Limits, TrialConfig
@@ -34,7 +34,7 @@ def run_candidates(
     device: torch.device,
     on_run: Callable[[], None] | None = None,
     until_resolved: bool = False,
-    memo: probe_memo.Memo | None = None,
+    memo: Memo | None = None,
     metric_name: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every candidate once per seed, interleaved, the baseline last; one record per run.
@@ -61,7 +61,7 @@ def run_candidates(
                 shown.close()
         return runs.confirmation_run(result, label=label, seed=where["seed"])
 
-    memo = memo or probe_memo.Memo()
+    memo = memo or Memo()
     records: list[dict[str, Any]] = []
     order = sorted(candidates.items(), key=lambda item: item[0] == BASELINE)  # stable
     for seed in seeds:
@@ -123,7 +123,7 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE
     total = len(fresh_seeds) * len(candidates)
     started = time.monotonic()
-    memo = probe_memo.Memo(study)  # the runs a confirmation cut short kept
+    memo = Memo(study)  # the runs a confirmation cut short kept
     with progress.bar("confirming on fresh seeds", total=total, unit="run", leave=False) as bar:
         with signals.interruptible():
             run = functools.partial(

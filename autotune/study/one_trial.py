@@ -14,6 +14,8 @@ import optuna
 import torch
 
 from autotune import progress, signals
+from autotune.probe import chosen_setting
+from autotune.probe.plan import GoodputSettings
 from autotune.record import derived, objectives, schema, seeds
 from autotune.record import runs as stored_runs
 from autotune.record.objectives import Predict
@@ -22,14 +24,7 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import (
-    chosen_setting,
-    goodput_plan,
-    recovery,
-    storage,
-    told_trials,
-    workers,
-)
+from autotune.study import recovery, storage, told_trials, workers
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.measure import other_load
@@ -50,7 +45,7 @@ class Policy:
     objective: objectives.Objective = objectives.OBJECTIVES[TIME_TO_TARGET]
     replicates: int = 1
     # goodput: how a trial's maths trains, and its time from its samples
-    plan: goodput_plan.GoodputSettings | None = None
+    plan: GoodputSettings | None = None
     # the task's training set, where autotune trains it: no effective batch may exceed it
     train_samples: int | None = None
     devices: int = 1  # a trial's processes, one micro-batch each per forward pass

@@ -14,11 +14,12 @@ import dataclasses
 import optuna
 
 from autotune.errors import AutotuneError
+from autotune.probe.model.outcome import restrict
+from autotune.probe.plan import GoodputSettings
 from autotune.record import definition, schema
-from autotune.search import probe
 from autotune.search.space import KNOBS, Space, absent_domain
 from autotune.spec.study_file import StudySpec, options
-from autotune.study import goodput_plan
+from autotune.study import goodput_table
 from autotune.study.preparation import Prepared
 
 
@@ -28,9 +29,7 @@ class RunPlan:
 
     prepared: Prepared  # the task, device, runner and baseline; its space as the study began
     space: Space  # what the trials sample: as begun, then as the probe and the goodput plan left it
-    goodput: (
-        goodput_plan.GoodputSettings | None
-    )  # how a goodput trial trains its maths; None otherwise
+    goodput: GoodputSettings | None  # how a goodput trial trains its maths; None otherwise
     # the joint probe's outcome where the trials train at its setting (not under goodput)
     probe: dict | None = None
 
@@ -45,7 +44,7 @@ def with_probe(spec: StudySpec, prepared: Prepared, outcome: dict | None) -> Pre
     """The space as the stored probe's `outcome` settled it; unchanged without one."""
     if spec.probe == "none" or outcome is None:
         return prepared
-    return dataclasses.replace(prepared, space=probe.restrict(prepared.space, outcome))
+    return dataclasses.replace(prepared, space=restrict(prepared.space, outcome))
 
 
 def planned(
@@ -53,7 +52,7 @@ def planned(
 ) -> RunPlan:
     """The plan of a study whose probe's `outcome` (if any) has settled `probed`: the table
     decides the systems knobs of a goodput study."""
-    goodput, space = goodput_plan.plan_for(spec, probed, study, probed.space)
+    goodput, space = goodput_table.plan_for(spec, probed, study, probed.space)
     joint = (outcome or {}).get("kind") == "joint" and spec.probe == "joint" and goodput is None
     return RunPlan(prepared=probed, space=space, goodput=goodput, probe=outcome if joint else None)
 

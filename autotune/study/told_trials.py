@@ -11,10 +11,10 @@ from typing import Any
 
 import optuna
 
+from autotune.probe.model import goodput
+from autotune.probe.plan import GoodputSettings
 from autotune.record import runs, schema
-from autotune.search import goodput
 from autotune.search.space import complete
-from autotune.study.goodput_plan import GoodputSettings
 
 
 def tell_settings(

@@ -5,7 +5,7 @@ A process's first steps load what every later one reuses (on a GPU the CUDA libr
 and their first kernels: 1 s on an H200, where a later step of the same kind started in 0.1 s).
 That is the process's cost, not a configuration's: timed, it would land on whichever setting
 happened to be measured first (and a setting's start-up decides which runs it wins:
-search/roofline.py), and on every trial in a fresh process but on no trial in a warm one. So a
+probe/model/roofline.py), and on every trial in a fresh process but on no trial in a warm one. So a
 measurement takes them first (`take_once`, which also keeps what they took beyond the same steps
 taken again, as a figure of its own) and so does a trial, before its clock starts
 (`take_before`). What only a narrower precision, cuDNN's search or a fused step loads still

@@ -22,7 +22,8 @@ from torch.utils.data import (
 )
 
 from autotune import signals
-from autotune.search import recipe, roofline
+from autotune.search import recipe
+from autotune.search.devices import FITS_SHARE
 from autotune.train.config import TrialConfig
 from autotune.train.ranks import ALONE, Ranks
 from autotune.train.tasks import Task
@@ -137,18 +138,18 @@ NOT_ON_DEVICE = (
 def on_device_problem(task: Task, device_bytes: int | None) -> str | None:
     """Why the task's training set cannot be kept on a device of `device_bytes` memory: it keeps
     none there, or its copy (a TensorDataset's, whose size is known before it is made) would take
-    more than the share of the memory a training run may count on (roofline.FITS_SHARE), leaving
+    more than the share of the memory a training run may count on (FITS_SHARE), leaving
     the step none. None where it can, or where either size is unknown."""
     if not keeps_on_device(task):
         return NOT_ON_DEVICE
     if task.device_train is not None or not device_bytes:
         return None
     size = sum(t.numel() * t.element_size() for t in task.train.tensors)
-    if size <= roofline.FITS_SHARE * device_bytes:
+    if size <= FITS_SHARE * device_bytes:
         return None
     return (
         f"the training set's tensors ({_size(size)}) would take more than "
-        f"{roofline.FITS_SHARE:.0%} of the device's {_size(device_bytes)}"
+        f"{FITS_SHARE:.0%} of the device's {_size(device_bytes)}"
     )
 
 

@@ -1,8 +1,8 @@
 """One run's training objects, built fresh from its configuration: the loader, the model (in its
 memory format, compiled, checkpointed, wrapped for several ranks), the optimizer, the LR
 schedule and the precision, and the step that trains one effective batch with them (recipe.py's
-rules). The loop that runs them is train/trial.py; the measurements of train/rates.py and
-train/throughput.py build the same.
+rules). The loop that runs them is train/trial.py; the measurements of probe/rates.py and
+probe/throughput.py build the same.
 """
 
 from __future__ import annotations

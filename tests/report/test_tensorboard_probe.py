@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from autotune.cli import main
+from autotune.probe.model import screening
 from autotune.record import schema
-from autotune.search import screening
 from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def test_a_study_stored_by_the_earlier_engine_writes_its_runs_in_the_order_they_
 ) -> None:
     """A probe stored by the earlier engine (short runs, one knob at a time) still reads back."""
     from autotune.report import tensorboard_probe
-    from tests.search.test_probe import STORED
+    from tests.probe.model.test_outcome import STORED
 
     assert tensorboard_probe.write(tmp_path, STORED, protected=[]) == 4
     seconds = figures(tmp_path / "probe" / "runs", "probe/run_seconds")

@@ -11,11 +11,11 @@ import pytest
 import torch
 import yaml
 
+from autotune.probe import plan
+from autotune.probe.model import goodput
+from autotune.probe.model.figures import table_entries
 from autotune.record import derived, objectives, schema
-from autotune.search import goodput
-from autotune.search.roofline_figures import table_entries
 from autotune.search.space import LOADER_KNOBS, Choices, Space, complete, formats_for
-from autotune.study import goodput_plan
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.loader import endless
 from autotune.train.tasks import load_task
@@ -265,7 +265,7 @@ def test_systems_only_settings_leave_the_training_unchanged(
         "accumulation_steps": 2,
         "schedule_epochs": None,
     }
-    splits = goodput_plan.systems_only_splits(space, baseline, batch_norm=batch_norm)
+    splits = plan.systems_only_splits(space, baseline, batch_norm=batch_norm)
     wanted = [
         {"batch_size": micro, "accumulation_steps": steps, **form}
         for micro, steps in splits.items()

@@ -15,10 +15,11 @@ import yaml
 
 from autotune import progress
 from autotune.cli import main
+from autotune.probe import run
 from autotune.record import schema
 from autotune.search.replay import sampled_values
 from autotune.search.space import Choices, Range, Space
-from autotune.study import begin, goodput_plan, probe_claim, roofline_probe, storage
+from autotune.study import begin, goodput_table, probe_claim, storage
 from tests.study.test_study import REPO
 
 # A study of the blobs task whose probe has one choice to make: the precision.
@@ -64,7 +65,7 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     path = tmp_path / "study.yaml"
     study_file = {**STUDY, "storage": postgres_url, "objective": "goodput"}  # a table stored too
     path.write_text(yaml.safe_dump(study_file))
-    measure = roofline_probe.run
+    measure = run.run
     theirs: dict = {}
     their_table: dict = {}
 
@@ -87,9 +88,9 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
 
         return tabulated
 
-    monkeypatch.setattr(roofline_probe, "run", measured_while_another_run_stored_its_own)
+    monkeypatch.setattr(run, "run", measured_while_another_run_stored_its_own)
     monkeypatch.setattr(
-        goodput_plan, "from_probe", another_run_stores_its_table(goodput_plan.from_probe)
+        goodput_table, "from_probe", another_run_stores_its_table(goodput_table.from_probe)
     )
 
     assert main(["run", str(path)]) == 0
@@ -164,7 +165,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
         schema.record_probing(study, {"worker": "elsewhere:1", "at": 0.0})
         return path, study
 
-    measure, probes, marks = roofline_probe.run, [], []
+    measure, probes, marks = run.run, [], []
 
     def probe_marked(*args, **kwargs) -> dict:
         began = time.time()
@@ -175,7 +176,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
         probes.append(outcome)
         return outcome
 
-    monkeypatch.setattr(roofline_probe, "run", probe_marked)
+    monkeypatch.setattr(run, "run", probe_marked)
     names: list[dict] = []
 
     # a mark no one renews: its machine died; after STALE_SECONDS the run probes itself
@@ -236,13 +237,13 @@ def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
     monkeypatch.setattr(probe_claim, "RENEW_SECONDS", 0.2)
     told = told_it_waits(monkeypatch)
     study_file = {**STUDY, "storage": postgres_url, "budget": {"trials": 1, "max_epochs": 1}}
-    measure, probes = roofline_probe.run, []
+    measure, probes = run.run, []
 
     def counted(*args, **kwargs) -> dict:
         probes.append(measure(*args, **kwargs))
         return probes[-1]
 
-    monkeypatch.setattr(roofline_probe, "run", counted)
+    monkeypatch.setattr(run, "run", counted)
 
     def path_of(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"

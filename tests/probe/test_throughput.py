@@ -1,4 +1,4 @@
-"""Throughput measured apart from what a run learns (autotune/train/throughput.py)."""
+"""Throughput measured apart from what a run learns (autotune/probe/throughput.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from autotune.train import throughput
+from autotune.probe import throughput
 from autotune.train.config import TrialConfig
 from tests.tasks import OOM_BATCH, blobs, cuda_oom
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from autotune import signals
+from autotune.probe.throughput import BURSTS, WINDOW_STEPS, in_turn, measure_sessions, spread
 from autotune.train import first_steps
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
@@ -34,7 +35,6 @@ from autotune.train.loader import pair, training_batches, training_pairs
 from autotune.train.measure import Clock, allocator_mark, allocator_peak_since, threads_for
 from autotune.train.systems import process_settings, to_device
 from autotune.train.tasks import Task
-from autotune.train.throughput import BURSTS, WINDOW_STEPS, in_turn, measure_sessions, spread
 from autotune.train.training import build, seed_everything
 
 K = TypeVar("K", bound=Hashable)

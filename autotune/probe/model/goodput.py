@@ -5,7 +5,7 @@ A configuration's knobs fall in two groups. The maths (lr, schedule, effective b
 and the micro-batch itself where the model has BatchNorm) decides how many samples a run needs to
 reach the target; the systems settings (how the effective batch splits into micro-batches, the
 loader, memory format, compilation, cuDNN's search) decide how fast this machine trains them and
-nothing else. The joint probe's figures (study/roofline_probe.py) time the systems settings into
+nothing else. The joint probe's figures (probe/run.py) time the systems settings into
 a `Table`; a trial trains its
 maths once per seed, and its time is
 
@@ -27,8 +27,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from autotune.probe.model.outcome import load_note
 from autotune.search.knob import DDP_NAMES
-from autotune.search.probe import load_note
 from autotune.search.space import (
     FORMAT_KNOBS,
     LOADER_KNOBS,

@@ -1,13 +1,16 @@
-"""The goodput search in a study: the table its trials are timed by, the plan each trial follows,
-and the systems-only mode (search/goodput.py holds the arithmetic).
+"""What the probe's figures plan for a study's trials, without Optuna: the micro-batches a trial
+may train (the probe measures its chosen setting at each), the space the probe chooses in, the
+goodput table from the probe's outcome, the plan a goodput trial follows by it, the space a
+goodput or systems_only study samples, and how long a trial's run may be.
 
 The table holds each systems setting's speed, from the joint probe's figures (`from_probe`),
-stored with the study once, so a resumed study and every worker use the same one. A goodput
-trial then trains its maths with the fastest setting for it and is timed by the samples it
-needed. The systems-only mode trains the baseline's maths once, and tells every other timed
-setting's time from that run's samples: the settings leave the training unchanged, so the
-samples are the same. Without a table (the probe settled nothing) the trials run on their own
-clocks, the systems-only mode on the baseline's setting alone.
+stored with the study once (study/goodput_table.py), so a resumed study and every worker use the
+same one. A goodput trial then trains its maths with the fastest setting for it and is timed by
+the samples it needed (model/goodput.py holds the arithmetic). The systems-only mode trains the
+baseline's maths once, and tells every other timed setting's time from that run's samples: the
+settings leave the training unchanged, so the samples are the same. Without a table (the probe
+settled nothing) the trials run on their own clocks, the systems-only mode on the baseline's
+setting alone.
 """
 
 from __future__ import annotations
@@ -16,15 +19,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import optuna
-
-from autotune import progress
-from autotune.record import schema
-from autotune.search import goodput, roofline_figures
-from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, Choices, Space, loader_of
-from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
-from autotune.study import storage
-from autotune.study.preparation import Prepared
+from autotune.probe.model import figures, goodput
+from autotune.search.space import FORMAT_KNOBS, LOADER_KNOBS, SCHEDULE, Choices, Space, loader_of
+from autotune.spec.study_file import FIXED_SCHEDULE, SYSTEMS_ONLY, StudySpec
 
 
 def systems_only_splits(space: Space, baseline: Mapping[str, Any], *, batch_norm: bool) -> dict:
@@ -63,66 +60,12 @@ def table_batches(
 
 def from_probe(outcome: Mapping[str, Any], *, batch_norm: bool) -> dict[str, Any] | None:
     """The table from the joint probe's rates, measured apart and checked end to end at its
-    batch and measured again at every micro-batch a trial may train
-    (roofline_figures.table_entries). None where the probe chose nothing (or is an earlier
-    engine's, which measured no table)."""
-    entries = roofline_figures.table_entries(outcome) if outcome.get("kind") == "joint" else []
+    batch and measured again at every micro-batch a trial may train (figures.table_entries).
+    None where the probe chose nothing (or is an earlier engine's, which measured no table)."""
+    entries = figures.table_entries(outcome) if outcome.get("kind") == "joint" else []
     if not entries:
         return None
     return {"table": {"entries": entries, "batch_norm": batch_norm}, "from_probe": True}
-
-
-def due(spec: StudySpec, study: optuna.Study) -> bool:
-    """Whether the study's objective times its trials by a table it has not stored yet."""
-    return spec.objective in (GOODPUT, SYSTEMS_ONLY) and schema.throughput(study.user_attrs) is None
-
-
-def ensure_table(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> None:
-    """The table once per study (a resumed one keeps its own), stored, from the probe's figures;
-    where the probe measured none, one line on what the trials do instead."""
-    if not due(spec, study):
-        return
-    stored = schema.probe(study.user_attrs)
-    table = from_probe(stored, batch_norm=prepared.batch_norm) if stored else None
-    if table is None:
-        why = (stored or {}).get("unsettled") or "it did not run"
-        instead = (
-            "the baseline's setting alone is trained"
-            if spec.objective == SYSTEMS_ONLY
-            else "each trial is timed by its own clock"
-        )
-        progress.say(
-            f"autotune: the probe measured no table for {spec.objective} ({why}): {instead}"
-        )
-        return
-    if schema.throughput(study.user_attrs) is not None:  # a run on another machine's
-        progress.say(storage.FIRST_STORED.format(what="throughput table"))
-        return
-    schema.record_throughput(study, table)
-    # the report repeats it, so quiet hides it
-    progress.tell(f"autotune: {goodput.describe(table)}")
-
-
-def plan_for(
-    spec: StudySpec, prepared: Prepared, study: optuna.Study, space: Space
-) -> tuple[GoodputSettings | None, Space]:
-    """The plan the trials follow and the space they sample; no plan outside goodput."""
-    if spec.objective not in (GOODPUT, SYSTEMS_ONLY):
-        return None, space
-    stored = schema.throughput(study.user_attrs)
-    if stored is None:  # the probe measured none: trials on their own clocks
-        return None, baseline_space(
-            space, prepared.baseline
-        ) if spec.objective == SYSTEMS_ONLY else space
-    table = goodput.Table.from_json(stored["table"])
-    # the split of an effective batch may use any of the space's micro-batches
-    plan = GoodputSettings(table, space)
-    sampled = (
-        baseline_space(space, prepared.baseline)
-        if spec.objective == SYSTEMS_ONLY
-        else restrict(space, table)
-    )
-    return plan, sampled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,3 +121,21 @@ def baseline_space(space: Space, baseline: Mapping[str, Any]) -> Space:
     return dataclasses.replace(
         space, params=tuple((name, Choices((baseline[name],))) for name, _ in space.params)
     )
+
+
+def run_range(
+    spec: StudySpec, space: Space, *, train_samples: int, fastest: float
+) -> tuple[float, float]:
+    """The shortest and the longest run, in samples, a trial of the study trains: at least to its
+    first evaluation (a run stops there at the earliest), or under fixed_schedule its shortest
+    schedule (each run trains its whole schedule); at most `max_epochs`, or `max_seconds` at the
+    `fastest` rate (samples a second), whichever is fewer, and the shortest no longer than that
+    (a budget that ends before the first evaluation evaluates there)."""
+    longest = min(spec.budget.max_epochs * train_samples, spec.budget.max_seconds * fastest)
+    if spec.objective == FIXED_SCHEDULE:
+        schedules = space[SCHEDULE]
+        least = min(schedules.values) if isinstance(schedules, Choices) else schedules.low
+        shortest = least * train_samples
+    else:
+        shortest = spec.budget.eval_every * train_samples
+    return min(shortest, longest), longest

@@ -1,4 +1,4 @@
-"""What the joint probe measures of the setting it chose (study/roofline_probe.py), once chosen:
+"""What the joint probe measures of the setting it chose (run.py), once chosen:
 torch.compile's cost against what it saves, and the setting's two rates at the space's other
 micro-batches, so that a trial at any of them has a predicted time; and, once a trial has
 reached the target, the setting the trials after it train at (for_run).
@@ -22,14 +22,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.probe import rates, throughput
+from autotune.probe.measuring import Measuring
+from autotune.probe.model import roofline
+from autotune.probe.model.figures import setting_for_run
+from autotune.probe.rates_apart import queue_stays_full
 from autotune.runners import isolation
-from autotune.search import roofline
-from autotune.search.roofline_figures import setting_for_run
 from autotune.search.space import LOADER_KNOBS, Space
 from autotune.spec.study_file import StudySpec
-from autotune.study.preparation import Prepared
-from autotune.study.rates_apart import queue_stays_full
-from autotune.train import rates, throughput
 from autotune.train.config import TrialConfig
 
 
@@ -49,7 +49,7 @@ def at_batches(
     of memory is a result. With `precisions` (another precision -> its batches), that
     precision's step at the chosen formats and loader too, at each of its batches, its entries
     naming it (`precision`): the same loader's rate, the scaled prediction.
-    `measured(work, *args)` runs one of train/rates.py's or train/throughput.py's measurements."""
+    `measured(work, *args)` runs one of rates.py's or throughput.py's measurements."""
     wanted = {(None, b) for b in batches} | {
         (p, b) for p, theirs in (precisions or {}).items() for b in theirs
     }
@@ -161,7 +161,7 @@ def _entry(
 def weigh_compile(
     measured: Callable[..., dict[str, rates.Rate]],
     spec: StudySpec,
-    prepared: Prepared,
+    prepared: Measuring,
     chosen: roofline.Prediction,
     plain: TrialConfig,
 ) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def weigh_compile(
     search only where it pays back within the longest trial the budget allows (a trial that
     reaches the target sooner may still not win it back: the search weighs that, compile time
     being on its clock); elsewhere every trial that sampled it would pay the compile for nothing.
-    `measured(work, *args)` runs train/rates.py's measurement where the study measures."""
+    `measured(work, *args)` runs rates.py's measurement where the study measures."""
     assert prepared.task is not None
     longest = spec.budget.max_epochs * len(prepared.task.train)
     if chosen.bottleneck == roofline.INPUT and prepared.device.type != "cpu":
@@ -208,7 +208,7 @@ def for_run(
 ) -> dict[str, Any]:
     """`config` at the setting the joint probe checked that is soonest over a run of `samples`
     (the incumbent's samples to the target), where that is clearly sooner than the one it has
-    (roofline_figures.setting_for_run). The probe chose for a run length it could only estimate
+    (figures.setting_for_run). The probe chose for a run length it could only estimate
     from the budget; once a trial has reached the target the study knows one. Only the knobs the
     probe fixed move (its loader and its step's formats), never the precision nor anything the
     sampler chose, and only where all of them are fixed: `config` as it is otherwise."""

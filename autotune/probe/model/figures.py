@@ -1,4 +1,4 @@
-"""The joint probe's stored outcome read back (study/roofline_probe.py writes it): a setting's
+"""The joint probe's stored outcome read back (probe/run.py writes it): a setting's
 one-off costs as measured apart, the knob space's limit for a run's length, and the chosen
 setting at each micro-batch measured, its own batch among them. Plain mappings in, plain values
 out: the report, TensorBoard and the benchmarks read the figures through here, whatever version
@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.search.end_to_end import TIE, decide
+from autotune.probe.model.decide import TIE, decide
+from autotune.probe.model.roofline import MEASURED_FORMATS, Prediction, frontier
 from autotune.search.recipe import training_threads
-from autotune.search.roofline import MEASURED_FORMATS, Prediction, frontier
 from autotune.search.space import LOADER_KNOBS, filled, loader_of
 
 # What a compute setting names (a loader setting names LOADER_KNOBS).
 STEP_KNOBS = ("precision", *MEASURED_FORMATS)
-# The chosen setting's figures at one micro-batch (study/chosen_setting.py), beside its batch.
+# The chosen setting's figures at one micro-batch (probe/chosen_setting.py), beside its batch.
 AT_BATCH = ("loader_rate", "compute_rate", "predicted", "measured", "expected", "bottleneck")
 
 
@@ -75,7 +75,7 @@ def setting_for_run(
 ) -> dict[str, Any] | None:
     """Of the settings the joint probe measured end to end at `current`'s precision, the one
     soonest over a run of `samples` (its start-up measured apart + samples / its measured speed;
-    end_to_end.decide): its loader and step knobs, where it finishes that run more than TIE sooner
+    decide.decide): its loader and step knobs, where it finishes that run more than TIE sooner
     than `current`'s setting. None where it does not, `current`'s setting was not checked, or the
     outcome stored no start-ups (an older one)."""
     checked = [
@@ -165,7 +165,7 @@ def by_batch(outcome: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def table_entries(outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The goodput table's entries (search/goodput.py's Entry, as JSON) from the joint probe's
+    """The goodput table's entries (goodput.py's Entry, as JSON) from the joint probe's
     figures: the chosen setting at each micro-batch measured (by_batch), and each other precision
     it kept at each of its own (`precision_batches`, measured under goodput; at the probe's batch
     its end-to-end check, where it had one), at the chosen loader and formats, uncompiled: the

@@ -1,11 +1,11 @@
 """The roofline of a systems setting: its speed predicted from its loader's and its compute's
-rates, measured apart (train/rates.py), and what holds it there.
+rates, measured apart (probe/rates.py), and what holds it there.
 
 With loader workers, batches are loaded while the step computes, so a setting trains at about
 the slower of its two rates; with none, the training process loads and then computes each batch,
 so their times add. The best predicted setting is the limit of the knob space (for a short run,
 the one predicted fastest with its start-up counted: frontier). Which settings are then
-measured end to end, and which the measurements choose: search/end_to_end.py.
+measured end to end, and which the measurements choose: decide.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.search.devices import FITS_SHARE
 from autotune.search.space import FORMAT_KNOBS, Choices, Space, formats_for, loader_of
 
 # Change speed, never the maths. Compilation is weighed apart (its cost is paid once a trial,
@@ -23,8 +24,8 @@ MEASURED_FORMATS = tuple(k for k in FORMAT_KNOBS if k not in ("compile", "checkp
 # Activation checkpointing runs each checkpointed block's forward twice (the shapes ResNet's step
 # ran 2.5x slower with it on an H100): where the space's largest micro-batch fits without it, it
 # can only slow a trial. The fit is the probe's peak scaled with the batch (an overestimate: the
-# weights and the optimizer's state do not grow with it) within this share of the device's memory.
-FITS_SHARE = 0.8
+# weights and the optimizer's state do not grow with it) within the share of the device's memory a
+# training run may count on (devices.FITS_SHARE).
 
 INPUT, COMPUTE = "input", "compute"
 
@@ -184,8 +185,8 @@ def checkpointing_fit(
     """Where checkpointing is a choice with off among it: the space's largest micro-batch's
     predicted peak without it (the hungriest of `peaks`, each a setting's step at `batch` as
     measured, plus `set_bytes`, the training set's copy where the trials keep one on the device),
-    beside the device's memory, and whether it fits (FITS_SHARE). None where it is no choice, or a
-    peak is missing (None: a setting out of memory at `batch`, or failed)."""
+    beside the device's memory, and whether it fits (devices.FITS_SHARE). None where it is no
+    choice, or a peak is missing (None: a setting out of memory at `batch`, or failed)."""
     values = space["checkpointing"].values
     if len(values) < 2 or False not in values or not peaks or not all(peaks) or not device_bytes:
         return None

@@ -16,10 +16,13 @@ import torch
 import yaml
 
 from autotune.cli import main
-from autotune.search import end_to_end, probe, roofline, roofline_figures, roofline_text, screening
-from autotune.search.probe import loader_settings
+from autotune.probe import rates, throughput
+from autotune.probe.model import decide, figures, roofline, screening
+from autotune.probe.model.outcome import loader_settings
+from autotune.probe.model.text import checkpointing_text, compile_text, describe, what_moves_it
+from autotune.record.summary import BUSY_CORES
 from autotune.search.space import Choices, Space, complete
-from autotune.train import first_steps, rates, throughput
+from autotune.train import first_steps
 from autotune.train.config import TrialConfig
 from autotune.train.tasks import paced
 
@@ -73,19 +76,19 @@ def test_what_would_move_a_compute_bound_limit_is_what_the_space_left_out() -> N
     """Within the space the limit has weighed every lever: what moves it lies outside."""
     fast_loader = roofline.predict([(loader(4), 5000.0)], [compute("fp32")], lambda _, c: 2000.0)[0]
     assert fast_loader.bottleneck == roofline.COMPUTE
-    everything = roofline_text.what_moves_it(fast_loader, knob_space(), batch=64, cores=16)
+    everything = what_moves_it(fast_loader, knob_space(), batch=64, cores=16)
     assert (
         everything
         == "the compute: the loader could deliver 2.50x more (a faster device, or a lighter model)"
     )
     narrowed = knob_space(precision=("fp32",), channels_last=(False,), compile=(False,))
-    assert roofline_text.what_moves_it(fast_loader, narrowed, batch=128, cores=16) == (
+    assert what_moves_it(fast_loader, narrowed, batch=128, cores=16) == (
         "the compute: the loader could deliver 2.50x more (bf16 or fp16, which the space leaves "
         "out; channels-last, where the model has 2-D convolutions; compilation; a micro-batch "
         "larger than 128)"
     )
     # how much the last doubling of the batch gave the chosen step, where the probe measured it
-    grew = roofline_text.what_moves_it(
+    grew = what_moves_it(
         fast_loader, narrowed, batch=128, cores=16, step_rates={32: 1500.0, 64: 1800.0, 128: 2000.0}
     )
     assert grew.endswith(
@@ -96,13 +99,13 @@ def test_what_would_move_a_compute_bound_limit_is_what_the_space_left_out() -> N
     assert (
         "(more cores (2 workers delivered the most here): at the 500 samples/s a worker "
         "delivered, about 4 would keep up; cheaper decoding"
-    ) in roofline_text.what_moves_it(slow_loader[0], knob_space(), batch=64, cores=16)
+    ) in what_moves_it(slow_loader[0], knob_space(), batch=64, cores=16)
     # at the space's most workers, on a machine with no more cores: the workers a step needs
     at_most = roofline.predict([(loader(4), 6000.0)], [compute("bf16")], lambda _, c: 9500.0)[0]
     assert (
         "(more loader workers than the space's 4, with more cores than this machine's 4: at the "
         "1,500 samples/s a worker delivered, about 7 would keep up; cheaper decoding"
-    ) in roofline_text.what_moves_it(at_most, knob_space(), batch=64, cores=4)
+    ) in what_moves_it(at_most, knob_space(), batch=64, cores=4)
 
 
 def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without() -> None:
@@ -135,20 +138,20 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         (timed[0][0].samples_per_second, 0.5), (timed[1][0].samples_per_second, 0.05)
     )
     assert crossing == pytest.approx(0.45 / (1 / 800 - 1 / 3000))  # 491 samples
-    assert end_to_end.fastest_within(timed, crossing * 1.01, 10_000) == timed[:1]
-    assert end_to_end.fastest_within(timed, 10, crossing * 0.99) == timed[1:]
-    assert end_to_end.fastest_within(timed, crossing * 0.99, 10_000) == timed
+    assert decide.fastest_within(timed, crossing * 1.01, 10_000) == timed[:1]
+    assert decide.fastest_within(timed, 10, crossing * 0.99) == timed[1:]
+    assert decide.fastest_within(timed, crossing * 0.99, 10_000) == timed
     # soonest over a long run first, then the frontier's serial setting
-    checked = end_to_end.to_check(starts, samples=10_000, count=2, within=(crossing * 0.99, 10_000))
+    checked = decide.to_check(starts, samples=10_000, count=2, within=(crossing * 0.99, 10_000))
     assert [p.loader["num_workers"] for p, _ in checked] == [4, 2, 0]
     # ... over a short one the serial setting ranks first and is not checked twice
-    short = end_to_end.to_check(starts, samples=100, count=2, within=(50, 200))
+    short = decide.to_check(starts, samples=100, count=2, within=(50, 200))
     assert [p.loader["num_workers"] for p, _ in short] == [0, 0]
-    assert end_to_end.decide(
+    assert decide.decide(
         [(checked[0][0], 2500.0, 0.5), (checked[1][0], 2700.0, 0.5), (checked[2][0], None, 0.05)],
         samples=10_000,
     ) == (checked[1][0], 2700.0)
-    moves = roofline_text.what_moves_it(best, knob_space(), batch=128, cores=2)
+    moves = what_moves_it(best, knob_space(), batch=128, cores=2)
     assert moves == (
         "the input pipeline: the step could run 1.33x faster if loading kept up (more loader "
         "workers than the space's 4, with more cores than this machine's 2: at the 750 samples/s "
@@ -156,9 +159,7 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         "or the training set on the device)"
     )
     # where the space weighed the training set on the device already, that is no lever left
-    weighed = roofline_text.what_moves_it(
-        best, knob_space(data_on_device=(False, True)), batch=128, cores=2
-    )
+    weighed = what_moves_it(best, knob_space(data_on_device=(False, True)), batch=128, cores=2)
     assert weighed.endswith("about 6 would keep up; cheaper decoding)")
     # the batches made on the device are the input: their gather is what holds the step
     device = {
@@ -169,7 +170,7 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
     }
     gathered = roofline.predict([(device, 1000.0)], [compute("bf16")], lambda _, c: 4000.0)[0]
     assert not gathered.overlapped and gathered.samples_per_second == pytest.approx(800.0)
-    assert roofline_text.what_moves_it(gathered, knob_space(), batch=128, cores=2) == (
+    assert what_moves_it(gathered, knob_space(), batch=128, cores=2) == (
         "the batches made on the device: the step could run 4.00x faster beside a cheaper gather "
         "there"
     )
@@ -180,11 +181,11 @@ def test_a_setting_runs_at_its_slower_rate_with_workers_and_at_their_sum_without
         for p, rate in (("fp32", 3500.0), ("bf16", 6000.0))
     )
     run = {"samples": 30_000}
-    assert end_to_end.decide([(slow_step, 3050.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
+    assert decide.decide([(slow_step, 3050.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
         fast_step,
         2950.0,
     )
-    assert end_to_end.decide([(slow_step, 3200.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
+    assert decide.decide([(slow_step, 3200.0, 0.5), (fast_step, 2950.0, 0.5)], **run) == (
         slow_step,
         3200.0,
     )
@@ -194,7 +195,7 @@ def test_a_setting_without_a_rate_is_left_out_and_nothing_to_decide_is_said() ->
     assert roofline.predict([(loader(2), None)], [compute("fp32")], lambda *_: 1000.0) == []
     assert roofline.predict([(loader(2), 100.0)], [compute("fp32")], lambda *_: None) == []
     with pytest.raises(ValueError):
-        end_to_end.decide([], samples=1000)
+        decide.decide([], samples=1000)
 
 
 def config(**settings) -> TrialConfig:
@@ -298,8 +299,8 @@ def test_a_process_s_first_steps_land_on_no_setting_s_start_up(
         "moves": "a larger batch",
     }
     said = f"A process's first steps took {measured['fp32'].first_steps_seconds:.2f} s more than"
-    assert said in roofline_text.describe({**outcome, "shared_cores": False})
-    assert said not in roofline_text.describe({**outcome, "shared_cores": True})
+    assert said in describe({**outcome, "shared_cores": False})
+    assert said not in describe({**outcome, "shared_cores": True})
 
 
 def write_study(
@@ -378,8 +379,8 @@ def test_choosing_loader_and_precision_together_finds_what_one_at_a_time_misses(
     if joint.get("paired", {}).get("kept") == "baseline":
         assert picked == (0, "fp32")
     else:
-        assert seconds[picked] <= (1 + end_to_end.TIE) * min(seconds.values())
-    if (joint.get("other_cores") or 0) >= probe.BUSY_CORES:
+        assert seconds[picked] <= (1 + decide.TIE) * min(seconds.values())
+    if (joint.get("other_cores") or 0) >= BUSY_CORES:
         # Other processes took the cores as it measured: the workers' hand-overs and the step
         # competed with them, and what the probe chose suits that load (as the report says), not
         # the task's set costs. The choice below is the quiet machine's.
@@ -437,13 +438,13 @@ def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
         if c["measured"]
     }
     picked = (outcome["chosen"]["num_workers"], outcome["chosen"]["precision"])
-    assert seconds[picked] <= (1 + end_to_end.TIE) * min(seconds.values())
+    assert seconds[picked] <= (1 + decide.TIE) * min(seconds.values())
     assert picked[1] == "fp32"
     bf16 = [c for c in outcome["checked"] if c["precision"] == "bf16"]
     fp32_starts = [c["start_up"] for c in outcome["checked"] if c["precision"] == "fp32"]
     assert bf16 and all(c["measured"] is None for c in bf16)
     assert min(c["start_up"] for c in bf16) > max(fp32_starts) + 0.5  # the first bf16 step's wait
-    assert all(c["reason"].startswith(end_to_end.OUTRUN) for c in bf16)
+    assert all(c["reason"].startswith(decide.OUTRUN) for c in bf16)
     # outrun over every run the study trains, bf16 cannot win: the search keeps fp32 alone
     assert outcome["precisions"] == ["fp32"]
     report = report_of(path, capsys)
@@ -496,7 +497,7 @@ def test_once_a_trial_reaches_the_target_the_next_train_at_the_setting_soonest_o
     # trial's run; on a loaded machine the step without workers may measure too slow apart to be
     # checked, and nothing is sooner. Either way the trials after the first train at the setting
     # the probe's table says is soonest over the run the first one needed.
-    moved = roofline_figures.setting_for_run(outcome, samples, first)
+    moved = figures.setting_for_run(outcome, samples, first)
     expected = {**first, **(moved or {})}
     assert all(tuple(c[k] for k in knobs) == tuple(expected[k] for k in knobs) for c in later)
     if moved is not None:  # as on a quiet machine: no workers, at the same precision
@@ -537,19 +538,19 @@ def test_a_setting_moves_for_the_run_found_only_where_it_is_clearly_sooner() -> 
         ]
     }
     current = {**loader(4), **compute("bf16"), "lr": 0.1}
-    assert roofline_figures.setting_for_run(outcome, 2_048, current) == {
+    assert figures.setting_for_run(outcome, 2_048, current) == {
         **loader(0),
         **compute("bf16"),
     }
-    assert roofline_figures.setting_for_run(outcome, 100_000, current) is None
+    assert figures.setting_for_run(outcome, 100_000, current) is None
     # 2.62 s against 2.59 s: within the windows' noise, no reason to move
-    assert roofline_figures.setting_for_run(outcome, 8_000, current) is None
+    assert figures.setting_for_run(outcome, 8_000, current) is None
     # a setting the probe did not check has nothing to weigh against
-    assert roofline_figures.setting_for_run(outcome, 2_048, {**current, **loader(2)}) is None
+    assert figures.setting_for_run(outcome, 2_048, {**current, **loader(2)}) is None
 
 
 def test_only_the_knobs_the_probe_fixed_move_and_only_all_together() -> None:
-    from autotune.study import chosen_setting
+    from autotune.probe import chosen_setting
 
     checked = [checked_at(4, "bf16", 13_000.0, 2.0), checked_at(0, "bf16", 3_100.0, 0.01)]
     formats = {"channels_last": False, "cudnn_benchmark": False}
@@ -601,13 +602,13 @@ def test_the_report_names_an_input_bound_limit(
     assert outcome["limit"]["bottleneck"] == "input"
     # the workers chosen end to end: the most, where the probe measured on a quiet machine (on a
     # loaded one their hand-overs compete with other processes, and the choice suits that load)
-    if (outcome.get("other_cores") or 0) < probe.BUSY_CORES:
+    if (outcome.get("other_cores") or 0) < BUSY_CORES:
         assert outcome["loader"]["num_workers"] == 4
     assert "input-bound" in out and "what would move it: the input pipeline" in out
     # the winner beside the limit, as times: its samples at the limit's rate after its start-up
 
     limit = outcome["limit"]
-    start = roofline_figures.start_up_seconds(outcome, limit)
+    start = figures.start_up_seconds(outcome, limit)
     loader_start = next(
         r["fixed_seconds"]
         for r in outcome["loader_rates"]
@@ -643,7 +644,7 @@ def test_the_report_sets_the_winner_beside_the_limit_as_times() -> None:
         ],
         "compute_rates": [{**compute("bf16"), "fixed_seconds": 0.2}],
     }
-    assert roofline_figures.start_up_seconds(outcome, outcome["limit"]) == pytest.approx(0.5)
+    assert figures.start_up_seconds(outcome, outcome["limit"]) == pytest.approx(0.5)
     best = types.SimpleNamespace(samples_to_target=6000.0, time_to_target=4.0)
     assert winner.limit_line(outcome, best) == (
         "At the knob space's limit (4,000 samples/s predicted at batch 128, after 0.50 s of "
@@ -761,15 +762,15 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
         "compute_rates": [{**compute("bf16"), "samples_per_second": 2000.0, "fixed_seconds": 0.1}],
     }
     for samples in (100.0, 2000.0, 3000.0, 5000.0):
-        limit = roofline_figures.limit_for(outcome, samples)
+        limit = figures.limit_for(outcome, samples)
         assert limit["loader_rate"] == fastest(samples)
         assert limit["seconds"] == pytest.approx(limit["start_up"] + samples / limit["predicted"])
     # an outcome stored before the frontier: found again from its rates where the step ran alike
     # beside every loader (a GPU's), else its fastest rate alone
     older = {k: v for k, v in outcome.items() if k != "frontier"}
-    assert roofline_figures.limit_for(older, 100.0)["loader_rate"] == 1000.0
+    assert figures.limit_for(older, 100.0)["loader_rate"] == 1000.0
     for samples in (100.0, 2000.0, 3000.0, 5000.0):
-        found = roofline_figures.limit_for({**older, "shared_cores": False}, samples)
+        found = figures.limit_for({**older, "shared_cores": False}, samples)
         assert found["loader_rate"] == fastest(samples)
     # steps that tie at their loader's rate (input-bound, as on a GPU): rebuilt from an older
     # outcome's rates, the fastest is the one that starts soonest, and no "sooner" is named for it
@@ -784,7 +785,7 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
         ],
     }
     long_run = types.SimpleNamespace(samples_to_target=1e6, time_to_target=2000.0, params={})
-    tied_limit = roofline_figures.limit_for(tied, 1e6)
+    tied_limit = figures.limit_for(tied, 1e6)
     assert tied_limit["precision"] == "bf16" and tied_limit["fastest"]
     assert "starting sooner" not in winner.limit_line(tied, long_run)
     # on a CPU the step's start-up as measured with the threads the loader's workers left it
@@ -797,11 +798,11 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
             {**compute("fp32"), "threads": 2, "fixed_seconds": 0.15},
         ],
     }
-    start_up = roofline_figures.start_up_seconds
+    start_up = figures.start_up_seconds
     assert start_up(shared, {**loader(0), **compute("fp32")}) == pytest.approx(0.15)
     assert start_up(shared, {**loader(1), **compute("fp32")}) == pytest.approx(0.8)
     # the report: the limit the probe names, the setting that beats it over a short run
-    lines = roofline_text.describe(
+    lines = describe(
         {
             **outcome,
             "chosen": {**kept[0][0].figures(), "measured": 950.0},
@@ -832,7 +833,9 @@ def test_the_limit_of_a_short_run_is_the_setting_that_starts_sooner() -> None:
 def test_start_ups_under_a_tenth_of_a_second_read_in_milliseconds() -> None:
     """On a CPU a setting that starts sooner may do so by milliseconds: 0.00 s against 0.00 s
     would say nothing."""
-    assert [roofline_text.short(s) for s in (0.0, 0.0014, 0.0046, 0.0999, 0.1, 2.5)] == [
+    from autotune.probe.model.text import short
+
+    assert [short(s) for s in (0.0, 0.0014, 0.0046, 0.0999, 0.1, 2.5)] == [
         "0 ms",
         "1 ms",
         "5 ms",
@@ -886,8 +889,9 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     """torch.compile of the chosen step, really compiled on this CPU beside the same step
     uncompiled: its start-up is its cost; a budget too short to win it back fixes it off, and the
     report says after how many steps it would pay back."""
+    from autotune.probe import chosen_setting
     from autotune.spec import study_file
-    from autotune.study import chosen_setting, preparation
+    from autotune.study import preparation
     from autotune.train import systems
 
     if systems.compile_problem(CPU):
@@ -917,7 +921,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     assert weighed["kept"] is (
         weighed["samples"] is not None and weighed["samples"] <= weighed["longest_samples"]
     )
-    text = roofline_text.compile_text(weighed, batch=64)
+    text = compile_text(weighed, batch=64)
     assert text.startswith(
         f"torch.compile measured once: {weighed['once_seconds']:.1f} s to compile"
     )
@@ -933,7 +937,7 @@ def test_the_joint_probe_measures_a_compile_once_and_weighs_it_against_the_longe
     longest = len(prepared.task.train)
     assert skipped == {"kept": False, "unmeasured": "input", "longest_samples": longest}
     assert calls == []
-    assert roofline_text.compile_text(skipped, batch=64).startswith(
+    assert compile_text(skipped, batch=64).startswith(
         "torch.compile fixed off unmeasured: the chosen setting is input-bound"
     )
 
@@ -1063,7 +1067,7 @@ def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_with
         (space(), rates_at_128, None),
     ]:
         assert roofline.checkpointing_fit(undecided, peaks, batch=128, device_bytes=device) is None
-    assert roofline_text.checkpointing_text(fit) == (
+    assert checkpointing_text(fit) == (
         "Activation checkpointing fixed off: the largest micro-batch (512) should peak at 12.0 GiB "
         "without it, of the device's 80.0 GiB, and it only recomputes"
     )
@@ -1075,7 +1079,7 @@ def test_checkpointing_is_fixed_off_only_where_the_largest_micro_batch_fits_with
         space(), rates_at_128, batch=128, device_bytes=16 * gib, set_bytes=2 * gib
     )
     assert with_set["predicted_bytes"] == 14 * gib and not with_set["fits"]
-    assert roofline_text.checkpointing_text(with_set) == (
+    assert checkpointing_text(with_set) == (
         "Activation checkpointing stays in the search: the largest micro-batch (512) should peak "
         "at 14.0 GiB without it (2.0 GiB of it the training set kept on the device), of the "
         "device's 16.0 GiB"
@@ -1092,11 +1096,11 @@ def test_the_training_set_s_copy_counts_where_the_chosen_setting_keeps_one_on_th
         ]
     }
     on_device = {"data_on_device": True, "num_workers": 0}
-    assert roofline_figures.set_bytes(outcome, on_device) == 5_000_000
-    assert roofline_figures.set_bytes(outcome, loader(4)) == 0
+    assert figures.set_bytes(outcome, on_device) == 5_000_000
+    assert figures.set_bytes(outcome, loader(4)) == 0
     cpu = {"loader_rates": [{"data_on_device": True, "peak_memory_bytes": None}]}
-    assert roofline_figures.set_bytes(cpu, on_device) == 0
-    assert roofline_figures.set_bytes({}, on_device) == 0
+    assert figures.set_bytes(cpu, on_device) == 0
+    assert figures.set_bytes({}, on_device) == 0
 
 
 class Bursty(torch.utils.data.Dataset):
@@ -1195,10 +1199,11 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
 ) -> None:
     """With more compute settings than screening.SCREEN_ABOVE the probe measures them in stages
     (each in one process) and predicts over those measured; the report says it screened."""
-    from autotune.search import screening
+    from autotune.probe import run
+    from autotune.probe.model import screening
     from autotune.search.space import Choices
     from autotune.spec import study_file
-    from autotune.study import preparation, roofline_probe
+    from autotune.study import preparation
 
     monkeypatch.setattr(screening, "SCREEN_ABOVE", 1)
     path = write_study(tmp_path, probe="joint")
@@ -1218,7 +1223,7 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
 
     def counted(work, *args, **kwargs):
         if work is throughput.stop_rounds_at or any(c.batch_size != 128 for c in args[0].values()):
-            # the chosen setting at the space's other batch (study/chosen_setting.py)
+            # the chosen setting at the space's other batch (probe/chosen_setting.py)
             return measure(work, *args, **kwargs)
         if work is rates.measure_in_groups:
             stages.append(len(args[0]))
@@ -1226,7 +1231,7 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
             loader_calls.append(sorted((c.num_workers, c.pin_memory) for c in args[0].values()))
         return measure(work, *args, **kwargs)
 
-    outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=counted))
+    outcome = run.run(spec, dataclasses.replace(prepared, measure=counted))
     assert outcome["screened_from"] == len(computes) > 1
     measured = {(r["precision"], r["channels_last"]) for r in outcome["compute_rates"]}
     assert stages and sum(stages) == len(outcome["compute_rates"])
@@ -1236,9 +1241,7 @@ def test_a_screened_probe_predicts_over_the_compute_settings_it_measured(
     assert all(pin for _, pin in loader_calls[1])
     assert len(outcome["loader_rates"]) == 3 + len(loader_calls[1])
     assert (outcome["chosen"]["precision"], outcome["chosen"]["channels_last"]) in measured
-    assert f"compute settings measured apart (screened from {len(computes)})" in (
-        roofline_text.describe(outcome)
-    )
+    assert f"compute settings measured apart (screened from {len(computes)})" in (describe(outcome))
 
 
 def test_a_training_set_that_does_not_fit_on_the_device_is_left_out_by_the_probe(

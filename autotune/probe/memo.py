@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from autotune import __version__, signals
+from autotune.probe.rates import Rate
+from autotune.probe.throughput import Throughput
 from autotune.record import schema
-from autotune.train.rates import Rate
-from autotune.train.throughput import Throughput
 
 # What a measurement returns, by name: a mapping of its keys to one of these.
 _KINDS: dict[str, type] = {kind.__name__: kind for kind in (Rate, Throughput)}

@@ -1,7 +1,7 @@
-"""The joint probe's first step (study/roofline_probe.py): every loader setting's rate and every
+"""The joint probe's first step (run.py): every loader setting's rate and every
 compute setting's, measured apart at the probe's micro-batch, and each pair's speed predicted as
-the slower of the two (search/roofline.py). Loader settings + compute settings measurements, not
-their product: the compute settings screened (search/screening.py) and interleaved, the loaders
+the slower of the two (model/roofline.py). Loader settings + compute settings measurements, not
+their product: the compute settings screened (model/screening.py) and interleaved, the loaders
 one at a time, the training set on the device first (no DataLoader where its gather far outpaces
 every step), then fewest workers first, stopping once one with workers outpaces every step.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.search import roofline, screening
+from autotune.probe import rates
+from autotune.probe.model import roofline, screening
 from autotune.search.space import loader_of
-from autotune.train import rates
 from autotune.train.config import TrialConfig
 from autotune.train.measure import threads_for
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune.search import roofline, screening
+from autotune.probe.model import roofline, screening
 from autotune.spec.study_file import from_mapping
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The 32 compute settings an H100 measured, every one, for the shapes study (batch 512).
 H100 = json.loads((REPO / "benchmarks/results/roofline-shapes-small-cuda.json").read_text())
 MEASURED = H100["arms"]["prior"]["probe"]["compute_rates"]

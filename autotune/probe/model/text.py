@@ -1,4 +1,4 @@
-"""The joint probe's outcome in the report's words (search/roofline.py measures and decides):
+"""The joint probe's outcome in the report's words (probe/run.py measures and decides):
 what it chose, measured beside predicted, the bottleneck, the knob space's limit and what would
 move it, compile's payback and checkpointing's fit."""
 
@@ -8,9 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search.end_to_end import OUTRUN
-from autotune.search.roofline import INPUT, Prediction, crossing
-from autotune.search.roofline_figures import (
+from autotune.probe.model.decide import OUTRUN
+from autotune.probe.model.figures import (
     by_batch,
     checked_entry,
     first_steps_seconds,
@@ -18,6 +17,7 @@ from autotune.search.roofline_figures import (
     set_bytes,
     start_up_seconds,
 )
+from autotune.probe.model.roofline import INPUT, Prediction, crossing
 from autotune.search.space import FORMAT_KNOBS, Choices, Space, loader_of
 
 # What a probe stopped by its time cap before each phase does without it.

@@ -4,7 +4,7 @@ reads in the report.
 
 Settings that change speed but not the maths (DataLoader workers, prefetching, pinning, the
 training set on the device, memory formats) are settled before the search by the joint probe
-(study/roofline_probe.py), at the largest micro-batch of the space that still gives `MIN_STEPS`
+(probe/run.py), at the largest micro-batch of the space that still gives `MIN_STEPS`
 steps an epoch: the busier the accelerator, the more it asks of the loader and the more a narrower
 precision saves. At a baseline's 32 samples a GPU waits on kernel launches, not on data or
 arithmetic. A study stored by an earlier engine (one knob at a time, by short runs) still narrows
@@ -18,7 +18,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search import roofline_text
+from autotune.probe.model import text
+from autotune.record.summary import BUSY_CORES
 from autotune.search.space import NO_LOADER, Choices, Range, Space, loader_of
 
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
@@ -94,13 +95,11 @@ def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:
 def describe(outcome: Mapping[str, Any]) -> str:
     """One line for the report: what the probe settled, and what it cost."""
     if outcome.get("kind") == "joint":
-        return roofline_text.describe(outcome) + load_note(
-            outcome, chose=bool(outcome.get("chosen"))
-        )
+        return text.describe(outcome) + load_note(outcome, chose=bool(outcome.get("chosen")))
     # an earlier engine's, stored by a study that began with it
     parts = []
     if outcome["probed_loader"]:
-        parts.append(roofline_text.loader_text(outcome["loader"]) + _unrun_loaders(outcome))
+        parts.append(text.loader_text(outcome["loader"]) + _unrun_loaders(outcome))
     reference, *narrower = outcome["speed"] or [None]
     for precision in narrower:
         verdict = "kept" if precision in outcome["precisions"] else "removed"
@@ -115,7 +114,7 @@ def describe(outcome: Mapping[str, Any]) -> str:
         f"{outcome['seconds']:.1f} s of training{_kept(outcome)}): "
         + ("; ".join(parts) if parts else "nothing to settle")
         + load_note(outcome)
-        + (f"\n{roofline_text.checkpointing_text(memory)}" if memory else "")
+        + (f"\n{text.checkpointing_text(memory)}" if memory else "")
     )
 
 
@@ -124,13 +123,10 @@ def _unrun_loaders(outcome: Mapping[str, Any]) -> str:
     finished: dict[str, bool] = {}
     for entry in outcome["runs"]:
         if "num_workers" in entry:
-            name = roofline_text.loader_text(loader_of(entry))
+            name = text.loader_text(loader_of(entry))
             finished[name] = finished.get(name, False) or math.isfinite(entry["seconds"])
     unrun = [name for name, ran in finished.items() if not ran]
     return f" ({'; '.join(unrun)}: no run finished, out of memory or an error)" if unrun else ""
-
-
-BUSY_CORES = 0.25  # other processes' average use of the cores, above which a measurement says so
 
 
 def load_note(record: Mapping[str, Any], *, chose: bool = True) -> str:

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.study import budget, paired_check
-from autotune.train import throughput
-from autotune.train.throughput import Throughput
+from autotune.probe import cap, paired_check, throughput
+from autotune.probe.throughput import Throughput
 
 
 def measured_under(loads: Iterator[float], chosen: float, baseline: float):
@@ -95,15 +94,17 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
     """The cap stops the probe before its next measurement. Past it before the choice is shown
     beside the baseline's setting in paired windows, the baseline's setting is kept; after, the
     choice stands, unmeasured at the trials' other micro-batches. The report says which."""
-    from autotune.search import probe, roofline_text
+    from autotune.probe import run
+    from autotune.probe.model.outcome import restrict
+    from autotune.probe.model.text import describe
     from autotune.spec import study_file
-    from autotune.study import preparation, roofline_probe
-    from tests.search.test_roofline import REPO, write_study
+    from autotune.study import preparation
+    from tests.probe.test_roofline import REPO, write_study
 
     monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
-    monkeypatch.setenv(budget.PROBE_SECONDS_ENV, "600")  # reached only as the clock jumps
+    monkeypatch.setenv(cap.PROBE_SECONDS_ENV, "600")  # reached only as the clock jumps
     clock = _Clock()
-    monkeypatch.setattr(roofline_probe, "time", clock)
+    monkeypatch.setattr(run, "time", clock)
     path = write_study(tmp_path, probe="joint")
     raw = yaml.safe_load(path.read_text())
     # fewer settings to measure before the cap: two worker counts still leave a choice faster
@@ -122,9 +123,9 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
             clock.ahead = 1e6  # the cap has passed
         return result
 
-    outcome = roofline_probe.run(spec, dataclasses.replace(prepared, measure=measure))
+    outcome = run.run(spec, dataclasses.replace(prepared, measure=measure))
     assert outcome["capped"]["seconds"] == 600
-    said = roofline_text.describe(outcome)
+    said = describe(outcome)
     baseline_loader = {"num_workers": 0, "precision": "fp32"}
     if jump_after == "end_to_end":  # the choice never checked beside the baseline's setting
         assert outcome["capped"]["phase"] == "paired" and not paired_rounds
@@ -132,7 +133,7 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
         assert {k: outcome["chosen"][k] for k in baseline_loader} == baseline_loader
         assert outcome["precisions"] == ["fp32"]
         assert "before its paired measurements: the baseline's setting kept" in said
-        space = probe.restrict(prepared.space, outcome)
+        space = restrict(prepared.space, outcome)
         assert space["num_workers"].values == (0,) and space["precision"].values == ("fp32",)
     else:  # shown faster in one round only: three are the rule, so the baseline's setting stays
         assert outcome["capped"]["phase"] == "paired" and len(paired_rounds) == 1
@@ -146,18 +147,18 @@ def test_the_cap_is_a_share_of_the_budget_and_a_bad_setting_of_it_is_said(
     from autotune.errors import AutotuneError
     from autotune.spec import study_file
 
-    monkeypatch.delenv(budget.PROBE_SECONDS_ENV)
+    monkeypatch.delenv(cap.PROBE_SECONDS_ENV)
     readme = study_file.load(Path(__file__).resolve().parents[2] / "studies" / "digits.yaml")
-    assert budget.probe_cap(readme) == 60  # a quarter of 20 trials of 12 s
+    assert cap.probe_cap(readme) == 60  # a quarter of 20 trials of 12 s
     timed = dataclasses.replace(readme, budget=dataclasses.replace(readme.budget, timeout=100))
-    assert budget.probe_cap(timed) == 25
+    assert cap.probe_cap(timed) == 25
     tiny = dataclasses.replace(readme, budget=dataclasses.replace(readme.budget, trials=1))
-    assert budget.probe_cap(tiny) == 30  # the least it is given
+    assert cap.probe_cap(tiny) == 30  # the least it is given
     large = dataclasses.replace(readme, budget=dataclasses.replace(readme.budget, trials=1000))
-    assert budget.probe_cap(large) == 120  # the most
-    monkeypatch.setenv(budget.PROBE_SECONDS_ENV, "45")
-    assert budget.probe_cap(readme) == 45
+    assert cap.probe_cap(large) == 120  # the most
+    monkeypatch.setenv(cap.PROBE_SECONDS_ENV, "45")
+    assert cap.probe_cap(readme) == 45
     for bad in ("0", "-3", "soon", "inf", "nan"):
-        monkeypatch.setenv(budget.PROBE_SECONDS_ENV, bad)
+        monkeypatch.setenv(cap.PROBE_SECONDS_ENV, bad)
         with pytest.raises(AutotuneError, match="AUTOTUNE_PROBE_SECONDS: got"):
-            budget.probe_cap(readme)
+            cap.probe_cap(readme)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.study import paired_check
+from autotune.probe import paired_check
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,9 +31,11 @@ def test_a_precision_faster_at_the_probe_s_batch_and_slower_at_the_trials_keeps_
     trial may train (tests.tasks.paced_narrow_step): the trials keep fp32, and the report says
     why. However busy the machine, the baseline's precision is what stays (shown slower at 8, or
     too busy to tell)."""
-    from autotune.search import probe, roofline_text
+    from autotune.probe import run
+    from autotune.probe.model.outcome import restrict
+    from autotune.probe.model.text import describe
     from autotune.spec import study_file
-    from autotune.study import preparation, roofline_probe
+    from autotune.study import preparation
 
     monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
     path = tmp_path / "study.yaml"
@@ -59,16 +61,16 @@ def test_a_precision_faster_at_the_probe_s_batch_and_slower_at_the_trials_keeps_
         )
     )
     spec = study_file.load(path)
-    outcome = roofline_probe.run(spec, preparation.prepare(spec))
+    outcome = run.run(spec, preparation.prepare(spec))
     assert outcome["batch_size"] == 128
     assert outcome["precisions"] == ["fp32"] and outcome["chosen"]["precision"] == "fp32"
-    assert probe.restrict(preparation.prepare(spec).space, outcome)["precision"].values == ("fp32",)
+    assert restrict(preparation.prepare(spec).space, outcome)["precision"].values == ("fp32",)
     # no paired check where the end-to-end check already chose the baseline's setting
     paired = outcome.get("paired") or {"kept": "baseline"}
     assert paired["kept"] == "baseline"
     if "trials_batch" in paired:  # the choice held at the probe's batch: the trials' decided
         assert paired["trials_batch"]["batch_size"] == 8
         assert "at micro-batch 8, the smallest a trial trains" in paired["why"]
-        said = roofline_text.describe(outcome)
+        said = describe(outcome)
         assert "The baseline's setting kept: the choice was" in said
         assert "micro-batch 8" in said

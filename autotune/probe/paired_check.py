@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune.train import throughput
+from autotune.probe import throughput
 from autotune.train.config import TrialConfig
 
 ROUNDS = 3

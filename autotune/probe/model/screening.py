@@ -17,7 +17,7 @@ format). So, where a space has more than SCREEN_ABOVE:
 1. each precision with each memory format, the toggles at their base (off where the space
    allows it);
 2. at each precision's faster memory format, each toggle changed alone;
-3. at each precision, the toggles that each ran at least `probe.FASTER_BY` faster, together,
+3. at each precision, the toggles that each ran at least `outcome.FASTER_BY` faster, together,
    where two or more did.
 
 On the shapes study's space that is 13 settings in place of 32; the joint probe then predicts
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.search.probe import FASTER_BY
+from autotune.probe.model.outcome import FASTER_BY
 from autotune.search.space import loader_of
 
 SCREEN_ABOVE = 8  # compute settings measured all at once up to this many

@@ -5,16 +5,16 @@ loader settled at fp32 makes a narrower precision look useless, and a precision 
 loader makes more workers look useless. Here instead:
 
 1. every compute setting's rate and every loader setting's rate are measured apart, at the
-   probe's micro-batch (study/rates_apart.py): loader settings + compute settings runs. The
+   probe's micro-batch (rates_apart.py): loader settings + compute settings runs. The
    compute settings are interleaved; the loaders run one at a time, fewest workers first, at the
    largest prefetch (side by side, one's workers would refill their queue on the cores another
    is timed on), and stop once one with workers outpaces every step;
-2. each combination's speed is predicted as the slower of its two (search/roofline.py), and the
+2. each combination's speed is predicted as the slower of its two (model/roofline.py), and the
    best predicted is the knob space's limit; for a short run, where a setting's start-up
    (measured apart) outweighs a faster rate, the limit is the fastest with it counted, of the
    settings kept as `frontier`;
-3. the few predicted soonest over the run the budget suggests (end_to_end.run_length) are
-   measured end to end with the real pipeline, one at a time (train/throughput.py), soonest
+3. the few predicted soonest over the run the budget suggests (decide.run_length) are
+   measured end to end with the real pipeline, one at a time (throughput.py), soonest
    first and none that one measured already outruns, and the one soonest over that run is kept:
    the loader knobs and the formats are fixed to it (until a trial reaching the target shows a
    run that another checked setting finishes sooner: chosen_setting.for_run), and a narrower
@@ -24,12 +24,12 @@ loader makes more workers look useless. Here instead:
 4. the chosen setting is measured again at the other micro-batches a trial may train
    (chosen_setting.at_batches), under goodput each narrower precision kept too. Under goodput
    and systems_only these figures are the table their trials are timed by
-   (goodput_plan.from_probe). Under systems_only the probe
-   chooses at the baseline's precision, the one its trials keep.
+   (plan.from_probe). Under systems_only the probe chooses at the baseline's precision, the
+   one its trials keep.
 
-The outcome keeps the keys probe.restrict reads (`loader`, `precisions`, `fixed`, ...), and
+The outcome keeps the keys outcome.restrict reads (`loader`, `precisions`, `fixed`, ...), and
 adds both rates, predicted beside measured, the bottleneck and the limit. Each measurement is
-kept in the study as it ends (study/probe_memo.py): a probe cut short goes on from there.
+kept in the study as it ends (memo.py): a probe cut short goes on from there.
 """
 
 from __future__ import annotations
@@ -41,16 +41,18 @@ import time
 from typing import Any
 
 from autotune import progress, signals
+from autotune.probe import chosen_setting, paired_check, plan, rates_apart, throughput
+from autotune.probe.cap import probe_cap
+from autotune.probe.measuring import Measuring
+from autotune.probe.memo import Memo
+from autotune.probe.model import decide, roofline, text
+from autotune.probe.model.figures import set_bytes, start_up_seconds
+from autotune.probe.model.outcome import FASTER_BY, loader_settings, probe_batch
 from autotune.record import seeds
 from autotune.runners import isolation
-from autotune.search import end_to_end, probe, roofline, roofline_text
-from autotune.search.roofline_figures import set_bytes, start_up_seconds
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
-from autotune.study import budget, chosen_setting, goodput_plan, paired_check, rates_apart
-from autotune.study.preparation import Prepared
-from autotune.study.probe_memo import Memo
-from autotune.train import telemetry, throughput
+from autotune.train import telemetry
 from autotune.train.config import TrialConfig
 from autotune.train.measure import cpu_count, other_load
 
@@ -62,16 +64,16 @@ PHASES = {
 }
 
 
-def run(spec: StudySpec, prepared: Prepared, memo: Memo | None = None) -> dict[str, Any]:
+def run(spec: StudySpec, prepared: Measuring, memo: Memo | None = None) -> dict[str, Any]:
     """Measure, predict, check end to end and choose; the outcome as plain JSON values. `memo`:
     the measurements an earlier run of this probe kept, and where to keep new ones."""
     assert prepared.task is not None and prepared.measure is not None, "the probe trains its task"
-    space = goodput_plan.probe_space(
+    space = plan.probe_space(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     prepared = dataclasses.replace(prepared, space=space)
-    batch = probe.probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
-    started, cap = time.monotonic(), budget.probe_cap(spec)
+    batch = probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
+    started, cap = time.monotonic(), probe_cap(spec)
     probing = _Probing(
         spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo(), started + cap
     )
@@ -110,12 +112,12 @@ class _Probing:
     """What every step of one probe reads: the study, its measuring, and where the time went."""
 
     spec: StudySpec
-    prepared: Prepared
+    prepared: Measuring
     batch: int
     seed: int
     phases: dict[str, float]  # seconds by phase, for the report
     memo: Memo  # measurements kept as they end, and those an earlier run kept
-    # time.monotonic() past which no measurement starts (budget.probe_cap)
+    # time.monotonic() past which no measurement starts (cap.probe_cap)
     deadline: float = math.inf
     capped: dict[str, Any] = dataclasses.field(default_factory=dict)  # the phase the cap stopped
 
@@ -162,7 +164,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     weighed at the fastest: the probe's outcome."""
     spec, prepared, batch = probing.spec, probing.prepared, probing.batch
     space = prepared.space
-    loaders = roofline.loader_settings(probe.loader_settings(space))
+    loaders = roofline.loader_settings(loader_settings(space))
     predictions, figures = rates_apart.predicted(
         probing.measured,
         loaders,
@@ -179,7 +181,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     bar.update(len(checked.speeds))
     if not any(speed for _, speed, _ in checked.speeds):
         return {**_nothing_settled(batch, space, "no setting ran end to end"), **figures}
-    chosen, speed = end_to_end.decide(checked.speeds, samples=checked.run_samples)
+    chosen, speed = decide.decide(checked.speeds, samples=checked.run_samples)
     chosen, speed, paired = _paired_with_baseline(probing, chosen, speed, predictions)
     if paired and paired["kept"] == paired_check.BASELINE:
         checked = _with_checked(checked, chosen, speed, figures, probing)
@@ -187,8 +189,8 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
     precisions = (
         [chosen.compute["precision"]]  # the baseline's setting kept: its precision too
         if paired and paired["kept"] == paired_check.BASELINE
-        else end_to_end.precisions_kept(
-            chosen, checked.speeds, space["precision"].values, faster_by=probe.FASTER_BY
+        else decide.precisions_kept(
+            chosen, checked.speeds, space["precision"].values, faster_by=FASTER_BY
         )
     )
     entries = _at_batches(probing, chosen, speed, precisions)
@@ -224,7 +226,7 @@ def _choose(probing: _Probing, bar: Any) -> dict[str, Any]:
             "checkpointing": probing.config(chosen.setting).checkpointing,
         },
         # levers as the study file asked: one fitted away (no 2-D convolution) moves nothing
-        "moves": roofline_text.what_moves_it(
+        "moves": text.what_moves_it(
             checked.timed[0][0], spec.space, batch=batch, cores=cpu_count(), step_rates=steps
         ),
         "batches": at_batches,
@@ -278,7 +280,7 @@ def _paired_at_trials_batch(
     slower (paired_check.no_slower): kept there, or the baseline's setting, saying why. As it is
     where no trial trains a smaller batch than the probe's."""
     spec, prepared = probing.spec, probing.prepared
-    batches = goodput_plan.table_batches(
+    batches = plan.table_batches(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     smallest = min([*batches, probing.batch])
@@ -375,12 +377,12 @@ def _check_end_to_end(
     # the limit for every run length: the fastest, then settings that start sooner
     timed = roofline.frontier(starts)
     fastest, samples = timed[0][0].samples_per_second, len(prepared.task.train)
-    runs = budget.run_range(spec, prepared.space, train_samples=samples, fastest=fastest)
-    run_samples = end_to_end.run_length(*runs)
-    checked = end_to_end.to_check(
+    runs = plan.run_range(spec, prepared.space, train_samples=samples, fastest=fastest)
+    run_samples = decide.run_length(*runs)
+    checked = decide.to_check(
         starts,
         samples=run_samples,
-        count=end_to_end.CHECKED * (2 if on_cpu else 1),
+        count=decide.CHECKED * (2 if on_cpu else 1),
         within=runs,
     )
     # one at a time, as the loaders: side by side, each one's workers would refill their queue
@@ -388,7 +390,7 @@ def _check_end_to_end(
     ends = probing.measured(
         throughput.measure_in_turn,
         {str(i): probing.config(p.setting) for i, (p, _) in enumerate(checked)},
-        end_to_end.Outrun(
+        decide.Outrun(
             {str(i): (p.samples_per_second, start) for i, (p, start) in enumerate(checked)},
             within=runs,
         ),
@@ -424,7 +426,7 @@ def _at_batches(
     """The chosen setting measured at every other micro-batch a trial may train; under goodput
     each other precision kept at every batch, a trial's table of its own."""
     spec, prepared = probing.spec, probing.prepared
-    batches = goodput_plan.table_batches(
+    batches = plan.table_batches(
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     # a goodput trial trains its maths at any precision kept: each one's table of its own

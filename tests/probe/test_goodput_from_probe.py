@@ -11,12 +11,12 @@ import pytest
 import torch
 import yaml
 
-from autotune.search import goodput, roofline
-from autotune.search.roofline_figures import table_entries
+from autotune.probe import chosen_setting, plan, rates, throughput
+from autotune.probe.model import goodput, roofline
+from autotune.probe.model.figures import table_entries
 from autotune.search.space import LOADER_KNOBS, Choices
 from autotune.spec import study_file
-from autotune.study import chosen_setting, goodput_plan, preparation
-from autotune.train import rates, throughput
+from autotune.study import preparation
 from autotune.train.config import TrialConfig
 from tests.study.test_goodput import goodput_study
 from tests.study.test_study import in_repo, load, run_cli  # noqa: F401 (in_repo: a fixture)
@@ -101,8 +101,8 @@ def test_the_table_times_each_batch_and_precision_as_the_probe_expects_it() -> N
     few, _ = table.fastest(maths, space, samples=50_000)
     many, _ = table.fastest(maths, space, samples=2_000_000)
     assert (few["compile"], many["compile"]) == (False, True)
-    # the loader and formats a goodput study fixes are the probe's (goodput_plan.restrict)
-    restricted = goodput_plan.restrict(space, table).fixed()
+    # the loader and formats a goodput study fixes are the probe's (plan.restrict)
+    restricted = plan.restrict(space, table).fixed()
     assert {k: restricted[k] for k in LOADER_KNOBS} == LOADER
     assert restricted["compile"] is False
 
@@ -161,24 +161,21 @@ def test_the_table_keeps_what_the_probe_timed_and_the_trials_sample_only_what_it
     """The table is the probe's figures as they are; a goodput study then samples only the
     precisions it times (else a trial's maths would have no setting), with the loader and formats
     fixed as the probe measured them. A probe that settled nothing gives no table."""
-    table = goodput_plan.from_probe(probed(), batch_norm=True)
+    table = plan.from_probe(probed(), batch_norm=True)
     assert table is not None and table["from_probe"] and "seconds" not in table
     assert table["table"]["batch_norm"] is True
     assert goodput.describe(table).startswith(
         "Trials timed from the probe's table: 5 of 6 systems settings measured"
     )
     unsettled = {**probed(), "chosen": None, "unsettled": "no setting ran end to end"}
-    assert (
-        table_entries(unsettled) == []
-        and goodput_plan.from_probe(unsettled, batch_norm=False) is None
-    )
+    assert table_entries(unsettled) == [] and plan.from_probe(unsettled, batch_norm=False) is None
     # an earlier engine's outcome measured no table
-    assert goodput_plan.from_probe({"loader": {}, "precisions": ["fp32"]}, batch_norm=False) is None
+    assert plan.from_probe({"loader": {}, "precisions": ["fp32"]}, batch_norm=False) is None
     space = goodput_space().replace("precision", Choices(("fp32", "bf16", "fp16")))
     only_bf16 = {**probed(), "precision_batches": []}
-    restricted = goodput_plan.restrict(
+    restricted = plan.restrict(
         space,
-        goodput.Table.from_json(goodput_plan.from_probe(only_bf16, batch_norm=False)["table"]),
+        goodput.Table.from_json(plan.from_probe(only_bf16, batch_norm=False)["table"]),
     )
     assert restricted["precision"].values == ("bf16",)
     assert restricted.fixed()["checkpointing"] is False
@@ -189,7 +186,7 @@ def test_each_other_precision_is_measured_at_every_batch_beside_the_same_loader(
 ) -> None:
     """The chosen setting's step at another precision, at each batch, in the one measurement of
     every step; the loader once a batch, whatever the precision."""
-    from tests.study.test_chosen_setting import SAMPLE, STEP, study
+    from tests.probe.test_chosen_setting import SAMPLE, STEP, study
 
     spec = study_file.load(study(tmp_path))
     prepared = preparation.prepare(spec)
@@ -239,14 +236,12 @@ def test_the_probe_space_under_systems_only_is_the_baselines_precision_and_split
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     spec = study_file.load(path)
     prepared = preparation.prepare(spec)
-    space = goodput_plan.probe_space(spec, prepared.space, prepared.baseline, batch_norm=False)
+    space = plan.probe_space(spec, prepared.space, prepared.baseline, batch_norm=False)
     assert space["precision"].values == ("fp32",)
     assert space["batch_size"].values == (16, 32, 64)  # 128 does not split 64
-    with_batch_norm = goodput_plan.probe_space(
-        spec, prepared.space, prepared.baseline, batch_norm=True
-    )
+    with_batch_norm = plan.probe_space(spec, prepared.space, prepared.baseline, batch_norm=True)
     assert with_batch_norm["batch_size"].values == (32,)
     other = dataclasses.replace(spec, objective="goodput")
-    assert goodput_plan.probe_space(other, prepared.space, prepared.baseline, batch_norm=False) is (
+    assert plan.probe_space(other, prepared.space, prepared.baseline, batch_norm=False) is (
         prepared.space
     )

@@ -1,7 +1,7 @@
 """The probe's end-to-end checks: which settings it measures with the real pipeline, which it
 need not, and which the measurements choose.
 
-The rates measured apart predict every setting (search/roofline.py); the few predicted soonest
+The rates measured apart predict every setting (roofline.py); the few predicted soonest
 over the run the study is expected to train are then measured end to end, with the frontier's
 settings that could win a run it might train, and what was measured decides, start-up counted:
 the rates leave out what runs only when both run at once (the two sharing a CPU's cores, a copy
@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.search.roofline import INPUT, Prediction, crossing, frontier, timing
+from autotune.probe.model.roofline import INPUT, Prediction, crossing, frontier, timing
 
 CHECKED = 3  # the settings predicted soonest over the run chosen for, measured end to end
 TIE = 0.05  # times this close, from end-to-end speeds, are one time: the windows' noise
@@ -126,7 +126,7 @@ def outrun_by(
 
 @dataclasses.dataclass(frozen=True)
 class Outrun:
-    """For measuring in turn (train/throughput.py's `needless`): why a setting need not be
+    """For measuring in turn (probe/throughput.py's `needless`): why a setting need not be
     measured end to end, given those measured before it, or None to measure it. `timings`: each
     key's predicted samples a second and start-up seconds (measured apart)."""
 

@@ -14,12 +14,16 @@ import pytest
 import torch
 import yaml
 
+from autotune.probe import rates, throughput
+from autotune.probe import run as probe_run
+from autotune.probe.model import roofline
+from autotune.probe.model.text import batches_text, describe
+from autotune.record.summary import BUSY_CORES
 from autotune.report import winner
-from autotune.search import probe, roofline, roofline_text
 from autotune.search.space import complete
 from autotune.spec import study_file
-from autotune.study import preparation, roofline_probe
-from autotune.train import rates, throughput, trial
+from autotune.study import preparation
+from autotune.train import trial
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.measure import other_load
 
@@ -27,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 # A run's time against its prediction from the probe's figures, on this shared 2-core machine:
 # the same tolerance the roofline's own tests give a compute-bound setting whose loader shares
-# the cores (tests/search/test_roofline.py).
+# the cores (tests/probe/test_roofline.py).
 TOLERANCE = 0.3
 STEP, SAMPLE = 6e-3, 0.1e-3  # tests.tasks:paced_per_step's compute costs
 
@@ -77,7 +81,7 @@ def whole_study(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespa
     spec["confirm"] = {"top": 0}
     path.write_text(yaml.safe_dump(spec))
     probed, calls = [], []
-    run = roofline_probe.run
+    run = probe_run.run
 
     def observed(spec, prepared, memo=None):
         """The probe as it runs, its measurements counted as they are asked for."""
@@ -94,7 +98,7 @@ def whole_study(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespa
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)
-        patch.setattr(roofline_probe, "run", observed)
+        patch.setattr(probe_run, "run", observed)
         assert main(["run", str(path), "--quiet"]) == 0
     [outcome] = probed
     return types.SimpleNamespace(path=path, outcome=outcome, calls=calls)
@@ -121,7 +125,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(
     narrow = 0.5 if chosen["precision"] == "bf16" else 1.0
     # The figures follow the set costs where the machine was quiet as the probe measured; other
     # processes on the cores slow every step beyond them (tests run beside other jobs).
-    quiet = (outcome.get("other_cores") or 0) < probe.BUSY_CORES
+    quiet = (outcome.get("other_cores") or 0) < BUSY_CORES
     for batch, entry in at.items():
         # the step's rate follows its costs: a step's cost spread over fewer samples (they are
         # waits, which no load shortens)
@@ -134,7 +138,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(
         assert entry["fixed_seconds"] > 0 and entry["oom"] is False
     if quiet:  # a larger batch spreads the step's cost over more samples
         assert at[32]["expected"] < at[64]["expected"] < chosen["measured"]
-    text = roofline_text.describe(outcome)
+    text = describe(outcome)
     assert "The chosen setting by micro-batch (" in text
     assert (
         f"32: {at[32]['measured']:,.0f}/s end to end ({at[32]['predicted']:,.0f}/s predicted, "
@@ -156,7 +160,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(
             result = trial.run(prepared.task, config, limits=limits, device=CPU, seed=5)
         predicted = winner.predicted_seconds(outcome, params, samples)
         assert predicted is not None and result.train_seconds > 0
-        if quiet and (load.cores or 0) < probe.BUSY_CORES:  # else the load's time, not the task's
+        if quiet and (load.cores or 0) < BUSY_CORES:  # else the load's time, not the task's
             assert result.train_seconds == pytest.approx(predicted, rel=TOLERANCE), batch
         best = types.SimpleNamespace(
             params=params, samples_to_target=samples, time_to_target=result.train_seconds
@@ -178,7 +182,7 @@ def test_the_chosen_setting_at_every_batch_predicts_a_run_there(
     assert "scaled as the end-to-end check at batch 128 found" in winner.prediction_line(
         older, best
     )
-    assert f"32: {at[32]['predicted'] * scale:,.0f}/s" in roofline_text.describe(older)
+    assert f"32: {at[32]['predicted'] * scale:,.0f}/s" in describe(older)
     params = {**params, "batch_size": 128}
     # a batch the probe did not measure predicts nothing; another setting, what the end-to-end
     # check measured of it where it was checked, at the probe's batch
@@ -228,7 +232,7 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
     at_64 = outcome["batches"][0]
     assert at_64["predicted"] == 6_000.0 and at_64["expected"] == pytest.approx(5_400.0)
     assert at_64["bottleneck"] == "compute"
-    text = roofline_text.batches_text(outcome)
+    text = batches_text(outcome)
     assert text.endswith(
         "64: 5,400/s compute-bound, 1.6 GiB at peak, 128: 7,200/s end to end, 3.0 GiB at peak, "
         "512: out of memory"
@@ -240,7 +244,7 @@ def test_a_batch_out_of_memory_at_the_chosen_setting_is_said_and_predicts_nothin
         "chosen": {**outcome["chosen"], "data_on_device": True},
         "loader_rates": [{"data_on_device": True, "peak_memory_bytes": 2**30}],
     }
-    assert roofline_text.batches_text(on_device).endswith(
+    assert batches_text(on_device).endswith(
         "64: 5,400/s compute-bound, 2.6 GiB at peak, 128: 7,200/s end to end, 4.0 GiB at peak, "
         "512: out of memory"
     )
@@ -281,19 +285,19 @@ def test_a_crash_at_another_batch_leaves_the_choice_and_says_why(tmp_path: Path)
     spec["isolation"] = "process"
     path.write_text(yaml.safe_dump(spec))
     loaded = study_file.load(path)
-    outcome = roofline_probe.run(loaded, preparation.prepare(loaded))
+    outcome = probe_run.run(loaded, preparation.prepare(loaded))
     assert outcome["chosen"] is not None and outcome["chosen"]["measured"]
     [entry] = outcome["batches"]
     assert entry["batch_size"] == 32 and "expected" not in entry
     assert entry["reason"].startswith("a measurement failed: ")
-    assert "32: no figure (a measurement failed: " in roofline_text.describe(outcome)
+    assert "32: no figure (a measurement failed: " in describe(outcome)
     # paired with the baseline's setting at 32 (the smallest a trial trains), the same crash:
     # the task's, whatever the setting, so the choice stands
     paired = outcome.get("paired") or {}
     if "trials_batch" in paired:
         assert paired["kept"] == "chosen"
         assert paired["trials_batch"]["why"].startswith("a measurement failed there: ")
-        assert "32, the smallest a trial trains, not weighed" in roofline_text.describe(outcome)
+        assert "32, the smallest a trial trains, not weighed" in describe(outcome)
     params = {**{k: outcome["chosen"][k] for k in ("num_workers", "precision")}, "batch_size": 32}
     assert winner.predicted_seconds(outcome, params, 1000.0) is None
 
@@ -322,7 +326,7 @@ def test_the_report_sets_each_trial_beside_its_predicted_time(
     study = optuna.load_study(study_name=path.stem, storage=f"sqlite:///{path.with_suffix('.db')}")
     ran = study.trials[int(row[0])].user_attrs.get("other_load") or {}
     probed = study.user_attrs["probe"]
-    if max(probed.get("other_cores") or 0, ran.get("other_cores") or 0) < probe.BUSY_CORES:
+    if max(probed.get("other_cores") or 0, ran.get("other_cores") or 0) < BUSY_CORES:
         assert predicted == pytest.approx(seconds, rel=TOLERANCE)
     assert "Predicted at the setting the probe chose (" in out
     assert "<th>predicted</th>" in (tmp_path / "page.html").read_text()

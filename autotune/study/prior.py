@@ -3,8 +3,8 @@
 Uniformly drawn first trials mostly pair a batch, an lr and a schedule that miss the target, and
 each miss costs a whole training run. Engineers instead start from three rules:
 
-- the largest micro-batch that still leaves `probe.MIN_STEPS` optimizer steps an epoch, at the
-  fewest accumulation steps (the systems probe's rule, `probe.probe_batch`: the baseline's batch
+- the largest micro-batch that still leaves `outcome.MIN_STEPS` optimizer steps an epoch, at the
+  fewest accumulation steps (the systems probe's rule, `outcome.probe_batch`: the baseline's batch
   where none does): a busier accelerator, with steps enough for the schedule to work with;
 - the baseline's lr scaled with the effective batch (the linear scaling rule, Goyal et al. 2017,
   "Accurate, Large Minibatch SGD"), spread by `LR_FACTORS` since the rule is only a first guess;
@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.search import probe
+from autotune.probe.model import outcome
 from autotune.search.space import Choices, Domain, Range, Space, is_integer
 
 # The linear-scaling estimate first, then a third of it, then three times it: half a decade each
@@ -45,7 +45,7 @@ def first_trials(
     # fewer samples.
     samples = None if train_samples is None else train_samples // accumulation
     batch = _nearest(
-        "batch_size", space["batch_size"], probe.probe_batch(space, baseline, samples=samples)
+        "batch_size", space["batch_size"], outcome.probe_batch(space, baseline, samples=samples)
     )
     lr = (
         baseline["lr"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.search import probe
+from autotune.probe.model import outcome
 from autotune.search.space import Choices, Space
 from autotune.spec.study_file import from_mapping
 
@@ -53,38 +53,38 @@ def space(**domains) -> Space:
 
 
 def test_a_study_stored_by_the_earlier_engine_narrows_its_space_and_reports() -> None:
-    restricted = probe.restrict(space(num_workers=[0, 1, 2]), STORED)
+    restricted = outcome.restrict(space(num_workers=[0, 1, 2]), STORED)
     # stored before data_on_device was a knob: its loader had a DataLoader
     assert restricted["data_on_device"] == Choices((False,))
     assert restricted["num_workers"] == Choices((1,))
     assert restricted["prefetch_factor"] == Choices((4,))
     assert restricted["precision"] == Choices(("fp32",)) and restricted["lr"] == space()["lr"]
-    line = probe.describe(STORED)
+    line = outcome.describe(STORED)
     assert line.startswith("Systems probe (4 short runs at batch 128, 2.5 s of training)")
     assert "num_workers 1, prefetch_factor 4" in line
     assert "bf16 removed (0.91x the speed of fp32)" in line
     assert "num_workers 2, prefetch_factor 2, pin_memory false: no run finished" in line
     assert "busy" not in line  # no load recorded (a study from before it was measured)
-    assert "busy" not in probe.describe({**STORED, "other_cores": 0.1, "cores": 2})  # quiet
-    assert "other processes kept 1.0 of 2 cores busy meanwhile" in probe.describe(
+    assert "busy" not in outcome.describe({**STORED, "other_cores": 0.1, "cores": 2})  # quiet
+    assert "other processes kept 1.0 of 2 cores busy meanwhile" in outcome.describe(
         {**STORED, "other_cores": 1.0, "cores": 2}
     )
 
 
 def test_what_is_worth_probing() -> None:
-    assert probe.worth_probing(space())
-    assert not probe.worth_probing(space(num_workers=0, precision="fp32"))
+    assert outcome.worth_probing(space())
+    assert not outcome.worth_probing(space(num_workers=0, precision="fp32"))
     assert len(
-        probe.loader_settings(space(num_workers={"low": 0, "high": 2}, pin_memory=[False, True]))
+        outcome.loader_settings(space(num_workers={"low": 0, "high": 2}, pin_memory=[False, True]))
     ) == 2 * (1 + 2 + 2)
-    on_device = probe.loader_settings(space(data_on_device=[False, True], num_workers=0))
+    on_device = outcome.loader_settings(space(data_on_device=[False, True], num_workers=0))
     assert on_device[-1] == {
         "data_on_device": True,
         "num_workers": 0,
         "prefetch_factor": None,
         "pin_memory": False,
     }
-    assert not probe.worth_probing(
+    assert not outcome.worth_probing(
         space(num_workers={"low": 0, "high": 16}, prefetch_factor=[2, 4, 8], precision="fp32")
     )
 
@@ -93,6 +93,6 @@ def test_the_probe_measures_at_the_largest_batch_that_gives_enough_steps() -> No
     """A GPU at the baseline's 32 samples waits on launches, not on data: the settings are judged
     at the largest micro-batch with MIN_STEPS steps an epoch, never below the baseline's."""
     wide = space(batch_size=[16, 32, 128, 512])
-    assert probe.probe_batch(wide, BASELINE, samples=128 * probe.MIN_STEPS) == 128
-    assert probe.probe_batch(wide, BASELINE, samples=None) == 32  # unknown: the baseline's
-    assert probe.probe_batch(wide, BASELINE, samples=10 * probe.MIN_STEPS) == 32
+    assert outcome.probe_batch(wide, BASELINE, samples=128 * outcome.MIN_STEPS) == 128
+    assert outcome.probe_batch(wide, BASELINE, samples=None) == 32  # unknown: the baseline's
+    assert outcome.probe_batch(wide, BASELINE, samples=10 * outcome.MIN_STEPS) == 32

@@ -18,14 +18,16 @@ import torch
 import yaml
 
 from autotune.cli import main
+from autotune.probe import rates, throughput
+from autotune.probe.memo import Memo, _digest
+from autotune.probe.model import roofline
+from autotune.probe.rates import Rate
+from autotune.probe.run import _Probing, _weigh_compile
 from autotune.record import schema
-from autotune.search import roofline
 from autotune.search.space import Choices
 from autotune.spec import study_file
-from autotune.study import preparation, probe_memo, roofline_probe
-from autotune.train import rates, throughput
-from autotune.train.rates import Rate
-from tests.search.test_roofline import load, write_study
+from autotune.study import preparation
+from tests.probe.test_roofline import load, write_study
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,12 +165,12 @@ def test_a_measurement_is_taken_from_the_study_only_where_everything_it_measured
         calls.append((work, args, seed))
         return {"a": Rate(1000.0 + len(calls), 0.01, 3, 0.2)}
 
-    memo = probe_memo.Memo(study)
+    memo = Memo(study)
     first = memo.measured(
         measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=1
     )
     # a later run: the same measurement comes from the study, equal to what was measured
-    again = probe_memo.Memo(study)
+    again = Memo(study)
     same = again.measured(
         measure, rates.measure_loaders_in_turn, {"c", "b"}, 1.5, device=cpu, seed=1
     )
@@ -182,7 +184,7 @@ def test_a_measurement_is_taken_from_the_study_only_where_everything_it_measured
     again.measured(measure, rates.measure_loaders_in_turn, {"b", "c"}, 1.5, device=cpu, seed=1)
     assert len(calls) == 5 and again.recalled == 1
     # what is neither figures by name nor a list of numbers is measured each time, and not kept
-    odd = probe_memo.Memo(study)
+    odd = Memo(study)
     for _ in range(2):
         odd.measured(lambda *a, **k: 3.0, rates.measure, device=cpu, seed=1)
     assert odd.recalled == 0 and len(schema.probe_so_far(study.user_attrs)) == 5
@@ -192,11 +194,11 @@ def test_a_measurement_s_digest_is_the_same_in_every_process() -> None:
     """Sets of strings iterate in another order in another process (hash randomization): this
     one's digest against one of a process with another hash seed."""
     code = (
-        "import torch; from autotune.study import probe_memo; from autotune.train import rates; "
-        "print(probe_memo._digest(rates.measure, ({f'w{i}' for i in range(20)}, "
+        "import torch; from autotune.probe import memo, rates; "
+        "print(memo._digest(rates.measure, ({f'w{i}' for i in range(20)}, "
         "{'x': 1.5, 'y': (2, 3)}, torch.device('cpu'), 7)))"
     )
-    here = probe_memo._digest(
+    here = _digest(
         rates.measure,
         ({f"w{i}" for i in range(20)}, {"x": 1.5, "y": (2, 3)}, torch.device("cpu"), 7),
     )
@@ -230,10 +232,10 @@ def test_a_kept_measurement_counts_the_seconds_it_took_and_the_compile_is_kept_a
         time.sleep(0.3)
         return {"plain": Rate(1000.0, 0.01, 3, 0.1), "compiled": Rate(1500.0, 0.01, 3, 2.0)}
 
-    def probing() -> roofline_probe._Probing:
+    def probing() -> _Probing:
         measuring = dataclasses.replace(prepared, space=space, measure=measure)
         batch, seed = 128, 5
-        return roofline_probe._Probing(spec, measuring, batch, seed, {}, probe_memo.Memo(study))
+        return _Probing(spec, measuring, batch, seed, {}, Memo(study))
 
     step_held = roofline.Prediction(
         {"num_workers": 0, "prefetch_factor": None, "pin_memory": False},
@@ -242,13 +244,13 @@ def test_a_kept_measurement_counts_the_seconds_it_took_and_the_compile_is_kept_a
         compute_rate=1000.0,
     )
     first = probing()
-    weighed = roofline_probe._weigh_compile(first, step_held)
+    weighed = _weigh_compile(first, step_held)
     assert calls == [rates.measure] and weighed["once_seconds"] == pytest.approx(1.9)
     (kept,) = schema.probe_so_far(study.user_attrs).values()
     assert kept["seconds"] >= 0.3 and first.phases["compile"] >= 0.3
 
     again = probing()  # the next run, cut short once the compile was weighed
-    assert roofline_probe._weigh_compile(again, step_held) == weighed
+    assert _weigh_compile(again, step_held) == weighed
     assert calls == [rates.measure]  # not compiled again
     assert again.memo.recalled_seconds == kept["seconds"]
     assert again.phases["compile"] >= kept["seconds"]  # counted where it was measured
