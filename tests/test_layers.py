@@ -1,7 +1,8 @@
-"""The layers keep to their rules: spec and search load neither torch nor Optuna, train never
-Optuna, record (what a study means) and the report and exports that stand on it never torch,
-only the study layer writes to Optuna, and a study's attributes are read and written by key only
-in the schema module.
+"""The layers keep to their rules: spec, search and the probe's model load neither torch nor
+Optuna, train and the probe never Optuna, the probe nothing of the layers above it, record (what a
+study means) and the report and exports that stand on it never torch and of the probe only its
+model, only the study layer writes to Optuna, and a study's attributes are read and written by key
+only in the schema module.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ SCHEMA = PACKAGE / "record" / "schema.py"
 
 
 def modules(layer: str) -> list[str]:
+    """The modules under `layer`, a folder of the package ("train", or "probe/model")."""
     folder = PACKAGE / layer
     return sorted(
         "autotune."
@@ -46,6 +48,8 @@ def loaded_by(names: list[str]) -> set[str]:
         ("spec", {"torch", "optuna"}),
         ("search", {"torch", "optuna"}),
         ("train", {"optuna"}),
+        ("probe", {"optuna"}),
+        ("probe/model", {"torch", "optuna"}),
         # an export is text: it reads the recipe and names the objects, never builds them
         ("export", {"torch", "optuna"}),
         ("record", {"torch"}),
@@ -92,6 +96,40 @@ def test_a_reader_may_import_the_probe_s_model_and_nothing_else_of_the_probe() -
     assert part("autotune.probe.run") not in READERS["report"]
     assert part("autotune.probe") not in READERS["report"]
     assert part("autotune.search.space") == "search"
+
+
+# What the probe may not import: the layers above it, which run it or read what it stored.
+ABOVE_THE_PROBE = {"study", "report", "export", "cli", "api"}
+
+
+def reaches_above_the_probe(path: Path) -> set[str]:
+    """The modules of the layers above the probe that `path` imports at run time."""
+    return {
+        name
+        for name in runtime_imports(path)
+        if name.startswith("autotune.") and name.split(".")[1] in ABOVE_THE_PROBE
+    }
+
+
+def test_the_probe_imports_nothing_of_the_layers_above_it() -> None:
+    """The study passes the probe what it reads (probe/measuring.py), and imports it; the probe
+    never imports the study."""
+    reached = {
+        f"{p.relative_to(PACKAGE)}: {name}"
+        for p in (PACKAGE / "probe").rglob("*.py")
+        for name in reaches_above_the_probe(p)
+    }
+    assert reached == set()
+
+
+def test_the_probe_rule_finds_a_reach_upward(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nfrom autotune.study.preparation import Prepared\n"
+        "import autotune.api\nfrom autotune.train import rates\n"
+        "if TYPE_CHECKING:\n    from autotune.report.text import describe\n"
+    )
+    assert reaches_above_the_probe(module) == {"autotune.study.preparation", "autotune.api"}
 
 
 def runtime_imports(path: Path) -> set[str]:
