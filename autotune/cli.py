@@ -119,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (pybind11::error_already_set): a signal sent meanwhile is taken once the import is done.
     with signals.held():
         from autotune.report import results
-        from autotune.study import preparation, storage_faults
+        from autotune.storage import faults
+        from autotune.study import preparation
         from autotune.study.run import run_as_worker, run_sequence
 
     prepared = preparation.prepare(spec)  # every user error surfaces before the storage is touched
@@ -137,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return signals.exit_code(interrupt)
-    except storage_faults.StorageFault as fault:  # one line, with the command that resumes
+    except faults.StorageFault as fault:  # one line, with the command that resumes
         raise StorageError(fault.line(arguments.resume_command(args))) from None
     print(_report_text(spec, study))
     failed = results.all_failed(study.get_trials(deepcopy=False))
@@ -314,7 +315,7 @@ def _command_line(spec: StudySpec, study: optuna.Study, summary: Summary) -> str
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune import signals
     from autotune.spec.study_file import load
-    from autotune.study import dashboard
+    from autotune.storage import dashboard
 
     spec = load(args.study, storage=args.storage)
     try:
@@ -334,7 +335,7 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
     where = f"autotune {args.command}"
     spec = None if args.study is None else load(args.study, storage=args.storage)
     from autotune.record import definition, schema
-    from autotune.study import storage
+    from autotune.storage import opening
 
     if spec is None:
         if not (args.storage and args.study_name):
@@ -342,14 +343,14 @@ def _reported(args: argparse.Namespace) -> tuple[StudySpec, optuna.Study]:
                 f"{where}: give a study file, or --storage URL with --study NAME for a study that "
                 f"has none (one that autotune.tune() ran)"
             )
-        spec = storage.spec_of_stored(args.storage, args.study_name)
-        return spec, storage.open_study(spec, create=False)
+        spec = opening.spec_of_stored(args.storage, args.study_name)
+        return spec, opening.open_study(spec, create=False)
     if args.study_name is not None:
         raise AutotuneError(
             f"{where}: --study {args.study_name} is for a stored study that has no study file; "
             f"with a study file, its name: key says which study it is"
         )
-    study = storage.open_study(spec, create=False)
+    study = opening.open_study(spec, create=False)
     for change in definition.drifted(schema.definition(study.user_attrs), spec):
         print(
             f"autotune: notice: {spec.path}: differs from the stored study {spec.name!r} "

@@ -17,16 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.errors import AutotuneError
+from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import StudySpec
-from autotune.study import storage
+from autotune.storage import opening
 
 
 def study_files(spec: StudySpec) -> dict[Path, str]:
     """The study's own files, by path: what no output may replace."""
     own = {spec.path: "the study file"}
-    stored = storage.local_path(spec.storage)
+    stored = local_path(spec.storage)
     if stored is not None:
-        own.update(storage.files_of(stored))
+        own.update(opening.files_of(stored))
     return own
 
 

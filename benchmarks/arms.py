@@ -20,7 +20,8 @@ from autotune.report.winner import predicted_seconds
 from autotune.runners.isolation import TrialFailure
 from autotune.search.space import suggest
 from autotune.spec.study_file import StudySpec
-from autotune.study import preparation, storage
+from autotune.storage import opening
+from autotune.study import preparation
 from autotune.study.run import run_sequence
 from autotune.train.config import TrialConfig
 
@@ -53,7 +54,7 @@ def autotune_study(spec: StudySpec, prepared: preparation.Prepared, load_machine
     with contextlib.redirect_stderr(io.StringIO()), busy(load_machine):
         run_sequence(spec, prepared)
     tuning_wall = time.perf_counter() - started
-    study = storage.open_study(spec, create=False)
+    study = opening.open_study(spec, create=False)
     _, summary = summarize.of_study(spec, study)
     label, params = (
         (summary.best.label, summary.best.params)

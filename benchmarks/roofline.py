@@ -70,7 +70,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune.record import schema  # noqa: E402
 from autotune.spec import study_file  # noqa: E402
 from autotune.spec.checks import read_yaml  # noqa: E402
-from autotune.study import preparation, storage  # noqa: E402
+from autotune.spec.storage_url import local_path  # noqa: E402
+from autotune.storage import opening  # noqa: E402
+from autotune.study import preparation  # noqa: E402
 from autotune.study.budget import finished_count, trials_to_train  # noqa: E402
 from benchmarks.arms import autotune_study, plain_tpe_study, roofline_trials  # noqa: E402
 from benchmarks.provenance import REPO, RESULTS, provenance  # noqa: E402
@@ -187,7 +189,7 @@ def sit(
 ) -> None:
     """One sitting of a searching arm: its study begun or gone on with, then its figures."""
     arm = record["arms"].get(stage)
-    db = storage.local_path(spec.storage)
+    db = local_path(spec.storage)
     prepared = preparation.prepare(spec)
     record["provenance"] = provenance(prepared.device)
     if arm is None or not db.exists():
@@ -206,7 +208,7 @@ def sit(
     with counted(sitting, save):
         found, finished = search(stage, spec, prepared, deadline)
     if spec.probe == "joint" and stage != "tpe":
-        study = storage.open_study(spec, create=False)
+        study = opening.open_study(spec, create=False)
         found["probe"] = study.user_attrs.get("probe")
         # every trial at a setting the probe measured checks the prediction, not only the winner
         found["trials_vs_predicted"] = roofline_trials(study)
@@ -261,7 +263,7 @@ def share_probe(
             continue
         measured = arm["sittings"][0]  # the probe runs in an arm's first sitting
         if all(measured.get(k) == here[k] for k in ("device", "machine", "code")):
-            study = storage.open_study(spec, create=True)
+            study = opening.open_study(spec, create=True)
             schema.record_probe(study, arm["probe"])
             return [{"seconds": arm["probe"]["seconds"], "shared_probe": source, **here}]
     return []
@@ -279,7 +281,7 @@ def search(
         left = max(0.0, deadline - time.monotonic())
         timed = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, timeout=left))
     if stage == "tpe":
-        kept = storage.make_storage(spec, create=True)
+        kept = opening.make_storage(spec, create=True)
         found = plain_tpe_study(timed, prepared, False, storage=kept)
         return found, found["counts"]["trials"] >= spec.budget.trials
     if deadline is None:
@@ -290,7 +292,7 @@ def search(
         prepared,
         False,
     )
-    trials = storage.open_study(spec, create=False).get_trials(deepcopy=False)
+    trials = opening.open_study(spec, create=False).get_trials(deepcopy=False)
     if finished_count(trials) < trials_to_train(spec, trials) or time.monotonic() >= deadline:
         return found, False
     confirmed = autotune_study(spec, prepared, False)

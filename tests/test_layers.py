@@ -1,8 +1,9 @@
 """The layers keep to their rules: spec, search and the probe's model load neither torch nor
-Optuna, train and the probe never Optuna, the probe nothing of the layers above it, record (what a
-study means) and the report and exports that stand on it never torch and of the probe only its
-model, only the study layer writes to Optuna, and a study's attributes are read and written by key
-only in the schema module.
+Optuna, train and the probe never Optuna, the probe nothing of the layers above it, the storage
+never torch and nothing of the run sequence, the probe or training, record (what a study means) and
+the report and exports that stand on it never torch and of the probe only its model, only the
+study, storage and record layers import Optuna, and a study's attributes are read and written by
+key only in the schema module.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def loaded_by(names: list[str]) -> set[str]:
         ("train", {"optuna"}),
         ("probe", {"optuna"}),
         ("probe/model", {"torch", "optuna"}),
+        # the commands that read a study open it through the storage
+        ("storage", {"torch"}),
         # an export is text: it reads the recipe and names the objects, never builds them
         ("export", {"torch", "optuna"}),
         ("record", {"torch"}),
@@ -100,14 +103,18 @@ def test_a_reader_may_import_the_probe_s_model_and_nothing_else_of_the_probe() -
 
 # What the probe may not import: the layers above it, which run it or read what it stored.
 ABOVE_THE_PROBE = {"study", "report", "export", "cli", "api"}
+# What the storage may not import: the run sequence, the machinery that trains and measures, and
+# the layers that read a study through it.
+ABOVE_THE_STORAGE = {"study", "probe", "runners", "train", "report", "export", "cli", "api"}
 
 
-def reaches_above_the_probe(path: Path) -> set[str]:
-    """The modules of the layers above the probe that `path` imports at run time."""
+def reaches_into(path: Path, layers: set[str]) -> set[str]:
+    """The modules of `layers` (autotune's folders or top-level modules) that `path` imports at
+    run time."""
     return {
         name
         for name in runtime_imports(path)
-        if name.startswith("autotune.") and name.split(".")[1] in ABOVE_THE_PROBE
+        if name.startswith("autotune.") and name.split(".")[1] in layers
     }
 
 
@@ -117,19 +124,35 @@ def test_the_probe_imports_nothing_of_the_layers_above_it() -> None:
     reached = {
         f"{p.relative_to(PACKAGE)}: {name}"
         for p in (PACKAGE / "probe").rglob("*.py")
-        for name in reaches_above_the_probe(p)
+        for name in reaches_into(p, ABOVE_THE_PROBE)
     }
     assert reached == set()
 
 
-def test_the_probe_rule_finds_a_reach_upward(tmp_path: Path) -> None:
+def test_the_storage_imports_nothing_of_the_run_sequence_or_the_machinery() -> None:
+    """The study imports the storage; the storage never imports the study, the probe, the runners
+    or training, so a command that reads a study opens it without them."""
+    reached = {
+        f"{p.relative_to(PACKAGE)}: {name}"
+        for p in (PACKAGE / "storage").rglob("*.py")
+        for name in reaches_into(p, ABOVE_THE_STORAGE)
+    }
+    assert reached == set()
+
+
+def test_the_upward_rules_find_a_reach_upward(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
         "from typing import TYPE_CHECKING\nfrom autotune.study.preparation import Prepared\n"
         "import autotune.api\nfrom autotune.train import rates\n"
         "if TYPE_CHECKING:\n    from autotune.report.text import describe\n"
     )
-    assert reaches_above_the_probe(module) == {"autotune.study.preparation", "autotune.api"}
+    assert reaches_into(module, ABOVE_THE_PROBE) == {"autotune.study.preparation", "autotune.api"}
+    assert reaches_into(module, ABOVE_THE_STORAGE) == {
+        "autotune.study.preparation",
+        "autotune.api",
+        "autotune.train",
+    }
 
 
 def runtime_imports(path: Path) -> set[str]:
@@ -242,10 +265,11 @@ def test_the_blocker_makes_torch_unimportable() -> None:
     assert done.returncode != 0 and "torch is made unimportable" in done.stderr
 
 
-def test_only_the_study_and_record_layers_import_optuna() -> None:
-    """The study layer writes to Optuna; record reads the storage through it; nobody else (an
-    annotation under TYPE_CHECKING loads nothing, and is not counted)."""
-    allowed = {PACKAGE / "study", PACKAGE / "record", PACKAGE / "cli.py"}
+def test_only_the_study_storage_and_record_layers_import_optuna() -> None:
+    """The study layer writes a run to Optuna; the storage opens, creates and recovers the study
+    in it; record reads the storage through it; nobody else (an annotation under TYPE_CHECKING
+    loads nothing, and is not counted)."""
+    allowed = {PACKAGE / "study", PACKAGE / "storage", PACKAGE / "record", PACKAGE / "cli.py"}
     users = {
         p.relative_to(PACKAGE).as_posix()
         for p in PACKAGE.rglob("*.py")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.study import storage
+from autotune.storage import opening
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -207,7 +207,7 @@ def test_a_probe_is_shared_only_from_the_same_code_machine_and_device(
     assert roofline.share_probe(record, "prior", spec) == [
         {"seconds": 61.5, "shared_probe": "joint", **here}
     ]
-    assert storage.open_study(spec, create=False).user_attrs["probe"] == probe
+    assert opening.open_study(spec, create=False).user_attrs["probe"] == probe
 
     other = dataclasses.replace(spec, name="other", storage=f"sqlite:///{tmp_path / 'other.db'}")
     record["arms"]["joint"]["sittings"][0][differs] = "elsewhere"

@@ -1,4 +1,4 @@
-"""The only layer that writes to Optuna: the run sequence, one trial's step, the objective,
-confirmation, workers, the prior's first trials, the goodput table stored with the study, and the
-storage with its schema.
+"""The run sequence, the layer that writes a run to Optuna: preparation and feasibility, beginning
+a run and its one plan, one trial's step, the objective, the confirmation, workers and the goodput
+table stored with the study. Where a study lives (its storage, locks and recovery) is storage/.
 """

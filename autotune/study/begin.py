@@ -19,15 +19,10 @@ from autotune.probe.plan import chosen_systems
 from autotune.record import definition, schema
 from autotune.search.replay import sampled_values
 from autotune.search.space import KNOBS, Space
+from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import (
-    goodput_table,
-    prior,
-    probe_claim,
-    recovery,
-    run_plan,
-    storage,
-)
+from autotune.storage import opening, recovery
+from autotune.study import goodput_table, prior, probe_claim, run_plan
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials
@@ -48,7 +43,7 @@ def begin(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> RunPlan:
         knobs=prepared.knobs if prepared.knobs != tuple(KNOBS) else None,
     )
     schema.record_definition(study, prepared.definition, changes=definition.changes)
-    local = storage.local_path(spec.storage) is not None
+    local = local_path(spec.storage) is not None
     if local:
         _recover(study)
     try:
@@ -85,7 +80,7 @@ def _measure_systems(
             schema.record_probe(study, outcome)
             progress.tell(f"autotune: {describe(outcome)}")  # the report repeats it
         else:  # a run on another machine stored one while this one measured
-            progress.say(storage.FIRST_STORED.format(what="systems probe"))
+            progress.say(opening.FIRST_STORED.format(what="systems probe"))
     stored = schema.probe(study.user_attrs)  # as every later run reads it
     probed = run_plan.with_probe(spec, prepared, stored)
     goodput_table.ensure_table(spec, prepared, study)

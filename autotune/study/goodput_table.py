@@ -12,7 +12,7 @@ from autotune.probe.plan import GoodputSettings, baseline_space, from_probe, res
 from autotune.record import schema
 from autotune.search.space import Space
 from autotune.spec.study_file import GOODPUT, SYSTEMS_ONLY, StudySpec
-from autotune.study import storage
+from autotune.storage import opening
 from autotune.study.preparation import Prepared
 
 
@@ -40,7 +40,7 @@ def ensure_table(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> No
         )
         return
     if schema.throughput(study.user_attrs) is not None:  # a run on another machine's
-        progress.say(storage.FIRST_STORED.format(what="throughput table"))
+        progress.say(opening.FIRST_STORED.format(what="throughput table"))
         return
     schema.record_throughput(study, table)
     # the report repeats it, so quiet hides it

@@ -24,7 +24,8 @@ from autotune.runners.isolation import RunTrial
 from autotune.search import oom_boundary
 from autotune.search.space import Space, suggest
 from autotune.spec.study_file import TIME_TO_TARGET
-from autotune.study import recovery, storage, told_trials, workers
+from autotune.storage import opening, recovery
+from autotune.study import told_trials, workers
 from autotune.study.budget import finished_count, mark_surplus, slots_before
 from autotune.train.config import Limits, TrialConfig, TrialResult
 from autotune.train.measure import other_load
@@ -99,7 +100,7 @@ def run_one(
         trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
             trial,
-            worker=storage.worker_id(),
+            worker=opening.worker_id(),
             config=trained or config,
             seed=trial_seed,
             devices=workers.assigned_gpus(),

@@ -17,11 +17,11 @@ from typing import Any
 
 from autotune import progress, signals
 from autotune.record import schema
-from autotune.study import storage
+from autotune.storage import opening
 
 POLL_SECONDS = 1.0  # how often a waiting run reads the study
 # the trials' heartbeat and grace period (AUTOTUNE_HEARTBEAT), for the probe's mark too
-RENEW_SECONDS, STALE_SECONDS = storage.HEARTBEAT_SECONDS, storage.GRACE_SECONDS
+RENEW_SECONDS, STALE_SECONDS = opening.HEARTBEAT_SECONDS, opening.GRACE_SECONDS
 # how long a run's mark must stand before the run measures: longer than two runs' writes of
 # their marks can lie apart once both found none
 CLAIM_SECONDS = 1.0
@@ -31,7 +31,7 @@ def claim(study: Any) -> bool:
     """Mark the study as measured by this process; whether the mark still is this process's
     CLAIM_SECONDS later. Where another run wrote its own meanwhile, that run measures, and this
     one waits for its figures (`wait_for_another`)."""
-    me = storage.worker_id()
+    me = opening.worker_id()
     schema.record_probing(study, {"worker": me, "at": time.time()})
     with signals.interruptible():
         time.sleep(CLAIM_SECONDS)
@@ -42,7 +42,7 @@ def claim(study: Any) -> bool:
 def marked(study: Any) -> Iterator[None]:
     """The study marked as measured by this process, the mark renewed every heartbeat, while the
     block runs; cleared after it, however it ends."""
-    me = storage.worker_id()
+    me = opening.worker_id()
     stop = threading.Event()
 
     def renew() -> None:
@@ -71,7 +71,7 @@ def wait_for_another(study: Any) -> None:
     with signals.interruptible():
         while True:
             mark = schema.probing(study.user_attrs)
-            if not mark or mark["worker"] == storage.worker_id():
+            if not mark or mark["worker"] == opening.worker_id():
                 return
             if mark != seen:
                 seen, since = mark, time.monotonic()

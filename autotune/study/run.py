@@ -20,19 +20,10 @@ import optuna
 from autotune import progress, signals
 from autotune.errors import AutotuneError, StorageError
 from autotune.record import objectives, schema
+from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
-from autotune.study import (
-    one_trial,
-    recovery,
-    run_plan,
-    runner_lock,
-    sampler,
-    storage,
-    storage_faults,
-    told_trials,
-    torn_journal,
-    workers,
-)
+from autotune.storage import faults, opening, recovery, runner_lock, torn_journal
+from autotune.study import one_trial, run_plan, sampler, told_trials, workers
 from autotune.study.begin import begin
 from autotune.study.budget import finished_count, run_out_unrun, slots_taken, trials_to_train
 from autotune.study.confirm import confirm_best
@@ -57,7 +48,7 @@ def run_sequence(
     was running is marked interrupted and queued again; the caller says so and how to go on.
     """
     started = time.monotonic()
-    path = storage.local_path(spec.storage)
+    path = local_path(spec.storage)
     try:
         return _run_sequence(spec, prepared, path, started, allow_changes, run_trials)
     except Exception as exc:  # as the lock is let go of, say: its file cannot be written
@@ -75,7 +66,7 @@ def _run_sequence(
     with signals.handled(), runner_lock.sole_runner(spec, path) as claim:
         if path is not None and spec.storage.startswith("journal:///"):
             torn_journal.mend(spec, path)  # before any record is appended after a torn one
-        stored = storage.read_study(spec)  # read, not written, until the checks have passed
+        stored = opening.read_study(spec)  # read, not written, until the checks have passed
         prepared = as_begun(spec, prepared, stored)
         changes = check_unchanged(spec, prepared, stored, allow_changes=allow_changes)
         print_notices(
@@ -83,8 +74,8 @@ def _run_sequence(
         )
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # autotune says what happens itself
         if stored is not None:
-            storage.check_writable(spec)
-        study = stored if stored is not None else storage.open_study(spec, create=True)
+            opening.check_writable(spec)
+        study = stored if stored is not None else opening.open_study(spec, create=True)
         claim.hold_file()  # a new study's file exists from here
         try:
             plan = begin(spec, prepared, study)  # recovery, the definition, before any worker
@@ -104,16 +95,14 @@ def _run_sequence(
 def _as_storage_fault(spec: StudySpec, path: Path | None, exc: Exception) -> Exception:
     """`exc` as the StorageFault it stands for, where it is a fault of the storage's files (its
     file taken away: saved beside it first); else `exc` itself, traceback and all."""
-    fault = storage_faults.classify(exc)
+    fault = faults.classify(exc)
     if isinstance(exc, StorageError) or fault is None:
         return exc
     try:
         runner_lock.check_storage_file(spec, path)
-    except storage_faults.StorageFault as taken:
+    except faults.StorageFault as taken:
         return taken
-    return storage_faults.StorageFault(
-        spec.path, spec.storage, *(storage_faults.diagnose(path) or fault)
-    )
+    return faults.StorageFault(spec.path, spec.storage, *(faults.diagnose(path) or fault))
 
 
 def tell_measured_settings(spec: StudySpec, plan: RunPlan, study: optuna.Study) -> None:
@@ -156,7 +145,7 @@ def run_study(
     policy = _policy(spec, plan, budget)
     started = time.monotonic() if started is None else started
     mine: list[int] = []  # the trials this process asked for
-    here = storage.local_path(spec.storage)
+    here = local_path(spec.storage)
     # In lines mode one_trial prints a line per trial; the bar only announces the study (the
     # parent's, under --workers).
     with progress.bar("study", total=budget, unit="trial", announce=worker is None) as bar:
@@ -180,7 +169,7 @@ def run_study(
                     asked=mine,
                     known=trials,
                     # a local file has one runner (sole_runner); a server may have others
-                    alone=worker is None and storage.local_path(spec.storage) is not None,
+                    alone=worker is None and local_path(spec.storage) is not None,
                 )
         except KeyboardInterrupt as interrupt:
             # Wherever the signal landed (training, ask, tell), leave none of our trials RUNNING.
@@ -202,8 +191,8 @@ def run_as_worker(spec: StudySpec, prepared: object, *, worker: int) -> int:
         )
     workers.die_with_parent()
     try:
-        with signals.handled(), runner_lock.as_worker(spec, storage.local_path(spec.storage)):
-            study = storage.open_study(spec, create=False)  # the parent created it
+        with signals.handled(), runner_lock.as_worker(spec, local_path(spec.storage)):
+            study = opening.open_study(spec, create=False)  # the parent created it
             plan = run_plan.settle(spec, run_plan.as_begun(spec, prepared, study), study)
             since = time.time() - float(os.environ.get(workers.SPAWNED, time.time()))
             run_study(spec, plan, study, worker=worker, started=time.monotonic() - max(0.0, since))

@@ -24,7 +24,7 @@ from autotune import progress, signals
 from autotune.errors import AutotuneError
 from autotune.runners import watchdog
 from autotune.spec.study_file import StudySpec
-from autotune.study import storage
+from autotune.storage import opening
 from autotune.study.budget import finished_count, trials_to_train
 from autotune.train.measure import cpu_count
 
@@ -177,7 +177,7 @@ def run_workers(
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(process.pid, core_share(index, workers, cores))
         processes.append(process)
-    study = storage.open_study(spec, create=False)
+    study = opening.open_study(spec, create=False)
     try:
         # systems_only: its tries
         to_train = trials_to_train(spec, study.get_trials(deepcopy=False))

@@ -16,7 +16,8 @@ from autotune.report import results
 from autotune.runners import isolation, warm
 from autotune.search.space import DEFAULT_BASELINE, complete
 from autotune.spec import study_file
-from autotune.study import one_trial, preparation, storage
+from autotune.storage import opening
+from autotune.study import one_trial, preparation
 from autotune.study.begin import begin
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.tasks import load_task
@@ -85,7 +86,7 @@ def oom(setting: Setting) -> tuple[dict[str, Any], list[str], bool]:
         prepared = dataclasses.replace(
             prepared, run_trial=_watched(prepared.run_trial, setting, after)
         )
-        study = storage.open_study(spec, create=True)
+        study = opening.open_study(spec, create=True)
         begin(spec, prepared, study)
         for params in grid:
             study.enqueue_trial(params)

@@ -44,7 +44,7 @@ from autotune.report.summarize import of_study
 from autotune.search.knob import DDP_NAMES, PRECISIONS
 from autotune.search.space import KNOBS, SCHEDULERS
 from autotune.spec import study_file
-from autotune.study import storage
+from autotune.storage import opening
 from autotune.train import checkpointing, systems
 from autotune.train.config import TrialConfig
 from autotune.train.loader import endless, make_loader
@@ -1291,7 +1291,7 @@ def test_every_format_for_a_real_digits_study(
     assert main(["report", str(path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     spec = study_file.load(path)
-    summary = of_study(spec, storage.open_study(spec, create=False))[1]
+    summary = of_study(spec, opening.open_study(spec, create=False))[1]
     # --json is the typed summary, as JSON
     assert json.loads(json.dumps(summary.as_dict())) == printed
     params = summary.best.params

@@ -14,7 +14,8 @@ import yaml
 
 from autotune.runners import modes
 from autotune.spec import study_file
-from autotune.study import preparation, storage
+from autotune.storage import opening
+from autotune.study import preparation
 from autotune.study.begin import begin
 from tests.runners.test_isolation import CPU, LIMITS, REPO, config, still_alive
 from tests.tasks import blobs
@@ -89,6 +90,6 @@ def test_a_process_isolated_study_probes_in_one_child_and_ends_it_before_its_tri
         return result
 
     watched = dataclasses.replace(prepared, measure=measure)
-    begin(spec, watched, storage.open_study(spec, create=True))
+    begin(spec, watched, opening.open_study(spec, create=True))
     assert len(pids) >= 2 and len(set(pids)) == 1  # every measurement in one child
     assert measuring.pid is None and still_alive(pids[:1]) == []  # gone before the trials

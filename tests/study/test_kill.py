@@ -682,7 +682,7 @@ def test_a_kill_while_optuna_makes_its_tables_leaves_a_file_the_next_run_takes_u
     """SQLite makes Optuna's tables one at a time: a kill among them leaves some. That file is
     still the study's, not 'a database of something else', and the next run completes it."""
     from autotune.spec import study_file
-    from autotune.study import foreign_files, storage
+    from autotune.storage import foreign_files, opening
 
     path = write_study(tmp_path, trials=1)
     database = path.with_suffix(".db")
@@ -704,5 +704,5 @@ def test_a_kill_while_optuna_makes_its_tables_leaves_a_file_the_next_run_takes_u
 
     partial = tables()
     assert "trials" in partial and partial < foreign_files.OPTUNA_TABLES
-    study = storage.open_study(study_file.load(path), create=True)
+    study = opening.open_study(study_file.load(path), create=True)
     assert tables() >= foreign_files.OPTUNA_TABLES and study.get_trials() == []

@@ -19,7 +19,8 @@ from autotune.probe import run
 from autotune.record import schema
 from autotune.search.replay import sampled_values
 from autotune.search.space import Choices, Range, Space
-from autotune.study import begin, goodput_table, probe_claim, storage
+from autotune.storage import opening
+from autotune.study import begin, goodput_table, probe_claim
 from tests.study.test_study import REPO
 
 # A study of the blobs task whose probe has one choice to make: the precision.
@@ -188,7 +189,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     assert len(probes) == 1 and schema.probe(study.user_attrs) == probes[0]
     began, mark = marks[0]
     # the mark was this process's while it probed, renewed as it went, and cleared after
-    assert mark["worker"] == storage.worker_id() and mark["at"] > began
+    assert mark["worker"] == opening.worker_id() and mark["at"] > began
     assert schema.probing(study.user_attrs) == {}
 
     # a mark renewed: the run waits for that machine's figures and plans with them, measuring none
@@ -258,7 +259,7 @@ def test_two_runs_that_find_no_mark_in_the_same_instant_measure_once(
     def elsewhere() -> None:
         # found no mark as this run did; its own lands just after this run's
         deadline = time.monotonic() + 60  # a run that never marks fails below, not hangs here
-        while schema.probing(study.user_attrs).get("worker") != storage.worker_id():
+        while schema.probing(study.user_attrs).get("worker") != opening.worker_id():
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)

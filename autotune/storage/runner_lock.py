@@ -42,7 +42,7 @@ from typing import Any
 from autotune import progress, signals
 from autotune.errors import StorageError
 from autotune.spec.study_file import StudySpec
-from autotune.study import storage_faults
+from autotune.storage import faults
 
 SUFFIX = ".runner.lock"  # not ".lock": Optuna's journal backend uses that
 RUNNER_BYTE, WORKERS_BYTE = 0, 1
@@ -271,18 +271,18 @@ def _hold_identity(spec: StudySpec, path: Path, key: str) -> None:
 
 
 def check_storage_file(spec: StudySpec, path: Path | None) -> None:
-    """Raise StorageFault where the storage file `path` (storage.local_path) that this process
-    holds was deleted or replaced since it took it, once the study as it was (the file still held
-    open) is written out beside it."""
+    """Raise StorageFault where the storage file `path` (the storage URL's local_path) that this
+    process holds was deleted or replaced since it took it, once the study as it was (the file
+    still held open) is written out beside it."""
     held = _held_files.get(_key(spec, path)) if path is not None else None
-    if held is None or not storage_faults.file_taken(path, held):
+    if held is None or not faults.file_taken(path, held):
         return
-    raise storage_faults.StorageFault(
+    raise faults.StorageFault(
         spec.path,
         spec.storage,
         "its file was deleted or replaced while the study ran",
         "Put it back",
-        rescued=storage_faults.rescue(path, held),
+        rescued=faults.rescue(path, held),
         path=path,
     )
 

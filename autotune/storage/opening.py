@@ -26,8 +26,8 @@ from autotune.record import schema
 from autotune.spec.sections import Target
 from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import StudySpec, from_mapping
-from autotune.study import foreign_files, runner_lock, storage_faults
-from autotune.study.recovery import MAX_RETRY
+from autotune.storage import faults, foreign_files, runner_lock
+from autotune.storage.recovery import MAX_RETRY
 
 # Runs on several machines share a database server's study and may begin it at once: the first
 # to store a measurement of the systems is the one every run plans with, so that all train alike.
@@ -149,7 +149,7 @@ def disk_full(exc: BaseException | None) -> bool:
     return any(
         (isinstance(cause, OSError) and cause.errno == errno.ENOSPC)
         or "database or disk is full" in str(cause)
-        for cause in storage_faults.causes(exc)
+        for cause in faults.causes(exc)
     )
 
 

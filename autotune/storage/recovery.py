@@ -2,7 +2,7 @@
 
 On a local file the run that starts next marks them interrupted and queues each configuration
 again, once. On a database server each running trial's heartbeat tells the server its worker is
-alive; a trial whose heartbeat stopped is failed and retried (storage.make_storage sets that up).
+alive; a trial whose heartbeat stopped is failed and retried (opening.make_storage sets that up).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 from autotune import progress
 from autotune.errors import StorageError
 from autotune.spec.study_file import StudySpec
-from autotune.study import storage
+from autotune.storage import opening
 
 RECORD_START = b'{"op_code"'  # how every record of Optuna's journal begins
 
@@ -27,7 +27,7 @@ def mend(spec: StudySpec, path: Path) -> None:
     left untouched (not even opened for writing)."""
     if not path.is_file():
         return
-    storage.check_file(spec, create=False)  # the study file, or a file of something else: refused
+    opening.check_file(spec, create=False)  # the study file, or a file of something else: refused
     path = path.resolve()  # a link to the journal: mend the file, keep the link
     data = path.read_bytes()
     lines = data.splitlines(keepends=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.spec.study_file import StudySpec
-from autotune.study import storage
+from autotune.storage import opening
 
 
 def _run_server() -> Callable[..., None]:
@@ -39,8 +39,8 @@ def serve(spec: StudySpec, *, host: str, port: int) -> None:
     same one-line error, and nothing is created.
     """
     run_server = _run_server()
-    storage.open_study(spec, create=False)  # raises StorageError when there is nothing to show
-    store: Any = storage.make_storage(spec, create=False)
+    opening.open_study(spec, create=False)  # raises StorageError when there is nothing to show
+    store: Any = opening.make_storage(spec, create=False)
     _check_free(host, port)  # before anything says it serves there
     # Ctrl-C ends it, also where it was started with SIGINT ignored or blocked (a script's
     # background job, a parent that blocked it): both are inherited.

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.errors import StorageError
 from autotune.spec import study_file
-from autotune.study import runner_lock
+from autotune.storage import runner_lock
 
 HEAD = "task: digits\ntarget: {metric: accuracy, value: 0.97}\n"
 
@@ -155,7 +155,7 @@ def run_holding(storage: Path) -> subprocess.Popen[str]:
     its stdin closes."""
     code = (
         "import sys; from pathlib import Path; from autotune.spec import study_file; "
-        "from autotune.study import runner_lock; "
+        "from autotune.storage import runner_lock; "
         f"spec = study_file.load(Path({str(storage.parent / 'study.yaml')!r})); "
         f"cm = runner_lock.sole_runner(spec, Path({str(storage)!r})); cm.__enter__(); "
         "print('held', flush=True); sys.stdin.read()"
@@ -202,7 +202,7 @@ def test_a_storage_made_after_the_lock_is_held_by_its_identity_once_it_exists(
         os.link(storage, tmp_path / "hard.db")
         code = (
             "import sys; from pathlib import Path; from autotune.spec import study_file; "
-            "from autotune.study import runner_lock; from autotune.errors import StorageError\n"
+            "from autotune.storage import runner_lock; from autotune.errors import StorageError\n"
             f"spec = study_file.load(Path({str(tmp_path / 'study.yaml')!r}))\n"
             "try:\n"
             f"    with runner_lock.sole_runner(spec, Path({str(tmp_path / 'hard.db')!r})): pass\n"
