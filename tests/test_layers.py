@@ -1,9 +1,9 @@
 """The layers keep to their rules: spec, search and the probe's model load neither torch nor
-Optuna, train and the probe never Optuna, the probe nothing of the layers above it, the storage
-never torch and nothing of the run sequence, the probe or training, record (what a study means) and
-the report and exports that stand on it never torch and of the probe only its model, only the
-study, storage and record layers import Optuna, and a study's attributes are read and written by
-key only in the schema module.
+Optuna, search imports nothing of the layers above it, train and the probe never Optuna, the probe
+nothing of the layers above it, the storage never torch and nothing of the run sequence, the probe
+or training, record (what a study means) and the report and exports that stand on it never torch
+and of the probe only its model, only the study, storage and record layers import Optuna, and a
+study's attributes are read and written by key only in the schema module.
 """
 
 from __future__ import annotations
@@ -136,6 +136,33 @@ def test_the_storage_imports_nothing_of_the_run_sequence_or_the_machinery() -> N
         f"{p.relative_to(PACKAGE)}: {name}"
         for p in (PACKAGE / "storage").rglob("*.py")
         for name in reaches_into(p, ABOVE_THE_STORAGE)
+    }
+    assert reached == set()
+
+
+# search is the lowest layer: what a study searches, read by every layer above it.
+ABOVE_THE_SEARCH = {
+    "spec",
+    "probe",
+    "storage",
+    "study",
+    "runners",
+    "train",
+    "record",
+    "report",
+    "export",
+    "cli",
+    "api",
+}
+
+
+def test_the_search_imports_nothing_of_the_layers_above_it() -> None:
+    """The prior and the micro-batch rule the probe measures at live in search/ and read only the
+    space: search never imports the probe, the study or the readers."""
+    reached = {
+        f"{p.relative_to(PACKAGE)}: {name}"
+        for p in (PACKAGE / "search").rglob("*.py")
+        for name in reaches_into(p, ABOVE_THE_SEARCH)
     }
     assert reached == set()
 

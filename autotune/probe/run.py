@@ -47,9 +47,10 @@ from autotune.probe.measuring import Measuring
 from autotune.probe.memo import Memo
 from autotune.probe.model import decide, roofline, text
 from autotune.probe.model.figures import set_bytes, start_up_seconds
-from autotune.probe.model.outcome import FASTER_BY, loader_settings, probe_batch
+from autotune.probe.model.outcome import FASTER_BY, loader_settings
 from autotune.record import seeds
 from autotune.runners import isolation
+from autotune.search.batches import largest_batch
 from autotune.search.space import Space, complete
 from autotune.spec.study_file import GOODPUT, StudySpec
 from autotune.train import telemetry
@@ -72,7 +73,7 @@ def run(spec: StudySpec, prepared: Measuring, memo: Memo | None = None) -> dict[
         spec, prepared.space, prepared.baseline, batch_norm=prepared.batch_norm
     )
     prepared = dataclasses.replace(prepared, space=space)
-    batch = probe_batch(space, prepared.baseline, samples=len(prepared.task.train))
+    batch = largest_batch(space, prepared.baseline, samples=len(prepared.task.train))
     started, cap = time.monotonic(), probe_cap(spec)
     probing = _Probing(
         spec, prepared, batch, seeds.for_probe(spec.seed), {}, memo or Memo(), started + cap

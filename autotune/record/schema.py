@@ -51,7 +51,7 @@ PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
 BASELINE = "baseline"  # the study's baseline, queued as its first trial (first_trial: baseline)
-# one of a new study's first trials, queued from the prior (first_trial: prior, study/prior.py)
+# one of a new study's first trials, queued from the prior (first_trial: prior, search/prior.py)
 PRIOR = "prior"
 FAILED_TRIAL, RETRY_HISTORY = "failed_trial", "retry_history"  # system attrs: Optuna's retries
 

@@ -256,6 +256,14 @@ def middle(name: str, domain: Domain) -> Any:
     return round(value) if is_integer(name, domain) else value
 
 
+def every_value(domain: Domain) -> list[Any]:
+    """Every value of a domain: a choice's values, or each whole number of a range of whole
+    numbers (the micro-batch and the loader knobs)."""
+    if isinstance(domain, Choices):
+        return list(domain.values)
+    return list(range(int(domain.low), int(domain.high) + 1))
+
+
 def filled(config: Mapping[str, Any]) -> dict[str, Any]:
     """Every knob of `config`. One it lacks (a study begun before the knob existed, or a stored
     None for a knob its trial lacked) holds what leaving it out meant, Knob.absent: the one place

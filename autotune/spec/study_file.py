@@ -64,7 +64,7 @@ class StudySpec:
     objective: str = TIME_TO_TARGET  # what a trial's time is (OBJECTIVES)
     replicates: int = 1  # seeds per trial; its time is their mean (study/objective.py)
     # prior: a new study's first few trials are a larger batch, a scaled lr and an annealing
-    # schedule (study/prior.py); baseline: its first trial is the baseline (where it lies in the
+    # schedule (search/prior.py); baseline: its first trial is the baseline (where it lies in the
     # space); sampled: the sampler chooses every trial
     first_trial: str = "prior"
     # processes (one device each) a trial trains on, with DistributedDataParallel

@@ -17,12 +17,13 @@ from autotune.probe.memo import Memo
 from autotune.probe.model.outcome import describe, worth_probing
 from autotune.probe.plan import chosen_systems
 from autotune.record import definition, schema
+from autotune.search import prior
 from autotune.search.replay import sampled_values
 from autotune.search.space import KNOBS, Space
 from autotune.spec.storage_url import local_path
 from autotune.spec.study_file import SYSTEMS_ONLY, StudySpec
 from autotune.storage import opening, recovery
-from autotune.study import goodput_table, prior, probe_claim, run_plan
+from autotune.study import goodput_table, probe_claim, run_plan
 from autotune.study.preparation import Prepared
 from autotune.study.run_plan import RunPlan
 from autotune.study.sampler import startup_trials

@@ -1,14 +1,13 @@
 """The systems probe's rules that outlive one probe: what it chooses among, whether a space is
-worth probing, the micro-batch it measures at, and how its stored outcome narrows the space and
-reads in the report.
+worth probing, and how its stored outcome narrows the space and reads in the report.
 
 Settings that change speed but not the maths (DataLoader workers, prefetching, pinning, the
 training set on the device, memory formats) are settled before the search by the joint probe
-(probe/run.py), at the largest micro-batch of the space that still gives `MIN_STEPS`
-steps an epoch: the busier the accelerator, the more it asks of the loader and the more a narrower
-precision saves. At a baseline's 32 samples a GPU waits on kernel launches, not on data or
-arithmetic. A study stored by an earlier engine (one knob at a time, by short runs) still narrows
-its space and reads in the report as it did.
+(probe/run.py), at the largest micro-batch of the space that still gives `MIN_STEPS` steps an
+epoch (search/batches.py): the busier the accelerator, the more it asks of the loader and the
+more a narrower precision saves. At a baseline's 32 samples a GPU waits on kernel launches, not
+on data or arithmetic. A study stored by an earlier engine (one knob at a time, by short runs)
+still narrows its space and reads in the report as it did.
 """
 
 from __future__ import annotations
@@ -20,19 +19,10 @@ from typing import Any
 
 from autotune.probe.model import text
 from autotune.record.summary import BUSY_CORES
-from autotune.search.space import NO_LOADER, Choices, Range, Space, loader_of
+from autotune.search.space import NO_LOADER, Choices, Space, every_value, loader_of
 
 FASTER_BY = 0.05  # less than this is noise: a narrower precision or a busier loader must beat it
 MAX_LOADER_SETTINGS = 24  # more than this and the loader knobs are left to the search
-# optimizer steps an epoch at the probe's micro-batch: fewer, and start-up dominates a run
-MIN_STEPS = 20
-
-
-def _values(domain: Any) -> list[Any]:
-    if isinstance(domain, Choices):
-        return list(domain.values)
-    assert isinstance(domain, Range)  # loader knobs are whole numbers
-    return list(range(int(domain.low), int(domain.high) + 1))
 
 
 def loader_settings(space: Space) -> list[dict[str, Any]]:
@@ -41,9 +31,9 @@ def loader_settings(space: Space) -> list[dict[str, Any]]:
     settings = []
     if False in space["data_on_device"].values:
         for workers, pin in itertools.product(
-            _values(space["num_workers"]), _values(space["pin_memory"])
+            every_value(space["num_workers"]), every_value(space["pin_memory"])
         ):
-            prefetches = _values(space["prefetch_factor"]) if workers > 0 else [None]
+            prefetches = every_value(space["prefetch_factor"]) if workers > 0 else [None]
             settings += [
                 {
                     "data_on_device": False,
@@ -62,15 +52,6 @@ def worth_probing(space: Space) -> bool:
     """True when the space leaves a choice among loader settings or precisions to settle."""
     loaders = loader_settings(space)
     return (1 < len(loaders) <= MAX_LOADER_SETTINGS) or len(space["precision"].values) > 1
-
-
-def probe_batch(space: Space, baseline: Mapping[str, Any], *, samples: int | None) -> int:
-    """The micro-batch to probe at: the largest of the space with `MIN_STEPS` steps in a run of
-    `samples` samples, and never below the baseline's."""
-    fitting = [
-        b for b in _values(space["batch_size"]) if samples is not None and samples / b >= MIN_STEPS
-    ]
-    return max([baseline["batch_size"], *fitting])
 
 
 def restrict(space: Space, outcome: Mapping[str, Any]) -> Space:

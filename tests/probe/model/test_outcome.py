@@ -1,6 +1,5 @@
-"""The probe's shared rules: what it chooses among, the micro-batch it measures at, and a study
-stored by the earlier engine (short runs, one knob at a time), which still narrows its space and
-reads in the report."""
+"""The probe's shared rules: what it chooses among, and a study stored by the earlier engine (short
+runs, one knob at a time), which still narrows its space and reads in the report."""
 
 from __future__ import annotations
 
@@ -87,12 +86,3 @@ def test_what_is_worth_probing() -> None:
     assert not outcome.worth_probing(
         space(num_workers={"low": 0, "high": 16}, prefetch_factor=[2, 4, 8], precision="fp32")
     )
-
-
-def test_the_probe_measures_at_the_largest_batch_that_gives_enough_steps() -> None:
-    """A GPU at the baseline's 32 samples waits on launches, not on data: the settings are judged
-    at the largest micro-batch with MIN_STEPS steps an epoch, never below the baseline's."""
-    wide = space(batch_size=[16, 32, 128, 512])
-    assert outcome.probe_batch(wide, BASELINE, samples=128 * outcome.MIN_STEPS) == 128
-    assert outcome.probe_batch(wide, BASELINE, samples=None) == 32  # unknown: the baseline's
-    assert outcome.probe_batch(wide, BASELINE, samples=10 * outcome.MIN_STEPS) == 32

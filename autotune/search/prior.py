@@ -3,9 +3,10 @@
 Uniformly drawn first trials mostly pair a batch, an lr and a schedule that miss the target, and
 each miss costs a whole training run. Engineers instead start from three rules:
 
-- the largest micro-batch that still leaves `outcome.MIN_STEPS` optimizer steps an epoch, at the
-  fewest accumulation steps (the systems probe's rule, `outcome.probe_batch`: the baseline's batch
-  where none does): a busier accelerator, with steps enough for the schedule to work with;
+- the largest micro-batch that still leaves `batches.MIN_STEPS` optimizer steps an epoch, at the
+  fewest accumulation steps (the rule the systems probe measures at, `batches.largest_batch`: the
+  baseline's batch where none does): a busier accelerator, with steps enough for the schedule to
+  work with;
 - the baseline's lr scaled with the effective batch (the linear scaling rule, Goyal et al. 2017,
   "Accurate, Large Minibatch SGD"), spread by `LR_FACTORS` since the rule is only a first guess;
 - a schedule that ends: `onecycle` (its warm-up carries the larger lr, as Goyal et al.'s warm-up
@@ -22,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.probe.model import outcome
+from autotune.search import batches
 from autotune.search.space import Choices, Domain, Range, Space, is_integer
 
 # The linear-scaling estimate first, then a third of it, then three times it: half a decade each
@@ -41,11 +42,11 @@ def first_trials(
     the prior, on `space` for a training set of `train_samples` (None: unknown, so the baseline's
     micro-batch); duplicates left out, as are knobs the space fixes."""
     accumulation = _smallest("accumulation_steps", space["accumulation_steps"])
-    # An epoch has train_samples / accumulation / batch optimizer steps: probe_batch's rule with
+    # An epoch has train_samples / accumulation / batch optimizer steps: largest_batch's rule with
     # fewer samples.
     samples = None if train_samples is None else train_samples // accumulation
     batch = _nearest(
-        "batch_size", space["batch_size"], outcome.probe_batch(space, baseline, samples=samples)
+        "batch_size", space["batch_size"], batches.largest_batch(space, baseline, samples=samples)
     )
     lr = (
         baseline["lr"]

@@ -11,10 +11,10 @@ import yaml
 
 from autotune.errors import SpecError
 from autotune.record import schema
+from autotune.search import prior
 from autotune.search.replay import sampled_values
 from autotune.search.space import Choices, Range, Space, middle
 from autotune.spec.study_file import from_mapping
-from autotune.study import prior
 from tests.study.test_study import REPO, load, run_cli, write_study
 
 SPACE = Space(
