@@ -438,7 +438,12 @@ def test_the_probe_chooses_the_setting_soonest_over_the_run_the_budget_allows(
         if c["measured"]
     }
     picked = (outcome["chosen"]["num_workers"], outcome["chosen"]["precision"])
-    assert seconds[picked] <= (1 + decide.TIE) * min(seconds.values())
+    # unless the paired windows (on a busy machine) could not show it faster than the baseline's
+    # setting, which is kept then
+    if outcome.get("paired", {}).get("kept") == "baseline":
+        assert picked == (0, "fp32")
+    else:
+        assert seconds[picked] <= (1 + decide.TIE) * min(seconds.values())
     assert picked[1] == "fp32"
     bf16 = [c for c in outcome["checked"] if c["precision"] == "bf16"]
     fp32_starts = [c["start_up"] for c in outcome["checked"] if c["precision"] == "fp32"]
