@@ -233,6 +233,7 @@ def isolation_overhead(
     samples = interleaved(
         {name: timed(*runner) for name, runner in runners.items()},
         rounds=rounds if setting.cuda else 1,
+        warm_up=setting.cuda,  # on the CPU the stage runs its plumbing, which needs no warm-up
     )
     summary = {
         name: {key: median([s[key] for s in runs]) for key in ("wall", "train", "outside")}
