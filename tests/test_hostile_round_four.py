@@ -37,16 +37,19 @@ from tests.test_hostile_round import (
     STARTED,
     TAG,
     Stored,
+    as_they_start,
     assert_nothing_left,
     assert_refused,
     assert_unchanged,
     assert_usage_error,
     cli,
+    ended_on_exit,
     fill,
     finished,
     place,
     place_held,
     reasons,
+    saying,
     small_disk,
     snapshot,
     spawn,
@@ -54,7 +57,6 @@ from tests.test_hostile_round import (
     tag,  # noqa: F401 - the fixture, for the cases that start processes
     tagged_processes,
     trials_of,
-    wait_for,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -134,44 +136,59 @@ def _journal(folder: Path) -> optuna.storages.JournalStorage:
 # The same storage under another name, while a run trains
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_second_run_on_the_same_storage_under_another_name_is_refused_and_the_first_ends_whole(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811
-    kind: str,
 ) -> None:
     """A symbolic link, a hard link, the URL with `?timeout=5`: each is the running study's file,
-    and a second run on it would mark the first's live trial interrupted."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(HELD)
-    gate = place_held(tmp_path)  # the first's trial 0 trains until every alias was refused
-    name = "study.db" if kind == "sqlite" else "study.journal"
-    marker = tmp_path / "started"
-    first = spawn(
-        tmp_path,
-        tag,
-        *("run", "study.yaml", "--quiet", "--trials", "2", "--storage", f"{kind}:///{name}"),
-        **{STARTED: str(marker), GATE: str(gate)},
-    )
-    wait_for(marker, first)
-    (tmp_path / f"soft-{name}").symlink_to(name)
-    os.link(tmp_path / name, tmp_path / f"hard-{name}")
-    aliases = [f"soft-{name}", f"hard-{name}", "sub/../" + name]
-    (tmp_path / "sub").mkdir()
-    if kind == "sqlite":
-        aliases.append(f"{name}?timeout=5")
-    for alias in aliases:
-        second = cli(capsys, "run", "study.yaml", "--storage", f"{kind}:///{alias}")
-        assert_refused(second, "is being run by")
-    (gate / "open").touch()
-    out, err = first.communicate(timeout=180)
-    assert first.returncode == 0 and "Traceback" not in err, err
-    storage = f"sqlite:///{tmp_path / name}" if kind == "sqlite" else _journal(tmp_path)
-    trials = trials_of(tmp_path, storage=storage)
-    assert finished(trials) == 2
-    assert not [t for t in trials if "interrupted" in t.user_attrs.get("reason", "")]
+    and a second run on it would mark the first's live trial interrupted; so is the study file's
+    own SQLite storage, which a plain second `autotune run study.yaml` opens. A SQLite and a
+    journal study, their first runs started at once (each held until every alias was refused)."""
+    firsts = {}
+    for kind in ("sqlite", "journal"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / "study.yaml").write_text(HELD)
+        gate = place_held(folder)  # the first's trial 0 trains until every alias was refused
+        name = "study.db" if kind == "sqlite" else "study.journal"
+        marker = folder / "started"
+        first = spawn(
+            folder,
+            tag,
+            *("run", "study.yaml", "--quiet", "--trials", "2", "--storage", f"{kind}:///{name}"),
+            **{STARTED: str(marker), GATE: str(gate)},
+        )
+        firsts[kind] = (marker, first)
+    with ended_on_exit(*(first for _, first in firsts.values())):
+        for kind in as_they_start(firsts):
+            folder, first = tmp_path / kind, firsts[kind][1]
+            name = "study.db" if kind == "sqlite" else "study.journal"
+            (folder / f"soft-{name}").symlink_to(name)
+            os.link(folder / name, folder / f"hard-{name}")
+            aliases = [f"soft-{name}", f"hard-{name}", "sub/../" + name]
+            (folder / "sub").mkdir()
+            if kind == "sqlite":
+                aliases.append(f"{name}?timeout=5")
+            with contextlib.chdir(folder), saying(kind):
+                if kind == "sqlite":  # the study file's own storage, by no other name
+                    second = cli(capsys, "run", "study.yaml")
+                    assert_refused(second, "study.yaml", "is being run by", f"pid {first.pid}")
+                for alias in aliases:
+                    second = cli(capsys, "run", "study.yaml", "--storage", f"{kind}:///{alias}")
+                    assert_refused(second, "is being run by")
+            (folder / "gate" / "open").touch()
+        for kind, (_, first) in firsts.items():
+            folder = tmp_path / kind
+            out, err = first.communicate(timeout=180)
+            with saying(kind):
+                assert first.returncode == 0 and "Traceback" not in err, err
+                storage = (
+                    f"sqlite:///{folder / 'study.db'}" if kind == "sqlite" else _journal(folder)
+                )
+                trials = trials_of(folder, storage=storage)
+                assert finished(trials) == 2
+                assert not [t for t in trials if "interrupted" in t.user_attrs.get("reason", "")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,12 +335,37 @@ FAILS_ITS_TRIALS = [
         "data_on_device: true, ",
     ),
 ]
+FAILS_IN_PROCESS = [case for case in FAILS_ITS_TRIALS if case[2] == "none"]
+FAILS_IN_CHILDREN = [case for case in FAILS_ITS_TRIALS if case[2] != "none"]
+
+
+def _fails_its_trials_study(folder: Path, task: str, isolation: str, space: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "study.yaml").write_text(
+        f"task: tests.hostile.tasks:{task}\ntarget: {{metric: accuracy, value: 0.5}}\n"
+        # the default space (channels_last searched): the model is built before the first trial
+        f"space: {{{space}num_workers: 0, accumulation_steps: 1}}\n"
+        f"probe: none\nbudget: {{trials: 2, max_epochs: 1}}\nconfirm: {{top: 0}}\n"
+        f"isolation: {isolation}\n"
+    )
+
+
+def _failed_its_trials(folder: Path, code: int | None, out: str, err: str, why: str) -> None:
+    """Exit 1, the report, one last line saying why, both trials FAIL with the reason."""
+    assert "Traceback" not in err + out, err[-3000:]
+    assert code == 1, f"exit {code}; stderr:\n{err[-3000:]}"
+    assert out.startswith("Study study: 2 trials"), out[:500]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("autotune: every one of the 2 trials failed") and why in last, last
+    trials = trials_of(folder)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [t.state for t in trials]
+    assert all(why in reason for reason in reasons(trials)), reasons(trials)
 
 
 @pytest.mark.parametrize(
-    ("task", "isolation", "why", "space"),
-    [(*case[1:4], case[4] if len(case) > 4 else "") for case in FAILS_ITS_TRIALS],
-    ids=[f"{case[0]}, isolation {case[2]}" for case in FAILS_ITS_TRIALS],
+    ("task", "why", "space"),
+    [(case[1], case[3], case[4] if len(case) > 4 else "") for case in FAILS_IN_PROCESS],
+    ids=[f"{case[0]}, isolation none" for case in FAILS_IN_PROCESS],
 )
 def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_ends(
     tmp_path: Path,
@@ -331,35 +373,36 @@ def test_what_user_code_raises_beyond_exception_fails_its_trial_and_the_study_en
     capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
     task: str,
-    isolation: str,
     why: str,
     space: str,
 ) -> None:
     """A KeyboardInterrupt no signal raised, a BaseException subclass, sys.exit in the model factory
     (which autotune also calls before any trial): the trial FAILS with its reason, the study ends
-    with status 1 and says why, and nothing is left RUNNING for the next run to repeat."""
+    with status 1 and says why, and nothing is left RUNNING for the next run to repeat. Under
+    isolation none, in this process."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(
-        f"task: tests.hostile.tasks:{task}\ntarget: {{metric: accuracy, value: 0.5}}\n"
-        # the default space (channels_last searched): the model is built before the first trial
-        f"space: {{{space}num_workers: 0, accumulation_steps: 1}}\n"
-        f"probe: none\nbudget: {{trials: 2, max_epochs: 1}}\nconfirm: {{top: 0}}\n"
-        f"isolation: {isolation}\n"
-    )
-    if isolation == "none":
-        code, out, err = dataclasses.astuple(cli(capsys, "run", "study.yaml", "--quiet"))
-    else:  # a fork server started in this process would outlive the test
-        run = spawn(tmp_path, tag, "run", "study.yaml", "--quiet")
-        out, err = run.communicate(timeout=180)
-        code = run.returncode
-    assert "Traceback" not in err + out, err[-3000:]
-    assert code == 1, f"exit {code}; stderr:\n{err[-3000:]}"
-    assert out.startswith("Study study: 2 trials"), out[:500]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("autotune: every one of the 2 trials failed") and why in last, last
-    trials = trials_of(tmp_path)
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [t.state for t in trials]
-    assert all(why in reason for reason in reasons(trials)), reasons(trials)
+    _fails_its_trials_study(tmp_path, task, "none", space)
+    code, out, err = dataclasses.astuple(cli(capsys, "run", "study.yaml", "--quiet"))
+    _failed_its_trials(tmp_path, code, out, err, why)
+
+
+def test_what_user_code_raises_beyond_exception_fails_its_trial_in_a_child_process_too(
+    tmp_path: Path,
+    tag: str,  # noqa: F811 - the fixture
+) -> None:
+    """The same, under isolation process and warm: each case a study of its own in a process of
+    its own (a fork server started in this process would outlive the test). They run at once, as
+    nothing in them depends on timing: most of each is imports and waiting."""
+    runs = {}
+    for case in FAILS_IN_CHILDREN:
+        folder = tmp_path / f"{case[1]}-{case[2]}"
+        _fails_its_trials_study(folder, case[1], case[2], "")
+        runs[case] = (folder, spawn(folder, tag, "run", "study.yaml", "--quiet"))
+    with ended_on_exit(*(run for _, run in runs.values())):
+        for case, (folder, run) in runs.items():
+            out, err = run.communicate(timeout=180)
+            with saying(f"{case[0]}, isolation {case[2]}"):
+                _failed_its_trials(folder, run.returncode, out, err, case[3])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,89 +520,119 @@ def test_a_changed_study_file_s_refusal_counts_queued_trials_apart_and_names_the
 # Standard streams closed, or unable to encode
 
 
-@pytest.mark.parametrize("closed", ["2>&-", ">&-", ">&- 2>&-"])
 def test_a_closed_standard_stream_loses_only_what_was_said_there(
     tmp_path: Path,
     tag: str,  # noqa: F811 - the fixture
-    closed: str,
 ) -> None:
-    """The study runs to its budget and ends 0; what the open stream gets is still written."""
-    (tmp_path / "study.yaml").write_text(EASY)
-    shell = f"{shlex.quote(sys.executable)} -m autotune run study.yaml {closed}"
-    run = subprocess.run(
-        ["bash", "-c", shell],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), TAG: tag},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert finished(trials_of(tmp_path)) == 2
-    if closed == "2>&-":
-        assert run.stdout.startswith("Study study: 2 trials"), run.stdout[:500]
-    if closed == ">&-":
-        assert "Traceback" not in run.stderr and "trial 1:" in run.stderr, run.stderr[-3000:]
+    """The study runs to its budget and ends 0; what the open stream gets is still written. Each
+    way of closing a study of its own, the three run at once."""
+    runs = {}
+    for number, closed in enumerate(("2>&-", ">&-", ">&- 2>&-")):
+        folder = tmp_path / f"closed-{number}"
+        folder.mkdir()
+        (folder / "study.yaml").write_text(EASY)
+        shell = f"{shlex.quote(sys.executable)} -m autotune run study.yaml {closed}"
+        runs[closed] = subprocess.Popen(
+            ["bash", "-c", shell],
+            cwd=folder,
+            env={**os.environ, "PYTHONPATH": str(REPO), TAG: tag},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    with ended_on_exit(*runs.values()):
+        for number, (closed, run) in enumerate(runs.items()):
+            out, err = run.communicate(timeout=180)
+            with saying(closed):
+                assert run.returncode == 0, err[-3000:]
+                assert finished(trials_of(tmp_path / f"closed-{number}")) == 2
+                if closed == "2>&-":
+                    assert out.startswith("Study study: 2 trials"), out[:500]
+                if closed == ">&-":
+                    assert "Traceback" not in err and "trial 1:" in err, err[-3000:]
 
 
 def test_a_stdout_that_cannot_encode_the_study_s_name_gets_escapes_not_a_traceback(
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
 ) -> None:
-    (tmp_path / "étude.yaml").write_text(EASY + "name: étude-réseau\n")
-    outputs = []
-    for command in (["run", "étude.yaml"], ["report", "étude.yaml"]):
-        run = subprocess.run(
-            [sys.executable, "-m", "autotune", *command],
-            cwd=tmp_path,
+    """`run` and `report` on an ASCII stdout. The report reads a study of its own, run in this
+    process while the `run` process starts: the two processes run at once."""
+    ran, reported = tmp_path / "ran", tmp_path / "reported"
+    for folder in (ran, reported):
+        folder.mkdir()
+        (folder / "étude.yaml").write_text(EASY + "name: étude-réseau\n")
+
+    def ascii_stdout(folder: Path, command: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune", command, "étude.yaml"],
+            cwd=folder,
             env={**os.environ, "PYTHONPATH": str(REPO), TAG: tag, "PYTHONIOENCODING": "ascii"},
-            capture_output=True,
-            timeout=180,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
-        assert run.returncode == 0 and b"Traceback" not in run.stderr, run.stderr[-3000:]
-        outputs.append(run.stdout)
+
+    run = ascii_stdout(ran, "run")
+    with ended_on_exit(run):
+        with contextlib.chdir(reported):
+            assert cli(capsys, "run", "étude.yaml", "--quiet").code == 0
+        report = ascii_stdout(reported, "report")
+        with ended_on_exit(report):
+            outputs = []
+            for process in (run, report):
+                out, err = process.communicate(timeout=180)
+                assert process.returncode == 0 and b"Traceback" not in err, err[-3000:]
+                outputs.append(out)
     assert all(out.startswith(b"Study \\xe9tude-r\\xe9seau: 2 trials") for out in outputs), outputs
-    assert (
-        finished(
-            trials_of(tmp_path, name="étude-réseau", storage=f"sqlite:///{tmp_path / 'étude.db'}")
-        )
-        == 2
-    )
+    for folder in (ran, reported):
+        storage = f"sqlite:///{folder / 'étude.db'}"
+        assert finished(trials_of(folder, name="étude-réseau", storage=storage)) == 2
 
 
 # ---------------------------------------------------------------------------------------------
 # Signals to a warm child's study
 
 
-@pytest.mark.parametrize(
-    ("signum", "group"),
-    [(signal.SIGTERM, True), (signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["SIGTERM to the group", "Ctrl-C to the group", "SIGTERM to autotune alone"],
-)
+WARM_SIGNALS = {
+    "SIGTERM to the group": (signal.SIGTERM, True),
+    "Ctrl-C to the group": (signal.SIGINT, True),
+    "SIGTERM to autotune alone": (signal.SIGTERM, False),
+}
+
+
 def test_a_signal_under_isolation_warm_ends_with_its_status_and_no_traceback(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
-    signum: int,
-    group: bool,
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.yaml").write_text(SLOW + "isolation: warm\n")
-    marker = tmp_path / "started"
-    run = spawn(tmp_path, tag, "run", "study.yaml", **{STARTED: str(marker)})
-    wait_for(marker, run)
-    if group:
-        os.killpg(run.pid, signum)
-    else:
-        run.send_signal(signum)
-    out, err = run.communicate(timeout=90)
-    assert run.returncode == 128 + signum, err
-    assert "Traceback" not in err, err
-    assert err.strip().splitlines()[-1] == "Resume with: autotune run study.yaml", err
+    """Each signal to a study of its own, the three run at once: each is sent the moment its
+    run's trial trains (the runs watched together, none waits on another)."""
+    runs = {}
+    for case in WARM_SIGNALS:
+        folder = tmp_path / case.replace(" ", "-")
+        folder.mkdir()
+        (folder / "study.yaml").write_text(SLOW + "isolation: warm\n")
+        marker = folder / "started"
+        runs[case] = (marker, spawn(folder, tag, "run", "study.yaml", **{STARTED: str(marker)}))
+    with ended_on_exit(*(run for _, run in runs.values())):
+        for case in as_they_start(runs):
+            (signum, group), run = WARM_SIGNALS[case], runs[case][1]
+            if group:
+                os.killpg(run.pid, signum)
+            else:
+                run.send_signal(signum)
+        for case, (_, run) in runs.items():
+            out, err = run.communicate(timeout=90)
+            with saying(case):
+                assert run.returncode == 128 + WARM_SIGNALS[case][0], err
+                assert "Traceback" not in err, err
+                assert err.strip().splitlines()[-1] == "Resume with: autotune run study.yaml", err
     assert_nothing_left(tag)
-    trials = trials_of(tmp_path)
-    assert not [t.number for t in trials if t.state.name == "RUNNING"]
+    for case, (marker, _) in runs.items():
+        trials = trials_of(marker.parent)
+        assert not [t.number for t in trials if t.state.name == "RUNNING"], case
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,10 +653,11 @@ def _run_until_a_trial_finished(
     prefix: str = "",
     user: str | None = None,
     held: bool = True,
+    wait: bool = True,
 ) -> tuple[subprocess.Popen[str], Path]:
     """`autotune run study.yaml ARGS` in `folder` (under the shell's `prefix`, as `user`), its
     stderr in a file; returns once it has said that trial 0 finished (`held`: with trial 1 kept
-    from finishing until `_ended_on_a_storage_fault`)."""
+    from finishing until `_ended_on_a_storage_fault`; not `wait`: at once)."""
     if held:
         study = HELD.replace("trials: 3", f"trials: {HELD_BUDGET}")
         gate = {GATE: str(place_held(folder, tickets=1))}
@@ -603,12 +677,17 @@ def _run_until_a_trial_finished(
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
+    if wait:
+        _until_trial_0_finished(run, err)
+    return run, err
+
+
+def _until_trial_0_finished(run: subprocess.Popen[str], err: Path) -> None:
     deadline = time.monotonic() + 120
     while "trial 0:" not in (err.read_text() if err.exists() else ""):
         assert run.poll() is None, err.read_text()[-3000:]
         assert time.monotonic() < deadline, "trial 0 never finished"
         time.sleep(0.05)
-    return run, err
 
 
 def _ended_on_a_storage_fault(run: subprocess.Popen[str], err: Path, *fragments: str) -> str:
@@ -638,30 +717,43 @@ def _resumes_to_the_budget(
     assert not [t for t in trials if t.state.name == "RUNNING"]
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_database_deleted_or_replaced_mid_run_is_saved_beside_it_and_resumes(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     tag: str,  # noqa: F811 - the fixture
-    how: str,
 ) -> None:
     """The run still holds the file open: the study as it was is written out beside it, and the
-    line says where; a file put in its place is left as it is."""
-    run, err = _run_until_a_trial_finished(tmp_path, tag)
-    database = tmp_path / "study.db"
-    database.unlink()
-    if how == "replaced":
-        database.write_bytes(b"someone else's notes, not a database\n")
-    line = _ended_on_a_storage_fault(
-        run, err, "deleted or replaced while the study ran", "study.db.rescued-1", "move it to"
-    )
-    rescued = tmp_path / "study.db.rescued-1"
-    kept = trials_of(tmp_path, storage=f"sqlite:///{rescued}")
-    assert finished([t for t in kept if t.state.name != "RUNNING"]) >= 1, line
-    if how == "replaced":
-        assert database.read_bytes() == b"someone else's notes, not a database\n"
-    rescued.replace(database)
-    _resumes_to_the_budget(tmp_path, capsys)
+    line says where; a file put in its place is left as it is. Both runs start at once: each is
+    held after trial 0 until its fault is in place."""
+    runs = {}
+    for how in ("deleted", "replaced"):
+        (tmp_path / how).mkdir()
+        runs[how] = _run_until_a_trial_finished(tmp_path / how, tag, wait=False)
+    with ended_on_exit(*(run for run, _ in runs.values())):
+        for how, (run, err) in runs.items():
+            _until_trial_0_finished(run, err)
+            database = tmp_path / how / "study.db"
+            database.unlink()
+            if how == "replaced":
+                database.write_bytes(b"someone else's notes, not a database\n")
+        for how, (run, err) in runs.items():
+            folder = tmp_path / how
+            database = folder / "study.db"
+            with saying(how):
+                line = _ended_on_a_storage_fault(
+                    run,
+                    err,
+                    "deleted or replaced while the study ran",
+                    "study.db.rescued-1",
+                    "move it to",
+                )
+                rescued = folder / "study.db.rescued-1"
+                kept = trials_of(folder, storage=f"sqlite:///{rescued}")
+                assert finished([t for t in kept if t.state.name != "RUNNING"]) >= 1, line
+                if how == "replaced":
+                    assert database.read_bytes() == b"someone else's notes, not a database\n"
+                rescued.replace(database)
+                _resumes_to_the_budget(folder, capsys)
 
 
 def test_a_journal_past_the_file_size_limit_is_one_line_and_resumes(
@@ -706,25 +798,33 @@ def test_a_study_folder_made_unwritable_mid_run_is_one_line_and_resumes(
 # Helpers a trial detaches from its process group
 
 
-@pytest.mark.parametrize("isolation", ["process", "warm"])
 def test_helpers_a_trial_detaches_end_with_it_and_hold_no_pipe_open(
     tmp_path: Path,
     tag: str,  # noqa: F811 - the fixture
-    isolation: str,
 ) -> None:
     """`autotune run ... | tee log` returns when the study ends: no helper of a trial (setsid, a
-    double fork) is left holding its output open, nor running after it."""
-    (tmp_path / "study.yaml").write_text(
-        EASY.replace("tests.tasks:blobs", "tests.hostile.tasks:detaches_a_helper")
-        + f"isolation: {isolation}\n"
-    )
-    run = spawn(tmp_path, tag, "run", "study.yaml", "--quiet")
-    try:
-        out, err = run.communicate(timeout=150)  # to end-of-file on both pipes
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"autotune's output was still held open: {tagged_processes(tag)}")
-    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
-    assert finished(trials_of(tmp_path)) == 2
+    double fork) is left holding its output open, nor running after it. Under isolation process
+    and warm, a study each, run at once."""
+    runs = {}
+    for isolation in ("process", "warm"):
+        folder = tmp_path / isolation
+        folder.mkdir()
+        (folder / "study.yaml").write_text(
+            EASY.replace("tests.tasks:blobs", "tests.hostile.tasks:detaches_a_helper")
+            + f"isolation: {isolation}\n"
+        )
+        runs[isolation] = spawn(folder, tag, "run", "study.yaml", "--quiet")
+    with ended_on_exit(*runs.values()):
+        for isolation, run in runs.items():
+            try:
+                out, err = run.communicate(timeout=150)  # to end-of-file on both pipes
+            except subprocess.TimeoutExpired:
+                pytest.fail(
+                    f"{isolation}: autotune's output was still held open: {tagged_processes(tag)}"
+                )
+            with saying(isolation):
+                assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+                assert finished(trials_of(tmp_path / isolation)) == 2
     assert_nothing_left(tag, within=2)
 
 
