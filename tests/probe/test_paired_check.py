@@ -87,14 +87,25 @@ class _Clock:
         return time.time()
 
 
-@pytest.mark.parametrize("jump_after", ["end_to_end", "paired"])
+class _Study:
+    """Where a probe's measurements are kept as they end (what memo.Memo reads and writes of an
+    Optuna study)."""
+
+    def __init__(self) -> None:
+        self.user_attrs: dict = {}
+
+    def set_user_attr(self, key: str, value: object) -> None:
+        self.user_attrs[key] = value
+
+
 def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_setting_for_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jump_after: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cap stops the probe before its next measurement. Past it before the choice is shown
     beside the baseline's setting in paired windows, the baseline's setting is kept; after, the
     choice stands, unmeasured at the trials' other micro-batches. The report says which."""
     from autotune.probe import run
+    from autotune.probe.memo import Memo
     from autotune.probe.model.outcome import restrict
     from autotune.probe.model.text import describe
     from autotune.spec import study_file
@@ -103,8 +114,6 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
 
     monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports
     monkeypatch.setenv(cap.PROBE_SECONDS_ENV, "600")  # reached only as the clock jumps
-    clock = _Clock()
-    monkeypatch.setattr(run, "time", clock)
     path = write_study(tmp_path, probe="joint")
     raw = yaml.safe_load(path.read_text())
     # fewer settings to measure before the cap: two worker counts still leave a choice faster
@@ -114,31 +123,48 @@ def test_a_probe_past_its_time_cap_keeps_what_it_measured_and_the_baseline_s_set
     spec = study_file.load(path)
     prepared = preparation.prepare(spec)
     last = {"end_to_end": throughput.measure_in_turn, "paired": throughput.measure_briefly}
-    paired_rounds = []
+    # Both probes measure alike up to the end-to-end check: the second goes on from the
+    # measurements the first kept (as a probe cut short does: memo.py), and measures from its
+    # first paired round on.
+    kept = _Study()
 
-    def measure(work, *args, **where):
-        result = prepared.measure(work, *args, **where)
-        paired_rounds.extend([1] if work is throughput.measure_briefly else [])
-        if work is last[jump_after]:
-            clock.ahead = 1e6  # the cap has passed
-        return result
+    def probe(jump_after: str) -> tuple[dict, list[int]]:
+        clock = _Clock()
+        monkeypatch.setattr(run, "time", clock)
+        paired_rounds = []
 
-    outcome = run.run(spec, dataclasses.replace(prepared, measure=measure))
+        def measure(work, *args, **where):
+            result = prepared.measure(work, *args, **where)
+            paired_rounds.extend([1] if work is throughput.measure_briefly else [])
+            if work is last[jump_after]:
+                clock.ahead = 1e6  # the cap has passed
+            return result
+
+        measuring = dataclasses.replace(prepared, measure=measure)
+        return run.run(spec, measuring, Memo(kept)), paired_rounds
+
+    # past the cap after the end-to-end check: the choice never checked beside the baseline's
+    outcome, paired_rounds = probe("end_to_end")
     assert outcome["capped"]["seconds"] == 600
     said = describe(outcome)
     baseline_loader = {"num_workers": 0, "precision": "fp32"}
-    if jump_after == "end_to_end":  # the choice never checked beside the baseline's setting
-        assert outcome["capped"]["phase"] == "paired" and not paired_rounds
-        assert outcome["paired"]["kept"] == "baseline"
-        assert {k: outcome["chosen"][k] for k in baseline_loader} == baseline_loader
-        assert outcome["precisions"] == ["fp32"]
-        assert "before its paired measurements: the baseline's setting kept" in said
-        space = restrict(prepared.space, outcome)
-        assert space["num_workers"].values == (0,) and space["precision"].values == ("fp32",)
-    else:  # shown faster in one round only: three are the rule, so the baseline's setting stays
-        assert outcome["capped"]["phase"] == "paired" and len(paired_rounds) == 1
-        assert outcome["paired"]["kept"] == "baseline"
+    assert outcome["capped"]["phase"] == "paired" and not paired_rounds
+    assert outcome["paired"]["kept"] == "baseline"
+    assert {k: outcome["chosen"][k] for k in baseline_loader} == baseline_loader
+    assert outcome["precisions"] == ["fp32"]
+    assert "before its paired measurements: the baseline's setting kept" in said
+    space = restrict(prepared.space, outcome)
+    assert space["num_workers"].values == (0,) and space["precision"].values == ("fp32",)
     assert outcome["batches"] == []  # nothing measured past the cap
+
+    # past it after one paired round: shown faster in one round only, while three are the rule,
+    # so the baseline's setting stays
+    outcome, paired_rounds = probe("paired")
+    assert outcome["kept_measurements"] >= 3  # compute, loaders, end to end: the first probe's
+    assert outcome["capped"]["seconds"] == 600
+    assert outcome["capped"]["phase"] == "paired" and len(paired_rounds) == 1
+    assert outcome["paired"]["kept"] == "baseline"
+    assert outcome["batches"] == []
 
 
 def test_the_cap_is_a_share_of_the_budget_and_a_bad_setting_of_it_is_said(
