@@ -4,7 +4,13 @@ whole trial and leaves no process. On the CPU: two ranks joined with gloo."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +28,7 @@ CPU = torch.device("cpu")
 BASELINE = TrialConfig.from_mapping(complete(DEFAULT_BASELINE))
 
 
-def run_ranks(tmp_path: Path, *, max_seconds: float = 60, **env: str):
+def run_ranks(tmp_path: Path, *, max_seconds: float = 60, progress=None, **env: str):
     run_trial = command_trial(
         f"python ranks.py --out {tmp_path}",
         cwd=COMMANDS,
@@ -32,7 +38,7 @@ def run_ranks(tmp_path: Path, *, max_seconds: float = 60, **env: str):
         devices=2,
     )
     limits = Limits(target=0.9, max_epochs=3, max_seconds=max_seconds, eval_every=0.25)
-    return run_trial(BASELINE, limits=limits, device=CPU, seed=7)
+    return run_trial(BASELINE, limits=limits, device=CPU, seed=7, progress=progress)
 
 
 def rank_pids(tmp_path: Path) -> list[int]:
@@ -46,8 +52,6 @@ def rank_pids(tmp_path: Path) -> list[int]:
 def launched_for(out: Path, *, within: float = 20.0) -> list[int]:
     """Live processes whose command line names `out`: the launcher and its ranks of a trial,
     after `within` seconds for them to go, or none once none is left."""
-    import time
-
     from tests.runners.test_isolation import alive
 
     def mentioning() -> list[int]:
@@ -67,6 +71,46 @@ def launched_for(out: Path, *, within: float = 20.0) -> list[int]:
     return mentioning()
 
 
+# The trial of test_a_rank_that_hangs_in_a_collective_is_killed_with_the_whole_trial, run by a
+# process of its own (a process ends every process it did not start itself that was handed to it
+# while its trial ran: two trials at once in one process would end each other's). It says when
+# rank 0's first report is read, and the trial's outcome.
+HANGING = """
+import json, sys
+from pathlib import Path
+from tests.runners.test_command_devices import run_ranks
+told = []
+def progress(steps, total, metric, seconds, paused):  # called as the clock runs, reports or not
+    if metric is not None and not told:
+        told.append(metric)
+        print("reported", flush=True)
+result = run_ranks(Path(sys.argv[1]), max_seconds=8, HANG_RANK="1", progress=progress)
+print(json.dumps({"reached": result.reached, "best_metric": result.best_metric}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def hanging_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any]]:
+    """That trial, begun before the tests ahead of it in this file: once rank 0 has reported its
+    first step, it only waits for its clock's 8 s to pass, and they run meanwhile. Its one figure
+    of time, the first report within those 8 s, is in before they begin."""
+    out = tmp_path_factory.mktemp("hanging")
+    trial = subprocess.Popen(
+        [sys.executable, "-c", HANGING, str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = trial.stdout.readline()  # "reported", or "" if it ended first
+    try:
+        yield out, (first, trial)
+    finally:
+        if trial.poll() is None:  # a test failed before it waited for it
+            trial.kill()
+            trial.wait()
+
+
 def test_one_device_runs_the_command_as_it_is_and_several_under_the_launcher() -> None:
     assert launched(["python", "train.py"], 1) == ["python", "train.py"]
     argv = launched(["/usr/bin/python3", "train.py", "--lr", "0.1"], 4)
@@ -80,6 +124,7 @@ def test_one_device_runs_the_command_as_it_is_and_several_under_the_launcher() -
     assert argv[6:] == ["/usr/bin/python3", "train.py", "--lr", "0.1"]
 
 
+@pytest.mark.usefixtures("hanging_rank")  # it waits out its clock while this test runs
 def test_two_ranks_train_and_only_rank_0_reports(tmp_path: Path) -> None:
     result = run_ranks(tmp_path)
     assert result.reached and result.best_metric == pytest.approx(1.0)
@@ -89,6 +134,7 @@ def test_two_ranks_train_and_only_rank_0_reports(tmp_path: Path) -> None:
     assert still_alive(rank_pids(tmp_path)) == []
 
 
+@pytest.mark.usefixtures("hanging_rank")  # it waits out its clock while this test runs
 def test_out_of_memory_on_one_rank_prunes_the_trial_and_ends_every_rank(tmp_path: Path) -> None:
     with pytest.raises(TrialFailure) as failure:
         run_ranks(tmp_path, FAIL_RANK="1")
@@ -97,11 +143,16 @@ def test_out_of_memory_on_one_rank_prunes_the_trial_and_ends_every_rank(tmp_path
     assert still_alive(rank_pids(tmp_path)) == [] and launched_for(tmp_path) == []
 
 
-def test_a_rank_that_hangs_in_a_collective_is_killed_with_the_whole_trial(tmp_path: Path) -> None:
-    result = run_ranks(tmp_path, max_seconds=8, HANG_RANK="1")
-    assert not result.reached and result.best_metric == pytest.approx(0.2)  # step 1 only
-    assert len(rank_pids(tmp_path)) == 2
-    assert still_alive(rank_pids(tmp_path)) == [] and launched_for(tmp_path) == []
+def test_a_rank_that_hangs_in_a_collective_is_killed_with_the_whole_trial(
+    hanging_rank: tuple[Path, Any],
+) -> None:
+    out, (first, trial) = hanging_rank
+    rest, err = trial.communicate(timeout=300)
+    assert trial.returncode == 0 and first == "reported\n", err
+    result = json.loads(rest)
+    assert not result["reached"] and result["best_metric"] == pytest.approx(0.2)  # step 1 only
+    assert len(rank_pids(out)) == 2
+    assert still_alive(rank_pids(out)) == [] and launched_for(out) == []
 
 
 def test_kill_9_of_the_study_mid_trial_leaves_no_rank_and_the_same_command_finishes(
@@ -111,9 +162,6 @@ def test_kill_9_of_the_study_mid_trial_leaves_no_rank_and_the_same_command_finis
     import io
     import os
     import signal
-    import subprocess
-    import sys
-    import time
 
     import optuna
     import yaml

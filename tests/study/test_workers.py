@@ -49,6 +49,23 @@ def write_study(folder: Path, storage: str, *, task: str = "tests.tasks:blobs") 
     return path
 
 
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # so that `tests.tasks:...` imports, here and in the workers
+
+
+def here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`autotune ARGS` run by this process, where no signal or kill awaits the run: no start-up
+    (torch's import) to pay before its workers, which are still processes of their own. Read from
+    the file descriptors, their output is in the result too."""
+    from autotune.cli import main
+
+    capfd.readouterr()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["autotune", *args], code, out, err)
+
+
 def run_workers(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(path), "--workers", str(WORKERS)],
@@ -118,7 +135,9 @@ def test_workers_on_a_journal_file_each_with_gpus_of_their_own(tmp_path: Path) -
     assert "devices" in result.stdout and ("0,1" in result.stdout or "2,3" in result.stdout)
 
 
-def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Path) -> None:
+def test_a_timeout_under_workers_is_said_once_with_the_figure_given(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Each worker is given what is left of the timeout; the run says it was reached once, as
     the user gave it, and only when the budget is not done."""
     path = write_study(tmp_path, f"journal:///{tmp_path / 'study.journal'}")
@@ -129,22 +148,18 @@ def test_a_timeout_under_workers_is_said_once_with_the_figure_given(tmp_path: Pa
     # the confirmation train on after it.
     study_file.update(probe="none", confirm={"top": 0})
     path.write_text(yaml.safe_dump(study_file))
-    result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2", "--timeout", "5"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = here(capfd, "run", str(path), "--workers", "2", "--timeout", "5")
     assert result.returncode == 0, result.stderr
     assert "(2 workers)" in result.stderr, result.stderr  # the workers ran, each with less than 5 s
     assert result.stderr.count("timeout of") == 1, result.stderr
     assert re.search(r"timeout of 5 s reached with \d of 10 trials finished", result.stderr)
 
 
-def test_workers_on_a_postgresql_server(tmp_path: Path, postgres_url: str) -> None:
+def test_workers_on_a_postgresql_server(
+    tmp_path: Path, postgres_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     path = write_study(tmp_path, postgres_url, task=RACED_TASK)
-    result = run_workers(path)
+    result = here(capfd, "run", str(path), "--workers", str(WORKERS))
     assert result.returncode == 0, result.stderr
     assert_exact_budget(optuna.load_study(study_name="study", storage=postgres_url), result.stdout)
 
@@ -163,7 +178,7 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     study_file["budget"].update(trials=1, max_epochs=1000, max_seconds=3)
     study_file.update(probe="none", confirm={"top": 0})  # neither is what this checks
     path.write_text(yaml.safe_dump(study_file))
-    env = {**os.environ, "AUTOTUNE_HEARTBEAT": "1,3"}  # beat every second, stale after 3
+    env = {**os.environ, "AUTOTUNE_HEARTBEAT": "1,2"}  # beat every second, stale after 2
     command = [sys.executable, "-m", "autotune", "run", str(path)]
     worker = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -180,7 +195,7 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     time.sleep(1.5)  # a heartbeat or two
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    time.sleep(4)  # past the grace period
+    time.sleep(3)  # past the grace period
 
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -195,7 +210,9 @@ def test_a_dead_workers_trial_is_found_by_its_heartbeat_and_run_again(
     assert len(counted) == 1 and not [t for t in trials if not t.state.is_finished()]
 
 
-def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path) -> None:
+def test_sigterm_stops_every_worker_and_the_same_command_finishes(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     journal = tmp_path / "study.journal"
     # under load the two workers once took blobs' whole budget between two looks at the storage,
     # before the signal was sent
@@ -228,7 +245,7 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
         t for t in trials if t.state == optuna.trial.TrialState.RUNNING
     ]
 
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = here(capfd, *command[3:])  # the same command, in this process: no signal awaits it
     assert result.returncode == 0, result.stderr
     trials = optuna.load_study(study_name="study", storage=storage).get_trials()
     counted = [
@@ -241,7 +258,9 @@ def test_sigterm_stops_every_worker_and_the_same_command_finishes(tmp_path: Path
     assert len(counted) == budget
 
 
-def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: Path) -> None:
+def test_systems_only_under_workers_tells_each_measured_setting_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """With two workers, the baseline's maths trains once and each other setting is told once; and a
     study holding only the trained trial (as a run stopped just after it trained leaves it) is told
     the rest when the same command runs again."""
@@ -269,13 +288,7 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     # one setting per split
     study["space"].update(accumulation_steps=[1, 2, 4], fused_optimizer=False)
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = here(capfd, "run", str(path), "--workers", "2")
     assert result.returncode == 0, result.stderr
     first = journal_study(tmp_path / "first.journal")
     trained, splits = timed_splits(first.get_trials())
@@ -295,13 +308,7 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(tmp_path: P
     copy.add_trial(trained[0])
     study["storage"] = f"journal:///{resumed}"
     path.write_text(yaml.safe_dump(study))
-    result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = here(capfd, "run", str(path), "--workers", "2")
     assert result.returncode == 0, result.stderr
     trained, splits = timed_splits(journal_study(resumed).get_trials())
     assert len(trained) == 1 and splits == {(16, 4): 1, (32, 2): 1, (64, 1): 1}, splits
@@ -333,7 +340,7 @@ def alive(pid: int) -> bool:
 
 
 def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
-    tmp_path: Path,
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """`kill -9` of `autotune run --workers 2`: its workers do not train on as orphans; each marks
     its own trial interrupted and exits, and the same command, run at once, meets the budget."""
@@ -371,7 +378,7 @@ def test_workers_die_with_their_parent_and_the_same_command_finishes_the_budget(
         and t.user_attrs["reason"] == "interrupted: stopped by SIGTERM"
         for t in stopped
     ), [(t.state, t.user_attrs.get("reason")) for t in stopped]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = here(capfd, *command[3:])  # the same command, in this process: no kill awaits it
     assert result.returncode == 0, result.stderr
     trials = journal_study(journal).get_trials()
     counted = [
@@ -424,19 +431,15 @@ def test_a_run_waits_for_the_workers_of_a_stopped_run_before_it_recovers_their_t
     assert "Winner: " in out or "baseline" in out
 
 
-def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(tmp_path: Path) -> None:
+def test_more_workers_than_the_budget_or_the_cores_can_use_are_not_started(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     journal = tmp_path / "study.journal"
     path = write_study(tmp_path, f"journal:///{journal}")
     study_file = yaml.safe_load(path.read_text())
     study_file["budget"]["trials"] = 2
     path.write_text(yaml.safe_dump(study_file))
-    result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path), "--workers", "500", "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = here(capfd, "run", str(path), "--workers", "500", "--quiet")
     assert result.returncode == 0, result.stderr
     usable = min(2, len(os.sched_getaffinity(0)))
     assert (
