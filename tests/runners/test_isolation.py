@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -101,34 +102,68 @@ def write_study(
     return path
 
 
-@pytest.mark.parametrize(
-    ("task", "reason", "mode", "trial_timeout"),
-    [
-        # A crash needs no timeout: a long one, which the trials that train never meet on a busy
-        # machine. A hang waits its timeout out, each time: a short one.
-        ("segfaults", "crashed: ", "process", 60),
-        ("hangs", "timeout: ", "process", 3),
-        ("segfaults", "crashed: ", "warm", 60),
-    ],
-)
+# (task, reason, mode, trial_timeout). A crash needs no timeout: a long one. A hang waits its
+# timeout out, each time: a short one, yet longer than a trial that trains takes (up to its
+# max_seconds of 5, and on a busy machine more): with 3 s, trials of batch 16 timed out at load 6.
+CRASHED_AND_HUNG = [
+    ("segfaults", "crashed: ", "process", 60),
+    ("hangs", "timeout: ", "process", 10),
+    ("segfaults", "crashed: ", "warm", 60),
+]
+
+
+@pytest.fixture(scope="module")
+def crashed_and_hung_studies(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[tuple, tuple[Path, subprocess.Popen]]]:
+    """The studies of test_a_study_goes_on_past_crashed_and_hung_trials, started at once: each
+    spends much of its time waiting (on its fork server's start, on a hung trial's timeout), and
+    none has a figure of time that the others' load could reach."""
+    studies = {}
+    for case in CRASHED_AND_HUNG:
+        task, _, mode, trial_timeout = case
+        folder = tmp_path_factory.mktemp(f"{task}-{mode}")
+        path = write_study(folder, f"tests.tasks:{task}", trial_timeout=trial_timeout)
+        # sampled first trials (the prior would put all at 16): seed 0 draws OOM_BATCH for trial 1
+        path.write_text(
+            path.read_text().replace("isolation: process", f"isolation: {mode}")
+            + "first_trial: sampled\nseed: 0\n"
+        )
+        # to files: a pipe that nobody reads while the other tests go on could fill and stop it
+        with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
+            run = subprocess.Popen(
+                [sys.executable, "-m", "autotune", "run", str(path)],
+                cwd=REPO,
+                stdout=out,
+                stderr=err,
+            )
+        studies[case] = (folder, run)
+    yield studies
+    for _, run in studies.values():  # those a failed test left running
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+@pytest.mark.parametrize(("task", "reason", "mode", "trial_timeout"), CRASHED_AND_HUNG)
 def test_a_study_goes_on_past_crashed_and_hung_trials(
-    tmp_path: Path, task: str, reason: str, mode: str, trial_timeout: float
+    crashed_and_hung_studies: dict[tuple, tuple[Path, subprocess.Popen]],
+    task: str,
+    reason: str,
+    mode: str,
+    trial_timeout: float,
 ) -> None:
     """In a fresh child per trial, or in a warm one that the crash makes the study replace."""
-    path = write_study(tmp_path, f"tests.tasks:{task}", trial_timeout=trial_timeout)
-    path.write_text(path.read_text().replace("isolation: process", f"isolation: {mode}"))
-    result = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    folder, run = crashed_and_hung_studies[(task, reason, mode, trial_timeout)]
+    returncode = run.wait(timeout=300)
+    stdout, stderr = (folder / "out").read_text(), (folder / "err").read_text()
+    assert returncode == 0, stderr
     trials = optuna.load_study(
-        study_name="study", storage=f"sqlite:///{tmp_path / 'study.db'}"
+        study_name="study", storage=f"sqlite:///{folder / 'study.db'}"
     ).get_trials()
     assert len(trials) == 4
+    # the misbehaving batch was drawn, so its crash or hang is what is checked below
+    assert any(t.params["batch_size"] == OOM_BATCH for t in trials), [t.params for t in trials]
     for trial in trials:
         if trial.params["batch_size"] == OOM_BATCH:
             assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs[
@@ -140,7 +175,7 @@ def test_a_study_goes_on_past_crashed_and_hung_trials(
                 and trial.user_attrs["reason"].startswith("pruned: ")
             )
     assert any(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert "Winner: " in result.stdout
+    assert "Winner: " in stdout
 
 
 def children(pid: int) -> list[int]:
@@ -329,7 +364,7 @@ def test_no_process_outlives_a_study_whose_trials_with_loader_workers_hit_their_
         "tests.tasks:hangs_with_workers",
         batch_sizes=(OOM_BATCH,),
         trial_timeout=3,
-        trials=2,
+        trials=1,  # one trial process, its loader workers, the fork server: all there is to leave
     )
     raw = yaml.safe_load(path.read_text())
     raw["space"].update(num_workers=2, prefetch_factor=2)
