@@ -108,7 +108,7 @@ def roofline_trials(study: optuna.Study) -> dict | None:
     outcome = schema.probe(study.user_attrs)
     ratios = []
     for trial in study.get_trials(deepcopy=False):
-        result, config = schema.measured(trial), schema.config(trial)
+        result, config = schema.measured(trial), schema.trained_config(trial)
         prediction = schema.prediction(trial)
         told = prediction is not None and "trained" not in prediction
         if config is None or not result.get("time_to_target") or told:

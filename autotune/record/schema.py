@@ -31,7 +31,7 @@ _STUDY_KEYS += (PROBE_SO_FAR, PROBING, CONFIRMATION, THROUGHPUT)
 
 # Trial attributes.
 WORKER = "worker"  # host:pid of the process that ran it, so a process marks only its own
-CONFIG = "config"  # the configuration it trained, knobs and the user's parameters
+TRAINED_CONFIG = "config"  # the configuration it trained (the params: the one sampled)
 SEED = "seed"
 DEVICES = "devices"  # the GPUs (CUDA_VISIBLE_DEVICES ids) of the --workers worker that ran it
 # {other_cores, cores}: the cores other processes kept busy while its runs trained (measure.py)
@@ -46,7 +46,7 @@ DIVERGED = "diverged"  # pruned at a non-finite loss or metric
 # what its training measured (train.config.TrialResult as a dict, plus replicates)
 RESULT = "result"
 # In RESULT under goodput and systems_only: the trial's predicted time, what it is made of and the
-# configuration trained (CONFIG is then the fastest way to train the same maths).
+# configuration trained (TRAINED_CONFIG is then the fastest way to train the same maths).
 PREDICTION = "prediction"
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C, a signal or a kill; its configuration runs again
 SURPLUS = "surplus"  # asked for by a worker after others took the whole budget; never ran
@@ -122,18 +122,20 @@ def _record_kept_for(study: Any, key: str, value: Mapping[str, Any], *, kept: st
 
 
 def begin_trial(
-    trial: Any, *, worker: str, config: Mapping[str, Any], seed: int, devices: list[str] | None
+    trial: Any, *, worker: str, trained: Mapping[str, Any], seed: int, devices: list[str] | None
 ) -> None:
+    """A trial as it begins: the configuration it trains (its params, as Optuna stores them, are
+    the one sampled), its seed, and who runs it."""
     trial.set_user_attr(WORKER, worker)
-    trial.set_user_attr(CONFIG, dict(config))
+    trial.set_user_attr(TRAINED_CONFIG, dict(trained))
     trial.set_user_attr(SEED, seed)
     if devices is not None:
         trial.set_user_attr(DEVICES, list(devices))
 
 
-def record_config(trial: Any, config: Mapping[str, Any]) -> None:
+def record_trained_config(trial: Any, config: Mapping[str, Any]) -> None:
     """The configuration to name for the trial once it differs from the one begun (goodput)."""
-    trial.set_user_attr(CONFIG, dict(config))
+    trial.set_user_attr(TRAINED_CONFIG, dict(config))
 
 
 def record_surplus(trial: Any) -> None:
@@ -243,9 +245,9 @@ def throughput(study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
 # Reading a trial.
 
 
-def config(trial: Any) -> dict[str, Any] | None:
+def trained_config(trial: Any) -> dict[str, Any] | None:
     """The configuration it trained, knobs newer than the study filled in; None if none chosen."""
-    return None if (stored := trial.user_attrs.get(CONFIG)) is None else complete(stored)
+    return None if (stored := trial.user_attrs.get(TRAINED_CONFIG)) is None else complete(stored)
 
 
 def seed(trial: Any) -> int | None:
@@ -301,7 +303,7 @@ def prediction(trial: Any) -> dict[str, Any] | None:
 def ran_out_of_memory(trial: Any) -> bool:
     """Pruned because it really ran out of memory (not bounded by another that did)."""
     attrs = trial.user_attrs
-    return trial.state.name == "PRUNED" and bool(attrs.get(OOM)) and CONFIG in attrs
+    return trial.state.name == "PRUNED" and bool(attrs.get(OOM)) and TRAINED_CONFIG in attrs
 
 
 def measured(trial: Any) -> dict[str, Any]:

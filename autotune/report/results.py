@@ -71,7 +71,7 @@ def trial_records(trials: Iterable[Any], *, knobs: Iterable[str] = tuple(KNOBS))
     for trial in trials:
         if schema.is_surplus(trial):  # never ran: a worker's ask after the budget was taken
             continue
-        config = schema.config(trial) or {k: trial.params.get(k) for k in KNOBS}
+        config = schema.trained_config(trial) or {k: trial.params.get(k) for k in KNOBS}
         config = {k: v for k, v in config.items() if k in shown or k not in KNOBS}
         params.update(dict.fromkeys(k for k in config if k not in KNOBS))
         rows.append({**_row(trial), **config})

@@ -68,7 +68,7 @@ def queue_retries(study: optuna.Study, *, only: list[int] | None = None) -> list
             or len(retry[schema.RETRY_HISTORY]) > MAX_RETRY
         ):
             continue
-        if schema.config(trial) is None:
+        if schema.trained_config(trial) is None:
             # stopped while its configuration was being chosen: a fresh trial takes its place
             continue
         study.add_trial(

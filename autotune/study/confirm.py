@@ -117,7 +117,9 @@ def confirm_best(spec: StudySpec, prepared: Prepared, study: optuna.Study) -> di
     stored = schema.confirmation(study.user_attrs)
     if _still_holds(spec, stored, after=after, numbers=numbers):
         return stored
-    candidates, twin = _candidates(spec, prepared, {t.number: schema.config(t) for t in top})
+    candidates, twin = _candidates(
+        spec, prepared, {t.number: schema.trained_config(t) for t in top}
+    )
     fresh_seeds = seeds.fresh(spec.seed, spec.confirm.runs)
     # Told apart by time to target only: a fixed schedule's runs all take about as long.
     until_resolved = spec.confirm.baseline == "until_resolved" and spec.objective != FIXED_SCHEDULE

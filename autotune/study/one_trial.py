@@ -89,23 +89,17 @@ def run_one(
         known if alone else None,
     )
     with recovery.heartbeat(study, trial):  # from ask to tell, as Optuna's own optimize loop does
-        config = suggest(policy.space, trial)
-        # a run that stops at the target trains about the incumbent's samples (one of a whole
-        # schedule, its schedule's); the baseline's queued trial keeps its own setting
-        if policy.probe is not None and policy.objective.stops_at_target:
-            if not schema.is_baseline(trial):
-                samples = _samples_to_target(known, before.incumbent)
-                config = chosen_setting.for_run(policy.probe, policy.space, config, samples)
-        trained = config if policy.plan is None else policy.plan.to_train(config)
+        sampled = suggest(policy.space, trial)  # stored by Optuna as the trial's params
+        trained = _to_train(trial, sampled, policy, known, before.incumbent)
         trial_seed = seeds.for_trial(policy.seed, trial.number, paired=policy.objective.paired)
         schema.begin_trial(
             trial,
             worker=opening.worker_id(),
-            config=trained or config,
+            trained=trained or sampled,
             seed=trial_seed,
             devices=workers.assigned_gpus(),
         )
-        if _settled_unrun(study, trial, trained or config, policy, before):
+        if _settled_unrun(study, trial, trained or sampled, policy, before):
             return
         if trained is None:
             failure = isolation.TrialFailure(
@@ -123,6 +117,25 @@ def run_one(
             _tell_failure(study, trial, failure, policy, before)
         else:
             _tell_outcome(study, trial, list(zip(runs, run_seeds)), policy, before)
+
+
+def _to_train(
+    trial: optuna.Trial,
+    sampled: dict[str, Any],
+    policy: Policy,
+    known: list[optuna.trial.FrozenTrial],
+    best: tuple[float, int] | None,
+) -> dict[str, Any] | None:
+    """The configuration a trial trains for the one sampled: the one place it is rewritten. With
+    the probe's outcome, a run that stops at the target takes the setting soonest over the samples
+    it is expected to train (about the incumbent's; the baseline's queued trial keeps its own);
+    under goodput, the fastest setting for its maths (None where none fits)."""
+    config = sampled
+    if policy.probe is not None and policy.objective.stops_at_target:
+        if not schema.is_baseline(trial):
+            samples = _samples_to_target(known, best)
+            config = chosen_setting.for_run(policy.probe, policy.space, config, samples)
+    return config if policy.plan is None else policy.plan.to_train(config)
 
 
 def incumbent(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int] | None:
@@ -160,9 +173,11 @@ def _standing_now(study: optuna.Study, budget: int) -> str:
 def _ran_out(trials: list[optuna.trial.FrozenTrial]) -> dict[int, dict[str, Any]]:
     """Trial number -> configuration of each trial that really ran out of memory, and that no
     later trial needing at least its memory has trained through."""
-    ran_out = {t.number: schema.config(t) for t in trials if schema.ran_out_of_memory(t)}
+    ran_out = {t.number: schema.trained_config(t) for t in trials if schema.ran_out_of_memory(t)}
     trained = {
-        t.number: schema.config(t) for t in trials if t.state == optuna.trial.TrialState.COMPLETE
+        t.number: schema.trained_config(t)
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE
     }
     for number in oom_boundary.contradicted(ran_out, trained):
         del ran_out[number]
@@ -255,7 +270,7 @@ def _tell_outcome(
     """Record the runs (the first in full: its curve, throughput and memory) and tell the trial's
     time."""
     first = runs[0][0]
-    config = schema.config(trial)
+    config = schema.trained_config(trial)
     predict = policy.plan.predict(config) if policy.plan is not None else None
     outcome = objectives.outcome(
         [run for run, _ in runs],
@@ -275,7 +290,7 @@ def _tell_outcome(
         record[schema.PREDICTION] = told_trials.prediction_record(
             speed, samples=samples, seconds=outcome.value, trained=config
         )
-        schema.record_config(trial, best_config)
+        schema.record_trained_config(trial, best_config)
     schema.record_result(trial, record)
     trial.set_constraint("target", outcome.constraint)  # feasible when <= 0
     study.tell(trial, outcome.value)

@@ -27,9 +27,11 @@ def tell_settings(
         return 0
     samples = predicted["samples_to_target"]
     told = [
-        schema.config(t) for t in study.get_trials(deepcopy=False) if t.number != trained.number
+        schema.trained_config(t)
+        for t in study.get_trials(deepcopy=False)
+        if t.number != trained.number
     ]
-    config = schema.config(trained)
+    config = schema.trained_config(trained)
     added = 0
     for knobs, speed in plan.table.options(config, plan.space):
         candidate = {**config, **knobs}
@@ -44,7 +46,7 @@ def tell_settings(
                 value=seconds,
                 constraints={"target": trained.constraints["target"]},
                 user_attrs={
-                    schema.CONFIG: candidate,
+                    schema.TRAINED_CONFIG: candidate,
                     schema.RESULT: runs.predicted(
                         seconds=seconds,
                         samples=samples,

@@ -87,7 +87,7 @@ def test_a_script_gets_its_own_words_runs_in_its_folder_and_its_command_comes_ba
     threads = str(recipe.training_threads(recipe.cores(), 0))
     runs = {}
     for trial in trials:
-        config, seed = schema.config(trial), schema.seed(trial)
+        config, seed = schema.trained_config(trial), schema.seed(trial)
         assert config["num_workers"] == 0  # the baseline's, in every trial
         seen = json.loads((work / f"seen-{seed}.json").read_text())
         runs[trial.number] = seen

@@ -204,7 +204,7 @@ def test_a_new_study_starts_with_the_prior_trials_once(
         for t in trials
     ] == [(32, 1, "onecycle")] * 2
     assert [t.params["lr"] for t in trials] == pytest.approx([0.1, 0.1 / 3])
-    assert [schema.config(t)["batch_size"] for t in trials] == [32, 32]  # and trained so
+    assert [schema.trained_config(t)["batch_size"] for t in trials] == [32, 32]  # and trained so
 
     # resumed: nothing queued again
     assert run_cli("run", str(path), "--trials", "3", capsys=capsys)[0] == 0

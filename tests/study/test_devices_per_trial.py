@@ -72,7 +72,7 @@ def test_a_study_on_two_devices_searches_ddp_s_knobs_and_stores_them(
     trials = finished(load(path))
     assert len(trials) == 3
     for trial in trials:
-        config = schema.config(trial)
+        config = schema.trained_config(trial)
         assert config["ddp_bucket_cap_mb"] in (1, 50) and config["ddp_static_graph"] is True
         assert config["ddp_gradient_as_bucket_view"] in (False, True)
         # sampled where the space leaves a choice, as Optuna parameters

@@ -95,7 +95,7 @@ def test_a_new_study_starts_with_its_baseline_as_trial_0_once(
     confirmation = schema.confirmation(study.user_attrs)
     baseline = confirmation["configs"]["baseline"]
     assert (
-        complete(schema.config(first)) == complete(baseline)
+        complete(schema.trained_config(first)) == complete(baseline)
         and baseline["lr"] == 0.05
         and baseline["batch_size"] == 64
     )

@@ -325,7 +325,7 @@ def test_a_goodput_study_is_timed_by_the_probe_s_table_and_names_each_trial_by_i
     timed = [t for t in study.trials if schema.prediction(t) is not None]
     assert timed, "some trial reached the target"
     for trial in timed:
-        predicted, config = schema.prediction(trial), schema.config(trial)
+        predicted, config = schema.prediction(trial), schema.trained_config(trial)
         assert {k: config[k] for k in LOADER_KNOBS} == outcome["loader"]
         speed = goodput.Speed(predicted["samples_per_second"], predicted["fixed_seconds"])
         assert trial.value == pytest.approx(speed.seconds(predicted["samples_to_target"]))
@@ -375,18 +375,18 @@ def test_a_systems_only_study_trains_the_baselines_maths_once_and_tells_every_ot
     assert len(trained) == 1
     samples = schema.prediction(trained[0])["samples_to_target"]
     splits = {
-        (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"])
+        (schema.trained_config(t)["batch_size"], schema.trained_config(t)["accumulation_steps"])
         for t in [*trained, *told]
     }
     # every split of the baseline's 64 the space allows
     assert splits == {(16, 4), (32, 2), (64, 1)}
     for trial in [*trained, *told]:
-        config = schema.config(trial)
+        config = schema.trained_config(trial)
         assert (config["lr"], config["precision"]) == (0.1, "fp32")
         assert config["batch_size"] * config["accumulation_steps"] == 64
         assert schema.prediction(trial)["samples_to_target"] == samples
     for trial in told:
-        assert {k: schema.config(trial)[k] for k in LOADER_KNOBS} == outcome["loader"]
+        assert {k: schema.trained_config(trial)[k] for k in LOADER_KNOBS} == outcome["loader"]
     code, _, _ = run_cli("run", str(path), capsys=capsys)  # resumed: nothing new to tell
     assert code == 0 and len(load(path).trials) == len(study.trials)
 
@@ -412,7 +412,7 @@ def test_a_systems_only_try_that_misses_the_target_trains_again_on_new_seeds(
         0,
         1,
     ]
-    assert schema.config(trained[1])["lr"] == 0.1
+    assert schema.trained_config(trained[1])["lr"] == 0.1
     told = [t for t in study.trials if "from_trial" in (schema.prediction(t) or {})]
     assert told and all(schema.prediction(t)["from_trial"] == 1 for t in told)
     # none without a feasible trial: one try's luck left none
@@ -480,5 +480,5 @@ def test_under_goodput_the_first_trial_is_the_baselines_maths(
     assert code == 0, err
     first = load(path).trials[0]
     assert schema.is_baseline(first)
-    trained = (schema.prediction(first) or {}).get("trained") or schema.config(first)
+    trained = (schema.prediction(first) or {}).get("trained") or schema.trained_config(first)
     assert (trained["lr"], trained["batch_size"] * trained["accumulation_steps"]) == (0.1, 16)

@@ -103,7 +103,9 @@ def test_a_probe_stored_by_another_run_meanwhile_is_kept_and_planned_with(
     assert schema.throughput(study.user_attrs) == their_table
     # the run planned with the stored probe: every trial trains its precision
     trials = study.get_trials(deepcopy=False)
-    assert trials and {schema.config(t)["precision"] for t in trials} == set(theirs["precisions"])
+    assert trials and {schema.trained_config(t)["precision"] for t in trials} == set(
+        theirs["precisions"]
+    )
 
 
 def test_first_trials_queued_by_another_run_a_moment_ago_are_not_queued_again() -> None:
@@ -220,7 +222,7 @@ def test_a_run_waits_for_another_machine_s_probe_and_probes_itself_once_its_mark
     assert "stopped renewing" not in err
     assert stored.is_set() and len(probes) == 1  # no probe of its own
     trials = study.get_trials(deepcopy=False)
-    assert trials and {schema.config(t)["precision"] for t in trials} <= set(
+    assert trials and {schema.trained_config(t)["precision"] for t in trials} <= set(
         probes[0]["precisions"]
     )
 

@@ -1008,7 +1008,7 @@ def test_a_batch_that_runs_out_of_memory_is_pruned_without_checkpointing_and_tra
     path.write_text(yaml.safe_dump(raw))
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     first, *later = finished(load(path))
-    assert all(schema.config(t)["checkpointing"] is checkpointing for t in [first, *later])
+    assert all(schema.trained_config(t)["checkpointing"] is checkpointing for t in [first, *later])
     if checkpointing:
         assert [t.state.name for t in [first, *later]] == ["COMPLETE", "COMPLETE"]
     else:
@@ -1037,9 +1037,11 @@ def test_a_training_set_too_large_for_the_device_leaves_its_loaders_batches_to_r
     path.write_text(yaml.safe_dump(raw))
     assert run_cli("run", str(path), capsys=capsys)[0] == 0
     first, *later = sorted(finished(load(path)), key=lambda t: t.number)
-    assert first.user_attrs["oom"] is True and schema.config(first)["data_on_device"] is True
-    on = [t for t in later if schema.config(t)["data_on_device"]]
-    fed = [t for t in later if not schema.config(t)["data_on_device"]]
+    assert (
+        first.user_attrs["oom"] is True and schema.trained_config(first)["data_on_device"] is True
+    )
+    on = [t for t in later if schema.trained_config(t)["data_on_device"]]
+    fed = [t for t in later if not schema.trained_config(t)["data_on_device"]]
     assert on and fed, "the sampler chose one way only; pick another seed"
     assert all(t.user_attrs["oom_bound"] == first.number for t in on)
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in fed)

@@ -276,7 +276,8 @@ def test_systems_only_under_workers_tells_each_measured_setting_once(
         timed = [t for t in trials if schema.prediction(t) is not None]
         trained = [t for t in timed if "from_trial" not in schema.prediction(t)]
         return trained, Counter(
-            (schema.config(t)["batch_size"], schema.config(t)["accumulation_steps"]) for t in timed
+            (schema.trained_config(t)["batch_size"], schema.trained_config(t)["accumulation_steps"])
+            for t in timed
         )
 
     path = write_study(tmp_path, f"journal:///{tmp_path / 'first.journal'}")
