@@ -30,7 +30,7 @@ def test_every_stage_runs_and_the_judge_measures_every_arm_from_the_results_alon
         target={"metric": "accuracy", "value": 0.85},
         budget={"trials": 2, "max_epochs": 2, "max_seconds": 10, "eval_every": 0.25},
     )
-    study["space"].update(batch_size=[64, 128], lr=0.1)
+    study["space"].update(batch_size=[64, 128], lr=0.1, num_workers=[0, 2])  # fewer to probe
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study))
 
