@@ -29,7 +29,7 @@ from autotune.train import oom
 from autotune.train.config import Limits, TrialConfig
 from autotune.train.ledger import MIN_WARMUP_STEPS
 from autotune.train.loader import training_pairs
-from autotune.train.measure import Clock, threads_for
+from autotune.train.measure import Clock, LoadMeter, threads_for
 from autotune.train.systems import process_settings
 from autotune.train.tasks import Task
 from autotune.train.training import build, seed_everything
@@ -39,6 +39,12 @@ R = TypeVar("R")
 WINDOW_STEPS = 10  # optimizer steps per timed window
 MIN_WINDOWS = 3  # before a spread means anything
 MAX_ROUNDS = 20
+# Windows that still disagree after this many rounds while other processes keep at least
+# BUSY_ROUNDS_CORES of the cores busy stop there: the load, not too few windows, spreads them, and
+# more rounds would spend the probe's time cap without settling them (their median is kept).
+BUSY_ROUNDS = 6
+BUSY_ROUNDS_CORES = 0.5
+BUSY_ROUNDS_AFTER = 1.0  # seconds of rounds before the load is read
 MAX_SPREAD = 0.1  # interquartile range / median of a configuration's windows
 # A window holds at least this many batches a loader worker. Workers started together deliver in
 # bursts of one batch each, and where a shorter window's edges fall among them moves its figure:
@@ -102,9 +108,11 @@ def interleave(
 ) -> dict[K, list[float]]:
     """Each round times one window of every configuration, always in the same order; rounds go
     on until every configuration has `min_windows` figures whose spread is at most `max_spread`,
-    or for `max_rounds`. A window that returns None (no time measured) adds nothing."""
+    or for `max_rounds` (BUSY_ROUNDS where other processes keep the cores busy). A window that
+    returns None (no time measured) adds nothing."""
     figures: dict[K, list[float]] = {key: [] for key in windows}
-    for _ in range(max_rounds):
+    load = LoadMeter()
+    for index in range(max_rounds):
         for key, window in windows.items():
             value = window()
             if value is not None:
@@ -112,6 +120,12 @@ def interleave(
         if all(len(f) >= min_windows and spread(f) <= max_spread for f in figures.values()):
             break
         if _stop_at is not None and time.time() >= _stop_at and all(figures.values()):
+            break
+        if (
+            index + 1 >= BUSY_ROUNDS
+            and all(len(f) >= min_windows for f in figures.values())
+            and (load.cores(after=BUSY_ROUNDS_AFTER) or 0.0) >= BUSY_ROUNDS_CORES
+        ):
             break
     return figures
 

@@ -87,18 +87,31 @@ class OtherLoad:
         return {"other_cores": self.cores, "cores": cpu_count()}
 
 
+class LoadMeter:
+    """Cores other processes have kept busy, on average, since it was made (OtherLoad's figure),
+    read at any moment: None where /proc is missing."""
+
+    def __init__(self) -> None:
+        self._busy, self._own, self._started = _busy_seconds(), _own_seconds(), time.perf_counter()
+
+    def cores(self, *, after: float = 0.0) -> float | None:
+        """None before `after` seconds too: the counters tick in hundredths of a second, so a
+        figure over a moment is their rounding."""
+        busy, own, wall = _busy_seconds(), _own_seconds(), time.perf_counter() - self._started
+        if None in (self._busy, busy, self._own, own) or wall <= max(after, 0.0):
+            return None
+        return max(0.0, (busy - self._busy - (own - self._own)) / wall)
+
+
 @contextlib.contextmanager
 def other_load() -> Iterator[OtherLoad]:
     """Measure OtherLoad over the block. Systems measurements (the probe) and trials record it: a
     choice made while another job used the cores is that load's choice."""
-    load = OtherLoad()
-    busy, own, started = _busy_seconds(), _own_seconds(), time.perf_counter()
+    load, meter = OtherLoad(), LoadMeter()
     try:
         yield load
     finally:
-        busy_after, own_after, wall = _busy_seconds(), _own_seconds(), time.perf_counter() - started
-        if None not in (busy, busy_after, own, own_after) and wall > 0:
-            load.cores = max(0.0, (busy_after - busy - (own_after - own)) / wall)
+        load.cores = meter.cores()
 
 
 def _busy_seconds() -> float | None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -63,6 +68,40 @@ def test_rounds_stop_at_the_cap_and_skip_windows_that_held_an_epochs_first_batch
     )
     # never agreed: stopped at the cap
     assert figures["half"] == [10.0] * 4 and len(figures["wild"]) == 8
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="other processes' load is read from Linux's /proc"
+)
+def test_windows_that_disagree_while_other_processes_keep_the_cores_busy_stop_sooner() -> None:
+    """Two processes of another job spinning (no descendants of this one): windows that never
+    agree end after BUSY_ROUNDS rounds, not MAX_ROUNDS; more would not settle them."""
+    spin = f"import os\nwhile os.path.exists('/proc/{os.getpid()}'): pass"
+    others = [
+        int(
+            subprocess.run(
+                ["sh", "-c", f"'{sys.executable}' -c \"$0\" >/dev/null 2>&1 & echo $!", spin],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+
+    def window(values: itertools.cycle) -> float:
+        time.sleep(0.1)  # a window takes time, as a real one does: the load is read after 1 s
+        return next(values)
+
+    wild = {key: itertools.cycle([1.0, 100.0]) for key in "ab"}
+    try:
+        figures = throughput.interleave(
+            {key: lambda key=key: window(wild[key]) for key in "ab"}, max_rounds=20
+        )
+    finally:
+        for pid in others:
+            os.kill(pid, signal.SIGKILL)
+    assert len(figures["a"]) == len(figures["b"]) == throughput.BUSY_ROUNDS
 
 
 def test_a_steady_configuration_stops_after_the_fewest_windows() -> None:
